@@ -1,0 +1,1 @@
+//! ipkeep's end-to-end test infrastructure.

@@ -1,0 +1,2 @@
+//! The `ipkeep` CNI IPAM plugin binary.
+fn main() {}

@@ -1,0 +1,141 @@
+//! Running a CNI plugin binary exactly as a container runtime does: a complete, explicit
+//! environment (nothing inherited), the network configuration on stdin, the reply on stdout.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The `ipkeep` binary built by cargo for this test run.
+pub fn ipkeep() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ipkeep"))
+}
+
+/// Debian's reference `host-local` (package `containernetworking-plugins`), our differential oracle.
+/// Panics with an actionable message when it is missing: a test that needs it must not pass without it.
+pub fn host_local() -> PathBuf {
+    let p = PathBuf::from(
+        std::env::var("REFERENCE_CNI_DIR").unwrap_or_else(|_| "/usr/lib/cni".to_owned()),
+    )
+    .join("host-local");
+    assert!(
+        p.exists(),
+        "reference plugin {} is missing: run `make deps` (Debian package containernetworking-plugins)",
+        p.display()
+    );
+    p
+}
+
+/// One CNI invocation: the `CNI_*` variables and the configuration given on stdin.
+#[derive(Clone, Debug)]
+pub struct CniCall {
+    pub command: Option<String>,
+    pub container_id: Option<String>,
+    pub netns: Option<String>,
+    pub ifname: Option<String>,
+    pub args: Option<String>,
+    pub path: Option<String>,
+    pub extra_env: Vec<(String, String)>,
+    pub stdin: Vec<u8>,
+}
+
+impl CniCall {
+    /// A call with every variable a runtime sets for `command`.
+    pub fn new(command: &str, container_id: &str, config: &str) -> Self {
+        Self {
+            command: Some(command.to_owned()),
+            container_id: Some(container_id.to_owned()),
+            netns: Some("/var/run/netns/ipkeep-test".to_owned()),
+            ifname: Some("eth0".to_owned()),
+            args: None,
+            path: Some("/usr/lib/cni".to_owned()),
+            extra_env: Vec::new(),
+            stdin: config.as_bytes().to_vec(),
+        }
+    }
+
+    pub fn ifname(mut self, ifname: &str) -> Self {
+        self.ifname = Some(ifname.to_owned());
+        self
+    }
+
+    pub fn args(mut self, args: &str) -> Self {
+        self.args = Some(args.to_owned());
+        self
+    }
+
+    /// Runs `binary` with exactly these variables (plus a fixed PATH) and returns its output.
+    pub fn run(&self, binary: &Path) -> CniOutcome {
+        let mut cmd = Command::new(binary);
+        cmd.env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+        for (key, value) in [
+            ("CNI_COMMAND", &self.command),
+            ("CNI_CONTAINERID", &self.container_id),
+            ("CNI_NETNS", &self.netns),
+            ("CNI_IFNAME", &self.ifname),
+            ("CNI_ARGS", &self.args),
+            ("CNI_PATH", &self.path),
+        ] {
+            if let Some(value) = value {
+                cmd.env(key, value);
+            }
+        }
+        for (key, value) in &self.extra_env {
+            cmd.env(key, value);
+        }
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("failed to start {}: {e}", binary.display()));
+        // A plugin may exit before reading stdin (VERSION): a broken pipe is not an error here.
+        let _ = child.stdin.take().map(|mut s| s.write_all(&self.stdin));
+        let out = child
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("failed to wait for {}: {e}", binary.display()));
+        CniOutcome::from(out)
+    }
+}
+
+/// What a plugin process did: exit code, stdout, stderr.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CniOutcome {
+    pub code: Option<i32>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl From<Output> for CniOutcome {
+    fn from(o: Output) -> Self {
+        Self { code: o.status.code(), stdout: o.stdout, stderr: o.stderr }
+    }
+}
+
+impl CniOutcome {
+    pub fn stdout_str(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    pub fn stderr_str(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+
+    /// The stdout parsed as JSON; panics with the raw output when it is not JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}", self.stdout_str()))
+    }
+
+    /// Asserts success and returns the result JSON.
+    pub fn ok(&self) -> serde_json::Value {
+        assert_eq!(self.code, Some(0), "plugin failed: stdout={} stderr={}", self.stdout_str(), self.stderr_str());
+        if self.stdout.is_empty() { serde_json::Value::Null } else { self.json() }
+    }
+
+    /// Asserts a CNI error with `code` and returns its `msg`.
+    pub fn err(&self, code: u64) -> String {
+        assert_eq!(self.code, Some(1), "expected failure: stdout={} stderr={}", self.stdout_str(), self.stderr_str());
+        let v = self.json();
+        assert_eq!(v["code"].as_u64(), Some(code), "unexpected error: {v}");
+        v["msg"].as_str().unwrap_or_default().to_owned()
+    }
+}
