@@ -1,0 +1,350 @@
+//! ipkeep processes SIGKILLed at random instants during ADD, DEL and CHECK, round after round,
+//! on a dual-stack network. After every round the state on disk must still be one a runtime (and
+//! host-local) can live with, and at the end GC, CHECK, DEL and ADD must recover it completely.
+//!
+//! Only ipkeep runs here: host-local creates an IP file with O_EXCL and then writes its content, so
+//! a kill between the two leaves an empty file that blocks its address forever; ipkeep promises
+//! not to.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+mod system_support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{CniCall, CniOutcome};
+use system_support::{
+    Holder, Rng, Scratch, allocations, describe, nested_ip_named, net_config, release, result_ips,
+    spawn_held,
+};
+
+const NETWORK: &str = "crashnet";
+const POOL: usize = 24;
+const PER_ROUND: usize = 8;
+const ROUNDS: usize = 120;
+
+/// What the test knows about one container of the pool from the processes that finished.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Known {
+    /// No address: a DEL finished (or nothing ran yet).
+    Free,
+    /// An ADD finished and returned these addresses, and nothing ran for it since.
+    Holds(Vec<IpAddr>),
+    /// A process was killed, or an ADD found an address left by a killed one.
+    Unknown,
+}
+
+struct Pool {
+    ids: Vec<String>,
+    ifnames: Vec<&'static str>,
+    known: Vec<Known>,
+}
+
+impl Pool {
+    fn new() -> Self {
+        Self {
+            ids: (0..POOL).map(|i| format!("crash{i:02}")).collect(),
+            // Two interface names, so a plugin that matched on the ID alone would be caught.
+            ifnames: (0..POOL)
+                .map(|i| if i % 4 == 0 { "net1" } else { "eth0" })
+                .collect(),
+            known: vec![Known::Free; POOL],
+        }
+    }
+
+    fn holder(&self, i: usize) -> Holder {
+        Holder::attachment(&self.ids[i], self.ifnames[i])
+    }
+
+    fn call(&self, i: usize, command: &str, config: &str) -> CniCall {
+        CniCall::new(command, &self.ids[i], config).ifname(self.ifnames[i])
+    }
+
+    /// The invariants that hold whatever instant the processes were killed at.
+    fn check_disk(&self, net_dir: &Path, when: &str) {
+        let on_disk = allocations(net_dir);
+        let nested = nested_ip_named(net_dir);
+        assert!(
+            nested.is_empty(),
+            "{when}: files named like addresses below the network directory (host-local would count them): {nested:?}"
+        );
+        let mut per_holder: BTreeMap<&Holder, Vec<IpAddr>> = BTreeMap::new();
+        for (ip, holder) in &on_disk {
+            per_holder.entry(holder).or_default().push(*ip);
+        }
+        for (holder, ips) in &per_holder {
+            let i = self
+                .ids
+                .iter()
+                .position(|id| id == holder.id())
+                .unwrap_or_else(|| {
+                    panic!("{when}: {ips:?} held by {holder:?}, not a container of this test")
+                });
+            assert_eq!(
+                **holder,
+                self.holder(i),
+                "{when}: {ips:?} held under the wrong key"
+            );
+            let families: BTreeSet<bool> = ips.iter().map(IpAddr::is_ipv4).collect();
+            assert_eq!(
+                families.len(),
+                ips.len(),
+                "{when}: {holder:?} holds more than one address per range set: {ips:?}"
+            );
+        }
+        for (i, known) in self.known.iter().enumerate() {
+            let held = per_holder.get(&self.holder(i)).cloned().unwrap_or_default();
+            match known {
+                Known::Free => assert!(
+                    held.is_empty(),
+                    "{when}: {} was deleted but still holds {held:?}",
+                    self.ids[i]
+                ),
+                Known::Holds(ips) => {
+                    let mut ips = ips.clone();
+                    ips.sort();
+                    assert_eq!(
+                        held, ips,
+                        "{when}: {} must hold what its ADD returned",
+                        self.ids[i]
+                    );
+                }
+                Known::Unknown => {}
+            }
+        }
+    }
+}
+
+/// Median wall time of an uncontended ADD, so kill instants spread over a process's whole life.
+fn typical_add(binary: &Path, config: &str) -> Duration {
+    let mut samples: Vec<Duration> = (0..7)
+        .map(|_| {
+            let start = Instant::now();
+            CniCall::new("ADD", "calibrate", config).run(binary).ok();
+            let took = start.elapsed();
+            CniCall::new("DEL", "calibrate", config).run(binary).ok();
+            took
+        })
+        .collect();
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+/// Runs one round: `calls` start together and each is SIGKILLed `delay` after the start (a process
+/// that finished before its instant is not affected). Returns each outcome, `None` when killed.
+fn run_and_kill(binary: &Path, calls: &[CniCall], delays: &[Duration]) -> Vec<Option<CniOutcome>> {
+    let mut children: Vec<_> = calls.iter().map(|call| spawn_held(call, binary)).collect();
+    let start = Instant::now();
+    for (child, call) in children.iter_mut().zip(calls) {
+        release(child, &call.stdin);
+    }
+    let mut order: Vec<usize> = (0..calls.len()).collect();
+    order.sort_by_key(|&i| delays[i]);
+    for i in order {
+        // Not waiting for anything: this sleep *is* the random instant the kill lands at.
+        std::thread::sleep(delays[i].saturating_sub(start.elapsed()));
+        // An exited but unreaped child is a zombie; killing it is harmless.
+        children[i].kill().unwrap();
+    }
+    children
+        .into_iter()
+        .map(|child| {
+            let output = child.wait_with_output().unwrap();
+            // Any other signal (an abort, a segfault) is a plugin bug, not one of our kills.
+            match output.status.signal() {
+                Some(9) => None,
+                Some(signal) => panic!(
+                    "plugin died of signal {signal}: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                ),
+                None => Some(CniOutcome::from(output)),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn sigkill_at_random_instants_never_corrupts_state_ipkeep() {
+    let binary = common::ipkeep();
+    let scratch = Scratch::new("crash");
+    let net_dir = scratch.path().join(NETWORK);
+    let ipam = serde_json::json!({ "ranges": [[{ "subnet": "198.18.3.0/24" }], [{ "subnet": "2001:db8:3::/120" }]] });
+    let config = net_config("1.0.0", NETWORK, scratch.path(), ipam.clone());
+    let max_delay = typical_add(&binary, &config) * PER_ROUND as u32;
+    let mut rng = Rng::new(0xc4a5_0001);
+    let mut pool = Pool::new();
+    let (mut killed, mut finished) = (0, 0);
+
+    for round in 0..ROUNDS {
+        let mut members: Vec<usize> = (0..POOL).collect();
+        rng.shuffle(&mut members);
+        members.truncate(PER_ROUND);
+        let ops: Vec<&str> = members
+            .iter()
+            .map(|&i| match &pool.known[i] {
+                Known::Free => "ADD",
+                Known::Holds(_) if rng.chance(15) => "CHECK",
+                Known::Holds(_) => "DEL",
+                Known::Unknown if rng.chance(50) => "ADD",
+                Known::Unknown => "DEL",
+            })
+            .collect();
+        let calls: Vec<_> = members
+            .iter()
+            .zip(&ops)
+            .map(|(&i, op)| pool.call(i, op, &config))
+            .collect();
+        let delays: Vec<_> = (0..calls.len())
+            .map(|_| Duration::from_micros(rng.below(max_delay.as_micros() as u64 + 1)))
+            .collect();
+
+        let outcomes = run_and_kill(&binary, &calls, &delays);
+
+        for ((&i, op), outcome) in members.iter().zip(&ops).zip(&outcomes) {
+            let when = format!("round {round}, {op} {}", pool.ids[i]);
+            let Some(outcome) = outcome else {
+                killed += 1;
+                if *op != "CHECK" {
+                    pool.known[i] = Known::Unknown;
+                }
+                continue;
+            };
+            finished += 1;
+            match (*op, outcome.code) {
+                ("ADD", Some(0)) => pool.known[i] = Known::Holds(result_ips(&outcome.ok())),
+                ("ADD", _) => {
+                    // The only legitimate failure: a killed ADD already gave this attachment an
+                    // address, and ADD is not idempotent (host-local behaviour).
+                    let msg = outcome.err(999);
+                    assert!(
+                        msg.contains("duplicate allocation is not allowed"),
+                        "{when}: {}",
+                        describe(outcome)
+                    );
+                    assert_eq!(
+                        pool.known[i],
+                        Known::Unknown,
+                        "{when}: duplicate for a container known to hold nothing"
+                    );
+                }
+                ("DEL", _) => {
+                    outcome.ok();
+                    pool.known[i] = Known::Free;
+                }
+                ("CHECK", _) => {
+                    assert_eq!(
+                        outcome.code,
+                        Some(0),
+                        "{when}: CHECK of a held address failed: {}",
+                        describe(outcome)
+                    );
+                }
+                _ => unreachable!(),
+            }
+        }
+        pool.check_disk(&net_dir, &format!("after round {round}"));
+    }
+    assert!(
+        killed > 0 && finished > 0,
+        "the kill instants (up to {max_delay:?}) must hit some processes and miss others: {killed} killed, {finished} finished"
+    );
+
+    // Recovery 1: GC keeps exactly the attachments it is told are valid.
+    let valid: Vec<usize> = (0..POOL)
+        .filter(|&i| matches!(pool.known[i], Known::Holds(_)))
+        .collect();
+    let gc_config = {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&net_config("1.1.0", NETWORK, scratch.path(), ipam)).unwrap();
+        v["cni.dev/valid-attachments"] = valid
+            .iter()
+            .map(|&i| serde_json::json!({ "containerID": pool.ids[i], "ifname": pool.ifnames[i] }))
+            .collect();
+        v.to_string()
+    };
+    let mut gc = CniCall::new("GC", "unused", &gc_config);
+    (gc.container_id, gc.ifname, gc.netns) = (None, None, None);
+    gc.run(&binary).ok();
+    for known in &mut pool.known {
+        if *known == Known::Unknown {
+            *known = Known::Free;
+        }
+    }
+    pool.check_disk(&net_dir, "after GC");
+
+    // Recovery 2: the survivors are intact for CHECK, and DEL frees every container.
+    for &i in &valid {
+        let outcome = pool.call(i, "CHECK", &config).run(&binary);
+        assert_eq!(
+            outcome.code,
+            Some(0),
+            "CHECK {} after recovery: {}",
+            pool.ids[i],
+            describe(&outcome)
+        );
+    }
+    for i in 0..POOL {
+        pool.call(i, "DEL", &config).run(&binary).ok();
+        pool.known[i] = Known::Free;
+    }
+    pool.check_disk(&net_dir, "after DEL of every container");
+    assert!(allocations(&net_dir).is_empty());
+
+    // Recovery 3: old and new containers are all served, each once, and DEL leaves nothing.
+    let mut adds: Vec<CniCall> = (0..POOL).map(|i| pool.call(i, "ADD", &config)).collect();
+    adds.extend((0..10).map(|i| CniCall::new("ADD", &format!("fresh{i}"), &config)));
+    let mut expected = BTreeMap::new();
+    for call in &adds {
+        let holder = Holder::attachment(
+            call.container_id.as_deref().unwrap(),
+            call.ifname.as_deref().unwrap(),
+        );
+        for ip in result_ips(&call.run(&binary).ok()) {
+            assert!(
+                expected.insert(ip, holder.clone()).is_none(),
+                "{ip} handed out twice after recovery"
+            );
+        }
+    }
+    assert_eq!(
+        allocations(&net_dir),
+        expected,
+        "after recovery the files are exactly the results"
+    );
+    for call in &adds {
+        let mut del = call.clone();
+        del.command = Some("DEL".to_owned());
+        del.run(&binary).ok();
+    }
+    assert!(
+        allocations(&net_dir).is_empty(),
+        "DEL of every container leaves no allocation"
+    );
+    let mut temps = Vec::new();
+    find_temps(&net_dir, &mut temps);
+    assert!(
+        temps.is_empty(),
+        "temporary files of killed processes survive recovery: {temps:?}"
+    );
+}
+
+/// Every entry below `dir` whose name carries ipkeep's temporary-file prefix.
+fn find_temps(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(ipkeep_plugin::netdir::TEMP_PREFIX)
+        {
+            out.push(entry.path());
+        }
+        if entry.file_type().unwrap().is_dir() {
+            find_temps(&entry.path(), out);
+        }
+    }
+}
