@@ -239,6 +239,15 @@ const DELIBERATE: &[Deliberate] = &[
         },
     },
     Deliberate {
+        case: "foreign-name-file",
+        difference: "#4 a file whose name is not an IP is never an allocation, whatever its content",
+        expect: Expect::Case {
+            steps: &[0, 1],
+            paths: &["data/net1/notes"],
+            check: foreign_name_file,
+        },
+    },
+    Deliberate {
         case: "del-ip-looking-id",
         difference: "#4 a container ID that looks like an IP never matches last_reserved_ip.N",
         expect: Expect::Case {
@@ -564,6 +573,30 @@ fn foreign_files(h: &Run, i: &Run) -> Result<(), String> {
     ensure(
         file_content(i, "data/net1/sub/10.1.0.2") == Some(b"c1\r\neth0".as_slice()),
         "ipkeep left sub/10.1.0.2 alone",
+    )
+}
+
+fn foreign_name_file(h: &Run, i: &Run) -> Result<(), String> {
+    ensure(
+        h.steps[0].code == Some(0),
+        "host-local's CHECK matched `notes`",
+    )?;
+    ensure(
+        !h.tree.contains_key("data/net1/notes"),
+        "host-local's DEL deleted `notes`",
+    )?;
+    ensure(
+        cni_error(&i.steps[0])
+            == Some((
+                999,
+                "host-local: Failed to find address added by container c1".into(),
+            )),
+        "ipkeep's CHECK did not take `notes` for an allocation",
+    )?;
+    ensure(i.steps[1].code == Some(0), "ipkeep's DEL succeeds")?;
+    ensure(
+        file_content(i, "data/net1/notes") == Some(b"c1\r\neth0".as_slice()),
+        "ipkeep's DEL left `notes` alone",
     )
 }
 

@@ -29,7 +29,7 @@ pub enum Seed {
     /// A regular file with this content, mode 0644.
     File {
         path: &'static str,
-        content: &'static [u8],
+        content: Vec<u8>,
     },
     /// A directory (and its parents), mode 0755.
     Dir { path: &'static str },
@@ -93,8 +93,11 @@ impl Step {
         self
     }
 
-    fn file(mut self, path: &'static str, content: &'static [u8]) -> Self {
-        self.seeds.push(Seed::File { path, content });
+    fn file(mut self, path: &'static str, content: impl Into<Vec<u8>>) -> Self {
+        self.seeds.push(Seed::File {
+            path,
+            content: content.into(),
+        });
         self
     }
 
@@ -713,6 +716,23 @@ pub fn all() -> Vec<Case> {
         )],
     );
     c(
+        "cfg-routes-no-dst",
+        vec![add(
+            "c1",
+            &net(
+                "1.0.0",
+                r#""subnet":"10.1.0.0/24","routes":[{"gw":"10.1.0.1"}]"#,
+            ),
+        )],
+    );
+    c(
+        "cfg-rangeend-network-addr",
+        vec![add(
+            "c1",
+            &net("1.0.0", r#""subnet":"10.1.0.0/24","rangeEnd":"10.1.0.0""#),
+        )],
+    );
+    c(
         "cfg-routes-bad-gw",
         vec![add(
             "c1",
@@ -769,6 +789,40 @@ pub fn all() -> Vec<Case> {
                 ),
             )
             .file("resolv.conf", b"search x.example\n#nameserver 1.1.1.1\n"),
+        ],
+    );
+    c(
+        "cfg-resolvconf-long-line",
+        vec![
+            add(
+                "c1",
+                &net(
+                    "1.0.0",
+                    r#""subnet":"10.1.0.0/24","resolvConf":"@SCRATCH@/resolv.conf""#,
+                ),
+            )
+            .file(
+                "resolv.conf",
+                [
+                    b"nameserver 192.0.2.1\nsearch ".as_slice(),
+                    &[b'a'; 70_000],
+                    b"\n",
+                ]
+                .concat(),
+            ),
+        ],
+    );
+    c(
+        "cfg-resolvconf-is-dir",
+        vec![
+            add(
+                "c1",
+                &net(
+                    "1.0.0",
+                    r#""subnet":"10.1.0.0/24","resolvConf":"@SCRATCH@/resolv.conf""#,
+                ),
+            )
+            .dir("resolv.conf"),
         ],
     );
     c(
@@ -1002,7 +1056,7 @@ pub fn all() -> Vec<Case> {
         "alloc-garbage-files",
         vec![
             add("c1", &base)
-                .file("data/net1/garbage", b"c1\r\neth0")
+                .file("data/net1/garbage", b"c9\r\neth0")
                 .file("data/net1/10.1.0.2", b"someone else")
                 .file("data/net1/10.1.0.3", b""),
             check("c1", &base),
@@ -1173,6 +1227,22 @@ pub fn all() -> Vec<Case> {
     c(
         "req-cniargs-dup-key",
         vec![add("c1", &base).args("IP=10.1.0.7;IP=10.1.0.8")],
+    );
+    c(
+        "req-cniargs-space-in-value",
+        vec![add("c1", &base).args("IP= 10.1.0.5")],
+    );
+    c(
+        "req-cniargs-space-in-key",
+        vec![add("c1", &base).args("IgnoreUnknown=1; IP=10.1.0.5")],
+    );
+    c(
+        "req-v6-in-v4-range",
+        vec![add("c1", &base).args("IP=fd00::5")],
+    );
+    c(
+        "req-when-full",
+        vec![add("c1", &n30), add("c2", &n30).args("IP=10.1.0.2")],
     );
     c("req-cniargs-emptyip", vec![add("c1", &base).args("IP=")]);
     c(
@@ -1457,6 +1527,55 @@ pub fn all() -> Vec<Case> {
         vec![add("c1", &dual), del("c1", &dual), check("c1", &dual)],
     );
     c(
+        "del-cniargs-k8s-no-ignore",
+        vec![
+            add("c1", &base),
+            del("c1", &base).args("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod"),
+        ],
+    );
+    c(
+        "del-cniargs-k8s-ignore",
+        vec![
+            add("c1", &base).args("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod"),
+            del("c1", &base).args("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod"),
+        ],
+    );
+    c(
+        "del-cniargs-ip-ignored",
+        vec![add("c1", &base), del("c1", &base).args("IP=10.1.0.9")],
+    );
+    c(
+        "del-cniargs-bad-ip",
+        vec![add("c1", &base), del("c1", &base).args("IP=nope")],
+    );
+    c(
+        "del-resolvconf-missing",
+        vec![
+            add("c1", &base),
+            del(
+                "c1",
+                &net(
+                    "1.0.0",
+                    r#""subnet":"10.1.0.0/24","resolvConf":"@SCRATCH@/nonexistent""#,
+                ),
+            ),
+        ],
+    );
+    c(
+        "del-with-prevresult",
+        vec![
+            add("c1", &base),
+            del(
+                "c1",
+                &net_with(
+                    Some("1.0.0"),
+                    r#""prevResult":{"cniVersion":"1.0.0","ips":[{"address":"10.1.0.99/24"}]}"#,
+                    r#""subnet":"10.1.0.0/24""#,
+                ),
+            ),
+        ],
+    );
+    c(
         "del-content-trailing-space",
         vec![del("c1", &base).file("data/net1/10.1.0.8", b"c1\r\neth0  \n")],
     );
@@ -1490,6 +1609,23 @@ pub fn all() -> Vec<Case> {
     c(
         "check-bad-config",
         vec![add("c1", &base), check("c1", &ranges("1.0.0", "[[]]"))],
+    );
+    c(
+        "check-cniargs-unknown",
+        vec![add("c1", &base), check("c1", &base).args("FOO=bar")],
+    );
+    c(
+        "check-resolvconf-missing",
+        vec![
+            add("c1", &base),
+            check(
+                "c1",
+                &net(
+                    "1.0.0",
+                    r#""subnet":"10.1.0.0/24","resolvConf":"@SCRATCH@/nonexistent""#,
+                ),
+            ),
+        ],
     );
     c(
         "check-040-dual",
@@ -1576,6 +1712,13 @@ pub fn all() -> Vec<Case> {
             del("c2", &base),
             del("c1", &base),
             add("c4", &base),
+        ],
+    );
+    c(
+        "foreign-name-file",
+        vec![
+            check("c1", &base).file("data/net1/notes", b"c1\r\neth0"),
+            del("c1", &base),
         ],
     );
     c(
