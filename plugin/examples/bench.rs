@@ -1,0 +1,531 @@
+//! `make bench`: ipkeep against the reference host-local, side by side in one run, on the same
+//! scratch filesystem, cycles interleaved so that neither gets a quieter machine.
+//!
+//! Each scenario pre-seeds `<dataDir>/<net>/` with allocations in host-local's own format, then runs
+//! ADD+DEL cycles of new containers and reports median and p99 latency of ADD, DEL and the cycle
+//! (process start to exit, as a runtime sees it), the peak RSS, and ipkeep/host-local ratios.
+//!
+//! Binaries: ipkeep from `$IPKEEP_BIN`, else next to this example's directory
+//! (`target/release/ipkeep`, built by `cargo build --release -p ipkeep-plugin`); host-local from
+//! `$REFERENCE_CNI_DIR/host-local` (default `/usr/lib/cni`). Peak RSS comes from `/usr/bin/time -f %M`
+//! (GNU time reports the child's `ru_maxrss` from `wait4`) on separate, untimed cycles.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+/// The network every scenario uses: a /16 from the benchmarking range, as a node's pod CIDR.
+const NETWORK: &str = "benchnet";
+const SUBNET_BASE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 0);
+const GNU_TIME: &str = "/usr/bin/time";
+/// Untimed cycles per plugin and scenario that run under `/usr/bin/time` for the peak RSS.
+const RSS_CYCLES: usize = 3;
+
+/// One measured situation. Adding a scenario is one more entry in [`scenarios`].
+#[derive(Debug)]
+struct Scenario {
+    /// Shown in the table.
+    name: &'static str,
+    /// IP files (host-local's format) already on disk before the first cycle.
+    allocated: usize,
+    /// More state laid down after the allocations (the reservation-file scenario of the next issue
+    /// goes here: `<dataDir>/<net>/reserved/<ns>/<pod>`).
+    extra_state: fn(&Path) -> Result<(), BenchError>,
+    /// Measured cycles for host-local and for ipkeep.
+    cycles: [usize; 2],
+}
+
+fn no_extra_state(_net_dir: &Path) -> Result<(), BenchError> {
+    Ok(())
+}
+
+/// The scenarios, chosen so the whole bench stays within about three minutes on 2 cores.
+fn scenarios() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            name: "empty /16",
+            allocated: 0,
+            extra_state: no_extra_state,
+            cycles: [200, 200],
+        },
+        Scenario {
+            name: "1 000 allocated",
+            allocated: 1_000,
+            extra_state: no_extra_state,
+            cycles: [100, 200],
+        },
+        Scenario {
+            name: "10 000 allocated",
+            allocated: 10_000,
+            extra_state: no_extra_state,
+            cycles: [30, 200],
+        },
+    ]
+}
+
+/// What can stop the bench.
+#[derive(Debug, thiserror::Error)]
+enum BenchError {
+    #[error("failed to find {what} at {}: {hint}", path.display())]
+    Missing {
+        what: &'static str,
+        path: PathBuf,
+        hint: &'static str,
+    },
+    #[error("failed to {action} {}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to run {} {command} for {container}: exit {code:?}, stdout {stdout}, stderr {stderr}", plugin.display())]
+    Plugin {
+        plugin: PathBuf,
+        command: &'static str,
+        container: String,
+        code: Option<i32>,
+        stdout: String,
+        stderr: String,
+    },
+    #[error("failed to get a fresh address from {}: ADD returned {address}, which was pre-seeded", plugin.display())]
+    SeededAddressReturned { plugin: PathBuf, address: String },
+    #[error("failed to read the peak RSS written by {GNU_TIME}: {text:?}")]
+    Rss { text: String },
+}
+
+/// A plugin under measurement.
+#[derive(Debug)]
+struct Plugin {
+    name: &'static str,
+    path: PathBuf,
+}
+
+fn find_plugins() -> Result<[Plugin; 2], BenchError> {
+    let reference_dir = std::env::var_os("REFERENCE_CNI_DIR")
+        .map_or_else(|| PathBuf::from("/usr/lib/cni"), PathBuf::from);
+    let host_local = reference_dir.join("host-local");
+    let ipkeep = match std::env::var_os("IPKEEP_BIN") {
+        Some(path) => PathBuf::from(path),
+        // target/<profile>/examples/bench → target/<profile>/ipkeep
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|exe| {
+                exe.parent()
+                    .and_then(Path::parent)
+                    .map(|dir| dir.join("ipkeep"))
+            })
+            .unwrap_or_else(|| PathBuf::from("target/release/ipkeep")),
+    };
+    for (what, path, hint) in [
+        (
+            "ipkeep",
+            &ipkeep,
+            "run `cargo build --release -p ipkeep-plugin` or set IPKEEP_BIN",
+        ),
+        (
+            "host-local",
+            &host_local,
+            "run `make deps` (Debian package containernetworking-plugins)",
+        ),
+        (
+            "GNU time",
+            &PathBuf::from(GNU_TIME),
+            "install the Debian package `time` (`make deps`)",
+        ),
+    ] {
+        if !path.is_file() {
+            return Err(BenchError::Missing {
+                what,
+                path: path.clone(),
+                hint,
+            });
+        }
+    }
+    Ok([
+        Plugin {
+            name: "host-local",
+            path: host_local,
+        },
+        Plugin {
+            name: "ipkeep",
+            path: ipkeep,
+        },
+    ])
+}
+
+/// The `i`-th allocatable address of the /16 (the gateway `.0.1` excluded, as host-local does).
+fn nth_address(i: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(SUBNET_BASE) + 2 + i as u32)
+}
+
+/// Wraps an I/O error with what was being done to which path.
+fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> BenchError {
+    let path = path.to_owned();
+    move |source| BenchError::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+/// A scratch data directory seeded for `scenario`, removed on drop.
+#[derive(Debug)]
+struct DataDir {
+    root: PathBuf,
+}
+
+impl DataDir {
+    fn seeded(plugin: &Plugin, scenario: &Scenario) -> Result<Self, BenchError> {
+        let root = std::env::temp_dir().join(format!(
+            "ipkeep-bench-{}-{}",
+            std::process::id(),
+            plugin.name
+        ));
+        let _ = std::fs::remove_dir_all(&root);
+        let net_dir = root.join(NETWORK);
+        std::fs::create_dir_all(&net_dir).map_err(io_error("create", &net_dir))?;
+        // Exactly what host-local leaves behind: one file per address and the round-robin cursor.
+        for i in 0..scenario.allocated {
+            let file = net_dir.join(nth_address(i).to_string());
+            std::fs::write(&file, format!("seed{i}\r\neth0")).map_err(io_error("write", &file))?;
+        }
+        if let Some(last) = scenario.allocated.checked_sub(1) {
+            let file = net_dir.join("last_reserved_ip.0");
+            std::fs::write(&file, nth_address(last).to_string())
+                .map_err(io_error("write", &file))?;
+        }
+        (scenario.extra_state)(&net_dir)?;
+        Ok(Self { root })
+    }
+
+    fn config(&self) -> String {
+        format!(
+            r#"{{"cniVersion":"1.0.0","name":"{NETWORK}","ipam":{{"type":"ipkeep","subnet":"{SUBNET_BASE}/16","dataDir":"{}"}}}}"#,
+            self.root.display()
+        )
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Runs one CNI command the way a runtime does; `wrapper` (GNU time) goes in front when given.
+fn invoke(
+    plugin: &Plugin,
+    command: &'static str,
+    container: &str,
+    config: &str,
+    wrapper: Option<&[&str]>,
+) -> Result<(Duration, Vec<u8>), BenchError> {
+    let mut cmd = match wrapper {
+        Some(args) => {
+            let mut cmd = Command::new(GNU_TIME);
+            cmd.args(args).arg(&plugin.path);
+            cmd
+        }
+        None => Command::new(&plugin.path),
+    };
+    cmd.env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", container)
+        .env("CNI_NETNS", "/var/run/netns/ipkeep-bench")
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let spawn_error = |source| BenchError::Io {
+        action: "run",
+        path: plugin.path.clone(),
+        source,
+    };
+    let start = Instant::now();
+    let mut child = cmd.spawn().map_err(spawn_error)?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(config.as_bytes()).map_err(spawn_error)?;
+    }
+    let output = child.wait_with_output().map_err(spawn_error)?;
+    let took = start.elapsed();
+    if !output.status.success() {
+        return Err(BenchError::Plugin {
+            plugin: plugin.path.clone(),
+            command,
+            container: container.to_owned(),
+            code: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        });
+    }
+    Ok((took, output.stdout))
+}
+
+/// Latencies of one plugin in one scenario.
+#[derive(Debug, Default)]
+struct Samples {
+    add: Vec<Duration>,
+    del: Vec<Duration>,
+    cycle: Vec<Duration>,
+    peak_rss_kib: u64,
+}
+
+/// A median and a p99, in that order.
+fn percentiles(samples: &[Duration]) -> (Duration, Duration) {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    let at = |q: f64| {
+        sorted
+            .get(((sorted.len() as f64 * q).ceil() as usize).saturating_sub(1))
+            .copied()
+            .unwrap_or_default()
+    };
+    (at(0.5), at(0.99))
+}
+
+/// One ADD+DEL cycle of a new container; returns the ADD result.
+fn cycle(
+    plugin: &Plugin,
+    dir: &DataDir,
+    container: &str,
+    samples: &mut Samples,
+) -> Result<Vec<u8>, BenchError> {
+    let config = dir.config();
+    let (add, result) = invoke(plugin, "ADD", container, &config, None)?;
+    let (del, _) = invoke(plugin, "DEL", container, &config, None)?;
+    samples.add.push(add);
+    samples.del.push(del);
+    samples.cycle.push(add + del);
+    Ok(result)
+}
+
+/// The peak RSS over a few ADD+DEL cycles run under GNU time.
+fn peak_rss(plugin: &Plugin, dir: &DataDir) -> Result<u64, BenchError> {
+    let config = dir.config();
+    let report = dir.root.join("rss");
+    let report_str = report.to_string_lossy().into_owned();
+    let mut peak = 0;
+    for i in 0..RSS_CYCLES {
+        for command in ["ADD", "DEL"] {
+            invoke(
+                plugin,
+                command,
+                &format!("rss{i}"),
+                &config,
+                Some(&["-f", "%M", "-o", &report_str]),
+            )?;
+            let text = std::fs::read_to_string(&report).map_err(|source| BenchError::Io {
+                action: "read",
+                path: report.clone(),
+                source,
+            })?;
+            let kib = text
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| BenchError::Rss { text: text.clone() })?;
+            peak = peak.max(kib);
+        }
+    }
+    Ok(peak)
+}
+
+/// Runs `scenario` for both plugins, cycles interleaved, the order alternating every round.
+fn measure(plugins: &[Plugin; 2], scenario: &Scenario) -> Result<[Samples; 2], BenchError> {
+    let dirs = [
+        DataDir::seeded(&plugins[0], scenario)?,
+        DataDir::seeded(&plugins[1], scenario)?,
+    ];
+    let mut samples = [Samples::default(), Samples::default()];
+    // Unmeasured first cycle for both: ipkeep rebuilds its index from the seeded files here (a
+    // one-time cost after host-local or a human changed the directory), and both warm the page cache.
+    for (k, plugin) in plugins.iter().enumerate() {
+        let result = cycle(plugin, &dirs[k], "warmup", &mut Samples::default())?;
+        check_fresh(plugin, scenario, &result)?;
+    }
+    let rounds = scenario.cycles[0].max(scenario.cycles[1]);
+    for round in 0..rounds {
+        for step in 0..2 {
+            let k = (round + step) % 2;
+            if round < scenario.cycles[k] {
+                cycle(
+                    &plugins[k],
+                    &dirs[k],
+                    &format!("bench{round}"),
+                    &mut samples[k],
+                )?;
+            }
+        }
+    }
+    for (k, plugin) in plugins.iter().enumerate() {
+        samples[k].peak_rss_kib = peak_rss(plugin, &dirs[k])?;
+    }
+    Ok(samples)
+}
+
+/// A plugin that handed out a pre-seeded address did not see the seeded state: its numbers would lie.
+fn check_fresh(plugin: &Plugin, scenario: &Scenario, result: &[u8]) -> Result<(), BenchError> {
+    let text = String::from_utf8_lossy(result);
+    let address = text
+        .split('"')
+        .find_map(|s| s.split_once('/').map(|(ip, _)| ip.to_owned()))
+        .unwrap_or_default();
+    let seeded = address.parse::<Ipv4Addr>().is_ok_and(|ip| {
+        (u32::from(ip) - u32::from(SUBNET_BASE)).wrapping_sub(2) < scenario.allocated as u32
+    });
+    if seeded || address.is_empty() {
+        return Err(BenchError::SeededAddressReturned {
+            plugin: plugin.path.clone(),
+            address,
+        });
+    }
+    Ok(())
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+/// How many times faster ipkeep is (host-local / ipkeep).
+fn speedup(host_local: Duration, ipkeep: Duration) -> f64 {
+    host_local.as_secs_f64() / ipkeep.as_secs_f64().max(1e-9)
+}
+
+fn report(plugins: &[Plugin; 2], results: &[(&Scenario, [Samples; 2])]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<18} {:<10} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "scenario",
+        "plugin",
+        "cycles",
+        "ADD p50",
+        "ADD p99",
+        "DEL p50",
+        "DEL p99",
+        "cyc p50",
+        "cyc p99",
+        "RSS KiB"
+    );
+    for (scenario, samples) in results {
+        for (plugin, s) in plugins.iter().zip(samples) {
+            let (add50, add99) = percentiles(&s.add);
+            let (del50, del99) = percentiles(&s.del);
+            let (cyc50, cyc99) = percentiles(&s.cycle);
+            let _ = writeln!(
+                out,
+                "{:<18} {:<10} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+                scenario.name,
+                plugin.name,
+                s.cycle.len(),
+                ms(add50),
+                ms(add99),
+                ms(del50),
+                ms(del99),
+                ms(cyc50),
+                ms(cyc99),
+                s.peak_rss_kib
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n(latencies in ms, process start to exit; RSS = peak ru_maxrss via {GNU_TIME} -f %M)"
+    );
+    let _ = writeln!(
+        out,
+        "\nipkeep/host-local ratios (lower is better; \"x\" = times faster / smaller):"
+    );
+    let _ = writeln!(
+        out,
+        "{:<18} {:>14} {:>14} {:>14} {:>14} {:>14}   target",
+        "scenario", "ADD p50", "DEL p50", "cycle p50", "cycle p99", "peak RSS"
+    );
+    for (scenario, [hl, ik]) in results {
+        let ratio = |a: &[Duration], b: &[Duration], pick: fn((Duration, Duration)) -> Duration| {
+            let x = speedup(pick(percentiles(a)), pick(percentiles(b)));
+            format!("{:.3} ({:.1}x)", 1.0 / x, x)
+        };
+        let median = |p: (Duration, Duration)| p.0;
+        let p99 = |p: (Duration, Duration)| p.1;
+        let rss = ik.peak_rss_kib as f64 / hl.peak_rss_kib.max(1) as f64;
+        let cycle_x = speedup(percentiles(&hl.cycle).0, percentiles(&ik.cycle).0);
+        let target = match scenario.allocated {
+            0 => Some(3.0),
+            10_000 => Some(50.0),
+            _ => None,
+        };
+        let mut verdicts: Vec<String> = target
+            .map(|t| {
+                format!(
+                    "cycle >= {t}x: {}",
+                    if cycle_x >= t { "met" } else { "MISSED" }
+                )
+            })
+            .into_iter()
+            .collect();
+        verdicts.push(format!(
+            "RSS <= 1/3: {}",
+            if rss <= 1.0 / 3.0 { "met" } else { "MISSED" }
+        ));
+        let verdict = verdicts.join("; ");
+        let _ = writeln!(
+            out,
+            "{:<18} {:>14} {:>14} {:>14} {:>14} {:>14}   {verdict}",
+            scenario.name,
+            ratio(&hl.add, &ik.add, median),
+            ratio(&hl.del, &ik.del, median),
+            ratio(&hl.cycle, &ik.cycle, median),
+            ratio(&hl.cycle, &ik.cycle, p99),
+            format!("{rss:.3} ({:.1}x)", 1.0 / rss.max(1e-9)),
+        );
+    }
+    out
+}
+
+fn run() -> Result<String, BenchError> {
+    let plugins = find_plugins()?;
+    eprintln!("ipkeep:     {}", plugins[1].path.display());
+    eprintln!("host-local: {}", plugins[0].path.display());
+    eprintln!(
+        "scratch:    {} (both plugins, same filesystem)",
+        std::env::temp_dir().display()
+    );
+    eprintln!(
+        "Each scenario seeds the allocations in host-local's format, then runs one unmeasured ADD+DEL"
+    );
+    eprintln!(
+        "per plugin (ipkeep rebuilds its index from the seeded files there), then the measured cycles."
+    );
+    let scenarios = scenarios();
+    let mut results = Vec::new();
+    for scenario in &scenarios {
+        let start = Instant::now();
+        let samples = measure(&plugins, scenario)?;
+        eprintln!(
+            "  {}: done in {:.1} s",
+            scenario.name,
+            start.elapsed().as_secs_f64()
+        );
+        results.push((scenario, samples));
+    }
+    Ok(report(&plugins, &results))
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(table) => {
+            println!("{table}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
