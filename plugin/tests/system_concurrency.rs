@@ -257,3 +257,85 @@ fn add_del_storm_leaves_one_file_per_live_container_ipkeep() {
 fn add_del_storm_leaves_one_file_per_live_container_host_local() {
     add_del_storm(&common::host_local(), 0x5eed_0001);
 }
+
+/// A node in the middle of switching plugins: ipkeep and host-local processes work on the same
+/// network directory at the same time (they share the flock), then each container is deleted by
+/// the *other* plugin. ipkeep must notice host-local's changes (its index is only a cache).
+#[test]
+fn ipkeep_and_host_local_side_by_side_on_one_network() {
+    let (ipkeep, host_local) = (common::ipkeep(), common::host_local());
+    let scratch = Scratch::new("mixed");
+    let net_dir = scratch.path().join(NETWORK);
+    let config = net_config(
+        "1.0.0",
+        NETWORK,
+        scratch.path(),
+        serde_json::json!({ "subnet": "198.18.6.0/24" }),
+    );
+    let plugin_for = |i: usize| {
+        if i.is_multiple_of(2) {
+            &ipkeep
+        } else {
+            &host_local
+        }
+    };
+    let calls: Vec<_> = (0..100)
+        .map(|i| CniCall::new("ADD", &format!("m{i:03}"), &config))
+        .collect();
+
+    let mut children: Vec<_> = calls
+        .iter()
+        .enumerate()
+        .map(|(i, call)| spawn_held(call, plugin_for(i)))
+        .collect();
+    for (child, call) in children.iter_mut().zip(&calls) {
+        release(child, &call.stdin);
+    }
+    let mut expected = BTreeMap::new();
+    for (call, child) in calls.iter().zip(children) {
+        let outcome = finish(child);
+        let ips = result_ips(&outcome.ok());
+        let holder = Holder::attachment(call.container_id.as_deref().unwrap(), "eth0");
+        assert!(
+            expected.insert(ips[0], holder).is_none(),
+            "{} handed out twice",
+            ips[0]
+        );
+    }
+    assert_eq!(
+        allocations(&net_dir),
+        expected,
+        "the files are exactly the results of both plugins"
+    );
+
+    let dels: Vec<_> = calls
+        .iter()
+        .map(|call| {
+            let mut del = call.clone();
+            del.command = Some("DEL".to_owned());
+            del
+        })
+        .collect();
+    let mut children: Vec<_> = dels
+        .iter()
+        .enumerate()
+        .map(|(i, call)| spawn_held(call, plugin_for(i + 1)))
+        .collect();
+    for (child, call) in children.iter_mut().zip(&dels) {
+        release(child, &call.stdin);
+    }
+    for child in children {
+        finish(child).ok();
+    }
+    assert!(
+        allocations(&net_dir).is_empty(),
+        "each plugin frees what the other allocated"
+    );
+
+    // And ipkeep keeps working on the directory host-local last touched.
+    let add = CniCall::new("ADD", "after", &config).run(&ipkeep).ok();
+    assert_eq!(
+        allocations(&net_dir),
+        BTreeMap::from([(result_ips(&add)[0], Holder::attachment("after", "eth0"))])
+    );
+}
