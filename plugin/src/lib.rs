@@ -2,3 +2,4 @@
 //! that come back under the same namespace/name the addresses they had.
 
 pub mod netdir;
+pub mod reservation;

@@ -1,0 +1,67 @@
+//! Reservations: the files that make a returning pod get its addresses back, and the decision an
+//! ADD takes with them.
+//!
+//! # Files
+//! `<dataDir>/<network>/reserved/<namespace>/<pod>`, one JSON object per reservation, written
+//! only by the agent (through [`write_reservation`], [`remove_reservation`],
+//! [`sync_reservations`]: temp file in the same directory, fsync, rename, fsync of the directory,
+//! all under the network's `lock`) and only read by the plugin:
+//!
+//! ```json
+//! {"version":1,"namespace":"db","pod":"postgres-0","ips":["10.244.1.17","fd00:10:244:1::11"],
+//!  "releaseTime":null,"uid":"5b0c7a3e-1d2f-4c1a-9b7e-0d7c2f4e9a11","nodeName":"node-a"}
+//! ```
+//!
+//! `releaseTime` is `null` while the pod exists, else RFC 3339 UTC (`2026-11-21T12:00:00Z`); a
+//! reservation holds its addresses until that instant ([`ReservationFile::is_active`]). The
+//! namespace must be a DNS-1123 label and the pod name a DNS-1123 subdomain, exactly what
+//! Kubernetes accepts, so no name can be `.`, `..` or contain `/`; the names inside the file must
+//! equal the path. See [`schema`] for versioning.
+//!
+//! # Reading cost, and the snapshot
+//! Reading 1 000 reservation files (open, fstat, read, close and a JSON decode each) costs
+//! several milliseconds — more than a whole ADD. An ADD therefore reads the snapshot
+//! `<net>/.ipkeep/reserved.index` ([`index`]), validated by the stamps of the `reserved/`
+//! directories, through [`load_reservations_cached`]; the writer keeps it current. Measure with
+//! `cargo test --release -p ipkeep-plugin --lib reservation::tests::measure_load_cost -- --ignored --nocapture`.
+//!
+//! # The decision
+//! [`decide`] is pure: given the range sets, requested addresses, the pod's own reservation, the
+//! other pods' active reservations, who holds each address and the pod's [`WaitMarker`], it
+//! says per range set "this reserved address", "requested" or "normal allocation skipping
+//! [`ActiveReservations::is_blocked`]", or refuses / answers "try again later" (CNI code 11).
+//!
+//! # The grace period
+//! When the reserved address is still held by the *same* pod's previous container (a
+//! force-deleted pod re-created before the runtime ran the old sandbox's DEL), the ADD answers
+//! "try again later" for at most [`DEFAULT_GRACE`]. The plugin remembers nothing between runs,
+//! and the old allocation file's mtime says when the *old* container got the address, not how
+//! long the new one has waited; so the first such ADD writes a wait marker
+//! `<net>/.ipkeep/wait/<namespace>/<pod>` with the holder's container ID and the time ([`wait`]).
+//! Later ADDs measure the wait from it; once the grace has passed the pod takes a fresh address
+//! (and the marker stays, so its later ADDs do not wait for the same stale container again). A
+//! marker naming another holder restarts the wait; a successful ADD of the reserved address
+//! removes it.
+
+pub mod decision;
+pub mod index;
+pub mod reserved_dir;
+pub mod schema;
+pub mod timestamp;
+pub mod wait;
+
+pub use decision::{
+    ActiveReservations, DEFAULT_GRACE, Decision, DecisionInput, Holder, MarkerAction, Note,
+    Outcome, RangeSetPlan, RangeSetView, RetryLater, WaitMarker, decide,
+};
+pub use index::{Source, load_reservations_cached};
+pub use reserved_dir::{
+    RESERVED_DIR, ReservationSet, ReservedDirError, Skipped, SyncReport, load_reservations,
+    read_reservation, remove_reservation, sync_reservations, write_reservation,
+};
+pub use schema::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError};
+pub use timestamp::{Timestamp, TimestampError};
+pub use wait::{read_wait_marker, remove_wait_marker, write_wait_marker};
+
+#[cfg(test)]
+mod tests;

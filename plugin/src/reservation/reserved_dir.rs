@@ -1,0 +1,541 @@
+//! The `reserved/` tree of a network directory: the full scan every other view is built from,
+//! and the agent's writer (atomic writes, removal, a full sync that also cleans garbage).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use crate::netdir::{DirFd, EntryKind, FileStamp, NetDirError, NetworkDir, SubDir, TEMP_PREFIX};
+
+use super::schema::{
+    MAX_FILE_LEN, PodKey, ReservationFile, SchemaError, validate_namespace, validate_pod_name,
+};
+
+/// The directory below `<dataDir>/<network>/` holding one file per reservation.
+pub const RESERVED_DIR: &str = "reserved";
+
+/// Mode of reservation files (world-readable: they hold nothing secret, and humans read them).
+const FILE_MODE: u32 = 0o644;
+
+/// How deep the writer descends when it deletes a directory found where a file should be.
+const MAX_GARBAGE_DEPTH: usize = 8;
+
+/// Errors of reading or writing the `reserved/` tree.
+#[derive(Debug, thiserror::Error)]
+pub enum ReservedDirError {
+    /// The reservation to write is not valid.
+    #[error("failed to write reservation: {0}")]
+    Invalid(#[from] SchemaError),
+    /// A file system step failed.
+    #[error(transparent)]
+    Io(#[from] NetDirError),
+    /// The names to remove are not a valid namespace/pod.
+    #[error("failed to remove reservation: {0}")]
+    InvalidName(SchemaError),
+}
+
+/// An entry of `reserved/` that is not a valid reservation, skipped and reported.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct Skipped {
+    /// Where it is.
+    pub path: PathBuf,
+    /// Why it was skipped.
+    pub reason: String,
+}
+
+/// Every valid reservation of a network, by pod, and what was skipped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReservationSet {
+    /// The valid reservations (active or not).
+    pub files: BTreeMap<PodKey, ReservationFile>,
+    /// Garbage found in `reserved/`, sorted by path.
+    pub skipped: Vec<Skipped>,
+}
+
+impl ReservationSet {
+    /// The reservation of `namespace`/`pod`, if there is one (active or not).
+    pub fn get(&self, namespace: &str, pod: &str) -> Option<&ReservationFile> {
+        self.files.get(&PodKey {
+            namespace: namespace.to_owned(),
+            pod: pod.to_owned(),
+        })
+    }
+
+    /// The number of valid reservations.
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Whether there is no valid reservation.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+}
+
+/// Reads every file of `reserved/` (no cache; see [`super::load_reservations_cached`] for what
+/// an ADD uses). Never fails: whatever cannot be read or is not a valid reservation lands in
+/// `skipped`, so garbage can never break an ADD or DEL for anyone.
+pub fn load_reservations(dir: &NetworkDir) -> ReservationSet {
+    scan(dir).0
+}
+
+/// The identity and change times of a directory, as recorded in the index to detect changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DirStamp {
+    /// Device number.
+    pub dev: u64,
+    /// Inode number.
+    pub ino: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i128,
+    /// Status change time, nanoseconds since the epoch.
+    pub ctime_ns: i128,
+}
+
+impl From<FileStamp> for DirStamp {
+    fn from(st: FileStamp) -> Self {
+        Self {
+            dev: st.dev,
+            ino: st.ino,
+            mtime_ns: st.mtime_ns,
+            ctime_ns: st.ctime_ns,
+        }
+    }
+}
+
+/// The stamps of `reserved/` (`None`: absent) and of every namespace directory read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TreeStamps {
+    /// `reserved` itself (whatever it is; `lstat`).
+    pub reserved: Option<DirStamp>,
+    /// Each namespace directory that was read.
+    pub namespaces: BTreeMap<String, DirStamp>,
+}
+
+/// The full scan, with the stamps of the directories as they were read. The stamps are taken
+/// before each directory is listed, so a change during the scan makes them stale, never the
+/// other way round.
+pub(super) fn scan(dir: &NetworkDir) -> (ReservationSet, TreeStamps) {
+    let mut set = ReservationSet::default();
+    let mut stamps = TreeStamps::default();
+    match dir.stat(RESERVED_DIR) {
+        Ok(Some(st)) => stamps.reserved = Some(st.into()),
+        Ok(None) => return (set, stamps),
+        Err(e) => {
+            set.skipped.push(Skipped {
+                path: dir.child_path(RESERVED_DIR),
+                reason: e.to_string(),
+            });
+            return (set, stamps);
+        }
+    }
+    let reserved = match dir.subdir(&[RESERVED_DIR], false) {
+        Ok(Some(reserved)) => reserved,
+        Ok(None) => return (set, stamps),
+        Err(e) => {
+            set.skipped.push(Skipped {
+                path: dir.child_path(RESERVED_DIR),
+                reason: e.to_string(),
+            });
+            return (set, stamps);
+        }
+    };
+    let entries = match reserved.entries() {
+        Ok(entries) => entries,
+        Err(e) => {
+            set.skipped.push(skip(&reserved, "", e.to_string()));
+            return (set, stamps);
+        }
+    };
+    for entry in entries {
+        if let Err(why) = namespace_entry_ok(&entry.name, entry.kind) {
+            set.skipped.push(skip(&reserved, &entry.name, why));
+            continue;
+        }
+        let ns_dir = match reserved.subdir(&[&entry.name], false) {
+            Ok(Some(ns_dir)) => ns_dir,
+            // Removed between the listing and now: nothing to read.
+            Ok(None) => continue,
+            Err(e) => {
+                set.skipped
+                    .push(skip(&reserved, &entry.name, e.to_string()));
+                continue;
+            }
+        };
+        match ns_dir.stamp() {
+            Ok(st) => {
+                stamps.namespaces.insert(entry.name.clone(), st.into());
+            }
+            Err(e) => {
+                set.skipped
+                    .push(skip(&reserved, &entry.name, e.to_string()));
+                continue;
+            }
+        }
+        load_namespace(&ns_dir, &entry.name, &mut set);
+    }
+    set.skipped.sort();
+    (set, stamps)
+}
+
+/// Reads one `reserved/<namespace>/` directory into `set`.
+fn load_namespace(ns_dir: &DirFd, namespace: &str, set: &mut ReservationSet) {
+    let entries = match ns_dir.entries() {
+        Ok(entries) => entries,
+        Err(e) => {
+            set.skipped.push(skip(ns_dir, "", e.to_string()));
+            return;
+        }
+    };
+    for entry in entries {
+        match read_entry(ns_dir, namespace, &entry.name, entry.kind) {
+            Ok(Some(file)) => {
+                set.files.insert(file.pod_key(), file);
+            }
+            Ok(None) => {}
+            Err(why) => set.skipped.push(skip(ns_dir, &entry.name, why)),
+        }
+    }
+}
+
+/// Reads and checks `reserved/<namespace>/<name>`; `Ok(None)` if it vanished meanwhile.
+fn read_entry(
+    ns_dir: &DirFd,
+    namespace: &str,
+    name: &str,
+    kind: EntryKind,
+) -> Result<Option<ReservationFile>, String> {
+    if name.starts_with(TEMP_PREFIX) {
+        return Err("leftover temporary file of an interrupted write".to_owned());
+    }
+    validate_pod_name(name).map_err(|e| e.to_string())?;
+    match kind {
+        EntryKind::File => {}
+        EntryKind::Dir => return Err("a directory where a reservation file should be".to_owned()),
+        EntryKind::Symlink => return Err("a symbolic link (never followed)".to_owned()),
+        EntryKind::Other => return Err("not a regular file".to_owned()),
+    }
+    let Some(bytes) = ns_dir
+        .read_file(name, MAX_FILE_LEN)
+        .map_err(|e| e.to_string())?
+    else {
+        return Ok(None);
+    };
+    let file = ReservationFile::from_json(&bytes).map_err(|e| e.to_string())?;
+    if file.namespace != namespace || file.pod != name {
+        return Err(format!(
+            "the file is for pod {}/{} but sits at {namespace}/{name}",
+            file.namespace, file.pod
+        ));
+    }
+    Ok(Some(file))
+}
+
+/// Whether an entry of `reserved/` can be a namespace directory.
+fn namespace_entry_ok(name: &str, kind: EntryKind) -> Result<(), String> {
+    if name.starts_with(TEMP_PREFIX) {
+        return Err("leftover temporary file of an interrupted write".to_owned());
+    }
+    validate_namespace(name).map_err(|e| e.to_string())?;
+    match kind {
+        EntryKind::Dir => Ok(()),
+        EntryKind::Symlink => Err("a symbolic link (never followed)".to_owned()),
+        EntryKind::File | EntryKind::Other => {
+            Err("not a directory where a namespace directory should be".to_owned())
+        }
+    }
+}
+
+fn skip(parent: &DirFd, name: &str, reason: String) -> Skipped {
+    let path = if name.is_empty() {
+        parent.path().to_owned()
+    } else {
+        parent.child_path(name)
+    };
+    Skipped { path, reason }
+}
+
+/// Reads the reservation of one pod straight from its path (an O(1) lookup); `Ok(None)` if
+/// there is none. Errors say why the file is unusable (the caller logs and goes on without it).
+pub fn read_reservation(
+    dir: &NetworkDir,
+    namespace: &str,
+    pod: &str,
+) -> Result<Option<ReservationFile>, ReservedDirError> {
+    validate_namespace(namespace).map_err(ReservedDirError::InvalidName)?;
+    validate_pod_name(pod).map_err(ReservedDirError::InvalidName)?;
+    let Some(ns_dir) = dir.subdir(&[RESERVED_DIR, namespace], false)? else {
+        return Ok(None);
+    };
+    let Some(bytes) = ns_dir.read_file(pod, MAX_FILE_LEN)? else {
+        return Ok(None);
+    };
+    let file = ReservationFile::from_json(&bytes)?;
+    if file.namespace != namespace || file.pod != pod {
+        return Err(ReservedDirError::Invalid(SchemaError::Json(format!(
+            "the file is for pod {}/{} but sits at {namespace}/{pod}",
+            file.namespace, file.pod
+        ))));
+    }
+    Ok(Some(file))
+}
+
+/// Opens `reserved/`, creating it; a symlink or file in its place (not something a writer of
+/// ours made) is removed first — unlinking a symlink never touches its target.
+fn open_reserved_for_writing(dir: &NetworkDir) -> Result<(SubDir, bool), NetDirError> {
+    let created = prepare_dir_slot(dir, RESERVED_DIR)?;
+    let reserved = dir.subdir(&[RESERVED_DIR], true)?;
+    match reserved {
+        Some(sub) => Ok((sub, created)),
+        None => Err(NetDirError::NotDirectory {
+            path: dir.child_path(RESERVED_DIR),
+        }),
+    }
+}
+
+/// Makes sure `name` in `parent` is a real directory or absent: anything else is deleted.
+/// Returns whether the directory will have to be created.
+fn prepare_dir_slot(parent: &DirFd, name: &str) -> Result<bool, NetDirError> {
+    match parent.stat(name)? {
+        None => Ok(true),
+        Some(st) if st.kind == EntryKind::Dir => Ok(false),
+        Some(_) => {
+            parent.remove(name)?;
+            Ok(true)
+        }
+    }
+}
+
+/// Deletes `name` in `parent` whatever it is: a file or symlink is unlinked, a directory is
+/// emptied (bounded depth, never following links) and removed.
+fn remove_any(parent: &DirFd, name: &str, depth: usize) -> Result<(), NetDirError> {
+    match parent.stat(name)? {
+        None => Ok(()),
+        Some(st) if st.kind == EntryKind::Dir => {
+            if depth >= MAX_GARBAGE_DEPTH {
+                return Err(NetDirError::InvalidName {
+                    name: parent.child_path(name).to_string_lossy().into_owned(),
+                    reason: "garbage directory nested too deep to remove",
+                });
+            }
+            if let Some(child) = parent.subdir(&[name], false)? {
+                for entry in child.entries()? {
+                    remove_any(&child, &entry.name, depth + 1)?;
+                }
+            }
+            parent.remove_dir(name)?;
+            Ok(())
+        }
+        Some(_) => parent.remove(name).map(|_| ()),
+    }
+}
+
+/// Writes (or replaces) one reservation file atomically under the network's lock: temp file in
+/// `reserved/<namespace>/`, fsync, rename, fsync of the directory (and of `reserved/` and the
+/// network directory when a directory had to be created), then refreshes the index.
+pub fn write_reservation(dir: &NetworkDir, file: &ReservationFile) -> Result<(), ReservedDirError> {
+    file.validate()?;
+    let lock = dir.lock()?;
+    write_locked(dir, file)?;
+    super::index::refresh(dir, &lock)?;
+    Ok(())
+}
+
+fn write_locked(dir: &NetworkDir, file: &ReservationFile) -> Result<(), ReservedDirError> {
+    let (reserved, reserved_created) = open_reserved_for_writing(dir)?;
+    let ns_created = prepare_dir_slot(&reserved, &file.namespace)?;
+    let Some(ns_dir) = reserved.subdir(&[&file.namespace], true)? else {
+        return Err(NetDirError::NotDirectory {
+            path: reserved.child_path(&file.namespace),
+        }
+        .into());
+    };
+    // A directory (or anything else renameat cannot replace) squatting on the file's name.
+    if let Some(st) = ns_dir.stat(&file.pod)?
+        && st.kind == EntryKind::Dir
+    {
+        remove_any(&ns_dir, &file.pod, 0)?;
+    }
+    ns_dir.write_atomic(&file.pod, &file.to_json(), FILE_MODE, true)?;
+    if ns_created {
+        reserved.sync()?;
+    }
+    if reserved_created {
+        dir.sync()?;
+    }
+    Ok(())
+}
+
+/// Removes the reservation of `namespace`/`pod` (and its namespace directory once empty) under
+/// the network's lock; `false` if there was none.
+pub fn remove_reservation(
+    dir: &NetworkDir,
+    namespace: &str,
+    pod: &str,
+) -> Result<bool, ReservedDirError> {
+    validate_namespace(namespace).map_err(ReservedDirError::InvalidName)?;
+    validate_pod_name(pod).map_err(ReservedDirError::InvalidName)?;
+    let lock = dir.lock()?;
+    let removed = remove_locked(dir, namespace, pod)?;
+    super::index::refresh(dir, &lock)?;
+    Ok(removed)
+}
+
+fn remove_locked(dir: &NetworkDir, namespace: &str, pod: &str) -> Result<bool, ReservedDirError> {
+    let reserved = match dir.subdir(&[RESERVED_DIR], false) {
+        Ok(Some(reserved)) => reserved,
+        Ok(None) => return Ok(false),
+        // A symlink or file at `reserved/` holds no reservation of ours.
+        Err(NetDirError::Symlink { .. } | NetDirError::NotDirectory { .. }) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let ns_dir = match reserved.subdir(&[namespace], false) {
+        Ok(Some(ns_dir)) => ns_dir,
+        Ok(None) => return Ok(false),
+        Err(NetDirError::Symlink { .. } | NetDirError::NotDirectory { .. }) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let existed = ns_dir.stat(pod)?.is_some();
+    remove_any(&ns_dir, pod, 0)?;
+    if existed {
+        ns_dir.sync()?;
+    }
+    if ns_dir.entries()?.is_empty() {
+        match reserved.remove_dir(namespace) {
+            Ok(_) => reserved.sync()?,
+            // Someone wrote into it meanwhile (not under our lock): leave it.
+            Err(NetDirError::Io { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(existed)
+}
+
+/// What [`sync_reservations`] changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Files written because they were missing.
+    pub created: Vec<PodKey>,
+    /// Files rewritten because their content differed.
+    pub updated: Vec<PodKey>,
+    /// Reservation files removed because no desired reservation matches them.
+    pub removed: Vec<PodKey>,
+    /// Garbage deleted (paths and why each was garbage).
+    pub cleaned: Vec<Skipped>,
+    /// Desired reservations refused as invalid (never written).
+    pub invalid: Vec<String>,
+}
+
+/// Makes `reserved/` exactly equal to `desired`: writes new and changed files, removes stale
+/// ones, deletes garbage (symlinks, directories where files belong, undecodable files, leftover
+/// temporaries) and empty namespace directories, all under one hold of the network's lock, then
+/// refreshes the index.
+pub fn sync_reservations(
+    dir: &NetworkDir,
+    desired: &[ReservationFile],
+) -> Result<SyncReport, ReservedDirError> {
+    let mut report = SyncReport::default();
+    let mut want: BTreeMap<PodKey, &ReservationFile> = BTreeMap::new();
+    for file in desired {
+        match file.validate() {
+            Ok(()) => {
+                want.insert(file.pod_key(), file);
+            }
+            Err(e) => report.invalid.push(e.to_string()),
+        }
+    }
+    let lock = dir.lock()?;
+    let current = load_reservations(dir);
+
+    // Garbage first, so a directory squatting on a wanted name is gone before the write.
+    for garbage in &current.skipped {
+        if clean_garbage(dir, garbage)? {
+            report.cleaned.push(garbage.clone());
+        }
+    }
+    for key in current.files.keys() {
+        if !want.contains_key(key) && remove_locked(dir, &key.namespace, &key.pod)? {
+            report.removed.push(key.clone());
+        }
+    }
+    for (key, file) in &want {
+        match current.files.get(key) {
+            Some(existing) if existing == *file => {}
+            Some(_) => {
+                write_locked(dir, file)?;
+                report.updated.push(key.clone());
+            }
+            None => {
+                write_locked(dir, file)?;
+                report.created.push(key.clone());
+            }
+        }
+    }
+    remove_empty_namespaces(dir)?;
+    super::index::refresh(dir, &lock)?;
+    Ok(report)
+}
+
+/// Deletes one skipped entry if it lies inside `reserved/` (or is `reserved` itself when that is
+/// not a directory). Returns whether something was deleted.
+fn clean_garbage(dir: &NetworkDir, garbage: &Skipped) -> Result<bool, NetDirError> {
+    let reserved_path = dir.child_path(RESERVED_DIR);
+    let Ok(rel) = garbage.path.strip_prefix(&reserved_path) else {
+        return Ok(false);
+    };
+    let parts: Vec<&str> = rel
+        .components()
+        .filter_map(|c| match c {
+            std::path::Component::Normal(s) => s.to_str(),
+            _ => None,
+        })
+        .collect();
+    match parts.as_slice() {
+        [] => {
+            // `reserved` itself is a symlink or a file: replace it later with a directory.
+            match dir.stat(RESERVED_DIR)? {
+                Some(st) if st.kind != EntryKind::Dir => Ok(dir.remove(RESERVED_DIR)?),
+                _ => Ok(false),
+            }
+        }
+        [name] => match dir.subdir(&[RESERVED_DIR], false)? {
+            Some(reserved) => {
+                remove_any(&reserved, name, 0)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        },
+        [ns, name] => match dir.subdir(&[RESERVED_DIR, ns], false) {
+            Ok(Some(ns_dir)) => {
+                remove_any(&ns_dir, name, 0)?;
+                Ok(true)
+            }
+            Ok(None) | Err(NetDirError::Symlink { .. } | NetDirError::NotDirectory { .. }) => {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        },
+        _ => Ok(false),
+    }
+}
+
+fn remove_empty_namespaces(dir: &NetworkDir) -> Result<(), NetDirError> {
+    let Some(reserved) = dir.subdir(&[RESERVED_DIR], false)? else {
+        return Ok(());
+    };
+    let mut removed_any = false;
+    for entry in reserved.entries()? {
+        if entry.kind != EntryKind::Dir {
+            continue;
+        }
+        if let Some(ns_dir) = reserved.subdir(&[&entry.name], false)?
+            && ns_dir.entries()?.is_empty()
+        {
+            reserved.remove_dir(&entry.name)?;
+            removed_any = true;
+        }
+    }
+    if removed_any {
+        reserved.sync()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,450 @@
+//! The reservation file's schema (`<dataDir>/<network>/reserved/<namespace>/<pod>`) and the
+//! validation of every name that becomes a path.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::timestamp::Timestamp;
+
+/// The schema version this build writes and the only one it reads. Adding an optional field keeps
+/// the version (readers ignore fields they do not know); anything an older reader would
+/// misunderstand (a renamed field, a new meaning) bumps it, and older plugins then skip the file
+/// with [`SchemaError::UnsupportedVersion`] instead of guessing.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Largest reservation file read: a real one is about 200 bytes.
+pub const MAX_FILE_LEN: usize = 64 * 1024;
+
+/// Kubernetes' limit for a DNS-1123 label (namespace names).
+const MAX_LABEL_LEN: usize = 63;
+/// Kubernetes' limit for a DNS-1123 subdomain (pod names).
+const MAX_SUBDOMAIN_LEN: usize = 253;
+
+/// One reservation as the agent writes it and the plugin reads it.
+///
+/// ```json
+/// {"version":1,"namespace":"db","pod":"postgres-0","ips":["10.244.1.17","fd00:10:244:1::11"],
+///  "releaseTime":null,"uid":"5b0c…","nodeName":"node-a"}
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReservationFile {
+    /// Schema version, [`FORMAT_VERSION`].
+    pub version: u32,
+    /// The pod's namespace (also the directory name).
+    pub namespace: String,
+    /// The pod's name (also the file name).
+    pub pod: String,
+    /// The reserved addresses, at most one per configured range set.
+    pub ips: Vec<IpAddr>,
+    /// When the reservation stops holding its addresses; `null` while a pod holds them (`Bound`).
+    pub release_time: Option<Timestamp>,
+    /// The IPReservation's `metadata.uid`, to tell a re-created reservation from the old one.
+    pub uid: String,
+    /// The node the reservation belongs to (for humans reading the file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+}
+
+/// A pod's identity: its namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodKey {
+    /// The namespace.
+    pub namespace: String,
+    /// The pod name.
+    pub pod: String,
+}
+
+/// Why a name or a reservation file is not acceptable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaError {
+    /// The namespace is not a DNS-1123 label.
+    #[error("invalid namespace {name:?}: {why}")]
+    InvalidNamespace {
+        /// The name as found.
+        name: String,
+        /// Which rule it breaks.
+        why: &'static str,
+    },
+    /// The pod name is not a DNS-1123 subdomain.
+    #[error("invalid pod name {name:?}: {why}")]
+    InvalidPodName {
+        /// The name as found.
+        name: String,
+        /// Which rule it breaks.
+        why: &'static str,
+    },
+    /// The bytes are not JSON of the expected shape.
+    #[error("failed to decode reservation file: {0}")]
+    Json(String),
+    /// The file has no `version`.
+    #[error("failed to decode reservation file: no \"version\" field")]
+    MissingVersion,
+    /// The file was written for a schema this plugin does not know.
+    #[error(
+        "failed to decode reservation file: version {found} is not supported (this plugin reads version {FORMAT_VERSION}); upgrade the plugin"
+    )]
+    UnsupportedVersion {
+        /// The version in the file.
+        found: u64,
+    },
+    /// The file lists no address.
+    #[error("reservation of {0} lists no address")]
+    NoAddresses(PodKey),
+    /// An address appears twice.
+    #[error("reservation of {pod} lists {ip} twice")]
+    DuplicateAddress {
+        /// Whose reservation.
+        pod: PodKey,
+        /// The repeated address.
+        ip: IpAddr,
+    },
+}
+
+impl PodKey {
+    /// A key from a namespace and a pod name, both validated as Kubernetes validates them.
+    pub fn new(namespace: &str, pod: &str) -> Result<Self, SchemaError> {
+        validate_namespace(namespace)?;
+        validate_pod_name(pod)?;
+        Ok(Self {
+            namespace: namespace.to_owned(),
+            pod: pod.to_owned(),
+        })
+    }
+}
+
+impl fmt::Display for PodKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.pod)
+    }
+}
+
+impl ReservationFile {
+    /// The namespace/name of the pod this reservation is for.
+    pub fn pod_key(&self) -> PodKey {
+        PodKey {
+            namespace: self.namespace.clone(),
+            pod: self.pod.clone(),
+        }
+    }
+
+    /// Whether the reservation holds its addresses at `now`: bound (no release time) or released
+    /// but not yet expired. At exactly `releaseTime` it no longer holds them.
+    pub fn is_active(&self, now: Timestamp) -> bool {
+        self.release_time.is_none_or(|release| now < release)
+    }
+
+    /// Decodes and validates a file's bytes; IPv4-mapped IPv6 addresses become IPv4 (as
+    /// host-local canonicalises requested addresses).
+    pub fn from_json(bytes: &[u8]) -> Result<Self, SchemaError> {
+        // Read the version first so a future schema is refused by number, not by whatever field
+        // happens to fail to decode.
+        #[derive(Deserialize)]
+        struct VersionProbe {
+            version: Option<serde_json::Value>,
+        }
+        let probe: VersionProbe =
+            serde_json::from_slice(bytes).map_err(|e| SchemaError::Json(e.to_string()))?;
+        match probe.version {
+            None | Some(serde_json::Value::Null) => return Err(SchemaError::MissingVersion),
+            Some(serde_json::Value::Number(n)) if n.as_u64() == Some(u64::from(FORMAT_VERSION)) => {
+            }
+            Some(serde_json::Value::Number(n)) if n.as_u64().is_some() => {
+                return Err(SchemaError::UnsupportedVersion {
+                    found: n.as_u64().unwrap_or_default(),
+                });
+            }
+            Some(other) => {
+                return Err(SchemaError::Json(format!(
+                    "\"version\" must be a non-negative integer, found {other}"
+                )));
+            }
+        }
+        let mut file: ReservationFile =
+            serde_json::from_slice(bytes).map_err(|e| SchemaError::Json(e.to_string()))?;
+        for ip in &mut file.ips {
+            *ip = ip.to_canonical();
+        }
+        file.validate()?;
+        Ok(file)
+    }
+
+    /// Encodes the file as the agent writes it: one line of JSON and a newline.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serialising plain strings, addresses and timestamps cannot fail; fall back to an empty
+        // object rather than panic, which validation then rejects on read.
+        let mut out = serde_json::to_vec(self).unwrap_or_else(|_| b"{}".to_vec());
+        out.push(b'\n');
+        out
+    }
+
+    /// Checks names, version and addresses; the writer refuses what the reader would skip.
+    pub fn validate(&self) -> Result<(), SchemaError> {
+        if self.version != FORMAT_VERSION {
+            return Err(SchemaError::UnsupportedVersion {
+                found: u64::from(self.version),
+            });
+        }
+        validate_namespace(&self.namespace)?;
+        validate_pod_name(&self.pod)?;
+        if self.ips.is_empty() {
+            return Err(SchemaError::NoAddresses(self.pod_key()));
+        }
+        let mut seen = HashSet::with_capacity(self.ips.len());
+        for ip in &self.ips {
+            if !seen.insert(ip.to_canonical()) {
+                return Err(SchemaError::DuplicateAddress {
+                    pod: self.pod_key(),
+                    ip: *ip,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A namespace name as Kubernetes allows it (`ValidateNamespaceName`: a DNS-1123 label):
+/// 1–63 characters of `[a-z0-9-]`, starting and ending with a letter or digit.
+pub fn validate_namespace(name: &str) -> Result<(), SchemaError> {
+    let bad = |why| SchemaError::InvalidNamespace {
+        name: name.to_owned(),
+        why,
+    };
+    if name.len() > MAX_LABEL_LEN {
+        return Err(bad("longer than 63 characters"));
+    }
+    check_label(name.as_bytes()).map_err(bad)
+}
+
+/// A pod name as Kubernetes allows it (`ValidatePodName`: a DNS-1123 subdomain): at most 253
+/// characters, dot-separated labels of `[a-z0-9-]` that each start and end with a letter or
+/// digit. So `.`, `..`, `/`, empty labels and upper case are all impossible.
+pub fn validate_pod_name(name: &str) -> Result<(), SchemaError> {
+    let bad = |why| SchemaError::InvalidPodName {
+        name: name.to_owned(),
+        why,
+    };
+    if name.len() > MAX_SUBDOMAIN_LEN {
+        return Err(bad("longer than 253 characters"));
+    }
+    if name.is_empty() {
+        return Err(bad("empty"));
+    }
+    name.as_bytes()
+        .split(|&c| c == b'.')
+        .try_for_each(check_label)
+        .map_err(bad)
+}
+
+/// One DNS-1123 label without its length limit (a subdomain's labels are only bounded by the
+/// whole name's length in Kubernetes' validation).
+fn check_label(label: &[u8]) -> Result<(), &'static str> {
+    let (Some(first), Some(last)) = (label.first(), label.last()) else {
+        return Err("empty label");
+    };
+    if !label
+        .iter()
+        .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+    {
+        return Err("only lower-case letters, digits, '-' (and '.' between labels) are allowed");
+    }
+    if *first == b'-' || *last == b'-' {
+        return Err("must start and end with a letter or digit");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    fn sample() -> ReservationFile {
+        ReservationFile {
+            version: 1,
+            namespace: "db".into(),
+            pod: "postgres-0".into(),
+            ips: vec![
+                IpAddr::V4(Ipv4Addr::new(10, 244, 1, 17)),
+                "fd00:10:244:1::11".parse().unwrap(),
+            ],
+            release_time: None,
+            uid: "5b0c7a3e-1d2f-4c1a-9b7e-0d7c2f4e9a11".into(),
+            node_name: Some("node-a".into()),
+        }
+    }
+
+    #[test]
+    fn namespace_names() {
+        let long63 = "a".repeat(63);
+        let long64 = "a".repeat(64);
+        let cases: &[(&str, bool)] = &[
+            ("default", true),
+            ("kube-system", true),
+            ("a", true),
+            ("0", true),
+            ("a-0", true),
+            (&long63, true),
+            (&long64, false),
+            ("", false),
+            ("-a", false),
+            ("a-", false),
+            ("A", false),
+            ("a.b", false),
+            ("a_b", false),
+            (".", false),
+            ("..", false),
+            ("a/b", false),
+            ("é", false),
+            ("a\0", false),
+        ];
+        for &(name, ok) in cases {
+            assert_eq!(validate_namespace(name).is_ok(), ok, "{name:?}");
+        }
+    }
+
+    #[test]
+    fn pod_names() {
+        let long253 = format!("{}.{}", "a".repeat(126), "b".repeat(126));
+        let long254 = "a".repeat(254);
+        let cases: &[(&str, bool)] = &[
+            ("postgres-0", true),
+            ("web.example", true),
+            ("a.b.c", true),
+            ("0", true),
+            (&long253, true),
+            (&"a".repeat(200), true),
+            (&long254, false),
+            ("", false),
+            (".", false),
+            ("..", false),
+            ("a..b", false),
+            (".a", false),
+            ("a.", false),
+            ("a.-b", false),
+            ("a-.b", false),
+            ("-a", false),
+            ("Pod", false),
+            ("a/b", false),
+            ("../etc", false),
+            ("a b", false),
+            ("a\n", false),
+        ];
+        for &(name, ok) in cases {
+            assert_eq!(validate_pod_name(name).is_ok(), ok, "{name:?}");
+        }
+    }
+
+    #[test]
+    fn json_round_trip_and_layout() {
+        let file = sample();
+        let json = file.to_json();
+        assert_eq!(
+            String::from_utf8(json.clone()).unwrap(),
+            "{\"version\":1,\"namespace\":\"db\",\"pod\":\"postgres-0\",\"ips\":[\"10.244.1.17\",\"fd00:10:244:1::11\"],\"releaseTime\":null,\"uid\":\"5b0c7a3e-1d2f-4c1a-9b7e-0d7c2f4e9a11\",\"nodeName\":\"node-a\"}\n"
+        );
+        assert_eq!(ReservationFile::from_json(&json).unwrap(), file);
+
+        let released = ReservationFile {
+            release_time: Some(Timestamp::from_unix_secs(1_795_262_400)),
+            node_name: None,
+            ..sample()
+        };
+        let text = String::from_utf8(released.to_json()).unwrap();
+        assert!(
+            text.contains("\"releaseTime\":\"2026-11-21T12:00:00Z\""),
+            "{text}"
+        );
+        assert!(!text.contains("nodeName"), "{text}");
+        assert_eq!(
+            ReservationFile::from_json(text.as_bytes()).unwrap(),
+            released
+        );
+    }
+
+    #[test]
+    fn decoding_accepts_and_canonicalises() {
+        let json = br#"{"version":1,"namespace":"db","pod":"p","ips":["::ffff:10.0.0.1"],
+            "releaseTime":"2026-11-21T12:00:00.25Z","uid":"u","futureField":{"x":1}}"#;
+        let file = ReservationFile::from_json(json).unwrap();
+        assert_eq!(file.ips, vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))]);
+        assert_eq!(
+            file.release_time,
+            Some(Timestamp::new(1_795_262_400, 250_000_000).unwrap())
+        );
+        assert_eq!(file.node_name, None);
+        // A missing releaseTime reads as bound.
+        let json = br#"{"version":1,"namespace":"db","pod":"p","ips":["::1"],"uid":"u"}"#;
+        let file = ReservationFile::from_json(json).unwrap();
+        assert_eq!(file.release_time, None);
+        assert_eq!(file.ips, vec![IpAddr::V6(Ipv6Addr::LOCALHOST)]);
+    }
+
+    #[test]
+    fn decoding_rejects() {
+        let cases: &[(&[u8], &str)] = &[
+            (b"", "failed to decode reservation file"),
+            (b"{", "failed to decode reservation file"),
+            (b"[]", "failed to decode reservation file"),
+            (br#"{"namespace":"db"}"#, "no \"version\" field"),
+            (br#"{"version":null}"#, "no \"version\" field"),
+            (br#"{"version":2,"whatever":true}"#, "version 2 is not supported"),
+            (br#"{"version":"1"}"#, "must be a non-negative integer"),
+            (br#"{"version":-1}"#, "must be a non-negative integer"),
+            (br#"{"version":1.5}"#, "must be a non-negative integer"),
+            (
+                br#"{"version":1,"namespace":"db","pod":"p","ips":["10.0.0.300"],"releaseTime":null,"uid":"u"}"#,
+                "invalid IP address",
+            ),
+            (
+                br#"{"version":1,"namespace":"db","pod":"p","ips":["10.0.0.3"],"releaseTime":"soon","uid":"u"}"#,
+                "failed to parse timestamp",
+            ),
+            (
+                br#"{"version":1,"namespace":"DB","pod":"p","ips":["10.0.0.3"],"releaseTime":null,"uid":"u"}"#,
+                "invalid namespace",
+            ),
+            (
+                br#"{"version":1,"namespace":"db","pod":"../x","ips":["10.0.0.3"],"releaseTime":null,"uid":"u"}"#,
+                "invalid pod name",
+            ),
+            (
+                br#"{"version":1,"namespace":"db","pod":"p","ips":[],"releaseTime":null,"uid":"u"}"#,
+                "lists no address",
+            ),
+            (
+                br#"{"version":1,"namespace":"db","pod":"p","ips":["10.0.0.3","::ffff:10.0.0.3"],"releaseTime":null,"uid":"u"}"#,
+                "lists 10.0.0.3 twice",
+            ),
+            (
+                br#"{"version":1,"namespace":"db","pod":"p","ips":["10.0.0.3"],"releaseTime":null}"#,
+                "missing field `uid`",
+            ),
+        ];
+        for &(bytes, expect) in cases {
+            let err = ReservationFile::from_json(bytes).unwrap_err().to_string();
+            assert!(
+                err.contains(expect),
+                "{:?}: {err}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
+
+    #[test]
+    fn activity_depends_on_release_time() {
+        let t = Timestamp::from_unix_secs(1_000);
+        let bound = sample();
+        assert!(bound.is_active(t));
+        let released = ReservationFile {
+            release_time: Some(t),
+            ..sample()
+        };
+        assert!(released.is_active(Timestamp::new(999, 999_999_999).unwrap()));
+        assert!(!released.is_active(t));
+        assert!(!released.is_active(Timestamp::from_unix_secs(1_001)));
+    }
+}

@@ -1,0 +1,476 @@
+//! Reading and writing reservations in real temporary directories, garbage included.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::*;
+use crate::netdir::NetworkDir;
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "ipkeep-reservation-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+
+    fn net(&self) -> NetworkDir {
+        NetworkDir::open(&self.0.join("data"), "net1").unwrap()
+    }
+
+    fn reserved(&self) -> PathBuf {
+        self.0.join("data/net1/reserved")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn file(ns: &str, pod: &str, ips: &[&str], release: Option<i64>) -> ReservationFile {
+    ReservationFile {
+        version: FORMAT_VERSION,
+        namespace: ns.into(),
+        pod: pod.into(),
+        ips: ips.iter().map(|s| s.parse::<IpAddr>().unwrap()).collect(),
+        release_time: release.map(Timestamp::from_unix_secs),
+        uid: format!("uid-{ns}-{pod}"),
+        node_name: Some("node-a".into()),
+    }
+}
+
+/// Every path below `root` (symlinks listed, never followed) with a digest of its content.
+fn tree(root: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            let path = entry.path();
+            let rel = path.strip_prefix(root).unwrap().display().to_string();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.file_type().is_symlink() {
+                out.insert(format!(
+                    "{rel} -> {}",
+                    std::fs::read_link(&path).unwrap().display()
+                ));
+            } else if meta.is_dir() {
+                out.insert(format!("{rel}/"));
+                stack.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                out.insert(format!("{rel} ({} bytes)", bytes.len()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn write_read_remove_round_trip() {
+    let s = Scratch::new("rw");
+    let dir = s.net();
+    let a = file("db", "web-0", &["10.1.0.7", "fd00::7"], None);
+    let b = file("db", "web-1", &["10.1.0.8"], Some(1_795_262_400));
+    let c = file("cache", "redis-0", &["10.1.0.9"], None);
+    for f in [&a, &b, &c] {
+        write_reservation(&dir, f).unwrap();
+    }
+    let on_disk = std::fs::read(s.reserved().join("db/web-0")).unwrap();
+    assert_eq!(on_disk, a.to_json());
+    let mode = std::fs::metadata(s.reserved().join("db/web-0"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777 & !0o644, 0, "mode {mode:o}");
+
+    let set = load_reservations(&dir);
+    assert!(set.skipped.is_empty(), "{:?}", set.skipped);
+    assert_eq!(set.len(), 3);
+    assert_eq!(set.get("db", "web-1"), Some(&b));
+    assert_eq!(
+        read_reservation(&dir, "db", "web-0").unwrap(),
+        Some(a.clone())
+    );
+    assert_eq!(read_reservation(&dir, "db", "nope").unwrap(), None);
+    assert_eq!(read_reservation(&dir, "none", "web-0").unwrap(), None);
+    assert!(read_reservation(&dir, "db", "../x").is_err());
+
+    // Replacing keeps one file; no temporaries are left behind.
+    let a2 = ReservationFile {
+        release_time: Some(Timestamp::from_unix_secs(5)),
+        ..a.clone()
+    };
+    write_reservation(&dir, &a2).unwrap();
+    assert_eq!(read_reservation(&dir, "db", "web-0").unwrap(), Some(a2));
+    let names: Vec<String> = std::fs::read_dir(s.reserved().join("db"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+
+    assert!(remove_reservation(&dir, "cache", "redis-0").unwrap());
+    assert!(!remove_reservation(&dir, "cache", "redis-0").unwrap());
+    assert!(
+        !s.reserved().join("cache").exists(),
+        "empty namespace directory removed"
+    );
+    assert!(remove_reservation(&dir, "Bad", "x").is_err());
+    assert_eq!(load_reservations(&dir).len(), 2);
+}
+
+#[test]
+fn writer_refuses_invalid_reservations() {
+    let s = Scratch::new("invalid");
+    let dir = s.net();
+    let cases = [
+        file("Bad", "p", &["10.0.0.1"], None),
+        file("ns", "..", &["10.0.0.1"], None),
+        file("ns", "a/b", &["10.0.0.1"], None),
+        file("ns", "p", &[], None),
+        ReservationFile {
+            version: 2,
+            ..file("ns", "p", &["10.0.0.1"], None)
+        },
+    ];
+    for f in &cases {
+        let err = write_reservation(&dir, f).unwrap_err();
+        assert!(
+            err.to_string().starts_with("failed to write reservation"),
+            "{err}"
+        );
+    }
+    assert!(!s.reserved().exists(), "nothing written");
+}
+
+/// Plants every kind of garbage next to two valid reservations; returns the outside directory
+/// that symlinks point to.
+fn plant_garbage(s: &Scratch) -> PathBuf {
+    let outside = s.0.join("outside");
+    std::fs::create_dir_all(outside.join("ns")).unwrap();
+    let valid_elsewhere = file("evil", "p", &["10.1.0.66"], None).to_json();
+    std::fs::write(outside.join("p"), &valid_elsewhere).unwrap();
+    std::fs::write(outside.join("ns/p"), &valid_elsewhere).unwrap();
+
+    let r = s.reserved();
+    std::fs::create_dir_all(r.join("db")).unwrap();
+    std::fs::write(
+        r.join("db/web-0"),
+        file("db", "web-0", &["10.1.0.7"], None).to_json(),
+    )
+    .unwrap();
+    std::fs::write(
+        r.join("db/web-1"),
+        file("db", "web-1", &["10.1.0.8"], None).to_json(),
+    )
+    .unwrap();
+    std::fs::write(r.join("db/bad-json"), b"{\"version\":1,").unwrap();
+    std::fs::write(
+        r.join("db/Bad_Name"),
+        file("db", "p", &["10.1.0.9"], None).to_json(),
+    )
+    .unwrap();
+    std::fs::write(
+        r.join("db/moved"),
+        file("db", "other", &["10.1.0.10"], None).to_json(),
+    )
+    .unwrap();
+    std::fs::write(r.join("db/future"), b"{\"version\":7}").unwrap();
+    std::fs::write(r.join("db/huge"), vec![b' '; 70 * 1024]).unwrap();
+    std::fs::write(r.join("db/.ipkeep-tmp-1-1"), b"half").unwrap();
+    std::fs::create_dir_all(r.join("db/adir/deeper")).unwrap();
+    std::fs::write(r.join("db/adir/deeper/x"), b"x").unwrap();
+    symlink(outside.join("p"), r.join("db/evil")).unwrap();
+    symlink(outside.join("ns"), r.join("evil")).unwrap();
+    std::fs::create_dir_all(r.join("Not_A_Namespace")).unwrap();
+    std::fs::write(r.join("stray-file"), b"x").unwrap();
+    outside
+}
+
+#[test]
+fn garbage_is_skipped_and_reported_never_fatal() {
+    let s = Scratch::new("garbage");
+    let dir = s.net();
+    let outside = plant_garbage(&s);
+    let outside_before = tree(&outside);
+
+    let set = load_reservations(&dir);
+    let keys: Vec<String> = set.files.keys().map(ToString::to_string).collect();
+    assert_eq!(keys, ["db/web-0", "db/web-1"]);
+    let reasons: Vec<(String, String)> = set
+        .skipped
+        .iter()
+        .map(|sk| {
+            let rel = sk
+                .path
+                .strip_prefix(s.reserved())
+                .unwrap()
+                .display()
+                .to_string();
+            (rel, sk.reason.clone())
+        })
+        .collect();
+    let expect: &[(&str, &str)] = &[
+        ("Not_A_Namespace", "invalid namespace"),
+        ("db/.ipkeep-tmp-1-1", "leftover temporary file"),
+        ("db/Bad_Name", "invalid pod name"),
+        ("db/adir", "a directory where a reservation file should be"),
+        ("db/bad-json", "failed to decode reservation file"),
+        ("db/evil", "symbolic link"),
+        ("db/future", "version 7 is not supported"),
+        ("db/huge", "larger than"),
+        ("db/moved", "is for pod db/other but sits at db/moved"),
+        ("evil", "symbolic link"),
+        ("stray-file", "not a directory"),
+    ];
+    assert_eq!(reasons.len(), expect.len(), "{reasons:#?}");
+    for ((rel, reason), (want_rel, want_reason)) in reasons.iter().zip(expect) {
+        assert_eq!(rel, want_rel);
+        assert!(reason.contains(want_reason), "{rel}: {reason}");
+    }
+    assert_eq!(tree(&outside), outside_before, "nothing outside touched");
+
+    // The O(1) read of a symlinked file refuses it rather than following it.
+    assert!(read_reservation(&dir, "db", "evil").is_err());
+    assert!(read_reservation(&dir, "evil", "p").is_err());
+}
+
+#[test]
+fn symlinked_reserved_dir_is_skipped() {
+    let s = Scratch::new("symreserved");
+    let dir = s.net();
+    let outside = s.0.join("outside");
+    std::fs::create_dir_all(outside.join("db")).unwrap();
+    std::fs::write(
+        outside.join("db/web-0"),
+        file("db", "web-0", &["10.1.0.7"], None).to_json(),
+    )
+    .unwrap();
+    symlink(&outside, s.reserved()).unwrap();
+    let before = tree(&outside);
+
+    let set = load_reservations(&dir);
+    assert!(set.files.is_empty());
+    assert_eq!(set.skipped.len(), 1);
+    assert!(
+        set.skipped[0].reason.contains("symbolic link"),
+        "{:?}",
+        set.skipped
+    );
+    assert!(read_reservation(&dir, "db", "web-0").is_err());
+    {
+        let lock = dir.lock().unwrap();
+        let (cached, _) = load_reservations_cached(&dir, &lock);
+        assert_eq!(cached, set);
+    }
+
+    // The writer replaces the symlink by a real directory and never writes through it.
+    write_reservation(&dir, &file("db", "web-1", &["10.1.0.8"], None)).unwrap();
+    assert!(std::fs::symlink_metadata(s.reserved()).unwrap().is_dir());
+    assert_eq!(tree(&outside), before);
+    assert_eq!(load_reservations(&dir).len(), 1);
+}
+
+#[test]
+fn sync_makes_the_tree_exactly_the_desired_set() {
+    let s = Scratch::new("sync");
+    let dir = s.net();
+    let outside = plant_garbage(&s);
+    let outside_before = tree(&outside);
+    // A stale reservation in its own namespace, which must disappear with its directory.
+    std::fs::create_dir_all(s.reserved().join("gone")).unwrap();
+    std::fs::write(
+        s.reserved().join("gone/old-0"),
+        file("gone", "old-0", &["10.1.0.40"], None).to_json(),
+    )
+    .unwrap();
+
+    let desired = vec![
+        // Unchanged.
+        file("db", "web-0", &["10.1.0.7"], None),
+        // Changed (released).
+        file("db", "web-1", &["10.1.0.8"], Some(1_795_262_400)),
+        // New, in the name a directory squats on.
+        file("db", "adir", &["10.1.0.11"], None),
+        // New namespace.
+        file("cache", "redis-0", &["10.1.0.12"], None),
+        // Invalid: refused, not written.
+        file("db", "Nope", &["10.1.0.13"], None),
+    ];
+    let report = sync_reservations(&dir, &desired).unwrap();
+    let keys = |v: &[PodKey]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+    assert_eq!(keys(&report.created), ["cache/redis-0", "db/adir"]);
+    assert_eq!(keys(&report.updated), ["db/web-1"]);
+    assert_eq!(keys(&report.removed), ["gone/old-0"]);
+    assert_eq!(report.invalid.len(), 1, "{:?}", report.invalid);
+    assert_eq!(report.cleaned.len(), 11, "{:#?}", report.cleaned);
+
+    let expected: BTreeSet<String> = [
+        "cache/".to_owned(),
+        format!("cache/redis-0 ({} bytes)", desired[3].to_json().len()),
+        "db/".to_owned(),
+        format!("db/adir ({} bytes)", desired[2].to_json().len()),
+        format!("db/web-0 ({} bytes)", desired[0].to_json().len()),
+        format!("db/web-1 ({} bytes)", desired[1].to_json().len()),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(tree(&s.reserved()), expected);
+    assert_eq!(tree(&outside), outside_before, "nothing outside touched");
+
+    let set = load_reservations(&dir);
+    assert!(set.skipped.is_empty());
+    let want: Vec<&ReservationFile> = desired[..4].iter().collect();
+    let mut got: Vec<&ReservationFile> = set.files.values().collect();
+    got.sort_by_key(|f| f.pod_key());
+    let mut want = want;
+    want.sort_by_key(|f| f.pod_key());
+    assert_eq!(got, want);
+
+    // A second sync with the same input changes nothing.
+    let again = sync_reservations(&dir, &desired[..4]).unwrap();
+    assert_eq!(again, SyncReport::default());
+
+    // Syncing to nothing leaves an empty `reserved/`.
+    let empty = sync_reservations(&dir, &[]).unwrap();
+    assert_eq!(empty.removed.len(), 4);
+    assert!(tree(&s.reserved()).is_empty());
+}
+
+#[test]
+fn sync_replaces_a_symlinked_reserved_dir() {
+    let s = Scratch::new("syncsym");
+    let dir = s.net();
+    let outside = s.0.join("outside");
+    std::fs::create_dir_all(outside.join("db")).unwrap();
+    std::fs::write(outside.join("db/web-0"), b"precious").unwrap();
+    symlink(&outside, s.reserved()).unwrap();
+    let report = sync_reservations(&dir, &[file("db", "web-0", &["10.1.0.7"], None)]).unwrap();
+    assert_eq!(report.created.len(), 1);
+    assert_eq!(report.cleaned.len(), 1);
+    assert!(std::fs::symlink_metadata(s.reserved()).unwrap().is_dir());
+    assert_eq!(
+        std::fs::read(outside.join("db/web-0")).unwrap(),
+        b"precious"
+    );
+}
+
+#[test]
+fn snapshot_is_used_when_valid_and_rebuilt_when_stale() {
+    let s = Scratch::new("index");
+    let dir = s.net();
+    {
+        let lock = dir.lock().unwrap();
+        let (set, source) = load_reservations_cached(&dir, &lock);
+        assert_eq!((set.len(), source), (0, Source::NoReservations));
+    }
+    write_reservation(&dir, &file("db", "web-0", &["10.1.0.7"], None)).unwrap();
+    write_reservation(&dir, &file("db", "web-1", &["10.1.0.8"], None)).unwrap();
+    let check = |want: Source| {
+        let lock = dir.lock().unwrap();
+        let (cached, source) = load_reservations_cached(&dir, &lock);
+        assert_eq!(source, want);
+        assert_eq!(
+            cached,
+            load_reservations(&dir),
+            "snapshot equals a full scan"
+        );
+        cached
+    };
+    // The writer left a valid snapshot.
+    assert_eq!(check(Source::Index).len(), 2);
+
+    // A change behind the writer's back (a new file) changes the namespace dir's stamps.
+    std::fs::write(
+        s.reserved().join("db/web-2"),
+        file("db", "web-2", &["10.1.0.9"], None).to_json(),
+    )
+    .unwrap();
+    assert_eq!(check(Source::Rescanned).len(), 3);
+    assert_eq!(check(Source::Index).len(), 3);
+
+    // A new namespace changes `reserved/`'s stamps.
+    std::fs::create_dir(s.reserved().join("cache")).unwrap();
+    std::fs::write(
+        s.reserved().join("cache/r-0"),
+        file("cache", "r-0", &["10.1.0.10"], None).to_json(),
+    )
+    .unwrap();
+    assert_eq!(check(Source::Rescanned).len(), 4);
+
+    // Removing a file by hand.
+    std::fs::remove_file(s.reserved().join("db/web-0")).unwrap();
+    assert_eq!(check(Source::Rescanned).len(), 3);
+
+    // Garbage planted later is found (and kept in the snapshot).
+    symlink("/etc/passwd", s.reserved().join("cache/link")).unwrap();
+    let set = check(Source::Rescanned);
+    assert_eq!(set.skipped.len(), 1);
+    assert_eq!(check(Source::Index).skipped.len(), 1);
+
+    // A torn or foreign snapshot is rebuilt.
+    let index_path = s.0.join("data/net1/.ipkeep/reserved.index");
+    std::fs::write(&index_path, b"{\"format\":1,\"stam").unwrap();
+    check(Source::Rescanned);
+    std::fs::write(&index_path, b"{\"format\":99}").unwrap();
+    check(Source::Rescanned);
+    std::fs::remove_file(&index_path).unwrap();
+    check(Source::Rescanned);
+    // A symlink planted at the snapshot's name is not followed.
+    std::fs::remove_file(&index_path).unwrap();
+    symlink(s.0.join("elsewhere"), &index_path).unwrap();
+    check(Source::Rescanned);
+    assert!(!s.0.join("elsewhere").exists());
+
+    // Removing the whole tree.
+    sync_reservations(&dir, &[]).unwrap();
+    std::fs::remove_dir(s.reserved()).unwrap();
+    check(Source::NoReservations);
+}
+
+#[test]
+fn wait_markers_round_trip() {
+    let s = Scratch::new("wait");
+    let dir = s.net();
+    let pod = PodKey::new("db", "web-0").unwrap();
+    assert_eq!(read_wait_marker(&dir, &pod), None);
+    let marker = WaitMarker {
+        holder: "0123abcd".into(),
+        since: Timestamp::new(1_795_262_400, 5).unwrap(),
+    };
+    write_wait_marker(&dir, &pod, &marker).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(s.0.join("data/net1/.ipkeep/wait/db/web-0")).unwrap(),
+        "0123abcd 2026-11-21T12:00:00.000000005Z\n"
+    );
+    assert_eq!(read_wait_marker(&dir, &pod), Some(marker));
+    remove_wait_marker(&dir, &pod).unwrap();
+    assert_eq!(read_wait_marker(&dir, &pod), None);
+    assert!(!s.0.join("data/net1/.ipkeep/wait/db").exists());
+    remove_wait_marker(&dir, &pod).unwrap();
+
+    // Garbage markers read as absent.
+    std::fs::create_dir_all(s.0.join("data/net1/.ipkeep/wait/db")).unwrap();
+    for garbage in [
+        "",
+        "x\n",
+        "x yesterday\n",
+        " 2026-11-21T12:00:00Z\n",
+        "x 2026-11-21T12:00:00Z",
+    ] {
+        std::fs::write(s.0.join("data/net1/.ipkeep/wait/db/web-0"), garbage).unwrap();
+        assert_eq!(read_wait_marker(&dir, &pod), None, "{garbage:?}");
+    }
+}

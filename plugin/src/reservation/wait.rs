@@ -1,0 +1,67 @@
+//! The on-disk [`WaitMarker`] of a pod: `<net>/.ipkeep/wait/<namespace>/<pod>`, one line
+//! `<containerID> <RFC 3339 time>`, written by the plugin (under the network's lock) when an ADD
+//! first finds the pod's reserved address held by the pod's previous container. Like the rest of
+//! `.ipkeep/` it is the plugin's own: host-local ignores it, and losing it only restarts a wait.
+
+use crate::netdir::{NetDirError, NetworkDir};
+
+use super::decision::WaitMarker;
+use super::index::PRIVATE_DIR;
+use super::schema::PodKey;
+use super::timestamp::Timestamp;
+
+/// The sub-directory of [`PRIVATE_DIR`] holding the wait markers.
+const WAIT_DIR: &str = "wait";
+/// Far more than a container ID and a timestamp need.
+const MAX_MARKER_LEN: usize = 1024;
+
+/// Reads the pod's wait marker; `None` if absent or unreadable (an unreadable marker is as good
+/// as none: the wait restarts).
+pub fn read_wait_marker(dir: &NetworkDir, pod: &PodKey) -> Option<WaitMarker> {
+    let ns_dir = dir
+        .subdir(&[PRIVATE_DIR, WAIT_DIR, &pod.namespace], false)
+        .ok()??;
+    let bytes = ns_dir.read_file(&pod.pod, MAX_MARKER_LEN).ok()??;
+    parse_marker(&bytes)
+}
+
+/// Writes the pod's wait marker (temp + rename; no fsync: losing it only restarts the wait).
+pub fn write_wait_marker(
+    dir: &NetworkDir,
+    pod: &PodKey,
+    marker: &WaitMarker,
+) -> Result<(), NetDirError> {
+    let Some(ns_dir) = dir.subdir(&[PRIVATE_DIR, WAIT_DIR, &pod.namespace], true)? else {
+        return Ok(());
+    };
+    let line = format!("{} {}\n", marker.holder, marker.since);
+    ns_dir.write_atomic(&pod.pod, line.as_bytes(), 0o600, false)
+}
+
+/// Removes the pod's wait marker (and its namespace directory when empty).
+pub fn remove_wait_marker(dir: &NetworkDir, pod: &PodKey) -> Result<(), NetDirError> {
+    let Some(wait_dir) = dir.subdir(&[PRIVATE_DIR, WAIT_DIR], false)? else {
+        return Ok(());
+    };
+    let Some(ns_dir) = wait_dir.subdir(&[&pod.namespace], false)? else {
+        return Ok(());
+    };
+    ns_dir.remove(&pod.pod)?;
+    if ns_dir.list()?.is_empty() {
+        // Another pod's marker may appear meanwhile only under the lock the caller holds.
+        let _ = wait_dir.remove_dir(&pod.namespace);
+    }
+    Ok(())
+}
+
+fn parse_marker(bytes: &[u8]) -> Option<WaitMarker> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let (holder, since) = text.strip_suffix('\n')?.split_once(' ')?;
+    if holder.is_empty() || holder.contains(char::is_whitespace) {
+        return None;
+    }
+    Some(WaitMarker {
+        holder: holder.to_owned(),
+        since: Timestamp::parse_rfc3339(since).ok()?,
+    })
+}
