@@ -998,7 +998,10 @@ fn show_step(n: usize, step: &Step, what: &str, h: &Outcome, s: &Outcome, label:
     format!(
         "  step {n} {}{what}\n      stdin: {}\n      host-local: {}\n      {label}: {}\n",
         describe_step(step),
-        String::from_utf8_lossy(&step.call.stdin),
+        String::from_utf8_lossy(&step.call.stdin)
+            .replace('\n', "\\n")
+            .replace('\r', "\\r")
+            .replace('\t', "\\t"),
         show(h),
         show(s)
     )

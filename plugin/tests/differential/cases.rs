@@ -1714,6 +1714,75 @@ pub fn all() -> Vec<Case> {
             add("c4", &base),
         ],
     );
+    // Go's decoder: duplicate keys (last wins), nulls, escapes, trailing data, invalid UTF-8
+    // (replaced by U+FFFD), deep nesting and huge numbers in fields nobody reads.
+    c(
+        "json-duplicate-name",
+        vec![add(
+            "c1",
+            r#"{"cniVersion":"1.0.0","name":"bad name","name":"net1","ipam":{"dataDir":"@DATADIR@","subnet":"10.1.0.0/24"}}"#,
+        )],
+    );
+    c(
+        "json-duplicate-version",
+        vec![add(
+            "c1",
+            r#"{"cniVersion":"9.9.9","cniVersion":"0.3.1","name":"net1","ipam":{"dataDir":"@DATADIR@","subnet":"10.1.0.0/24"}}"#,
+        )],
+    );
+    c(
+        "json-null-version",
+        vec![add(
+            "c1",
+            r#"{"cniVersion":null,"name":"net1","ipam":{"dataDir":"@DATADIR@","subnet":"10.1.0.0/24"}}"#,
+        )],
+    );
+    c(
+        "json-null-name",
+        vec![add("c1", r#"{"cniVersion":"1.0.0","name":null,"ipam":{}}"#)],
+    );
+    c(
+        "json-escaped-name",
+        vec![add(
+            "c1",
+            r#"{"cniVersion":"1.0.0","name":"net\u0031","ipam":{"dataDir":"@DATADIR@","subnet":"10.1.0.0/24"}}"#,
+        )],
+    );
+    c(
+        "json-trailing-garbage",
+        vec![add(
+            "c1",
+            r#"{"cniVersion":"1.0.0","name":"net1","ipam":{"dataDir":"@DATADIR@","subnet":"10.1.0.0/24"}} x"#,
+        )],
+    );
+    c(
+        "json-trailing-whitespace",
+        vec![add(
+            "c1",
+            "{\"cniVersion\":\"1.0.0\",\"name\":\"net1\",\"ipam\":{\"dataDir\":\"@DATADIR@\",\"subnet\":\"10.1.0.0/24\"}}\n\t ",
+        )],
+    );
+    c(
+        "json-invalid-utf8-name",
+        vec![
+            add("c1", "")
+                .stdin_bytes(b"{\"cniVersion\":\"1.0.0\",\"name\":\"n\xffe\",\"ipam\":{}}"),
+        ],
+    );
+    c(
+        "json-deep-unknown-field",
+        vec![add(
+            "c1",
+            r#"{"cniVersion":"1.0.0","name":"net1","x":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],"ipam":{"dataDir":"@DATADIR@","subnet":"10.1.0.0/24"}}"#,
+        )],
+    );
+    c(
+        "json-huge-number-unknown-field",
+        vec![add(
+            "c1",
+            r#"{"cniVersion":"1.0.0","name":"net1","mtu":1e400,"ipam":{"dataDir":"@DATADIR@","subnet":"10.1.0.0/24","routes":[{"dst":"10.0.0.0/8","mtu":1e400}]}}"#,
+        )],
+    );
     c(
         "foreign-name-file",
         vec![
