@@ -203,6 +203,24 @@ const DELIBERATE: &[Deliberate] = &[
         },
     },
     Deliberate {
+        case: "gc-110-no-containerid",
+        difference: "#2 GC (1.1.0) needs no CNI_CONTAINERID (upstream skeleton); Debian: code 3 missing containerID",
+        expect: Expect::Case {
+            steps: &[0],
+            paths: &["data"],
+            check: gc_110_no_containerid,
+        },
+    },
+    Deliberate {
+        case: "status-110-full",
+        difference: "#2 STATUS (1.1.0) reports exhausted ranges with code 50 (spec 1.1.0); Debian does not know STATUS",
+        expect: Expect::Case {
+            steps: &[1],
+            paths: &[],
+            check: status_110_full,
+        },
+    },
+    Deliberate {
         case: "status-100",
         difference: "#2 STATUS below 1.1.0 gets upstream's version gate (code 1); Debian: unknown command (code 4)",
         expect: Expect::Case {
@@ -493,6 +511,28 @@ fn status_110(h: &Run, i: &Run) -> Result<(), String> {
     ensure(
         i.steps[0].code == Some(0) && i.steps[0].stdout.is_empty(),
         "ipkeep's STATUS says ready",
+    )
+}
+
+fn gc_110_no_containerid(h: &Run, i: &Run) -> Result<(), String> {
+    ensure(
+        cni_error(&h.steps[0]) == Some((3, "missing containerID".into())),
+        "host-local requires a container ID",
+    )?;
+    ensure(
+        i.steps[0].code == Some(0) && i.steps[0].stdout.is_empty(),
+        "ipkeep's GC runs without a container ID",
+    )
+}
+
+fn status_110_full(h: &Run, i: &Run) -> Result<(), String> {
+    ensure(
+        cni_error(&h.steps[1]) == Some((4, "unknown CNI_COMMAND: STATUS".into())),
+        "host-local does not know STATUS",
+    )?;
+    ensure(
+        cni_error(&i.steps[1]).is_some_and(|(code, _)| code == 50),
+        "ipkeep's STATUS reports the exhausted range with code 50",
     )
 }
 
@@ -861,6 +901,8 @@ fn snapshot(scratch: &Scratch, dir: &Path, prefix: &str, tree: &mut BTreeMap<Str
     entries.sort_by_key(|e| e.file_name());
     for entry in entries {
         let name = entry.file_name().to_string_lossy().into_owned();
+        // ipkeep's private index `<dataDir>/<net>/.ipkeep/` (deliberate #6) is not compared:
+        // host-local has nothing like it, and ipkeep can rebuild it from the IP files.
         if ignored_name(&name) {
             continue;
         }

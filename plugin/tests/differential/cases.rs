@@ -1647,6 +1647,15 @@ pub fn all() -> Vec<Case> {
     );
     c("gc-100", vec![add("c1", &base), cmd("GC", "c1", &base)]);
     c("status-110", vec![cmd("STATUS", "c1", &v4("1.1.0"))]);
+    c(
+        "gc-110-no-containerid",
+        vec![cmd("GC", "c1", &gc110).var(Var::ContainerId, None)],
+    );
+    let full110 = subnet("1.1.0", "10.1.0.0/30");
+    c(
+        "status-110-full",
+        vec![add("c1", &n30), cmd("STATUS", "c1", &full110)],
+    );
     c("status-100", vec![cmd("STATUS", "c1", &base)]);
 
     // ── 10. Deliberate differences that need their own scenario ─────────────────────────────
