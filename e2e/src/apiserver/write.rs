@@ -1,0 +1,1098 @@
+//! Writes: create, update, patch (merge, JSON, server-side apply), delete and delete-collection,
+//! with the metadata rules kube-apiserver enforces (uid, generation, finalizers, preconditions).
+
+use std::{sync::Arc, time::Duration};
+
+use serde_json::{Map, Value, json};
+
+use super::{
+    api::{Ctx, Reply, Request, Selection, Target},
+    ids,
+    patch::{self, FieldPath},
+    registry::{self, CRD_GROUP, ResourceType},
+    schema,
+    status::{ApiError, success_status},
+    store::Store,
+};
+
+/// How long the emulated kubelet takes to confirm a graceful pod deletion (capped by the grace period).
+const POD_TERMINATION: Duration = Duration::from_millis(300);
+
+/// Default `terminationGracePeriodSeconds` of a pod.
+const POD_DEFAULT_GRACE: i64 = 30;
+
+fn meta(obj: &Value) -> Option<&Map<String, Value>> {
+    obj.get("metadata").and_then(Value::as_object)
+}
+
+fn meta_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
+    obj.get_mut("metadata").and_then(Value::as_object_mut)
+}
+
+fn meta_str<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
+    meta(obj)?.get(key).and_then(Value::as_str)
+}
+
+fn finalizers(obj: &Value) -> Vec<String> {
+    meta(obj)
+        .and_then(|m| m.get("finalizers"))
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Parse a request body as JSON (or YAML, which kubectl's server-side apply sends).
+fn parse_body(req: &Request) -> Result<Value, ApiError> {
+    if req.body.is_empty() {
+        return Err(ApiError::bad_request("the request body is empty"));
+    }
+    let parsed = if req.content_type.contains("yaml") {
+        let text = std::str::from_utf8(&req.body)
+            .map_err(|e| ApiError::bad_request(format!("body is not UTF-8: {e}")))?;
+        serde_saphyr::from_str::<Value>(text)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
+    } else {
+        serde_json::from_slice::<Value>(&req.body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))?
+    };
+    Ok(parsed)
+}
+
+/// Check and fill `apiVersion`/`kind`, make sure `metadata` is an object.
+fn check_type(target: &Target, obj: &mut Value) -> Result<(), ApiError> {
+    let expected_version = target.rt.api_version(&target.version);
+    let map = obj
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("the request body must be a JSON object"))?;
+    if let Some(v) = map
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .filter(|v| !v.is_empty())
+        && v != expected_version
+    {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({v}) does not match the expected API version ({expected_version})"
+        )));
+    }
+    if let Some(k) = map
+        .get("kind")
+        .and_then(Value::as_str)
+        .filter(|k| !k.is_empty())
+        && k != target.rt.kind
+    {
+        return Err(ApiError::bad_request(format!(
+            "the kind in the data ({k}) does not match the expected kind ({})",
+            target.rt.kind
+        )));
+    }
+    map.insert("apiVersion".into(), json!(expected_version));
+    map.insert("kind".into(), json!(target.rt.kind));
+    if !map.get("metadata").is_some_and(Value::is_object) {
+        map.insert("metadata".into(), json!({}));
+    }
+    Ok(())
+}
+
+/// The namespace in the body must match the URL's; it is then filled in (or removed when cluster-scoped).
+fn check_namespace(target: &Target, obj: &mut Value) -> Result<(), ApiError> {
+    let url_ns = target.ns().to_string();
+    let Some(m) = meta_mut(obj) else {
+        return Ok(());
+    };
+    if target.rt.namespaced {
+        if let Some(ns) = m
+            .get("namespace")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            && ns != url_ns
+        {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        m.insert("namespace".into(), json!(url_ns));
+    } else {
+        m.remove("namespace");
+    }
+    Ok(())
+}
+
+/// RFC 1123 subdomain (most kinds) or label (namespaces) name rules.
+fn check_name(rt: &ResourceType, name: &str) -> Result<(), ApiError> {
+    let label = rt.plural == "namespaces";
+    let max = if label { 63 } else { 253 };
+    let part_ok = |p: &str| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !p.starts_with('-')
+            && !p.ends_with('-')
+    };
+    let ok = name.len() <= max
+        && if label {
+            part_ok(name)
+        } else {
+            name.split('.').all(part_ok)
+        };
+    // Events are named `<object>.<hex>` and leases freely; the subdomain rule covers both.
+    if ok {
+        return Ok(());
+    }
+    let what = if label {
+        "RFC 1123 label"
+    } else {
+        "RFC 1123 subdomain"
+    };
+    Err(ApiError::invalid(
+        &rt.group_kind(),
+        name,
+        "metadata.name",
+        "FieldValueInvalid",
+        &format!(
+            "Invalid value: \"{name}\": a lowercase {what} must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
+        ),
+    ))
+}
+
+/// The part of an object whose change bumps `metadata.generation` (everything but metadata and status).
+fn spec_part(obj: &Value) -> Value {
+    let mut out = obj.clone();
+    if let Some(map) = out.as_object_mut() {
+        for k in ["metadata", "status", "apiVersion", "kind"] {
+            map.remove(k);
+        }
+    }
+    out
+}
+
+fn is_dry_run(req: &Request) -> bool {
+    req.param("dryRun").is_some_and(|d| d == "All")
+}
+
+/// Schema defaults, pruning and validation of a custom resource (422 on violations).
+fn validate_custom(target: &Target, obj: &mut Value, name: &str) -> Result<(), ApiError> {
+    let Some(s) = target.rt.schema(&target.version) else {
+        return Ok(());
+    };
+    schema::apply_defaults(s, obj);
+    let kept: Vec<(String, Value)> = ["apiVersion", "kind", "metadata"]
+        .iter()
+        .filter_map(|k| obj.get(*k).map(|v| (k.to_string(), v.clone())))
+        .collect();
+    schema::prune(s, obj);
+    if let Some(map) = obj.as_object_mut() {
+        map.extend(kept);
+    }
+    let errs = schema::validate(s, obj);
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid_body(schema::invalid_status(
+            &target.rt.group_kind(),
+            name,
+            &errs,
+        )))
+    }
+}
+
+/// Kind-specific defaults applied on create, as kube-apiserver's strategies do.
+fn create_defaults(
+    target: &Target,
+    obj: &mut Value,
+    name: &str,
+    now: &str,
+) -> Result<(), ApiError> {
+    let Some(map) = obj.as_object_mut() else {
+        return Ok(());
+    };
+    match (target.rt.group.as_str(), target.rt.plural.as_str()) {
+        ("", "pods") => {
+            let spec = map.entry("spec").or_insert_with(|| json!({}));
+            if let Some(spec) = spec.as_object_mut() {
+                spec.entry("restartPolicy").or_insert(json!("Always"));
+                spec.entry("terminationGracePeriodSeconds")
+                    .or_insert(json!(POD_DEFAULT_GRACE));
+                spec.entry("dnsPolicy").or_insert(json!("ClusterFirst"));
+                spec.entry("schedulerName")
+                    .or_insert(json!("default-scheduler"));
+            }
+            map.insert(
+                "status".into(),
+                json!({"phase": "Pending", "qosClass": "BestEffort"}),
+            );
+        }
+        ("", "namespaces") => {
+            map.insert("spec".into(), json!({"finalizers": ["kubernetes"]}));
+            map.insert("status".into(), json!({"phase": "Active"}));
+            if let Some(m) = map.get_mut("metadata").and_then(Value::as_object_mut) {
+                let labels = m.entry("labels").or_insert_with(|| json!({}));
+                if let Some(labels) = labels.as_object_mut() {
+                    labels.insert("kubernetes.io/metadata.name".into(), json!(name));
+                }
+            }
+        }
+        (CRD_GROUP, "customresourcedefinitions") => {
+            let status = registry::crd_status(obj, now);
+            if let Some(map) = obj.as_object_mut() {
+                map.insert("status".into(), status);
+            }
+        }
+        _ if target.rt.status_subresource => {
+            map.remove("status");
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// POST: create an object.
+pub fn create(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiError> {
+    let mut obj = parse_body(req)?;
+    check_type(target, &mut obj)?;
+    let mut store = ctx.store();
+    let created = create_object(&mut store, target, obj, is_dry_run(req))?;
+    Ok(Reply::Json(201, target.present(&created)))
+}
+
+fn create_object(
+    store: &mut Store,
+    target: &Target,
+    mut obj: Value,
+    dry_run: bool,
+) -> Result<Value, ApiError> {
+    check_namespace(target, &mut obj)?;
+    let now = ids::now();
+    let name = match meta_str(&obj, "name").filter(|n| !n.is_empty()) {
+        Some(n) => n.to_string(),
+        None => match meta_str(&obj, "generateName").filter(|n| !n.is_empty()) {
+            Some(prefix) => format!("{prefix}{}", ids::name_suffix()),
+            None => {
+                return Err(ApiError::invalid(
+                    &target.rt.group_kind(),
+                    "",
+                    "metadata.name",
+                    "FieldValueRequired",
+                    "Required value: name or generateName is required",
+                ));
+            }
+        },
+    };
+    check_name(&target.rt, &name)?;
+    if target.rt.namespaced {
+        let ns = target.ns();
+        let namespace = store
+            .get("/namespaces", "", ns)
+            .ok_or_else(|| ApiError::not_found("", "namespaces", ns))?;
+        if namespace.pointer("/metadata/deletionTimestamp").is_some() {
+            let mut e = ApiError::injected(403);
+            e.reason = "Forbidden";
+            e.message = format!(
+                "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                target.rt.plural
+            );
+            return Err(e);
+        }
+    }
+    if store.get(&target.rt.key(), target.ns(), &name).is_some() {
+        return Err(ApiError::already_exists(
+            &target.rt.group,
+            &target.rt.plural,
+            &name,
+        ));
+    }
+    create_defaults(target, &mut obj, &name, &now)?;
+    if let Some(m) = meta_mut(&mut obj) {
+        m.insert("name".into(), json!(name));
+        m.insert("uid".into(), json!(ids::new_uid()));
+        m.insert("creationTimestamp".into(), json!(now));
+        m.insert("generation".into(), json!(1));
+        for k in [
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+        ] {
+            m.remove(k);
+        }
+    }
+    if target.rt.crd_name.is_some() {
+        validate_custom(target, &mut obj, &name)?;
+    }
+    let crd_type = crd_type_of(target, &obj, &name)?;
+    if dry_run {
+        return Ok(obj);
+    }
+    let stored = store.put(&target.rt.key(), target.ns(), &name, obj);
+    if let Some(t) = crd_type {
+        store.registry.register(t);
+    }
+    Ok(stored)
+}
+
+/// For writes of a CustomResourceDefinition: the type it defines (422 if it is not valid).
+fn crd_type_of(target: &Target, obj: &Value, name: &str) -> Result<Option<ResourceType>, ApiError> {
+    if !(target.rt.group == CRD_GROUP && target.rt.plural == "customresourcedefinitions") {
+        return Ok(None);
+    }
+    registry::from_crd(obj).map(Some).map_err(|e| {
+        ApiError::invalid(
+            &target.rt.group_kind(),
+            name,
+            "spec",
+            "FieldValueInvalid",
+            &e.0,
+        )
+    })
+}
+
+/// Build the object an update stores from the old one and the request's (subresource rules,
+/// server-owned metadata preserved).
+fn merge_for_update(target: &Target, old: &Value, new: Value) -> Value {
+    let mut result = match target.sub.as_deref() {
+        Some(_) => {
+            let mut r = old.clone();
+            if let Some(map) = r.as_object_mut() {
+                match new.get("status") {
+                    Some(s) => map.insert("status".into(), s.clone()),
+                    None => map.remove("status"),
+                };
+            }
+            if let (Some(m), Some(fields)) = (
+                meta_mut(&mut r),
+                meta(&new).and_then(|m| m.get("managedFields")),
+            ) {
+                m.insert("managedFields".into(), fields.clone());
+            }
+            r
+        }
+        None => {
+            let mut r = new;
+            if target.rt.status_subresource
+                && let Some(map) = r.as_object_mut()
+            {
+                match old.get("status") {
+                    Some(s) => map.insert("status".into(), s.clone()),
+                    None => map.remove("status"),
+                };
+            }
+            r
+        }
+    };
+    let old_meta = meta(old).cloned().unwrap_or_default();
+    if let Some(m) = meta_mut(&mut result) {
+        for k in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "namespace",
+            "name",
+        ] {
+            match old_meta.get(k) {
+                Some(v) => m.insert(k.into(), v.clone()),
+                None => m.remove(k),
+            };
+        }
+        if !m.get("managedFields").is_some_and(Value::is_array)
+            && let Some(mf) = old_meta.get("managedFields")
+        {
+            m.insert("managedFields".into(), mf.clone());
+        }
+    }
+    result
+}
+
+/// Store an update: validation, generation, finalizer rules, no-op detection, deletion completion.
+fn commit_update(
+    store: &mut Store,
+    target: &Target,
+    old: &Value,
+    mut new: Value,
+    dry_run: bool,
+) -> Result<Value, ApiError> {
+    let name = meta_str(old, "name").unwrap_or_default().to_string();
+    if target.rt.crd_name.is_some() {
+        validate_custom(target, &mut new, &name)?;
+    }
+    let crd_type = crd_type_of(target, &new, &name)?;
+    if meta(old).is_some_and(|m| m.contains_key("deletionTimestamp")) {
+        let before = finalizers(old);
+        let added: Vec<String> = finalizers(&new)
+            .into_iter()
+            .filter(|f| !before.contains(f))
+            .collect();
+        if !added.is_empty() {
+            return Err(ApiError::invalid(
+                &target.rt.group_kind(),
+                &name,
+                "metadata.finalizers",
+                "FieldValueForbidden",
+                &format!(
+                    "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+                ),
+            ));
+        }
+    }
+    let old_generation = meta(old)
+        .and_then(|m| m.get("generation"))
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    let generation = if spec_part(old) == spec_part(&new) {
+        old_generation
+    } else {
+        old_generation + 1
+    };
+    if let Some(m) = meta_mut(&mut new) {
+        m.insert("generation".into(), json!(generation));
+        if let Some(rv) = meta(old).and_then(|o| o.get("resourceVersion")) {
+            m.insert("resourceVersion".into(), rv.clone());
+        }
+    }
+    if new == *old || dry_run {
+        return Ok(new);
+    }
+    let deleting = meta(&new).is_some_and(|m| m.contains_key("deletionTimestamp"));
+    let grace_done = meta(&new)
+        .and_then(|m| m.get("deletionGracePeriodSeconds"))
+        .and_then(Value::as_i64)
+        .unwrap_or(0)
+        == 0;
+    if deleting && grace_done && finalizers(&new).is_empty() {
+        store.put(&target.rt.key(), target.ns(), &name, new);
+        return Ok(remove_object(store, &target.rt, target.ns(), &name).unwrap_or(Value::Null));
+    }
+    let stored = store.put(&target.rt.key(), target.ns(), &name, new);
+    if let Some(t) = crd_type {
+        store.registry.register(t);
+    }
+    Ok(stored)
+}
+
+/// PUT: replace an object (409 when the body's resourceVersion is stale).
+pub fn update(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiError> {
+    let mut obj = parse_body(req)?;
+    check_type(target, &mut obj)?;
+    check_namespace(target, &mut obj)?;
+    let name = target.name.clone().unwrap_or_default();
+    if let Some(body_name) = meta_str(&obj, "name").filter(|n| !n.is_empty())
+        && body_name != name
+    {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    let mut store = ctx.store();
+    let old = store
+        .get(&target.rt.key(), target.ns(), &name)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(&target.rt.group, &target.rt.plural, &name))?;
+    check_rv(target, &old, &obj, &name)?;
+    let new = merge_for_update(target, &old, obj);
+    let stored = commit_update(&mut store, target, &old, new, is_dry_run(req))?;
+    Ok(Reply::Json(200, target.present(&stored)))
+}
+
+/// A write carrying a resourceVersion is conditional on it.
+fn check_rv(target: &Target, old: &Value, new: &Value, name: &str) -> Result<(), ApiError> {
+    match meta_str(new, "resourceVersion").filter(|rv| !rv.is_empty()) {
+        Some(rv) if Some(rv) != meta_str(old, "resourceVersion") => Err(ApiError::conflict(
+            &target.rt.group,
+            &target.rt.plural,
+            name,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// PATCH: JSON merge, strategic merge (treated as JSON merge), JSON patch, or server-side apply.
+pub fn patch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiError> {
+    let name = target.name.clone().unwrap_or_default();
+    let content_type = req
+        .content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let body = parse_body(req)?;
+    let mut store = ctx.store();
+    let current = store.get(&target.rt.key(), target.ns(), &name).cloned();
+    if content_type == "application/apply-patch+yaml" {
+        return apply(&mut store, req, target, current, body);
+    }
+    let old =
+        current.ok_or_else(|| ApiError::not_found(&target.rt.group, &target.rt.plural, &name))?;
+    let mut doc = old.clone();
+    match content_type.as_str() {
+        "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
+            patch::merge_patch(&mut doc, &body)
+        }
+        "application/json-patch+json" => patch::json_patch(&mut doc, &body).map_err(|e| {
+            let mut err = ApiError::invalid(
+                &target.rt.group_kind(),
+                &name,
+                "",
+                "FieldValueInvalid",
+                &e.to_string(),
+            );
+            err.message =
+                format!("the server rejected our request due to an error in our request: {e}");
+            err
+        })?,
+        other => {
+            return Err(ApiError::unsupported_media_type(format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {other:?})"
+            )));
+        }
+    }
+    check_type(target, &mut doc)?;
+    check_rv(target, &old, &doc, &name)?;
+    let new = merge_for_update(target, &old, doc);
+    let stored = commit_update(&mut store, target, &old, new, is_dry_run(req))?;
+    Ok(Reply::Json(200, target.present(&stored)))
+}
+
+/// One `managedFields` entry as stored.
+#[derive(Debug, Clone)]
+struct ManagedEntry {
+    manager: String,
+    operation: String,
+    subresource: Option<String>,
+    paths: Vec<FieldPath>,
+    raw: Value,
+}
+
+fn managed_entries(obj: &Value) -> Vec<ManagedEntry> {
+    meta(obj)
+        .and_then(|m| m.get("managedFields"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|e| ManagedEntry {
+            manager: e
+                .get("manager")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            operation: e
+                .get("operation")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            subresource: e
+                .get("subresource")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            paths: e
+                .get("fieldsV1")
+                .map(patch::from_fields_v1)
+                .unwrap_or_default(),
+            raw: e.clone(),
+        })
+        .collect()
+}
+
+fn overlaps(a: &[String], b: &[String]) -> bool {
+    a.iter().zip(b).all(|(x, y)| x == y)
+}
+
+/// Server-side apply, approximated: the applied fields are merged in (lists replaced whole), fields
+/// this manager applied before and no longer applies are removed unless another manager owns them,
+/// and without `force` a field another applier owns with a different value is a 409 conflict.
+fn apply(
+    store: &mut Store,
+    req: &Request,
+    target: &Target,
+    current: Option<Value>,
+    mut config: Value,
+) -> Result<Reply, ApiError> {
+    let name = target.name.clone().unwrap_or_default();
+    let manager = req
+        .param("fieldManager")
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::bad_request("PATCH request with apply must specify a fieldManager (fieldManager is required for apply requests)"))?
+        .to_string();
+    let force = req.flag("force");
+    for field in ["apiVersion", "kind"] {
+        if config
+            .get(field)
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            return Err(ApiError::bad_request(format!("{field} must be set")));
+        }
+    }
+    check_type(target, &mut config)?;
+    let subresource = target.sub.clone();
+    let in_scope = |p: &FieldPath| match subresource.as_deref() {
+        Some(_) => p.first().is_some_and(|f| f == "status"),
+        None => !(target.rt.status_subresource && p.first().is_some_and(|f| f == "status")),
+    };
+    let paths: Vec<FieldPath> = patch::applied_paths(&config)
+        .into_iter()
+        .filter(|p| in_scope(p))
+        .collect();
+    let entry = |paths: &[FieldPath]| {
+        let mut e = json!({
+            "manager": manager,
+            "operation": "Apply",
+            "apiVersion": target.rt.api_version(&target.version),
+            "time": ids::now(),
+            "fieldsType": "FieldsV1",
+            "fieldsV1": patch::to_fields_v1(paths),
+        });
+        if let (Some(sub), Some(map)) = (&subresource, e.as_object_mut()) {
+            map.insert("subresource".into(), json!(sub));
+        }
+        e
+    };
+    let Some(old) = current else {
+        if subresource.is_some() {
+            return Err(ApiError::not_found(
+                &target.rt.group,
+                &target.rt.plural,
+                &name,
+            ));
+        }
+        if let Some(m) = meta_mut(&mut config) {
+            m.insert("name".into(), json!(name));
+            m.insert("managedFields".into(), json!([entry(&paths)]));
+        }
+        let created = create_object(store, target, config, is_dry_run(req))?;
+        return Ok(Reply::Json(201, target.present(&created)));
+    };
+    let entries = managed_entries(&old);
+    let mine = |e: &ManagedEntry| {
+        e.manager == manager && e.operation == "Apply" && e.subresource == subresource
+    };
+    let previously: Vec<FieldPath> = entries
+        .iter()
+        .filter(|e| mine(e))
+        .flat_map(|e| e.paths.clone())
+        .collect();
+    let others: Vec<&ManagedEntry> = entries.iter().filter(|e| !mine(e)).collect();
+    let mut conflicts: Vec<(String, FieldPath)> = Vec::new();
+    for p in &paths {
+        for other in others.iter().filter(|e| e.operation == "Apply") {
+            if other.paths.iter().any(|q| overlaps(p, q))
+                && patch::get_path(&old, p) != patch::get_path(&config, p)
+            {
+                conflicts.push((other.manager.clone(), p.clone()));
+            }
+        }
+    }
+    if !conflicts.is_empty() && !force {
+        let causes: Vec<Value> = conflicts
+            .iter()
+            .map(|(m, p)| {
+                let field = format!(".{}", p.join("."));
+                json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{m}\""), "field": field})
+            })
+            .collect();
+        let list: Vec<String> = conflicts
+            .iter()
+            .map(|(m, p)| format!("conflict with \"{m}\": .{}", p.join(".")))
+            .collect();
+        let mut e = ApiError::conflict(&target.rt.group, &target.rt.plural, &name, "");
+        e.message = format!(
+            "Apply failed with {} conflict{}: {}",
+            conflicts.len(),
+            if conflicts.len() == 1 { "" } else { "s" },
+            list.join("\n")
+        );
+        e.details = Some(Box::new(
+            json!({"name": name, "group": target.rt.group, "kind": target.rt.plural, "causes": causes}),
+        ));
+        return Err(e);
+    }
+    let mut doc = old.clone();
+    for gone in previously.iter().filter(|p| !paths.contains(p)) {
+        let owned_elsewhere = others
+            .iter()
+            .any(|e| e.paths.iter().any(|q| overlaps(gone, q)));
+        if !owned_elsewhere {
+            patch::remove_path(&mut doc, gone);
+        }
+    }
+    for p in &paths {
+        if let Some(v) = patch::get_path(&config, p) {
+            patch::set_path(&mut doc, p, v.clone());
+        }
+    }
+    let mut new_entries: Vec<Value> = Vec::new();
+    for e in &others {
+        let mut e = (*e).clone();
+        if force {
+            let taken: Vec<&FieldPath> = conflicts
+                .iter()
+                .filter(|(m, _)| *m == e.manager)
+                .map(|(_, p)| p)
+                .collect();
+            if !taken.is_empty() {
+                e.paths.retain(|q| !taken.iter().any(|p| overlaps(p, q)));
+                if let Some(map) = e.raw.as_object_mut() {
+                    map.insert("fieldsV1".into(), patch::to_fields_v1(&e.paths));
+                }
+            }
+        }
+        if !e.paths.is_empty() {
+            new_entries.push(e.raw);
+        }
+    }
+    new_entries.push(entry(&paths));
+    if let Some(m) = meta_mut(&mut doc) {
+        m.insert("managedFields".into(), Value::Array(new_entries));
+    }
+    let new = merge_for_update(target, &old, doc);
+    let stored = commit_update(store, target, &old, new, is_dry_run(req))?;
+    Ok(Reply::Json(200, target.present(&stored)))
+}
+
+/// The parts of `DeleteOptions` this server honours.
+#[derive(Debug, Default)]
+struct DeleteOptions {
+    grace: Option<i64>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    dry_run: bool,
+}
+
+fn delete_options(req: &Request) -> Result<DeleteOptions, ApiError> {
+    let body: Value = if req.body.is_empty() {
+        json!({})
+    } else {
+        serde_json::from_slice(&req.body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
+    };
+    let grace = match req.param("gracePeriodSeconds") {
+        Some(g) => Some(
+            g.parse::<i64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid gracePeriodSeconds {g:?}")))?,
+        ),
+        None => body.get("gracePeriodSeconds").and_then(Value::as_i64),
+    };
+    let text = |p: &str| body.pointer(p).and_then(Value::as_str).map(str::to_string);
+    let dry_run = req.param("dryRun") == Some("All")
+        || body
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|d| d == "All"));
+    Ok(DeleteOptions {
+        grace,
+        uid: text("/preconditions/uid"),
+        resource_version: text("/preconditions/resourceVersion"),
+        dry_run,
+    })
+}
+
+/// DELETE of one object, or of every selected object when no name is given.
+pub fn delete(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiError> {
+    let opts = delete_options(req)?;
+    let Some(name) = target.name.clone() else {
+        let selection = Selection::from_request(req, target)?;
+        let mut store = ctx.store();
+        let keys: Vec<(String, String)> = store
+            .keys(&target.rt.key(), target.namespace.as_deref())
+            .into_iter()
+            .filter(|(ns, n)| {
+                store
+                    .get(&target.rt.key(), ns, n)
+                    .is_some_and(|o| selection.matches(o))
+            })
+            .collect();
+        let mut items = Vec::new();
+        for (ns, n) in keys {
+            let t = Target {
+                namespace: if ns.is_empty() {
+                    None
+                } else {
+                    Some(ns.clone())
+                },
+                name: Some(n.clone()),
+                ..target.clone()
+            };
+            let opts = DeleteOptions {
+                grace: opts.grace,
+                dry_run: opts.dry_run,
+                ..DeleteOptions::default()
+            };
+            if let Some(obj) = delete_one(ctx, &mut store, &t, &n, &opts)?.0 {
+                items.push(target.present(&obj));
+            }
+        }
+        let list = json!({
+            "kind": format!("{}List", target.rt.kind),
+            "apiVersion": target.rt.api_version(&target.version),
+            "metadata": {"resourceVersion": store.rv().to_string()},
+            "items": items,
+        });
+        return Ok(Reply::Json(200, list));
+    };
+    let mut store = ctx.store();
+    let (obj, removed) = delete_one(ctx, &mut store, target, &name, &opts)?;
+    let obj = obj.unwrap_or(Value::Null);
+    let returns_object = !removed
+        || target.rt.crd_name.is_some()
+        || target.rt.plural == "pods" && target.rt.group.is_empty();
+    if returns_object {
+        Ok(Reply::Json(200, target.present(&obj)))
+    } else {
+        let uid = meta_str(&obj, "uid").unwrap_or_default();
+        Ok(Reply::Json(
+            200,
+            success_status(&target.rt.group, &target.rt.plural, &name, uid),
+        ))
+    }
+}
+
+/// Delete one object; returns its last state and whether it is gone (false: deletion pending on
+/// finalizers or a pod's grace period).
+fn delete_one(
+    ctx: &Ctx,
+    store: &mut Store,
+    target: &Target,
+    name: &str,
+    opts: &DeleteOptions,
+) -> Result<(Option<Value>, bool), ApiError> {
+    let rt = &target.rt;
+    let ns = target.ns().to_string();
+    let old = store
+        .get(&rt.key(), &ns, name)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
+    let precondition = |what: &str,
+                        want: &Option<String>,
+                        have: Option<&str>|
+     -> Result<(), ApiError> {
+        match want {
+            Some(w) if Some(w.as_str()) != have => Err(ApiError::conflict(
+                &rt.group,
+                &rt.plural,
+                name,
+                &format!(
+                    "Precondition failed: {what} in precondition: {w}, {what} in object meta: {}",
+                    have.unwrap_or_default()
+                ),
+            )),
+            _ => Ok(()),
+        }
+    };
+    precondition("UID", &opts.uid, meta_str(&old, "uid"))?;
+    precondition(
+        "ResourceVersion",
+        &opts.resource_version,
+        meta_str(&old, "resourceVersion"),
+    )?;
+    if opts.dry_run {
+        return Ok((Some(old), false));
+    }
+    let deleting = meta(&old).is_some_and(|m| m.contains_key("deletionTimestamp"));
+    let is_pod = rt.group.is_empty() && rt.plural == "pods";
+    let pod_grace = if is_pod
+        && old
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty())
+    {
+        opts.grace
+            .or_else(|| {
+                old.pointer("/spec/terminationGracePeriodSeconds")
+                    .and_then(Value::as_i64)
+            })
+            .unwrap_or(POD_DEFAULT_GRACE)
+    } else {
+        0
+    };
+    if rt.group.is_empty() && rt.plural == "namespaces" {
+        return delete_namespace(ctx, store, name, old).map(|(o, gone)| (Some(o), gone));
+    }
+    if rt.group == CRD_GROUP && rt.plural == "customresourcedefinitions" {
+        if let Some(crt) = store.registry.find_crd(name) {
+            for (ns, n) in store.keys(&crt.key(), None) {
+                store.remove(&crt.key(), &ns, &n);
+            }
+        }
+        store.registry.unregister(name);
+        return Ok((remove_object(store, rt, &ns, name), true));
+    }
+    let pending_finalizers = !finalizers(&old).is_empty();
+    if !pending_finalizers && (pod_grace <= 0 || deleting && opts.grace == Some(0)) {
+        return Ok((remove_object(store, rt, &ns, name), true));
+    }
+    if deleting && !(is_pod && opts.grace == Some(0)) {
+        return Ok((Some(old), false));
+    }
+    let mut new = old.clone();
+    if let Some(m) = meta_mut(&mut new) {
+        let grace = pod_grace.max(0);
+        if !deleting {
+            m.insert(
+                "deletionTimestamp".into(),
+                json!(ids::now_plus(Duration::from_secs(grace as u64))),
+            );
+        }
+        m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+    }
+    let stored = store.put(&rt.key(), &ns, name, new);
+    if pod_grace > 0 {
+        let uid = meta_str(&old, "uid").unwrap_or_default().to_string();
+        let delay = POD_TERMINATION.min(Duration::from_secs(pod_grace as u64));
+        finish_pod_later(
+            ctx.store.clone(),
+            rt.clone(),
+            ns,
+            name.to_string(),
+            uid,
+            delay,
+        );
+    }
+    Ok((Some(stored), false))
+}
+
+/// The emulated kubelet: after `delay`, a gracefully deleted pod is confirmed gone (grace 0), and
+/// removed unless finalizers still hold it.
+fn finish_pod_later(
+    store: Arc<std::sync::Mutex<Store>>,
+    rt: Arc<ResourceType>,
+    ns: String,
+    name: String,
+    uid: String,
+    delay: Duration,
+) {
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        let mut store = store.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(pod) = store.get(&rt.key(), &ns, &name).cloned() else {
+            return;
+        };
+        if meta_str(&pod, "uid") != Some(uid.as_str())
+            || meta_str(&pod, "deletionTimestamp").is_none()
+        {
+            return;
+        }
+        if finalizers(&pod).is_empty() {
+            remove_object(&mut store, &rt, &ns, &name);
+        } else {
+            let mut new = pod;
+            if let Some(m) = meta_mut(&mut new) {
+                m.insert("deletionGracePeriodSeconds".into(), json!(0));
+            }
+            store.put(&rt.key(), &ns, &name, new);
+        }
+    });
+}
+
+/// Namespace deletion: mark it Terminating, delete everything in it, and remove it once empty.
+fn delete_namespace(
+    ctx: &Ctx,
+    store: &mut Store,
+    name: &str,
+    old: Value,
+) -> Result<(Value, bool), ApiError> {
+    let mut ns_obj = old;
+    if meta(&ns_obj).is_some_and(|m| !m.contains_key("deletionTimestamp")) {
+        if let Some(m) = meta_mut(&mut ns_obj) {
+            m.insert("deletionTimestamp".into(), json!(ids::now()));
+            m.insert("deletionGracePeriodSeconds".into(), json!(0));
+        }
+        if let Some(map) = ns_obj.as_object_mut() {
+            map.insert("status".into(), json!({"phase": "Terminating"}));
+        }
+        ns_obj = store.put("/namespaces", "", name, ns_obj);
+    }
+    let types: Vec<Arc<ResourceType>> = store
+        .registry
+        .all()
+        .iter()
+        .filter(|t| t.namespaced)
+        .cloned()
+        .collect();
+    for rt in types {
+        for (ns, n) in store.keys(&rt.key(), Some(name)) {
+            let t = Target {
+                rt: rt.clone(),
+                version: rt.versions[0].clone(),
+                namespace: Some(ns),
+                name: Some(n.clone()),
+                sub: None,
+            };
+            let opts = DeleteOptions {
+                grace: Some(0),
+                ..DeleteOptions::default()
+            };
+            delete_one(ctx, store, &t, &n, &opts)?;
+        }
+    }
+    if namespace_is_empty(store, name) {
+        let gone = store.remove("/namespaces", "", name).unwrap_or(ns_obj);
+        return Ok((gone, true));
+    }
+    Ok((ns_obj, false))
+}
+
+fn namespace_is_empty(store: &Store, ns: &str) -> bool {
+    store
+        .registry
+        .all()
+        .iter()
+        .filter(|t| t.namespaced)
+        .all(|t| store.keys(&t.key(), Some(ns)).is_empty())
+}
+
+/// Remove an object for good; a terminating namespace left empty by that goes too.
+fn remove_object(store: &mut Store, rt: &ResourceType, ns: &str, name: &str) -> Option<Value> {
+    let gone = store.remove(&rt.key(), ns, name);
+    if rt.namespaced
+        && store
+            .get("/namespaces", "", ns)
+            .is_some_and(|n| n.pointer("/metadata/deletionTimestamp").is_some())
+        && namespace_is_empty(store, ns)
+    {
+        store.remove("/namespaces", "", ns);
+    }
+    gone
+}
+
+/// Register (create) a CRD loaded from disk at start-up.
+pub fn install_crd(store: &mut Store, crd: Value) -> Result<(), ApiError> {
+    let rt = store
+        .registry
+        .find(CRD_GROUP, "v1", "customresourcedefinitions")
+        .ok_or_else(|| ApiError::internal("CustomResourceDefinitions are not served"))?;
+    let target = Target {
+        rt,
+        version: "v1".into(),
+        namespace: None,
+        name: None,
+        sub: None,
+    };
+    let mut crd = crd;
+    check_type(&target, &mut crd)?;
+    create_object(store, &target, crd, false).map(|_| ())
+}
+
+/// Create the namespaces every cluster starts with.
+pub fn install_namespaces(store: &mut Store) -> Result<(), ApiError> {
+    let rt = store
+        .registry
+        .find("", "v1", "namespaces")
+        .ok_or_else(|| ApiError::internal("namespaces are not served"))?;
+    let target = Target {
+        rt,
+        version: "v1".into(),
+        namespace: None,
+        name: None,
+        sub: None,
+    };
+    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        let mut obj = json!({"metadata": {"name": ns}});
+        check_type(&target, &mut obj)?;
+        create_object(store, &target, obj, false)?;
+    }
+    Ok(())
+}

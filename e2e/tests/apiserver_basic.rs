@@ -1,0 +1,354 @@
+//! Smoke tests of the API test server through the real kube client: CRUD, selectors, status
+//! subresource, server-side apply, a watcher + reflector that survives closed watches, compaction
+//! and a pause/resume of the server, and discovery.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{future::Future, path::PathBuf, time::Duration};
+
+use futures::StreamExt;
+use ipkeep_e2e::apiserver::{RequestFilter, ServerOptions, TestServer, Verb};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::{
+    Api, ResourceExt,
+    api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
+    runtime::{WatchStreamExt, reflector, watcher},
+};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+async fn wait_for<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let give_up = tokio::time::Instant::now() + DEADLINE;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "gave up waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn start() -> TestServer {
+    let crds = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/crds");
+    TestServer::start(ServerOptions {
+        crd_dirs: vec![crds],
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+fn ipr() -> ApiResource {
+    ApiResource {
+        group: "ipkeep.dev".into(),
+        version: "v1alpha1".into(),
+        api_version: "ipkeep.dev/v1alpha1".into(),
+        kind: "IPReservation".into(),
+        plural: "ipreservations".into(),
+    }
+}
+
+fn reservation(name: &str, node: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "ipkeep.dev/v1alpha1",
+        "kind": "IPReservation",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "ipkeep"}},
+        "spec": {"ips": ["10.244.1.17"], "nodeName": node}
+    }))
+    .unwrap()
+}
+
+fn pod(name: &str, node: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": "web"}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn pods_crud_selectors_status_and_graceful_delete() {
+    let server = start().await;
+    let pods: Api<Pod> = Api::default_namespaced(server.client());
+    let created = pods
+        .create(&PostParams::default(), &pod("web-0", "node-a"))
+        .await
+        .unwrap();
+    assert!(created.metadata.uid.is_some() && created.metadata.creation_timestamp.is_some());
+    assert_eq!(
+        created.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Pending")
+    );
+    pods.create(&PostParams::default(), &pod("web-1", "node-b"))
+        .await
+        .unwrap();
+
+    let err = pods
+        .create(&PostParams::default(), &pod("web-0", "node-a"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists"),
+        "{err:?}"
+    );
+
+    let on_a = pods
+        .list(&ListParams::default().fields("spec.nodeName=node-a"))
+        .await
+        .unwrap();
+    assert_eq!(
+        on_a.items.iter().map(|p| p.name_any()).collect::<Vec<_>>(),
+        vec!["web-0"]
+    );
+    let err = pods
+        .list(&ListParams::default().fields("spec.bogus=x"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 400),
+        "{err:?}"
+    );
+    let page = pods.list(&ListParams::default().limit(1)).await.unwrap();
+    assert_eq!(page.items.len(), 1);
+    let next = pods
+        .list(
+            &ListParams::default()
+                .limit(1)
+                .continue_token(page.metadata.continue_.as_deref().unwrap()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(next.items[0].name_any(), "web-1");
+    assert!(next.metadata.continue_.is_none());
+
+    // Status subresource: the main resource ignores status, /status ignores the rest.
+    let status = json!({"status": {"phase": "Running", "podIP": "10.244.1.17"}});
+    let patched = pods
+        .patch_status("web-0", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    assert_eq!(
+        patched.status.unwrap().pod_ip.as_deref(),
+        Some("10.244.1.17")
+    );
+    let ignored = pods
+        .patch(
+            "web-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Failed"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ignored.status.unwrap().phase.as_deref(), Some("Running"));
+
+    // Stale resourceVersion on update: 409 Conflict.
+    let mut stale = created.clone();
+    stale.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
+    let err = pods
+        .replace("web-0", &PostParams::default(), &stale)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 409 && s.reason == "Conflict"),
+        "{err:?}"
+    );
+
+    // A pod on a node is deleted gracefully: deletionTimestamp first, then gone.
+    let deleted = pods
+        .delete("web-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let pending = deleted
+        .left()
+        .expect("a pod on a node is returned while terminating");
+    assert!(pending.metadata.deletion_timestamp.is_some());
+    wait_for("web-0 to be gone", || async {
+        pods.get_opt("web-0").await.unwrap().is_none()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn custom_resources_validation_apply_and_generation() {
+    let server = start().await;
+    let client = server.client();
+    let iprs: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ipr());
+    let created = iprs
+        .create(&PostParams::default(), &reservation("web-0", "node-a"))
+        .await
+        .unwrap();
+    assert_eq!(
+        created.data["spec"]["retainFor"], "24h",
+        "schema default applied"
+    );
+    assert_eq!(created.metadata.generation, Some(1));
+
+    let mut bad = reservation("bad", "node-a");
+    bad.data["spec"]["ips"] = json!([]);
+    let err = iprs.create(&PostParams::default(), &bad).await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 422 && s.reason == "Invalid"),
+        "{err:?}"
+    );
+
+    let status = json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation", "status": {"phase": "Bound"}});
+    let applied = iprs
+        .patch_status(
+            "web-0",
+            &PatchParams::apply("ipkeep").force(),
+            &Patch::Apply(&status),
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied.data["status"]["phase"], "Bound");
+    assert_eq!(
+        applied.metadata.generation,
+        Some(1),
+        "status changes do not bump generation"
+    );
+    let managers: Vec<_> = applied
+        .metadata
+        .managed_fields
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert_eq!(managers, vec!["ipkeep"]);
+
+    let spec = json!({"spec": {"ips": ["10.244.1.18"]}});
+    let changed = iprs
+        .patch("web-0", &PatchParams::default(), &Patch::Merge(&spec))
+        .await
+        .unwrap();
+    assert_eq!(changed.metadata.generation, Some(2));
+
+    let selected: Api<DynamicObject> = Api::all_with(client, &ipr());
+    let on_b = selected
+        .list(&ListParams::default().fields("spec.nodeName=node-b"))
+        .await
+        .unwrap();
+    assert!(on_b.items.is_empty());
+    let on_a = selected
+        .list(&ListParams::default().fields("spec.nodeName=node-a"))
+        .await
+        .unwrap();
+    assert_eq!(on_a.items.len(), 1);
+}
+
+#[tokio::test]
+async fn watcher_stays_in_sync_across_faults() {
+    let server = start().await;
+    let client = server.client();
+    let iprs: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ipr());
+    let writer = reflector::store::Writer::new(ipr());
+    let reader = writer.as_reader();
+    let config = watcher::Config::default().fields("spec.nodeName=node-a");
+    let stream = watcher(
+        Api::<DynamicObject>::all_with(client.clone(), &ipr()),
+        config,
+    )
+    .default_backoff()
+    .reflect(writer)
+    .for_each(|_| async {});
+    let task = tokio::spawn(stream);
+    let names = || {
+        let mut names: Vec<String> = reader.state().iter().map(|o| o.name_any()).collect();
+        names.sort();
+        names
+    };
+
+    iprs.create(&PostParams::default(), &reservation("a", "node-a"))
+        .await
+        .unwrap();
+    iprs.create(&PostParams::default(), &reservation("other", "node-b"))
+        .await
+        .unwrap();
+    wait_for("a in the store", || async { names() == ["a"] }).await;
+
+    server.faults().close_watches();
+    iprs.create(&PostParams::default(), &reservation("b", "node-a"))
+        .await
+        .unwrap();
+    wait_for("b after closed watches", || async { names() == ["a", "b"] }).await;
+
+    server.faults().fail_next(
+        2,
+        RequestFilter {
+            verb: Some(Verb::List),
+            resource: Some("ipreservations".into()),
+        },
+        500,
+    );
+    server.faults().compact();
+    server.faults().close_watches();
+    iprs.delete("a", &DeleteParams::default()).await.unwrap();
+    wait_for("a gone after compaction and failed relists", || async {
+        names() == ["b"]
+    })
+    .await;
+
+    server.pause().await;
+    server.resume().await.unwrap();
+    iprs.create(&PostParams::default(), &reservation("c", "node-a"))
+        .await
+        .unwrap();
+    wait_for("c after pause and resume", || async {
+        names() == ["b", "c"]
+    })
+    .await;
+    task.abort();
+}
+
+#[tokio::test]
+async fn discovery_and_namespaces() {
+    let server = start().await;
+    let client = server.client();
+    let discovery = kube::discovery::Discovery::new(client.clone())
+        .run()
+        .await
+        .unwrap();
+    let groups: Vec<String> = discovery.groups().map(|g| g.name().to_string()).collect();
+    for want in [
+        "",
+        "coordination.k8s.io",
+        "events.k8s.io",
+        "ipkeep.dev",
+        "apiextensions.k8s.io",
+    ] {
+        assert!(
+            groups.iter().any(|g| g == want),
+            "group {want:?} missing from {groups:?}"
+        );
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "team"}})).unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "team");
+    pods.create(&PostParams::default(), &pod("p", ""))
+        .await
+        .unwrap();
+    namespaces
+        .delete("team", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("namespace team to be gone", || async {
+        namespaces.get_opt("team").await.unwrap().is_none()
+    })
+    .await;
+    let missing: Api<Pod> = Api::namespaced(client, "nowhere");
+    let err = missing
+        .create(&PostParams::default(), &pod("p", ""))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 404),
+        "{err:?}"
+    );
+}
