@@ -1,0 +1,233 @@
+//! The real `kubectl` against the API test server: discovery, `get` (tables, `-o json|yaml|name|wide`),
+//! `describe`, `apply -f` (create, update, no-op), `delete`, printer columns of the CRD, categories,
+//! `kubectl get crd`, and pods selected by `--field-selector spec.nodeName=…`.
+//!
+//! kubectl is found through `KUBECTL` or on `PATH` (`make test` installs it where absent); these
+//! tests fail, never skip, when it is missing.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "fixtures/harness.rs"]
+mod harness;
+
+use std::{
+    path::PathBuf,
+    process::Command,
+};
+
+use harness::{iprs, start};
+use ipkeep_e2e::apiserver::TestServer;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+
+fn kubectl_binary() -> PathBuf {
+    if let Some(explicit) = std::env::var_os("KUBECTL").filter(|v| !v.is_empty()) {
+        return PathBuf::from(explicit);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("kubectl"))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "kubectl not found: set KUBECTL or put kubectl on PATH (`make test` installs it); \
+                 these tests drive the real kubectl and cannot run without it"
+            )
+        })
+}
+
+/// kubectl bound to one test server through its own kubeconfig and discovery cache.
+struct Kubectl {
+    bin: PathBuf,
+    dir: PathBuf,
+}
+
+struct Run {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl Kubectl {
+    fn new(server: &TestServer, test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("ipkeep-kubectl-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        server.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
+        Self { bin: kubectl_binary(), dir }
+    }
+
+    fn file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Runs kubectl off the async runtime (the server runs on it).
+    async fn run(&self, args: &[&str]) -> Run {
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("--kubeconfig")
+            .arg(self.dir.join("kubeconfig"))
+            .arg("--cache-dir")
+            .arg(self.dir.join("cache"))
+            .args(args)
+            .env_remove("KUBECONFIG");
+        let shown = format!("kubectl {}", args.join(" "));
+        let out = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("failed to run {shown}: {e}"));
+        Run {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Runs kubectl, fails the test unless it succeeds, returns stdout.
+    async fn ok(&self, args: &[&str]) -> String {
+        let r = self.run(args).await;
+        assert!(r.ok, "kubectl {} failed:\nstdout: {}\nstderr: {}", args.join(" "), r.stdout, r.stderr);
+        r.stdout
+    }
+}
+
+impl Drop for Kubectl {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn header(out: &str) -> Vec<&str> {
+    out.lines().next().unwrap_or_default().split_whitespace().collect()
+}
+
+/// The whitespace-separated cells of the row that starts with `name`.
+fn row<'a>(out: &'a str, name: &str) -> Vec<&'a str> {
+    out.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|cells| cells.first() == Some(&name))
+        .unwrap_or_else(|| panic!("no row for {name} in:\n{out}"))
+}
+
+fn reservation_yaml(node: &str) -> String {
+    format!(
+        "apiVersion: ipkeep.dev/v1alpha1\nkind: IPReservation\nmetadata:\n  name: web-0\n  namespace: default\n\
+         spec:\n  ips:\n  - 10.244.1.17\n  nodeName: {node}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_discovers_crds_and_builtins() {
+    let server = start().await;
+    let k = Kubectl::new(&server, "discovery");
+
+    let crds = k.ok(&["get", "crd"]).await;
+    assert_eq!(header(&crds), ["NAME", "CREATED", "AT"], "{crds}");
+    row(&crds, "ipreservations.ipkeep.dev");
+    row(&crds, "ippools.test.ipkeep.dev");
+
+    let resources = k.ok(&["api-resources"]).await;
+    let ipr_row = row(&resources, "ipreservations");
+    assert_eq!(ipr_row, ["ipreservations", "ipr", "ipkeep.dev/v1alpha1", "true", "IPReservation"], "{resources}");
+    for kind in ["Pod", "Node", "Namespace", "Lease", "Event", "CustomResourceDefinition", "IPPool"] {
+        assert!(resources.lines().any(|l| l.split_whitespace().last() == Some(kind)), "{kind} in:\n{resources}");
+    }
+
+    let namespaces = k.ok(&["get", "namespaces"]).await;
+    assert_eq!(header(&namespaces), ["NAME", "STATUS", "AGE"]);
+    assert_eq!(row(&namespaces, "default")[1], "Active");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
+    let server = start().await;
+    let k = Kubectl::new(&server, "ipr");
+    let manifest = k.file("web-0.yaml", &reservation_yaml("node-a"));
+    let manifest = manifest.to_str().unwrap();
+
+    let created = k.ok(&["apply", "-f", manifest]).await;
+    assert_eq!(created.trim(), "ipreservation.ipkeep.dev/web-0 created");
+    let unchanged = k.ok(&["apply", "-f", manifest]).await;
+    assert_eq!(unchanged.trim(), "ipreservation.ipkeep.dev/web-0 unchanged");
+    k.file("web-0.yaml", &reservation_yaml("node-b"));
+    let configured = k.ok(&["apply", "-f", manifest]).await;
+    assert_eq!(configured.trim(), "ipreservation.ipkeep.dev/web-0 configured");
+
+    // A status written by the controller shows in the PHASE column.
+    let status = json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation", "status": {"phase": "Bound"}});
+    iprs(&server.client(), "default")
+        .patch_status("web-0", &PatchParams::apply("ipkeep-controller").force(), &Patch::Apply(&status))
+        .await
+        .unwrap();
+
+    let table = k.ok(&["get", "ipr"]).await;
+    assert_eq!(header(&table), ["NAME", "IPS", "NODE", "PHASE", "RELEASE-TIME", "AGE"], "{table}");
+    let cells = row(&table, "web-0");
+    assert_eq!(cells[..5], ["web-0", "[\"10.244.1.17\"]", "node-b", "Bound", "<none>"], "{table}");
+    assert!(cells[5].ends_with('s') || cells[5].ends_with('m'), "an age: {table}");
+    let by_category = k.ok(&["get", "ipkeep"]).await;
+    assert!(by_category.contains("web-0"), "category ipkeep lists the reservation:\n{by_category}");
+
+    let as_json: Value = serde_json::from_str(&k.ok(&["get", "ipr", "web-0", "-o", "json"]).await).unwrap();
+    assert_eq!(as_json["spec"]["nodeName"], "node-b");
+    assert_eq!(as_json["spec"]["retainFor"], "24h", "defaulted by the schema");
+    assert!(
+        as_json["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"].is_string(),
+        "{as_json}"
+    );
+    let as_yaml = k.ok(&["get", "ipreservations.ipkeep.dev", "web-0", "-o", "yaml"]).await;
+    assert!(as_yaml.contains("nodeName: node-b"), "{as_yaml}");
+    assert!(as_yaml.contains("kind: IPReservation"), "{as_yaml}");
+
+    let described = k.ok(&["describe", "ipr", "web-0"]).await;
+    for needle in ["Name:", "web-0", "Node Name:", "node-b", "Phase:", "Bound"] {
+        assert!(described.contains(needle), "{needle} in:\n{described}");
+    }
+
+    let deleted = k.ok(&["delete", "ipr", "web-0"]).await;
+    assert_eq!(deleted.trim(), "ipreservation.ipkeep.dev \"web-0\" deleted");
+    let gone = k.run(&["get", "ipr", "web-0"]).await;
+    assert!(!gone.ok);
+    assert!(gone.stderr.contains("NotFound") && gone.stderr.contains("\"web-0\" not found"), "{}", gone.stderr);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_lists_pods_by_node() {
+    let server = start().await;
+    let k = Kubectl::new(&server, "pods");
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    for (name, node, ip) in [("p-a", "node-a", "10.244.1.5"), ("p-b", "node-b", "10.244.2.5")] {
+        let p: Pod = serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]}}))
+        .unwrap();
+        pods.create(&PostParams::default(), &p).await.unwrap();
+        let st = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+            "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "i", "imageID": "",
+                                   "state": {"running": {"startedAt": "2024-05-01T10:00:00Z"}}}]}});
+        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&st)).await.unwrap();
+    }
+
+    let selected = k.ok(&["get", "pods", "--field-selector", "spec.nodeName=node-a", "-o", "name"]).await;
+    assert_eq!(selected.trim(), "pod/p-a");
+    let table = k.ok(&["get", "pods"]).await;
+    assert_eq!(header(&table), ["NAME", "READY", "STATUS", "RESTARTS", "AGE"], "{table}");
+    assert_eq!(row(&table, "p-b")[..4], ["p-b", "1/1", "Running", "0"]);
+    let wide = k.ok(&["get", "pods", "-o", "wide"]).await;
+    assert_eq!(
+        header(&wide),
+        ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED", "NODE", "READINESS", "GATES"],
+        "{wide}"
+    );
+    let cells = row(&wide, "p-a");
+    assert_eq!(cells[5..7], ["10.244.1.5", "node-a"], "{wide}");
+    let unsupported = k.run(&["get", "pods", "--field-selector", "spec.bogus=x"]).await;
+    assert!(!unsupported.ok);
+    assert!(unsupported.stderr.contains("field label not supported: spec.bogus"), "{}", unsupported.stderr);
+    server.shutdown().await;
+}
