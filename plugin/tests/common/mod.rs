@@ -83,7 +83,9 @@ impl CniCall {
         for (key, value) in &self.extra_env {
             cmd.env(key, value);
         }
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("failed to start {}: {e}", binary.display()));
@@ -106,7 +108,11 @@ pub struct CniOutcome {
 
 impl From<Output> for CniOutcome {
     fn from(o: Output) -> Self {
-        Self { code: o.status.code(), stdout: o.stdout, stderr: o.stderr }
+        Self {
+            code: o.status.code(),
+            stdout: o.stdout,
+            stderr: o.stderr,
+        }
     }
 }
 
@@ -127,13 +133,29 @@ impl CniOutcome {
 
     /// Asserts success and returns the result JSON.
     pub fn ok(&self) -> serde_json::Value {
-        assert_eq!(self.code, Some(0), "plugin failed: stdout={} stderr={}", self.stdout_str(), self.stderr_str());
-        if self.stdout.is_empty() { serde_json::Value::Null } else { self.json() }
+        assert_eq!(
+            self.code,
+            Some(0),
+            "plugin failed: stdout={} stderr={}",
+            self.stdout_str(),
+            self.stderr_str()
+        );
+        if self.stdout.is_empty() {
+            serde_json::Value::Null
+        } else {
+            self.json()
+        }
     }
 
     /// Asserts a CNI error with `code` and returns its `msg`.
     pub fn err(&self, code: u64) -> String {
-        assert_eq!(self.code, Some(1), "expected failure: stdout={} stderr={}", self.stdout_str(), self.stderr_str());
+        assert_eq!(
+            self.code,
+            Some(1),
+            "expected failure: stdout={} stderr={}",
+            self.stdout_str(),
+            self.stderr_str()
+        );
         let v = self.json();
         assert_eq!(v["code"].as_u64(), Some(code), "unexpected error: {v}");
         v["msg"].as_str().unwrap_or_default().to_owned()
