@@ -939,3 +939,124 @@ async fn schema_violations_are_rejected_with_422() {
     assert_eq!(api_error(bad_retain).code, 422);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn raw_watch_events_timeout_and_expiry() {
+    use futures::{StreamExt, TryStreamExt};
+    use kube::api::{WatchEvent, WatchParams};
+
+    let server = start().await;
+    let api = iprs(&server.client(), "default");
+    let created = api
+        .create(&PostParams::default(), &ipr("a", "node-a", &["10.0.0.1"]))
+        .await
+        .unwrap();
+    let rv = created.resource_version().unwrap();
+
+    // Resuming from a resourceVersion replays what happened after it; `timeoutSeconds` ends the
+    // stream on the server side.
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
+    )
+    .await
+    .unwrap();
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+    let stream = api
+        .watch(&WatchParams::default().timeout(1), &rv)
+        .await
+        .unwrap();
+    let events: Vec<String> =
+        tokio::time::timeout(harness::DEADLINE, stream.try_collect::<Vec<_>>())
+            .await
+            .expect("the watch to end by itself after timeoutSeconds")
+            .unwrap()
+            .into_iter()
+            .filter_map(|ev| match ev {
+                WatchEvent::Added(o) => Some(format!("ADDED {}", o.name_any())),
+                WatchEvent::Modified(o) => Some(format!("MODIFIED {}", o.name_any())),
+                WatchEvent::Deleted(o) => Some(format!("DELETED {}", o.name_any())),
+                WatchEvent::Bookmark(_) => None,
+                WatchEvent::Error(e) => Some(format!("ERROR {}", e.code)),
+            })
+            .collect();
+    assert_eq!(events, ["MODIFIED a", "DELETED a"]);
+
+    // After compaction the old version is gone: 410 Expired inside a 200 stream.
+    server.faults().compact();
+    let mut stream = api
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    match stream.next().await {
+        Some(Ok(WatchEvent::Error(status))) => {
+            assert_eq!(
+                (status.code, status.reason.as_str()),
+                (410, "Expired"),
+                "{status:?}"
+            );
+        }
+        other => panic!("expected an in-stream 410, got {other:?}"),
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn injected_failures_answer_with_kubernetes_status_bodies() {
+    use ipkeep_e2e::apiserver::{RequestFilter, Verb};
+
+    let server = start().await;
+    let api = iprs(&server.client(), "default");
+    let creates = RequestFilter {
+        verb: Some(Verb::Create),
+        resource: Some("ipreservations".into()),
+    };
+    let cases = [
+        (409, "Conflict"),
+        (429, "TooManyRequests"),
+        (500, "InternalError"),
+    ];
+    for (code, reason) in cases {
+        server.faults().fail_next(2, creates.clone(), code);
+        for _ in 0..2 {
+            let status = api_error(
+                api.create(&PostParams::default(), &ipr("a", "node-a", &["10.0.0.1"]))
+                    .await,
+            );
+            assert_eq!(
+                (status.code, status.reason.as_str()),
+                (code, reason),
+                "{status:?}"
+            );
+            if code == 429 {
+                let retry = status.details.map(|d| d.retry_after_seconds).unwrap_or(0);
+                assert!(retry > 0, "429 carries retryAfterSeconds");
+            }
+        }
+        assert!(
+            api.get_opt("a").await.unwrap().is_none(),
+            "failed creates stored nothing"
+        );
+    }
+    // Other verbs and resources were not affected, and the budget is spent.
+    server.faults().fail_next(1, creates, 500);
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    pods.create(&PostParams::default(), &pod("p", None, json!({})))
+        .await
+        .unwrap();
+    api.list(&ListParams::default()).await.unwrap();
+    assert_eq!(
+        api_error(
+            api.create(&PostParams::default(), &ipr("a", "node-a", &["10.0.0.1"]))
+                .await
+        )
+        .code,
+        500
+    );
+    api.create(&PostParams::default(), &ipr("a", "node-a", &["10.0.0.1"]))
+        .await
+        .unwrap();
+    server.shutdown().await;
+}

@@ -9,10 +9,7 @@
 #[path = "fixtures/harness.rs"]
 mod harness;
 
-use std::{
-    path::PathBuf,
-    process::Command,
-};
+use std::{path::PathBuf, process::Command};
 
 use harness::{iprs, start};
 use ipkeep_e2e::apiserver::TestServer;
@@ -53,11 +50,15 @@ struct Run {
 
 impl Kubectl {
     fn new(server: &TestServer, test: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("ipkeep-kubectl-{}-{test}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("ipkeep-kubectl-{}-{test}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         server.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
-        Self { bin: kubectl_binary(), dir }
+        Self {
+            bin: kubectl_binary(),
+            dir,
+        }
     }
 
     fn file(&self, name: &str, text: &str) -> PathBuf {
@@ -90,7 +91,13 @@ impl Kubectl {
     /// Runs kubectl, fails the test unless it succeeds, returns stdout.
     async fn ok(&self, args: &[&str]) -> String {
         let r = self.run(args).await;
-        assert!(r.ok, "kubectl {} failed:\nstdout: {}\nstderr: {}", args.join(" "), r.stdout, r.stderr);
+        assert!(
+            r.ok,
+            "kubectl {} failed:\nstdout: {}\nstderr: {}",
+            args.join(" "),
+            r.stdout,
+            r.stderr
+        );
         r.stdout
     }
 }
@@ -102,7 +109,11 @@ impl Drop for Kubectl {
 }
 
 fn header(out: &str) -> Vec<&str> {
-    out.lines().next().unwrap_or_default().split_whitespace().collect()
+    out.lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect()
 }
 
 /// The whitespace-separated cells of the row that starts with `name`.
@@ -132,9 +143,32 @@ async fn kubectl_discovers_crds_and_builtins() {
 
     let resources = k.ok(&["api-resources"]).await;
     let ipr_row = row(&resources, "ipreservations");
-    assert_eq!(ipr_row, ["ipreservations", "ipr", "ipkeep.dev/v1alpha1", "true", "IPReservation"], "{resources}");
-    for kind in ["Pod", "Node", "Namespace", "Lease", "Event", "CustomResourceDefinition", "IPPool"] {
-        assert!(resources.lines().any(|l| l.split_whitespace().last() == Some(kind)), "{kind} in:\n{resources}");
+    assert_eq!(
+        ipr_row,
+        [
+            "ipreservations",
+            "ipr",
+            "ipkeep.dev/v1alpha1",
+            "true",
+            "IPReservation"
+        ],
+        "{resources}"
+    );
+    for kind in [
+        "Pod",
+        "Node",
+        "Namespace",
+        "Lease",
+        "Event",
+        "CustomResourceDefinition",
+        "IPPool",
+    ] {
+        assert!(
+            resources
+                .lines()
+                .any(|l| l.split_whitespace().last() == Some(kind)),
+            "{kind} in:\n{resources}"
+        );
     }
 
     let namespaces = k.ok(&["get", "namespaces"]).await;
@@ -156,31 +190,59 @@ async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
     assert_eq!(unchanged.trim(), "ipreservation.ipkeep.dev/web-0 unchanged");
     k.file("web-0.yaml", &reservation_yaml("node-b"));
     let configured = k.ok(&["apply", "-f", manifest]).await;
-    assert_eq!(configured.trim(), "ipreservation.ipkeep.dev/web-0 configured");
+    assert_eq!(
+        configured.trim(),
+        "ipreservation.ipkeep.dev/web-0 configured"
+    );
 
     // A status written by the controller shows in the PHASE column.
     let status = json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation", "status": {"phase": "Bound"}});
     iprs(&server.client(), "default")
-        .patch_status("web-0", &PatchParams::apply("ipkeep-controller").force(), &Patch::Apply(&status))
+        .patch_status(
+            "web-0",
+            &PatchParams::apply("ipkeep-controller").force(),
+            &Patch::Apply(&status),
+        )
         .await
         .unwrap();
 
     let table = k.ok(&["get", "ipr"]).await;
-    assert_eq!(header(&table), ["NAME", "IPS", "NODE", "PHASE", "RELEASE-TIME", "AGE"], "{table}");
+    assert_eq!(
+        header(&table),
+        ["NAME", "IPS", "NODE", "PHASE", "RELEASE-TIME", "AGE"],
+        "{table}"
+    );
     let cells = row(&table, "web-0");
-    assert_eq!(cells[..5], ["web-0", "[\"10.244.1.17\"]", "node-b", "Bound", "<none>"], "{table}");
-    assert!(cells[5].ends_with('s') || cells[5].ends_with('m'), "an age: {table}");
-    let by_category = k.ok(&["get", "ipkeep"]).await;
-    assert!(by_category.contains("web-0"), "category ipkeep lists the reservation:\n{by_category}");
-
-    let as_json: Value = serde_json::from_str(&k.ok(&["get", "ipr", "web-0", "-o", "json"]).await).unwrap();
-    assert_eq!(as_json["spec"]["nodeName"], "node-b");
-    assert_eq!(as_json["spec"]["retainFor"], "24h", "defaulted by the schema");
+    assert_eq!(
+        cells[..5],
+        ["web-0", "[\"10.244.1.17\"]", "node-b", "Bound", "<none>"],
+        "{table}"
+    );
     assert!(
-        as_json["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"].is_string(),
+        cells[5].ends_with('s') || cells[5].ends_with('m'),
+        "an age: {table}"
+    );
+    let by_category = k.ok(&["get", "ipkeep"]).await;
+    assert!(
+        by_category.contains("web-0"),
+        "category ipkeep lists the reservation:\n{by_category}"
+    );
+
+    let as_json: Value =
+        serde_json::from_str(&k.ok(&["get", "ipr", "web-0", "-o", "json"]).await).unwrap();
+    assert_eq!(as_json["spec"]["nodeName"], "node-b");
+    assert_eq!(
+        as_json["spec"]["retainFor"], "24h",
+        "defaulted by the schema"
+    );
+    assert!(
+        as_json["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+            .is_string(),
         "{as_json}"
     );
-    let as_yaml = k.ok(&["get", "ipreservations.ipkeep.dev", "web-0", "-o", "yaml"]).await;
+    let as_yaml = k
+        .ok(&["get", "ipreservations.ipkeep.dev", "web-0", "-o", "yaml"])
+        .await;
     assert!(as_yaml.contains("nodeName: node-b"), "{as_yaml}");
     assert!(as_yaml.contains("kind: IPReservation"), "{as_yaml}");
 
@@ -193,7 +255,11 @@ async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
     assert_eq!(deleted.trim(), "ipreservation.ipkeep.dev \"web-0\" deleted");
     let gone = k.run(&["get", "ipr", "web-0"]).await;
     assert!(!gone.ok);
-    assert!(gone.stderr.contains("NotFound") && gone.stderr.contains("\"web-0\" not found"), "{}", gone.stderr);
+    assert!(
+        gone.stderr.contains("NotFound") && gone.stderr.contains("\"web-0\" not found"),
+        "{}",
+        gone.stderr
+    );
     server.shutdown().await;
 }
 
@@ -202,7 +268,10 @@ async fn kubectl_lists_pods_by_node() {
     let server = start().await;
     let k = Kubectl::new(&server, "pods");
     let pods: Api<Pod> = Api::namespaced(server.client(), "default");
-    for (name, node, ip) in [("p-a", "node-a", "10.244.1.5"), ("p-b", "node-b", "10.244.2.5")] {
+    for (name, node, ip) in [
+        ("p-a", "node-a", "10.244.1.5"),
+        ("p-b", "node-b", "10.244.2.5"),
+    ] {
         let p: Pod = serde_json::from_value(json!({"metadata": {"name": name},
             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]}}))
         .unwrap();
@@ -210,24 +279,59 @@ async fn kubectl_lists_pods_by_node() {
         let st = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
             "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "i", "imageID": "",
                                    "state": {"running": {"startedAt": "2024-05-01T10:00:00Z"}}}]}});
-        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&st)).await.unwrap();
+        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&st))
+            .await
+            .unwrap();
     }
 
-    let selected = k.ok(&["get", "pods", "--field-selector", "spec.nodeName=node-a", "-o", "name"]).await;
+    let selected = k
+        .ok(&[
+            "get",
+            "pods",
+            "--field-selector",
+            "spec.nodeName=node-a",
+            "-o",
+            "name",
+        ])
+        .await;
     assert_eq!(selected.trim(), "pod/p-a");
     let table = k.ok(&["get", "pods"]).await;
-    assert_eq!(header(&table), ["NAME", "READY", "STATUS", "RESTARTS", "AGE"], "{table}");
+    assert_eq!(
+        header(&table),
+        ["NAME", "READY", "STATUS", "RESTARTS", "AGE"],
+        "{table}"
+    );
     assert_eq!(row(&table, "p-b")[..4], ["p-b", "1/1", "Running", "0"]);
     let wide = k.ok(&["get", "pods", "-o", "wide"]).await;
     assert_eq!(
         header(&wide),
-        ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED", "NODE", "READINESS", "GATES"],
+        [
+            "NAME",
+            "READY",
+            "STATUS",
+            "RESTARTS",
+            "AGE",
+            "IP",
+            "NODE",
+            "NOMINATED",
+            "NODE",
+            "READINESS",
+            "GATES"
+        ],
         "{wide}"
     );
     let cells = row(&wide, "p-a");
     assert_eq!(cells[5..7], ["10.244.1.5", "node-a"], "{wide}");
-    let unsupported = k.run(&["get", "pods", "--field-selector", "spec.bogus=x"]).await;
+    let unsupported = k
+        .run(&["get", "pods", "--field-selector", "spec.bogus=x"])
+        .await;
     assert!(!unsupported.ok);
-    assert!(unsupported.stderr.contains("field label not supported: spec.bogus"), "{}", unsupported.stderr);
+    assert!(
+        unsupported
+            .stderr
+            .contains("field label not supported: spec.bogus"),
+        "{}",
+        unsupported.stderr
+    );
     server.shutdown().await;
 }
