@@ -10,6 +10,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::{
+    convert,
     faults::{Faults, Verb},
     format::{self, Representation},
     registry::ResourceType,
@@ -147,6 +148,7 @@ impl Target {
 
     /// The object with `apiVersion`/`kind` of the requested version (storage is version-agnostic).
     pub fn present(&self, obj: &Value) -> Value {
+        let obj = &convert::from_storage(&self.rt, obj);
         let mut out = Map::new();
         out.insert(
             "apiVersion".into(),
@@ -258,6 +260,7 @@ pub fn field_value(obj: &Value, path: &str) -> String {
 /// The label/field/namespace filter of a list or watch.
 #[derive(Debug)]
 pub struct Selection {
+    rt: Arc<ResourceType>,
     namespace: Option<String>,
     labels: Option<LabelSelector>,
     fields: Option<FieldSelector>,
@@ -289,6 +292,7 @@ impl Selection {
             None => None,
         };
         Ok(Selection {
+            rt: target.rt.clone(),
             namespace: target.namespace.clone(),
             labels,
             fields,
@@ -323,7 +327,8 @@ impl Selection {
             }
         }
         if let Some(fields) = &self.fields {
-            let lookup = |path: &str| Some(field_value(obj, path));
+            let lookup =
+                |path: &str| Some(field_value(obj, &convert::storage_field(&self.rt, path)));
             if !fields.matches(&lookup) {
                 return false;
             }

@@ -66,6 +66,81 @@ pub fn discover(store: &Store, path: &str, server_address: &str) -> Option<Value
     }
 }
 
+/// A minimal OpenAPI v3 service: the root lists every group-version, and each group-version document
+/// holds one PATCH operation per kind that declares the `fieldValidation` query parameter. That is
+/// what kubectl looks for before it relies on server-side field validation (so `kubectl apply` works
+/// without `--validate=false`); no schemas are published.
+pub fn openapi_v3(store: &Store, path: &str) -> Option<Value> {
+    let rest = path.strip_prefix("/openapi/v3")?.trim_matches('/');
+    let groups = store.registry.groups();
+    let gv_paths: Vec<String> = groups
+        .iter()
+        .flat_map(|(g, versions)| {
+            versions.iter().map(move |v| {
+                if g.is_empty() {
+                    format!("api/{v}")
+                } else {
+                    format!("apis/{g}/{v}")
+                }
+            })
+        })
+        .collect();
+    if rest.is_empty() {
+        let paths: serde_json::Map<String, Value> = gv_paths
+            .iter()
+            .map(|p| {
+                (
+                    p.clone(),
+                    json!({"serverRelativeURL": format!("/openapi/v3/{p}")}),
+                )
+            })
+            .collect();
+        return Some(json!({"paths": paths}));
+    }
+    if !gv_paths.iter().any(|p| p == rest) {
+        return None;
+    }
+    let mut paths = serde_json::Map::new();
+    for t in store.registry.all() {
+        for v in &t.versions {
+            let gv = if t.group.is_empty() {
+                format!("api/{v}")
+            } else {
+                format!("apis/{}/{v}", t.group)
+            };
+            if gv != rest {
+                continue;
+            }
+            let scope = if t.namespaced {
+                "namespaces/{namespace}/"
+            } else {
+                ""
+            };
+            let operation = json!({
+                "patch": {
+                    "operationId": format!("patch{}", t.kind),
+                    "parameters": [
+                        {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+                        {"name": "fieldManager", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+                        {"name": "dryRun", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+                        {"name": "force", "in": "query", "schema": {"type": "boolean", "uniqueItems": true}}
+                    ],
+                    "responses": {"200": {"description": "OK"}},
+                    "x-kubernetes-action": "patch",
+                    "x-kubernetes-group-version-kind": {"group": t.group, "version": v, "kind": t.kind}
+                }
+            });
+            paths.insert(format!("/{gv}/{scope}{}/{{name}}", t.plural), operation);
+        }
+    }
+    Some(json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.33.0"},
+        "paths": paths,
+        "components": {}
+    }))
+}
+
 fn resource_list(store: &Store, group: &str, version: &str) -> Value {
     let resources: Vec<Value> = store
         .registry
@@ -117,5 +192,21 @@ mod tests {
         );
         assert!(discover(&store, "/apis/coordination.k8s.io/v2", "x").is_none());
         assert!(discover(&store, "/apis/nope", "x").is_none());
+    }
+
+    #[test]
+    fn openapi_v3_declares_field_validation() {
+        let store = Store::new();
+        let root = openapi_v3(&store, "/openapi/v3").unwrap();
+        assert_eq!(
+            root["paths"]["api/v1"]["serverRelativeURL"],
+            "/openapi/v3/api/v1"
+        );
+        let core = openapi_v3(&store, "/openapi/v3/api/v1").unwrap();
+        let patch = &core["paths"]["/api/v1/namespaces/{namespace}/pods/{name}"]["patch"];
+        assert_eq!(patch["x-kubernetes-group-version-kind"]["kind"], "Pod");
+        assert_eq!(patch["parameters"][0]["name"], "fieldValidation");
+        assert!(openapi_v3(&store, "/openapi/v3/apis/nope/v1").is_none());
+        assert!(openapi_v3(&store, "/openapi/v2").is_none());
     }
 }

@@ -15,6 +15,7 @@
 mod admin;
 mod api;
 mod body;
+mod convert;
 mod discovery;
 mod faults;
 mod format;

@@ -41,7 +41,16 @@ pub struct ResourceType {
 impl ResourceType {
     /// `group/plural`, the key objects are stored under (one store for all versions).
     pub fn key(&self) -> String {
+        if self.is_events_v1() {
+            // kube-apiserver keeps both Event APIs in one storage (core/v1 is the stored form).
+            return "/events".to_string();
+        }
         format!("{}/{}", self.group, self.plural)
+    }
+
+    /// Whether this is `events.k8s.io` Event, served from the core Event storage with conversion.
+    pub fn is_events_v1(&self) -> bool {
+        self.group == "events.k8s.io" && self.plural == "events"
     }
 
     /// `group/version` as used in `apiVersion` (just `v1` for the core group).

@@ -93,6 +93,11 @@ fn route(ctx: &Ctx, req: &Request, address: &str) -> Result<Reply, ApiError> {
         {
             return Ok(Reply::Json(200, doc));
         }
+        if req.method == "GET"
+            && let Some(doc) = discovery::openapi_v3(&store, &req.path)
+        {
+            return Ok(Reply::Json(200, doc));
+        }
         api::parse_target(&store, &req.path)?
     };
     let Some(target) = target else {

@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 
 use super::{
     api::{Ctx, Reply, Request, Selection, Target},
-    ids,
+    convert, ids,
     patch::{self, FieldPath},
     registry::{self, CRD_GROUP, ResourceType},
     schema,
@@ -169,12 +169,29 @@ fn spec_part(obj: &Value) -> Value {
     out
 }
 
-fn is_dry_run(req: &Request) -> bool {
-    req.param("dryRun").is_some_and(|d| d == "All")
+/// Request options every write honours.
+#[derive(Debug, Clone, Copy, Default)]
+struct WriteOptions {
+    /// `dryRun=All`: validate and answer, store nothing.
+    dry_run: bool,
+    /// `fieldValidation=Strict`: unknown fields of a custom resource are a 400, not dropped.
+    strict: bool,
+}
+
+fn write_options(req: &Request) -> WriteOptions {
+    WriteOptions {
+        dry_run: req.param("dryRun").is_some_and(|d| d == "All"),
+        strict: req.param("fieldValidation").is_some_and(|v| v == "Strict"),
+    }
 }
 
 /// Schema defaults, pruning and validation of a custom resource (422 on violations).
-fn validate_custom(target: &Target, obj: &mut Value, name: &str) -> Result<(), ApiError> {
+fn validate_custom(
+    target: &Target,
+    obj: &mut Value,
+    name: &str,
+    opts: WriteOptions,
+) -> Result<(), ApiError> {
     let Some(s) = target.rt.schema(&target.version) else {
         return Ok(());
     };
@@ -183,7 +200,17 @@ fn validate_custom(target: &Target, obj: &mut Value, name: &str) -> Result<(), A
         .iter()
         .filter_map(|k| obj.get(*k).map(|v| (k.to_string(), v.clone())))
         .collect();
-    schema::prune(s, obj);
+    let unknown = schema::prune(s, obj);
+    if opts.strict && !unknown.is_empty() {
+        let fields: Vec<String> = unknown
+            .iter()
+            .map(|f| format!("unknown field \"{f}\""))
+            .collect();
+        return Err(ApiError::bad_request(format!(
+            "strict decoding error: {}",
+            fields.join(", ")
+        )));
+    }
     if let Some(map) = obj.as_object_mut() {
         map.extend(kept);
     }
@@ -253,8 +280,9 @@ fn create_defaults(
 pub fn create(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiError> {
     let mut obj = parse_body(req)?;
     check_type(target, &mut obj)?;
+    let obj = convert::to_storage(&target.rt, obj);
     let mut store = ctx.store();
-    let created = create_object(&mut store, target, obj, is_dry_run(req))?;
+    let created = create_object(&mut store, target, obj, write_options(req))?;
     Ok(Reply::Json(201, target.present(&created)))
 }
 
@@ -262,7 +290,7 @@ fn create_object(
     store: &mut Store,
     target: &Target,
     mut obj: Value,
-    dry_run: bool,
+    opts: WriteOptions,
 ) -> Result<Value, ApiError> {
     check_namespace(target, &mut obj)?;
     let now = ids::now();
@@ -319,10 +347,10 @@ fn create_object(
         }
     }
     if target.rt.crd_name.is_some() {
-        validate_custom(target, &mut obj, &name)?;
+        validate_custom(target, &mut obj, &name, opts)?;
     }
     let crd_type = crd_type_of(target, &obj, &name)?;
-    if dry_run {
+    if opts.dry_run {
         return Ok(obj);
     }
     let stored = store.put(&target.rt.key(), target.ns(), &name, obj);
@@ -412,11 +440,11 @@ fn commit_update(
     target: &Target,
     old: &Value,
     mut new: Value,
-    dry_run: bool,
+    opts: WriteOptions,
 ) -> Result<Value, ApiError> {
     let name = meta_str(old, "name").unwrap_or_default().to_string();
     if target.rt.crd_name.is_some() {
-        validate_custom(target, &mut new, &name)?;
+        validate_custom(target, &mut new, &name, opts)?;
     }
     let crd_type = crd_type_of(target, &new, &name)?;
     if meta(old).is_some_and(|m| m.contains_key("deletionTimestamp")) {
@@ -452,7 +480,7 @@ fn commit_update(
             m.insert("resourceVersion".into(), rv.clone());
         }
     }
-    if new == *old || dry_run {
+    if new == *old || opts.dry_run {
         return Ok(new);
     }
     let deleting = meta(&new).is_some_and(|m| m.contains_key("deletionTimestamp"));
@@ -476,6 +504,7 @@ fn commit_update(
 pub fn update(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiError> {
     let mut obj = parse_body(req)?;
     check_type(target, &mut obj)?;
+    let mut obj = convert::to_storage(&target.rt, obj);
     check_namespace(target, &mut obj)?;
     let name = target.name.clone().unwrap_or_default();
     if let Some(body_name) = meta_str(&obj, "name").filter(|n| !n.is_empty())
@@ -492,7 +521,7 @@ pub fn update(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErr
         .ok_or_else(|| ApiError::not_found(&target.rt.group, &target.rt.plural, &name))?;
     check_rv(target, &old, &obj, &name)?;
     let new = merge_for_update(target, &old, obj);
-    let stored = commit_update(&mut store, target, &old, new, is_dry_run(req))?;
+    let stored = commit_update(&mut store, target, &old, new, write_options(req))?;
     Ok(Reply::Json(200, target.present(&stored)))
 }
 
@@ -527,7 +556,7 @@ pub fn patch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
     }
     let old =
         current.ok_or_else(|| ApiError::not_found(&target.rt.group, &target.rt.plural, &name))?;
-    let mut doc = old.clone();
+    let mut doc = target.present(&old);
     match content_type.as_str() {
         "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
             patch::merge_patch(&mut doc, &body)
@@ -551,9 +580,10 @@ pub fn patch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
         }
     }
     check_type(target, &mut doc)?;
+    let doc = convert::to_storage(&target.rt, doc);
     check_rv(target, &old, &doc, &name)?;
     let new = merge_for_update(target, &old, doc);
-    let stored = commit_update(&mut store, target, &old, new, is_dry_run(req))?;
+    let stored = commit_update(&mut store, target, &old, new, write_options(req))?;
     Ok(Reply::Json(200, target.present(&stored)))
 }
 
@@ -628,6 +658,7 @@ fn apply(
         }
     }
     check_type(target, &mut config)?;
+    let mut config = convert::to_storage(&target.rt, config);
     let subresource = target.sub.clone();
     let in_scope = |p: &FieldPath| match subresource.as_deref() {
         Some(_) => p.first().is_some_and(|f| f == "status"),
@@ -663,7 +694,7 @@ fn apply(
             m.insert("name".into(), json!(name));
             m.insert("managedFields".into(), json!([entry(&paths)]));
         }
-        let created = create_object(store, target, config, is_dry_run(req))?;
+        let created = create_object(store, target, config, write_options(req))?;
         return Ok(Reply::Json(201, target.present(&created)));
     };
     let entries = managed_entries(&old);
@@ -749,7 +780,7 @@ fn apply(
         m.insert("managedFields".into(), Value::Array(new_entries));
     }
     let new = merge_for_update(target, &old, doc);
-    let stored = commit_update(store, target, &old, new, is_dry_run(req))?;
+    let stored = commit_update(store, target, &old, new, write_options(req))?;
     Ok(Reply::Json(200, target.present(&stored)))
 }
 
@@ -1073,7 +1104,7 @@ pub fn install_crd(store: &mut Store, crd: Value) -> Result<(), ApiError> {
     };
     let mut crd = crd;
     check_type(&target, &mut crd)?;
-    create_object(store, &target, crd, false).map(|_| ())
+    create_object(store, &target, crd, WriteOptions::default()).map(|_| ())
 }
 
 /// Create the namespaces every cluster starts with.
@@ -1092,7 +1123,7 @@ pub fn install_namespaces(store: &mut Store) -> Result<(), ApiError> {
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         let mut obj = json!({"metadata": {"name": ns}});
         check_type(&target, &mut obj)?;
-        create_object(store, &target, obj, false)?;
+        create_object(store, &target, obj, WriteOptions::default())?;
     }
     Ok(())
 }
