@@ -20,16 +20,18 @@
 //!
 //! # Reading cost, and the snapshot
 //! Reading 1 000 reservation files (open, fstat, read, close and a JSON decode each) costs
-//! several milliseconds — more than a whole ADD. An ADD therefore reads the snapshot
-//! `<net>/.ipkeep/reserved.index` ([`index`]), validated by the stamps of the `reserved/`
-//! directories, through [`load_reservations_cached`]; the writer keeps it current. Measure with
+//! several milliseconds — more than a whole ADD. An ADD therefore reads its own file directly
+//! ([`read_reservation`], O(1) via the path) and asks "is this address another pod's?" of the
+//! binary snapshot `<net>/.ipkeep/reserved.index` ([`index`]) through
+//! [`load_reservations_cached`]: one file read, an O(1) validity check against the writer's
+//! generation counter, then binary searches. The writer keeps it current. Measure with
 //! `cargo test --release -p ipkeep-plugin --lib reservation::tests::measure_load_cost -- --ignored --nocapture`.
 //!
 //! # The decision
 //! [`decide`] is pure: given the range sets, requested addresses, the pod's own reservation, the
 //! other pods' active reservations, who holds each address and the pod's [`WaitMarker`], it
 //! says per range set "this reserved address", "requested" or "normal allocation skipping
-//! [`ActiveReservations::is_blocked`]", or refuses / answers "try again later" (CNI code 11).
+//! [`ReservationLookup::is_blocked`]", or refuses / answers "try again later" (CNI code 11).
 //!
 //! # The grace period
 //! When the reserved address is still held by the *same* pod's previous container (a
@@ -52,9 +54,9 @@ pub mod wait;
 
 pub use decision::{
     ActiveReservations, DEFAULT_GRACE, Decision, DecisionInput, Holder, MarkerAction, Note,
-    Outcome, RangeSetPlan, RangeSetView, RetryLater, WaitMarker, decide,
+    Outcome, RangeSetPlan, RangeSetView, ReservationLookup, RetryLater, WaitMarker, decide,
 };
-pub use index::{Source, load_reservations_cached};
+pub use index::{ReservationSnapshot, SnapshotLookup, Source, load_reservations_cached};
 pub use reserved_dir::{
     RESERVED_DIR, ReservationSet, ReservedDirError, Skipped, SyncReport, load_reservations,
     read_reservation, remove_reservation, sync_reservations, write_reservation,

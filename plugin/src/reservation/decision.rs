@@ -52,7 +52,25 @@ pub struct WaitMarker {
     pub since: Timestamp,
 }
 
-/// The node's active reservations by address, for "does another pod's reservation hold X".
+/// "Does an active reservation of another pod hold this address?" — answered by
+/// [`ActiveReservations`] (built from files) or by the on-disk snapshot without decoding it
+/// ([`super::index::SnapshotLookup`]).
+pub trait ReservationLookup {
+    /// A pod other than `me` whose active reservation holds `ip`.
+    fn held_for_other(&self, ip: IpAddr, me: Option<&PodKey>) -> Option<PodKey>;
+
+    /// Whether normal allocation for `me` must skip `ip`.
+    fn is_blocked(&self, ip: IpAddr, me: Option<&PodKey>) -> bool {
+        self.held_for_other(ip, me).is_some()
+    }
+
+    /// Whether any active reservation holds `ip` (GC keeps such addresses).
+    fn is_reserved(&self, ip: IpAddr) -> bool {
+        self.held_for_other(ip, None).is_some()
+    }
+}
+
+/// The node's active reservations by address, built from decoded files.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ActiveReservations {
     /// Usually one owner per address; more only if reservations conflict.
@@ -65,28 +83,13 @@ impl ActiveReservations {
         let mut by_ip: HashMap<IpAddr, Vec<PodKey>> = HashMap::new();
         for file in files.into_iter().filter(|f| f.is_active(now)) {
             for ip in &file.ips {
-                by_ip.entry(*ip).or_default().push(file.pod_key());
+                by_ip
+                    .entry(ip.to_canonical())
+                    .or_default()
+                    .push(file.pod_key());
             }
         }
         Self { by_ip }
-    }
-
-    /// A pod other than `me` whose active reservation holds `ip`.
-    pub fn held_for_other(&self, ip: IpAddr, me: Option<&PodKey>) -> Option<&PodKey> {
-        self.by_ip
-            .get(&ip.to_canonical())?
-            .iter()
-            .find(|owner| Some(*owner) != me)
-    }
-
-    /// Whether normal allocation for `me` must skip `ip`.
-    pub fn is_blocked(&self, ip: IpAddr, me: Option<&PodKey>) -> bool {
-        self.held_for_other(ip, me).is_some()
-    }
-
-    /// Whether any active reservation holds `ip` (GC keeps such addresses).
-    pub fn is_reserved(&self, ip: IpAddr) -> bool {
-        self.by_ip.contains_key(&ip.to_canonical())
     }
 
     /// How many distinct addresses are held.
@@ -97,6 +100,16 @@ impl ActiveReservations {
     /// Whether no address is held.
     pub fn is_empty(&self) -> bool {
         self.by_ip.is_empty()
+    }
+}
+
+impl ReservationLookup for ActiveReservations {
+    fn held_for_other(&self, ip: IpAddr, me: Option<&PodKey>) -> Option<PodKey> {
+        self.by_ip
+            .get(&ip.to_canonical())?
+            .iter()
+            .find(|owner| Some(*owner) != me)
+            .cloned()
     }
 }
 
@@ -114,7 +127,7 @@ pub struct DecisionInput<'a, R> {
     /// The pod's reservation file, if present (active or not).
     pub own: Option<&'a ReservationFile>,
     /// Every active reservation on the node (the pod's own included; it is told apart by key).
-    pub others: &'a ActiveReservations,
+    pub others: &'a dyn ReservationLookup,
     /// Who holds an address now.
     pub holder: &'a dyn Fn(IpAddr) -> Holder,
     /// The pod's wait record from an earlier ADD, if any.
@@ -147,7 +160,7 @@ pub enum RangeSetPlan {
     Reserved(IpAddr),
     /// A requested address lies in this set: the usual requested-IP handling applies.
     Requested,
-    /// Allocate as host-local does, skipping addresses [`ActiveReservations::is_blocked`].
+    /// Allocate as host-local does, skipping addresses [`ReservationLookup::is_blocked`] says.
     Normal,
 }
 
@@ -353,13 +366,7 @@ pub fn decide<R: RangeSetView>(input: &DecisionInput<'_, R>) -> Decision {
     };
     for &ip in input.requested {
         if let Some(owner) = input.others.held_for_other(ip, me) {
-            return keep(
-                Outcome::RequestedIsReserved {
-                    ip,
-                    owner: owner.clone(),
-                },
-                Vec::new(),
-            );
+            return keep(Outcome::RequestedIsReserved { ip, owner }, Vec::new());
         }
     }
 
@@ -402,10 +409,7 @@ pub fn decide<R: RangeSetView>(input: &DecisionInput<'_, R>) -> Decision {
             continue;
         };
         if let Some(other) = input.others.held_for_other(ip, me) {
-            notes.push(Note::AlsoReservedBy {
-                ip,
-                other: other.clone(),
-            });
+            notes.push(Note::AlsoReservedBy { ip, other });
             plans.push(RangeSetPlan::Normal);
             continue;
         }

@@ -13,6 +13,9 @@ use super::schema::{
 /// The directory below `<dataDir>/<network>/` holding one file per reservation.
 pub const RESERVED_DIR: &str = "reserved";
 
+/// The writer's change counter inside `reserved/` (a name no namespace can have).
+pub const GENERATION_NAME: &str = ".generation";
+
 /// Mode of reservation files (world-readable: they hold nothing secret, and humans read them).
 const FILE_MODE: u32 = 0o644;
 
@@ -102,51 +105,85 @@ impl From<FileStamp> for DirStamp {
     }
 }
 
-/// The stamps of `reserved/` (`None`: absent) and of every namespace directory read.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TreeStamps {
-    /// `reserved` itself (whatever it is; `lstat`).
+/// What a snapshot must match to be trusted: the `lstat` stamp of `reserved` and the writer's
+/// generation counter (`reserved/.generation`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanStamp {
+    /// `reserved` itself (whatever it is; `None`: absent).
     pub reserved: Option<DirStamp>,
-    /// Each namespace directory that was read.
-    pub namespaces: BTreeMap<String, DirStamp>,
+    /// The generation counter (`None`: absent or unreadable, which no snapshot matches).
+    pub generation: Option<u64>,
 }
 
-/// The full scan, with the stamps of the directories as they were read. The stamps are taken
-/// before each directory is listed, so a change during the scan makes them stale, never the
-/// other way round.
-pub(super) fn scan(dir: &NetworkDir) -> (ReservationSet, TreeStamps) {
+/// The current stamp, read without scanning.
+pub(super) fn current_stamp(dir: &NetworkDir) -> ScanStamp {
+    let reserved = match dir.stat(RESERVED_DIR) {
+        Ok(Some(st)) => st,
+        Ok(None) | Err(_) => return ScanStamp::default(),
+    };
+    let generation = match dir.subdir(&[RESERVED_DIR], false) {
+        Ok(Some(sub)) => read_generation(&sub),
+        Ok(None) | Err(_) => None,
+    };
+    ScanStamp {
+        reserved: Some(reserved.into()),
+        generation,
+    }
+}
+
+fn read_generation(reserved: &DirFd) -> Option<u64> {
+    let bytes = reserved.read_file(GENERATION_NAME, 64).ok()??;
+    std::str::from_utf8(&bytes).ok()?.trim_end().parse().ok()
+}
+
+/// Bumps the generation counter (durably: a snapshot must never outlive a change it missed).
+/// Called before every change, so a crash between the two leaves the snapshot invalid.
+fn bump_generation(reserved: &DirFd) -> Result<(), NetDirError> {
+    let next = read_generation(reserved).unwrap_or(0).wrapping_add(1);
+    reserved.write_atomic(
+        GENERATION_NAME,
+        format!("{next}\n").as_bytes(),
+        FILE_MODE,
+        true,
+    )
+}
+
+/// The full scan, with the stamp taken before anything is listed (so a change during the scan
+/// makes the stamp stale, never the other way round; the caller holds the lock anyway).
+pub(super) fn scan(dir: &NetworkDir) -> (ReservationSet, ScanStamp) {
+    let stamp = current_stamp(dir);
     let mut set = ReservationSet::default();
-    let mut stamps = TreeStamps::default();
-    match dir.stat(RESERVED_DIR) {
-        Ok(Some(st)) => stamps.reserved = Some(st.into()),
-        Ok(None) => return (set, stamps),
-        Err(e) => {
+    if stamp.reserved.is_none() {
+        if let Err(e) = dir.stat(RESERVED_DIR) {
             set.skipped.push(Skipped {
                 path: dir.child_path(RESERVED_DIR),
                 reason: e.to_string(),
             });
-            return (set, stamps);
         }
+        return (set, stamp);
     }
     let reserved = match dir.subdir(&[RESERVED_DIR], false) {
         Ok(Some(reserved)) => reserved,
-        Ok(None) => return (set, stamps),
+        Ok(None) => return (set, stamp),
         Err(e) => {
             set.skipped.push(Skipped {
                 path: dir.child_path(RESERVED_DIR),
                 reason: e.to_string(),
             });
-            return (set, stamps);
+            return (set, stamp);
         }
     };
     let entries = match reserved.entries() {
         Ok(entries) => entries,
         Err(e) => {
             set.skipped.push(skip(&reserved, "", e.to_string()));
-            return (set, stamps);
+            return (set, stamp);
         }
     };
     for entry in entries {
+        if entry.name == GENERATION_NAME {
+            continue;
+        }
         if let Err(why) = namespace_entry_ok(&entry.name, entry.kind) {
             set.skipped.push(skip(&reserved, &entry.name, why));
             continue;
@@ -161,20 +198,10 @@ pub(super) fn scan(dir: &NetworkDir) -> (ReservationSet, TreeStamps) {
                 continue;
             }
         };
-        match ns_dir.stamp() {
-            Ok(st) => {
-                stamps.namespaces.insert(entry.name.clone(), st.into());
-            }
-            Err(e) => {
-                set.skipped
-                    .push(skip(&reserved, &entry.name, e.to_string()));
-                continue;
-            }
-        }
         load_namespace(&ns_dir, &entry.name, &mut set);
     }
     set.skipped.sort();
-    (set, stamps)
+    (set, stamp)
 }
 
 /// Reads one `reserved/<namespace>/` directory into `set`.
@@ -342,6 +369,7 @@ pub fn write_reservation(dir: &NetworkDir, file: &ReservationFile) -> Result<(),
 
 fn write_locked(dir: &NetworkDir, file: &ReservationFile) -> Result<(), ReservedDirError> {
     let (reserved, reserved_created) = open_reserved_for_writing(dir)?;
+    bump_generation(&reserved)?;
     let ns_created = prepare_dir_slot(&reserved, &file.namespace)?;
     let Some(ns_dir) = reserved.subdir(&[&file.namespace], true)? else {
         return Err(NetDirError::NotDirectory {
@@ -394,11 +422,12 @@ fn remove_locked(dir: &NetworkDir, namespace: &str, pod: &str) -> Result<bool, R
         Err(NetDirError::Symlink { .. } | NetDirError::NotDirectory { .. }) => return Ok(false),
         Err(e) => return Err(e.into()),
     };
-    let existed = ns_dir.stat(pod)?.is_some();
-    remove_any(&ns_dir, pod, 0)?;
-    if existed {
-        ns_dir.sync()?;
+    if ns_dir.stat(pod)?.is_none() {
+        return Ok(false);
     }
+    bump_generation(&reserved)?;
+    remove_any(&ns_dir, pod, 0)?;
+    ns_dir.sync()?;
     if ns_dir.entries()?.is_empty() {
         match reserved.remove_dir(namespace) {
             Ok(_) => reserved.sync()?,
@@ -407,7 +436,7 @@ fn remove_locked(dir: &NetworkDir, namespace: &str, pod: &str) -> Result<bool, R
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(existed)
+    Ok(true)
 }
 
 /// What [`sync_reservations`] changed.
@@ -445,6 +474,9 @@ pub fn sync_reservations(
     }
     let lock = dir.lock()?;
     let current = load_reservations(dir);
+    if let Some(reserved) = dir.subdir(&[RESERVED_DIR], false).ok().flatten() {
+        bump_generation(&reserved)?;
+    }
 
     // Garbage first, so a directory squatting on a wanted name is gone before the write.
     for garbage in &current.skipped {
