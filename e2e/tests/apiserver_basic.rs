@@ -352,3 +352,116 @@ async fn discovery_and_namespaces() {
         "{err:?}"
     );
 }
+
+#[tokio::test]
+async fn admin_endpoint_injects_faults() {
+    let server = start().await;
+    let client = server.client();
+    let admin = |path: &str, body: serde_json::Value| {
+        hyper::http::Request::post(path.to_string())
+            .body(body.to_string().into_bytes())
+            .unwrap()
+    };
+    let reply = client
+        .request_text(admin(
+            "/admin/fail-next",
+            json!({"n": 1, "status": 500, "verb": "list", "resource": "pods"}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(reply, r#"{"ok":true}"#);
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let err = pods.list(&ListParams::default()).await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 500 && s.reason == "InternalError"),
+        "{err:?}"
+    );
+    pods.list(&ListParams::default())
+        .await
+        .expect("only one failure was injected");
+    let err = client
+        .request_text(admin("/admin/fail-next", json!({"verb": "frobnicate"})))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 400),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn server_side_apply_conflicts_without_force() {
+    let server = start().await;
+    let iprs: Api<DynamicObject> = Api::namespaced_with(server.client(), "default", &ipr());
+    let config = |node: &str| {
+        json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation", "metadata": {"name": "web-0"},
+               "spec": {"ips": ["10.244.1.17"], "nodeName": node}})
+    };
+    let created = iprs
+        .patch(
+            "web-0",
+            &PatchParams::apply("first"),
+            &Patch::Apply(config("node-a")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.data["spec"]["nodeName"], "node-a");
+    let err = iprs
+        .patch(
+            "web-0",
+            &PatchParams::apply("second"),
+            &Patch::Apply(config("node-b")),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 409 && s.message.contains("conflict with \"first\"")),
+        "{err:?}"
+    );
+    let same = iprs
+        .patch(
+            "web-0",
+            &PatchParams::apply("second"),
+            &Patch::Apply(config("node-a")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        same.data["spec"]["nodeName"], "node-a",
+        "applying an equal value is no conflict"
+    );
+    let forced = iprs
+        .patch(
+            "web-0",
+            &PatchParams::apply("second").force(),
+            &Patch::Apply(config("node-b")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(forced.data["spec"]["nodeName"], "node-b");
+    // A field the manager stops applying is removed when nobody else owns it.
+    let smaller = json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation", "metadata": {"name": "web-0", "labels": {"a": "b"}}});
+    let labelled = iprs
+        .patch(
+            "web-0",
+            &PatchParams::apply("third"),
+            &Patch::Apply(&smaller),
+        )
+        .await
+        .unwrap();
+    assert_eq!(labelled.labels().get("a").map(String::as_str), Some("b"));
+    let unlabelled_config = json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation", "metadata": {"name": "web-0"}});
+    let unlabelled = iprs
+        .patch(
+            "web-0",
+            &PatchParams::apply("third"),
+            &Patch::Apply(&unlabelled_config),
+        )
+        .await
+        .unwrap();
+    assert!(
+        unlabelled.labels().get("a").is_none(),
+        "{:?}",
+        unlabelled.labels()
+    );
+}
