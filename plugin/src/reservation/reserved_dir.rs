@@ -356,20 +356,47 @@ fn remove_any(parent: &DirFd, name: &str, depth: usize) -> Result<(), NetDirErro
     }
 }
 
+/// One hold of the network's lock during which the writer changes `reserved/`: the generation
+/// counter is bumped (durably) once, before the first change, so no snapshot taken before the
+/// section can pass for one taken after it — not even after a crash in the middle.
+struct Section {
+    bumped: bool,
+}
+
+impl Section {
+    fn new() -> Self {
+        Self { bumped: false }
+    }
+
+    fn before_change(&mut self, reserved: &DirFd) -> Result<(), NetDirError> {
+        if !self.bumped {
+            bump_generation(reserved)?;
+            self.bumped = true;
+        }
+        Ok(())
+    }
+}
+
 /// Writes (or replaces) one reservation file atomically under the network's lock: temp file in
 /// `reserved/<namespace>/`, fsync, rename, fsync of the directory (and of `reserved/` and the
-/// network directory when a directory had to be created), then refreshes the index.
+/// network directory when a directory had to be created), then refreshes the snapshot.
+/// The agent must not run two writer calls for the same network at once (the lock keeps the
+/// plugin out, not a second writer task: [`sync_reservations`] releases it between batches).
 pub fn write_reservation(dir: &NetworkDir, file: &ReservationFile) -> Result<(), ReservedDirError> {
     file.validate()?;
     let lock = dir.lock()?;
-    write_locked(dir, file)?;
+    write_locked(dir, file, &mut Section::new())?;
     super::index::refresh(dir, &lock)?;
     Ok(())
 }
 
-fn write_locked(dir: &NetworkDir, file: &ReservationFile) -> Result<(), ReservedDirError> {
+fn write_locked(
+    dir: &NetworkDir,
+    file: &ReservationFile,
+    section: &mut Section,
+) -> Result<(), ReservedDirError> {
     let (reserved, reserved_created) = open_reserved_for_writing(dir)?;
-    bump_generation(&reserved)?;
+    section.before_change(&reserved)?;
     let ns_created = prepare_dir_slot(&reserved, &file.namespace)?;
     let Some(ns_dir) = reserved.subdir(&[&file.namespace], true)? else {
         return Err(NetDirError::NotDirectory {
@@ -403,12 +430,17 @@ pub fn remove_reservation(
     validate_namespace(namespace).map_err(ReservedDirError::InvalidName)?;
     validate_pod_name(pod).map_err(ReservedDirError::InvalidName)?;
     let lock = dir.lock()?;
-    let removed = remove_locked(dir, namespace, pod)?;
+    let removed = remove_locked(dir, namespace, pod, &mut Section::new())?;
     super::index::refresh(dir, &lock)?;
     Ok(removed)
 }
 
-fn remove_locked(dir: &NetworkDir, namespace: &str, pod: &str) -> Result<bool, ReservedDirError> {
+fn remove_locked(
+    dir: &NetworkDir,
+    namespace: &str,
+    pod: &str,
+    section: &mut Section,
+) -> Result<bool, ReservedDirError> {
     let reserved = match dir.subdir(&[RESERVED_DIR], false) {
         Ok(Some(reserved)) => reserved,
         Ok(None) => return Ok(false),
@@ -425,7 +457,7 @@ fn remove_locked(dir: &NetworkDir, namespace: &str, pod: &str) -> Result<bool, R
     if ns_dir.stat(pod)?.is_none() {
         return Ok(false);
     }
-    bump_generation(&reserved)?;
+    section.before_change(&reserved)?;
     remove_any(&ns_dir, pod, 0)?;
     ns_dir.sync()?;
     if ns_dir.entries()?.is_empty() {
@@ -454,10 +486,14 @@ pub struct SyncReport {
     pub invalid: Vec<String>,
 }
 
-/// Makes `reserved/` exactly equal to `desired`: writes new and changed files, removes stale
-/// ones, deletes garbage (symlinks, directories where files belong, undecodable files, leftover
-/// temporaries) and empty namespace directories, all under one hold of the network's lock, then
-/// refreshes the index.
+/// How many files [`sync_reservations`] writes per hold of the lock: each costs two fsyncs, and
+/// an ADD waiting for the lock should not wait for a thousand of them.
+const SYNC_BATCH: usize = 64;
+
+/// Makes `reserved/` exactly equal to `desired`: deletes garbage (symlinks, directories where
+/// files belong, undecodable files, leftover temporaries), stale files and empty namespace
+/// directories, then writes new and changed files in batches, each batch under one hold of the
+/// network's lock followed by a snapshot refresh.
 pub fn sync_reservations(
     dir: &NetworkDir,
     desired: &[ReservationFile],
@@ -472,38 +508,51 @@ pub fn sync_reservations(
             Err(e) => report.invalid.push(e.to_string()),
         }
     }
-    let lock = dir.lock()?;
-    let current = load_reservations(dir);
-    if let Some(reserved) = dir.subdir(&[RESERVED_DIR], false).ok().flatten() {
-        bump_generation(&reserved)?;
-    }
-
-    // Garbage first, so a directory squatting on a wanted name is gone before the write.
-    for garbage in &current.skipped {
-        if clean_garbage(dir, garbage)? {
-            report.cleaned.push(garbage.clone());
+    let mut writes: Vec<&ReservationFile> = Vec::new();
+    {
+        let lock = dir.lock()?;
+        let mut section = Section::new();
+        let current = load_reservations(dir);
+        if let Some(reserved) = dir.subdir(&[RESERVED_DIR], false).ok().flatten() {
+            section.before_change(&reserved)?;
         }
-    }
-    for key in current.files.keys() {
-        if !want.contains_key(key) && remove_locked(dir, &key.namespace, &key.pod)? {
-            report.removed.push(key.clone());
-        }
-    }
-    for (key, file) in &want {
-        match current.files.get(key) {
-            Some(existing) if existing == *file => {}
-            Some(_) => {
-                write_locked(dir, file)?;
-                report.updated.push(key.clone());
-            }
-            None => {
-                write_locked(dir, file)?;
-                report.created.push(key.clone());
+        // Garbage first, so a directory squatting on a wanted name is gone before the write.
+        for garbage in &current.skipped {
+            if clean_garbage(dir, garbage)? {
+                report.cleaned.push(garbage.clone());
             }
         }
+        for key in current.files.keys() {
+            if !want.contains_key(key)
+                && remove_locked(dir, &key.namespace, &key.pod, &mut section)?
+            {
+                report.removed.push(key.clone());
+            }
+        }
+        remove_empty_namespaces(dir)?;
+        for (key, file) in &want {
+            match current.files.get(key) {
+                Some(existing) if existing == *file => {}
+                Some(_) => {
+                    writes.push(file);
+                    report.updated.push(key.clone());
+                }
+                None => {
+                    writes.push(file);
+                    report.created.push(key.clone());
+                }
+            }
+        }
+        super::index::refresh(dir, &lock)?;
     }
-    remove_empty_namespaces(dir)?;
-    super::index::refresh(dir, &lock)?;
+    for batch in writes.chunks(SYNC_BATCH) {
+        let lock = dir.lock()?;
+        let mut section = Section::new();
+        for file in batch {
+            write_locked(dir, file, &mut section)?;
+        }
+        super::index::refresh(dir, &lock)?;
+    }
     Ok(report)
 }
 

@@ -719,3 +719,43 @@ fn measure_load_cost() {
         println!("host-local ADD (exec'd):                                 {add:>10.1?}");
     }
 }
+
+#[test]
+fn sync_writes_in_batches_and_leaves_a_valid_snapshot() {
+    let s = Scratch::new("batches");
+    let dir = s.net();
+    let desired: Vec<ReservationFile> = (0..150)
+        .map(|i| {
+            file(
+                &format!("ns-{}", i % 3),
+                &format!("pod-{i}"),
+                &[&format!("10.2.{}.{}", i / 256, i % 256)],
+                None,
+            )
+        })
+        .collect();
+    let report = sync_reservations(&dir, &desired).unwrap();
+    assert_eq!(report.created.len(), 150);
+    let generation = |s: &Scratch| -> u64 {
+        std::fs::read_to_string(s.reserved().join(".generation"))
+            .unwrap()
+            .trim_end()
+            .parse()
+            .unwrap()
+    };
+    let after_sync = generation(&s);
+    // One bump for the planning section (none: `reserved/` did not exist yet) and one per batch.
+    assert_eq!(after_sync, 3, "150 files in batches of 64");
+    {
+        let lock = dir.lock().unwrap();
+        let (snapshot, source) = load_reservations_cached(&dir, &lock);
+        assert_eq!((snapshot.len(), source), (150, Source::Index));
+        assert_snapshot_matches(&snapshot, &load_reservations(&dir));
+    }
+    write_reservation(&dir, &file("ns-0", "pod-0", &["10.2.9.9"], None)).unwrap();
+    assert_eq!(generation(&s), after_sync + 1);
+    assert!(!remove_reservation(&dir, "ns-0", "absent").unwrap());
+    assert_eq!(generation(&s), after_sync + 1, "no change, no bump");
+    assert!(remove_reservation(&dir, "ns-0", "pod-0").unwrap());
+    assert_eq!(generation(&s), after_sync + 2);
+}
