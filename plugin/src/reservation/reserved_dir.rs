@@ -31,9 +31,17 @@ pub enum ReservedDirError {
     /// A file system step failed.
     #[error(transparent)]
     Io(#[from] NetDirError),
-    /// The names to remove are not a valid namespace/pod.
-    #[error("failed to remove reservation: {0}")]
+    /// The names to look up or remove are not a valid namespace/pod.
+    #[error("failed to use reservation name: {0}")]
     InvalidName(SchemaError),
+    /// A reservation file exists but cannot be used.
+    #[error("failed to read reservation {}: {reason}", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: SchemaError,
+    },
 }
 
 /// An entry of `reserved/` that is not a valid reservation, skipped and reported.
@@ -296,9 +304,13 @@ pub fn read_reservation(
     let Some(bytes) = ns_dir.read_file(pod, MAX_FILE_LEN)? else {
         return Ok(None);
     };
-    let file = ReservationFile::from_json(&bytes)?;
+    let unreadable = |reason| ReservedDirError::Unreadable {
+        path: ns_dir.child_path(pod),
+        reason,
+    };
+    let file = ReservationFile::from_json(&bytes).map_err(unreadable)?;
     if file.namespace != namespace || file.pod != pod {
-        return Err(ReservedDirError::Invalid(SchemaError::Json(format!(
+        return Err(unreadable(SchemaError::Json(format!(
             "the file is for pod {}/{} but sits at {namespace}/{pod}",
             file.namespace, file.pod
         ))));
@@ -484,6 +496,9 @@ pub struct SyncReport {
     pub cleaned: Vec<Skipped>,
     /// Desired reservations refused as invalid (never written).
     pub invalid: Vec<String>,
+    /// Steps that failed (garbage that could not be deleted, a file that could not be written
+    /// or removed); the rest of the sync went on.
+    pub failed: Vec<String>,
 }
 
 /// How many files [`sync_reservations`] writes per hold of the lock: each costs two fsyncs, and
@@ -493,7 +508,8 @@ const SYNC_BATCH: usize = 64;
 /// Makes `reserved/` exactly equal to `desired`: deletes garbage (symlinks, directories where
 /// files belong, undecodable files, leftover temporaries), stale files and empty namespace
 /// directories, then writes new and changed files in batches, each batch under one hold of the
-/// network's lock followed by a snapshot refresh.
+/// network's lock followed by a snapshot refresh. A step that fails is reported in
+/// [`SyncReport::failed`] and the others go on; only failing to take the lock is an error.
 pub fn sync_reservations(
     dir: &NetworkDir,
     desired: &[ReservationFile],
@@ -518,18 +534,25 @@ pub fn sync_reservations(
         }
         // Garbage first, so a directory squatting on a wanted name is gone before the write.
         for garbage in &current.skipped {
-            if clean_garbage(dir, garbage)? {
-                report.cleaned.push(garbage.clone());
+            match clean_garbage(dir, garbage) {
+                Ok(true) => report.cleaned.push(garbage.clone()),
+                Ok(false) => {}
+                Err(e) => report.failed.push(e.to_string()),
             }
         }
         for key in current.files.keys() {
-            if !want.contains_key(key)
-                && remove_locked(dir, &key.namespace, &key.pod, &mut section)?
-            {
-                report.removed.push(key.clone());
+            if want.contains_key(key) {
+                continue;
+            }
+            match remove_locked(dir, &key.namespace, &key.pod, &mut section) {
+                Ok(true) => report.removed.push(key.clone()),
+                Ok(false) => {}
+                Err(e) => report.failed.push(e.to_string()),
             }
         }
-        remove_empty_namespaces(dir)?;
+        if let Err(e) = remove_empty_namespaces(dir) {
+            report.failed.push(e.to_string());
+        }
         for (key, file) in &want {
             match current.files.get(key) {
                 Some(existing) if existing == *file => {}
@@ -549,7 +572,12 @@ pub fn sync_reservations(
         let lock = dir.lock()?;
         let mut section = Section::new();
         for file in batch {
-            write_locked(dir, file, &mut section)?;
+            if let Err(e) = write_locked(dir, file, &mut section) {
+                report.failed.push(e.to_string());
+                let key = file.pod_key();
+                report.created.retain(|k| *k != key);
+                report.updated.retain(|k| *k != key);
+            }
         }
         super::index::refresh(dir, &lock)?;
     }

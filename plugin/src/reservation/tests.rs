@@ -759,3 +759,26 @@ fn sync_writes_in_batches_and_leaves_a_valid_snapshot() {
     assert!(remove_reservation(&dir, "ns-0", "pod-0").unwrap());
     assert_eq!(generation(&s), after_sync + 2);
 }
+
+#[test]
+fn sync_reports_what_it_cannot_fix_and_does_the_rest() {
+    use std::os::unix::ffi::OsStrExt;
+    let s = Scratch::new("syncfail");
+    let dir = s.net();
+    // A directory squatting on a wanted name, holding an entry the writer cannot list (its name
+    // is not UTF-8), so it cannot be emptied.
+    let squat = s.reserved().join("db/web-0");
+    std::fs::create_dir_all(&squat).unwrap();
+    std::fs::write(squat.join(std::ffi::OsStr::from_bytes(b"\xff")), b"x").unwrap();
+    let desired = [
+        file("db", "web-0", &["10.1.0.7"], None),
+        file("db", "web-1", &["10.1.0.8"], None),
+    ];
+    let report = sync_reservations(&dir, &desired).unwrap();
+    assert!(!report.failed.is_empty(), "{report:?}");
+    let created: Vec<String> = report.created.iter().map(ToString::to_string).collect();
+    assert_eq!(created, ["db/web-1"]);
+    let set = load_reservations(&dir);
+    assert_eq!(set.len(), 1);
+    assert!(set.get("db", "web-1").is_some());
+}
