@@ -54,7 +54,8 @@ pub mod wait;
 
 pub use decision::{
     ActiveReservations, DEFAULT_GRACE, Decision, DecisionInput, Holder, MarkerAction, Note,
-    Outcome, RangeSetPlan, RangeSetView, ReservationLookup, RetryLater, WaitMarker, decide,
+    Outcome, RangeSetPlan, RangeSetView, ReservationLookup, RetryLater, TRY_AGAIN_LATER_CODE,
+    WaitMarker, decide,
 };
 pub use index::{ReservationSnapshot, SnapshotLookup, Source, load_reservations_cached};
 pub use reserved_dir::{

@@ -16,6 +16,9 @@ use super::timestamp::Timestamp;
 /// never comes delays the pod only by a couple of kubelet retries.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(120);
 
+/// The CNI error code of [`Outcome::RetryLater`] ("try again later", CNI spec 0.4.0+).
+pub const TRY_AGAIN_LATER_CODE: u32 = 11;
+
 /// What the decision needs to know about a configured range set.
 pub trait RangeSetView {
     /// Whether `ip` lies inside one of the set's ranges.

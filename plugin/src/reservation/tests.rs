@@ -782,3 +782,97 @@ fn sync_reports_what_it_cannot_fix_and_does_the_rest() {
     assert_eq!(set.len(), 1);
     assert!(set.get("db", "web-1").is_some());
 }
+
+/// The integration recipe, end to end on real files: what an ADD will do with these pieces.
+#[test]
+fn add_flow_on_real_files() {
+    struct Subnet24([u8; 3]);
+    impl RangeSetView for Subnet24 {
+        fn contains(&self, ip: IpAddr) -> bool {
+            matches!(ip, IpAddr::V4(v4) if v4.octets()[..3] == self.0)
+        }
+    }
+    let s = Scratch::new("addflow");
+    let dir = s.net();
+    write_reservation(&dir, &file("db", "web-0", &["10.1.0.7"], None)).unwrap();
+    write_reservation(
+        &dir,
+        &file("db", "web-1", &["10.1.0.2"], Some(1_795_262_460)),
+    )
+    .unwrap();
+    // The old sandbox of db/web-0 still holds 10.1.0.7 (its DEL has not run yet).
+    std::fs::write(s.0.join("data/net1/10.1.0.7"), b"old-sandbox\r\neth0").unwrap();
+
+    let sets = [Subnet24([10, 1, 0])];
+    let me = PodKey::new("db", "web-0").unwrap();
+    let holder = |ip: IpAddr| match std::fs::read(s.0.join(format!("data/net1/{ip}"))) {
+        Ok(bytes) if bytes.starts_with(b"old-sandbox") => Holder::Container {
+            container_id: "old-sandbox".into(),
+            pod: Some(me.clone()),
+        },
+        Ok(_) => Holder::Foreign,
+        Err(_) => Holder::Free,
+    };
+    let add = |now: Timestamp| {
+        let lock = dir.lock().unwrap();
+        let own = read_reservation(&dir, &me.namespace, &me.pod).unwrap();
+        let (snapshot, _) = load_reservations_cached(&dir, &lock);
+        let lookup = snapshot.lookup(now);
+        let marker = read_wait_marker(&dir, &me);
+        let decision = decide(&DecisionInput {
+            range_sets: &sets,
+            requested: &[],
+            container_id: "new-sandbox",
+            pod: Some(&me),
+            own: own.as_ref(),
+            others: &lookup,
+            holder: &holder,
+            wait_marker: marker.as_ref(),
+            now,
+            grace: DEFAULT_GRACE,
+        });
+        match &decision.marker {
+            MarkerAction::Keep => {}
+            MarkerAction::Write(m) => write_wait_marker(&dir, &me, m).unwrap(),
+            MarkerAction::Remove => remove_wait_marker(&dir, &me).unwrap(),
+        }
+        // Normal allocation walks candidates from .2 and skips other pods' reservations.
+        let first_free = (2..=254u8)
+            .map(|last| IpAddr::from([10, 1, 0, last]))
+            .find(|ip| !lookup.is_blocked(*ip, Some(&me)) && holder(*ip) == Holder::Free);
+        (decision, first_free)
+    };
+
+    let t0 = Timestamp::from_unix_secs(1_795_262_400);
+    let (first, _) = add(t0);
+    assert!(matches!(first.outcome, Outcome::RetryLater(_)), "{first:?}");
+    assert!(
+        read_wait_marker(&dir, &me).is_some(),
+        "the wait is on record"
+    );
+
+    let (within, _) = add(t0.saturating_add(std::time::Duration::from_secs(60)));
+    assert!(matches!(within.outcome, Outcome::RetryLater(ref r) if r.waited.as_secs() == 60));
+
+    let (late, free) = add(t0.saturating_add(std::time::Duration::from_secs(121)));
+    assert_eq!(late.outcome, Outcome::Allocate(vec![RangeSetPlan::Normal]));
+    assert!(matches!(late.notes[..], [Note::GraceExpired { .. }]));
+    // web-1's reservation expired at t0+60s, so .2 is free again.
+    assert_eq!(free, Some(IpAddr::from([10, 1, 0, 2])));
+    let (_, free_earlier) = add(t0);
+    assert_eq!(
+        free_earlier,
+        Some(IpAddr::from([10, 1, 0, 3])),
+        ".2 is web-1's until t0+60s"
+    );
+
+    // The old sandbox's DEL runs: the next ADD gets the reserved address and clears the marker.
+    std::fs::remove_file(s.0.join("data/net1/10.1.0.7")).unwrap();
+    let (back, _) = add(t0.saturating_add(std::time::Duration::from_secs(200)));
+    assert_eq!(
+        back.outcome,
+        Outcome::Allocate(vec![RangeSetPlan::Reserved(IpAddr::from([10, 1, 0, 7]))])
+    );
+    assert_eq!(back.marker, MarkerAction::Remove);
+    assert_eq!(read_wait_marker(&dir, &me), None);
+}
