@@ -241,21 +241,52 @@ async fn core_and_events_k8s_io_events() {
     };
     recorder.publish(&event, &p.object_ref(&())).await.unwrap();
     let events: Api<EventsV1Event> = Api::namespaced(client.clone(), "default");
-    let first = events.list(&ListParams::default()).await.unwrap().items;
-    assert_eq!(first.len(), 1, "one events.k8s.io event: {first:?}");
-    assert_eq!(first[0].reason.as_deref(), Some("Reserved"));
+    let reserved = |items: Vec<EventsV1Event>| -> Vec<EventsV1Event> {
+        items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("Reserved"))
+            .collect()
+    };
+    let first = reserved(events.list(&ListParams::default()).await.unwrap().items);
+    assert_eq!(first.len(), 1, "one recorded event: {first:?}");
+    assert_eq!(first[0].note.as_deref(), Some("10.244.1.17 kept for web-0"));
     assert_eq!(
         first[0].regarding.as_ref().unwrap().name.as_deref(),
         Some("web-0")
     );
     // A repeat within the recorder's cache window is a merge patch that adds a series.
     recorder.publish(&event, &p.object_ref(&())).await.unwrap();
-    let second = events.list(&ListParams::default()).await.unwrap().items;
+    let second = reserved(events.list(&ListParams::default()).await.unwrap().items);
     assert_eq!(second.len(), 1);
     assert_eq!(second[0].series.as_ref().map(|s| s.count), Some(2));
-    // Both API groups serve the same stored events, as kube-apiserver does.
+
+    // Both API groups serve the same stored events, converted, as kube-apiserver does: what
+    // kube's Recorder publishes is what `kubectl get events` / `describe pod` read (core/v1).
     let as_core = core.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(as_core.len(), 2, "core/v1 sees both events: {as_core:?}");
+    let recorded = as_core
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("Reserved"))
+        .expect("the recorded event through core/v1");
+    assert_eq!(
+        recorded.message.as_deref(),
+        Some("10.244.1.17 kept for web-0")
+    );
+    assert_eq!(recorded.involved_object.name.as_deref(), Some("web-0"));
+    assert_eq!(recorded.type_.as_deref(), Some("Normal"));
+    let as_new = events.list(&ListParams::default()).await.unwrap().items;
+    let converted = as_new
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("BadAnnotation"))
+        .expect("the core event through events.k8s.io/v1");
+    assert_eq!(
+        converted.note.as_deref(),
+        Some("ipkeep.dev/retain-for: not a duration")
+    );
+    assert_eq!(
+        converted.regarding.as_ref().and_then(|r| r.name.as_deref()),
+        Some("web-0")
+    );
     server.shutdown().await;
 }
 
