@@ -827,6 +827,10 @@ pub enum Out {
     Obj(Vec<(&'static str, Out)>),
     /// An array.
     Arr(Vec<Out>),
+    /// An unsigned number.
+    Num(u64),
+    /// `null`.
+    Null,
 }
 
 /// Go's `json.MarshalIndent(v, "", "    ")`: no trailing newline.
@@ -854,6 +858,10 @@ fn newline(s: &mut String, level: usize) {
 fn write_value(s: &mut String, v: &Out, indent: Option<usize>) {
     match v {
         Out::Str(text) => write_string(s, text),
+        Out::Num(n) => {
+            let _ = write!(s, "{n}");
+        }
+        Out::Null => s.push_str("null"),
         Out::Arr(items) if items.is_empty() => s.push_str("[]"),
         Out::Obj(members) if members.is_empty() => s.push_str("{}"),
         Out::Arr(items) => {

@@ -2,12 +2,18 @@
 //! that come back under the same namespace/name the addresses they had.
 
 pub mod addr;
+pub mod allocator;
 pub mod candidates;
 pub mod cni_args;
+pub mod commands;
 pub mod config;
+pub mod disk_store;
 pub mod gojson;
 pub mod netdir;
 pub mod range;
 pub mod reservation;
 pub mod resolv;
+pub mod result;
+pub mod skel;
+pub mod store;
 pub mod version;

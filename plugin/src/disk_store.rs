@@ -1,0 +1,823 @@
+//! The disk store: host-local's files, byte for byte, plus a rebuildable index so that ADD, DEL
+//! and CHECK cost O(1) in the number of allocations.
+//!
+//! # Files (contract 3)
+//! `<net>/<ip>` holds `<containerID>\r\n<ifname>` (legacy host-local files hold `<containerID>`),
+//! `<net>/last_reserved_ip.<N>` the round-robin cursor, `<net>/lock` the `flock`. Only regular
+//! files directly in `<net>/` whose name is the canonical text of an address are allocations;
+//! anything else at an address's name (a directory, a symlink, a FIFO) still blocks that address,
+//! because the exclusive create fails on it, but is never read, followed or deleted.
+//!
+//! IP files are created atomically and exclusively: written and fsync'd as a temporary in
+//! `<net>/.ipkeep/tmp/`, then hard-linked to `<net>/<ip>` (`EEXIST` = taken), so a reader never
+//! sees a half-written file. IP files and `last_reserved_ip.*` are created with mode 0600 (as
+//! upstream host-local ≥ v1.4.0; Debian's 1.1.1 writes 0644).
+//!
+//! # The index (`<net>/.ipkeep/`, ipkeep's private directory; host-local ignores it)
+//! * `containers/<containerID>` — JSON: the container's (ip, ifname, pod) records. Written
+//!   temp+rename without fsync: it is a cache, rebuilt from the IP files whenever in doubt.
+//!   Container IDs longer than 200 bytes are stored under `~<fnv64 of the id>`.
+//! * `stamp` — the network directory's (dev, ino, mtime ns, ctime ns) as seen right after
+//!   ipkeep's last change. Every command (under the lock) compares it with the directory: when
+//!   they differ, someone else (host-local, a human) changed `<net>/`, and the whole index is
+//!   rebuilt from the IP files (one O(n) scan that keeps the pod of records still matching their
+//!   file). Before its first change a command deletes the stamp and writes a new one only after
+//!   its last change, so a process killed at any instant leaves no stamp and the next command
+//!   rebuilds. Index records are always verified against the IP file before they are acted on.
+//!
+//! Residual risk: the directory's timestamps are only as fine as the kernel makes them. Linux
+//! ≥ 6.13 gives a fine-grained ("multigrain") timestamp to a change that follows a `stat`, which
+//! ipkeep always does right after its own last change, so a foreign change is always seen. On
+//! older kernels (or file systems without multigrain support) a foreign change landing in the
+//! same timestamp tick (1–10 ms) as ipkeep's last change, and adding no directory entry that
+//! changes the inode, goes unnoticed until the next foreign change: ipkeep's DEL/CHECK would then
+//! not see that one foreign allocation (the address itself stays blocked: allocation never relies
+//! on the index).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::SystemTime;
+
+use crate::netdir::{EntryKind, NetDirError, NetworkDir, NetworkLock, SubDir, TEMP_PREFIX};
+use crate::store::{LegacyRelease, Owner, PodRef, Store, StoreError, is_valid_container_id};
+
+/// ipkeep's private directory inside `<net>/`.
+pub const PRIVATE_DIR: &str = ".ipkeep";
+const TMP_DIR: &str = "tmp";
+const CONTAINERS_DIR: &str = "containers";
+const STAMP: &str = "stamp";
+const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
+/// IP files are tiny; anything larger is garbage and never matches.
+const MAX_IP_FILE: usize = 4096;
+const MAX_INDEX_FILE: usize = 1 << 20;
+/// Mode of IP files and `last_reserved_ip.*` (see module docs).
+const FILE_MODE: u32 = 0o600;
+
+/// One index record: an address a container holds and who it belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IndexEntry {
+    /// The address.
+    pub ip: IpAddr,
+    /// The interface (`None` for a legacy id-only file).
+    pub ifname: Option<String>,
+    /// The pod, when the allocating ADD said (`None` for files known only from host-local).
+    pub pod: Option<PodRef>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct IndexFile {
+    #[serde(rename = "containerID")]
+    container_id: String,
+    attachments: Vec<IndexEntry>,
+}
+
+/// One allocation found by a full scan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScannedFile {
+    /// The address (the file's name).
+    pub ip: IpAddr,
+    /// Its owner; `None` for content no container can match (garbage, unreadable).
+    pub owner: Option<Owner>,
+}
+
+fn index_key(container_id: &str) -> String {
+    if container_id.len() <= 200 {
+        return container_id.to_owned();
+    }
+    // FNV-1a: a stable short name for absurdly long IDs; the file records the full ID.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in container_id.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("~{h:016x}")
+}
+
+fn stamp_text(s: &crate::netdir::FileStamp) -> String {
+    format!(
+        "ipkeep-stamp 1 {} {} {} {}\n",
+        s.dev, s.ino, s.mtime_ns, s.ctime_ns
+    )
+}
+
+/// Go's `log` timestamp (`2006/01/02 15:04:05`), in UTC.
+pub fn go_log_time(now: SystemTime) -> String {
+    let secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}/{month:02}/{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// Opens (creating it if needed) one of ipkeep's private directories; something that is not a
+/// directory at that name (a planted symlink, a file) is removed, never followed.
+fn private_dir(parent: &crate::netdir::DirFd, name: &str) -> Result<SubDir, NetDirError> {
+    match parent.subdir(&[name], true) {
+        Ok(Some(dir)) => Ok(dir),
+        Ok(None) => Err(NetDirError::NotDirectory {
+            path: parent.child_path(name),
+        }),
+        Err(NetDirError::Symlink { .. } | NetDirError::NotDirectory { .. }) => {
+            parent.remove(name)?;
+            parent
+                .subdir(&[name], true)?
+                .ok_or_else(|| NetDirError::NotDirectory {
+                    path: parent.child_path(name),
+                })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The store of one network, locked for as long as it lives.
+#[derive(Debug)]
+pub struct DiskStore<'a> {
+    net: &'a NetworkDir,
+    _lock: NetworkLock<'a>,
+    meta: SubDir,
+    tmp: SubDir,
+    containers: SubDir,
+    now: SystemTime,
+    log: Vec<String>,
+    /// The stamp has been removed because this command changes things.
+    dirty: bool,
+    /// The index is known to be consistent with the IP files (false after a failed index write).
+    index_ok: bool,
+    /// Whether this command rebuilt the index (for tests and logs).
+    rebuilt: bool,
+}
+
+impl<'a> DiskStore<'a> {
+    /// Locks the network directory and makes sure the index is current (rebuilding it if the
+    /// directory changed behind ipkeep's back).
+    pub fn open(net: &'a NetworkDir, now: SystemTime) -> Result<Self, StoreError> {
+        let lock = net.lock()?;
+        let meta = private_dir(net, PRIVATE_DIR)?;
+        let tmp = private_dir(&meta, TMP_DIR)?;
+        let containers = private_dir(&meta, CONTAINERS_DIR)?;
+        let mut store = Self {
+            net,
+            _lock: lock,
+            meta,
+            tmp,
+            containers,
+            now,
+            log: Vec::new(),
+            dirty: false,
+            index_ok: true,
+            rebuilt: false,
+        };
+        let current = stamp_text(&net.stamp()?);
+        let saved = store.meta.read_file(STAMP, 256).ok().flatten();
+        if saved.as_deref() != Some(current.as_bytes()) {
+            store.rebuild()?;
+        }
+        Ok(store)
+    }
+
+    /// Whether this command had to rebuild the index.
+    pub fn rebuilt(&self) -> bool {
+        self.rebuilt
+    }
+
+    /// Lines for stderr collected so far (Go `log` format).
+    pub fn take_log(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.log)
+    }
+
+    fn mark_dirty(&mut self) -> Result<(), StoreError> {
+        if !self.dirty {
+            self.meta.remove(STAMP)?;
+            self.dirty = true;
+        }
+        Ok(())
+    }
+
+    /// Scans every allocation file and rewrites the index from it (keeping recorded pods).
+    pub fn rebuild(&mut self) -> Result<Vec<ScannedFile>, StoreError> {
+        self.mark_dirty()?;
+        self.rebuilt = true;
+        self.net.remove_stale_temps()?;
+        self.tmp.remove_stale_temps()?;
+        self.containers.remove_stale_temps()?;
+        let scanned = self.scan()?;
+        let mut by_container: BTreeMap<String, Vec<IndexEntry>> = BTreeMap::new();
+        for file in &scanned {
+            if let Some(owner) = &file.owner {
+                by_container
+                    .entry(owner.container_id().to_owned())
+                    .or_default()
+                    .push(IndexEntry {
+                        ip: file.ip,
+                        ifname: owner.ifname().map(str::to_owned),
+                        pod: None,
+                    });
+            }
+        }
+        // Keep the pods of records that still match, and drop index files of vanished containers.
+        let mut existing: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        for entry in self.containers.entries()? {
+            if entry.name.starts_with(TEMP_PREFIX) {
+                continue;
+            }
+            let content = match entry.kind {
+                EntryKind::File => self
+                    .containers
+                    .read_file(&entry.name, MAX_INDEX_FILE)
+                    .ok()
+                    .flatten(),
+                _ => None,
+            };
+            let old = content
+                .as_deref()
+                .and_then(|c| serde_json::from_slice::<IndexFile>(c).ok());
+            let keep = match &old {
+                Some(old)
+                    if index_key(&old.container_id) == entry.name
+                        && by_container.contains_key(&old.container_id) =>
+                {
+                    if let Some(new) = by_container.get_mut(&old.container_id) {
+                        for rec in new.iter_mut() {
+                            rec.pod = old
+                                .attachments
+                                .iter()
+                                .find(|o| o.ip == rec.ip && o.ifname == rec.ifname)
+                                .and_then(|o| o.pod.clone());
+                        }
+                    }
+                    true
+                }
+                _ => false,
+            };
+            if keep {
+                existing.insert(entry.name, content.unwrap_or_default());
+            } else if entry.kind == EntryKind::Dir {
+                self.log.push(format!(
+                    "ipkeep: ignoring unexpected directory {}",
+                    self.containers.child_path(&entry.name).display()
+                ));
+            } else {
+                self.containers.remove(&entry.name)?;
+            }
+        }
+        for (id, entries) in &by_container {
+            let key = index_key(id);
+            let json = serialize_index(id, entries);
+            if existing.get(&key).map(Vec::as_slice) != Some(json.as_bytes()) {
+                self.containers
+                    .write_atomic(&key, json.as_bytes(), FILE_MODE, false)?;
+            }
+        }
+        self.index_ok = true;
+        Ok(scanned)
+    }
+
+    /// Every allocation file directly in `<net>/` (see the module docs for what counts).
+    fn scan(&self) -> Result<Vec<ScannedFile>, StoreError> {
+        let mut out = Vec::new();
+        for entry in self.net.entries()? {
+            if entry.kind != EntryKind::File {
+                continue;
+            }
+            let Some(ip) = crate::addr::parse_ip(&entry.name) else {
+                continue;
+            };
+            if ip.to_string() != entry.name {
+                continue;
+            }
+            let owner = self
+                .net
+                .read_file(&entry.name, MAX_IP_FILE)
+                .ok()
+                .flatten()
+                .as_deref()
+                .and_then(Owner::parse);
+            out.push(ScannedFile { ip, owner });
+        }
+        out.sort_by_key(|f| f.ip.to_string());
+        Ok(out)
+    }
+
+    /// The owner the IP file of `ip` names right now (`None`: absent, not a regular file, garbage).
+    fn owner_of(&self, ip: IpAddr) -> Option<Owner> {
+        self.net
+            .read_file(&ip.to_string(), MAX_IP_FILE)
+            .ok()
+            .flatten()
+            .as_deref()
+            .and_then(Owner::parse)
+    }
+
+    /// The index records of `container_id` (rebuilding the index once if its file is corrupt).
+    pub fn attachments_of(&mut self, container_id: &str) -> Result<Vec<IndexEntry>, StoreError> {
+        if !is_valid_container_id(container_id) {
+            return Ok(Vec::new());
+        }
+        for attempt in 0..2 {
+            let raw = match self
+                .containers
+                .read_file(&index_key(container_id), MAX_INDEX_FILE)
+            {
+                Ok(raw) => raw,
+                Err(_) if attempt == 0 => {
+                    self.containers.remove(&index_key(container_id)).ok();
+                    self.rebuild()?;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let Some(raw) = raw else {
+                return Ok(Vec::new());
+            };
+            match serde_json::from_slice::<IndexFile>(&raw) {
+                Ok(file) if file.container_id == container_id => return Ok(file.attachments),
+                _ if attempt == 0 => {
+                    self.containers.remove(&index_key(container_id))?;
+                    self.rebuild()?;
+                }
+                _ => return Ok(Vec::new()),
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    fn write_index(
+        &mut self,
+        container_id: &str,
+        entries: &[IndexEntry],
+    ) -> Result<(), StoreError> {
+        self.index_ok = false;
+        let key = index_key(container_id);
+        if entries.is_empty() {
+            self.containers.remove(&key)?;
+        } else {
+            self.containers.write_atomic(
+                &key,
+                serialize_index(container_id, entries).as_bytes(),
+                FILE_MODE,
+                false,
+            )?;
+        }
+        self.index_ok = true;
+        Ok(())
+    }
+
+    /// GC: frees every allocation whose owner is not `valid(owner)` (garbage files are left
+    /// alone: they belong to nobody ipkeep can name) and not `protected(ip)`; returns what it freed.
+    pub fn collect_garbage(
+        &mut self,
+        valid: &dyn Fn(&Owner) -> bool,
+        protected: &dyn Fn(IpAddr) -> bool,
+    ) -> Result<Vec<IpAddr>, StoreError> {
+        let scanned = self.rebuild()?;
+        let mut freed = Vec::new();
+        for file in scanned {
+            let Some(owner) = file.owner else { continue };
+            if valid(&owner) || protected(file.ip) {
+                continue;
+            }
+            if self.net.remove(&file.ip.to_string())? {
+                freed.push(file.ip);
+            }
+        }
+        if !freed.is_empty() {
+            self.rebuild()?;
+        }
+        Ok(freed)
+    }
+
+    /// Writes the stamp if this command changed anything and the index is consistent.
+    fn seal(&mut self) -> Result<(), StoreError> {
+        if self.dirty && self.index_ok {
+            let stamp = stamp_text(&self.net.stamp()?);
+            self.meta
+                .write_atomic(STAMP, stamp.as_bytes(), FILE_MODE, false)?;
+            self.dirty = false;
+        }
+        Ok(())
+    }
+
+    /// Ends the command: seals the index; returns the log lines.
+    pub fn finish(mut self) -> Vec<String> {
+        if let Err(e) = self.seal() {
+            self.log
+                .push(format!("ipkeep: failed to record the index stamp: {e}"));
+        }
+        self.take_log()
+    }
+
+    fn last_reserved_name(range_id: usize) -> String {
+        format!("{LAST_RESERVED_PREFIX}{range_id}")
+    }
+}
+
+impl Drop for DiskStore<'_> {
+    fn drop(&mut self) {
+        let _ = self.seal();
+    }
+}
+
+fn serialize_index(container_id: &str, entries: &[IndexEntry]) -> String {
+    let file = IndexFile {
+        container_id: container_id.to_owned(),
+        attachments: entries.to_vec(),
+    };
+    serde_json::to_string(&file).unwrap_or_default()
+}
+
+impl Store for DiskStore<'_> {
+    fn reserve(
+        &mut self,
+        ip: IpAddr,
+        id: &str,
+        ifname: &str,
+        range_id: usize,
+        pod: Option<&PodRef>,
+    ) -> Result<bool, StoreError> {
+        if !is_valid_container_id(id) {
+            return Err(StoreError::Message(format!(
+                "invalid characters in containerID {id:?}"
+            )));
+        }
+        crate::netdir::check_name(ifname)?;
+        self.mark_dirty()?;
+        let name = ip.to_string();
+        if !self.tmp.create_exclusive_in(
+            self.net,
+            &name,
+            Owner::content(id, ifname).as_bytes(),
+            FILE_MODE,
+        )? {
+            return Ok(false);
+        }
+        let last = Self::last_reserved_name(range_id);
+        if let Err(e) = self
+            .net
+            .write_atomic(&last, name.as_bytes(), FILE_MODE, false)
+        {
+            // Unlike host-local (which leaves the address allocated), undo the reservation.
+            let _ = self.net.remove(&name);
+            return Err(match e {
+                NetDirError::Io { errno, .. } => StoreError::Message(format!(
+                    "open {}: {}",
+                    self.net.child_path(&last).display(),
+                    crate::netdir::go_errno_text(errno)
+                )),
+                other => other.into(),
+            });
+        }
+        let mut entries = self.attachments_of(id)?;
+        entries.retain(|e| e.ip != ip);
+        entries.push(IndexEntry {
+            ip,
+            ifname: Some(ifname.to_owned()),
+            pod: pod.cloned(),
+        });
+        self.write_index(id, &entries)?;
+        Ok(true)
+    }
+
+    fn release(&mut self, ip: IpAddr, id: &str, ifname: &str) -> Result<bool, StoreError> {
+        if !self
+            .owner_of(ip)
+            .is_some_and(|o| o.is_attachment(id, ifname))
+        {
+            return Ok(false);
+        }
+        self.mark_dirty()?;
+        let removed = self.net.remove(&ip.to_string())?;
+        let mut entries = self.attachments_of(id)?;
+        entries.retain(|e| e.ip != ip);
+        self.write_index(id, &entries)?;
+        Ok(removed)
+    }
+
+    fn release_by_id(
+        &mut self,
+        id: &str,
+        ifname: &str,
+        legacy: LegacyRelease,
+    ) -> Result<Vec<IpAddr>, StoreError> {
+        let entries = self.attachments_of(id)?;
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let verified: Vec<(IpAddr, Option<Owner>)> = entries
+            .iter()
+            .map(|e| (e.ip, self.owner_of(e.ip)))
+            .collect();
+        let mut to_free: Vec<IpAddr> = verified
+            .iter()
+            .filter(|(_, o)| o.as_ref().is_some_and(|o| o.is_attachment(id, ifname)))
+            .map(|(ip, _)| *ip)
+            .collect();
+        if to_free.is_empty() || legacy == LegacyRelease::Always {
+            to_free.extend(
+                verified
+                    .iter()
+                    .filter(|(_, o)| o.as_ref().is_some_and(|o| o.is_legacy_of(id)))
+                    .map(|(ip, _)| *ip),
+            );
+        }
+        self.mark_dirty()?;
+        let mut freed = Vec::new();
+        for ip in &to_free {
+            if self.net.remove(&ip.to_string())? {
+                freed.push(*ip);
+            }
+        }
+        // Keep only records that still describe a file of this container.
+        let remaining: Vec<IndexEntry> = entries
+            .into_iter()
+            .zip(verified)
+            .filter(|(e, (_, owner))| {
+                !to_free.contains(&e.ip)
+                    && owner.as_ref().is_some_and(|o| {
+                        o.container_id() == id && o.ifname() == e.ifname.as_deref()
+                    })
+            })
+            .map(|(e, _)| e)
+            .collect();
+        self.write_index(id, &remaining)?;
+        Ok(freed)
+    }
+
+    fn get_by_id(&mut self, id: &str, ifname: &str) -> Result<Vec<IpAddr>, StoreError> {
+        let mut ips: Vec<IpAddr> = self
+            .attachments_of(id)?
+            .iter()
+            .filter(|e| {
+                self.owner_of(e.ip)
+                    .is_some_and(|o| o.is_attachment(id, ifname) || o.is_legacy_of(id))
+            })
+            .map(|e| e.ip)
+            .collect();
+        ips.sort_by_key(|ip| ip.to_string());
+        Ok(ips)
+    }
+
+    fn find_by_id(&mut self, id: &str, ifname: &str) -> Result<bool, StoreError> {
+        Ok(!self.get_by_id(id, ifname)?.is_empty())
+    }
+
+    fn last_reserved_ip(&mut self, range_id: usize) -> Option<IpAddr> {
+        let name = Self::last_reserved_name(range_id);
+        match self.net.read_file(&name, 256) {
+            // Used verbatim, like host-local: "10.1.0.5\n" does not parse and counts as none.
+            Ok(Some(bytes)) => std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(crate::addr::parse_ip),
+            Ok(None) => None,
+            Err(e) => {
+                let text = match (&e, self.net.stat(&name)) {
+                    (NetDirError::NotRegular { path }, Ok(Some(st)))
+                        if st.kind == EntryKind::Dir =>
+                    {
+                        format!("read {}: is a directory", path.display())
+                    }
+                    _ => e.to_string(),
+                };
+                self.log.push(format!(
+                    "{} Error retrieving last reserved ip: {text}",
+                    go_log_time(self.now)
+                ));
+                None
+            }
+        }
+    }
+
+    fn is_free(&mut self, ip: IpAddr) -> Result<bool, StoreError> {
+        Ok(self.net.stat(&ip.to_string())?.is_none())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    struct Scratch(PathBuf);
+    impl Scratch {
+        fn new(tag: &str) -> Self {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static N: AtomicU32 = AtomicU32::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "ipkeep-store-{tag}-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            Self(p)
+        }
+    }
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        crate::addr::parse_ip(s).unwrap()
+    }
+
+    #[test]
+    fn log_time_format() {
+        let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        assert_eq!(go_log_time(t), "2023/11/14 22:13:20");
+        assert_eq!(go_log_time(SystemTime::UNIX_EPOCH), "1970/01/01 00:00:00");
+    }
+
+    #[test]
+    fn reserve_release_and_index_round_trip() {
+        let s = Scratch::new("rt");
+        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let pod = PodRef {
+            namespace: "ns".into(),
+            name: "p".into(),
+        };
+        {
+            let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
+            assert!(st.rebuilt(), "first open builds the index");
+            assert!(
+                st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, Some(&pod))
+                    .unwrap()
+            );
+            assert!(!st.reserve(ip("10.1.0.2"), "c2", "eth0", 0, None).unwrap());
+            st.finish();
+        }
+        assert_eq!(
+            std::fs::read(s.0.join("net1/10.1.0.2")).unwrap(),
+            b"c1\r\neth0"
+        );
+        assert_eq!(
+            std::fs::read(s.0.join("net1/last_reserved_ip.0")).unwrap(),
+            b"10.1.0.2"
+        );
+        let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
+        assert!(!st.rebuilt(), "the stamp matches: no rescan");
+        assert_eq!(st.attachments_of("c1").unwrap()[0].pod, Some(pod.clone()));
+        assert_eq!(st.get_by_id("c1", "eth0").unwrap(), vec![ip("10.1.0.2")]);
+        assert_eq!(st.last_reserved_ip(0), Some(ip("10.1.0.2")));
+        assert_eq!(
+            st.release_by_id("c1", "eth0", LegacyRelease::IfNoneMatched)
+                .unwrap(),
+            vec![ip("10.1.0.2")]
+        );
+        assert!(!st.find_by_id("c1", "eth0").unwrap());
+        st.finish();
+        assert!(!s.0.join("net1/10.1.0.2").exists());
+        assert!(!s.0.join("net1/.ipkeep/containers/c1").exists());
+    }
+
+    #[test]
+    fn foreign_changes_trigger_a_rebuild_that_keeps_pods() {
+        let s = Scratch::new("foreign");
+        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let pod = PodRef {
+            namespace: "ns".into(),
+            name: "p".into(),
+        };
+        {
+            let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
+            st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, Some(&pod))
+                .unwrap();
+            st.finish();
+        }
+        // host-local (or a human) adds files behind our back, including a legacy one and garbage.
+        std::fs::write(s.0.join("net1/10.1.0.3"), b"c2\r\neth0").unwrap();
+        std::fs::write(s.0.join("net1/10.1.0.4"), b"c3").unwrap();
+        std::fs::write(s.0.join("net1/10.1.0.5"), b"\xff garbage").unwrap();
+        std::fs::create_dir(s.0.join("net1/10.1.0.6")).unwrap();
+        let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
+        assert!(st.rebuilt());
+        assert_eq!(
+            st.attachments_of("c1").unwrap()[0].pod,
+            Some(pod),
+            "pod survives the rebuild"
+        );
+        assert_eq!(st.get_by_id("c2", "eth0").unwrap(), vec![ip("10.1.0.3")]);
+        assert_eq!(
+            st.get_by_id("c3", "eth9").unwrap(),
+            vec![ip("10.1.0.4")],
+            "legacy files match any ifname"
+        );
+        assert!(
+            !st.is_free(ip("10.1.0.6")).unwrap(),
+            "a directory blocks its address"
+        );
+        assert!(!st.reserve(ip("10.1.0.6"), "c9", "eth0", 0, None).unwrap());
+        st.finish();
+    }
+
+    #[test]
+    fn stale_index_entries_are_verified() {
+        let s = Scratch::new("stale");
+        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        {
+            let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
+            st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, None).unwrap();
+            st.finish();
+        }
+        // Rewriting a file in place does not change the directory: the index is stale.
+        std::fs::write(s.0.join("net1/10.1.0.2"), b"c2\r\neth0").unwrap();
+        let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
+        assert!(
+            st.release_by_id("c1", "eth0", LegacyRelease::Always)
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            s.0.join("net1/10.1.0.2").exists(),
+            "another container's file is never removed"
+        );
+        st.finish();
+    }
+
+    #[test]
+    fn missing_stamp_means_rebuild() {
+        let s = Scratch::new("crash");
+        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        {
+            let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
+            st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, None).unwrap();
+            st.finish();
+        }
+        // What a kill between the IP file and the index leaves: no index record and no stamp
+        // (the stamp is deleted before the first change and written after the last).
+        std::fs::remove_file(s.0.join("net1/.ipkeep/containers/c1")).unwrap();
+        std::fs::remove_file(s.0.join("net1/.ipkeep/stamp")).unwrap();
+        let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
+        assert!(st.rebuilt());
+        assert_eq!(st.get_by_id("c1", "eth0").unwrap(), vec![ip("10.1.0.2")]);
+    }
+
+    #[test]
+    fn planted_symlink_at_private_dir_is_replaced() {
+        let s = Scratch::new("sympriv");
+        std::fs::create_dir_all(s.0.join("net1")).unwrap();
+        std::fs::create_dir(s.0.join("outside")).unwrap();
+        std::os::unix::fs::symlink(s.0.join("outside"), s.0.join("net1/.ipkeep")).unwrap();
+        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
+        st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, None).unwrap();
+        st.finish();
+        assert!(
+            std::fs::read_dir(s.0.join("outside"))
+                .unwrap()
+                .next()
+                .is_none(),
+            "nothing written through the link"
+        );
+        assert!(s.0.join("net1/.ipkeep").is_dir());
+    }
+
+    #[test]
+    fn last_reserved_directory_is_logged() {
+        let s = Scratch::new("lastdir");
+        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        std::fs::create_dir(s.0.join("net1/last_reserved_ip.0")).unwrap();
+        let mut st = DiskStore::open(&net, SystemTime::UNIX_EPOCH).unwrap();
+        assert_eq!(st.last_reserved_ip(0), None);
+        let log = st.take_log();
+        assert_eq!(
+            log,
+            vec![format!(
+                "1970/01/01 00:00:00 Error retrieving last reserved ip: read {}/net1/last_reserved_ip.0: is a directory",
+                s.0.display()
+            )]
+        );
+        let err = st
+            .reserve(ip("10.1.0.2"), "c1", "eth0", 0, None)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "open {}/net1/last_reserved_ip.0: is a directory",
+                s.0.display()
+            )
+        );
+        assert!(
+            !s.0.join("net1/10.1.0.2").exists(),
+            "the failed reservation is undone"
+        );
+    }
+}
