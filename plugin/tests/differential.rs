@@ -1306,7 +1306,6 @@ fn oracle_agrees_with_itself() {
 
 /// ipkeep against host-local: identical except for the deliberate differences.
 #[test]
-#[ignore = "plugin/src does not implement the CNI commands yet (main.rs is a stub); run with --ignored"]
 fn ipkeep_agrees_with_host_local() {
     run_suite(Subject::Ipkeep);
 }
