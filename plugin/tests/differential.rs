@@ -852,7 +852,9 @@ fn plant(scratch: &Scratch, seed: &Seed) -> String {
     rel.to_owned()
 }
 
-fn run_case(case: &Case, binary: &Path, side: &str) -> Run {
+/// Runs `case` in a fresh scratch directory: its steps with `binary`, except the steps marked
+/// `by_host_local`, which run `oracle`.
+fn run_case(case: &Case, oracle: &Path, binary: &Path, side: &str) -> Run {
     let scratch = Scratch::new(side);
     let mut steps = Vec::new();
     let mut seeded = BTreeSet::new();
@@ -877,7 +879,7 @@ fn run_case(case: &Case, binary: &Path, side: &str) -> Run {
         if let Ok(text) = std::str::from_utf8(&call.stdin) {
             call.stdin = scratch.fill(text).into_bytes();
         }
-        let out = call.run(binary);
+        let out = call.run(if step.by_host_local { oracle } else { binary });
         steps.push(Outcome {
             code: out.code,
             stdout: scratch.hide(&out.stdout_str()),
@@ -1093,7 +1095,9 @@ fn compare_step(step: &Step, h: &Outcome, s: &Outcome) -> Vec<&'static str> {
 }
 
 /// Compares the files left behind, except `skip`ped paths. Returns one line per difference.
-fn compare_trees(h: &Run, s: &Run, subject: Subject, skip: &[&str]) -> Vec<String> {
+/// `mixed`: some steps ran host-local on ipkeep's side too, so an allocation file may be
+/// host-local's (0644) there as well.
+fn compare_trees(h: &Run, s: &Run, subject: Subject, skip: &[&str], mixed: bool) -> Vec<String> {
     let mut diffs = Vec::new();
     let paths: BTreeSet<&String> = h.tree.keys().chain(s.tree.keys()).collect();
     for path in paths {
@@ -1114,13 +1118,13 @@ fn compare_trees(h: &Run, s: &Run, subject: Subject, skip: &[&str]) -> Vec<Strin
             ) if hc == sc
                 && subject == Subject::Ipkeep
                 && is_allocation_file(path)
-                && (hm != sm || !h.seeded.contains(path.as_str())) =>
+                && (hm != sm || !(mixed || h.seeded.contains(path.as_str()))) =>
             {
                 // A file the plugin wrote, or rewrote (host-local truncates a planted
                 // last_reserved_ip.N in place, keeping its 0644; ipkeep replaces it). A planted
                 // file that neither side touched keeps its 0644 on both sides.
                 if let Err(e) = mode_rule()(path, *hm, *sm) {
-                    diffs.push(format!("file {path}: {e}"));
+                    diffs.push(format!("file {e}"));
                 }
                 continue;
             }
@@ -1186,7 +1190,8 @@ fn judge(case: &Case, h: &Run, s: &Run, subject: Subject) -> Verdict {
             ));
         }
     }
-    for line in compare_trees(h, s, subject, skip_paths) {
+    let mixed = case.steps.iter().any(|step| step.by_host_local);
+    for line in compare_trees(h, s, subject, skip_paths, mixed) {
         let _ = writeln!(report, "  {line}");
     }
     if let (Some(check), Some(row)) = (check, row)
@@ -1262,8 +1267,8 @@ fn run_suite(subject: Subject) {
     let verbose = std::env::var_os("IPKEEP_DIFF_DUMP").is_some();
     let (mut agree, mut deliberate, mut mismatches) = (0, 0, Vec::new());
     for case in &selected {
-        let h = run_case(case, &oracle, "host-local");
-        let s = run_case(case, &binary, subject.label());
+        let h = run_case(case, &oracle, &oracle, "host-local");
+        let s = run_case(case, &oracle, &binary, subject.label());
         if verbose {
             dump(case, &h, &s, subject);
         }
@@ -1348,4 +1353,87 @@ fn suite_is_complete() {
         );
     }
     assert!(versions.contains(&None), "no case leaves cniVersion out");
+}
+
+/// The comparison itself: each kind of difference the suite promises to catch is caught.
+#[test]
+fn comparison_catches_each_kind_of_difference() {
+    let out = |code, stdout: &str, stderr: &str| Outcome {
+        code: Some(code),
+        stdout: stdout.to_owned(),
+        stderr: stderr.to_owned(),
+    };
+    let v100 = cases::all()
+        .into_iter()
+        .flat_map(|c| c.steps)
+        .find(|s| s.cni_version().as_deref() == Some("1.0.0"))
+        .unwrap();
+    let v110 = cases::all()
+        .into_iter()
+        .flat_map(|c| c.steps)
+        .find(|s| s.cni_version().as_deref() == Some("1.1.0"))
+        .unwrap();
+    let reply = "{\n    \"code\": 999,\n    \"msg\": \"x\"\n}";
+    let same_json = "{\"code\":999,\"msg\":\"x\"}";
+    assert!(compare_step(&v100, &out(1, reply, ""), &out(1, reply, "")).is_empty());
+    assert_eq!(
+        compare_step(&v100, &out(1, reply, ""), &out(1, same_json, "")),
+        ["stdout bytes differ (same JSON)"]
+    );
+    assert!(compare_step(&v110, &out(1, reply, ""), &out(1, same_json, "")).is_empty());
+    assert_eq!(
+        compare_step(&v100, &out(1, reply, ""), &out(0, reply, "")),
+        ["exit status differs"]
+    );
+    assert_eq!(
+        compare_step(&v100, &out(0, "", ""), &out(0, "", "log\n")),
+        ["stderr emptiness differs"]
+    );
+    assert_eq!(
+        compare_step(&v100, &out(0, "", ""), &out(0, "x", "")),
+        ["stdout differs"]
+    );
+
+    let file = |mode, content: &str| Node::File {
+        mode,
+        content: content.as_bytes().to_vec(),
+    };
+    let run = |entries: &[(&str, Node)], seeded: &[&str]| Run {
+        steps: Vec::new(),
+        tree: entries
+            .iter()
+            .map(|(p, n)| ((*p).to_owned(), n.clone()))
+            .collect(),
+        seeded: seeded.iter().map(|p| (*p).to_owned()).collect(),
+    };
+    let ip = "data/net1/10.1.0.2";
+    let h = run(&[(ip, file(0o644, "c1\r\neth0"))], &[]);
+    let ok = run(&[(ip, file(0o600, "c1\r\neth0"))], &[]);
+    assert!(compare_trees(&h, &ok, Subject::Ipkeep, &[], false).is_empty());
+    // ipkeep writing 0644 would mean deliberate difference #1 is gone.
+    assert_eq!(compare_trees(&h, &h, Subject::Ipkeep, &[], false).len(), 1);
+    assert!(compare_trees(&h, &h, Subject::Ipkeep, &[], true).is_empty());
+    assert_eq!(compare_trees(&h, &ok, Subject::Oracle, &[], false).len(), 1);
+    let planted = run(&[(ip, file(0o644, "c1"))], &[ip]);
+    assert!(compare_trees(&planted, &planted, Subject::Ipkeep, &[], false).is_empty());
+    let other = run(&[(ip, file(0o600, "c2\r\neth0"))], &[]);
+    assert_eq!(
+        compare_trees(&h, &other, Subject::Ipkeep, &[], false).len(),
+        1
+    );
+    assert_eq!(
+        compare_trees(&h, &run(&[], &[]), Subject::Ipkeep, &[], false).len(),
+        1
+    );
+    assert!(compare_trees(&h, &run(&[], &[]), Subject::Ipkeep, &[ip], false).is_empty());
+    let lock = |mode| run(&[("data/net1/lock", file(mode, ""))], &[]);
+    assert_eq!(
+        compare_trees(&lock(0o750), &lock(0o700), Subject::Ipkeep, &[], false).len(),
+        1
+    );
+
+    // A deliberate difference that disappeared is reported: ipkeep behaving like host-local.
+    let mut host_local = run(&[], &[]);
+    host_local.steps = vec![out(0, "", ""), out(1, reply, ""), out(1, reply, "")];
+    assert!(failure_keeps_prior(&host_local, &host_local).is_err());
 }

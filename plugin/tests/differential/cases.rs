@@ -21,6 +21,9 @@ pub struct Step {
     pub call: CniCall,
     /// Entries created (relative to the scratch directory) before the call runs.
     pub seeds: Vec<Seed>,
+    /// Run by host-local on both sides: ipkeep must then pick up the state host-local left,
+    /// as on a node switching plugins (contract 3).
+    pub by_host_local: bool,
 }
 
 /// A file-system entry planted before a step.
@@ -60,7 +63,13 @@ impl Step {
         Self {
             call,
             seeds: Vec::new(),
+            by_host_local: false,
         }
+    }
+
+    fn by_host_local(mut self) -> Self {
+        self.by_host_local = true;
+        self
     }
 
     fn ifname(mut self, ifname: &str) -> Self {
@@ -1791,6 +1800,86 @@ pub fn all() -> Vec<Case> {
             "c1",
             r#"{"cniVersion":"1.0.0","name":"net1","mtu":1e400,"ipam":{"dataDir":"@DATADIR@","subnet":"10.1.0.0/24","routes":[{"dst":"10.0.0.0/8","mtu":1e400}]}}"#,
         )],
+    );
+    // Switching plugins on a node (contract 3): steps marked `by_host_local()` run host-local on
+    // both sides, so ipkeep has to work from the state host-local left, and the other way round.
+    let hl = |step: Step| step.by_host_local();
+    c(
+        "switch-host-local-to-ipkeep",
+        vec![
+            hl(add("c1", &base)),
+            hl(add("c2", &base)),
+            hl(add("c3", &base).ifname("eth1")),
+            hl(del("c1", &base)),
+            add("c4", &base),
+            check("c2", &base),
+            check("c3", &base).ifname("eth1"),
+            del("c2", &base),
+            check("c2", &base),
+            add("c2", &base),
+            add("c3", &base).ifname("eth1"),
+            del("c3", &base).ifname("eth1"),
+            add("c5", &base),
+        ],
+    );
+    c(
+        "switch-ipkeep-to-host-local",
+        vec![
+            add("c1", &dual).args("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p1"),
+            add("c2", &dual).args("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p2"),
+            del("c1", &dual),
+            hl(add("c3", &dual)),
+            hl(check("c2", &dual)),
+            hl(add("c2", &dual)),
+            hl(del("c2", &dual)),
+            hl(check("c2", &dual)),
+            hl(add("c4", &dual)),
+        ],
+    );
+    c(
+        "switch-interleaved",
+        vec![
+            add("c1", &base),
+            hl(add("c2", &base)),
+            add("c3", &base),
+            hl(del("c1", &base)),
+            check("c1", &base),
+            del("c2", &base),
+            hl(check("c2", &base)),
+            add("c1", &base),
+            hl(add("c1", &base)),
+            add("c2", &base).args("IP=10.1.0.3"),
+            hl(del("c3", &base)),
+            add("c6", &base).args("IP=10.1.0.4"),
+            hl(add("c7", &base).args("IP=10.1.0.5")),
+            del("c7", &base),
+            check("c7", &base),
+        ],
+    );
+    c(
+        "switch-interleaved-two-sets",
+        vec![
+            hl(add("c1", &two30)),
+            add("c2", &two30),
+            hl(del("c1", &two30)),
+            add("c2", &two30),
+            add("c3", &two30),
+            hl(add("c4", &two30)),
+            del("c3", &two30),
+            hl(check("c3", &two30)),
+        ],
+    );
+    c(
+        "switch-legacy-files-then-host-local",
+        vec![
+            check("c1", &base)
+                .ifname("eth3")
+                .file("data/net1/10.1.0.7", b"c1"),
+            add("c2", &base),
+            hl(del("c1", &base)),
+            del("c2", &base),
+            hl(check("c2", &base)),
+        ],
     );
     c(
         "foreign-name-file",
