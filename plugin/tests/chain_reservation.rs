@@ -1,0 +1,442 @@
+//! Reservations through the real CNI chain: Debian's `bridge` plugin delegating IPAM to `ipkeep`
+//! (found through `CNI_PATH`, as a runtime arranges it), network namespaces made with
+//! `ip netns add` standing for a pod's old and new sandboxes, and the reservation written with
+//! the library writer exactly as the node agent writes it.
+//!
+//! What must hold on the pod's real interface: a pod re-created under the same namespace/name
+//! gets exactly its old IPv4 and IPv6 addresses; no other pod ever gets them, not even as the
+//! next round-robin candidate or as the last free address; and when the new sandbox's ADD comes
+//! before the old sandbox's DEL (a force-deleted pod), `bridge` passes ipkeep's CNI error 11
+//! ("try again later") through unchanged, and the ADD succeeds once the old DEL has run.
+//!
+//! Needs root (CI runs as root): without it, or when namespaces cannot be made, these tests FAIL
+//! with a message saying so. The bridge gets no address and no uplink, and the subnets are from
+//! the benchmarking/documentation ranges, so nothing can leave the machine. Namespaces and the
+//! bridge are removed by a drop guard, also when an assertion fails.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+mod system_support;
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use common::{CniCall, CniOutcome};
+use ipkeep_plugin::netdir::NetworkDir;
+use ipkeep_plugin::reservation::{
+    FORMAT_VERSION, ReservationFile, Timestamp, read_reservation, write_reservation,
+};
+use system_support::{Holder, Scratch, allocations, describe, result_ips};
+
+const BRIDGE_PLUGIN: &str = "/usr/lib/cni/bridge";
+const NETWORK: &str = "resvnet";
+/// The pod that owns the reservation in both tests.
+const OWNER: (&str, &str) = ("db", "web-0");
+
+/// Runs `ip` and returns its stdout; panics with its stderr when it fails.
+fn ip(args: &[&str]) -> String {
+    try_ip(args).unwrap_or_else(|stderr| panic!("`ip {}` failed: {stderr}", args.join(" ")))
+}
+
+fn try_ip(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("ip").args(args).output().unwrap_or_else(|e| {
+        panic!("failed to run `ip` (Debian package iproute2, installed by `make deps`): {e}")
+    });
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).unwrap())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// The effective UID, from /proc (no libc call needed).
+fn euid() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    line.split_whitespace().nth(2).unwrap().parse().unwrap()
+}
+
+fn unique() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Namespaces and links a test made; removed on drop, also when an assertion failed.
+#[derive(Debug, Default)]
+struct Cleanup {
+    namespaces: Vec<String>,
+    links: Vec<String>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth ends inside it and with them their peers.
+        for ns in &self.namespaces {
+            let _ = try_ip(&["netns", "del", ns]);
+        }
+        for link in &self.links {
+            let _ = try_ip(&["link", "del", link]);
+        }
+    }
+}
+
+/// One bridge network with ipkeep as its IPAM, and the namespaces (sandboxes) attached to it.
+struct Chain {
+    /// Dropped first: the namespaces and the bridge go before the scratch directory.
+    cleanup: Cleanup,
+    _scratch: Scratch,
+    config: String,
+    cni_dir: PathBuf,
+    data_dir: PathBuf,
+}
+
+impl Chain {
+    /// A fresh bridge (no address, no uplink) whose IPAM is ipkeep with `ranges`.
+    fn new(tag: &str, ranges: serde_json::Value) -> Self {
+        assert!(
+            Path::new(BRIDGE_PLUGIN).exists(),
+            "{BRIDGE_PLUGIN} is missing: run `make deps` (Debian package containernetworking-plugins)"
+        );
+        assert_eq!(
+            euid(),
+            0,
+            "the reservation chain tests must run as root (they create network namespaces and a bridge); CI runs as root"
+        );
+        let mut cleanup = Cleanup::default();
+        let bridge = format!("ikr{}-{}", std::process::id() % 1_000_000, unique());
+        cleanup.links.push(bridge.clone());
+        let scratch = Scratch::new(&format!("chainresv-{tag}"));
+        // CNI_PATH holds only the IPAM plugin, under the name `ipam.type` gives.
+        let cni_dir = scratch.path().join("bin");
+        std::fs::create_dir(&cni_dir).unwrap();
+        std::os::unix::fs::symlink(common::ipkeep(), cni_dir.join("ipkeep")).unwrap();
+        let data_dir = scratch.path().join("data");
+        let config = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": NETWORK,
+            "type": "bridge",
+            "bridge": bridge,
+            "isGateway": false,
+            "ipMasq": false,
+            "ipam": { "type": "ipkeep", "ranges": ranges, "dataDir": data_dir },
+        })
+        .to_string();
+        Self {
+            cleanup,
+            _scratch: scratch,
+            config,
+            cni_dir,
+            data_dir,
+        }
+    }
+
+    /// A fresh, uniquely named network namespace; fails the test when it cannot be made.
+    fn netns(&mut self, tag: &str) -> String {
+        let name = format!("ipkr-{tag}-{}-{}", std::process::id(), unique());
+        // Registered first, so a half-made namespace is still removed.
+        self.cleanup.namespaces.push(name.clone());
+        if let Err(stderr) = try_ip(&["netns", "add", &name]) {
+            panic!(
+                "`ip netns add {name}` failed (the chain tests need root and network namespaces; CI runs as root): {stderr}"
+            );
+        }
+        name
+    }
+
+    fn net_dir(&self) -> PathBuf {
+        self.data_dir.join(NETWORK)
+    }
+
+    /// Runs `bridge` for `command` on the sandbox `container` in `ns`, with the `CNI_ARGS` a
+    /// kubelet passes for pod `namespace/name`.
+    fn bridge(&self, command: &str, container: &str, ns: &str, pod: (&str, &str)) -> CniOutcome {
+        let mut call = CniCall::new(command, container, &self.config).args(&format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={container};K8S_POD_UID=uid-{container}",
+            pod.0, pod.1
+        ));
+        call.netns = Some(format!("/var/run/netns/{ns}"));
+        call.path = Some(self.cni_dir.to_str().unwrap().to_owned());
+        call.run(Path::new(BRIDGE_PLUGIN))
+    }
+
+    /// ADD that must succeed; returns the result's addresses after checking that `eth0` in `ns`
+    /// carries exactly them and that the IP files name `container`.
+    fn add(&self, container: &str, ns: &str, pod: (&str, &str)) -> Vec<(IpAddr, u64)> {
+        let outcome = self.bridge("ADD", container, ns, pod);
+        let result = outcome.ok();
+        let mut expected = result_cidrs(&result);
+        expected.sort();
+        let mut present = addresses_in(ns, "eth0");
+        present.sort();
+        assert_eq!(
+            present, expected,
+            "eth0 in {ns} must carry exactly the addresses of the result {result}"
+        );
+        let files = allocations(&self.net_dir());
+        for (addr, _) in &expected {
+            assert_eq!(
+                files.get(addr),
+                Some(&Holder::attachment(container, "eth0")),
+                "the IP file for {addr} must name {container}"
+            );
+        }
+        expected
+    }
+
+    /// DEL that must succeed and take `eth0` out of `ns`.
+    fn del(&self, container: &str, ns: &str, pod: (&str, &str)) {
+        self.bridge("DEL", container, ns, pod).ok();
+        assert!(
+            try_ip(&["-n", ns, "link", "show", "dev", "eth0"]).is_err(),
+            "eth0 must be gone from {ns} after DEL of {container}"
+        );
+        assert!(
+            allocations(&self.net_dir())
+                .values()
+                .all(|holder| holder.id() != container),
+            "DEL of {container} must remove all its IP files"
+        );
+    }
+
+    /// Writes the owner's reservation with the library writer, as the node agent does.
+    fn reserve(&self, ips: &[IpAddr], release_time: Option<Timestamp>) {
+        let dir = NetworkDir::open(&self.data_dir, NETWORK).unwrap();
+        write_reservation(
+            &dir,
+            &ReservationFile {
+                version: FORMAT_VERSION,
+                namespace: OWNER.0.to_owned(),
+                pod: OWNER.1.to_owned(),
+                ips: ips.to_vec(),
+                release_time,
+                uid: "6f1d2c3b-0a9e-4d8c-8b7a-112233445566".to_owned(),
+                node_name: Some("chain-node".to_owned()),
+            },
+        )
+        .unwrap();
+    }
+
+    /// The owner's reservation as the plugin would read it.
+    fn reservation(&self) -> Option<ReservationFile> {
+        let dir = NetworkDir::open(&self.data_dir, NETWORK).unwrap();
+        read_reservation(&dir, OWNER.0, OWNER.1).unwrap()
+    }
+
+    /// No IP file for a reserved address names a container outside `owner_containers`.
+    fn assert_reserved_untouched(&self, reserved: &[IpAddr], owner_containers: &[&str]) {
+        for (addr, holder) in allocations(&self.net_dir()) {
+            assert!(
+                !reserved.contains(&addr) || owner_containers.contains(&holder.id()),
+                "reserved address {addr} is held by {holder:?}, which is not a sandbox of {}/{}",
+                OWNER.0,
+                OWNER.1
+            );
+        }
+    }
+}
+
+/// The addresses (`local`, prefix length) on `dev` inside `ns`, per `ip -j addr show`.
+fn addresses_in(ns: &str, dev: &str) -> Vec<(IpAddr, u64)> {
+    let json: serde_json::Value =
+        serde_json::from_str(&ip(&["-n", ns, "-j", "addr", "show", "dev", dev])).unwrap();
+    json.as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|link| link["addr_info"].as_array().cloned().unwrap_or_default())
+        .filter(|a| a["scope"] == "global")
+        .map(|a| {
+            (
+                a["local"].as_str().unwrap().parse().unwrap(),
+                a["prefixlen"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// `(address, prefix length)` for every entry of a CNI result.
+fn result_cidrs(result: &serde_json::Value) -> Vec<(IpAddr, u64)> {
+    let ips = result_ips(result);
+    let prefixes = result["ips"].as_array().unwrap().iter().map(|ip| {
+        let cidr = ip["address"].as_str().unwrap();
+        cidr.rsplit_once('/').unwrap().1.parse::<u64>().unwrap()
+    });
+    ips.into_iter().zip(prefixes).collect()
+}
+
+/// Three addresses per family, so that "the reserved address is the next candidate" and "the
+/// reserved address is the last free one" are both a handful of ADDs away.
+fn tiny_dual_stack(third_octet: u8) -> serde_json::Value {
+    let v4 = format!("198.18.{third_octet}");
+    let v6 = format!("2001:db8:{third_octet}:");
+    serde_json::json!([
+        [{ "subnet": format!("{v4}.0/24"), "rangeStart": format!("{v4}.10"), "rangeEnd": format!("{v4}.12") }],
+        [{ "subnet": format!("{v6}:/64"), "rangeStart": format!("{v6}:10"), "rangeEnd": format!("{v6}:12") }],
+    ])
+}
+
+fn addr(text: &str) -> IpAddr {
+    text.parse().unwrap()
+}
+
+/// When the agent marks a reservation released: now plus a retention of a day.
+fn released_now() -> Timestamp {
+    Timestamp::from_system_time(SystemTime::now() + Duration::from_secs(24 * 3600))
+}
+
+#[test]
+fn recreated_pod_gets_its_addresses_back_on_its_new_interface_and_nobody_else_does() {
+    let mut chain = Chain::new("back", tiny_dual_stack(12));
+    let (ns_a, ns_b, ns_c, ns_d, ns_e) = (
+        chain.netns("a"),
+        chain.netns("b"),
+        chain.netns("c"),
+        chain.netns("d"),
+        chain.netns("e"),
+    );
+    let (v4, v6) = (addr("198.18.12.10"), addr("2001:db8:12::10"));
+    let reserved = [v4, v6];
+    let owner_sandboxes = ["web0-old", "web0-new"];
+
+    // The pod's first sandbox gets the first address of each family.
+    let first = chain.add("web0-old", &ns_a, OWNER);
+    assert_eq!(first, vec![(v4, 24), (v6, 64)]);
+    // The agent writes the reservation while the pod is bound, then marks it released.
+    chain.reserve(&reserved, None);
+    chain.reserve(&reserved, Some(released_now()));
+    chain.del("web0-old", &ns_a, OWNER);
+    assert!(
+        chain.reservation().is_some(),
+        "DEL must leave the reservation file alone"
+    );
+
+    // Other pods: the round-robin cursor moves past the reserved addresses.
+    let other = ("db", "other-0");
+    assert_eq!(
+        chain.add("other-c", &ns_c, other),
+        vec![(addr("198.18.12.11"), 24), (addr("2001:db8:12::11"), 64)]
+    );
+    let another = ("db", "another-0");
+    assert_eq!(
+        chain.add("another-d", &ns_d, another),
+        vec![(addr("198.18.12.12"), 24), (addr("2001:db8:12::12"), 64)]
+    );
+    chain.assert_reserved_untouched(&reserved, &owner_sandboxes);
+
+    // Only the reserved addresses are free now: a third pod finds the range full.
+    let third = ("db", "third-0");
+    let full = chain.bridge("ADD", "third-e1", &ns_e, third);
+    let msg = full.err(999);
+    assert_eq!(
+        msg,
+        "failed to allocate for range 0: no IP addresses available in range set: 198.18.12.10-198.18.12.12",
+        "the last free address is reserved, so the range is full for others: {}",
+        describe(&full)
+    );
+    assert!(
+        addresses_in(&ns_e, "eth0").is_empty(),
+        "the failed ADD leaves no address in {ns_e}"
+    );
+    chain.assert_reserved_untouched(&reserved, &owner_sandboxes);
+    // The runtime tears down the failed sandbox.
+    chain.del("third-e1", &ns_e, third);
+
+    // Free .12 again: the cursor stands on .12, so the reserved .10 is the next candidate.
+    chain.del("another-d", &ns_d, another);
+    let cursor = std::fs::read_to_string(chain.net_dir().join("last_reserved_ip.0")).unwrap();
+    assert_eq!(
+        cursor, "198.18.12.12",
+        "premise: the next round-robin candidate is the reserved address"
+    );
+    assert_eq!(
+        chain.add("third-e2", &ns_e, third),
+        vec![(addr("198.18.12.12"), 24), (addr("2001:db8:12::12"), 64)],
+        "the reserved candidate is skipped"
+    );
+    chain.assert_reserved_untouched(&reserved, &owner_sandboxes);
+
+    // The pod returns in a new sandbox (new container ID, new namespace): exactly its addresses.
+    let back = chain.add("web0-new", &ns_b, OWNER);
+    assert_eq!(
+        back,
+        vec![(v4, 24), (v6, 64)],
+        "the re-created pod must get exactly its old addresses"
+    );
+
+    for (container, ns, pod) in [
+        ("web0-new", &ns_b, OWNER),
+        ("other-c", &ns_c, other),
+        ("third-e2", &ns_e, third),
+    ] {
+        chain.del(container, ns, pod);
+    }
+    assert!(
+        allocations(&chain.net_dir()).is_empty(),
+        "DEL of every sandbox leaves no allocation"
+    );
+    assert_eq!(
+        chain.reservation().map(|r| r.ips),
+        Some(reserved.to_vec()),
+        "the reservation is the agent's to remove, never the plugin's"
+    );
+}
+
+#[test]
+fn force_deleted_pod_is_told_to_try_again_until_the_old_sandbox_is_deleted() {
+    let mut chain = Chain::new("force", tiny_dual_stack(13));
+    let (ns_old, ns_new) = (chain.netns("old"), chain.netns("new"));
+    let (v4, v6) = (addr("198.18.13.10"), addr("2001:db8:13::10"));
+    let reserved = [v4, v6];
+
+    assert_eq!(
+        chain.add("web0-old", &ns_old, OWNER),
+        vec![(v4, 24), (v6, 64)]
+    );
+    chain.reserve(&reserved, None);
+    // Force delete: the API object is gone at once (the agent marks the reservation released)
+    // and the pod is re-created before the runtime has run the old sandbox's DEL.
+    chain.reserve(&reserved, Some(released_now()));
+
+    for attempt in ["web0-new1", "web0-new2"] {
+        let outcome = chain.bridge("ADD", attempt, &ns_new, OWNER);
+        outcome.err(11);
+        let reply = outcome.json();
+        assert!(
+            reply.to_string().contains("web0-old"),
+            "the try-again-later error must name the sandbox still holding the address: {reply}"
+        );
+        assert!(
+            addresses_in(&ns_new, "eth0").is_empty(),
+            "the refused ADD puts no address on {ns_new}"
+        );
+        let mut old = addresses_in(&ns_old, "eth0");
+        old.sort();
+        assert_eq!(
+            old,
+            vec![(v4, 24), (v6, 64)],
+            "the old sandbox keeps its addresses until its own DEL"
+        );
+        // The runtime tears the failed sandbox down before it retries with a new one; that DEL
+        // must not free the addresses the old sandbox holds.
+        chain.del(attempt, &ns_new, OWNER);
+        let files = allocations(&chain.net_dir());
+        for ip in reserved {
+            assert_eq!(
+                files.get(&ip),
+                Some(&Holder::attachment("web0-old", "eth0")),
+                "DEL of the refused sandbox {attempt} must not free {ip}"
+            );
+        }
+    }
+
+    chain.del("web0-old", &ns_old, OWNER);
+    assert_eq!(
+        chain.add("web0-new3", &ns_new, OWNER),
+        vec![(v4, 24), (v6, 64)],
+        "after the old DEL the retried ADD gets exactly the reserved addresses"
+    );
+    chain.del("web0-new3", &ns_new, OWNER);
+    assert!(allocations(&chain.net_dir()).is_empty());
+}
