@@ -348,3 +348,50 @@ fn find_temps(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
         }
     }
 }
+
+/// The deterministic form of the crash test's last check: temporaries that killed processes left
+/// in any of ipkeep's private directories are gone once ipkeep has re-read the directory (here
+/// because host-local changed it, as after a kill that left the index unsealed).
+#[test]
+fn temporaries_of_killed_processes_are_removed_ipkeep() {
+    let (ipkeep, host_local) = (common::ipkeep(), common::host_local());
+    let scratch = Scratch::new("temps");
+    let net_dir = scratch.path().join(NETWORK);
+    let config = net_config(
+        "1.0.0",
+        NETWORK,
+        scratch.path(),
+        serde_json::json!({ "subnet": "198.18.7.0/24" }),
+    );
+    CniCall::new("ADD", "first", &config).run(&ipkeep).ok();
+    let mut planted = Vec::new();
+    plant_temps(&net_dir, &mut planted);
+    assert!(
+        planted.len() > 1,
+        "ipkeep keeps private directories below the network directory: {planted:?}"
+    );
+    CniCall::new("ADD", "other", &config).run(&host_local).ok();
+
+    CniCall::new("ADD", "second", &config).run(&ipkeep).ok();
+
+    let mut left = Vec::new();
+    find_temps(&net_dir, &mut left);
+    assert!(
+        left.is_empty(),
+        "stale temporaries survive a rebuild (planted {planted:?}): {left:?}"
+    );
+}
+
+/// Puts a temporary named like one of a process that no longer exists into `dir` and every
+/// directory below it.
+fn plant_temps(dir: &Path, planted: &mut Vec<std::path::PathBuf>) {
+    let temp = dir.join(format!("{}999999-0", ipkeep_plugin::netdir::TEMP_PREFIX));
+    std::fs::write(&temp, "c1\r\neth0").unwrap();
+    planted.push(temp);
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            plant_temps(&entry.path(), planted);
+        }
+    }
+}
