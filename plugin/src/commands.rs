@@ -13,8 +13,13 @@ use crate::config::{self, IpamConfig};
 use crate::disk_store::DiskStore;
 use crate::gojson::Value;
 use crate::netdir::NetworkDir;
+use crate::reservation::{DEFAULT_GRACE, Timestamp};
 use crate::result::{CniResult, result_json};
 use crate::store::{LegacyRelease, Owner, PodRef, Store};
+
+mod reservations;
+
+use reservations::{AddFacts, ReservationLog};
 
 /// The `CNI_*` values a command uses.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -91,8 +96,13 @@ fn pod_of(conf: &IpamConfig) -> Option<PodRef> {
 }
 
 /// ADD: one address per range set (requested ones where asked), printed for the config's version.
+/// A pod with an active reservation gets its reserved addresses; nobody else ever gets them
+/// (see [`reservations`]).
 pub fn add(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failure> {
     let conf = load(doc, args)?;
+    let grace = config::reservation_grace(doc)
+        .map_err(|e| (CniError::internal(e), Vec::new()))?
+        .unwrap_or(DEFAULT_GRACE);
     let mut result = CniResult::default();
     if !conf.resolv_conf.is_empty() {
         result.dns = crate::resolv::read(&conf.resolv_conf)
@@ -109,53 +119,84 @@ pub fn add(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failu
             requested.push(*ip);
         }
     }
+    let mut rlog = ReservationLog::new(&conf.name);
+    let facts = AddFacts {
+        conf: &conf,
+        container_id: &args.container_id,
+        requested: &requested,
+        now: Timestamp::from_system_time(now),
+        grace,
+    };
+    let plan = match reservations::plan_add(&dir, &mut store, &facts, &mut rlog) {
+        Ok(plan) => plan,
+        Err(e) => return Err((e, with_store_log(store, rlog))),
+    };
+    let is_blocked = |ip: IpAddr| plan.is_blocked(ip);
     let mut reserved: Vec<IpAddr> = Vec::new();
-    let nothing_blocked = |_: IpAddr| false;
     for (idx, set) in conf.range_sets.iter().enumerate() {
         let wanted = requested
             .iter()
             .position(|ip| set.contains(*ip))
             .map(|i| requested.remove(i));
+        let preferred = plan.preferred.get(idx).copied().flatten();
         let req = Request {
             container_id: &args.container_id,
             ifname: &args.ifname,
             range_id: idx,
             set,
             requested: wanted,
-            preferred: None,
-            is_blocked: &nothing_blocked,
+            preferred,
+            is_blocked: &is_blocked,
             pod: pod.as_ref(),
         };
         match allocator::allocate(&mut store, &req) {
             Ok(ip) => {
+                if let Some(want) = preferred {
+                    let who = plan
+                        .me
+                        .as_ref()
+                        .map_or_else(String::new, |me| format!("pod {me}: "));
+                    if ip.address == want {
+                        rlog.line(format_args!("{who}handing out its reserved address {want}"));
+                    } else {
+                        rlog.line(format_args!(
+                            "{who}reserved address {want} could not be taken; allocated {} instead",
+                            ip.address
+                        ));
+                    }
+                }
                 reserved.push(ip.address);
                 result.ips.push(ip);
             }
             Err(e) => {
                 release_all(&mut store, &reserved, args);
-                let log = store.finish();
                 return Err((
                     CniError::internal(format!("failed to allocate for range {idx}: {e}")),
-                    log,
+                    with_store_log(store, rlog),
                 ));
             }
         }
     }
     if !requested.is_empty() {
         release_all(&mut store, &reserved, args);
-        let log = store.finish();
         let list: String = requested.iter().map(|ip| format!(" {ip}")).collect();
         return Err((
             CniError::internal(format!("failed to allocate all requested IPs:{list}")),
-            log,
+            with_store_log(store, rlog),
         ));
     }
     result.routes = conf.routes.clone();
-    let log = store.finish();
     Ok(Output {
         stdout: result_json(&result, &conf.cni_version),
-        log,
+        log: with_store_log(store, rlog),
     })
+}
+
+/// Ends the store (sealing its index) and appends the reservation lines to its log.
+fn with_store_log(store: DiskStore<'_>, rlog: ReservationLog) -> Vec<String> {
+    let mut log = store.finish();
+    log.extend(rlog.into_lines());
+    log
 }
 
 /// Frees exactly what this ADD reserved (host-local frees every address of the container,
@@ -211,6 +252,11 @@ pub fn check(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Fai
 }
 
 /// GC (CNI 1.1): frees every allocation whose attachment is not in `cni.dev/valid-attachments`.
+///
+/// Reservations are not allocations: a stale container's file is freed even when its address is
+/// reserved. The reservation goes on holding the address (ADD never hands it to another pod), so
+/// GC never frees a reserved address for another pod, while the pod it is reserved for gets it
+/// back at once instead of waiting for a container that no longer exists.
 pub fn gc(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failure> {
     let conf = load(doc, args)?;
     let valid = config::valid_attachments(doc).map_err(|e| (CniError::internal(e), Vec::new()))?;
@@ -241,20 +287,30 @@ pub fn gc(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failur
 
 /// STATUS (CNI 1.1): ready when the data directory is usable and every range set still has a
 /// free address (an exhausted set makes every ADD fail, so ipkeep is then not ready: code 50).
+///
+/// A free address that an active reservation holds still counts as free: the pod it is reserved
+/// for can be added, so not *every* ADD fails, and reporting "not ready" would keep the returning
+/// pods away too. When every free address of a set is reserved, STATUS succeeds and says so on
+/// stderr (a pod without a reservation then gets the normal range-full error).
 pub fn status(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failure> {
     let conf = load(doc, args)?;
     let dir = open_dir(&conf).map_err(|(e, l)| (CniError { code: 50, ..e }, l))?;
     let mut store = open_store(&dir, now).map_err(|(e, l)| (CniError { code: 50, ..e }, l))?;
+    let mut rlog = ReservationLog::new(&conf.name);
+    let reservations =
+        reservations::Reservations::load(&dir, &store, Timestamp::from_system_time(now), &mut rlog);
     for (idx, set) in conf.range_sets.iter().enumerate() {
-        let mut free = false;
+        let (mut free, mut unreserved) = (false, false);
         for (ip, _) in Candidates::new(set, None) {
             if store.is_free(ip).unwrap_or(false) {
                 free = true;
-                break;
+                if !reservations.is_blocked(ip, None) {
+                    unreserved = true;
+                    break;
+                }
             }
         }
         if !free {
-            let log = store.finish();
             return Err((
                 CniError::new(
                     50,
@@ -262,12 +318,17 @@ pub fn status(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Fa
                         "range set {idx} is exhausted: no IP addresses available in range set: {set}"
                     ),
                 ),
-                log,
+                with_store_log(store, rlog),
+            ));
+        }
+        if !unreserved {
+            rlog.line(format_args!(
+                "range set {idx} ({set}) has free addresses, but every one is reserved: only pods with a reservation can be added"
             ));
         }
     }
     Ok(Output {
         stdout: String::new(),
-        log: store.finish(),
+        log: with_store_log(store, rlog),
     })
 }

@@ -414,10 +414,111 @@ pub fn valid_attachments(doc: &Value) -> Result<Vec<Attachment>, ConfigError> {
     Ok(out)
 }
 
+/// The ipkeep-only key of the `ipam` section that sets how long a returning pod waits for its
+/// previous container to let go of its reserved address (host-local ignores it).
+pub const GRACE_KEY: &str = "reservationGraceSeconds";
+/// The largest grace accepted: a day (a longer wait only keeps a pod from starting).
+pub const MAX_GRACE_SECS: u64 = 86_400;
+
+/// The last member of `object` whose key Go would match to `field`.
+fn member<'a>(object: &'a Value, field: &str) -> Option<&'a Value> {
+    let Value::Object(members) = object else {
+        return None;
+    };
+    members
+        .iter()
+        .rev()
+        .find(|(k, _)| crate::gojson::key_matches(k, field))
+        .map(|(_, v)| v)
+}
+
+/// `ipam.reservationGraceSeconds`: `None` when absent or `null`, else a whole number of seconds
+/// from 0 to [`MAX_GRACE_SECS`]. Read apart from [`load`] so host-local's decoding stays exact.
+pub fn reservation_grace(doc: &Value) -> Result<Option<std::time::Duration>, ConfigError> {
+    let Some(value) = member(doc, "ipam").and_then(|ipam| member(ipam, GRACE_KEY)) else {
+        return Ok(None);
+    };
+    let secs = match value {
+        Value::Null => return Ok(None),
+        Value::Number(text) => text.parse::<u64>().ok(),
+        _ => None,
+    };
+    match secs {
+        Some(secs) if secs <= MAX_GRACE_SECS => Ok(Some(std::time::Duration::from_secs(secs))),
+        _ => Err(ConfigError::Invalid(format!(
+            "failed to read ipam.{GRACE_KEY}: expected a whole number of seconds from 0 to {MAX_GRACE_SECS}, got {}",
+            describe(value)
+        ))),
+    }
+}
+
+/// A short rendering of a JSON value for messages.
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Number(text) => text.clone(),
+        Value::String(text) => crate::gojson::go_quote(text),
+        other => other.kind().to_owned(),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reservation_grace_table() {
+        let cases: &[(&str, Result<Option<u64>, &str>)] = &[
+            (r#"{"ipam":{}}"#, Ok(None)),
+            (r#"{}"#, Ok(None)),
+            (r#"{"ipam":null}"#, Ok(None)),
+            (r#"{"ipam":{"reservationGraceSeconds":null}}"#, Ok(None)),
+            (r#"{"ipam":{"reservationGraceSeconds":0}}"#, Ok(Some(0))),
+            (r#"{"ipam":{"reservationGraceSeconds":30}}"#, Ok(Some(30))),
+            (r#"{"IPAM":{"ReservationGraceSeconds":7}}"#, Ok(Some(7))),
+            (
+                r#"{"ipam":{"reservationGraceSeconds":1,"reservationGraceSeconds":2}}"#,
+                Ok(Some(2)),
+            ),
+            (
+                r#"{"ipam":{"reservationGraceSeconds":86400}}"#,
+                Ok(Some(86_400)),
+            ),
+            (
+                r#"{"ipam":{"reservationGraceSeconds":86401}}"#,
+                Err("got 86401"),
+            ),
+            (r#"{"ipam":{"reservationGraceSeconds":-1}}"#, Err("got -1")),
+            (
+                r#"{"ipam":{"reservationGraceSeconds":1.5}}"#,
+                Err("got 1.5"),
+            ),
+            (
+                r#"{"ipam":{"reservationGraceSeconds":"30s"}}"#,
+                Err("got \"30s\""),
+            ),
+            (
+                r#"{"ipam":{"reservationGraceSeconds":[]}}"#,
+                Err("got array"),
+            ),
+        ];
+        for (json, want) in cases {
+            let doc = crate::gojson::parse(json.as_bytes()).unwrap();
+            let got = reservation_grace(&doc).map(|d| d.map(|d| d.as_secs()));
+            match (got, want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, *want, "{json}"),
+                (Err(e), Err(part)) => {
+                    let text = e.to_string();
+                    assert!(
+                        text.starts_with("failed to read ipam.reservationGraceSeconds:")
+                            && text.ends_with(part),
+                        "{json}: {text}"
+                    );
+                }
+                (got, _) => panic!("{json}: unexpected {got:?}"),
+            }
+        }
+    }
 
     fn load_str(json: &str, args: &str) -> Result<IpamConfig, String> {
         let v = crate::gojson::parse(json.as_bytes()).map_err(|e| e.to_string())?;

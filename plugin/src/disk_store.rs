@@ -146,11 +146,27 @@ fn private_dir(parent: &crate::netdir::DirFd, name: &str) -> Result<SubDir, NetD
     }
 }
 
+/// What occupies an address's name in `<net>/` right now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Occupant {
+    /// Nothing: the address can be taken.
+    Free,
+    /// An allocation file, with the pod the index recorded for its container (if any).
+    Allocation {
+        /// Who the file names.
+        owner: Owner,
+        /// The pod recorded with the allocation (`None` for host-local's files).
+        pod: Option<PodRef>,
+    },
+    /// Something no container can be named for (a directory, a symlink, garbage content).
+    Other,
+}
+
 /// The store of one network, locked for as long as it lives.
 #[derive(Debug)]
 pub struct DiskStore<'a> {
     net: &'a NetworkDir,
-    _lock: NetworkLock<'a>,
+    lock: NetworkLock<'a>,
     meta: SubDir,
     tmp: SubDir,
     containers: SubDir,
@@ -174,7 +190,7 @@ impl<'a> DiskStore<'a> {
         let containers = private_dir(&meta, CONTAINERS_DIR)?;
         let mut store = Self {
             net,
-            _lock: lock,
+            lock,
             meta,
             tmp,
             containers,
@@ -190,6 +206,31 @@ impl<'a> DiskStore<'a> {
             store.rebuild()?;
         }
         Ok(store)
+    }
+
+    /// The network lock this store holds (for readers that need proof of it).
+    pub fn lock(&self) -> &NetworkLock<'a> {
+        &self.lock
+    }
+
+    /// Who holds `ip`: the owner named by its file and the pod the index recorded for that
+    /// container and address.
+    pub fn occupant(&mut self, ip: IpAddr) -> Result<Occupant, StoreError> {
+        let name = ip.to_string();
+        match self.net.stat(&name)? {
+            None => return Ok(Occupant::Free),
+            Some(st) if st.kind != EntryKind::File => return Ok(Occupant::Other),
+            Some(_) => {}
+        }
+        let Some(owner) = self.owner_of(ip) else {
+            return Ok(Occupant::Other);
+        };
+        let pod = self
+            .attachments_of(owner.container_id())?
+            .into_iter()
+            .find(|e| e.ip == ip && e.ifname.as_deref() == owner.ifname())
+            .and_then(|e| e.pod);
+        Ok(Occupant::Allocation { owner, pod })
     }
 
     /// Whether this command had to rebuild the index.
@@ -215,6 +256,8 @@ impl<'a> DiskStore<'a> {
         self.mark_dirty()?;
         self.rebuilt = true;
         self.net.remove_stale_temps()?;
+        // `.ipkeep/` itself holds the stamp's and the reservation snapshot's temporaries.
+        self.meta.remove_stale_temps()?;
         self.tmp.remove_stale_temps()?;
         self.containers.remove_stale_temps()?;
         let scanned = self.scan()?;

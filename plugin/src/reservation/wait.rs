@@ -34,6 +34,9 @@ pub fn write_wait_marker(
     let Some(ns_dir) = dir.subdir(&[PRIVATE_DIR, WAIT_DIR, &pod.namespace], true)? else {
         return Ok(());
     };
+    // A killed writer's temporary would otherwise stay forever (markers are written rarely,
+    // always under the network's lock, so no live writer's temporary is here).
+    ns_dir.remove_stale_temps()?;
     let line = format!("{} {}\n", marker.holder, marker.since);
     ns_dir.write_atomic(&pod.pod, line.as_bytes(), 0o600, false)
 }
