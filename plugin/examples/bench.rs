@@ -9,6 +9,9 @@
 //! (`target/release/ipkeep`, built by `cargo build --release -p ipkeep-plugin`); host-local from
 //! `$REFERENCE_CNI_DIR/host-local` (default `/usr/lib/cni`). Peak RSS comes from `/usr/bin/time -f %M`
 //! (GNU time reports the child's `ru_maxrss` from `wait4`) on separate, untimed cycles.
+//! Scratch directories go to `$IPKEEP_BENCH_DIR` if set (e.g. a tmpfs, to take fsync out of the
+//! picture), else the system temp dir. The load average is printed before and after: the numbers
+//! only mean something on an otherwise quiet machine.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -162,6 +165,23 @@ fn nth_address(i: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(SUBNET_BASE) + 2 + i as u32)
 }
 
+/// Where the scratch data directories of both plugins go.
+fn scratch_root() -> PathBuf {
+    std::env::var_os("IPKEEP_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from)
+}
+
+/// `/proc/loadavg`'s three load averages, for the record.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
 /// Wraps an I/O error with what was being done to which path.
 fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> BenchError {
     let path = path.to_owned();
@@ -180,7 +200,7 @@ struct DataDir {
 
 impl DataDir {
     fn seeded(plugin: &Plugin, scenario: &Scenario) -> Result<Self, BenchError> {
-        let root = std::env::temp_dir().join(format!(
+        let root = scratch_root().join(format!(
             "ipkeep-bench-{}-{}",
             std::process::id(),
             plugin.name
@@ -494,8 +514,9 @@ fn run() -> Result<String, BenchError> {
     eprintln!("host-local: {}", plugins[0].path.display());
     eprintln!(
         "scratch:    {} (both plugins, same filesystem)",
-        std::env::temp_dir().display()
+        scratch_root().display()
     );
+    eprintln!("load average before: {}", load_average());
     eprintln!(
         "Each scenario seeds the allocations in host-local's format, then runs one unmeasured ADD+DEL"
     );
@@ -514,7 +535,13 @@ fn run() -> Result<String, BenchError> {
         );
         results.push((scenario, samples));
     }
-    Ok(report(&plugins, &results))
+    let mut table = report(&plugins, &results);
+    let _ = writeln!(
+        table,
+        "load average after: {} (2 cores; other work skews both plugins alike)",
+        load_average()
+    );
+    Ok(table)
 }
 
 fn main() -> ExitCode {
