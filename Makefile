@@ -12,7 +12,12 @@ export CARGO_PROFILE_DEV_DEBUG := 0
 export CARGO_TERM_COLOR := never
 endif
 
-.PHONY: all build test lint deps bench fmt
+# The plugin is exec'd on every node by the container runtime: it is linked statically, so it runs
+# on any node whatever its C library, starts faster and maps less memory than a dynamic binary.
+HOST_TRIPLE := $(shell rustc -vV | sed -n 's/^host: //p')
+PLUGIN_BIN := target/$(HOST_TRIPLE)/release/ipkeep
+
+.PHONY: all build plugin test lint deps bench fmt
 
 all: build
 
@@ -22,6 +27,10 @@ deps:
 
 build:
 	$(CARGO) build --workspace --all-targets
+
+## plugin: the release `ipkeep` binary, statically linked, at $(PLUGIN_BIN).
+plugin:
+	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --release -p ipkeep-plugin --target $(HOST_TRIPLE)
 
 ## lint: formatting and clippy, warnings are errors.
 lint:
@@ -34,13 +43,12 @@ test:
 	@kubectl_env=$$(./scripts/install-deps.sh | tail -n 1) && export "$$kubectl_env" && \
 	  echo "make test: using $$kubectl_env" && \
 	  $(MAKE) --no-print-directory lint && \
-	  $(CARGO) build --release -p ipkeep-plugin && \
+	  $(MAKE) --no-print-directory plugin && \
 	  $(CARGO) test --workspace
 
 ## bench: ipkeep against the reference host-local, side by side, in one run.
-bench: deps
-	$(CARGO) build --release -p ipkeep-plugin
-	$(CARGO) run --release -p ipkeep-plugin --example bench
+bench: deps plugin
+	IPKEEP_BIN=$(CURDIR)/$(PLUGIN_BIN) $(CARGO) run --release -p ipkeep-plugin --example bench
 
 fmt:
 	$(CARGO) fmt --all
