@@ -34,14 +34,45 @@ struct Scenario {
     name: &'static str,
     /// IP files (host-local's format) already on disk before the first cycle.
     allocated: usize,
-    /// More state laid down after the allocations (the reservation-file scenario of the next issue
-    /// goes here: `<dataDir>/<net>/reserved/<ns>/<pod>`).
+    /// More state laid down after the allocations, given `<dataDir>` (e.g. reservation files).
     extra_state: fn(&Path) -> Result<(), BenchError>,
     /// Measured cycles for host-local and for ipkeep.
     cycles: [usize; 2],
 }
 
-fn no_extra_state(_net_dir: &Path) -> Result<(), BenchError> {
+fn no_extra_state(_data_dir: &Path) -> Result<(), BenchError> {
+    Ok(())
+}
+
+/// Reservations on the node in the reservation scenario, as many as the issue's 2x budget names.
+const RESERVATIONS: usize = 1_000;
+
+/// [`RESERVATIONS`] reservation files for other pods, written through the library's writer exactly
+/// as the agent writes them (which also keeps the plugin's snapshot of them current). Their
+/// addresses sit at 198.18.100.0 and up, away from the cycles' round robin; host-local ignores them.
+fn reservation_files(data_dir: &Path) -> Result<(), BenchError> {
+    use ipkeep_plugin::netdir::NetworkDir;
+    use ipkeep_plugin::reservation::{FORMAT_VERSION, ReservationFile, sync_reservations};
+    let desired: Vec<ReservationFile> = (0..RESERVATIONS)
+        .map(|i| ReservationFile {
+            version: FORMAT_VERSION,
+            namespace: format!("team-{}", i % 20),
+            pod: format!("db-{i}"),
+            ips: vec![std::net::IpAddr::V4(nth_address(100 * 256 + i))],
+            release_time: None,
+            uid: format!("bench-uid-{i}"),
+            node_name: Some("bench-node".to_owned()),
+        })
+        .collect();
+    let failed = |detail: String| BenchError::Reservations {
+        path: data_dir.join(NETWORK),
+        detail,
+    };
+    let dir = NetworkDir::open(data_dir, NETWORK).map_err(|e| failed(e.to_string()))?;
+    let report = sync_reservations(&dir, &desired).map_err(|e| failed(e.to_string()))?;
+    if !report.failed.is_empty() || !report.invalid.is_empty() {
+        return Err(failed(format!("{report:?}")));
+    }
     Ok(())
 }
 
@@ -68,6 +99,9 @@ fn scenarios() -> Vec<Scenario> {
         },
     ]
 }
+
+/// Cycles of each side in the reservation-cost comparison (ipkeep against itself).
+const RESERVATION_CYCLES: usize = 300;
 
 /// What can stop the bench.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +130,8 @@ enum BenchError {
     },
     #[error("failed to get a fresh address from {}: ADD returned {address}, which was pre-seeded", plugin.display())]
     SeededAddressReturned { plugin: PathBuf, address: String },
+    #[error("failed to write the reservation files in {}: {detail}", path.display())]
+    Reservations { path: PathBuf, detail: String },
     #[error("failed to read the peak RSS written by {GNU_TIME}: {text:?}")]
     Rss { text: String },
 }
@@ -199,27 +235,29 @@ struct DataDir {
 }
 
 impl DataDir {
-    fn seeded(plugin: &Plugin, scenario: &Scenario) -> Result<Self, BenchError> {
-        let root = scratch_root().join(format!(
-            "ipkeep-bench-{}-{}",
-            std::process::id(),
-            plugin.name
-        ));
+    /// `allocated` addresses in host-local's format plus `extra_state`, in a directory named `label`.
+    fn seeded(
+        label: &str,
+        allocated: usize,
+        extra_state: fn(&Path) -> Result<(), BenchError>,
+    ) -> Result<Self, BenchError> {
+        let root = scratch_root().join(format!("ipkeep-bench-{}-{label}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let net_dir = root.join(NETWORK);
         std::fs::create_dir_all(&net_dir).map_err(io_error("create", &net_dir))?;
         // Exactly what host-local leaves behind: one file per address and the round-robin cursor.
-        for i in 0..scenario.allocated {
+        for i in 0..allocated {
             let file = net_dir.join(nth_address(i).to_string());
             std::fs::write(&file, format!("seed{i}\r\neth0")).map_err(io_error("write", &file))?;
         }
-        if let Some(last) = scenario.allocated.checked_sub(1) {
+        if let Some(last) = allocated.checked_sub(1) {
             let file = net_dir.join("last_reserved_ip.0");
             std::fs::write(&file, nth_address(last).to_string())
                 .map_err(io_error("write", &file))?;
         }
-        (scenario.extra_state)(&net_dir)?;
-        Ok(Self { root })
+        let dir = Self { root };
+        extra_state(&dir.root)?;
+        Ok(dir)
     }
 
     fn config(&self) -> String {
@@ -258,6 +296,11 @@ fn invoke(
         .env("CNI_CONTAINERID", container)
         .env("CNI_NETNS", "/var/run/netns/ipkeep-bench")
         .env("CNI_IFNAME", "eth0")
+        // What kubelet passes: the pod's identity, which ipkeep uses to look up its reservation.
+        .env(
+            "CNI_ARGS",
+            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME={container}"),
+        )
         .env("CNI_PATH", "/usr/lib/cni")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -355,48 +398,112 @@ fn peak_rss(plugin: &Plugin, dir: &DataDir) -> Result<u64, BenchError> {
     Ok(peak)
 }
 
-/// Runs `scenario` for both plugins, cycles interleaved, the order alternating every round.
-fn measure(plugins: &[Plugin; 2], scenario: &Scenario) -> Result<[Samples; 2], BenchError> {
-    let dirs = [
-        DataDir::seeded(&plugins[0], scenario)?,
-        DataDir::seeded(&plugins[1], scenario)?,
-    ];
+/// One side of an interleaved comparison: a plugin, its seeded data directory, its cycle count.
+#[derive(Debug)]
+struct Side<'a> {
+    plugin: &'a Plugin,
+    dir: DataDir,
+    allocated: usize,
+    cycles: usize,
+}
+
+/// Runs both sides' cycles interleaved, the order alternating every round, so that neither gets a
+/// quieter machine; then their peak RSS.
+fn interleave(sides: [Side<'_>; 2]) -> Result<[Samples; 2], BenchError> {
     let mut samples = [Samples::default(), Samples::default()];
     // Unmeasured first cycle for both: ipkeep rebuilds its index from the seeded files here (a
     // one-time cost after host-local or a human changed the directory), and both warm the page cache.
-    for (k, plugin) in plugins.iter().enumerate() {
-        let result = cycle(plugin, &dirs[k], "warmup", &mut Samples::default())?;
-        check_fresh(plugin, scenario, &result)?;
+    for side in &sides {
+        let result = cycle(side.plugin, &side.dir, "warmup", &mut Samples::default())?;
+        check_fresh(side.plugin, side.allocated, &result)?;
     }
-    let rounds = scenario.cycles[0].max(scenario.cycles[1]);
+    let rounds = sides[0].cycles.max(sides[1].cycles);
     for round in 0..rounds {
         for step in 0..2 {
             let k = (round + step) % 2;
-            if round < scenario.cycles[k] {
-                cycle(
-                    &plugins[k],
-                    &dirs[k],
-                    &format!("bench{round}"),
-                    &mut samples[k],
-                )?;
+            if round < sides[k].cycles {
+                let container = format!("bench{round}");
+                cycle(sides[k].plugin, &sides[k].dir, &container, &mut samples[k])?;
             }
         }
     }
-    for (k, plugin) in plugins.iter().enumerate() {
-        samples[k].peak_rss_kib = peak_rss(plugin, &dirs[k])?;
+    for (side, samples) in sides.iter().zip(&mut samples) {
+        samples.peak_rss_kib = peak_rss(side.plugin, &side.dir)?;
     }
     Ok(samples)
 }
 
+/// host-local and ipkeep in `scenario`.
+fn measure(plugins: &[Plugin; 2], scenario: &Scenario) -> Result<[Samples; 2], BenchError> {
+    let side = |k: usize| -> Result<Side<'_>, BenchError> {
+        Ok(Side {
+            plugin: &plugins[k],
+            dir: DataDir::seeded(plugins[k].name, scenario.allocated, scenario.extra_state)?,
+            allocated: scenario.allocated,
+            cycles: scenario.cycles[k],
+        })
+    };
+    interleave([side(0)?, side(1)?])
+}
+
+/// ipkeep with no reservation on the node against ipkeep with [`RESERVATIONS`] of them.
+fn measure_reservation_cost(ipkeep: &Plugin) -> Result<[Samples; 2], BenchError> {
+    let side = |label: &str, extra_state| -> Result<Side<'_>, BenchError> {
+        Ok(Side {
+            plugin: ipkeep,
+            dir: DataDir::seeded(label, 0, extra_state)?,
+            allocated: 0,
+            cycles: RESERVATION_CYCLES,
+        })
+    };
+    interleave([
+        side("no-reservations", no_extra_state)?,
+        side("reservations", reservation_files)?,
+    ])
+}
+
+/// The reservation-cost lines: ADD and cycle, with and without reservations, and the ratio.
+fn reservation_report([none, reserved]: &[Samples; 2]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nipkeep with {RESERVATIONS} reservation files on the node vs none ({RESERVATION_CYCLES} cycles each, interleaved):"
+    );
+    let _ = writeln!(
+        out,
+        "{:<18} {:>9} {:>9} {:>9} {:>9}",
+        "", "ADD p50", "ADD p99", "cyc p50", "cyc p99"
+    );
+    for (name, s) in [("none", none), ("1 000 reserved", reserved)] {
+        let (add50, add99) = percentiles(&s.add);
+        let (cyc50, cyc99) = percentiles(&s.cycle);
+        let _ = writeln!(
+            out,
+            "{name:<18} {:>9} {:>9} {:>9} {:>9}",
+            ms(add50),
+            ms(add99),
+            ms(cyc50),
+            ms(cyc99)
+        );
+    }
+    let ratio = 1.0 / speedup(percentiles(&none.add).0, percentiles(&reserved.add).0);
+    let _ = writeln!(
+        out,
+        "ADD p50 ratio (reserved / none): {ratio:.2}   target <= 2x: {}",
+        if ratio <= 2.0 { "met" } else { "MISSED" }
+    );
+    out
+}
+
 /// A plugin that handed out a pre-seeded address did not see the seeded state: its numbers would lie.
-fn check_fresh(plugin: &Plugin, scenario: &Scenario, result: &[u8]) -> Result<(), BenchError> {
+fn check_fresh(plugin: &Plugin, allocated: usize, result: &[u8]) -> Result<(), BenchError> {
     let text = String::from_utf8_lossy(result);
     let address = text
         .split('"')
         .find_map(|s| s.split_once('/').map(|(ip, _)| ip.to_owned()))
         .unwrap_or_default();
     let seeded = address.parse::<Ipv4Addr>().is_ok_and(|ip| {
-        (u32::from(ip) - u32::from(SUBNET_BASE)).wrapping_sub(2) < scenario.allocated as u32
+        (u32::from(ip) - u32::from(SUBNET_BASE)).wrapping_sub(2) < allocated as u32
     });
     if seeded || address.is_empty() {
         return Err(BenchError::SeededAddressReturned {
@@ -535,7 +642,14 @@ fn run() -> Result<String, BenchError> {
         );
         results.push((scenario, samples));
     }
+    let start = Instant::now();
+    let reservation_cost = measure_reservation_cost(&plugins[1])?;
+    eprintln!(
+        "  reservation cost: done in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
     let mut table = report(&plugins, &results);
+    table.push_str(&reservation_report(&reservation_cost));
     let _ = writeln!(
         table,
         "load average after: {} (2 cores; other work skews both plugins alike)",
