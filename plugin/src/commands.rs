@@ -97,7 +97,7 @@ fn pod_of(conf: &IpamConfig) -> Option<PodRef> {
 
 /// ADD: one address per range set (requested ones where asked), printed for the config's version.
 /// A pod with an active reservation gets its reserved addresses; nobody else ever gets them
-/// (see [`reservations`]).
+/// (see [`crate::reservation`]).
 pub fn add(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failure> {
     let conf = load(doc, args)?;
     let grace = config::reservation_grace(doc)
@@ -256,7 +256,8 @@ pub fn check(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Fai
 /// Reservations are not allocations: a stale container's file is freed even when its address is
 /// reserved. The reservation goes on holding the address (ADD never hands it to another pod), so
 /// GC never frees a reserved address for another pod, while the pod it is reserved for gets it
-/// back at once instead of waiting for a container that no longer exists.
+/// back at once instead of waiting for a container that no longer exists. GC also removes the
+/// wait markers of pods that no longer have an active reservation.
 pub fn gc(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failure> {
     let conf = load(doc, args)?;
     let valid = config::valid_attachments(doc).map_err(|e| (CniError::internal(e), Vec::new()))?;
@@ -272,10 +273,13 @@ pub fn gc(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failur
         Owner::Legacy { container_id } => valid.iter().any(|a| &a.container_id == container_id),
     };
     let freed = store.collect_garbage(&is_valid, &|_| false);
+    let mut rlog = ReservationLog::new(&conf.name);
+    reservations::prune_waits(&dir, Timestamp::from_system_time(now), &mut rlog);
     let mut log = store.finish();
     match freed {
         Ok(freed) => {
             log.extend(freed.iter().map(|ip| format!("ipkeep: GC freed {ip}")));
+            log.extend(rlog.into_lines());
             Ok(Output {
                 stdout: String::new(),
                 log,

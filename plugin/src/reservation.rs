@@ -45,6 +45,29 @@
 //! marker naming another holder restarts the wait; a successful ADD of the reserved address
 //! removes it.
 
+//!
+//! # In the plugin's commands
+//! `commands/reservations.rs` runs this under the lock the disk store holds:
+//! * **ADD** with `K8S_POD_NAMESPACE`/`K8S_POD_NAME`: snapshot, own file, wait marker, holders of
+//!   the own addresses (IP file + the side index's pod), [`decide`], marker action; then the
+//!   allocator gets the reserved address as its preferred one and [`ReservationLookup::is_blocked`]
+//!   as its skip predicate. Without a `reserved/` directory nothing more is read and nothing is
+//!   logged (host-local's behaviour and its empty stderr). Refusals: code 999 for a requested
+//!   address another pod's active reservation holds, code 11 while the previous container holds
+//!   the pod's address; a range full of reserved addresses is the normal range-full error.
+//! * **DEL**, **CHECK**: unchanged; the reservation keeps holding a freed address, and a container
+//!   holding its reserved address is an ordinary allocation.
+//! * **GC** frees stale containers' files even at reserved addresses (the reservation goes on
+//!   blocking them for everyone else, so GC never frees a reserved address for another pod, and
+//!   the pod gets it back at once) and prunes the wait markers of pods without an active
+//!   reservation ([`prune_wait_markers`]).
+//! * **STATUS** counts a free address held by a reservation as free (its pod can still be
+//!   added) and says on stderr when a range set has no other free address.
+//!
+//! The grace is [`DEFAULT_GRACE`] unless the `ipam` section sets `"reservationGraceSeconds"`
+//! (0 to 86 400). Every decision note and every skipped garbage entry is one stderr line
+//! `ipkeep: <network>: …`.
+
 pub mod decision;
 pub mod index;
 pub mod reserved_dir;
@@ -64,7 +87,7 @@ pub use reserved_dir::{
 };
 pub use schema::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError};
 pub use timestamp::{Timestamp, TimestampError};
-pub use wait::{read_wait_marker, remove_wait_marker, write_wait_marker};
+pub use wait::{prune_wait_markers, read_wait_marker, remove_wait_marker, write_wait_marker};
 
 #[cfg(test)]
 mod tests;

@@ -15,8 +15,8 @@ use crate::range::RangeSet;
 use crate::reservation::{
     DecisionInput, Holder, MarkerAction, Outcome, RESERVED_DIR, RangeSetPlan, RangeSetView,
     ReservationLookup, ReservationSnapshot, Source, TRY_AGAIN_LATER_CODE, Timestamp, decide,
-    load_reservations_cached, read_reservation, read_wait_marker, remove_wait_marker,
-    write_wait_marker,
+    load_reservations_cached, prune_wait_markers, read_reservation, read_wait_marker,
+    remove_wait_marker, write_wait_marker,
 };
 use crate::reservation::{PodKey, ReservationFile};
 
@@ -254,5 +254,27 @@ pub(super) fn plan_add(
                 path.display()
             )))
         }
+    }
+}
+
+/// GC's cleanup of wait markers: a marker outlives its use only when its pod never came back
+/// after giving up on the old container, or its reservation went away meanwhile. Must run under
+/// the network's lock (the caller's store holds it).
+pub(super) fn prune_waits(dir: &NetworkDir, now: Timestamp, log: &mut ReservationLog) {
+    let active = |pod: &PodKey| {
+        read_reservation(dir, &pod.namespace, &pod.pod)
+            .ok()
+            .flatten()
+            .is_some_and(|file| file.is_active(now))
+    };
+    match prune_wait_markers(dir, &active) {
+        Ok(pods) => {
+            for pod in pods {
+                log.line(format_args!(
+                    "GC removed the wait marker of pod {pod}: it has no active reservation"
+                ));
+            }
+        }
+        Err(e) => log.line(format_args!("failed to prune wait markers: {e}")),
     }
 }

@@ -3,7 +3,7 @@
 //! first finds the pod's reserved address held by the pod's previous container. Like the rest of
 //! `.ipkeep/` it is the plugin's own: host-local ignores it, and losing it only restarts a wait.
 
-use crate::netdir::{NetDirError, NetworkDir};
+use crate::netdir::{EntryKind, NetDirError, NetworkDir};
 
 use super::decision::WaitMarker;
 use super::index::PRIVATE_DIR;
@@ -55,6 +55,46 @@ pub fn remove_wait_marker(dir: &NetworkDir, pod: &PodKey) -> Result<(), NetDirEr
         let _ = wait_dir.remove_dir(&pod.namespace);
     }
     Ok(())
+}
+
+/// Removes every wait marker whose pod `keep` rejects (GC's cleanup: a marker only matters
+/// while its pod has an active reservation) and the namespace directories left empty; returns
+/// the pods whose markers went. Needs the network's lock. Entries that are not markers (links,
+/// directories, invalid names) are removed too when they are plain files, else left alone.
+pub fn prune_wait_markers(
+    dir: &NetworkDir,
+    keep: &dyn Fn(&PodKey) -> bool,
+) -> Result<Vec<PodKey>, NetDirError> {
+    let Some(wait_dir) = dir.subdir(&[PRIVATE_DIR, WAIT_DIR], false)? else {
+        return Ok(Vec::new());
+    };
+    wait_dir.remove_stale_temps()?;
+    let mut removed = Vec::new();
+    for ns in wait_dir.entries()? {
+        // A planted link or file in place of a namespace directory is never followed.
+        let Ok(Some(ns_dir)) = wait_dir.subdir(&[&ns.name], false) else {
+            continue;
+        };
+        ns_dir.remove_stale_temps()?;
+        for entry in ns_dir.entries()? {
+            if entry.kind == EntryKind::Dir {
+                continue;
+            }
+            let pod = PodKey::new(&ns.name, &entry.name).ok();
+            if pod.as_ref().is_some_and(keep) {
+                continue;
+            }
+            if ns_dir.remove(&entry.name)?
+                && let Some(pod) = pod
+            {
+                removed.push(pod);
+            }
+        }
+        if ns_dir.list()?.is_empty() {
+            wait_dir.remove_dir(&ns.name)?;
+        }
+    }
+    Ok(removed)
 }
 
 fn parse_marker(bytes: &[u8]) -> Option<WaitMarker> {
