@@ -96,6 +96,11 @@ struct Chain {
 impl Chain {
     /// A fresh bridge (no address, no uplink) whose IPAM is ipkeep with `ranges`.
     fn new(tag: &str, ranges: serde_json::Value) -> Self {
+        Self::with_ipam(tag, ranges, serde_json::json!({}))
+    }
+
+    /// As [`Chain::new`], with `extra` keys added to the `ipam` section.
+    fn with_ipam(tag: &str, ranges: serde_json::Value, extra: serde_json::Value) -> Self {
         assert!(
             Path::new(BRIDGE_PLUGIN).exists(),
             "{BRIDGE_PLUGIN} is missing: run `make deps` (Debian package containernetworking-plugins)"
@@ -114,7 +119,7 @@ impl Chain {
         std::fs::create_dir(&cni_dir).unwrap();
         std::os::unix::fs::symlink(common::ipkeep(), cni_dir.join("ipkeep")).unwrap();
         let data_dir = scratch.path().join("data");
-        let config = serde_json::json!({
+        let mut config = serde_json::json!({
             "cniVersion": "1.0.0",
             "name": NETWORK,
             "type": "bridge",
@@ -122,8 +127,11 @@ impl Chain {
             "isGateway": false,
             "ipMasq": false,
             "ipam": { "type": "ipkeep", "ranges": ranges, "dataDir": data_dir },
-        })
-        .to_string();
+        });
+        for (key, value) in extra.as_object().unwrap() {
+            config["ipam"][key] = value.clone();
+        }
+        let config = config.to_string();
         Self {
             cleanup,
             _scratch: scratch,
@@ -153,7 +161,19 @@ impl Chain {
     /// Runs `bridge` for `command` on the sandbox `container` in `ns`, with the `CNI_ARGS` a
     /// kubelet passes for pod `namespace/name`.
     fn bridge(&self, command: &str, container: &str, ns: &str, pod: (&str, &str)) -> CniOutcome {
-        let mut call = CniCall::new(command, container, &self.config).args(&format!(
+        self.bridge_with(&self.config, command, container, ns, pod)
+    }
+
+    /// As [`Chain::bridge`] with `config` on stdin.
+    fn bridge_with(
+        &self,
+        config: &str,
+        command: &str,
+        container: &str,
+        ns: &str,
+        pod: (&str, &str),
+    ) -> CniOutcome {
+        let mut call = CniCall::new(command, container, config).args(&format!(
             "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={container};K8S_POD_UID=uid-{container}",
             pod.0, pod.1
         ));
@@ -165,6 +185,16 @@ impl Chain {
     /// ADD that must succeed; returns the result's addresses after checking that `eth0` in `ns`
     /// carries exactly them and that the IP files name `container`.
     fn add(&self, container: &str, ns: &str, pod: (&str, &str)) -> Vec<(IpAddr, u64)> {
+        self.add_outcome(container, ns, pod).1
+    }
+
+    /// As [`Chain::add`], also returning what `bridge` printed.
+    fn add_outcome(
+        &self,
+        container: &str,
+        ns: &str,
+        pod: (&str, &str),
+    ) -> (CniOutcome, Vec<(IpAddr, u64)>) {
         let outcome = self.bridge("ADD", container, ns, pod);
         let result = outcome.ok();
         let mut expected = result_cidrs(&result);
@@ -183,7 +213,20 @@ impl Chain {
                 "the IP file for {addr} must name {container}"
             );
         }
-        expected
+        (outcome, expected)
+    }
+
+    /// CHECK of `container` with `prev_result` (what its ADD returned), as a runtime runs it.
+    fn check(
+        &self,
+        container: &str,
+        ns: &str,
+        pod: (&str, &str),
+        prev_result: &serde_json::Value,
+    ) -> CniOutcome {
+        let mut config: serde_json::Value = serde_json::from_str(&self.config).unwrap();
+        config["prevResult"] = prev_result.clone();
+        self.bridge_with(&config.to_string(), "CHECK", container, ns, pod)
     }
 
     /// DEL that must succeed and take `eth0` out of `ns`.
@@ -203,6 +246,7 @@ impl Chain {
 
     /// Writes the owner's reservation with the library writer, as the node agent does.
     fn reserve(&self, ips: &[IpAddr], release_time: Option<Timestamp>) {
+        let ips = ips.to_vec();
         let dir = NetworkDir::open(&self.data_dir, NETWORK).unwrap();
         write_reservation(
             &dir,
@@ -210,7 +254,7 @@ impl Chain {
                 version: FORMAT_VERSION,
                 namespace: OWNER.0.to_owned(),
                 pod: OWNER.1.to_owned(),
-                ips: ips.to_vec(),
+                ips,
                 release_time,
                 uid: "6f1d2c3b-0a9e-4d8c-8b7a-112233445566".to_owned(),
                 node_name: Some("chain-node".to_owned()),
@@ -358,11 +402,19 @@ fn recreated_pod_gets_its_addresses_back_on_its_new_interface_and_nobody_else_do
     chain.assert_reserved_untouched(&reserved, &owner_sandboxes);
 
     // The pod returns in a new sandbox (new container ID, new namespace): exactly its addresses.
-    let back = chain.add("web0-new", &ns_b, OWNER);
+    let (added, back) = chain.add_outcome("web0-new", &ns_b, OWNER);
     assert_eq!(
         back,
         vec![(v4, 24), (v6, 64)],
         "the re-created pod must get exactly its old addresses"
+    );
+    // The runtime's CHECK (bridge checks the interface, ipkeep the allocation) accepts it.
+    let checked = chain.check("web0-new", &ns_b, OWNER, &added.json());
+    assert_eq!(
+        checked.code,
+        Some(0),
+        "CHECK of the sandbox holding its reserved addresses must pass: {}",
+        describe(&checked)
     );
 
     for (container, ns, pod) in [
@@ -438,5 +490,85 @@ fn force_deleted_pod_is_told_to_try_again_until_the_old_sandbox_is_deleted() {
         "after the old DEL the retried ADD gets exactly the reserved addresses"
     );
     chain.del("web0-new3", &ns_new, OWNER);
+    assert!(allocations(&chain.net_dir()).is_empty());
+}
+
+#[test]
+fn reasons_for_not_using_a_reservation_reach_the_runtime_through_bridge() {
+    // A grace of zero: a force-deleted pod never waits for its old sandbox.
+    let mut chain = Chain::with_ipam(
+        "reasons",
+        tiny_dual_stack(14),
+        serde_json::json!({ "reservationGraceSeconds": 0 }),
+    );
+    let (ns_old, ns_new, ns_other) = (chain.netns("old"), chain.netns("new"), chain.netns("other"));
+    let (v4, v6) = (addr("198.18.14.10"), addr("2001:db8:14::10"));
+    let prefix = format!("ipkeep: {NETWORK}: ");
+
+    assert_eq!(
+        chain.add("web0-old", &ns_old, OWNER),
+        vec![(v4, 24), (v6, 64)]
+    );
+    chain.reserve(&[v4, v6], Some(released_now()));
+
+    // The old sandbox still holds the addresses and the grace is zero: fresh addresses at once,
+    // and the reason on bridge's stderr (bridge lets its IPAM plugin's stderr through).
+    let (outcome, fresh) = chain.add_outcome("web0-new1", &ns_new, OWNER);
+    assert_eq!(
+        fresh,
+        vec![(addr("198.18.14.11"), 24), (addr("2001:db8:14::11"), 64)]
+    );
+    let stderr = outcome.stderr_str();
+    for ip in [v4, v6] {
+        assert!(
+            stderr.lines().any(|l| l.starts_with(&prefix)
+                && l.contains(&format!("reserved address {ip} "))
+                && l.contains("web0-old")
+                && l.contains("fresh address")),
+            "bridge's stderr must say why {ip} was not used: {stderr:?}"
+        );
+    }
+
+    // The old DEL frees the addresses; they stay reserved: another pod does not get them, and
+    // the pod gets them on its next return.
+    chain.del("web0-old", &ns_old, OWNER);
+    let other = ("db", "other-0");
+    assert_eq!(
+        chain.add("other-x", &ns_other, other),
+        vec![(addr("198.18.14.12"), 24), (addr("2001:db8:14::12"), 64)]
+    );
+    chain.del("other-x", &ns_other, other);
+    chain.del("web0-new1", &ns_new, OWNER);
+    let cursor = std::fs::read_to_string(chain.net_dir().join("last_reserved_ip.0")).unwrap();
+    assert_eq!(cursor, "198.18.14.12", "premise: the next candidate is .10");
+    assert_eq!(
+        chain.add("other-y", &ns_other, other),
+        vec![(addr("198.18.14.11"), 24), (addr("2001:db8:14::11"), 64)],
+        "the reserved .10 is skipped though it is free and the next candidate"
+    );
+    assert_eq!(
+        chain.add("web0-new2", &ns_new, OWNER),
+        vec![(v4, 24), (v6, 64)],
+        "having given up on a stale sandbox once does not cost the pod its reservation"
+    );
+    chain.del("web0-new2", &ns_new, OWNER);
+
+    // The pod moved here from another node: its IPv4 address is outside this node's ranges.
+    // It gets a fresh IPv4 address and exactly its IPv6 one, and stderr says why.
+    let foreign = addr("198.51.100.7");
+    chain.reserve(&[foreign, v6], Some(released_now()));
+    let (outcome, moved) = chain.add_outcome("web0-new3", &ns_new, OWNER);
+    assert_eq!(moved, vec![(addr("198.18.14.12"), 24), (v6, 64)]);
+    let stderr = outcome.stderr_str();
+    assert!(
+        stderr.lines().any(|l| l.starts_with(&prefix)
+            && l.contains(&format!(
+                "reserved address {foreign} is outside every configured range"
+            ))),
+        "bridge's stderr must say why {foreign} was not used: {stderr:?}"
+    );
+    for (container, ns, pod) in [("web0-new3", &ns_new, OWNER), ("other-y", &ns_other, other)] {
+        chain.del(container, ns, pod);
+    }
     assert!(allocations(&chain.net_dir()).is_empty());
 }
