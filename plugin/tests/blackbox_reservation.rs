@@ -628,3 +628,32 @@ fn measure_add_cost_with_1000_reservations() {
         medians[3].as_secs_f64() / medians[2].as_secs_f64()
     );
 }
+
+#[test]
+fn a_planted_reserved_link_is_never_followed() {
+    let s = Scratch::new("reservedlink");
+    let conf = s.conf(V4);
+    let outside = s.0.join("outside");
+    std::fs::create_dir_all(outside.join("db")).unwrap();
+    std::fs::write(
+        outside.join("db/web-0"),
+        serde_json::to_vec(&reservation("db", "web-0", &["10.1.0.2"], None)).unwrap(),
+    )
+    .unwrap();
+    std::fs::create_dir_all(s.net()).unwrap();
+    symlink(&outside, s.net().join("reserved")).unwrap();
+    let before = tree(&outside);
+    let other = add(&conf, "db", "web-1", "c1");
+    assert_eq!(
+        addresses(&other),
+        ["10.1.0.2"],
+        "a linked tree reserves nothing"
+    );
+    assert_stderr_has(&other, &["skipped", "reserved"]);
+    let owner = add(&conf, "db", "web-0", "c2");
+    assert_eq!(addresses(&owner), ["10.1.0.3"]);
+    assert_stderr_has(&owner, &["ignoring the reservation of pod db/web-0"]);
+    del(&conf, "db", "web-1", "c1").ok();
+    del(&conf, "db", "web-0", "c2").ok();
+    assert_eq!(tree(&outside), before, "nothing outside was touched");
+}
