@@ -351,22 +351,55 @@ fn reservation_writer_process() {
     );
 }
 
-/// One container's life: ADD, then alternately DEL / ADD (every ADD a new sandbox, as when the
-/// pod is deleted and re-created); it may end bound or not.
-fn life(rng: &mut Rng, pod: &Pod) -> Vec<(&'static str, String)> {
-    // Churn pods come back more often: their ADDs are what the churn checks look at.
-    let adds = if pod.kind == Kind::Churn {
+/// One plugin process a pod's thread runs.
+#[derive(Clone, Debug)]
+struct LifeOp {
+    command: &'static str,
+    container: String,
+    /// For an ADD made while the pod's previous sandbox (this one) is still there, as after a
+    /// force delete: the runtime has not run its DEL yet.
+    force_over: Option<String>,
+}
+
+impl LifeOp {
+    fn new(command: &'static str, container: &str) -> Self {
+        Self {
+            command,
+            container: container.to_owned(),
+            force_over: None,
+        }
+    }
+}
+
+/// One pod's life: ADD, then DEL / ADD (every ADD a new sandbox, as when the pod is deleted and
+/// re-created); it may end bound or not. A reserved pod is sometimes re-created before its old
+/// sandbox's DEL: that early ADD (answered "try again later" while the old sandbox holds the
+/// reserved address) is followed by its own DEL, the old DEL and the retried ADD, as a runtime
+/// does it.
+fn life(rng: &mut Rng, pod: &Pod) -> Vec<LifeOp> {
+    // Reserved pods come back more often: their ADDs are what the reservation checks look at.
+    let adds = if pod.kind != Kind::Plain {
         2 + rng.below(3)
     } else {
         1 + rng.below(3)
     };
-    let mut ops = Vec::new();
-    for n in 0..adds {
-        let id = format!("{}-{}-{n}", pod.key.namespace, pod.key.pod);
-        ops.push(("ADD", id.clone()));
-        if n + 1 < adds || rng.chance(50) {
-            ops.push(("DEL", id));
+    let id = |n: u64| format!("{}-{}-{n}", pod.key.namespace, pod.key.pod);
+    let mut ops = vec![LifeOp::new("ADD", &id(0))];
+    for n in 1..adds {
+        let (old, new) = (id(n - 1), id(n));
+        if pod.kind != Kind::Plain && rng.chance(50) {
+            let early = format!("{new}-early");
+            ops.push(LifeOp {
+                force_over: Some(old.clone()),
+                ..LifeOp::new("ADD", &early)
+            });
+            ops.push(LifeOp::new("DEL", &early));
         }
+        ops.push(LifeOp::new("DEL", &old));
+        ops.push(LifeOp::new("ADD", &new));
+    }
+    if rng.chance(50) {
+        ops.push(LifeOp::new("DEL", &id(adds - 1)));
     }
     ops
 }
@@ -424,6 +457,7 @@ struct Process {
     pod: usize,
     command: &'static str,
     container: String,
+    force_over: Option<String>,
     spawned_at: u64,
     exited_at: u64,
     outcome: CniOutcome,
@@ -617,16 +651,17 @@ fn temp_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Whether the reservation of `pod` was in one known, active state from `from` to `to` (clock
-/// ticks), judging only by what the writer announced and reported.
-fn surely_active(
+/// Whether the reservation of `pod` was active from `from` to `to` (clock ticks): `None` when
+/// a writer operation on it may have run meanwhile, judging only by what the writer announced
+/// and reported.
+fn known_state(
     pod: &PodKey,
     plan: &[PlannedOp],
     writer: &WriterRun,
     initial: &Model,
     from: u64,
     to: u64,
-) -> bool {
+) -> Option<bool> {
     let mut state = initial.get(pod);
     for (k, planned) in plan.iter().enumerate() {
         if !planned.touches.contains(pod) {
@@ -639,10 +674,22 @@ fn surely_active(
             (Some(begun), _) if begun > to => {}
             (None, _) => {}
             // Ran (or may have run) while the process ran: the state is not known.
-            _ => return false,
+            _ => return None,
         }
     }
-    holds(state)
+    Some(holds(state))
+}
+
+/// Whether the reservation of `pod` surely held its addresses from `from` to `to`.
+fn surely_active(
+    pod: &PodKey,
+    plan: &[PlannedOp],
+    writer: &WriterRun,
+    initial: &Model,
+    from: u64,
+    to: u64,
+) -> bool {
+    known_state(pod, plan, writer, initial, from, to) == Some(true)
 }
 
 #[test]
@@ -662,7 +709,7 @@ fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations(
     }
 
     let mut rng = Rng::new(LIFE_SEED);
-    let lives: Vec<(usize, Vec<(&'static str, String)>)> = pods
+    let lives: Vec<(usize, Vec<LifeOp>)> = pods
         .iter()
         .enumerate()
         .filter(|(_, p)| p.runs)
@@ -673,10 +720,22 @@ fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations(
         processes >= 100,
         "seed {LIFE_SEED:#x} gives only {processes} processes"
     );
+    let forced = |kind| {
+        lives
+            .iter()
+            .filter(|(pod, ops)| {
+                pods[*pod].kind == kind && ops.iter().any(|o| o.force_over.is_some())
+            })
+            .count()
+    };
+    assert!(
+        forced(Kind::Stable) > 0 && forced(Kind::Churn) > 0,
+        "seed {LIFE_SEED:#x} must re-create some stable and churn pods before their old DEL"
+    );
     let owner_of: Arc<HashMap<String, usize>> = Arc::new(
         lives
             .iter()
-            .flat_map(|(pod, ops)| ops.iter().map(|(_, id)| (id.clone(), *pod)))
+            .flat_map(|(pod, ops)| ops.iter().map(|o| (o.container.clone(), *pod)))
             .collect(),
     );
 
@@ -719,7 +778,12 @@ fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations(
             let next_spawn = next_spawn.clone();
             std::thread::spawn(move || {
                 let mut seen = Vec::new();
-                for (command, container) in ops {
+                for LifeOp {
+                    command,
+                    container,
+                    force_over,
+                } in ops
+                {
                     let j = next_spawn.fetch_add(1, Ordering::SeqCst);
                     let needed = (j * WRITER_OPS / processes).saturating_sub(OP_SLACK);
                     progress.wait_until(
@@ -740,6 +804,7 @@ fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations(
                         pod,
                         command,
                         container,
+                        force_over,
                         spawned_at,
                         exited_at,
                         outcome,
@@ -782,9 +847,14 @@ fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations(
         "only {overlapping} of {WRITER_OPS} writer ops ran while plugin processes ran"
     );
 
-    // Every process succeeded; reserved addresses went only where they may.
+    // Every process succeeded but early ADDs, which may be told to try again (checked below);
+    // reserved addresses went only where they may.
+    let refused = |p: &Process| p.force_over.is_some() && p.outcome.code != Some(0);
     let mut holders_of: HashMap<IpAddr, Vec<&Process>> = HashMap::new();
     for p in &runs {
+        if refused(p) {
+            continue;
+        }
         let result = p.outcome.ok();
         if p.command == "ADD" {
             for ip in result_ips(&result) {
@@ -792,13 +862,58 @@ fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations(
             }
         }
     }
+    let got_of = |container: &str| {
+        let add = runs
+            .iter()
+            .find(|p| p.command == "ADD" && p.container == container)
+            .unwrap();
+        result_ips(&add.outcome.ok())
+    };
+    let mut refusals = 0;
+    for p in runs.iter().filter(|p| p.force_over.is_some()) {
+        let me = &pods[p.pod];
+        let old = p.force_over.as_deref().unwrap();
+        // The old sandbox is still there: it holds whatever its ADD got.
+        let old_holds_reserved = got_of(old).iter().any(|ip| me.reserved.contains(ip));
+        let state = if me.kind == Kind::Stable {
+            Some(true)
+        } else {
+            known_state(&me.key, &plan, &writer, &initial, p.spawned_at, p.exited_at)
+        };
+        if refused(p) {
+            refusals += 1;
+            p.outcome.err(11);
+            let reply = p.outcome.stdout_str();
+            if !old_holds_reserved || state == Some(false) {
+                problems.push(format!(
+                    "{} (early sandbox {}) was told to try again although its old sandbox {old} holds no address of an active reservation: {reply}",
+                    me.key, p.container
+                ));
+            } else if !reply.contains(old) {
+                problems.push(format!(
+                    "the try-again answer to {} must name the old sandbox {old}: {reply}",
+                    p.container
+                ));
+            }
+        } else if old_holds_reserved && state == Some(true) {
+            problems.push(format!(
+                "{} (early sandbox {}) got {:?} while its old sandbox {old} still held its reserved addresses: it must be told to try again",
+                me.key,
+                p.container,
+                result_ips(&p.outcome.ok())
+            ));
+        }
+    }
+    if refusals == 0 {
+        problems.push("no early ADD was told to try again (stable pods always must be)".to_owned());
+    }
     let del_exit: HashMap<&str, u64> = runs
         .iter()
         .filter(|p| p.command == "DEL")
         .map(|p| (p.container.as_str(), p.exited_at))
         .collect();
     let (mut decisive_others, mut decisive_own) = (0, 0);
-    for p in runs.iter().filter(|p| p.command == "ADD") {
+    for p in runs.iter().filter(|p| p.command == "ADD" && !refused(p)) {
         let got = result_ips(&p.outcome.ok());
         let me = &pods[p.pod];
         assert_eq!(
@@ -838,8 +953,9 @@ fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations(
             }
         }
         // A churn pod whose reservation surely held its address, which no other container
-        // could have held meanwhile, must get it.
+        // could have held meanwhile, must get it (an early ADD is checked above).
         if me.kind == Kind::Churn
+            && p.force_over.is_none()
             && surely_active(&me.key, &plan, &writer, &initial, p.spawned_at, p.exited_at)
         {
             let contested = me.reserved.iter().any(|ip| {
@@ -883,7 +999,10 @@ fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations(
     let mut live: BTreeMap<IpAddr, Holder> = BTreeMap::new();
     let last_op: BTreeMap<&str, &Process> =
         runs.iter().map(|p| (p.container.as_str(), p)).collect();
-    for p in last_op.values().filter(|p| p.command == "ADD") {
+    for p in last_op
+        .values()
+        .filter(|p| p.command == "ADD" && !refused(p))
+    {
         for ip in result_ips(&p.outcome.ok()) {
             if let Some(other) = live.insert(ip, Holder::attachment(&p.container, "eth0")) {
                 panic!(
@@ -936,7 +1055,8 @@ fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations(
         "unexpected entries in the network directory: {strays:?}"
     );
     eprintln!(
-        "{} processes, {WRITER_OPS} writer ops ({overlapping} overlapping), {snapshots} snapshots; churn checks that applied: {decisive_others} against other pods' ADDs, {decisive_own} on the owner's ADDs",
-        runs.len()
+        "{} processes, {WRITER_OPS} writer ops ({overlapping} overlapping), {snapshots} snapshots, {} early ADDs ({refusals} told to try again); churn checks that applied: {decisive_others} against other pods' ADDs, {decisive_own} on the owner's ADDs",
+        runs.len(),
+        runs.iter().filter(|p| p.force_over.is_some()).count()
     );
 }
