@@ -862,6 +862,19 @@ fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations(
             }
         }
     }
+    // What the plugin logs: one prefixed line per decision note; nothing at all for a pod
+    // without reservation (no garbage is ever visible under the lock) and for DEL.
+    let prefix = format!("ipkeep: {NETWORK}: ");
+    for p in &runs {
+        let stderr = p.outcome.stderr_str();
+        let quiet = p.command == "DEL" || pods[p.pod].kind == Kind::Plain;
+        if (quiet && !stderr.is_empty()) || stderr.lines().any(|l| !l.starts_with(&prefix)) {
+            problems.push(format!(
+                "{} of {} logged {stderr:?}",
+                p.command, p.container
+            ));
+        }
+    }
     let got_of = |container: &str| {
         let add = runs
             .iter()
