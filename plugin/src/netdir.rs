@@ -341,9 +341,13 @@ impl DirFd {
     }
 
     /// Creates `name` in `target` with `bytes` as content, exclusively (like `O_EXCL`) and without
-    /// the file ever being visible half-written: a temporary file is written and fsync'd in this
-    /// directory, then hard-linked to `target/name`. Returns `false` if `name` already exists
-    /// (whatever its type). The temporary file is removed in every case.
+    /// the file ever being visible half-written: a temporary file is written in this directory,
+    /// then hard-linked to `target/name`. Returns `false` if `name` already exists (whatever its
+    /// type). The temporary file is removed in every case.
+    ///
+    /// Not fsync'd: a process killed at any instant leaves either no file or the whole file, which
+    /// is what the allocation files need (see `disk_store`'s module docs for why a power loss
+    /// does not make their durability matter).
     pub fn create_exclusive_in(
         &self,
         target: &DirFd,
@@ -352,7 +356,7 @@ impl DirFd {
         mode: u32,
     ) -> Result<bool, NetDirError> {
         check_name(name)?;
-        let temp = self.write_temp(bytes, mode, true)?;
+        let temp = self.write_temp(bytes, mode, false)?;
         let linked =
             rustix::fs::linkat(&self.fd, temp.as_str(), &target.fd, name, AtFlags::empty());
         let _ = rustix::fs::unlinkat(&self.fd, temp.as_str(), AtFlags::empty());
