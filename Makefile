@@ -44,7 +44,10 @@ test:
 	  echo "make test: using $$kubectl_env" && \
 	  $(MAKE) --no-print-directory lint && \
 	  $(MAKE) --no-print-directory plugin && \
-	  $(CARGO) test --workspace
+	  $(CARGO) test --workspace 2>&1 | tee target/test.log
+	@# One closing line for the whole run: cargo prints one per test binary, the last often "0 passed".
+	@awk '/^test result: / { p += $$4; f += $$6; i += $$8 } \
+	  END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i; if (p == 0 || f > 0) exit 1 }' target/test.log
 
 ## bench: ipkeep against the reference host-local, side by side, in one run.
 bench: deps plugin

@@ -522,10 +522,7 @@ impl Store for DiskStore<'_> {
             return Ok(false);
         }
         let last = Self::last_reserved_name(range_id);
-        if let Err(e) = self
-            .net
-            .write_atomic(&last, name.as_bytes(), FILE_MODE, false)
-        {
+        if let Err(e) = self.net.overwrite(&last, name.as_bytes(), FILE_MODE) {
             // Unlike host-local (which leaves the address allocated), undo the reservation.
             let _ = self.net.remove(&name);
             return Err(match e {

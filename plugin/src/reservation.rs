@@ -24,8 +24,8 @@
 //! ([`read_reservation`], O(1) via the path) and asks "is this address another pod's?" of the
 //! binary snapshot `<net>/.ipkeep/reserved.index` ([`index`]) through
 //! [`load_reservations_cached`]: one file read, an O(1) validity check against the writer's
-//! generation counter, then binary searches. The writer keeps it current. Measure with
-//! `cargo test --release -p ipkeep-plugin --lib reservation::tests::measure_load_cost -- --ignored --nocapture`.
+//! generation counter, then binary searches. The writer keeps it current. `make bench` measures
+//! an ADD with 1 000 reservation files on the node against one with none.
 //!
 //! # The decision
 //! [`decide`] is pure: given the range sets, requested addresses, the pod's own reservation, the

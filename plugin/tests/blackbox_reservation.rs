@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use common::{CniCall, CniOutcome, ipkeep};
 use ipkeep_plugin::netdir::NetworkDir;
@@ -557,76 +557,6 @@ fn reservations_of_others_leave_stderr_empty() {
         out.ok();
         assert!(out.stderr.is_empty(), "{pod}: {}", out.stderr_str());
     }
-}
-
-/// The cost the reservations add to an ADD: the same ADD (a pod without a reservation, then a
-/// returning pod with one) on a node with no `reserved/` and on one with 1 000 reservation files,
-/// interleaved so both see the same machine load. Prints medians; asserts only that every ADD
-/// succeeded. Run with
-/// `cargo test --release -p ipkeep-plugin --test blackbox_reservation measure -- --ignored --nocapture`.
-#[test]
-#[ignore = "a measurement, not a test: run it by name"]
-fn measure_add_cost_with_1000_reservations() {
-    const ROUNDS: usize = 300;
-    const RANGES: &str = r#"[[{"subnet":"10.1.0.0/16"}],[{"subnet":"fd00::/112"}]]"#;
-    let empty = Scratch::new("cost-none");
-    let full = Scratch::new("cost-1000");
-    for i in 0..1000u32 {
-        let (hi, lo) = (100 + i / 250, i % 250 + 2);
-        full.reserve(
-            &format!("ns-{}", i % 50),
-            &format!("pod-{i}"),
-            &[
-                &format!("10.1.{hi}.{lo}"),
-                &format!("fd00::{:x}", 0x8000 + i),
-            ],
-            if i % 2 == 0 { None } else { Some(3600) },
-        );
-    }
-    assert_eq!(
-        std::fs::read_dir(full.net().join("reserved/ns-0"))
-            .unwrap()
-            .count(),
-        20
-    );
-    let time = |conf: &str, ns: &str, pod: &str, sandbox: &str| {
-        let start = std::time::Instant::now();
-        let out = add(conf, ns, pod, sandbox);
-        let took = start.elapsed();
-        out.ok();
-        del(conf, ns, pod, sandbox).ok();
-        took
-    };
-    let mut samples: [Vec<Duration>; 4] = Default::default();
-    for round in 0..ROUNDS {
-        let sandbox = format!("s{round}");
-        samples[0].push(time(&empty.conf(RANGES), "db", "fresh", &sandbox));
-        samples[1].push(time(&full.conf(RANGES), "db", "fresh", &sandbox));
-        samples[2].push(time(&empty.conf(RANGES), "ns-7", "pod-7", &sandbox));
-        samples[3].push(time(&full.conf(RANGES), "ns-7", "pod-7", &sandbox));
-    }
-    let median = |v: &mut Vec<Duration>| {
-        v.sort();
-        v[v.len() / 2]
-    };
-    let names = [
-        "ADD, no reserved/                       ",
-        "ADD, 1 000 reservations, pod without one",
-        "ADD, no reserved/, pod named ns-7/pod-7 ",
-        "ADD, 1 000 reservations, returning pod  ",
-    ];
-    let medians: Vec<Duration> = samples.iter_mut().map(median).collect();
-    for (name, m) in names.iter().zip(&medians) {
-        println!(
-            "{name}: median {:>7.1} µs over {ROUNDS}",
-            m.as_secs_f64() * 1e6
-        );
-    }
-    println!(
-        "ratio without a reservation {:.2}, returning pod {:.2}",
-        medians[1].as_secs_f64() / medians[0].as_secs_f64(),
-        medians[3].as_secs_f64() / medians[2].as_secs_f64()
-    );
 }
 
 #[test]

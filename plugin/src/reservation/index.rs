@@ -1,7 +1,7 @@
 //! The compiled snapshot of `reserved/` that lets an ADD answer "is this address another pod's?"
 //! without reading every reservation file.
 //!
-//! Measured on the 2-core CI machine (`measure_load_cost`, release build, warm cache): a full
+//! Measured on the 2-core CI machine while designing it (release build, warm cache): a full
 //! scan of 1 000 reservation files costs about 9 ms (20 ms when spread over 1 000 namespaces)
 //! and a JSON snapshot of them still 1.2 ms to decode, while an exec of `/bin/true` costs about
 //! 0.8 ms: either would more than double an ADD. So the snapshot is a flat binary table sorted
