@@ -411,12 +411,17 @@ struct Side<'a> {
 /// quieter machine; then their peak RSS.
 fn interleave(sides: [Side<'_>; 2]) -> Result<[Samples; 2], BenchError> {
     let mut samples = [Samples::default(), Samples::default()];
+    // Seeding thousands of files (and removing the last scenario's) leaves the file system busy
+    // writing back for seconds, which slowed every measured file creation by milliseconds and made
+    // the figures depend on the scenario order: let it settle first.
+    rustix::fs::sync();
     // Unmeasured first cycle for both: ipkeep rebuilds its index from the seeded files here (a
     // one-time cost after host-local or a human changed the directory), and both warm the page cache.
     for side in &sides {
         let result = cycle(side.plugin, &side.dir, "warmup", &mut Samples::default())?;
         check_fresh(side.plugin, side.allocated, &result)?;
     }
+    rustix::fs::sync();
     let rounds = sides[0].cycles.max(sides[1].cycles);
     for round in 0..rounds {
         for step in 0..2 {

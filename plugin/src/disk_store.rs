@@ -32,9 +32,12 @@
 //!   ipkeep's last change. Every command (under the lock) compares it with the directory: when
 //!   they differ, someone else (host-local, a human) changed `<net>/`, and the whole index is
 //!   rebuilt from the IP files (one O(n) scan that keeps the pod of records still matching their
-//!   file). Before its first change a command deletes the stamp and writes a new one only after
-//!   its last change, so a process killed at any instant leaves no stamp and the next command
-//!   rebuilds. Index records are always verified against the IP file before they are acted on.
+//!   file). Before its first change a command overwrites the stamp with a "dirty" marker and
+//!   writes the new stamp only after its last change, so a process killed at any instant leaves
+//!   a stamp that matches nothing and the next command rebuilds. Both writes are in place (no new
+//!   inode, no rename: see `NetworkDir::overwrite`), so keeping the index costs a command two
+//!   small writes. Index records are always verified against the IP file before they are acted
+//!   on.
 //!
 //! Residual risk: the directory's timestamps are only as fine as the kernel makes them. Linux
 //! ≥ 6.13 gives a fine-grained ("multigrain") timestamp to a change that follows a `stat`, which
@@ -103,6 +106,9 @@ fn index_key(container_id: &str) -> String {
     }
     format!("~{h:016x}")
 }
+
+/// What the stamp holds while a command is changing things: it matches no directory.
+const STAMP_DIRTY: &[u8] = b"ipkeep-stamp dirty\n";
 
 fn stamp_text(s: &crate::netdir::FileStamp) -> String {
     format!(
@@ -256,7 +262,7 @@ impl<'a> DiskStore<'a> {
 
     fn mark_dirty(&mut self) -> Result<(), StoreError> {
         if !self.dirty {
-            self.meta.remove(STAMP)?;
+            self.meta.overwrite(STAMP, STAMP_DIRTY, FILE_MODE)?;
             self.dirty = true;
         }
         Ok(())
@@ -461,8 +467,7 @@ impl<'a> DiskStore<'a> {
     fn seal(&mut self) -> Result<(), StoreError> {
         if self.dirty && self.index_ok {
             let stamp = stamp_text(&self.net.stamp()?);
-            self.meta
-                .write_atomic(STAMP, stamp.as_bytes(), FILE_MODE, false)?;
+            self.meta.overwrite(STAMP, stamp.as_bytes(), FILE_MODE)?;
             self.dirty = false;
         }
         Ok(())
@@ -804,7 +809,7 @@ mod tests {
     }
 
     #[test]
-    fn missing_stamp_means_rebuild() {
+    fn dirty_or_missing_stamp_means_rebuild() {
         let s = Scratch::new("crash");
         let net = NetworkDir::open(&s.0, "net1").unwrap();
         {
@@ -812,10 +817,21 @@ mod tests {
             st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, None).unwrap();
             st.finish();
         }
-        // What a kill between the IP file and the index leaves: no index record and no stamp
-        // (the stamp is deleted before the first change and written after the last).
+        let stamp = s.0.join("net1/.ipkeep/stamp");
+        assert!(!std::fs::read(&stamp).unwrap().starts_with(STAMP_DIRTY));
+        // What a kill between the IP file and the index leaves: no index record and the dirty
+        // marker (written before the first change; the stamp is written after the last).
         std::fs::remove_file(s.0.join("net1/.ipkeep/containers/c1")).unwrap();
-        std::fs::remove_file(s.0.join("net1/.ipkeep/stamp")).unwrap();
+        std::fs::write(&stamp, STAMP_DIRTY).unwrap();
+        {
+            let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
+            assert!(st.rebuilt());
+            assert_eq!(st.get_by_id("c1", "eth0").unwrap(), vec![ip("10.1.0.2")]);
+            st.finish();
+        }
+        // A stamp removed by hand, or one half overwritten, is as good as dirty.
+        std::fs::remove_file(s.0.join("net1/.ipkeep/containers/c1")).unwrap();
+        std::fs::remove_file(&stamp).unwrap();
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
         assert!(st.rebuilt());
         assert_eq!(st.get_by_id("c1", "eth0").unwrap(), vec![ip("10.1.0.2")]);
