@@ -100,6 +100,9 @@ fn scenarios() -> Vec<Scenario> {
     ]
 }
 
+/// Unmeasured cycles before the measured ones, per side.
+const WARMUP_CYCLES: usize = 20;
+
 /// Cycles of each side in the reservation-cost comparison (ipkeep against itself).
 const RESERVATION_CYCLES: usize = 300;
 
@@ -415,11 +418,20 @@ fn interleave(sides: [Side<'_>; 2]) -> Result<[Samples; 2], BenchError> {
     // writing back for seconds, which slowed every measured file creation by milliseconds and made
     // the figures depend on the scenario order: let it settle first.
     rustix::fs::sync();
-    // Unmeasured first cycle for both: ipkeep rebuilds its index from the seeded files here (a
-    // one-time cost after host-local or a human changed the directory), and both warm the page cache.
+    // Unmeasured first cycles for both: ipkeep rebuilds its index from the seeded files in the
+    // first one (a one-time cost after host-local or a human changed the directory), and both warm
+    // the page cache and the file system's metadata for a fresh directory (the first creations in
+    // it were measured at twice the steady cost here).
     for side in &sides {
-        let result = cycle(side.plugin, &side.dir, "warmup", &mut Samples::default())?;
-        check_fresh(side.plugin, side.allocated, &result)?;
+        for i in 0..WARMUP_CYCLES {
+            let result = cycle(
+                side.plugin,
+                &side.dir,
+                &format!("warmup{i}"),
+                &mut Samples::default(),
+            )?;
+            check_fresh(side.plugin, side.allocated, &result)?;
+        }
     }
     rustix::fs::sync();
     let rounds = sides[0].cycles.max(sides[1].cycles);
@@ -630,11 +642,12 @@ fn run() -> Result<String, BenchError> {
     );
     eprintln!("load average before: {}", load_average());
     eprintln!(
-        "Each scenario seeds the allocations in host-local's format, then runs one unmeasured ADD+DEL"
+        "Each scenario seeds the allocations in host-local's format, then runs {WARMUP_CYCLES} unmeasured"
     );
     eprintln!(
-        "per plugin (ipkeep rebuilds its index from the seeded files there), then the measured cycles."
+        "ADD+DEL cycles per plugin (ipkeep rebuilds its index from the seeded files in the first), then"
     );
+    eprintln!("the measured cycles, interleaved.");
     let scenarios = scenarios();
     let mut results = Vec::new();
     for scenario in &scenarios {
