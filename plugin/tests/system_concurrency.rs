@@ -14,14 +14,13 @@ use std::sync::{Arc, Barrier};
 use common::CniCall;
 use system_support::{
     Holder, Rng, Scratch, allocations, describe, finish, net_config, release, result_ips,
-    spawn_held,
 };
 
 const NETWORK: &str = "sysnet";
 
 /// Starts every call held, then releases them all, so they really run at the same time.
 fn run_at_once(calls: &[CniCall], binary: &Path) -> Vec<common::CniOutcome> {
-    let mut children: Vec<_> = calls.iter().map(|call| spawn_held(call, binary)).collect();
+    let mut children: Vec<_> = calls.iter().map(|call| call.spawn_held(binary)).collect();
     for (child, call) in children.iter_mut().zip(calls) {
         release(child, &call.stdin);
     }
@@ -286,7 +285,7 @@ fn ipkeep_and_host_local_side_by_side_on_one_network() {
     let mut children: Vec<_> = calls
         .iter()
         .enumerate()
-        .map(|(i, call)| spawn_held(call, plugin_for(i)))
+        .map(|(i, call)| call.spawn_held(plugin_for(i)))
         .collect();
     for (child, call) in children.iter_mut().zip(&calls) {
         release(child, &call.stdin);
@@ -319,7 +318,7 @@ fn ipkeep_and_host_local_side_by_side_on_one_network() {
     let mut children: Vec<_> = dels
         .iter()
         .enumerate()
-        .map(|(i, call)| spawn_held(call, plugin_for(i + 1)))
+        .map(|(i, call)| call.spawn_held(plugin_for(i + 1)))
         .collect();
     for (child, call) in children.iter_mut().zip(&dels) {
         release(child, &call.stdin);

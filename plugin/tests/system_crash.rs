@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use common::{CniCall, CniOutcome};
 use system_support::{
     Holder, Rng, Scratch, allocations, describe, nested_ip_named, net_config, release, result_ips,
-    spawn_held,
 };
 
 const NETWORK: &str = "crashnet";
@@ -137,7 +136,7 @@ fn typical_add(binary: &Path, config: &str) -> Duration {
 /// Runs one round: `calls` start together and each is SIGKILLed `delay` after the start (a process
 /// that finished before its instant is not affected). Returns each outcome, `None` when killed.
 fn run_and_kill(binary: &Path, calls: &[CniCall], delays: &[Duration]) -> Vec<Option<CniOutcome>> {
-    let mut children: Vec<_> = calls.iter().map(|call| spawn_held(call, binary)).collect();
+    let mut children: Vec<_> = calls.iter().map(|call| call.spawn_held(binary)).collect();
     let start = Instant::now();
     for (child, call) in children.iter_mut().zip(calls) {
         release(child, &call.stdin);

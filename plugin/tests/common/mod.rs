@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 /// The `ipkeep` binary built by cargo for this test run.
 pub fn ipkeep() -> PathBuf {
@@ -64,8 +64,10 @@ impl CniCall {
         self
     }
 
-    /// Runs `binary` with exactly these variables (plus a fixed PATH) and returns its output.
-    pub fn run(&self, binary: &Path) -> CniOutcome {
+    /// Starts `binary` with exactly these variables (plus a fixed PATH), all three standard
+    /// streams piped, without writing its stdin yet: the plugin blocks reading it, so a batch of
+    /// processes started this way can be released together.
+    pub fn spawn_held(&self, binary: &Path) -> Child {
         let mut cmd = Command::new(binary);
         cmd.env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
         for (key, value) in [
@@ -86,9 +88,13 @@ impl CniCall {
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("failed to start {}: {e}", binary.display()));
+        cmd.spawn()
+            .unwrap_or_else(|e| panic!("failed to start {}: {e}", binary.display()))
+    }
+
+    /// Runs `binary` with exactly these variables and returns its output.
+    pub fn run(&self, binary: &Path) -> CniOutcome {
+        let mut child = self.spawn_held(binary);
         // A plugin may exit before reading stdin (VERSION): a broken pipe is not an error here.
         let _ = child.stdin.take().map(|mut s| s.write_all(&self.stdin));
         let out = child

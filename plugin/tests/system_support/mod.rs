@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::common::{CniCall, CniOutcome};
@@ -94,34 +94,7 @@ pub fn net_config(
     serde_json::json!({ "cniVersion": cni_version, "name": network, "ipam": ipam }).to_string()
 }
 
-/// Starts `binary` exactly as `CniCall::run` would but does not give it its stdin yet: the plugin
-/// blocks reading it, so a batch of processes started this way can be released together.
-pub fn spawn_held(call: &CniCall, binary: &Path) -> Child {
-    let mut cmd = Command::new(binary);
-    cmd.env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-    for (key, value) in [
-        ("CNI_COMMAND", &call.command),
-        ("CNI_CONTAINERID", &call.container_id),
-        ("CNI_NETNS", &call.netns),
-        ("CNI_IFNAME", &call.ifname),
-        ("CNI_ARGS", &call.args),
-        ("CNI_PATH", &call.path),
-    ] {
-        if let Some(value) = value {
-            cmd.env(key, value);
-        }
-    }
-    for (key, value) in &call.extra_env {
-        cmd.env(key, value);
-    }
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd.spawn()
-        .unwrap_or_else(|e| panic!("failed to start {}: {e}", binary.display()))
-}
-
-/// Gives a child from [`spawn_held`] its configuration and closes its stdin.
+/// Gives a child from [`CniCall::spawn_held`] its configuration and closes its stdin.
 pub fn release(child: &mut Child, stdin: &[u8]) {
     // The configuration is far below a pipe buffer, so this never blocks on the child.
     if let Some(mut pipe) = child.stdin.take() {
@@ -131,7 +104,7 @@ pub fn release(child: &mut Child, stdin: &[u8]) {
 
 /// Starts `binary` for `call` and lets it run.
 pub fn spawn(call: &CniCall, binary: &Path) -> Child {
-    let mut child = spawn_held(call, binary);
+    let mut child = call.spawn_held(binary);
     release(&mut child, &call.stdin);
     child
 }
