@@ -7,125 +7,25 @@
 //! the benchmarking/documentation ranges, so nothing can leave the machine.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod chain_support;
 mod common;
 mod system_support;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
+use chain_support::{
+    BRIDGE_PLUGIN, Cleanup, addresses_in, ip, require_root_and_bridge, result_cidrs, try_ip, unique,
+};
 use common::CniCall;
-use system_support::{Holder, Scratch, allocations, result_ips};
+use system_support::{Holder, Scratch, allocations};
 
-const BRIDGE_PLUGIN: &str = "/usr/lib/cni/bridge";
 const NETWORK: &str = "chainnet";
-
-/// Runs `ip` and returns its stdout; panics with its stderr when it fails.
-fn ip(args: &[&str]) -> String {
-    try_ip(args).unwrap_or_else(|stderr| panic!("`ip {}` failed: {stderr}", args.join(" ")))
-}
-
-fn try_ip(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("ip").args(args).output().unwrap_or_else(|e| {
-        panic!("failed to run `ip` (Debian package iproute2, installed by `make deps`): {e}")
-    });
-    if out.status.success() {
-        Ok(String::from_utf8(out.stdout).unwrap())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
-/// The effective UID, from /proc (no libc call needed).
-fn euid() -> u32 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
-    line.split_whitespace().nth(2).unwrap().parse().unwrap()
-}
-
-/// Namespaces and links this test made; removed on drop, also when an assertion failed.
-#[derive(Debug, Default)]
-struct Cleanup {
-    namespaces: Vec<String>,
-    links: Vec<String>,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for ns in &self.namespaces {
-            let _ = try_ip(&["netns", "del", ns]);
-        }
-        for link in &self.links {
-            let _ = try_ip(&["link", "del", link]);
-        }
-    }
-}
-
-impl Cleanup {
-    /// A fresh, uniquely named network namespace; fails the test when it cannot be made.
-    fn netns(&mut self, tag: &str) -> String {
-        let name = format!("ipkeep-{tag}-{}-{}", std::process::id(), unique());
-        // Registered first, so a half-made namespace is still removed.
-        self.namespaces.push(name.clone());
-        if let Err(stderr) = try_ip(&["netns", "add", &name]) {
-            panic!(
-                "`ip netns add {name}` failed (the chain tests need root and network namespaces; CI runs as root): {stderr}"
-            );
-        }
-        name
-    }
-}
-
-fn unique() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-fn require_root() {
-    assert!(
-        Path::new(BRIDGE_PLUGIN).exists(),
-        "{BRIDGE_PLUGIN} is missing: run `make deps` (Debian package containernetworking-plugins)"
-    );
-    assert_eq!(
-        euid(),
-        0,
-        "the bridge chain tests must run as root (they create network namespaces and a bridge); CI runs as root"
-    );
-}
-
-/// The addresses (`local`, prefix length) on `dev` inside `ns`, per `ip -j addr show`.
-fn addresses_in(ns: &str, dev: &str) -> Vec<(IpAddr, u64)> {
-    let json: serde_json::Value =
-        serde_json::from_str(&ip(&["-n", ns, "-j", "addr", "show", "dev", dev])).unwrap();
-    json.as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|link| link["addr_info"].as_array().cloned().unwrap_or_default())
-        .filter(|a| a["scope"] == "global")
-        .map(|a| {
-            (
-                a["local"].as_str().unwrap().parse().unwrap(),
-                a["prefixlen"].as_u64().unwrap(),
-            )
-        })
-        .collect()
-}
-
-/// `(address, prefix length)` for every entry of a CNI result.
-fn result_cidrs(result: &serde_json::Value) -> Vec<(IpAddr, u64)> {
-    let ips = result_ips(result);
-    let prefixes = result["ips"].as_array().unwrap().iter().map(|ip| {
-        let cidr = ip["address"].as_str().unwrap();
-        cidr.rsplit_once('/').unwrap().1.parse::<u64>().unwrap()
-    });
-    ips.into_iter().zip(prefixes).collect()
-}
 
 /// One run of the chain: two pods (namespaces) attached to one fresh bridge through `ipam_plugin`,
 /// each checked after ADD and after DEL. Returns the addresses each pod got.
 fn bridge_chain(ipam_plugin: &Path, ranges: serde_json::Value) -> Vec<Vec<(IpAddr, u64)>> {
-    require_root();
+    require_root_and_bridge("bridge chain tests");
     let mut cleanup = Cleanup::default();
     let bridge = format!("ikb{}-{}", std::process::id() % 1_000_000, unique());
     cleanup.links.push(bridge.clone());
