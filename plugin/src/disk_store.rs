@@ -191,7 +191,8 @@ pub struct DiskStore<'a> {
     log: Vec<String>,
     /// The stamp has been removed because this command changes things.
     dirty: bool,
-    /// The index is known to be consistent with the IP files (false after a failed index write).
+    /// The index is known to be consistent with the IP files: false from a failed index write,
+    /// and during a rebuild, until a rebuild completes.
     index_ok: bool,
     /// Whether this command rebuilt the index (for tests and logs).
     rebuilt: bool,
@@ -271,6 +272,9 @@ impl<'a> DiskStore<'a> {
     /// Scans every allocation file and rewrites the index from it (keeping recorded pods).
     pub fn rebuild(&mut self) -> Result<Vec<ScannedFile>, StoreError> {
         self.mark_dirty()?;
+        // Until the last index file is written the index may lack containers: a rebuild that
+        // fails half-way must leave the stamp dirty, or `Drop` would seal the partial index.
+        self.index_ok = false;
         self.rebuilt = true;
         self.net.remove_stale_temps()?;
         // `.ipkeep/` itself holds the stamp's and the reservation snapshot's temporaries.
@@ -390,29 +394,23 @@ impl<'a> DiskStore<'a> {
         if !is_valid_container_id(container_id) {
             return Ok(Vec::new());
         }
+        let key = index_key(container_id);
         for attempt in 0..2 {
-            let raw = match self
-                .containers
-                .read_file(&index_key(container_id), MAX_INDEX_FILE)
-            {
-                Ok(raw) => raw,
-                Err(_) if attempt == 0 => {
-                    self.containers.remove(&index_key(container_id)).ok();
-                    self.rebuild()?;
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
+            let file = match self.containers.read_file(&key, MAX_INDEX_FILE) {
+                Ok(None) => return Ok(Vec::new()),
+                Ok(Some(raw)) => serde_json::from_slice::<IndexFile>(&raw)
+                    .ok()
+                    .filter(|file| file.container_id == container_id),
+                Err(e) if attempt > 0 => return Err(e.into()),
+                Err(_) => None,
             };
-            let Some(raw) = raw else {
-                return Ok(Vec::new());
-            };
-            match serde_json::from_slice::<IndexFile>(&raw) {
-                Ok(file) if file.container_id == container_id => return Ok(file.attachments),
-                _ if attempt == 0 => {
-                    self.containers.remove(&index_key(container_id))?;
+            match file {
+                Some(file) => return Ok(file.attachments),
+                // The rebuild replaces whatever is unusable at `key` (under the dirty stamp).
+                None if attempt == 0 => {
                     self.rebuild()?;
                 }
-                _ => return Ok(Vec::new()),
+                None => return Ok(Vec::new()),
             }
         }
         Ok(Vec::new())
@@ -423,20 +421,23 @@ impl<'a> DiskStore<'a> {
         container_id: &str,
         entries: &[IndexEntry],
     ) -> Result<(), StoreError> {
-        self.index_ok = false;
         let key = index_key(container_id);
-        if entries.is_empty() {
-            self.containers.remove(&key)?;
+        let written = if entries.is_empty() {
+            self.containers.remove(&key).map(|_| ())
         } else {
             self.containers.write_atomic(
                 &key,
                 serialize_index(container_id, entries).as_bytes(),
                 FILE_MODE,
                 false,
-            )?;
+            )
+        };
+        // Sticky: a later successful write (a failed ADD's clean-up) does not make up for a
+        // record that was never written; only a completed rebuild does.
+        if written.is_err() {
+            self.index_ok = false;
         }
-        self.index_ok = true;
-        Ok(())
+        Ok(written?)
     }
 
     /// GC: frees every allocation whose owner is not `valid(owner)` (garbage files are left
@@ -835,6 +836,74 @@ mod tests {
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
         assert!(st.rebuilt());
         assert_eq!(st.get_by_id("c1", "eth0").unwrap(), vec![ip("10.1.0.2")]);
+    }
+
+    #[test]
+    fn failed_rebuild_never_seals_a_partial_index() {
+        let s = Scratch::new("failedrebuild");
+        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        // host-local allocated for two containers behind ipkeep's back, and a directory squats on
+        // c1's index name, so the rebuild fails before it writes c2's index file.
+        std::fs::write(s.0.join("net1/10.1.0.2"), b"c1\r\neth0").unwrap();
+        std::fs::write(s.0.join("net1/10.1.0.3"), b"c2\r\neth0").unwrap();
+        std::fs::create_dir_all(s.0.join("net1/.ipkeep/containers/c1/x")).unwrap();
+        assert!(DiskStore::open(&net, SystemTime::now()).is_err());
+        // The obstacle goes away (as a full disk does): the next command must rebuild, not trust
+        // an index that lacks c2.
+        std::fs::remove_dir_all(s.0.join("net1/.ipkeep/containers/c1")).unwrap();
+        let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
+        assert_eq!(st.get_by_id("c2", "eth0").unwrap(), vec![ip("10.1.0.3")]);
+        st.finish();
+    }
+
+    /// Makes a directory immutable (`chattr +i`) for as long as it lives: entries can be read
+    /// but none created, which is how these tests make an index write fail as root.
+    struct Immutable(PathBuf);
+    impl Immutable {
+        fn new(dir: PathBuf) -> Self {
+            let status = std::process::Command::new("chattr")
+                .arg("+i")
+                .arg(&dir)
+                .status()
+                .expect("this test needs chattr (e2fsprogs) to make an index write fail");
+            assert!(
+                status.success(),
+                "this test needs root and a file system with immutable directories (ext4) to make an index write fail: chattr +i {} failed",
+                dir.display()
+            );
+            Self(dir)
+        }
+    }
+    impl Drop for Immutable {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("chattr")
+                .arg("-i")
+                .arg(&self.0)
+                .status();
+        }
+    }
+
+    #[test]
+    fn a_failed_index_write_is_not_forgotten_by_a_later_one() {
+        let s = Scratch::new("stickyindex");
+        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        {
+            let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
+            assert!(st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, None).unwrap());
+            {
+                let _frozen = Immutable::new(s.0.join("net1/.ipkeep/containers"));
+                // The second range set's file is linked, then recording it in the index fails.
+                assert!(st.reserve(ip("10.2.0.2"), "c1", "eth0", 1, None).is_err());
+            }
+            // The failed ADD frees what it reserved; this index write succeeds.
+            assert!(st.release(ip("10.1.0.2"), "c1", "eth0").unwrap());
+            st.finish();
+        }
+        assert!(s.0.join("net1/10.2.0.2").exists());
+        // The runtime's DEL must find the address whose index record was never written.
+        let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
+        assert_eq!(st.get_by_id("c1", "eth0").unwrap(), vec![ip("10.2.0.2")]);
+        st.finish();
     }
 
     #[test]
