@@ -425,8 +425,12 @@ pub fn decide<R: RangeSetView>(input: &DecisionInput<'_, R>) -> Decision {
                 container_id,
                 pod: Some(pod),
             } if Some(&pod) == me => {
+                // A marker from the future means the clock stepped back since it was written;
+                // trusting it would make the pod wait until the clock catches up, not `grace`.
                 let since = match input.wait_marker {
-                    Some(marker) if marker.holder == container_id => marker.since,
+                    Some(marker) if marker.holder == container_id && marker.since <= input.now => {
+                        marker.since
+                    }
                     _ => input.now,
                 };
                 let waited = input.now.saturating_duration_since(since);
@@ -854,6 +858,26 @@ mod tests {
                     waited: Duration::from_secs(120),
                 }],
                 ..base("same pod's previous container past grace: fresh address, marker kept")
+            },
+            Case {
+                own: own_v4(),
+                holders: vec![("10.1.0.7", same_pod())],
+                marker: Some(WaitMarker {
+                    holder: "old-sandbox".into(),
+                    since: at(86_400),
+                }),
+                expect: Outcome::RetryLater(RetryLater {
+                    pod: key("db", "web-0"),
+                    ip: ip("10.1.0.7"),
+                    holder: "old-sandbox".into(),
+                    waited: Duration::ZERO,
+                    grace: DEFAULT_GRACE,
+                }),
+                marker_action: MarkerAction::Write(WaitMarker {
+                    holder: "old-sandbox".into(),
+                    since: at(0),
+                }),
+                ..base("a marker from the future (the clock stepped back) restarts the wait now")
             },
             Case {
                 own: own_v4(),
