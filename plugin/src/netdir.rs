@@ -345,7 +345,8 @@ impl DirFd {
     /// round-robin cursor. Replacing a file through a rename, or truncating it to zero, makes ext4
     /// start its writeback at once (the `auto_da_alloc` heuristic), which cost every ADD about
     /// 0.3 ms here; an in-place write and a shrinking `ftruncate` do not. Anything at `name` that is
-    /// not a regular file (a planted symlink, a FIFO) is replaced atomically instead.
+    /// not a regular file with a single link (a planted symlink, a FIFO, a hard link to a file
+    /// elsewhere) is replaced atomically instead.
     pub fn overwrite(&self, name: &str, bytes: &[u8], mode: u32) -> Result<(), NetDirError> {
         check_name(name)?;
         let flags =
@@ -358,7 +359,9 @@ impl DirFd {
         };
         let stat =
             rustix::fs::fstat(&fd).map_err(|e| self.io("stat", &self.child_path(name), e))?;
-        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+        // A hard link planted at `name` shares its inode with a file elsewhere (possibly outside
+        // the data directory): writing in place would change that file. Replace the name.
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile || stat.st_nlink != 1 {
             drop(fd);
             return self.write_atomic(name, bytes, mode, false);
         }
@@ -1013,6 +1016,20 @@ mod tests {
         );
         assert!(dir.overwrite("../escape", b"x", 0o600).is_err());
         assert!(!s.0.join("escape").exists());
+    }
+
+    #[test]
+    fn overwrite_never_writes_through_a_hard_link() {
+        let s = Scratch::new("hardlink");
+        let dir = NetworkDir::open(&s.0, "net1").unwrap();
+        let victim = s.0.join("victim");
+        std::fs::write(&victim, b"precious content").unwrap();
+        let path = s.0.join("net1/last_reserved_ip.0");
+        std::fs::hard_link(&victim, &path).unwrap();
+        dir.overwrite("last_reserved_ip.0", b"10.1.0.2", 0o600)
+            .unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious content");
+        assert_eq!(std::fs::read(&path).unwrap(), b"10.1.0.2");
     }
 
     #[test]
