@@ -465,3 +465,121 @@ async fn server_side_apply_conflicts_without_force() {
         unlabelled.labels()
     );
 }
+
+#[tokio::test]
+async fn oversized_request_bodies_are_refused_with_413() {
+    let server = start().await;
+    // kube-apiserver refuses bodies over 3 MiB before decoding them.
+    let big = "x".repeat(3 * 1024 * 1024 + 1);
+    let config_map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "big"}, "data": {"k": big}});
+    let request = hyper::http::Request::post("/api/v1/namespaces/default/configmaps")
+        .header("content-type", "application/json")
+        .body(config_map.to_string().into_bytes())
+        .unwrap();
+    let err = server.client().request_text(request).await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 413 && s.reason == "RequestEntityTooLarge"),
+        "{err:?}"
+    );
+    let request = hyper::http::Request::get("/api/v1/namespaces/default/configmaps/big")
+        .body(Vec::new())
+        .unwrap();
+    let err = server.client().request_text(request).await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 404),
+        "nothing was stored: {err:?}"
+    );
+}
+
+#[tokio::test]
+async fn watch_with_huge_timeout_keeps_streaming() {
+    let server = start().await;
+    let iprs: Api<DynamicObject> = Api::namespaced_with(server.client(), "default", &ipr());
+    // u64::MAX seconds cannot be added to an instant; the watch must still run (not die in a panic).
+    let request = hyper::http::Request::get(
+        "/apis/ipkeep.dev/v1alpha1/namespaces/default/ipreservations?watch=true&timeoutSeconds=18446744073709551615",
+    )
+    .body(Vec::new())
+    .unwrap();
+    let mut events = server
+        .client()
+        .request_events::<DynamicObject>(request)
+        .await
+        .unwrap()
+        .boxed();
+    iprs.create(&PostParams::default(), &reservation("a", "node-a"))
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(DEADLINE, events.next())
+        .await
+        .expect("an event within the deadline");
+    assert!(
+        matches!(&event, Some(Ok(kube::api::WatchEvent::Added(o))) if o.name_any() == "a"),
+        "{event:?}"
+    );
+}
+
+#[tokio::test]
+async fn marking_for_deletion_bumps_generation() {
+    let server = start().await;
+    let iprs: Api<DynamicObject> = Api::namespaced_with(server.client(), "default", &ipr());
+    let mut held = reservation("held", "node-a");
+    held.metadata.finalizers = Some(vec!["ipkeep.dev/release".into()]);
+    let created = iprs.create(&PostParams::default(), &held).await.unwrap();
+    assert_eq!(created.metadata.generation, Some(1));
+    let pending = iprs
+        .delete("held", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .expect("finalizers keep the object");
+    assert!(pending.metadata.deletion_timestamp.is_some());
+    // kube-apiserver bumps generation when it sets deletionTimestamp, so controllers filtering on
+    // generation still see the deletion.
+    assert_eq!(pending.metadata.generation, Some(2));
+    let again = iprs
+        .delete("held", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .unwrap();
+    assert_eq!(
+        again.metadata.generation,
+        Some(2),
+        "only the first delete bumps it"
+    );
+}
+
+#[tokio::test]
+async fn a_no_op_apply_changes_nothing() {
+    let server = start().await;
+    let iprs: Api<DynamicObject> = Api::namespaced_with(server.client(), "default", &ipr());
+    iprs.create(&PostParams::default(), &reservation("web-0", "node-a"))
+        .await
+        .unwrap();
+    let status = json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation", "status": {"phase": "Bound"}});
+    let params = PatchParams::apply("ipkeep").force();
+    let first = iprs
+        .patch_status("web-0", &params, &Patch::Apply(&status))
+        .await
+        .unwrap();
+    // Make the manager's entry older, as it is after any real wait, without sleeping.
+    let mut aged = first.clone();
+    for entry in aged.metadata.managed_fields.iter_mut().flatten() {
+        entry.time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2000-01-01T00:00:00Z".parse().unwrap(),
+        ));
+    }
+    let aged = iprs
+        .replace_status("web-0", &PostParams::default(), &aged)
+        .await
+        .unwrap();
+    let again = iprs
+        .patch_status("web-0", &params, &Patch::Apply(&status))
+        .await
+        .unwrap();
+    // kube-apiserver leaves a no-op apply alone: no new resourceVersion, no MODIFIED event, so a
+    // controller that applies its status on every reconcile does not wake itself up forever.
+    assert_eq!(again.resource_version(), aged.resource_version());
+    assert_eq!(again.metadata.managed_fields, aged.metadata.managed_fields);
+}

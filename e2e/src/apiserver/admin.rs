@@ -4,6 +4,8 @@
 //! - `POST /admin/fail-next` `{"n":3,"status":500,"verb":"list","resource":"pods"}` (verb/resource optional)
 //! - `POST /admin/delay` `{"ms":200}` (0 turns it off)
 //! - `POST /admin/compact`
+//! - `POST /admin/restart` `{"ms":500}` (drop every connection, refuse connections for that long,
+//!   listen again on the same port; data kept)
 
 use std::time::Duration;
 
@@ -31,6 +33,16 @@ pub fn admin(faults: &Faults, req: &Request) -> Result<Reply, ApiError> {
     match req.path.trim_end_matches('/') {
         "/admin/close-watches" => faults.close_watches(),
         "/admin/compact" => faults.compact(),
+        "/admin/restart" => {
+            let ms = match body.get("ms") {
+                None => 0,
+                Some(ms) => ms
+                    .as_u64()
+                    .ok_or_else(|| ApiError::bad_request("restart \"ms\" must be a number"))?,
+            };
+            // The connection carrying this request is spared so that its reply arrives.
+            faults.restart_keeping(Duration::from_millis(ms), tokio::task::try_id());
+        }
         "/admin/delay" => {
             let ms = body
                 .get("ms")

@@ -5,6 +5,8 @@ use std::{
     time::Duration,
 };
 
+use tokio::sync::watch;
+
 use super::store::Store;
 
 /// A request verb, as fault filters name it.
@@ -71,11 +73,21 @@ struct FaultState {
     delay: Duration,
 }
 
+/// A request to the accept loop: drop the connections, stop listening for `down`, listen again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Restart {
+    /// How long the port stays closed.
+    pub down: Duration,
+    /// The connection asking for it (the admin request), left to finish its reply.
+    pub keep: Option<tokio::task::Id>,
+}
+
 /// The fault-injection handle of a running server (see [`super::TestServer::faults`]).
 #[derive(Debug)]
 pub struct Faults {
     state: Mutex<FaultState>,
     store: Arc<Mutex<Store>>,
+    restarts: watch::Sender<Option<Restart>>,
 }
 
 impl Faults {
@@ -83,6 +95,7 @@ impl Faults {
         Faults {
             state: Mutex::new(FaultState::default()),
             store,
+            restarts: watch::Sender::new(None),
         }
     }
 
@@ -123,6 +136,23 @@ impl Faults {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .compact();
+    }
+
+    /// Restart the server in place: drop every connection (and watch), refuse connections for
+    /// `down`, then listen again on the same port; all data is kept. This is what the binary's
+    /// `POST /admin/restart` does; in-process tests may also use [`super::TestServer::pause`].
+    pub fn restart(&self, down: Duration) {
+        self.restart_keeping(down, None);
+    }
+
+    /// [`Faults::restart`], sparing one connection (the one whose request asked for it).
+    pub(crate) fn restart_keeping(&self, down: Duration, keep: Option<tokio::task::Id>) {
+        self.restarts.send_replace(Some(Restart { down, keep }));
+    }
+
+    /// Restart requests made from now on (an accept loop waits on this).
+    pub(crate) fn restarts(&self) -> watch::Receiver<Option<Restart>> {
+        self.restarts.subscribe()
     }
 
     /// The status to fail this request with, if a pending failure matches (consuming one).

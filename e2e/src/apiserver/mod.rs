@@ -166,7 +166,7 @@ impl TestServer {
         })?;
         let url = format!("http://{addr}");
         let client = make_client(&url)?;
-        let accept = tokio::spawn(server::accept_loop(listener, ctx.clone()));
+        let accept = tokio::spawn(server::accept_loop(listener, addr, ctx.clone()));
         Ok(TestServer {
             addr,
             ctx,
@@ -232,6 +232,7 @@ impl TestServer {
                     })?;
             slot = Some(tokio::spawn(server::accept_loop(
                 listener,
+                self.addr,
                 self.ctx.clone(),
             )));
         }

@@ -1,13 +1,16 @@
 //! HTTP plumbing: the accept loop, one hyper connection per client, and request routing.
 
-use std::{convert::Infallible, sync::Arc};
+use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::{Response, body::Incoming, header, server::conn::http1, service::service_fn};
 use hyper_util::rt::TokioIo;
 use serde_json::json;
-use tokio::{net::TcpListener, task::JoinSet};
+use tokio::{
+    net::TcpListener,
+    task::{AbortHandle, JoinSet},
+};
 
 use super::{
     admin,
@@ -19,17 +22,29 @@ use super::{
     watch, write,
 };
 
+/// The largest request body accepted (kube-apiserver's limit: 3 MiB); larger ones get a 413
+/// before anything is decoded, so no request can make the server buffer without bound.
+const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// How often a restarted server tries to get its port back.
+const REBIND_RETRY: Duration = Duration::from_millis(50);
+
 /// Accept connections until the task is aborted; aborting drops the JoinSet, which ends every
-/// connection (and with it every watch stream) at once.
-pub async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
+/// connection (and with it every watch stream) at once. A restart request (admin endpoint) drops
+/// the listener and the connections, waits, and listens again on `addr`.
+pub async fn accept_loop(mut listener: TcpListener, addr: SocketAddr, ctx: Arc<Ctx>) {
+    let address = addr.to_string();
+    let mut restarts = ctx.faults.restarts();
     let mut connections = JoinSet::new();
+    let mut handles: Vec<AbortHandle> = Vec::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
                 let ctx = ctx.clone();
-                let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-                connections.spawn(async move {
+                let address = address.clone();
+                handles.retain(|h| !h.is_finished());
+                handles.push(connections.spawn(async move {
                     let service = service_fn(move |req| {
                         let ctx = ctx.clone();
                         let address = address.clone();
@@ -37,9 +52,39 @@ pub async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
                     });
                     // A client that goes away mid-request is not an error worth reporting.
                     let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-                });
+                }));
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            // The sender lives in `ctx`, so this branch never sees a closed channel.
+            Ok(()) = restarts.changed() => {
+                let Some(restart) = *restarts.borrow_and_update() else { continue };
+                drop(listener);
+                for handle in handles.drain(..) {
+                    if Some(handle.id()) != restart.keep {
+                        handle.abort();
+                    }
+                }
+                ctx.store().close_watches();
+                tokio::time::sleep(restart.down).await;
+                listener = rebind(addr).await;
+            }
+        }
+    }
+}
+
+/// Listen on `addr` again, retrying while the port is still held (it was ours a moment ago).
+async fn rebind(addr: SocketAddr) -> TcpListener {
+    let mut reported = false;
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => return listener,
+            Err(e) => {
+                if !reported {
+                    eprintln!("ipkeep-e2e: failed to listen on {addr} again (retrying): {e}");
+                    reported = true;
+                }
+                tokio::time::sleep(REBIND_RETRY).await;
+            }
         }
     }
 }
@@ -59,8 +104,11 @@ async fn serve(ctx: &Ctx, req: hyper::Request<Incoming>, address: &str) -> Respo
             .unwrap_or_default()
             .to_string()
     };
-    let body = match body.collect().await {
+    let body = match Limited::new(body, MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => {
+            return respond(Reply::Error(ApiError::too_large(MAX_BODY)));
+        }
         Err(e) => {
             return respond(Reply::Error(ApiError::bad_request(format!(
                 "failed to read the request body: {e}"
@@ -75,7 +123,15 @@ async fn serve(ctx: &Ctx, req: hyper::Request<Incoming>, address: &str) -> Respo
         content_type: header_text(header::CONTENT_TYPE),
         body,
     };
-    respond(route(ctx, &request, address).unwrap_or_else(Reply::Error))
+    let mut response = respond(route(ctx, &request, address).unwrap_or_else(Reply::Error));
+    if request.path.trim_end_matches('/') == "/admin/restart" {
+        // The one connection a restart spares ends with this reply.
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 fn route(ctx: &Ctx, req: &Request, address: &str) -> Result<Reply, ApiError> {

@@ -110,6 +110,15 @@ impl ApiError {
         Self::new(400, "BadRequest", message)
     }
 
+    /// 413 for a request body over the size limit.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            413,
+            "RequestEntityTooLarge",
+            format!("the request body is larger than the {limit} bytes the server accepts"),
+        )
+    }
+
     /// 405 for a verb the resource does not support.
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
         Self::new(405, "MethodNotAllowed", message)

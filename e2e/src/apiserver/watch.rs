@@ -89,6 +89,14 @@ impl Stream {
     }
 }
 
+/// Sleep until `deadline`, or forever when there is none.
+async fn sleep_until_deadline(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 fn line(event: &Event) -> Bytes {
     let mut text = json!({"type": event.kind, "object": event.object}).to_string();
     text.push('\n');
@@ -127,11 +135,15 @@ pub fn watch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
         ),
         None => None,
     };
+    // As in kube-apiserver, 0 (or no value) means the server's default.
     let timeout = match req.param("timeoutSeconds") {
-        Some(t) => Duration::from_secs(
-            t.parse::<u64>()
-                .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {t:?}")))?,
-        ),
+        Some(t) => match t
+            .parse::<u64>()
+            .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {t:?}")))?
+        {
+            0 => DEFAULT_TIMEOUT,
+            secs => Duration::from_secs(secs),
+        },
         None => DEFAULT_TIMEOUT,
     };
     let stream = Stream {
@@ -186,7 +198,8 @@ pub fn watch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
             }
         }
         let Some(mut live) = live else { return };
-        let deadline = tokio::time::Instant::now() + timeout;
+        // A timeout too large to add to the clock never ends the watch (no overflow panic).
+        let deadline = tokio::time::Instant::now().checked_add(timeout);
         let mut ticker = tokio::time::interval_at(
             tokio::time::Instant::now() + BOOKMARK_INTERVAL,
             BOOKMARK_INTERVAL,
@@ -222,7 +235,7 @@ pub fn watch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
                         return;
                     }
                 }
-                _ = tokio::time::sleep_until(deadline) => return,
+                _ = sleep_until_deadline(deadline) => return,
                 _ = tx.closed() => return,
             }
         }

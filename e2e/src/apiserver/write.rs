@@ -755,9 +755,35 @@ fn apply(
             patch::set_path(&mut doc, p, v.clone());
         }
     }
+    // This manager's entry keeps its place and, when neither its fields nor the object change,
+    // its time too: a no-op apply leaves the object (and its resourceVersion) alone.
+    let mut mine_entry = entry(&paths);
+    let mut without_managed = doc.clone();
+    if let Some(m) = meta_mut(&mut without_managed) {
+        m.remove("managedFields");
+    }
+    let mut old_without_managed = old.clone();
+    if let Some(m) = meta_mut(&mut old_without_managed) {
+        m.remove("managedFields");
+    }
+    if let Some(previous) = entries.iter().find(|e| mine(e))
+        && without_managed == old_without_managed
+        && previous.raw.get("fieldsV1") == mine_entry.get("fieldsV1")
+        && previous.raw.get("apiVersion") == mine_entry.get("apiVersion")
+    {
+        mine_entry = previous.raw.clone();
+    }
     let mut new_entries: Vec<Value> = Vec::new();
-    for e in &others {
-        let mut e = (*e).clone();
+    let mut mine_placed = false;
+    for e in &entries {
+        if mine(e) {
+            if !mine_placed {
+                new_entries.push(mine_entry.clone());
+                mine_placed = true;
+            }
+            continue;
+        }
+        let mut e = e.clone();
         if force {
             let taken: Vec<&FieldPath> = conflicts
                 .iter()
@@ -775,7 +801,9 @@ fn apply(
             new_entries.push(e.raw);
         }
     }
-    new_entries.push(entry(&paths));
+    if !mine_placed {
+        new_entries.push(mine_entry);
+    }
     if let Some(m) = meta_mut(&mut doc) {
         m.insert("managedFields".into(), Value::Array(new_entries));
     }
@@ -966,6 +994,13 @@ fn delete_one(
                 "deletionTimestamp".into(),
                 json!(ids::now_plus(Duration::from_secs(grace as u64))),
             );
+            // kube-apiserver bumps generation when it marks an object for deletion, so
+            // controllers that filter events on generation still see the deletion.
+            if let Some(generation) = m.get("generation").and_then(Value::as_i64)
+                && generation > 0
+            {
+                m.insert("generation".into(), json!(generation + 1));
+            }
         }
         m.insert("deletionGracePeriodSeconds".into(), json!(grace));
     }
@@ -1047,7 +1082,7 @@ fn delete_namespace(
         for (ns, n) in store.keys(&rt.key(), Some(name)) {
             let t = Target {
                 rt: rt.clone(),
-                version: rt.versions[0].clone(),
+                version: rt.versions.first().cloned().unwrap_or_default(),
                 namespace: Some(ns),
                 name: Some(n.clone()),
                 sub: None,
