@@ -517,14 +517,21 @@ impl Store for DiskStore<'_> {
             )));
         }
         crate::netdir::check_name(ifname)?;
+        let content = Owner::content(id, ifname);
+        // Larger files are skipped as garbage when read back: CHECK and DEL would never find
+        // this allocation, so it would leak.
+        if content.len() > MAX_IP_FILE {
+            return Err(StoreError::Message(format!(
+                "failed to reserve {ip}: a container ID of {} bytes does not fit in an allocation file (at most {MAX_IP_FILE} bytes)",
+                id.len()
+            )));
+        }
         self.mark_dirty()?;
         let name = ip.to_string();
-        if !self.tmp.create_exclusive_in(
-            self.net,
-            &name,
-            Owner::content(id, ifname).as_bytes(),
-            FILE_MODE,
-        )? {
+        if !self
+            .tmp
+            .create_exclusive_in(self.net, &name, content.as_bytes(), FILE_MODE)?
+        {
             return Ok(false);
         }
         let last = Self::last_reserved_name(range_id);

@@ -364,3 +364,22 @@ fn nothing_is_written_outside_the_network_directory() {
         ]
     );
 }
+
+#[test]
+fn a_container_id_too_long_for_its_file_is_refused() {
+    let s = Scratch::new("longid");
+    let conf = s.conf("1.0.0", V4);
+    // Far longer than any runtime uses (64 hex digits), but valid. Allocation files over 4 KiB
+    // are skipped as garbage, so CHECK and DEL could never find such an allocation: ADD must
+    // refuse it and leave no allocation behind.
+    let id = "a".repeat(5000);
+    let msg = CniCall::new("ADD", &id, &conf).run(&ipkeep()).err(999);
+    assert!(msg.contains("container ID of 5000 bytes"), "{msg}");
+    assert!(!s.net().join("10.1.0.2").exists(), "nothing was allocated");
+    // An ID that fits is found and freed.
+    let id = "b".repeat(4000);
+    CniCall::new("ADD", &id, &conf).run(&ipkeep()).ok();
+    CniCall::new("CHECK", &id, &conf).run(&ipkeep()).ok();
+    CniCall::new("DEL", &id, &conf).run(&ipkeep()).ok();
+    assert!(!s.net().join("10.1.0.2").exists(), "DEL freed the address");
+}
