@@ -583,3 +583,56 @@ async fn a_no_op_apply_changes_nothing() {
     assert_eq!(again.resource_version(), aged.resource_version());
     assert_eq!(again.metadata.managed_fields, aged.metadata.managed_fields);
 }
+
+#[tokio::test]
+async fn list_resource_versions_are_checked() {
+    let server = start().await;
+    let pods: Api<Pod> = Api::default_namespaced(server.client());
+    let created = pods
+        .create(&PostParams::default(), &pod("web-0", "node-a"))
+        .await
+        .unwrap();
+    let rv: u64 = created.resource_version().unwrap().parse().unwrap();
+    let list_at = |rv: String, exact: bool| {
+        let params = ListParams::default().at(&rv);
+        if exact {
+            params.matching(kube::api::VersionMatch::Exact)
+        } else {
+            params.matching(kube::api::VersionMatch::NotOlderThan)
+        }
+    };
+    let listed = pods.list(&list_at(rv.to_string(), false)).await.unwrap();
+    assert_eq!(listed.items.len(), 1);
+    let any = pods.list(&ListParams::default().match_any()).await.unwrap();
+    assert_eq!(
+        any.items.len(),
+        1,
+        "resourceVersion=0 serves the current state"
+    );
+
+    let err = pods
+        .list(&list_at("not-a-number".into(), false))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 400),
+        "{err:?}"
+    );
+    // A version the server has not reached yet: kube-apiserver gives up with 504 "Too large
+    // resource version" (this server does not wait first).
+    let err = pods
+        .list(&list_at((rv + 1000).to_string(), false))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 504 && s.reason == "Timeout"),
+        "{err:?}"
+    );
+    // An exact version that compaction has forgotten is 410 Expired.
+    server.faults().compact();
+    let err = pods.list(&list_at(rv.to_string(), true)).await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 410 && s.reason == "Expired"),
+        "{err:?}"
+    );
+}

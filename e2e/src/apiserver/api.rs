@@ -422,6 +422,28 @@ fn decode_continue(token: &str) -> Option<(u64, String, String)> {
     ))
 }
 
+/// The `resourceVersion` of a list must be a version, not newer than the store's, and, with
+/// `resourceVersionMatch=Exact`, still in the history. Any accepted version is served from the
+/// current state (no snapshots are kept).
+fn check_list_version(req: &Request, store: &Store) -> Result<(), ApiError> {
+    let Some(text) = req.param("resourceVersion").filter(|v| !v.is_empty()) else {
+        return Ok(());
+    };
+    let rv = text
+        .parse::<u64>()
+        .map_err(|_| ApiError::bad_request(format!("invalid resource version: {text:?}")))?;
+    if rv > store.rv() {
+        return Err(ApiError::too_large_resource_version(rv, store.rv()));
+    }
+    if req.param("resourceVersionMatch") == Some("Exact") && rv < store.oldest() {
+        return Err(ApiError::gone(format!(
+            "too old resource version: {rv} ({})",
+            store.oldest()
+        )));
+    }
+    Ok(())
+}
+
 /// LIST with selectors and `limit`/`continue` paging.
 pub fn list(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiError> {
     let selection = Selection::from_request(req, target)?;
@@ -432,6 +454,7 @@ pub fn list(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiError
         None => 0,
     };
     let store = ctx.store();
+    check_list_version(req, &store)?;
     let (list_rv, after) = match req.param("continue").filter(|c| !c.is_empty()) {
         Some(token) => {
             let (rv, ns, name) = decode_continue(token)

@@ -134,6 +134,20 @@ impl ApiError {
         Self::new(410, "Expired", message)
     }
 
+    /// 504 for a read at a resourceVersion the server has not reached.
+    pub fn too_large_resource_version(requested: u64, current: u64) -> Self {
+        let mut e = Self::new(
+            504,
+            "Timeout",
+            format!("Too large resource version: {requested}, current: {current}"),
+        );
+        e.details = Some(Box::new(json!({
+            "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+            "retryAfterSeconds": 1
+        })));
+        e
+    }
+
     /// An injected or internal failure with an arbitrary code; the reason follows the code.
     pub fn injected(code: u16) -> Self {
         let (reason, message) = match code {
