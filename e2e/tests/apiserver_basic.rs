@@ -3,54 +3,19 @@
 //! and a pause/resume of the server, and discovery.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{future::Future, path::PathBuf, time::Duration};
+#[path = "fixtures/harness.rs"]
+mod harness;
 
 use futures::StreamExt;
-use ipkeep_e2e::apiserver::{RequestFilter, ServerOptions, TestServer, Verb};
+use harness::{DEADLINE, start, wait_for};
+use ipkeep_e2e::apiserver::{RequestFilter, Verb};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{
     Api, ResourceExt,
-    api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, reflector, watcher},
 };
 use serde_json::json;
-
-const DEADLINE: Duration = Duration::from_secs(30);
-
-async fn wait_for<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let give_up = tokio::time::Instant::now() + DEADLINE;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "gave up waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn start() -> TestServer {
-    let crds = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/crds");
-    TestServer::start(ServerOptions {
-        crd_dirs: vec![crds],
-        ..Default::default()
-    })
-    .await
-    .unwrap()
-}
-
-fn ipr() -> ApiResource {
-    ApiResource {
-        group: "ipkeep.dev".into(),
-        version: "v1alpha1".into(),
-        api_version: "ipkeep.dev/v1alpha1".into(),
-        kind: "IPReservation".into(),
-        plural: "ipreservations".into(),
-    }
-}
 
 fn reservation(name: &str, node: &str) -> DynamicObject {
     serde_json::from_value(json!({
@@ -167,7 +132,7 @@ async fn pods_crud_selectors_status_and_graceful_delete() {
         .expect("a pod on a node is returned while terminating");
     assert!(pending.metadata.deletion_timestamp.is_some());
     wait_for("web-0 to be gone", || async {
-        pods.get_opt("web-0").await.unwrap().is_none()
+        (pods.get_opt("web-0").await.unwrap().is_none()).then_some(())
     })
     .await;
 }
@@ -176,7 +141,8 @@ async fn pods_crud_selectors_status_and_graceful_delete() {
 async fn custom_resources_validation_apply_and_generation() {
     let server = start().await;
     let client = server.client();
-    let iprs: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ipr());
+    let iprs: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), "default", &harness::ipr_resource());
     let created = iprs
         .create(&PostParams::default(), &reservation("web-0", "node-a"))
         .await
@@ -226,7 +192,7 @@ async fn custom_resources_validation_apply_and_generation() {
         .unwrap();
     assert_eq!(changed.metadata.generation, Some(2));
 
-    let selected: Api<DynamicObject> = Api::all_with(client, &ipr());
+    let selected: Api<DynamicObject> = Api::all_with(client, &harness::ipr_resource());
     let on_b = selected
         .list(&ListParams::default().fields("spec.nodeName=node-b"))
         .await
@@ -243,12 +209,13 @@ async fn custom_resources_validation_apply_and_generation() {
 async fn watcher_stays_in_sync_across_faults() {
     let server = start().await;
     let client = server.client();
-    let iprs: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ipr());
-    let writer = reflector::store::Writer::new(ipr());
+    let iprs: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), "default", &harness::ipr_resource());
+    let writer = reflector::store::Writer::new(harness::ipr_resource());
     let reader = writer.as_reader();
     let config = watcher::Config::default().fields("spec.nodeName=node-a");
     let stream = watcher(
-        Api::<DynamicObject>::all_with(client.clone(), &ipr()),
+        Api::<DynamicObject>::all_with(client.clone(), &harness::ipr_resource()),
         config,
     )
     .default_backoff()
@@ -267,13 +234,19 @@ async fn watcher_stays_in_sync_across_faults() {
     iprs.create(&PostParams::default(), &reservation("other", "node-b"))
         .await
         .unwrap();
-    wait_for("a in the store", || async { names() == ["a"] }).await;
+    wait_for("a in the store", || async {
+        (names() == ["a"]).then_some(())
+    })
+    .await;
 
     server.faults().close_watches();
     iprs.create(&PostParams::default(), &reservation("b", "node-a"))
         .await
         .unwrap();
-    wait_for("b after closed watches", || async { names() == ["a", "b"] }).await;
+    wait_for("b after closed watches", || async {
+        (names() == ["a", "b"]).then_some(())
+    })
+    .await;
 
     server.faults().fail_next(
         2,
@@ -287,7 +260,7 @@ async fn watcher_stays_in_sync_across_faults() {
     server.faults().close_watches();
     iprs.delete("a", &DeleteParams::default()).await.unwrap();
     wait_for("a gone after compaction and failed relists", || async {
-        names() == ["b"]
+        (names() == ["b"]).then_some(())
     })
     .await;
 
@@ -297,7 +270,7 @@ async fn watcher_stays_in_sync_across_faults() {
         .await
         .unwrap();
     wait_for("c after pause and resume", || async {
-        names() == ["b", "c"]
+        (names() == ["b", "c"]).then_some(())
     })
     .await;
     task.abort();
@@ -339,7 +312,7 @@ async fn discovery_and_namespaces() {
         .await
         .unwrap();
     wait_for("namespace team to be gone", || async {
-        namespaces.get_opt("team").await.unwrap().is_none()
+        (namespaces.get_opt("team").await.unwrap().is_none()).then_some(())
     })
     .await;
     let missing: Api<Pod> = Api::namespaced(client, "nowhere");
@@ -392,7 +365,8 @@ async fn admin_endpoint_injects_faults() {
 #[tokio::test]
 async fn server_side_apply_conflicts_without_force() {
     let server = start().await;
-    let iprs: Api<DynamicObject> = Api::namespaced_with(server.client(), "default", &ipr());
+    let iprs: Api<DynamicObject> =
+        Api::namespaced_with(server.client(), "default", &harness::ipr_resource());
     let config = |node: &str| {
         json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation", "metadata": {"name": "web-0"},
                "spec": {"ips": ["10.244.1.17"], "nodeName": node}})
@@ -494,7 +468,8 @@ async fn oversized_request_bodies_are_refused_with_413() {
 #[tokio::test]
 async fn watch_with_huge_timeout_keeps_streaming() {
     let server = start().await;
-    let iprs: Api<DynamicObject> = Api::namespaced_with(server.client(), "default", &ipr());
+    let iprs: Api<DynamicObject> =
+        Api::namespaced_with(server.client(), "default", &harness::ipr_resource());
     // u64::MAX seconds cannot be added to an instant; the watch must still run (not die in a panic).
     let request = hyper::http::Request::get(
         "/apis/ipkeep.dev/v1alpha1/namespaces/default/ipreservations?watch=true&timeoutSeconds=18446744073709551615",
@@ -522,7 +497,8 @@ async fn watch_with_huge_timeout_keeps_streaming() {
 #[tokio::test]
 async fn marking_for_deletion_bumps_generation() {
     let server = start().await;
-    let iprs: Api<DynamicObject> = Api::namespaced_with(server.client(), "default", &ipr());
+    let iprs: Api<DynamicObject> =
+        Api::namespaced_with(server.client(), "default", &harness::ipr_resource());
     let mut held = reservation("held", "node-a");
     held.metadata.finalizers = Some(vec!["ipkeep.dev/release".into()]);
     let created = iprs.create(&PostParams::default(), &held).await.unwrap();
@@ -553,7 +529,8 @@ async fn marking_for_deletion_bumps_generation() {
 #[tokio::test]
 async fn a_no_op_apply_changes_nothing() {
     let server = start().await;
-    let iprs: Api<DynamicObject> = Api::namespaced_with(server.client(), "default", &ipr());
+    let iprs: Api<DynamicObject> =
+        Api::namespaced_with(server.client(), "default", &harness::ipr_resource());
     iprs.create(&PostParams::default(), &reservation("web-0", "node-a"))
         .await
         .unwrap();
