@@ -1124,19 +1124,24 @@ fn remove_object(store: &mut Store, rt: &ResourceType, ns: &str, name: &str) -> 
     gone
 }
 
-/// Register (create) a CRD loaded from disk at start-up.
-pub fn install_crd(store: &mut Store, crd: Value) -> Result<(), ApiError> {
+/// The `v1` collection of a built-in cluster-scoped type, as a create at start-up addresses it.
+fn collection_target(store: &Store, group: &str, plural: &str) -> Result<Target, ApiError> {
     let rt = store
         .registry
-        .find(CRD_GROUP, "v1", "customresourcedefinitions")
-        .ok_or_else(|| ApiError::internal("CustomResourceDefinitions are not served"))?;
-    let target = Target {
+        .find(group, "v1", plural)
+        .ok_or_else(|| ApiError::internal(format!("{plural} are not served")))?;
+    Ok(Target {
         rt,
         version: "v1".into(),
         namespace: None,
         name: None,
         sub: None,
-    };
+    })
+}
+
+/// Register (create) a CRD loaded from disk at start-up.
+pub fn install_crd(store: &mut Store, crd: Value) -> Result<(), ApiError> {
+    let target = collection_target(store, CRD_GROUP, "customresourcedefinitions")?;
     let mut crd = crd;
     check_type(&target, &mut crd)?;
     create_object(store, &target, crd, WriteOptions::default()).map(|_| ())
@@ -1144,17 +1149,7 @@ pub fn install_crd(store: &mut Store, crd: Value) -> Result<(), ApiError> {
 
 /// Create the namespaces every cluster starts with.
 pub fn install_namespaces(store: &mut Store) -> Result<(), ApiError> {
-    let rt = store
-        .registry
-        .find("", "v1", "namespaces")
-        .ok_or_else(|| ApiError::internal("namespaces are not served"))?;
-    let target = Target {
-        rt,
-        version: "v1".into(),
-        namespace: None,
-        name: None,
-        sub: None,
-    };
+    let target = collection_target(store, "", "namespaces")?;
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         let mut obj = json!({"metadata": {"name": ns}});
         check_type(&target, &mut obj)?;
