@@ -44,10 +44,19 @@ impl ReservationLog {
         }
     }
 
-    /// Adds one line (newlines inside would split it, so they are escaped).
+    /// Adds one line. Control characters are escaped: pod names from `CNI_ARGS` and file names
+    /// found on disk end up here, and a newline, carriage return or terminal escape in them
+    /// must not split the line or forge another in the runtime's log.
     pub(super) fn line(&mut self, text: impl std::fmt::Display) {
-        let text = text.to_string().replace('\n', "\\n");
-        self.lines.push(format!("{}{text}", self.prefix));
+        let mut line = self.prefix.clone();
+        for c in text.to_string().chars() {
+            if c.is_control() {
+                line.extend(c.escape_default());
+            } else {
+                line.push(c);
+            }
+        }
+        self.lines.push(line);
     }
 
     /// The lines, in order.
@@ -276,5 +285,22 @@ pub(super) fn prune_waits(dir: &NetworkDir, now: Timestamp, log: &mut Reservatio
             }
         }
         Err(e) => log.line(format_args!("failed to prune wait markers: {e}")),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::ReservationLog;
+
+    #[test]
+    fn log_lines_cannot_be_split_or_forged() {
+        // Pod names from CNI_ARGS and file names found in reserved/ end up in these lines.
+        let mut log = ReservationLog::new("net1");
+        log.line("pod a\nb/c\rfake line\u{1b}[2J\tend");
+        assert_eq!(
+            log.into_lines(),
+            vec!["ipkeep: net1: pod a\\nb/c\\rfake line\\u{1b}[2J\\tend".to_owned()]
+        );
     }
 }
