@@ -53,9 +53,10 @@ use std::net::IpAddr;
 use std::time::SystemTime;
 
 use crate::netdir::{EntryKind, NetDirError, NetworkDir, NetworkLock, SubDir, TEMP_PREFIX};
+use crate::reservation::{CivilTime, Timestamp};
 use crate::store::{LegacyRelease, Owner, PodRef, Store, StoreError, is_valid_container_id};
 
-/// ipkeep's private directory inside `<net>/`.
+/// ipkeep's private directory inside `<net>/` (the index, the reservation snapshot, wait markers).
 pub const PRIVATE_DIR: &str = ".ipkeep";
 const TMP_DIR: &str = "tmp";
 const CONTAINERS_DIR: &str = "containers";
@@ -119,28 +120,15 @@ fn stamp_text(s: &crate::netdir::FileStamp) -> String {
 
 /// Go's `log` timestamp (`2006/01/02 15:04:05`), in UTC.
 pub fn go_log_time(now: SystemTime) -> String {
-    let secs = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}/{month:02}/{day:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    let CivilTime {
+        year,
+        month,
+        day,
+        hour,
+        minute,
+        second,
+    } = Timestamp::from_system_time(now).civil_utc();
+    format!("{year:04}/{month:02}/{day:02} {hour:02}:{minute:02}:{second:02}")
 }
 
 /// Opens (creating it if needed) one of ipkeep's private directories; something that is not a

@@ -86,7 +86,7 @@ pub use reserved_dir::{
     read_reservation, remove_reservation, sync_reservations, write_reservation,
 };
 pub use schema::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError};
-pub use timestamp::{Timestamp, TimestampError};
+pub use timestamp::{CivilTime, Timestamp, TimestampError};
 pub use wait::{prune_wait_markers, read_wait_marker, remove_wait_marker, write_wait_marker};
 
 #[cfg(test)]

@@ -24,6 +24,7 @@
 
 use std::net::IpAddr;
 
+pub use crate::disk_store::PRIVATE_DIR;
 use crate::netdir::{NetDirError, NetworkDir, NetworkLock};
 
 use super::decision::ReservationLookup;
@@ -33,8 +34,6 @@ use super::reserved_dir::{
 use super::schema::PodKey;
 use super::timestamp::Timestamp;
 
-/// The plugin's private directory inside the network directory.
-pub const PRIVATE_DIR: &str = ".ipkeep";
 /// The snapshot's file name inside [`PRIVATE_DIR`].
 pub const INDEX_NAME: &str = "reserved.index";
 

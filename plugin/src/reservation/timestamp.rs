@@ -218,17 +218,53 @@ impl Timestamp {
     }
 }
 
-impl fmt::Display for Timestamp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+/// A UTC calendar date and time of day, to the second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CivilTime {
+    /// The year (proleptic Gregorian).
+    pub year: i64,
+    /// The month, 1–12.
+    pub month: u32,
+    /// The day of the month, 1–31.
+    pub day: u32,
+    /// The hour, 0–23.
+    pub hour: i64,
+    /// The minute, 0–59.
+    pub minute: i64,
+    /// The second, 0–59.
+    pub second: i64,
+}
+
+impl Timestamp {
+    /// The UTC calendar date and time of day of this instant (the fraction dropped).
+    pub fn civil_utc(&self) -> CivilTime {
         let days = self.secs.div_euclid(SECS_PER_DAY);
         let of_day = self.secs.rem_euclid(SECS_PER_DAY);
         let (year, month, day) = civil_from_days(days);
+        CivilTime {
+            year,
+            month,
+            day,
+            hour: of_day / 3600,
+            minute: of_day / 60 % 60,
+            second: of_day % 60,
+        }
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let CivilTime {
+            year,
+            month,
+            day,
+            hour,
+            minute,
+            second,
+        } = self.civil_utc();
         write!(
             f,
-            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
-            of_day / 3600,
-            of_day / 60 % 60,
-            of_day % 60
+            "{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}"
         )?;
         if self.nanos != 0 {
             let mut fraction = format!("{:09}", self.nanos);
