@@ -607,6 +607,17 @@ fn clean_garbage(dir: &NetworkDir, garbage: &Skipped) -> Result<bool, NetDirErro
             }
         }
         [name] => match dir.subdir(&[RESERVED_DIR], false)? {
+            // A well-named namespace directory is only ever reported because listing it failed
+            // (a passing I/O error): deleting it would drop valid reservations until a later batch
+            // writes them again, a window in which an ADD could hand their addresses out.
+            Some(reserved)
+                if validate_namespace(name).is_ok()
+                    && reserved
+                        .stat(name)?
+                        .is_some_and(|st| st.kind == EntryKind::Dir) =>
+            {
+                Ok(false)
+            }
             Some(reserved) => {
                 remove_any(&reserved, name, 0)?;
                 Ok(true)
