@@ -14,6 +14,8 @@ pub mod range;
 pub mod reservation;
 pub mod resolv;
 pub mod result;
+#[cfg(test)]
+mod scratch_dir;
 pub mod skel;
 pub mod store;
 pub mod version;

@@ -4,38 +4,25 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::*;
 use crate::netdir::NetworkDir;
 
-struct Scratch(PathBuf);
+use crate::scratch_dir::ScratchDir as Scratch;
 
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "ipkeep-reservation-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
+/// The paths these tests use inside a scratch directory.
+trait ScratchNet {
+    fn net(&self) -> NetworkDir;
+    fn reserved(&self) -> PathBuf;
+}
 
+impl ScratchNet for Scratch {
     fn net(&self) -> NetworkDir {
         NetworkDir::open(&self.0.join("data"), "net1").unwrap()
     }
 
     fn reserved(&self) -> PathBuf {
         self.0.join("data/net1/reserved")
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
