@@ -249,7 +249,7 @@ fn check_label(label: &[u8]) -> Result<(), &'static str> {
         .iter()
         .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
     {
-        return Err("only lower-case letters, digits, '-' (and '.' between labels) are allowed");
+        return Err("only lower-case letters, digits and '-' are allowed in a DNS-1123 label");
     }
     if *first == b'-' || *last == b'-' {
         return Err("must start and end with a letter or digit");
