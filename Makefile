@@ -37,14 +37,17 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## test: every test CI runs (needs root for the network-namespace tests).
+## test: every test CI runs (needs root for the network-namespace tests); the plugin's suites run
+## twice, against the debug build and against the static release binary that ships.
 # install-deps.sh prints KUBECTL=<path> last: the kubectl tests use that client.
 test:
 	@kubectl_env=$$(./scripts/install-deps.sh | tail -n 1) && export "$$kubectl_env" && \
 	  echo "make test: using $$kubectl_env" && \
 	  $(MAKE) --no-print-directory lint && \
 	  $(MAKE) --no-print-directory plugin && \
-	  $(CARGO) test --workspace 2>&1 | tee target/test.log
+	  $(CARGO) test --workspace 2>&1 | tee target/test.log && \
+	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \
+	  IPKEEP_TEST_BIN=$(CURDIR)/$(PLUGIN_BIN) $(CARGO) test -p ipkeep-plugin --tests 2>&1 | tee -a target/test.log
 	@# One closing line for the whole run: cargo prints one per test binary, the last often "0 passed".
 	@awk '/^test result: / { p += $$4; f += $$6; i += $$8 } \
 	  END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i; if (p == 0 || f > 0) exit 1 }' target/test.log

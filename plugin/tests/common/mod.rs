@@ -6,9 +6,22 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-/// The `ipkeep` binary built by cargo for this test run.
+/// The `ipkeep` binary under test: `$IPKEEP_TEST_BIN` when set (`make test` runs the plugin's
+/// suites a second time against the static release binary that ships), else the one cargo built
+/// for this test run.
 pub fn ipkeep() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_ipkeep"))
+    match std::env::var_os("IPKEEP_TEST_BIN") {
+        Some(path) => {
+            let path = PathBuf::from(path);
+            assert!(
+                path.is_file(),
+                "IPKEEP_TEST_BIN={} does not exist: run `make plugin`",
+                path.display()
+            );
+            path
+        }
+        None => PathBuf::from(env!("CARGO_BIN_EXE_ipkeep")),
+    }
 }
 
 /// Debian's reference `host-local` (package `containernetworking-plugins`), our differential oracle.
