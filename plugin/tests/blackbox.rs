@@ -4,8 +4,10 @@
 
 mod common;
 
+use std::fs::File;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use common::{CniCall, host_local, ipkeep};
@@ -382,4 +384,45 @@ fn a_container_id_too_long_for_its_file_is_refused() {
     CniCall::new("CHECK", &id, &conf).run(&ipkeep()).ok();
     CniCall::new("DEL", &id, &conf).run(&ipkeep()).ok();
     assert!(!s.net().join("10.1.0.2").exists(), "DEL freed the address");
+}
+
+/// The reply to any stdin over ipkeep's 1 MiB limit.
+const STDIN_TOO_LARGE: &str =
+    "error reading from stdin: network configuration is larger than 1048576 bytes";
+
+#[test]
+fn a_huge_stdin_is_refused_with_code_5() {
+    let s = Scratch::new("hugestdin");
+    let mut call = CniCall::new("ADD", "c1", &s.conf("1.0.0", V4));
+    // A valid configuration followed by 3 MiB of whitespace, which JSON allows: only the size
+    // is wrong. ipkeep stops reading after the limit; the harness ignores the broken pipe.
+    call.stdin.resize(3 << 20, b' ');
+    let out = call.run(&ipkeep());
+    assert_eq!(out.err(5), STDIN_TOO_LARGE);
+    assert!(s.tree().is_empty(), "wrote {:?}", s.tree());
+}
+
+#[test]
+fn an_endless_stdin_is_refused_with_code_5() {
+    // Run in an empty scratch directory: zeros carry no dataDir, so the one place a stray write
+    // could land is the working directory.
+    let s = Scratch::new("endless");
+    // /dev/zero itself as stdin, as a runtime could pass any file: reads never end and never
+    // block, so only ipkeep's limit stops it. The same variables a runtime sets (CniCall's).
+    let out = Command::new(ipkeep())
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .envs([
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_NETNS", "/var/run/netns/ipkeep-test"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/usr/lib/cni"),
+        ])
+        .current_dir(&s.0)
+        .stdin(Stdio::from(File::open("/dev/zero").unwrap()))
+        .output()
+        .unwrap();
+    assert_eq!(common::CniOutcome::from(out).err(5), STDIN_TOO_LARGE);
+    assert!(s.tree().is_empty(), "wrote {:?}", s.tree());
 }

@@ -55,7 +55,22 @@ struct Deliberate {
     expect: Expect,
 }
 
-/// Every difference between ipkeep and Debian's host-local 1.1.1 that is intended.
+/// Every difference between ipkeep and Debian's host-local 1.1.1 that is intended. Each row's
+/// `#N` is the item's number in README.md's "Deliberate differences from host-local", which is
+/// authoritative. The README items no row can confirm differentially ([`COVERED_ELSEWHERE`]):
+///
+/// - #7 killed processes: a kill lands at a random instant, so it cannot be replayed on both
+///   sides; `system_crash.rs` SIGKILLs ipkeep mid-command and checks no empty file is left.
+/// - #10 determinism: host-local picks among requested IPs of one range set in Go's random map
+///   order, so no case can pin what it does (`oracle_agrees_with_itself` would fail); the cases
+///   here only use orders host-local is deterministic on, and `config.rs`'s
+///   `requested_ips_are_unioned_in_order` pins ipkeep's order.
+/// - #11 one lock per command: not observable from outside (the outcome of a dual-stack ADD is
+///   the same either way unless another process races it); the design is in `store.rs`, and
+///   `system_concurrency.rs` checks concurrent ADDs never share an address.
+/// - #12 the 1.1.0 result shape: Debian's host-local rejects cniVersion 1.1.0, so there is
+///   nothing to compare; `result.rs`'s `every_version` pins the bytes and the `ver-add-110` row
+///   here checks the result ipkeep gives.
 const DELIBERATE: &[Deliberate] = &[
     Deliberate {
         case: "*",
@@ -64,7 +79,7 @@ const DELIBERATE: &[Deliberate] = &[
     },
     Deliberate {
         case: "*",
-        difference: "#6 ipkeep keeps a private index in <dataDir>/<net>/.ipkeep/ (rebuildable from the IP files); it is not compared",
+        difference: "ipkeep's private index directory (README: How it stays fast), left out of the file comparison",
         expect: Expect::IgnoredName(".ipkeep"),
     },
     Deliberate {
@@ -312,7 +327,7 @@ const DELIBERATE: &[Deliberate] = &[
     },
     Deliberate {
         case: "net-zero-v4",
-        difference: "#7 (proposed) subnets whose first byte is zero work (Debian bug, fixed upstream in v1.2.0)",
+        difference: "#9 subnets whose first byte is zero work (Debian bug, fixed upstream in v1.2.0)",
         expect: Expect::Case {
             steps: &[0],
             paths: &["data/net1"],
@@ -321,14 +336,45 @@ const DELIBERATE: &[Deliberate] = &[
     },
     Deliberate {
         case: "net-zero-v6",
-        difference: "#7 (proposed) subnets whose first byte is zero work (Debian bug, fixed upstream in v1.2.0)",
+        difference: "#9 subnets whose first byte is zero work (Debian bug, fixed upstream in v1.2.0)",
         expect: Expect::Case {
             steps: &[0],
             paths: &["data/net1"],
             check: zero_subnet,
         },
     },
+    Deliberate {
+        case: "hostile-stdin-over-limit",
+        difference: "#6 stdin over 1 MiB is refused with code 5 and nothing is written; host-local allocates",
+        expect: Expect::Case {
+            steps: &[0],
+            paths: &["data"],
+            check: stdin_over_limit,
+        },
+    },
+    Deliberate {
+        case: "hostile-container-id-too-long",
+        difference: "#6 a container ID too long for its allocation file to stay within 4 KiB is refused at ADD; host-local allocates",
+        expect: Expect::Case {
+            steps: &[0],
+            paths: &["data/net1/10.1.0.2", "data/net1/last_reserved_ip.0"],
+            check: container_id_too_long,
+        },
+    },
+    Deliberate {
+        case: "cursor-write-fails",
+        difference: "#8 when writing last_reserved_ip.N fails, the address just reserved is released (same error); host-local leaves it allocated",
+        expect: Expect::Case {
+            steps: &[1],
+            paths: &["data/net1/10.1.0.2"],
+            check: cursor_write_fails,
+        },
+    },
 ];
+
+/// README differences that no case here can show against Debian's host-local, and where each is
+/// covered instead (see the doc of [`DELIBERATE`]).
+const COVERED_ELSEWHERE: [u32; 4] = [7, 10, 11, 12];
 
 const DEBIAN_VERSION_REPLY: &str = "{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"0.1.0\",\"0.2.0\",\"0.3.0\",\"0.3.1\",\"0.4.0\",\"1.0.0\"]}\n";
 const IPKEEP_VERSION_REPLY: &str = "{\"cniVersion\":\"1.1.0\",\"supportedVersions\":[\"0.1.0\",\"0.2.0\",\"0.3.0\",\"0.3.1\",\"0.4.0\",\"1.0.0\",\"1.1.0\"]}\n";
@@ -765,6 +811,90 @@ fn zero_subnet(h: &Run, i: &Run) -> Result<(), String> {
     )
 }
 
+fn stdin_over_limit(h: &Run, i: &Run) -> Result<(), String> {
+    let result = success_json(&h.steps[0]).ok_or("host-local's ADD failed")?;
+    ensure(
+        result["ips"][0]["address"] == "10.1.0.2/24",
+        "host-local read the whole stdin and allocated 10.1.0.2",
+    )?;
+    ensure(
+        cni_error(&i.steps[0])
+            == Some((
+                5,
+                format!(
+                    "error reading from stdin: network configuration is larger than {} bytes",
+                    cases::STDIN_LIMIT
+                ),
+            )),
+        "ipkeep refuses the stdin with code 5",
+    )?;
+    ensure(!i.tree.contains_key("data"), "ipkeep wrote nothing")
+}
+
+fn container_id_too_long(h: &Run, i: &Run) -> Result<(), String> {
+    let len = cases::LONGEST_ID + 1;
+    let id = cases::container_id_of(len);
+    let result = success_json(&h.steps[0]).ok_or("host-local's ADD failed")?;
+    ensure(
+        result["ips"][0]["address"] == "10.1.0.2/24",
+        "host-local allocated 10.1.0.2",
+    )?;
+    ensure(
+        file_content(h, "data/net1/10.1.0.2") == Some(format!("{id}\r\neth0").as_bytes()),
+        "host-local wrote an allocation file over 4 KiB",
+    )?;
+    ensure(
+        cni_error(&i.steps[0])
+            == Some((
+                999,
+                format!(
+                    "failed to allocate for range 0: failed to reserve 10.1.0.2: a container ID of {len} bytes does not fit in an allocation file (at most 4096 bytes)"
+                ),
+            )),
+        "ipkeep refuses the container ID at ADD",
+    )?;
+    ensure(
+        !i.tree.contains_key("data/net1/10.1.0.2"),
+        "ipkeep allocated nothing",
+    )?;
+    ensure(
+        !i.tree.contains_key("data/net1/last_reserved_ip.0"),
+        "ipkeep moved no cursor",
+    )
+}
+
+fn cursor_write_fails(h: &Run, i: &Run) -> Result<(), String> {
+    let failure = "failed to allocate for range 0: open @SCRATCH@/data/net1/last_reserved_ip.0: is a directory";
+    ensure(
+        cni_error(&h.steps[0]) == Some((999, failure.into())),
+        "host-local's ADD failed writing the cursor",
+    )?;
+    ensure(
+        h.steps[0].stdout == i.steps[0].stdout,
+        "ipkeep's ADD fails with host-local's bytes",
+    )?;
+    ensure(
+        file_content(h, "data/net1/10.1.0.2") == Some(b"c1\r\neth0".as_slice()),
+        "host-local left 10.1.0.2 allocated",
+    )?;
+    ensure(
+        h.steps[1].code == Some(0),
+        "host-local's CHECK finds the failed ADD's address",
+    )?;
+    ensure(
+        !i.tree.contains_key("data/net1/10.1.0.2"),
+        "ipkeep released 10.1.0.2",
+    )?;
+    ensure(
+        cni_error(&i.steps[1])
+            == Some((
+                999,
+                "host-local: Failed to find address added by container c1".into(),
+            )),
+        "ipkeep's CHECK misses the container",
+    )
+}
+
 // ── Running a case ──────────────────────────────────────────────────────────────────────────
 
 /// What a binary did in one step, with the scratch directory replaced by `@SCRATCH@`.
@@ -879,6 +1009,10 @@ fn run_case(case: &Case, oracle: &Path, binary: &Path, side: &str) -> Run {
         if let Ok(text) = std::str::from_utf8(&call.stdin) {
             call.stdin = scratch.fill(text).into_bytes();
         }
+        if let Some(len) = step.pad_stdin_to {
+            assert!(call.stdin.len() <= len, "stdin is already over {len} bytes");
+            call.stdin.resize(len, b' ');
+        }
         let out = call.run(if step.by_host_local { oracle } else { binary });
         steps.push(Outcome {
             code: out.code,
@@ -903,7 +1037,7 @@ fn snapshot(scratch: &Scratch, dir: &Path, prefix: &str, tree: &mut BTreeMap<Str
     entries.sort_by_key(|e| e.file_name());
     for entry in entries {
         let name = entry.file_name().to_string_lossy().into_owned();
-        // ipkeep's private index `<dataDir>/<net>/.ipkeep/` (deliberate #6) is not compared:
+        // ipkeep's private index `<dataDir>/<net>/.ipkeep/` (a row of DELIBERATE) is not compared:
         // host-local has nothing like it, and ipkeep can rebuild it from the IP files.
         if ignored_name(&name) {
             continue;
@@ -1033,6 +1167,9 @@ fn describe_step(step: &Step) -> String {
         if v.is_none() {
             let _ = write!(s, " {k} unset");
         }
+    }
+    if let Some(len) = step.pad_stdin_to {
+        let _ = write!(s, " (stdin padded with spaces to {len} bytes)");
     }
     s
 }
@@ -1340,6 +1477,30 @@ fn suite_is_complete() {
             );
         }
     }
+    // The rows and COVERED_ELSEWHERE account for every README difference, 1 to 12, once each.
+    let mut numbers: BTreeSet<u32> = COVERED_ELSEWHERE.into_iter().collect();
+    for row in DELIBERATE {
+        let Some(rest) = row.difference.strip_prefix('#') else {
+            assert!(
+                matches!(row.expect, Expect::IgnoredName(_)),
+                "row {} has no README number",
+                row.case
+            );
+            continue;
+        };
+        let n: u32 = rest.split(' ').next().unwrap().parse().unwrap();
+        assert!(
+            !COVERED_ELSEWHERE.contains(&n),
+            "row {} claims #{n}, which is covered elsewhere",
+            row.case
+        );
+        numbers.insert(n);
+    }
+    assert_eq!(
+        numbers,
+        (1..=12).collect(),
+        "README differences accounted for"
+    );
     let versions: BTreeSet<Option<String>> = all
         .iter()
         .flat_map(|c| c.steps.iter().map(Step::cni_version))

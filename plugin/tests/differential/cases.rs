@@ -24,6 +24,9 @@ pub struct Step {
     /// Run by host-local on both sides: ipkeep must then pick up the state host-local left,
     /// as on a node switching plugins (contract 3).
     pub by_host_local: bool,
+    /// Stdin is padded with spaces to exactly this many bytes after the placeholders are
+    /// replaced (the scratch path's length differs between the two sides).
+    pub pad_stdin_to: Option<usize>,
 }
 
 /// A file-system entry planted before a step.
@@ -64,6 +67,7 @@ impl Step {
             call,
             seeds: Vec::new(),
             by_host_local: false,
+            pad_stdin_to: None,
         }
     }
 
@@ -97,6 +101,11 @@ impl Step {
         self
     }
 
+    fn pad_stdin_to(mut self, len: usize) -> Self {
+        self.pad_stdin_to = Some(len);
+        self
+    }
+
     fn stdin_bytes(mut self, stdin: &[u8]) -> Self {
         self.call.stdin = stdin.to_vec();
         self
@@ -126,6 +135,21 @@ impl Step {
         v.get("cniVersion")?.as_str().map(str::to_owned)
     }
 }
+
+/// The most stdin ipkeep reads (README, deliberate difference 6).
+pub const STDIN_LIMIT: usize = 1 << 20;
+
+/// A valid container ID (CNI's `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`) of exactly `len` bytes.
+pub fn container_id_of(len: usize) -> String {
+    std::iter::once('c')
+        .chain("0123456789abcdef-_.".chars().cycle())
+        .take(len)
+        .collect()
+}
+
+/// The longest container ID whose allocation file (`<id>\r\neth0`) stays within ipkeep's
+/// 4 KiB limit for files in the data directory.
+pub const LONGEST_ID: usize = 4096 - "\r\neth0".len();
 
 fn add(id: &str, stdin: &str) -> Step {
     Step::new("ADD", id, stdin)
@@ -1714,6 +1738,36 @@ pub fn all() -> Vec<Case> {
         vec![add("c1", &subnet("1.0.0", "0.0.0.0/24"))],
     );
     c("net-zero-v6", vec![add("c1", &subnet("1.0.0", "::/120"))]);
+    // Hostile input (README difference 6): each limit exactly, where both agree, and one past it.
+    c(
+        "hostile-stdin-at-limit",
+        vec![add("c1", &base).pad_stdin_to(STDIN_LIMIT)],
+    );
+    c(
+        "hostile-stdin-over-limit",
+        vec![add("c1", &base).pad_stdin_to(STDIN_LIMIT + 1)],
+    );
+    let longest = container_id_of(LONGEST_ID);
+    c(
+        "hostile-container-id-at-limit",
+        vec![
+            add(&longest, &base),
+            check(&longest, &base),
+            del(&longest, &base),
+        ],
+    );
+    c(
+        "hostile-container-id-too-long",
+        vec![add(&container_id_of(LONGEST_ID + 1), &base)],
+    );
+    // README difference 8: writing the round-robin cursor fails (a directory sits at its name).
+    c(
+        "cursor-write-fails",
+        vec![
+            add("c1", &base).dir("data/net1/last_reserved_ip.0"),
+            check("c1", &base),
+        ],
+    );
 
     // A network directory written by host-local and read back after a restart (contract 3):
     // every kind of file host-local leaves, then the full command set.
