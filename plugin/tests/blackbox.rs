@@ -7,7 +7,7 @@ mod common;
 use std::fs::File;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use common::{CniCall, host_local, ipkeep};
@@ -409,16 +409,8 @@ fn an_endless_stdin_is_refused_with_code_5() {
     let s = Scratch::new("endless");
     // /dev/zero itself as stdin, as a runtime could pass any file: reads never end and never
     // block, so only ipkeep's limit stops it. The same variables a runtime sets (CniCall's).
-    let out = Command::new(ipkeep())
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .envs([
-            ("CNI_COMMAND", "ADD"),
-            ("CNI_CONTAINERID", "c1"),
-            ("CNI_NETNS", "/var/run/netns/ipkeep-test"),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_PATH", "/usr/lib/cni"),
-        ])
+    let out = CniCall::new("ADD", "c1", "")
+        .command(&ipkeep())
         .current_dir(&s.0)
         .stdin(Stdio::from(File::open("/dev/zero").unwrap()))
         .output()

@@ -77,10 +77,9 @@ impl CniCall {
         self
     }
 
-    /// Starts `binary` with exactly these variables (plus a fixed PATH), all three standard
-    /// streams piped, without writing its stdin yet: the plugin blocks reading it, so a batch of
-    /// processes started this way can be released together.
-    pub fn spawn_held(&self, binary: &Path) -> Child {
+    /// A command for `binary` with exactly these variables (plus a fixed PATH) and nothing else
+    /// inherited; its standard streams are left for the caller to choose.
+    pub fn command(&self, binary: &Path) -> Command {
         let mut cmd = Command::new(binary);
         cmd.env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
         for (key, value) in [
@@ -98,10 +97,18 @@ impl CniCall {
         for (key, value) in &self.extra_env {
             cmd.env(key, value);
         }
-        cmd.stdin(Stdio::piped())
+        cmd
+    }
+
+    /// Starts `binary` as [`CniCall::command`] sets it up, all three standard streams piped,
+    /// without writing its stdin yet: the plugin blocks reading it, so a batch of processes started
+    /// this way can be released together.
+    pub fn spawn_held(&self, binary: &Path) -> Child {
+        self.command(binary)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        cmd.spawn()
+            .stderr(Stdio::piped())
+            .spawn()
             .unwrap_or_else(|e| panic!("failed to start {}: {e}", binary.display()))
     }
 
