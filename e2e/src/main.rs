@@ -52,6 +52,7 @@ fn main() -> ExitCode {
             let server = match TestServer::start(ServerOptions {
                 listen,
                 crd_dirs: crds,
+                ..ServerOptions::default()
             })
             .await
             {

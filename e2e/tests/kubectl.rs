@@ -1,6 +1,7 @@
 //! The real `kubectl` against the API test server: discovery, `get` (tables, `-o json|yaml|name|wide`),
 //! `describe`, `apply -f` (create, update, no-op), `delete`, printer columns of the CRD, categories,
-//! `kubectl get crd`, and pods selected by `--field-selector spec.nodeName=…`.
+//! `kubectl get crd`, pods selected by `--field-selector spec.nodeName=…`, and the clear 415 that
+//! imperative `kubectl create` (protobuf bodies) gets.
 //!
 //! kubectl is found through `KUBECTL` or on `PATH` (`make test` installs it where absent); these
 //! tests fail, never skip, when it is missing.
@@ -335,6 +336,48 @@ async fn kubectl_lists_pods_by_node() {
             .contains("field label not supported: spec.bogus"),
         "{}",
         unsupported.stderr
+    );
+    server.shutdown().await;
+}
+
+/// kubectl's imperative `create` sends protobuf for built-in kinds and does not retry in JSON: it
+/// must fail with the server's clear 415, create nothing, and the JSON route (`--dry-run=client -o
+/// yaml` then `apply -f`) must work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_imperative_create_gets_a_clear_415_and_apply_works() {
+    let server = start().await;
+    let k = Kubectl::new(&server, "imperative");
+    for args in [
+        &["create", "namespace", "x"][..],
+        &["create", "configmap", "c", "--from-literal=a=b"][..],
+    ] {
+        let r = k.run(args).await;
+        assert!(!r.ok, "kubectl {} succeeded: {}", args.join(" "), r.stdout);
+        for expected in [
+            "the body of the request was in an unknown format",
+            "this test server speaks JSON only",
+            "application/vnd.kubernetes.protobuf",
+        ] {
+            assert!(
+                r.stderr.contains(expected),
+                "kubectl {}: stderr lacks {expected:?}:\n{}",
+                args.join(" "),
+                r.stderr
+            );
+        }
+    }
+    let missing = k.run(&["get", "namespace", "x"]).await;
+    assert!(!missing.ok, "namespace x exists: {}", missing.stdout);
+
+    let manifest = k
+        .ok(&["create", "namespace", "x", "--dry-run=client", "-o", "yaml"])
+        .await;
+    let file = k.file("ns.yaml", &manifest);
+    let applied = k.ok(&["apply", "-f", file.to_str().unwrap()]).await;
+    assert_eq!(applied.trim(), "namespace/x created");
+    assert_eq!(
+        k.ok(&["get", "namespace", "x", "-o", "name"]).await.trim(),
+        "namespace/x"
     );
     server.shutdown().await;
 }

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use super::{
     api::{Reply, Request},
@@ -30,49 +30,114 @@ pub fn admin(faults: &Faults, req: &Request) -> Result<Reply, ApiError> {
         serde_json::from_slice(&req.body)
             .map_err(|e| ApiError::bad_request(format!("admin body is not JSON: {e}")))?
     };
-    match req.path.trim_end_matches('/') {
-        "/admin/close-watches" => faults.close_watches(),
-        "/admin/compact" => faults.compact(),
+    let path = req.path.trim_end_matches('/');
+    let endpoint = path.trim_start_matches("/admin/");
+    // A typo in a fault must not arm a different fault (or none) silently.
+    let body = Body::new(endpoint, &body)?;
+    match path {
+        "/admin/close-watches" => {
+            body.only(&[])?;
+            faults.close_watches();
+        }
+        "/admin/compact" => {
+            body.only(&[])?;
+            faults.compact();
+        }
         "/admin/restart" => {
-            let ms = match body.get("ms") {
-                None => 0,
-                Some(ms) => ms
-                    .as_u64()
-                    .ok_or_else(|| ApiError::bad_request("restart \"ms\" must be a number"))?,
-            };
+            body.only(&["ms"])?;
+            let ms = body.number("ms")?.unwrap_or(0);
             // The connection carrying this request is spared so that its reply arrives.
             faults.restart_keeping(Duration::from_millis(ms), tokio::task::try_id());
         }
         "/admin/delay" => {
+            body.only(&["ms"])?;
             let ms = body
-                .get("ms")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| ApiError::bad_request("delay needs \"ms\""))?;
+                .number("ms")?
+                .ok_or_else(|| ApiError::bad_request("delay needs \"ms\" (milliseconds)"))?;
             faults.set_delay(Duration::from_millis(ms));
         }
         "/admin/fail-next" => {
-            let n = body.get("n").and_then(Value::as_u64).unwrap_or(1) as usize;
-            let status = body.get("status").and_then(Value::as_u64).unwrap_or(500);
+            body.only(&["n", "status", "verb", "resource"])?;
+            let n = body.number("n")?.unwrap_or(1);
+            let n = usize::try_from(n)
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| ApiError::bad_request("fail-next \"n\" must be at least 1"))?;
+            let status = body.number("status")?.unwrap_or(500);
             let status = u16::try_from(status)
                 .ok()
                 .filter(|s| (400..600).contains(s))
                 .ok_or_else(|| {
                     ApiError::bad_request("status must be an HTTP error code (400-599)")
                 })?;
-            let verb = match body.get("verb").and_then(Value::as_str) {
+            let verb = match body.string("verb")? {
                 Some(v) => Some(
                     Verb::parse(v)
                         .ok_or_else(|| ApiError::bad_request(format!("unknown verb {v:?}")))?,
                 ),
                 None => None,
             };
-            let resource = body
-                .get("resource")
-                .and_then(Value::as_str)
-                .map(str::to_string);
+            let resource = body.string("resource")?.map(str::to_string);
             faults.fail_next(n, RequestFilter { verb, resource }, status);
         }
         other => return Err(ApiError::path_not_found(other)),
     }
     Ok(Reply::Json(200, json!({"ok": true})))
+}
+
+/// The JSON object an admin endpoint received, checked field by field.
+struct Body<'a> {
+    endpoint: &'a str,
+    fields: &'a Map<String, Value>,
+}
+
+impl<'a> Body<'a> {
+    fn new(endpoint: &'a str, body: &'a Value) -> Result<Self, ApiError> {
+        let fields = body.as_object().ok_or_else(|| {
+            ApiError::bad_request(format!("{endpoint}: the body must be a JSON object"))
+        })?;
+        Ok(Body { endpoint, fields })
+    }
+
+    /// Refuse any field outside `allowed`.
+    fn only(&self, allowed: &[&str]) -> Result<(), ApiError> {
+        match self.fields.keys().find(|k| !allowed.contains(&k.as_str())) {
+            Some(k) => Err(ApiError::bad_request(format!(
+                "{}: unknown field {k:?} (accepted: {})",
+                self.endpoint,
+                if allowed.is_empty() {
+                    "none".to_string()
+                } else {
+                    allowed.join(", ")
+                }
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// A non-negative integer field (None when absent).
+    fn number(&self, key: &str) -> Result<Option<u64>, ApiError> {
+        match self.fields.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "{}: {key:?} must be a non-negative integer, got {v}",
+                    self.endpoint
+                ))
+            }),
+        }
+    }
+
+    /// A string field (None when absent).
+    fn string(&self, key: &str) -> Result<Option<&'a str>, ApiError> {
+        match self.fields.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "{}: {key:?} must be a string, got {v}",
+                    self.endpoint
+                ))
+            }),
+        }
+    }
 }

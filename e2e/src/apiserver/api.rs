@@ -4,6 +4,7 @@
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
 };
 
 use bytes::Bytes;
@@ -27,6 +28,8 @@ pub struct Ctx {
     pub store: Arc<Mutex<Store>>,
     /// The fault-injection controls.
     pub faults: Arc<Faults>,
+    /// How often a watch that allows bookmarks gets one ([`Duration::ZERO`]: never).
+    pub bookmark_interval: Duration,
 }
 
 impl Ctx {

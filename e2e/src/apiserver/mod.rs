@@ -35,6 +35,7 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 pub use faults::{Faults, RequestFilter, Verb};
@@ -100,6 +101,9 @@ pub enum ServerError {
     },
 }
 
+/// The default of [`ServerOptions::bookmark_interval`].
+pub const DEFAULT_BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
+
 /// How to start a [`TestServer`].
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
@@ -107,6 +111,9 @@ pub struct ServerOptions {
     pub listen: SocketAddr,
     /// Directories whose `*.yaml`/`*.yml`/`*.json` CustomResourceDefinitions are loaded at start.
     pub crd_dirs: Vec<PathBuf>,
+    /// How often a watch with `allowWatchBookmarks` gets a periodic BOOKMARK (5 s by default;
+    /// kube-apiserver sends one about every minute); [`Duration::ZERO`] sends none.
+    pub bookmark_interval: Duration,
 }
 
 impl Default for ServerOptions {
@@ -114,6 +121,7 @@ impl Default for ServerOptions {
         ServerOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             crd_dirs: Vec::new(),
+            bookmark_interval: DEFAULT_BOOKMARK_INTERVAL,
         }
     }
 }
@@ -152,7 +160,11 @@ impl TestServer {
         }
         let store = Arc::new(Mutex::new(store));
         let faults = Arc::new(Faults::new(store.clone()));
-        let ctx = Arc::new(Ctx { store, faults });
+        let ctx = Arc::new(Ctx {
+            store,
+            faults,
+            bookmark_interval: opts.bookmark_interval,
+        });
         let listener =
             TcpListener::bind(opts.listen)
                 .await

@@ -14,9 +14,6 @@ use super::{
     store::{Change, ChangeKind, WatchStart},
 };
 
-/// How often a watch that allows bookmarks gets one (kube-apiserver: about once a minute).
-const BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
-
 /// Watch timeout when the client sends none (kube-apiserver picks 30–60 minutes).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
 
@@ -191,6 +188,10 @@ pub fn watch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
         }
     };
     let store = ctx.store.clone();
+    let interval = ctx.bookmark_interval;
+    // A zero interval turns periodic bookmarks off (tokio's interval refuses a zero period).
+    let periodic = stream.bookmarks && !interval.is_zero();
+    let period = interval.max(Duration::from_millis(1));
     tokio::spawn(async move {
         for chunk in initial {
             if tx.send(chunk).await.is_err() {
@@ -200,10 +201,8 @@ pub fn watch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
         let Some(mut live) = live else { return };
         // A timeout too large to add to the clock never ends the watch (no overflow panic).
         let deadline = tokio::time::Instant::now().checked_add(timeout);
-        let mut ticker = tokio::time::interval_at(
-            tokio::time::Instant::now() + BOOKMARK_INTERVAL,
-            BOOKMARK_INTERVAL,
-        );
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 change = live.recv() => {
@@ -214,7 +213,7 @@ pub fn watch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
                         return;
                     }
                 }
-                _ = ticker.tick(), if stream.bookmarks => {
+                _ = ticker.tick(), if periodic => {
                     // Drain under the lock so the bookmark's version covers every change sent before it.
                     let (pending, rv) = {
                         let s = store.lock().unwrap_or_else(|e| e.into_inner());

@@ -45,12 +45,44 @@ fn finalizers(obj: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// How a request body is encoded.
+#[derive(Debug, PartialEq, Eq)]
+enum Media {
+    Json,
+    Yaml,
+}
+
+/// The encoding a request's `Content-Type` names. Anything but JSON/YAML (kubectl's imperative
+/// commands send protobuf) is answered as kube-apiserver answers a type it cannot decode: 415
+/// `UnsupportedMediaType`, with the same message plus why this server refuses it.
+fn body_media(req: &Request) -> Result<Media, ApiError> {
+    let media = req
+        .content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    // As in kube-apiserver, a body without a Content-Type is read as the first supported type.
+    match media.as_str() {
+        "" | "application/json" => Ok(Media::Json),
+        "application/yaml" | "application/apply-patch+yaml" => Ok(Media::Yaml),
+        m if m.starts_with("application/") && m.ends_with("+json") => Ok(Media::Json),
+        other => Err(ApiError::unsupported_media_type(format!(
+            "the body of the request was in an unknown format - accepted media types include: \
+             application/json, application/yaml (this test server speaks JSON only; \
+             {other:?} is not decoded, use JSON, e.g. `kubectl create ... -o yaml --dry-run=client \
+             | kubectl apply -f -`)"
+        ))),
+    }
+}
+
 /// Parse a request body as JSON (or YAML, which kubectl's server-side apply sends).
 fn parse_body(req: &Request) -> Result<Value, ApiError> {
     if req.body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
     }
-    let parsed = if req.content_type.contains("yaml") {
+    let parsed = if body_media(req)? == Media::Yaml {
         let text = std::str::from_utf8(&req.body)
             .map_err(|e| ApiError::bad_request(format!("body is not UTF-8: {e}")))?;
         serde_saphyr::from_str::<Value>(text)
@@ -824,6 +856,11 @@ struct DeleteOptions {
 fn delete_options(req: &Request) -> Result<DeleteOptions, ApiError> {
     let body: Value = if req.body.is_empty() {
         json!({})
+    } else if body_media(req)? == Media::Yaml {
+        let text = std::str::from_utf8(&req.body)
+            .map_err(|e| ApiError::bad_request(format!("body is not UTF-8: {e}")))?;
+        serde_saphyr::from_str::<Value>(text)
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
     } else {
         serde_json::from_slice(&req.body)
             .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
