@@ -6,6 +6,9 @@
 //! - `POST /admin/compact`
 //! - `POST /admin/restart` `{"ms":500}` (drop every connection, refuse connections for that long,
 //!   listen again on the same port; data kept)
+//!
+//! A body that is not a JSON object, names an unknown field or gives a field the wrong type is
+//! answered 400 with a message, and arms nothing.
 
 use std::time::Duration;
 
