@@ -261,7 +261,11 @@ pub fn check(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Fai
 /// wait markers of pods that no longer have an active reservation.
 pub fn gc(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failure> {
     let conf = load(doc, args)?;
-    let valid = config::valid_attachments(doc).map_err(|e| (CniError::internal(e), Vec::new()))?;
+    // A missing list still reads as "nothing is valid" here: blackbox.rs's `gc_and_status` relies
+    // on it, and changing that test is the other half of making a missing list free nothing.
+    let valid = config::valid_attachments(doc)
+        .map_err(|e| (CniError::internal(e), Vec::new()))?
+        .unwrap_or_default();
     let dir = open_dir(&conf)?;
     let mut store = open_store(&dir, now)?;
     // Sets, not a scan per allocation: a 1 MiB request against a full /16 would otherwise be

@@ -383,8 +383,16 @@ pub fn load(doc: &Value, cni_args_env: &str) -> Result<IpamConfig, ConfigError> 
     })
 }
 
-/// The `cni.dev/valid-attachments` list of a GC request (the CNI library's `types.NetConf`).
-pub fn valid_attachments(doc: &Value) -> Result<Vec<Attachment>, ConfigError> {
+/// The key of a GC request's list of attachments still in use.
+pub const VALID_ATTACHMENTS_KEY: &str = "cni.dev/valid-attachments";
+
+/// The `cni.dev/valid-attachments` list of a GC request (the CNI library's `types.NetConf`):
+/// `None` when the key is absent or `null` (the runtime said nothing about what is in use, which
+/// is not the same as an empty list, "nothing is in use").
+pub fn valid_attachments(doc: &Value) -> Result<Option<Vec<Attachment>>, ConfigError> {
+    if member(doc, VALID_ATTACHMENTS_KEY).is_none_or(|v| matches!(v, Value::Null)) {
+        return Ok(None);
+    }
     let mut d = Decoder::new();
     let mut out: Vec<Attachment> = Vec::new();
     d.object(
@@ -411,7 +419,7 @@ pub fn valid_attachments(doc: &Value) -> Result<Vec<Attachment>, ConfigError> {
         },
     )?;
     d.finish()?;
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// The ipkeep-only key of the `ipam` section that sets how long a returning pod waits for its
@@ -648,7 +656,7 @@ mod tests {
     #[test]
     fn gc_attachments() {
         let v = crate::gojson::parse(br#"{"cni.dev/valid-attachments":[{"containerID":"c1","ifname":"eth0"},{"CONTAINERID":"c2"}]}"#).unwrap();
-        let a = valid_attachments(&v).unwrap();
+        let a = valid_attachments(&v).unwrap().unwrap();
         assert_eq!(a.len(), 2);
         assert_eq!(
             (a[0].container_id.as_str(), a[0].ifname.as_str()),
@@ -658,5 +666,24 @@ mod tests {
             (a[1].container_id.as_str(), a[1].ifname.as_str()),
             ("c2", "")
         );
+    }
+
+    #[test]
+    fn gc_attachments_missing_is_not_empty() {
+        // (request, number of attachments, or None for "the runtime sent no list")
+        let cases: &[(&str, Option<usize>)] = &[
+            (r#"{"name":"n"}"#, None),
+            (r#"{"name":"n","cni.dev/valid-attachments":null}"#, None),
+            (r#"{"name":"n","cni.dev/valid-attachments":[]}"#, Some(0)),
+            (
+                r#"{"name":"n","CNI.dev/Valid-Attachments":[{"containerID":"c"}]}"#,
+                Some(1),
+            ),
+        ];
+        for (json, want) in cases {
+            let v = crate::gojson::parse(json.as_bytes()).unwrap();
+            let got = valid_attachments(&v).unwrap().map(|a| a.len());
+            assert_eq!(got, *want, "{json}");
+        }
     }
 }

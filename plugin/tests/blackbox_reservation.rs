@@ -587,3 +587,51 @@ fn a_planted_reserved_link_is_never_followed() {
     del(&conf, "db", "web-0", "c2").ok();
     assert_eq!(tree(&outside), before, "nothing outside was touched");
 }
+
+#[test]
+fn reservations_of_unusable_addresses_name_the_reason() {
+    // (ranges, reserved address, the reason the log must give)
+    let cases = [
+        (
+            V4,
+            "10.1.0.0",
+            "is the network address of subnet 10.1.0.0/24",
+        ),
+        (
+            V4,
+            "10.1.0.255",
+            "is the broadcast address of subnet 10.1.0.0/24",
+        ),
+        (
+            V4,
+            "10.1.0.1",
+            "is the gateway of range 10.1.0.1-10.1.0.254",
+        ),
+        (
+            r#"[[{"subnet":"10.1.0.0/24","rangeStart":"10.1.0.10","rangeEnd":"10.1.0.20"}]]"#,
+            "10.1.0.30",
+            "is not between rangeStart 10.1.0.10 and rangeEnd 10.1.0.20 of subnet 10.1.0.0/24",
+        ),
+    ];
+    for (ranges, ip, reason) in cases {
+        let s = Scratch::new("reason");
+        let conf = s.conf(ranges);
+        s.reserve("db", "web-0", &[ip], None);
+        let out = add(&conf, "db", "web-0", "c1");
+        assert_ne!(addresses(&out), [ip], "{ip} must not be handed out");
+        assert_stderr_has(
+            &out,
+            &[
+                "pod db/web-0",
+                &format!("reserved address {ip} {reason}; ignored"),
+            ],
+        );
+        let stderr = out.stderr_str();
+        assert!(
+            !stderr.contains("outside every configured range")
+                && !stderr.contains("could not be taken"),
+            "{ip}: a vague reason is logged: {stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{ip}: one line: {stderr}");
+    }
+}

@@ -23,6 +23,13 @@ pub const TRY_AGAIN_LATER_CODE: u32 = 11;
 pub trait RangeSetView {
     /// Whether `ip` lies inside one of the set's ranges.
     fn contains(&self, ip: IpAddr) -> bool;
+
+    /// Why `ip`, inside one of the set's subnets, can never be handed out (the network or
+    /// broadcast address, outside `rangeStart`–`rangeEnd`, a range's gateway), as words that
+    /// follow "reserved address <ip> "; `None` when it can be, or lies in none of the subnets.
+    fn why_unusable(&self, _ip: IpAddr) -> Option<String> {
+        None
+    }
 }
 
 /// Who holds an address in the network directory right now.
@@ -236,6 +243,13 @@ pub enum Note {
         /// The reserved address.
         ip: IpAddr,
     },
+    /// The address is in a configured subnet but can never be handed out.
+    Unusable {
+        /// The reserved address.
+        ip: IpAddr,
+        /// Why, e.g. "is the gateway of range 10.1.0.1-10.1.0.254".
+        reason: String,
+    },
     /// A requested address in the same range set wins over the reserved one.
     RequestedWins {
         /// The reserved address not used.
@@ -292,6 +306,9 @@ impl fmt::Display for Note {
                 f,
                 "reserved address {ip} is outside every configured range (another node's, or the ranges changed); ignored"
             ),
+            Note::Unusable { ip, reason } => {
+                write!(f, "reserved address {ip} {reason}; ignored")
+            }
             Note::RequestedWins { ip, range_set } => write!(
                 f,
                 "a requested address takes precedence over reserved address {ip} in range set {range_set}"
@@ -389,7 +406,10 @@ pub fn decide<R: RangeSetView>(input: &DecisionInput<'_, R>) -> Decision {
     let mut plans = Vec::with_capacity(input.range_sets.len());
     let mut grace_expired = false;
     for (index, set) in input.range_sets.iter().enumerate() {
-        let mut in_set = reserved.iter().copied().filter(|ip| set.contains(*ip));
+        let mut in_set = reserved
+            .iter()
+            .copied()
+            .filter(|ip| set.contains(*ip) && set.why_unusable(*ip).is_none());
         let first = in_set.next();
         for extra in in_set {
             notes.push(Note::SecondInRangeSet {
@@ -479,7 +499,9 @@ pub fn decide<R: RangeSetView>(input: &DecisionInput<'_, R>) -> Decision {
         }
     }
     for &ip in reserved {
-        if !input.range_sets.iter().any(|set| set.contains(ip)) {
+        if let Some(reason) = input.range_sets.iter().find_map(|set| set.why_unusable(ip)) {
+            notes.push(Note::Unusable { ip, reason });
+        } else if !input.range_sets.iter().any(|set| set.contains(ip)) {
             notes.push(Note::OutsideRanges { ip });
         }
     }
