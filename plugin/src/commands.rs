@@ -252,7 +252,8 @@ pub fn check(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Fai
     }
 }
 
-/// GC (CNI 1.1): frees every allocation whose attachment is not in `cni.dev/valid-attachments`.
+/// GC (CNI 1.1): frees every allocation whose attachment is not in `cni.dev/valid-attachments`;
+/// a request without that list frees nothing (an empty list frees everything).
 ///
 /// Reservations are not allocations: a stale container's file is freed even when its address is
 /// reserved. The reservation goes on holding the address (ADD never hands it to another pod), so
@@ -261,12 +262,19 @@ pub fn check(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Fai
 /// wait markers of pods that no longer have an active reservation.
 pub fn gc(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failure> {
     let conf = load(doc, args)?;
-    // A missing list still reads as "nothing is valid" here: blackbox.rs's `gc_and_status` relies
-    // on it, and changing that test is the other half of making a missing list free nothing.
-    let valid = config::valid_attachments(doc)
-        .map_err(|e| (CniError::internal(e), Vec::new()))?
-        .unwrap_or_default();
+    let valid = config::valid_attachments(doc).map_err(|e| (CniError::internal(e), Vec::new()))?;
     let dir = open_dir(&conf)?;
+    // The spec has the runtime send the list; a request without it is no reason to wipe the node.
+    let Some(valid) = valid else {
+        return Ok(Output {
+            stdout: String::new(),
+            log: vec![format!(
+                "ipkeep: {}: GC freed nothing: the request has no \"{}\" list (an empty list would free every allocation)",
+                conf.name,
+                config::VALID_ATTACHMENTS_KEY
+            )],
+        });
+    };
     let mut store = open_store(&dir, now)?;
     // Sets, not a scan per allocation: a 1 MiB request against a full /16 would otherwise be
     // billions of comparisons.

@@ -231,7 +231,20 @@ fn gc_and_status() {
         s.net().join("10.1.0.2").exists(),
         "a valid attachment is kept"
     );
-    CniCall::new("GC", "x", &conf).run(&ipkeep()).ok();
+    // Without the list a GC frees nothing (and says so); with an empty one, everything.
+    let out = CniCall::new("GC", "x", &conf).run(&ipkeep());
+    out.ok();
+    assert!(
+        s.net().join("10.1.0.2").exists(),
+        "a GC request without cni.dev/valid-attachments freed an allocation"
+    );
+    assert!(
+        out.stderr_str().contains("GC freed nothing"),
+        "{}",
+        out.stderr_str()
+    );
+    let none_valid = conf.replacen('{', r#"{"cni.dev/valid-attachments":[],"#, 1);
+    CniCall::new("GC", "x", &none_valid).run(&ipkeep()).ok();
     assert!(
         !s.net().join("10.1.0.2").exists(),
         "an attachment not listed is freed"
