@@ -608,6 +608,25 @@ mod tests {
         }
     }
 
+    /// "Try again later": `address` of db/web-0 is still held by `old-sandbox`, waited so far.
+    fn retry_later(address: &str, waited_secs: u64) -> Outcome {
+        Outcome::RetryLater(RetryLater {
+            pod: key("db", "web-0"),
+            ip: ip(address),
+            holder: "old-sandbox".into(),
+            waited: Duration::from_secs(waited_secs),
+            grace: DEFAULT_GRACE,
+        })
+    }
+
+    /// The wait for `old-sandbox` starts now.
+    fn start_waiting() -> MarkerAction {
+        MarkerAction::Write(WaitMarker {
+            holder: "old-sandbox".into(),
+            since: at(0),
+        })
+    }
+
     fn run(case: &Case) -> Decision {
         let mut sets = vec![Cidr(ip("10.1.0.0"), 24)];
         if case.dual_stack {
@@ -818,17 +837,8 @@ mod tests {
             Case {
                 own: own_v4(),
                 holders: vec![("10.1.0.7", same_pod())],
-                expect: Outcome::RetryLater(RetryLater {
-                    pod: key("db", "web-0"),
-                    ip: ip("10.1.0.7"),
-                    holder: "old-sandbox".into(),
-                    waited: Duration::ZERO,
-                    grace: DEFAULT_GRACE,
-                }),
-                marker_action: MarkerAction::Write(WaitMarker {
-                    holder: "old-sandbox".into(),
-                    since: at(0),
-                }),
+                expect: retry_later("10.1.0.7", 0),
+                marker_action: start_waiting(),
                 ..base("same pod's previous container, first time: try again later, start waiting")
             },
             Case {
@@ -838,13 +848,7 @@ mod tests {
                     holder: "old-sandbox".into(),
                     since: at(-30),
                 }),
-                expect: Outcome::RetryLater(RetryLater {
-                    pod: key("db", "web-0"),
-                    ip: ip("10.1.0.7"),
-                    holder: "old-sandbox".into(),
-                    waited: Duration::from_secs(30),
-                    grace: DEFAULT_GRACE,
-                }),
+                expect: retry_later("10.1.0.7", 30),
                 ..base("same pod's previous container, within grace: try again later")
             },
             Case {
@@ -854,17 +858,8 @@ mod tests {
                     holder: "older-sandbox".into(),
                     since: at(-300),
                 }),
-                expect: Outcome::RetryLater(RetryLater {
-                    pod: key("db", "web-0"),
-                    ip: ip("10.1.0.7"),
-                    holder: "old-sandbox".into(),
-                    waited: Duration::ZERO,
-                    grace: DEFAULT_GRACE,
-                }),
-                marker_action: MarkerAction::Write(WaitMarker {
-                    holder: "old-sandbox".into(),
-                    since: at(0),
-                }),
+                expect: retry_later("10.1.0.7", 0),
+                marker_action: start_waiting(),
                 ..base("a marker for another holder restarts the wait")
             },
             Case {
@@ -888,17 +883,8 @@ mod tests {
                     holder: "old-sandbox".into(),
                     since: at(86_400),
                 }),
-                expect: Outcome::RetryLater(RetryLater {
-                    pod: key("db", "web-0"),
-                    ip: ip("10.1.0.7"),
-                    holder: "old-sandbox".into(),
-                    waited: Duration::ZERO,
-                    grace: DEFAULT_GRACE,
-                }),
-                marker_action: MarkerAction::Write(WaitMarker {
-                    holder: "old-sandbox".into(),
-                    since: at(0),
-                }),
+                expect: retry_later("10.1.0.7", 0),
+                marker_action: start_waiting(),
                 ..base("a marker from the future (the clock stepped back) restarts the wait now")
             },
             Case {
@@ -915,17 +901,8 @@ mod tests {
                 dual_stack: true,
                 own: own_dual(),
                 holders: vec![("fd00::7", same_pod())],
-                expect: Outcome::RetryLater(RetryLater {
-                    pod: key("db", "web-0"),
-                    ip: ip("fd00::7"),
-                    holder: "old-sandbox".into(),
-                    waited: Duration::ZERO,
-                    grace: DEFAULT_GRACE,
-                }),
-                marker_action: MarkerAction::Write(WaitMarker {
-                    holder: "old-sandbox".into(),
-                    since: at(0),
-                }),
+                expect: retry_later("fd00::7", 0),
+                marker_action: start_waiting(),
                 ..base("dual-stack: one family still held by the old container → retry whole ADD")
             },
         ];
