@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes control plane used by ipkeep's tests and demo from their Go modules:
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and helm.
+#
+#   e2e/cluster/build.sh                   build into the cache unless already there; print its bin dir last
+#   e2e/cluster/build.sh --print-bin-dir   print the bin dir the current versions build into, build nothing
+#   e2e/cluster/build.sh --update-modules  rewrite the wrapper go.mod/go.sum files to versions.env
+#
+# The binaries go to $IPKEEP_CACHE_DIR (default ~/.cache/ipkeep)/k8s-<k8s>-etcd-<etcd>-helm-<helm>/bin,
+# outside the work tree, keyed by the versions in versions.env: a second run costs a second.
+# A finished build is renamed into place whole, so an interrupted build never looks complete.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+. "$here/versions.env"
+
+cache_root=${IPKEEP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ipkeep}
+key="k8s-${KUBERNETES_VERSION}-etcd-${ETCD_VERSION}-helm-${HELM_VERSION}"
+out="$cache_root/$key"
+bins=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl helm)
+
+say() { echo "cluster-bins: $*" >&2; }
+die() { echo "cluster-bins: error: $*" >&2; exit 1; }
+
+complete() {
+  local b
+  for b in "${bins[@]}"; do [ -x "$out/bin/$b" ] || return 1; done
+}
+
+staging_version() { echo "v0.${KUBERNETES_VERSION#v1.}"; }
+
+# Every go.mod must name exactly the versions of versions.env, so that one file decides.
+check_modules() {
+  local sv; sv=$(staging_version)
+  grep -Eq "^\s*(require )?k8s\.io/kubernetes $KUBERNETES_VERSION\b" "$here/k8s/go.mod" \
+    || die "e2e/cluster/k8s/go.mod does not require k8s.io/kubernetes $KUBERNETES_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
+  if grep -E '^\s+k8s\.io/[a-z-]+ => k8s\.io/[a-z-]+ v' "$here/k8s/go.mod" | grep -vq " $sv\$"; then
+    die "e2e/cluster/k8s/go.mod pins a staging module at a version other than $sv; run e2e/cluster/build.sh --update-modules"
+  fi
+  grep -Eq "^\s*go\.etcd\.io/etcd/server/v3 $ETCD_VERSION\b" "$here/etcd/go.mod" \
+    || die "e2e/cluster/etcd/go.mod does not require go.etcd.io/etcd/server/v3 $ETCD_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
+  grep -Eq "^\s*helm\.sh/helm/v3 $HELM_VERSION\b" "$here/helm/go.mod" \
+    || die "e2e/cluster/helm/go.mod does not require helm.sh/helm/v3 $HELM_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
+}
+
+need_go() {
+  command -v go >/dev/null 2>&1 || die "the Go toolchain is not installed (need Go >= 1.26): install it (Debian: apt-get install golang-go, or the machine's Go) and re-run"
+  local v; v=$(go env GOVERSION)
+  case "$v" in go1.2[6-9]*|go1.[3-9][0-9]*) ;; *) die "Go $v is too old: Kubernetes 1.34 and etcd 3.6 here need Go >= 1.26";; esac
+}
+
+update_modules() {
+  local sv; sv=$(staging_version)
+  (cd "$here/k8s" && sed -i -E "s#^(\s*(require )?k8s\.io/kubernetes) v[^ ]*#\1 $KUBERNETES_VERSION#; s#^(\s+k8s\.io/[a-z-]+ => k8s\.io/[a-z-]+) v.*#\1 $sv#" go.mod \
+    && go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" && go mod tidy)
+  (cd "$here/etcd" && go get -tool "go.etcd.io/etcd/server/v3@$ETCD_VERSION" && go mod tidy)
+  (cd "$here/helm" && go get -tool "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" && go mod tidy)
+}
+
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=readonly -trimpath"
+
+case "${1:-}" in
+  --print-bin-dir) echo "$out/bin"; exit 0 ;;
+  --update-modules) need_go; update_modules; check_modules; say "go.mod files follow versions.env"; exit 0 ;;
+  "") ;;
+  *) die "unknown argument $1 (see the header of $0)" ;;
+esac
+
+check_modules
+if complete; then
+  say "up to date: $out/bin ($key)"
+  echo "$out/bin"
+  exit 0
+fi
+need_go
+
+mkdir -p "$cache_root"
+stage=$(mktemp -d "$cache_root/.build-$key.XXXXXX")
+trap 'rm -rf "$stage"' EXIT
+start=$(date +%s)
+say "building $key into $out/bin (a fresh machine pays this once; later runs reuse it)"
+
+# Version stamps, as Kubernetes' hack/lib/version.sh and Helm's Makefile set them: without them
+# the binaries report v0.0.0 and Helm's kubeVersion checks see Kubernetes 1.20.
+minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
+build_date=$(cd "$here/k8s" && go list -m -f '{{.Time}}' k8s.io/kubernetes | sed -E 's/ \+0000 UTC$//; s/ /T/; s/$/Z/')
+kver=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  kver+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  kver+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
+done
+hver="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+  hver+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
+done
+
+step() {
+  local name=$1; shift
+  local t0; t0=$(date +%s)
+  say "  go build $name ..."
+  "$@" || die "go build of $name failed (output above); the Go module proxy must be reachable: try 'cd e2e/cluster/<module> && go mod download'"
+  say "  $name built in $(( $(date +%s) - t0 ))s"
+}
+
+(cd "$here/etcd" && step etcd go build -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" \
+  -o "$stage/bin/etcd" go.etcd.io/etcd/server/v3)
+(cd "$here/k8s" && for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  step "$c" go build -ldflags "-s -w $kver" -o "$stage/bin/$c" "k8s.io/kubernetes/cmd/$c"
+done)
+(cd "$here/helm" && step helm go build -ldflags "-s -w $hver" -o "$stage/bin/helm" helm.sh/helm/v3/cmd/helm)
+
+"$stage/bin/kubectl" version --client 2>/dev/null | grep -q "$KUBERNETES_VERSION" \
+  || die "the built kubectl does not report $KUBERNETES_VERSION: the version stamps did not take"
+rm -rf "$out"
+mv "$stage" "$out"
+trap - EXIT
+secs=$(( $(date +%s) - start ))
+say "built $key in ${secs}s: $(du -sh "$out/bin" | cut -f1) of binaries; Go caches now $(du -sh "$(go env GOMODCACHE)" 2>/dev/null | cut -f1) modules, $(du -sh "$(go env GOCACHE)" 2>/dev/null | cut -f1) build cache"
+echo "$out/bin"
