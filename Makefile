@@ -17,7 +17,7 @@ endif
 HOST_TRIPLE := $(shell rustc -vV | sed -n 's/^host: //p')
 PLUGIN_BIN := target/$(HOST_TRIPLE)/release/ipkeep
 
-.PHONY: all build plugin test lint deps bench fmt
+.PHONY: all build plugin test lint deps bench fmt crds
 
 all: build
 
@@ -58,3 +58,7 @@ bench: deps plugin
 
 fmt:
 	$(CARGO) fmt --all
+
+## crds: regenerate crds/ from the Rust types (a test fails when the committed file drifts).
+crds:
+	$(CARGO) run -q -p ipkeep-operator -- crd > crds/ipreservations.ipkeep.dev.yaml

@@ -1,0 +1,164 @@
+//! The IPReservation custom resource (contract 1 of the design): the Rust types are the CRD's
+//! source of truth; `ipkeep-operator crd` prints the definition and a test compares it with
+//! `crds/ipreservations.ipkeep.dev.yaml`.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The API group of ipkeep's resources.
+pub const GROUP: &str = "ipkeep.dev";
+/// The label every reservation the controller creates carries (`app.kubernetes.io/managed-by`).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// The value of [`MANAGED_BY_LABEL`] on reservations the controller created.
+pub const MANAGED_BY_VALUE: &str = "ipkeep";
+/// The condition type set on a reservation that claims an address an older reservation holds.
+pub const CONDITION_CONFLICT: &str = "Conflict";
+
+/// Addresses kept for a pod of the same namespace and name: while the pod lives (`Bound`) and for
+/// `retainFor` after it is gone (`Released`). The plugin gives them back to a returning pod.
+// clippy's duplicated_attributes lint reads the repeated keys of each `printcolumn(...)` as
+// duplicates of the first one's; they are separate columns.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "ipkeep.dev",
+    version = "v1alpha1",
+    kind = "IPReservation",
+    plural = "ipreservations",
+    singular = "ipreservation",
+    namespaced,
+    status = "IPReservationStatus",
+    derive = "PartialEq",
+    printcolumn(
+        name = "IPs",
+        type_ = "string",
+        json_path = ".spec.ips",
+        description = "the reserved addresses"
+    ),
+    printcolumn(
+        name = "Node",
+        type_ = "string",
+        json_path = ".spec.nodeName",
+        description = "the node whose ranges hold the addresses"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Bound while the pod lives, Released after"
+    ),
+    printcolumn(
+        name = "Release-Time",
+        type_ = "string",
+        json_path = ".status.releaseTime",
+        description = "when a Released reservation is deleted"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Pod-UID",
+        type_ = "string",
+        json_path = ".status.podUID",
+        priority = 1,
+        description = "the pod that last held the addresses"
+    ),
+    printcolumn(
+        name = "Retain-For",
+        type_ = "string",
+        json_path = ".spec.retainFor",
+        priority = 1,
+        description = "how long the addresses stay reserved after the pod is gone"
+    ),
+    shortname = "ipr",
+    category = "ipkeep",
+    selectable = ".spec.nodeName",
+    doc = "Addresses kept for the pod of the same namespace and name, on one node."
+)]
+#[serde(rename_all = "camelCase")]
+pub struct IPReservationSpec {
+    /// The reserved addresses, at most one per address family.
+    #[schemars(length(min = 1, max = 2))]
+    #[x_kube(validation = Rule::new("self.all(ip, isIP(ip))").message("every entry of ips must be an IP address"))]
+    #[x_kube(validation = Rule::new("self.all(ip, !isIP(ip) || self.exists_one(o, isIP(o) && ip(o).family() == ip(ip).family()))").message("ips holds at most one address per family"))]
+    #[x_kube(validation = Rule::new("self.all(ip, self.exists_one(o, o == ip))").message("ips must not repeat an address").reason(Reason::FieldValueDuplicate))]
+    pub ips: Vec<IpString>,
+    /// The node whose pod ranges the addresses belong to (node-local allocation).
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message("nodeName must be a valid node name (lowercase DNS subdomain)"))]
+    pub node_name: String,
+    /// How long the addresses stay reserved after the pod is gone (`90s`, `30m`, `24h`, `7d`);
+    /// the controller's default applies when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 16))]
+    #[x_kube(validation = Rule::new("self.matches('^[1-9][0-9]{0,5}(s|m|h|d)$')").message("retainFor must be a positive whole number of s, m, h or d (e.g. 30m, 24h, 7d)"))]
+    #[x_kube(validation = Rule::new("!self.matches('^[1-9][0-9]{0,5}(s|m|h|d)$') || int(self.substring(0, self.size() - 1)) * (self.endsWith('d') ? 86400 : self.endsWith('h') ? 3600 : self.endsWith('m') ? 60 : 1) <= 31622400").message("retainFor must be at most 366d"))]
+    pub retain_for: Option<String>,
+}
+
+/// One reserved address, as text (`10.244.1.17`, `fd00:10:244:1::11`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(transparent)]
+pub struct IpString(#[schemars(length(min = 2, max = 45))] pub String);
+
+/// Where a reservation stands; the controller is its only writer.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IPReservationStatus {
+    /// `Bound` while a pod with this name holds the addresses, `Released` once it is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// The UID of the pod that last held the addresses.
+    #[serde(default, rename = "podUID", skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    /// When the pod went away (or, for a reservation made by hand, when it was created).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<Time>,
+    /// `releasedAt + retainFor`: when the reservation is deleted and its addresses become free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_time: Option<Time>,
+    /// The generation of the spec this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Standard conditions, e.g. `Conflict` when an older reservation holds the same address.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// The two phases of a reservation.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    /// A pod with the reservation's namespace and name holds the addresses.
+    Bound,
+    /// No such pod; the addresses are held until `releaseTime`.
+    Released,
+}
+
+impl IPReservation {
+    /// Whether the reservation carries a `Conflict` condition with status `True`.
+    pub fn in_conflict(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == CONDITION_CONFLICT && c.status == "True")
+        })
+    }
+}
+
+/// Errors of rendering the CRD.
+#[derive(Debug, thiserror::Error)]
+pub enum CrdError {
+    /// The definition could not be serialized to YAML.
+    #[error("failed to serialize the IPReservation CRD to YAML")]
+    Serialize(#[source] serde_saphyr::ser::Error),
+}
+
+/// The CustomResourceDefinition as YAML, exactly as `crds/ipreservations.ipkeep.dev.yaml` holds it.
+pub fn crd_yaml() -> Result<String, CrdError> {
+    serde_saphyr::to_string(&IPReservation::crd()).map_err(CrdError::Serialize)
+}

@@ -1,0 +1,10 @@
+//! ipkeep's operator: the IPReservation resource ([`crd`]), the controller that keeps reservations
+//! in step with annotated pods and expires them ([`controller`]), and the node agent that mirrors
+//! its node's reservations to the files the plugin reads ([`agent`]).
+
+pub mod agent;
+pub mod controller;
+pub mod crd;
+pub mod logging;
+pub mod probes;
+pub mod shutdown;

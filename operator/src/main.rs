@@ -1,0 +1,45 @@
+//! `ipkeep-operator`: parses the command line and hands over to the library.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use ipkeep_operator::{agent, controller, crd};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ipkeep-operator",
+    version,
+    about = "ipkeep's operator: keeps IPReservations in step with annotated pods (controller) and mirrors each node's reservations to disk (agent)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Reconcile IPReservations from annotated pods and delete expired ones (a Deployment).
+    Controller(controller::Args),
+    /// Keep this node's reservation files equal to its IPReservations (a DaemonSet).
+    Agent(agent::Args),
+    /// Print the IPReservation CustomResourceDefinition as YAML.
+    Crd,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Controller(args) => controller::main(args),
+        Command::Agent(args) => agent::main(args),
+        Command::Crd => crd::crd_yaml()
+            .map(|yaml| print!("{yaml}"))
+            .map_err(anyhow::Error::from),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ipkeep-operator: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The HTTP endpoints both components serve: `/metrics` (Prometheus text format), `/healthz`
+//! (the process answers) and `/readyz` (the component has done what makes it useful).
+
+use std::{
+    convert::Infallible,
+    future::Future,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
+use hyper_util::rt::TokioIo;
+use prometheus::{Encoder, Registry, TextEncoder};
+use tokio::net::TcpListener;
+
+/// Readiness shared between a component and its `/readyz` endpoint.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    ready: AtomicBool,
+}
+
+impl Readiness {
+    /// Marks the component ready (or not).
+    pub fn set(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+
+    /// Whether the component is ready.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}
+
+/// Errors of the probe server.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The listen address could not be bound.
+    #[error("failed to listen on {addr} for /metrics, /healthz and /readyz")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A bound probe server; [`ProbeServer::run`] serves until `shutdown` completes.
+#[derive(Debug)]
+pub struct ProbeServer {
+    listener: TcpListener,
+    registry: Registry,
+    readiness: Arc<Readiness>,
+}
+
+impl ProbeServer {
+    /// Binds `addr` (port 0 picks a free port; see [`ProbeServer::local_addr`]).
+    pub async fn bind(
+        addr: SocketAddr,
+        registry: Registry,
+        readiness: Arc<Readiness>,
+    ) -> Result<ProbeServer, ProbeError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ProbeError::Bind { addr, source })?;
+        Ok(ProbeServer {
+            listener,
+            registry,
+            readiness,
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+
+    /// Serves requests until `shutdown` completes; connection errors are logged, never fatal.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let registry = Arc::new(self.registry);
+        tokio::pin!(shutdown);
+        loop {
+            let accepted = tokio::select! {
+                () = &mut shutdown => return,
+                accepted = self.listener.accept() => accepted,
+            };
+            let stream = match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "probe server failed to accept a connection");
+                    continue;
+                }
+            };
+            let registry = registry.clone();
+            let readiness = self.readiness.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req: Request<Incoming>| {
+                    let reply = answer(&req, &registry, &readiness);
+                    async move { Ok::<_, Infallible>(reply) }
+                });
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    tracing::debug!(error = %e, "probe connection ended with an error");
+                }
+            });
+        }
+    }
+}
+
+fn answer(
+    req: &Request<Incoming>,
+    registry: &Registry,
+    readiness: &Readiness,
+) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "only GET and HEAD\n".into(),
+        );
+    }
+    match req.uri().path() {
+        "/metrics" => {
+            let mut text = Vec::new();
+            match TextEncoder::new().encode(&registry.gather(), &mut text) {
+                Ok(()) => reply(StatusCode::OK, prometheus::TEXT_FORMAT, text),
+                Err(e) => reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain",
+                    format!("failed to encode metrics: {e}\n").into_bytes(),
+                ),
+            }
+        }
+        "/healthz" | "/livez" => reply(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
+        "/readyz" if readiness.is_ready() => reply(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
+        "/readyz" => reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            b"not ready\n".to_vec(),
+        ),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            b"not found: try /metrics, /healthz or /readyz\n".to_vec(),
+        ),
+    }
+}
+
+fn reply(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, value);
+    }
+    response
+}
