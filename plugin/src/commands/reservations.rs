@@ -15,7 +15,7 @@ use crate::range::RangeSet;
 use crate::reservation::{
     DecisionInput, Holder, MarkerAction, Outcome, RESERVED_DIR, RangeSetPlan, RangeSetView,
     ReservationLookup, ReservationSnapshot, Source, TRY_AGAIN_LATER_CODE, Timestamp, decide,
-    load_reservations_cached, prune_wait_markers, read_reservation, read_wait_marker,
+    load_reservations_at, prune_wait_markers, read_reservation, read_wait_marker,
     remove_wait_marker, write_wait_marker,
 };
 use crate::reservation::{PodKey, ReservationFile};
@@ -81,6 +81,13 @@ impl ReservationLog {
         self.lines.push(line);
     }
 
+    /// Adds several lines.
+    pub(super) fn lines(&mut self, lines: Vec<String>) {
+        for line in lines {
+            self.line(line);
+        }
+    }
+
     /// The lines, in order.
     pub(super) fn into_lines(self) -> Vec<String> {
         self.lines
@@ -101,7 +108,9 @@ impl Reservations {
         now: Timestamp,
         log: &mut ReservationLog,
     ) -> Self {
-        let (snapshot, source) = load_reservations_cached(dir, store.lock());
+        let mut found = Vec::new();
+        let (snapshot, source) = load_reservations_at(dir, store.lock(), now, &mut found);
+        log.lines(found);
         if source == Source::NoReservations {
             return Self {
                 snapshot: None,
@@ -219,7 +228,10 @@ pub(super) fn plan_add(
             None
         })
     });
-    let marker = me.as_ref().and_then(|me| read_wait_marker(dir, me));
+    let mut found = Vec::new();
+    let marker = me
+        .as_ref()
+        .and_then(|me| read_wait_marker(dir, me, &mut found));
     let holders = holders_of(store, own.as_ref());
     // `decide` asks only about the reservation's own addresses, all looked up above.
     let holder = |ip: IpAddr| holders.get(&ip).cloned().unwrap_or(Holder::Foreign);
@@ -240,9 +252,10 @@ pub(super) fn plan_add(
     if let Some(me) = &me {
         let applied = match &decision.marker {
             MarkerAction::Keep => Ok(()),
-            MarkerAction::Write(m) => write_wait_marker(dir, me, m),
+            MarkerAction::Write(m) => write_wait_marker(dir, me, m, &mut found),
             MarkerAction::Remove => remove_wait_marker(dir, me),
         };
+        log.lines(found);
         if let Err(e) = applied {
             log.line(format_args!(
                 "failed to record the wait of pod {me} for its address: {e}"
