@@ -137,15 +137,38 @@ fn stamp_text(
     containers: &crate::netdir::FileStamp,
     tmp: &crate::netdir::FileStamp,
 ) -> String {
-    let mut text = String::from("ipkeep-stamp 2");
-    for s in [net, containers, tmp] {
-        text.push_str(&format!(
-            " {} {} {} {}",
-            s.dev, s.ino, s.mtime_ns, s.ctime_ns
-        ));
-    }
-    text.push('\n');
-    text
+    let (n, c, t) = (net, containers, tmp);
+    format!(
+        "ipkeep-stamp 2 {} {} {} {} {} {} {} {} {} {} {} {}\n",
+        n.dev,
+        n.ino,
+        n.mtime_ns,
+        n.ctime_ns,
+        c.dev,
+        c.ino,
+        c.mtime_ns,
+        c.ctime_ns,
+        t.dev,
+        t.ino,
+        t.mtime_ns,
+        t.ctime_ns
+    )
+}
+
+/// The line for a stamp file whose content ipkeep did not write (a torn write of ipkeep's own
+/// keeps the prefix and is rebuilt without a word).
+#[cold]
+#[inline(never)]
+fn not_a_stamp(meta: &SubDir, saved: &[u8], found: &mut Vec<String>) {
+    found.push(format!(
+        "found {} at {}, which ipkeep did not write: rebuilding the index",
+        if saved.is_empty() {
+            "an empty file"
+        } else {
+            "content that is not a stamp"
+        },
+        private_state::escape_control(&meta.child_path(STAMP).to_string_lossy())
+    ));
 }
 
 /// Go's `log` timestamp (`2006/01/02 15:04:05`), in UTC.
@@ -199,8 +222,6 @@ pub struct DiskStore<'a> {
     containers: SubDir,
     now: SystemTime,
     log: Vec<String>,
-    /// `ipkeep: <network>: `, the start of the lines about damaged private state.
-    prefix: String,
     /// The stamp has been removed because this command changes things.
     dirty: bool,
     /// The index is known to be consistent with the IP files: false from a failed index write,
@@ -223,21 +244,8 @@ impl<'a> DiskStore<'a> {
         if let Some(saved) = &saved
             && !saved.starts_with(STAMP_PREFIX)
         {
-            found.push(format!(
-                "found {} at {}, which ipkeep did not write: rebuilding the index",
-                if saved.is_empty() {
-                    "an empty file"
-                } else {
-                    "content that is not a stamp"
-                },
-                private_state::escape_control(&meta.child_path(STAMP).to_string_lossy())
-            ));
+            not_a_stamp(&meta, saved, &mut found);
         }
-        let network = net
-            .path()
-            .file_name()
-            .map(|n| private_state::escape_control(&n.to_string_lossy()))
-            .unwrap_or_default();
         let mut store = Self {
             net,
             lock,
@@ -246,7 +254,6 @@ impl<'a> DiskStore<'a> {
             containers,
             now,
             log: Vec::new(),
-            prefix: format!("ipkeep: {network}: "),
             dirty: false,
             index_ok: true,
             rebuilt: false,
@@ -266,10 +273,25 @@ impl<'a> DiskStore<'a> {
         ))
     }
 
-    /// Logs what was found damaged in the private state, one line each.
+    /// Logs what was found damaged in the private state, one line each, prefixed
+    /// `ipkeep: <network>: `.
     fn note_found(&mut self, found: Vec<String>) {
+        if !found.is_empty() {
+            self.note_found_cold(found);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn note_found_cold(&mut self, found: Vec<String>) {
+        let network = self
+            .net
+            .path()
+            .file_name()
+            .map(|n| private_state::escape_control(&n.to_string_lossy()))
+            .unwrap_or_default();
         for line in found {
-            self.log.push(format!("{}{line}", self.prefix));
+            self.log.push(format!("ipkeep: {network}: {line}"));
         }
     }
 

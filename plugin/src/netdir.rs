@@ -207,6 +207,8 @@ pub struct FileStamp {
     pub mode: u32,
     /// Size in bytes.
     pub size: u64,
+    /// Number of hard links.
+    pub nlink: u64,
 }
 
 impl FileStamp {
@@ -223,6 +225,7 @@ impl FileStamp {
             kind,
             mode: (st.st_mode as u32) & 0o7777,
             size: st.st_size as u64,
+            nlink: st.st_nlink as u64,
         }
     }
 }

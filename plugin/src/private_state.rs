@@ -10,9 +10,8 @@
 //! Private files are always written `0600` by ipkeep; directories `0755` (minus the umask).
 
 use rustix::fs::{AtFlags, FileType};
-use rustix::io::Errno;
 
-use crate::netdir::{DirFd, NetDirError, SubDir};
+use crate::netdir::{DirFd, EntryKind, FileStamp, NetDirError, SubDir};
 
 /// Mode of every private file ipkeep writes.
 pub const FILE_MODE: u32 = 0o600;
@@ -60,42 +59,47 @@ fn kind_text(file_type: FileType) -> &'static str {
 
 /// Looks at `name` in `dir` without opening it (a device node is never opened).
 pub fn inspect_file(dir: &DirFd, name: &str, max_len: usize) -> Result<Found, NetDirError> {
-    crate::netdir::check_name(name)?;
-    let st = match rustix::fs::statat(dir.fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(st) => st,
-        Err(Errno::NOENT) => return Ok(Found::Absent),
-        Err(errno) => {
-            return Err(NetDirError::Io {
-                op: "stat",
-                path: dir.child_path(name),
-                errno,
-            });
-        }
+    let Some(st) = dir.stat(name)? else {
+        return Ok(Found::Absent);
     };
-    let file_type = FileType::from_raw_mode(st.st_mode as _);
-    if file_type != FileType::RegularFile {
-        return Ok(Found::Damaged(kind_text(file_type).to_owned()));
+    if st.kind != EntryKind::File
+        || st.size > max_len as u64
+        || st.mode != FILE_MODE
+        || st.nlink != 1
+    {
+        return Ok(Found::Damaged(describe(dir, name, &st, max_len)));
     }
-    let mode = (st.st_mode as u32) & 0o7777;
-    let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
-    #[allow(clippy::unnecessary_cast)]
-    let links = st.st_nlink as u64;
-    Ok(if size > max_len as u64 {
-        Found::Damaged(format!(
-            "a file of {size} bytes (ipkeep writes at most {max_len})"
-        ))
-    } else if mode != FILE_MODE {
-        Found::Damaged(format!(
-            "a file with mode {mode:04o} (ipkeep writes {FILE_MODE:04o})"
-        ))
-    } else if links != 1 {
-        Found::Damaged(format!("a file with {links} hard links"))
+    Ok(Found::File)
+}
+
+/// What is wrong with `name` (off the hot path: only damage gets here).
+#[cold]
+#[inline(never)]
+fn describe(dir: &DirFd, name: &str, st: &FileStamp, max_len: usize) -> String {
+    if st.kind != EntryKind::File {
+        return match rustix::fs::statat(dir.fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(raw) => kind_text(FileType::from_raw_mode(raw.st_mode as _)).to_owned(),
+            Err(_) => "an entry of unknown type".to_owned(),
+        };
+    }
+    if st.size > max_len as u64 {
+        format!(
+            "a file of {} bytes (ipkeep writes at most {max_len})",
+            st.size
+        )
+    } else if st.mode != FILE_MODE {
+        format!(
+            "a file with mode {:04o} (ipkeep writes {FILE_MODE:04o})",
+            st.mode
+        )
     } else {
-        Found::File
-    })
+        format!("a file with {} hard links", st.nlink)
+    }
 }
 
 /// Removes whatever is at `name` (a directory with its content) and logs what was found.
+#[cold]
+#[inline(never)]
 pub fn discard(dir: &DirFd, name: &str, what: &str, log: &mut Vec<String>) {
     let path = escape_control(&dir.child_path(name).to_string_lossy());
     match dir.remove_tree(name, MAX_DAMAGE_DEPTH) {
@@ -127,16 +131,18 @@ pub fn read_file(
             Ok(bytes) => Ok(bytes),
             // Replaced meanwhile, or unreadable (EIO, no permission): as good as absent.
             Err(e) => {
-                discard(
-                    dir,
-                    name,
-                    &format!("an unreadable file ({})", escape_control(&e.to_string())),
-                    log,
-                );
+                unreadable(dir, name, &e, log);
                 Ok(None)
             }
         },
     }
+}
+
+#[cold]
+#[inline(never)]
+fn unreadable(dir: &DirFd, name: &str, e: &NetDirError, log: &mut Vec<String>) {
+    let what = format!("an unreadable file ({})", escape_control(&e.to_string()));
+    discard(dir, name, &what, log);
 }
 
 /// Opens (creating it if asked) the private directory `name` in `parent`: anything else at that
@@ -152,15 +158,7 @@ pub fn open_dir(
     let dir = match parent.subdir(&[name], create) {
         Ok(dir) => dir,
         Err(NetDirError::Symlink { .. } | NetDirError::NotDirectory { .. }) => {
-            let what = match rustix::fs::statat(parent.fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => kind_text(FileType::from_raw_mode(st.st_mode as _)),
-                Err(_) => "something other than a directory",
-            };
-            discard(parent, name, what, log);
-            if !create {
-                return Ok(None);
-            }
-            parent.subdir(&[name], true)?
+            return replace_with_dir(parent, name, create, log);
         }
         Err(e) => return Err(e),
     };
@@ -169,20 +167,46 @@ pub fn open_dir(
     };
     let mode = dir.stamp()?.mode;
     if mode & 0o7022 != 0 || mode & 0o700 != 0o700 {
-        dir.set_mode(DIR_MODE)?;
-        log.push(format!(
-            "found mode {mode:04o} on ipkeep's directory {}: set it to {DIR_MODE:04o}",
-            escape_control(&dir.path().to_string_lossy())
-        ));
+        fix_dir_mode(&dir, mode, log)?;
     }
     Ok(Some(dir))
+}
+
+#[cold]
+#[inline(never)]
+fn replace_with_dir(
+    parent: &DirFd,
+    name: &str,
+    create: bool,
+    log: &mut Vec<String>,
+) -> Result<Option<SubDir>, NetDirError> {
+    let what = match rustix::fs::statat(parent.fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => kind_text(FileType::from_raw_mode(st.st_mode as _)),
+        Err(_) => "something other than a directory",
+    };
+    discard(parent, name, what, log);
+    if !create {
+        return Ok(None);
+    }
+    parent.subdir(&[name], true)
+}
+
+#[cold]
+#[inline(never)]
+fn fix_dir_mode(dir: &SubDir, mode: u32, log: &mut Vec<String>) -> Result<(), NetDirError> {
+    dir.set_mode(DIR_MODE)?;
+    log.push(format!(
+        "found mode {mode:04o} on ipkeep's directory {}: set it to {DIR_MODE:04o}",
+        escape_control(&dir.path().to_string_lossy())
+    ));
+    Ok(())
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::netdir::{EntryKind, NetworkDir};
+    use crate::netdir::NetworkDir;
     use crate::scratch_dir::ScratchDir as Scratch;
     use std::os::unix::fs::PermissionsExt;
 

@@ -70,15 +70,8 @@ impl ReservationLog {
     /// found on disk end up here, and a newline, carriage return or terminal escape in them
     /// must not split the line or forge another in the runtime's log.
     pub(super) fn line(&mut self, text: impl std::fmt::Display) {
-        let mut line = self.prefix.clone();
-        for c in text.to_string().chars() {
-            if c.is_control() {
-                line.extend(c.escape_default());
-            } else {
-                line.push(c);
-            }
-        }
-        self.lines.push(line);
+        let line = crate::private_state::escape_control(&text.to_string());
+        self.lines.push(format!("{}{line}", self.prefix));
     }
 
     /// Adds several lines.
