@@ -304,7 +304,10 @@ pub(super) fn prune_waits(dir: &NetworkDir, now: Timestamp, log: &mut Reservatio
             .flatten()
             .is_some_and(|file| file.is_active(now))
     };
-    match prune_wait_markers(dir, &active) {
+    let mut found = Vec::new();
+    let pruned = prune_wait_markers(dir, &active, &mut found);
+    log.lines(found);
+    match pruned {
         Ok(pods) => {
             for pod in pods {
                 log.line(format_args!(

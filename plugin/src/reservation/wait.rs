@@ -3,7 +3,7 @@
 //! first finds the pod's reserved address held by the pod's previous container. Like the rest of
 //! `.ipkeep/` it is the plugin's own: host-local ignores it, and losing it only restarts a wait.
 
-use crate::netdir::{EntryKind, NetDirError, NetworkDir};
+use crate::netdir::{NetDirError, NetworkDir};
 use crate::private_state::{self, Found};
 
 use super::decision::WaitMarker;
@@ -89,33 +89,43 @@ pub fn remove_wait_marker(dir: &NetworkDir, pod: &PodKey) -> Result<(), NetDirEr
 /// Removes every wait marker whose pod `keep` rejects (GC's cleanup: a marker only matters
 /// while its pod has an active reservation) and the namespace directories left empty; returns
 /// the pods whose markers went. Needs the network's lock. Entries that are not markers (links,
-/// directories, FIFOs, invalid names) are removed too.
+/// directories, FIFOs, invalid names, garbage) are removed too, and `found` says what they were.
 pub fn prune_wait_markers(
     dir: &NetworkDir,
     keep: &dyn Fn(&PodKey) -> bool,
+    found: &mut Vec<String>,
 ) -> Result<Vec<PodKey>, NetDirError> {
-    let Some(wait_dir) = dir.subdir(&[PRIVATE_DIR, WAIT_DIR], false)? else {
+    let Some(private) = dir.subdir(&[PRIVATE_DIR], false)? else {
+        return Ok(Vec::new());
+    };
+    let Some(wait_dir) = private_state::open_dir(&private, WAIT_DIR, false, found)? else {
         return Ok(Vec::new());
     };
     wait_dir.remove_stale_temps()?;
     let mut removed = Vec::new();
     for ns in wait_dir.entries()? {
-        // A planted link or file in place of a namespace directory is never followed: removed.
-        if ns.kind != EntryKind::Dir {
-            wait_dir.remove_tree(&ns.name, 0)?;
-            continue;
-        }
-        let Ok(Some(ns_dir)) = wait_dir.subdir(&[&ns.name], false) else {
+        // Not a directory at a namespace's name (a link, never followed; a file; a FIFO):
+        // removed, and said.
+        let Some(ns_dir) = private_state::open_dir(&wait_dir, &ns.name, false, found)? else {
             continue;
         };
         ns_dir.remove_stale_temps()?;
         for entry in ns_dir.entries()? {
-            if entry.kind == EntryKind::Dir {
-                // Never a marker: ipkeep writes none there.
-                ns_dir.remove_tree(&entry.name, 16)?;
+            let pod = PodKey::new(&ns.name, &entry.name).ok();
+            // Whatever ipkeep did not write there (a directory, a FIFO, garbage) is damage.
+            let marker = private_state::read_file(&ns_dir, &entry.name, MAX_MARKER_LEN, found)?;
+            let Some(bytes) = marker else {
+                continue;
+            };
+            if pod.is_none() || parse_marker(&bytes).is_none() {
+                private_state::discard(
+                    &ns_dir,
+                    &entry.name,
+                    "content that is not a wait marker",
+                    found,
+                );
                 continue;
             }
-            let pod = PodKey::new(&ns.name, &entry.name).ok();
             if pod.as_ref().is_some_and(keep) {
                 continue;
             }
