@@ -7,7 +7,8 @@
 //! error for the runtime. A command that could never succeed (a DEL blocked by a directory in
 //! ipkeep's way) would make the runtime retry it forever.
 //!
-//! Private files are always written `0600` by ipkeep; directories `0755` (minus the umask).
+//! Private files are always written `0600` by ipkeep; directories `0755` (minus the umask). A
+//! file is taken for ipkeep's when its mode is `0600` or `0400` (what a umask can leave of it).
 
 use rustix::fs::{AtFlags, FileType};
 
@@ -57,6 +58,12 @@ fn kind_text(file_type: FileType) -> &'static str {
     }
 }
 
+/// Whether a private file's mode is one ipkeep's `0600` can become under a umask: nothing for
+/// group or others, nothing special, and readable by its owner.
+fn file_mode_ok(mode: u32) -> bool {
+    mode & !FILE_MODE == 0 && mode & 0o400 != 0
+}
+
 /// Looks at `name` in `dir` without opening it (a device node is never opened).
 pub fn inspect_file(dir: &DirFd, name: &str, max_len: usize) -> Result<Found, NetDirError> {
     let Some(st) = dir.stat(name)? else {
@@ -64,7 +71,7 @@ pub fn inspect_file(dir: &DirFd, name: &str, max_len: usize) -> Result<Found, Ne
     };
     if st.kind != EntryKind::File
         || st.size > max_len as u64
-        || st.mode != FILE_MODE
+        || !file_mode_ok(st.mode)
         || st.nlink != 1
     {
         return Ok(Found::Damaged(describe(dir, name, &st, max_len)));
@@ -87,7 +94,7 @@ fn describe(dir: &DirFd, name: &str, st: &FileStamp, max_len: usize) -> String {
             "a file of {} bytes (ipkeep writes at most {max_len})",
             st.size
         )
-    } else if st.mode != FILE_MODE {
+    } else if !file_mode_ok(st.mode) {
         format!(
             "a file with mode {:04o} (ipkeep writes {FILE_MODE:04o})",
             st.mode
@@ -195,10 +202,13 @@ fn replace_with_dir(
 #[inline(never)]
 fn fix_dir_mode(dir: &SubDir, mode: u32, log: &mut Vec<String>) -> Result<(), NetDirError> {
     dir.set_mode(DIR_MODE)?;
-    log.push(format!(
-        "found mode {mode:04o} on ipkeep's directory {}: set it to {DIR_MODE:04o}",
-        escape_control(&dir.path().to_string_lossy())
-    ));
+    // Group write alone is what a umask of 0002 gives ipkeep's own directories: fixed silently.
+    if mode & 0o7002 != 0 || mode & 0o700 != 0o700 {
+        log.push(format!(
+            "found mode {mode:04o} on ipkeep's directory {}: set it to {DIR_MODE:04o}",
+            escape_control(&dir.path().to_string_lossy())
+        ));
+    }
     Ok(())
 }
 
@@ -261,6 +271,21 @@ mod tests {
     }
 
     #[test]
+    fn file_modes_a_umask_can_make_are_fine() {
+        for (mode, ok) in [
+            (0o600, true),
+            (0o400, true),
+            (0o644, false),
+            (0o000, false),
+            (0o200, false),
+            (0o4600, false),
+            (0o700, false),
+        ] {
+            assert_eq!(file_mode_ok(mode), ok, "{mode:o}");
+        }
+    }
+
+    #[test]
     fn private_directories_are_healed() {
         let s = Scratch::new("privdir");
         let net = NetworkDir::open(&s.0, "net1").unwrap();
@@ -269,8 +294,10 @@ mod tests {
         std::os::unix::fs::symlink(s.0.join("outside"), at("b")).unwrap();
         std::fs::create_dir(at("c")).unwrap();
         std::fs::set_permissions(at("c"), std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::fs::create_dir(at("e")).unwrap();
+        std::fs::set_permissions(at("e"), std::fs::Permissions::from_mode(0o775)).unwrap();
         let mut log = Vec::new();
-        for name in ["a", "b", "c", "d"] {
+        for name in ["a", "b", "c", "d", "e"] {
             let dir = open_dir(&net, name, true, &mut log).unwrap().unwrap();
             assert_eq!(dir.stamp().unwrap().kind, EntryKind::Dir);
             assert_eq!(dir.stamp().unwrap().mode & 0o022, 0, "{name}");
