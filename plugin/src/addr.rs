@@ -225,9 +225,16 @@ impl Cidr {
 }
 
 impl std::fmt::Display for Cidr {
-    /// Go's `IPNet.String()`: the address as written and the prefix length.
+    /// Go's `IPNet.String()`: the address as written and the prefix length. An IPv4(-mapped)
+    /// address with an IPv6-sized mask prints the mask's last 32 bits (`::ffff:10.1.0.0/127` is
+    /// `10.1.0.0/31`), as Go does.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.ip, self.prefix)
+        let prefix = if self.ip.is_ipv4() && self.mask_bits == 128 {
+            self.prefix.saturating_sub(96)
+        } else {
+            self.prefix
+        };
+        write!(f, "{}/{}", self.ip, prefix)
     }
 }
 

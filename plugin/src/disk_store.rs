@@ -28,9 +28,10 @@
 //! * `containers/<containerID>` — JSON: the container's (ip, ifname, pod) records. Written
 //!   temp+rename without fsync: it is a cache, rebuilt from the IP files whenever in doubt.
 //!   Container IDs longer than 200 bytes are stored under `~<fnv64 of the id>`.
-//! * `stamp` — the network directory's (dev, ino, mtime ns, ctime ns) as seen right after
-//!   ipkeep's last change. Every command (under the lock) compares it with the directory: when
-//!   they differ, someone else (host-local, a human) changed `<net>/`, and the whole index is
+//! * `stamp` — the (dev, ino, mtime ns, ctime ns) of the network directory and of
+//!   `.ipkeep/containers/` and `.ipkeep/tmp/`, as seen right after ipkeep's last change. Every
+//!   command (under the lock) compares it with the directories: when they differ, someone else
+//!   (host-local, a human) changed `<net>/` or the index itself, and the whole index is
 //!   rebuilt from the IP files (one O(n) scan that keeps the pod of records still matching their
 //!   file). Before its first change a command overwrites the stamp with a "dirty" marker and
 //!   writes the new stamp only after its last change, so a process killed at any instant leaves
@@ -38,6 +39,11 @@
 //!   inode, no rename: see `NetworkDir::overwrite`), so keeping the index costs a command two
 //!   small writes. Index records are always verified against the IP file before they are acted
 //!   on.
+//!
+//! Everything in `.ipkeep/` is rebuildable ([`crate::private_state`]): whatever is found there
+//! that ipkeep did not write (a directory at the stamp's or an index file's name, a FIFO, a
+//! symlink, garbage, a file with other permissions, an entry ipkeep does not use) is removed under
+//! the lock with one stderr line, and the index rebuilt; it is never an error for the runtime.
 //!
 //! Residual risk: the directory's timestamps are only as fine as the kernel makes them. Linux
 //! ≥ 6.13 gives a fine-grained ("multigrain") timestamp to a change that follows a `stat`, which
@@ -53,6 +59,7 @@ use std::net::IpAddr;
 use std::time::SystemTime;
 
 use crate::netdir::{EntryKind, NetDirError, NetworkDir, NetworkLock, SubDir, TEMP_PREFIX};
+use crate::private_state::{self, Found};
 use crate::reservation::{CivilTime, Timestamp};
 use crate::store::{LegacyRelease, Owner, PodRef, Store, StoreError, is_valid_container_id};
 
@@ -110,12 +117,58 @@ fn index_key(container_id: &str) -> String {
 
 /// What the stamp holds while a command is changing things: it matches no directory.
 const STAMP_DIRTY: &[u8] = b"ipkeep-stamp dirty\n";
+/// Every name ipkeep uses in its private directory; anything else there is removed by a rebuild.
+const KNOWN_PRIVATE_NAMES: [&str; 5] = [
+    STAMP,
+    TMP_DIR,
+    CONTAINERS_DIR,
+    crate::reservation::index::INDEX_NAME,
+    crate::reservation::wait::WAIT_DIR,
+];
+/// How every stamp ipkeep writes starts (a torn in-place write keeps it; garbage does not).
+const STAMP_PREFIX: &[u8] = b"ipkeep-stamp ";
+/// Far more than the longest stamp (three directories of four numbers).
+const MAX_STAMP_LEN: usize = 512;
 
-fn stamp_text(s: &crate::netdir::FileStamp) -> String {
+/// The stamp of the network directory and of the index's own directories, so that a change to
+/// either behind ipkeep's back (a file planted in `.ipkeep/containers/`) means a rebuild too.
+fn stamp_text(
+    net: &crate::netdir::FileStamp,
+    containers: &crate::netdir::FileStamp,
+    tmp: &crate::netdir::FileStamp,
+) -> String {
+    let (n, c, t) = (net, containers, tmp);
     format!(
-        "ipkeep-stamp 1 {} {} {} {}\n",
-        s.dev, s.ino, s.mtime_ns, s.ctime_ns
+        "ipkeep-stamp 2 {} {} {} {} {} {} {} {} {} {} {} {}\n",
+        n.dev,
+        n.ino,
+        n.mtime_ns,
+        n.ctime_ns,
+        c.dev,
+        c.ino,
+        c.mtime_ns,
+        c.ctime_ns,
+        t.dev,
+        t.ino,
+        t.mtime_ns,
+        t.ctime_ns
     )
+}
+
+/// The line for a stamp file whose content ipkeep did not write (a torn write of ipkeep's own
+/// keeps the prefix and is rebuilt without a word).
+#[cold]
+#[inline(never)]
+fn not_a_stamp(meta: &SubDir, saved: &[u8], found: &mut Vec<String>) {
+    found.push(format!(
+        "found {} at {}, which ipkeep did not write: rebuilding the index",
+        if saved.is_empty() {
+            "an empty file"
+        } else {
+            "content that is not a stamp"
+        },
+        private_state::escape_control(&meta.child_path(STAMP).to_string_lossy())
+    ));
 }
 
 /// Go's `log` timestamp (`2006/01/02 15:04:05`), in UTC.
@@ -132,23 +185,15 @@ pub fn go_log_time(now: SystemTime) -> String {
 }
 
 /// Opens (creating it if needed) one of ipkeep's private directories; something that is not a
-/// directory at that name (a planted symlink, a file) is removed, never followed.
-fn private_dir(parent: &crate::netdir::DirFd, name: &str) -> Result<SubDir, NetDirError> {
-    match parent.subdir(&[name], true) {
-        Ok(Some(dir)) => Ok(dir),
-        Ok(None) => Err(NetDirError::NotDirectory {
-            path: parent.child_path(name),
-        }),
-        Err(NetDirError::Symlink { .. } | NetDirError::NotDirectory { .. }) => {
-            parent.remove(name)?;
-            parent
-                .subdir(&[name], true)?
-                .ok_or_else(|| NetDirError::NotDirectory {
-                    path: parent.child_path(name),
-                })
-        }
-        Err(e) => Err(e),
-    }
+/// directory at that name (a planted symlink, a file, a FIFO) is removed, never followed.
+fn private_dir(
+    parent: &crate::netdir::DirFd,
+    name: &str,
+    log: &mut Vec<String>,
+) -> Result<SubDir, NetDirError> {
+    private_state::open_dir(parent, name, true, log)?.ok_or_else(|| NetDirError::NotDirectory {
+        path: parent.child_path(name),
+    })
 }
 
 /// What occupies an address's name in `<net>/` right now.
@@ -191,9 +236,16 @@ impl<'a> DiskStore<'a> {
     /// directory changed behind ipkeep's back).
     pub fn open(net: &'a NetworkDir, now: SystemTime) -> Result<Self, StoreError> {
         let lock = net.lock()?;
-        let meta = private_dir(net, PRIVATE_DIR)?;
-        let tmp = private_dir(&meta, TMP_DIR)?;
-        let containers = private_dir(&meta, CONTAINERS_DIR)?;
+        let mut found = Vec::new();
+        let meta = private_dir(net, PRIVATE_DIR, &mut found)?;
+        let tmp = private_dir(&meta, TMP_DIR, &mut found)?;
+        let containers = private_dir(&meta, CONTAINERS_DIR, &mut found)?;
+        let saved = private_state::read_file(&meta, STAMP, MAX_STAMP_LEN, &mut found)?;
+        if let Some(saved) = &saved
+            && !saved.starts_with(STAMP_PREFIX)
+        {
+            not_a_stamp(&meta, saved, &mut found);
+        }
         let mut store = Self {
             net,
             lock,
@@ -206,12 +258,41 @@ impl<'a> DiskStore<'a> {
             index_ok: true,
             rebuilt: false,
         };
-        let current = stamp_text(&net.stamp()?);
-        let saved = store.meta.read_file(STAMP, 256).ok().flatten();
-        if saved.as_deref() != Some(current.as_bytes()) {
+        store.note_found(found);
+        if saved.as_deref() != Some(store.current_stamp()?.as_bytes()) {
             store.rebuild()?;
         }
         Ok(store)
+    }
+
+    fn current_stamp(&self) -> Result<String, NetDirError> {
+        Ok(stamp_text(
+            &self.net.stamp()?,
+            &self.containers.stamp()?,
+            &self.tmp.stamp()?,
+        ))
+    }
+
+    /// Logs what was found damaged in the private state, one line each, prefixed
+    /// `ipkeep: <network>: `.
+    fn note_found(&mut self, found: Vec<String>) {
+        if !found.is_empty() {
+            self.note_found_cold(found);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn note_found_cold(&mut self, found: Vec<String>) {
+        let network = self
+            .net
+            .path()
+            .file_name()
+            .map(|n| private_state::escape_control(&n.to_string_lossy()))
+            .unwrap_or_default();
+        for line in found {
+            self.log.push(format!("ipkeep: {network}: {line}"));
+        }
     }
 
     /// The network lock this store holds (for readers that need proof of it).
@@ -267,7 +348,22 @@ impl<'a> DiskStore<'a> {
         self.net.remove_stale_temps()?;
         // `.ipkeep/` itself holds the stamp's and the reservation snapshot's temporaries.
         self.meta.remove_stale_temps()?;
-        self.tmp.remove_stale_temps()?;
+        let mut found = Vec::new();
+        for entry in self.meta.entries()? {
+            if !KNOWN_PRIVATE_NAMES.contains(&entry.name.as_str()) {
+                private_state::discard(
+                    &self.meta,
+                    &entry.name,
+                    "an entry ipkeep does not use",
+                    &mut found,
+                );
+            }
+        }
+        self.note_found(found);
+        // Under the lock nothing in `tmp/` is in use: whatever is there is a killed command's.
+        for entry in self.tmp.entries()? {
+            self.tmp.remove_tree(&entry.name, 16)?;
+        }
         self.containers.remove_stale_temps()?;
         let scanned = self.scan()?;
         let mut by_container: BTreeMap<String, Vec<IndexEntry>> = BTreeMap::new();
@@ -285,21 +381,28 @@ impl<'a> DiskStore<'a> {
         }
         // Keep the pods of records that still match, and drop index files of vanished containers.
         let mut existing: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        let mut found = Vec::new();
         for entry in self.containers.entries()? {
             if entry.name.starts_with(TEMP_PREFIX) {
                 continue;
             }
-            let content = match entry.kind {
-                EntryKind::File => self
-                    .containers
-                    .read_file(&entry.name, MAX_INDEX_FILE)
-                    .ok()
-                    .flatten(),
-                _ => None,
-            };
+            let content = private_state::read_file(
+                &self.containers,
+                &entry.name,
+                MAX_INDEX_FILE,
+                &mut found,
+            )?;
             let old = content
                 .as_deref()
                 .and_then(|c| serde_json::from_slice::<IndexFile>(c).ok());
+            if content.is_some() && old.is_none() {
+                found.push(format!(
+                    "found content that is not an index record at {}, which ipkeep did not write: rebuilt it",
+                    private_state::escape_control(
+                        &self.containers.child_path(&entry.name).to_string_lossy()
+                    )
+                ));
+            }
             let keep = match &old {
                 Some(old)
                     if index_key(&old.container_id) == entry.name
@@ -320,15 +423,12 @@ impl<'a> DiskStore<'a> {
             };
             if keep {
                 existing.insert(entry.name, content.unwrap_or_default());
-            } else if entry.kind == EntryKind::Dir {
-                self.log.push(format!(
-                    "ipkeep: ignoring unexpected directory {}",
-                    self.containers.child_path(&entry.name).display()
-                ));
             } else {
-                self.containers.remove(&entry.name)?;
+                // Stale (its container's files are gone), garbage, or already removed as damaged.
+                self.containers.remove_tree(&entry.name, 16)?;
             }
         }
+        self.note_found(found);
         for (id, entries) in &by_container {
             let key = index_key(id);
             let json = serialize_index(id, entries);
@@ -384,13 +484,19 @@ impl<'a> DiskStore<'a> {
         }
         let key = index_key(container_id);
         for attempt in 0..2 {
-            let file = match self.containers.read_file(&key, MAX_INDEX_FILE) {
-                Ok(None) => return Ok(Vec::new()),
-                Ok(Some(raw)) => serde_json::from_slice::<IndexFile>(&raw)
-                    .ok()
-                    .filter(|file| file.container_id == container_id),
-                Err(e) if attempt > 0 => return Err(e.into()),
-                Err(_) => None,
+            // Stat first: a device node planted at the name is never opened.
+            let file = match private_state::inspect_file(&self.containers, &key, MAX_INDEX_FILE)? {
+                Found::Absent => return Ok(Vec::new()),
+                // The rebuild says what it was and removes it.
+                Found::Damaged(_) => None,
+                Found::File => match self.containers.read_file(&key, MAX_INDEX_FILE) {
+                    Ok(None) => return Ok(Vec::new()),
+                    Ok(Some(raw)) => serde_json::from_slice::<IndexFile>(&raw)
+                        .ok()
+                        .filter(|file| file.container_id == container_id),
+                    Err(e) if attempt > 0 => return Err(e.into()),
+                    Err(_) => None,
+                },
             };
             match file {
                 Some(file) => return Ok(file.attachments),
@@ -455,7 +561,7 @@ impl<'a> DiskStore<'a> {
     /// Writes the stamp if this command changed anything and the index is consistent.
     fn seal(&mut self) -> Result<(), StoreError> {
         if self.dirty && self.index_ok {
-            let stamp = stamp_text(&self.net.stamp()?);
+            let stamp = self.current_stamp()?;
             self.meta.overwrite(STAMP, stamp.as_bytes(), FILE_MODE)?;
             self.dirty = false;
         }
@@ -818,15 +924,16 @@ mod tests {
     fn failed_rebuild_never_seals_a_partial_index() {
         let s = Scratch::new("failedrebuild");
         let net = NetworkDir::open(&s.0, "net1").unwrap();
-        // host-local allocated for two containers behind ipkeep's back, and a directory squats on
-        // c1's index name, so the rebuild fails before it writes c2's index file.
+        DiskStore::open(&net, SystemTime::now()).unwrap().finish();
+        // host-local allocated for two containers behind ipkeep's back, and the index directory
+        // cannot be written (as on a full disk), so the rebuild fails before it writes c2's file.
         std::fs::write(s.0.join("net1/10.1.0.2"), b"c1\r\neth0").unwrap();
         std::fs::write(s.0.join("net1/10.1.0.3"), b"c2\r\neth0").unwrap();
-        std::fs::create_dir_all(s.0.join("net1/.ipkeep/containers/c1/x")).unwrap();
-        assert!(DiskStore::open(&net, SystemTime::now()).is_err());
-        // The obstacle goes away (as a full disk does): the next command must rebuild, not trust
-        // an index that lacks c2.
-        std::fs::remove_dir_all(s.0.join("net1/.ipkeep/containers/c1")).unwrap();
+        {
+            let _frozen = Immutable::new(s.0.join("net1/.ipkeep/containers"));
+            assert!(DiskStore::open(&net, SystemTime::now()).is_err());
+        }
+        // The obstacle goes away: the next command must rebuild, not trust an index that lacks c2.
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
         assert_eq!(st.get_by_id("c2", "eth0").unwrap(), vec![ip("10.1.0.3")]);
         st.finish();

@@ -10,6 +10,7 @@ pub mod config;
 pub mod disk_store;
 pub mod gojson;
 pub mod netdir;
+pub mod private_state;
 pub mod range;
 pub mod reservation;
 pub mod resolv;

@@ -207,6 +207,8 @@ pub struct FileStamp {
     pub mode: u32,
     /// Size in bytes.
     pub size: u64,
+    /// Number of hard links.
+    pub nlink: u64,
 }
 
 impl FileStamp {
@@ -223,6 +225,7 @@ impl FileStamp {
             kind,
             mode: (st.st_mode as u32) & 0o7777,
             size: st.st_size as u64,
+            nlink: st.st_nlink as u64,
         }
     }
 }
@@ -464,6 +467,36 @@ impl DirFd {
         }
     }
 
+    /// Removes `name` whatever it is — a file, symlink (never its target), FIFO, device node, or a
+    /// directory with everything in it, descending at most `max_depth` levels and never through a
+    /// link; `false` if it did not exist.
+    pub fn remove_tree(&self, name: &str, max_depth: usize) -> Result<bool, NetDirError> {
+        let Some(st) = self.stat(name)? else {
+            return Ok(false);
+        };
+        if st.kind != EntryKind::Dir {
+            return self.remove(name);
+        }
+        if max_depth == 0 {
+            return Err(NetDirError::InvalidName {
+                name: self.child_path(name).to_string_lossy().into_owned(),
+                reason: "a directory nested too deep to remove",
+            });
+        }
+        if let Some(child) = self.subdir(&[name], false)? {
+            for entry in child.entries()? {
+                child.remove_tree(&entry.name, max_depth - 1)?;
+            }
+        }
+        self.remove_dir(name)
+    }
+
+    /// Sets the directory's own permission bits (`fchmod`).
+    pub fn set_mode(&self, mode: u32) -> Result<(), NetDirError> {
+        rustix::fs::fchmod(&self.fd, Mode::from_bits_truncate(mode))
+            .map_err(|errno| self.io("chmod", &self.path, errno))
+    }
+
     /// Removes the empty directory `name`; `false` if it did not exist.
     pub fn remove_dir(&self, name: &str) -> Result<bool, NetDirError> {
         check_name(name)?;
@@ -505,15 +538,13 @@ impl DirFd {
         Ok(out)
     }
 
-    /// Removes the temporary files a killed process may have left in this directory.
+    /// Removes the temporary files a killed process may have left in this directory (and
+    /// anything else carrying their prefix, a planted directory included).
     /// Call it with the network lock held so no live writer's temporary is removed.
     pub fn remove_stale_temps(&self) -> Result<usize, NetDirError> {
         let mut removed = 0;
         for entry in self.entries()? {
-            if entry.name.starts_with(TEMP_PREFIX)
-                && entry.kind != EntryKind::Dir
-                && self.remove(&entry.name)?
-            {
+            if entry.name.starts_with(TEMP_PREFIX) && self.remove_tree(&entry.name, 16)? {
                 removed += 1;
             }
         }

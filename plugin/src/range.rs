@@ -352,6 +352,21 @@ mod tests {
                 "",
                 Err("IPNet IP and Mask version mismatch"),
             ),
+            // Go prints an IPv4-mapped subnet with its mask's last 32 bits.
+            (
+                "::ffff:10.1.0.0/127",
+                "",
+                "",
+                "",
+                Err("Network 10.1.0.0/31 too small to allocate from"),
+            ),
+            (
+                "::ffff:10.1.0.0/128",
+                "",
+                "",
+                "",
+                Err("Network 10.1.0.0/32 too small to allocate from"),
+            ),
             (
                 "10.1.0.1/24",
                 "",

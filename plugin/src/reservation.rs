@@ -23,9 +23,10 @@
 //! several milliseconds — more than a whole ADD. An ADD therefore reads its own file directly
 //! ([`read_reservation`], O(1) via the path) and asks "is this address another pod's?" of the
 //! binary snapshot `<net>/.ipkeep/reserved.index` ([`index`]) through
-//! [`load_reservations_cached`]: one file read, an O(1) validity check against the writer's
-//! generation counter, then binary searches. The writer keeps it current. `make bench` measures
-//! an ADD with 1 000 reservation files on the node against one with none.
+//! [`load_reservations_at`]: one file read, a validity check against the writer's generation
+//! counter and the stamps of `reserved/` and its namespace directories (so files put there by
+//! hand count at once), then binary searches. The writer keeps it current. `make bench`
+//! measures an ADD with 1 000 reservation files on the node against one with none.
 //!
 //! # The decision
 //! [`decide`] is pure: given the range sets, requested addresses, the pod's own reservation, the
@@ -80,7 +81,10 @@ pub use decision::{
     Outcome, RangeSetPlan, RangeSetView, ReservationLookup, RetryLater, TRY_AGAIN_LATER_CODE,
     WaitMarker, decide,
 };
-pub use index::{ReservationSnapshot, SnapshotLookup, Source, load_reservations_cached};
+pub use index::{
+    ReservationSnapshot, STALE_TEMP_AGE, SnapshotLookup, Source, load_reservations_at,
+    load_reservations_cached,
+};
 pub use reserved_dir::{
     RESERVED_DIR, ReservationSet, ReservedDirError, Skipped, SyncReport, load_reservations,
     read_reservation, remove_reservation, sync_reservations, write_reservation,

@@ -205,7 +205,7 @@ fn force_delete_order_waits_for_the_old_sandbox() {
     assert_eq!(addresses(&add(&conf, "db", "web-0", "new")), ["10.1.0.2"]);
     let pod = PodKey::new("db", "web-0").unwrap();
     assert_eq!(
-        read_wait_marker(&s.dir(), &pod),
+        read_wait_marker(&s.dir(), &pod, &mut Vec::new()),
         None,
         "the wait is over and forgotten"
     );
@@ -220,7 +220,8 @@ fn past_the_grace_period_the_pod_takes_a_fresh_address() {
     add(&conf, "db", "web-0", "new").err(11);
     // Ten minutes pass without the old DEL (the wait marker is moved back instead of waiting).
     let pod = PodKey::new("db", "web-0").unwrap();
-    let marker = read_wait_marker(&s.dir(), &pod).expect("the first ADD starts the wait");
+    let marker =
+        read_wait_marker(&s.dir(), &pod, &mut Vec::new()).expect("the first ADD starts the wait");
     assert_eq!(marker.holder, "old");
     let since = Timestamp::from_unix_secs(marker.since.unix_secs() - 600);
     write_wait_marker(
@@ -230,6 +231,7 @@ fn past_the_grace_period_the_pod_takes_a_fresh_address() {
             holder: "old".into(),
             since,
         },
+        &mut Vec::new(),
     )
     .unwrap();
     let late = add(&conf, "db", "web-0", "new");
@@ -250,7 +252,7 @@ fn past_the_grace_period_the_pod_takes_a_fresh_address() {
 
     // The marker stays (later ADDs do not wait for the same stale container again) until GC
     // finds the pod without an active reservation; GC never follows what is planted there.
-    assert!(read_wait_marker(&s.dir(), &pod).is_some());
+    assert!(read_wait_marker(&s.dir(), &pod, &mut Vec::new()).is_some());
     let gc_conf = conf.replacen(
         '{',
         r#"{"cni.dev/valid-attachments":[{"containerID":"old","ifname":"eth0"},{"containerID":"new","ifname":"eth0"}],"#,
@@ -262,13 +264,24 @@ fn past_the_grace_period_the_pod_takes_a_fresh_address() {
     symlink(&outside, s.net().join(".ipkeep/wait/planted")).unwrap();
     let kept = CniCall::new("GC", "", &gc_conf).run(&ipkeep());
     kept.ok();
-    assert!(kept.stderr.is_empty(), "{}", kept.stderr_str());
-    assert!(read_wait_marker(&s.dir(), &pod).is_some(), "still reserved");
+    // The planted link is not ipkeep's: removed (never followed) and said, nothing else.
+    assert_eq!(
+        kept.stderr_str(),
+        format!(
+            "ipkeep: net1: found a symbolic link at {}, which ipkeep did not write: removed it, to be rebuilt\n",
+            s.net().join(".ipkeep/wait/planted").display()
+        )
+    );
+    assert!(std::fs::symlink_metadata(s.net().join(".ipkeep/wait/planted")).is_err());
+    assert!(
+        read_wait_marker(&s.dir(), &pod, &mut Vec::new()).is_some(),
+        "still reserved"
+    );
     ipkeep_plugin::reservation::remove_reservation(&s.dir(), "db", "web-0").unwrap();
     let pruned = CniCall::new("GC", "", &gc_conf).run(&ipkeep());
     pruned.ok();
     assert_stderr_has(&pruned, &["GC removed the wait marker of pod db/web-0"]);
-    assert_eq!(read_wait_marker(&s.dir(), &pod), None);
+    assert_eq!(read_wait_marker(&s.dir(), &pod, &mut Vec::new()), None);
     assert!(!s.net().join(".ipkeep/wait/db").exists());
     assert!(outside.join("web-5").exists(), "nothing outside touched");
     assert_eq!(s.holder("10.1.0.2").unwrap(), "old\r\neth0");

@@ -554,7 +554,7 @@ fn check_reservation_disk(dir: &ipkeep_plugin::netdir::NetworkDir, pods: &[PodMo
         }
         // A marker is either readable or treated as absent; one that names a container must name
         // one of this pod's.
-        if let Some(marker) = read_wait_marker(dir, &key) {
+        if let Some(marker) = read_wait_marker(dir, &key, &mut Vec::new()) {
             assert!(
                 pod.owns(&marker.holder),
                 "{when}: wait marker of {key} names {marker:?}"
@@ -735,7 +735,7 @@ fn sigkill_during_reservation_adds_never_leaks_a_reserved_address_ipkeep() {
                     );
                     retries += 1;
                     let key = PodKey::new(pod.namespace, &pod.name).unwrap();
-                    let marker = read_wait_marker(&dir, &key)
+                    let marker = read_wait_marker(&dir, &key, &mut Vec::new())
                         .unwrap_or_else(|| panic!("{when}: code 11 left no wait marker"));
                     assert!(pod.owns(&marker.holder), "{when}: {marker:?}");
                     // A runtime gives up on this sandbox; nothing of it is on disk.
@@ -835,7 +835,11 @@ fn sigkill_during_reservation_adds_never_leaks_a_reserved_address_ipkeep() {
             want.sort();
             assert_eq!(got, want, "pod {} after recovery", pod.name);
             let key = PodKey::new(pod.namespace, &pod.name).unwrap();
-            assert_eq!(read_wait_marker(&dir, &key), None, "{key}: marker left");
+            assert_eq!(
+                read_wait_marker(&dir, &key, &mut Vec::new()),
+                None,
+                "{key}: marker left"
+            );
         }
         adds.push((id, pod.args()));
     }

@@ -15,7 +15,7 @@ use crate::range::RangeSet;
 use crate::reservation::{
     DecisionInput, Holder, MarkerAction, Outcome, RESERVED_DIR, RangeSetPlan, RangeSetView,
     ReservationLookup, ReservationSnapshot, Source, TRY_AGAIN_LATER_CODE, Timestamp, decide,
-    load_reservations_cached, prune_wait_markers, read_reservation, read_wait_marker,
+    load_reservations_at, prune_wait_markers, read_reservation, read_wait_marker,
     remove_wait_marker, write_wait_marker,
 };
 use crate::reservation::{PodKey, ReservationFile};
@@ -70,15 +70,15 @@ impl ReservationLog {
     /// found on disk end up here, and a newline, carriage return or terminal escape in them
     /// must not split the line or forge another in the runtime's log.
     pub(super) fn line(&mut self, text: impl std::fmt::Display) {
-        let mut line = self.prefix.clone();
-        for c in text.to_string().chars() {
-            if c.is_control() {
-                line.extend(c.escape_default());
-            } else {
-                line.push(c);
-            }
+        let line = crate::private_state::escape_control(&text.to_string());
+        self.lines.push(format!("{}{line}", self.prefix));
+    }
+
+    /// Adds several lines.
+    pub(super) fn lines(&mut self, lines: Vec<String>) {
+        for line in lines {
+            self.line(line);
         }
-        self.lines.push(line);
     }
 
     /// The lines, in order.
@@ -101,7 +101,9 @@ impl Reservations {
         now: Timestamp,
         log: &mut ReservationLog,
     ) -> Self {
-        let (snapshot, source) = load_reservations_cached(dir, store.lock());
+        let mut found = Vec::new();
+        let (snapshot, source) = load_reservations_at(dir, store.lock(), now, &mut found);
+        log.lines(found);
         if source == Source::NoReservations {
             return Self {
                 snapshot: None,
@@ -219,7 +221,10 @@ pub(super) fn plan_add(
             None
         })
     });
-    let marker = me.as_ref().and_then(|me| read_wait_marker(dir, me));
+    let mut found = Vec::new();
+    let marker = me
+        .as_ref()
+        .and_then(|me| read_wait_marker(dir, me, &mut found));
     let holders = holders_of(store, own.as_ref());
     // `decide` asks only about the reservation's own addresses, all looked up above.
     let holder = |ip: IpAddr| holders.get(&ip).cloned().unwrap_or(Holder::Foreign);
@@ -240,9 +245,10 @@ pub(super) fn plan_add(
     if let Some(me) = &me {
         let applied = match &decision.marker {
             MarkerAction::Keep => Ok(()),
-            MarkerAction::Write(m) => write_wait_marker(dir, me, m),
+            MarkerAction::Write(m) => write_wait_marker(dir, me, m, &mut found),
             MarkerAction::Remove => remove_wait_marker(dir, me),
         };
+        log.lines(found);
         if let Err(e) = applied {
             log.line(format_args!(
                 "failed to record the wait of pod {me} for its address: {e}"
@@ -298,7 +304,10 @@ pub(super) fn prune_waits(dir: &NetworkDir, now: Timestamp, log: &mut Reservatio
             .flatten()
             .is_some_and(|file| file.is_active(now))
     };
-    match prune_wait_markers(dir, &active) {
+    let mut found = Vec::new();
+    let pruned = prune_wait_markers(dir, &active, &mut found);
+    log.lines(found);
+    match pruned {
         Ok(pods) => {
             for pod in pods {
                 log.line(format_args!(

@@ -10,17 +10,29 @@
 //!
 //! `<net>/.ipkeep/reserved.index` holds one 40-byte record per reserved address (address,
 //! release time, owner), the owners' `namespace/pod` names, the skipped garbage (JSON, decoded
-//! only on demand), and the stamp it was built from: the `lstat` of `reserved` and the writer's
-//! generation counter `reserved/.generation`. The writer bumps the counter durably *before*
-//! every change and rewrites the snapshot after it, so a reader holding the lock trusts the
-//! snapshot iff both still match; otherwise it rescans and rewrites it. The snapshot lives outside
-//! `reserved/` so that writing it does not change what it records, and is only a cache: written
-//! temp + rename without fsync; missing, torn or foreign content means a rescan.
+//! only on demand), and the stamps it was built from: the `lstat` of `reserved`, the writer's
+//! generation counter `reserved/.generation` (absent in a tree built by hand), and the `lstat` of
+//! every namespace directory and of every skipped file. A reader holding the lock trusts the
+//! snapshot iff all of them still match; otherwise it rescans and rewrites it. So a file put into
+//! `reserved/<namespace>/` by hand (which changes that directory) or a half-copied file that
+//! is completed later (which changes the file) is seen at the next ADD, at the cost of one
+//! `lstat` per namespace directory. The writer still bumps the counter durably *before* every
+//! change and rewrites the snapshot after it: its own changes never depend on timestamps.
+//! The snapshot lives outside `reserved/` so that writing it does not change what it records,
+//! and is only a cache: written temp + rename without fsync; missing, torn or foreign content
+//! means a rescan (content that is not a snapshot at all is reported and removed).
 //!
-//! Residual risk: a change to `reserved/<namespace>/` made by something other than this module's
-//! writer (a human copying a file in by hand) bumps no counter and is not seen until the next
-//! write, or until `reserved/` itself changes (a namespace directory added or removed). The
-//! contract allows only the agent to write there, and its resync goes through the writer.
+//! A writer killed between its temporary file and the rename leaves a `.ipkeep-tmp-*` in
+//! `reserved/` or a namespace directory. The writer creates temporaries only while it holds the
+//! network's lock, so under the lock such a file belongs to a dead writer: the plugin's rescan
+//! removes those last changed more than [`STALE_TEMP_AGE`] ago (the age guards against a writer
+//! that does not take the lock), and a snapshot that still lists a younger one is not trusted,
+//! so the next ADD looks again.
+//!
+//! Residual risk: a file rewritten in place by hand (same inode, `cat > file`) changes neither
+//! its directory nor a watched stamp and is seen only at the next change of either; and, as for
+//! the network directory, on kernels before 6.13 a change in the same timestamp tick as the scan
+//! can go unnoticed until the next one.
 
 use std::net::IpAddr;
 
@@ -29,16 +41,24 @@ use crate::netdir::{NetDirError, NetworkDir, NetworkLock};
 
 use super::decision::ReservationLookup;
 use super::reserved_dir::{
-    DirStamp, RESERVED_DIR, ReservationSet, ScanStamp, Skipped, current_stamp, scan,
+    DirStamp, RESERVED_DIR, ReservationSet, Scan, ScanStamp, Skipped, Watched,
+    current_stamp_and_dir, scan_full,
 };
 use super::schema::PodKey;
 use super::timestamp::Timestamp;
+use crate::private_state;
 
 /// The snapshot's file name inside [`PRIVATE_DIR`].
 pub const INDEX_NAME: &str = "reserved.index";
 
 /// Start of the file; another value (an older layout, zeros after a crash) means "rebuild".
-const MAGIC: &[u8; 8] = b"IPKSNAP1";
+const MAGIC: &[u8; 8] = b"IPKSNAP2";
+/// What every layout of the snapshot starts with (anything else is not ipkeep's).
+const MAGIC_FAMILY: &[u8] = b"IPKSNAP";
+/// How old a writer's temporary in `reserved/` must be before an ADD removes it.
+pub const STALE_TEMP_AGE: std::time::Duration = std::time::Duration::from_secs(5);
+/// Bytes of a watched entry besides its name: name length, dev, ino, mtime, ctime.
+const WATCH_FIXED_LEN: usize = 2 + 8 + 8 + 16 + 16;
 /// End of the file, so a truncated file is never taken for a complete one.
 const TRAILER: &[u8; 8] = b"IPKSEND1";
 const HEADER_LEN: usize = 96;
@@ -66,6 +86,8 @@ pub struct ReservationSnapshot {
     owners_len: usize,
     skipped_at: usize,
     skipped_len: usize,
+    watch_at: usize,
+    watch_len: usize,
 }
 
 impl std::fmt::Debug for ReservationSnapshot {
@@ -80,22 +102,57 @@ impl std::fmt::Debug for ReservationSnapshot {
 /// The reservations of a network as an ADD needs them: from the snapshot when it is valid, else
 /// from a full scan (after which the snapshot is rewritten). Needs the network's lock (the
 /// snapshot must describe the tree as no writer is changing it). Never fails: a snapshot that
-/// cannot be read or written only costs the scan.
+/// cannot be read or written only costs the scan. Same as [`load_reservations_at`] without
+/// removing killed writers' temporaries or reporting damage.
 pub fn load_reservations_cached(
     dir: &NetworkDir,
+    lock: &NetworkLock<'_>,
+) -> (ReservationSnapshot, Source) {
+    load(dir, lock, None, &mut Vec::new())
+}
+
+/// [`load_reservations_cached`] for a plugin command at `now`: a rescan also removes the
+/// temporaries of killed writers older than [`STALE_TEMP_AGE`], and a snapshot file that ipkeep
+/// did not write (a directory, a FIFO, garbage) is removed and rebuilt; `found` gets one line
+/// for each such thing.
+pub fn load_reservations_at(
+    dir: &NetworkDir,
+    lock: &NetworkLock<'_>,
+    now: Timestamp,
+    found: &mut Vec<String>,
+) -> (ReservationSnapshot, Source) {
+    let now_ns = i128::from(now.unix_secs()) * 1_000_000_000 + i128::from(now.subsec_nanos());
+    let before = now_ns - i128::from(STALE_TEMP_AGE.as_secs()) * 1_000_000_000;
+    load(dir, lock, Some(before), found)
+}
+
+fn load(
+    dir: &NetworkDir,
     _lock: &NetworkLock<'_>,
+    clean_before: Option<i128>,
+    found: &mut Vec<String>,
 ) -> (ReservationSnapshot, Source) {
     if let Ok(None) = dir.stat(RESERVED_DIR) {
         let empty = ReservationSnapshot::encode(&ReservationSet::default(), &ScanStamp::default());
         return (empty, Source::NoReservations);
     }
-    if let Some(snapshot) = read_valid(dir) {
+    if let Some(snapshot) = read_valid(dir, found) {
         return (snapshot, Source::Index);
     }
-    let (set, stamp) = scan(dir);
-    let snapshot = ReservationSnapshot::encode(&set, &stamp);
+    let mut scan = scan_full(dir, clean_before);
+    if !scan.removed.is_empty() {
+        for path in &scan.removed {
+            found.push(format!(
+                "removed {}: a temporary file left by a killed reservation writer",
+                private_state::escape_control(&path.to_string_lossy())
+            ));
+        }
+        // The removals changed the directories the scan had stamped.
+        scan = scan_full(dir, clean_before);
+    }
+    let snapshot = ReservationSnapshot::encode_scan(&scan);
     // A snapshot that cannot be written only means the next ADD scans too.
-    let _ = write(dir, &snapshot);
+    let _ = write(dir, &snapshot, found);
     (snapshot, Source::Rescanned)
 }
 
@@ -104,31 +161,74 @@ pub(super) fn refresh(dir: &NetworkDir, _lock: &NetworkLock<'_>) -> Result<(), N
     if dir.stat(RESERVED_DIR)?.is_none() {
         // Nothing to describe; a leftover snapshot would be ignored anyway.
         if let Some(private) = dir.subdir(&[PRIVATE_DIR], false)? {
-            private.remove(INDEX_NAME)?;
+            private.remove_tree(INDEX_NAME, 16)?;
         }
         return Ok(());
     }
-    if read_valid(dir).is_some() {
+    let mut found = Vec::new();
+    if read_valid(dir, &mut found).is_some() {
         return Ok(());
     }
-    let (set, stamp) = scan(dir);
-    write(dir, &ReservationSnapshot::encode(&set, &stamp))
+    let scan = scan_full(dir, None);
+    write(dir, &ReservationSnapshot::encode_scan(&scan), &mut found)
 }
 
-/// The snapshot if it exists, is well-formed, and its stamp matches the tree.
-fn read_valid(dir: &NetworkDir) -> Option<ReservationSnapshot> {
+/// The snapshot if it exists, is well-formed, and every stamp it recorded matches the tree.
+/// A file that is not a snapshot ipkeep wrote is removed (and `found` says what it was).
+fn read_valid(dir: &NetworkDir, found: &mut Vec<String>) -> Option<ReservationSnapshot> {
     let private = dir.subdir(&[PRIVATE_DIR], false).ok()??;
-    let bytes = private.read_file(INDEX_NAME, MAX_INDEX_LEN).ok()??;
+    let bytes = private_state::read_file(&private, INDEX_NAME, MAX_INDEX_LEN, found).ok()??;
+    if !bytes.starts_with(MAGIC_FAMILY) {
+        private_state::discard(
+            &private,
+            INDEX_NAME,
+            if bytes.is_empty() {
+                "an empty file"
+            } else {
+                "content that is not a reservation snapshot"
+            },
+            found,
+        );
+        return None;
+    }
+    // An older layout, or a stale snapshot: rescanned and rewritten without a word.
     let snapshot = ReservationSnapshot::decode(bytes)?;
-    let recorded = snapshot.stamp();
-    (recorded.generation.is_some() && recorded == current_stamp(dir)).then_some(snapshot)
+    if snapshot.has_temporaries() {
+        // Rescan, so that they are removed once old enough.
+        return None;
+    }
+    let (current, reserved) = current_stamp_and_dir(dir);
+    if snapshot.stamp() != current {
+        return None;
+    }
+    let reserved = reserved?;
+    snapshot.watched_unchanged(&reserved).then_some(snapshot)
 }
 
-fn write(dir: &NetworkDir, snapshot: &ReservationSnapshot) -> Result<(), NetDirError> {
-    let Some(private) = dir.subdir(&[PRIVATE_DIR], true)? else {
+fn write(
+    dir: &NetworkDir,
+    snapshot: &ReservationSnapshot,
+    found: &mut Vec<String>,
+) -> Result<(), NetDirError> {
+    let Some(private) = private_state::open_dir(dir, PRIVATE_DIR, true, found)? else {
         return Ok(());
     };
-    private.write_atomic(INDEX_NAME, &snapshot.bytes, 0o600, false)
+    // `rename` cannot replace a directory: whatever is not a file goes first.
+    if let private_state::Found::Damaged(what) =
+        private_state::inspect_file(&private, INDEX_NAME, MAX_INDEX_LEN)?
+    {
+        private_state::discard(&private, INDEX_NAME, &what, found);
+    }
+    private.write_atomic(INDEX_NAME, &snapshot.bytes, private_state::FILE_MODE, false)
+}
+
+fn stamp_bytes(stamp: &DirStamp) -> [u8; 48] {
+    let mut out = [0; 48];
+    out[..8].copy_from_slice(&stamp.dev.to_le_bytes());
+    out[8..16].copy_from_slice(&stamp.ino.to_le_bytes());
+    out[16..32].copy_from_slice(&stamp.mtime_ns.to_le_bytes());
+    out[32..].copy_from_slice(&stamp.ctime_ns.to_le_bytes());
+    out
 }
 
 /// Fixed-size little-endian field at `at`, `None` when out of bounds.
@@ -153,8 +253,22 @@ fn len_u32(len: usize) -> [u8; 4] {
 }
 
 impl ReservationSnapshot {
-    /// Builds the snapshot of `set` taken at `stamp`.
+    /// Builds the snapshot of `set` taken at `stamp` (watching nothing below `reserved/`).
     pub(super) fn encode(set: &ReservationSet, stamp: &ScanStamp) -> Self {
+        Self::encode_parts(set, stamp, &[], false)
+    }
+
+    /// Builds the snapshot of a full scan.
+    pub(super) fn encode_scan(scan: &Scan) -> Self {
+        Self::encode_parts(&scan.set, &scan.stamp, &scan.watched, scan.temporaries)
+    }
+
+    fn encode_parts(
+        set: &ReservationSet,
+        stamp: &ScanStamp,
+        watched: &[Watched],
+        temporaries: bool,
+    ) -> Self {
         let mut owners = String::new();
         let mut records: Vec<(u128, Option<Timestamp>, usize, usize)> = Vec::new();
         for file in set.files.values() {
@@ -168,13 +282,29 @@ impl ReservationSnapshot {
         }
         records.sort_by_key(|r| r.0);
         let skipped = serde_json::to_vec(&set.skipped).unwrap_or_else(|_| b"[]".to_vec());
+        let mut watch = Vec::new();
+        for entry in watched {
+            // Names below `reserved/` are at most a namespace and a file name (< 64 KiB).
+            let Ok(len) = u16::try_from(entry.name.len()) else {
+                continue;
+            };
+            watch.extend_from_slice(&len.to_le_bytes());
+            watch.extend_from_slice(entry.name.as_bytes());
+            watch.extend_from_slice(&stamp_bytes(&entry.stamp));
+        }
 
         let mut bytes = Vec::with_capacity(
-            HEADER_LEN + records.len() * RECORD_LEN + owners.len() + skipped.len() + TRAILER.len(),
+            HEADER_LEN
+                + records.len() * RECORD_LEN
+                + owners.len()
+                + skipped.len()
+                + watch.len()
+                + TRAILER.len(),
         );
         bytes.extend_from_slice(MAGIC);
         bytes.push(u8::from(stamp.generation.is_some()));
-        bytes.extend_from_slice(&[0; 7]);
+        bytes.push(u8::from(temporaries));
+        bytes.extend_from_slice(&[0; 6]);
         bytes.extend_from_slice(&stamp.generation.unwrap_or(0).to_le_bytes());
         bytes.push(u8::from(stamp.reserved.is_some()));
         bytes.extend_from_slice(&[0; 7]);
@@ -191,7 +321,7 @@ impl ReservationSnapshot {
         bytes.extend_from_slice(&len_u32(records.len()));
         bytes.extend_from_slice(&len_u32(owners.len()));
         bytes.extend_from_slice(&len_u32(skipped.len()));
-        bytes.extend_from_slice(&[0; 4]);
+        bytes.extend_from_slice(&len_u32(watch.len()));
         for (key, release, owner_at, owner_len) in &records {
             bytes.extend_from_slice(&key.to_le_bytes());
             let (secs, nanos) = release.map_or((0, 0), |t| (t.unix_secs(), t.subsec_nanos()));
@@ -203,6 +333,7 @@ impl ReservationSnapshot {
         }
         bytes.extend_from_slice(owners.as_bytes());
         bytes.extend_from_slice(&skipped);
+        bytes.extend_from_slice(&watch);
         bytes.extend_from_slice(TRAILER);
         let owners_at = HEADER_LEN + records.len() * RECORD_LEN;
         Self {
@@ -211,8 +342,56 @@ impl ReservationSnapshot {
             owners_len: owners.len(),
             skipped_at: owners_at + owners.len(),
             skipped_len: skipped.len(),
+            watch_at: owners_at + owners.len() + skipped.len(),
+            watch_len: watch.len(),
             bytes,
         }
+    }
+
+    /// Whether the scan left a writer's temporary behind (too young to remove).
+    fn has_temporaries(&self) -> bool {
+        self.bytes.get(9) == Some(&1)
+    }
+
+    /// The watched entries: name and stamp (`decode` checked they parse).
+    fn watched(&self) -> impl Iterator<Item = (&str, DirStamp)> {
+        let mut rest = self
+            .bytes
+            .get(self.watch_at..self.watch_at + self.watch_len)
+            .unwrap_or_default();
+        std::iter::from_fn(move || {
+            let len = usize::from(u16::from_le_bytes(field(rest, 0)?));
+            let name = std::str::from_utf8(rest.get(2..2 + len)?).ok()?;
+            let at = 2 + len;
+            let stamp = DirStamp {
+                dev: u64::from_le_bytes(field(rest, at)?),
+                ino: u64::from_le_bytes(field(rest, at + 8)?),
+                mtime_ns: i128::from_le_bytes(field(rest, at + 16)?),
+                ctime_ns: i128::from_le_bytes(field(rest, at + 32)?),
+            };
+            rest = rest.get(at + 48..)?;
+            Some((name, stamp))
+        })
+    }
+
+    /// Whether every watched entry below `reserved` still has the stamp the scan saw: one
+    /// `lstat` per namespace directory (and per skipped file).
+    fn watched_unchanged(&self, reserved: &crate::netdir::DirFd) -> bool {
+        self.watched().all(|(name, recorded)| {
+            rustix::fs::statat(reserved.fd(), name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| {
+                    #[allow(clippy::unnecessary_cast)]
+                    let now = DirStamp {
+                        dev: st.st_dev as u64,
+                        ino: st.st_ino as u64,
+                        mtime_ns: i128::from(st.st_mtime as i64) * 1_000_000_000
+                            + i128::from(st.st_mtime_nsec as i64),
+                        ctime_ns: i128::from(st.st_ctime as i64) * 1_000_000_000
+                            + i128::from(st.st_ctime_nsec as i64),
+                    };
+                    now == recorded
+                })
+        })
     }
 
     /// Checks the layout completely (sizes, bounds, order, UTF-8), so lookups cannot go wrong.
@@ -223,10 +402,12 @@ impl ReservationSnapshot {
         let count = u32_at(&bytes, 80)?;
         let owners_len = u32_at(&bytes, 84)?;
         let skipped_len = u32_at(&bytes, 88)?;
+        let watch_len = u32_at(&bytes, 92)?;
         let owners_at = count.checked_mul(RECORD_LEN)?.checked_add(HEADER_LEN)?;
         let skipped_at = owners_at.checked_add(owners_len)?;
-        let end = skipped_at
-            .checked_add(skipped_len)?
+        let watch_at = skipped_at.checked_add(skipped_len)?;
+        let end = watch_at
+            .checked_add(watch_len)?
             .checked_add(TRAILER.len())?;
         if end != bytes.len() {
             return None;
@@ -239,7 +420,17 @@ impl ReservationSnapshot {
             owners_len,
             skipped_at,
             skipped_len,
+            watch_at,
+            watch_len,
         };
+        // The watched entries must account for their section exactly.
+        let mut parsed = 0;
+        for (name, _) in snapshot.watched() {
+            parsed += WATCH_FIXED_LEN + name.len();
+        }
+        if parsed != watch_len {
+            return None;
+        }
         let mut previous = 0u128;
         for i in 0..count {
             let record = snapshot.record(i)?;

@@ -123,19 +123,69 @@ pub struct ScanStamp {
     pub generation: Option<u64>,
 }
 
-/// The current stamp, read without scanning.
-pub(super) fn current_stamp(dir: &NetworkDir) -> ScanStamp {
+/// The current stamp and `reserved/` opened (when it is a directory).
+pub(super) fn current_stamp_and_dir(dir: &NetworkDir) -> (ScanStamp, Option<SubDir>) {
     let reserved = match dir.stat(RESERVED_DIR) {
         Ok(Some(st)) => st,
-        Ok(None) | Err(_) => return ScanStamp::default(),
+        Ok(None) | Err(_) => return (ScanStamp::default(), None),
     };
-    let generation = match dir.subdir(&[RESERVED_DIR], false) {
-        Ok(Some(sub)) => read_generation(&sub),
-        Ok(None) | Err(_) => None,
-    };
-    ScanStamp {
+    let sub = dir.subdir(&[RESERVED_DIR], false).ok().flatten();
+    let generation = sub.as_ref().and_then(|sub| read_generation(sub));
+    let stamp = ScanStamp {
         reserved: Some(reserved.into()),
         generation,
+    };
+    (stamp, sub)
+}
+
+/// An entry below `reserved/` whose change must invalidate a snapshot although it changes
+/// neither `reserved` itself nor the generation counter: every namespace directory (a file
+/// copied in by hand changes it), and every skipped file (one still being copied in decodes
+/// once the copy ends, which changes the file but not its directory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Watched {
+    /// `<namespace>` or `<namespace>/<file>`, relative to `reserved/`.
+    pub(super) name: String,
+    /// Its `lstat` when the scan read it.
+    pub(super) stamp: DirStamp,
+}
+
+/// What a full scan found.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Scan {
+    /// The reservations and the garbage.
+    pub(super) set: ReservationSet,
+    /// `reserved` and the generation counter, taken before anything was listed.
+    pub(super) stamp: ScanStamp,
+    /// The entries below `reserved/` a snapshot must also watch.
+    pub(super) watched: Vec<Watched>,
+    /// Whether a writer's temporary was left in place (too young to be removed).
+    pub(super) temporaries: bool,
+    /// Temporaries of killed writers the scan removed.
+    pub(super) removed: Vec<PathBuf>,
+}
+
+/// Removes `name` if it is a writer's temporary file last changed before `before`: the writer
+/// creates temporaries only while it holds the network's lock, so one seen by a holder of the
+/// lock belongs to a writer that was killed; the age guards against any writer that skips the
+/// lock.
+fn remove_if_stale_temp(
+    parent: &DirFd,
+    name: &str,
+    kind: EntryKind,
+    before_ns: Option<i128>,
+) -> bool {
+    let Some(before_ns) = before_ns else {
+        return false;
+    };
+    if !name.starts_with(TEMP_PREFIX) || kind != EntryKind::File {
+        return false;
+    }
+    match parent.stat(name) {
+        Ok(Some(st)) if st.kind == EntryKind::File && st.mtime_ns < before_ns => {
+            parent.remove(name).unwrap_or(false)
+        }
+        _ => false,
     }
 }
 
@@ -159,8 +209,20 @@ fn bump_generation(reserved: &DirFd) -> Result<(), NetDirError> {
 /// The full scan, with the stamp taken before anything is listed (so a change during the scan
 /// makes the stamp stale, never the other way round; the caller holds the lock anyway).
 pub(super) fn scan(dir: &NetworkDir) -> (ReservationSet, ScanStamp) {
-    let stamp = current_stamp(dir);
-    let mut set = ReservationSet::default();
+    let scan = scan_full(dir, None);
+    (scan.set, scan.stamp)
+}
+
+/// The full scan, also recording what a snapshot must watch, and removing the temporaries of
+/// killed writers last changed before `clean_before` (nanoseconds since the epoch; the caller
+/// must hold the network's lock).
+pub(super) fn scan_full(dir: &NetworkDir, clean_before: Option<i128>) -> Scan {
+    let (stamp, reserved) = current_stamp_and_dir(dir);
+    let mut scan = Scan {
+        stamp,
+        ..Scan::default()
+    };
+    let set = &mut scan.set;
     if stamp.reserved.is_none() {
         if let Err(e) = dir.stat(RESERVED_DIR) {
             set.skipped.push(Skipped {
@@ -168,32 +230,40 @@ pub(super) fn scan(dir: &NetworkDir) -> (ReservationSet, ScanStamp) {
                 reason: e.to_string(),
             });
         }
-        return (set, stamp);
+        return scan;
     }
-    let reserved = match dir.subdir(&[RESERVED_DIR], false) {
-        Ok(Some(reserved)) => reserved,
-        Ok(None) => return (set, stamp),
-        Err(e) => {
-            set.skipped.push(Skipped {
-                path: dir.child_path(RESERVED_DIR),
-                reason: e.to_string(),
-            });
-            return (set, stamp);
-        }
+    let reserved = match reserved {
+        Some(reserved) => reserved,
+        None => match dir.subdir(&[RESERVED_DIR], false) {
+            Ok(Some(reserved)) => reserved,
+            Ok(None) => return scan,
+            Err(e) => {
+                set.skipped.push(Skipped {
+                    path: dir.child_path(RESERVED_DIR),
+                    reason: e.to_string(),
+                });
+                return scan;
+            }
+        },
     };
     let entries = match reserved.entries() {
         Ok(entries) => entries,
         Err(e) => {
             set.skipped.push(skip(&reserved, "", e.to_string()));
-            return (set, stamp);
+            return scan;
         }
     };
     for entry in entries {
         if entry.name == GENERATION_NAME {
             continue;
         }
+        if remove_if_stale_temp(&reserved, &entry.name, entry.kind, clean_before) {
+            scan.removed.push(reserved.child_path(&entry.name));
+            continue;
+        }
         if let Err(why) = namespace_entry_ok(&entry.name, entry.kind) {
-            set.skipped.push(skip(&reserved, &entry.name, why));
+            scan.temporaries |= entry.name.starts_with(TEMP_PREFIX);
+            scan.set.skipped.push(skip(&reserved, &entry.name, why));
             continue;
         }
         let ns_dir = match reserved.subdir(&[&entry.name], false) {
@@ -201,33 +271,66 @@ pub(super) fn scan(dir: &NetworkDir) -> (ReservationSet, ScanStamp) {
             // Removed between the listing and now: nothing to read.
             Ok(None) => continue,
             Err(e) => {
-                set.skipped
+                scan.set
+                    .skipped
                     .push(skip(&reserved, &entry.name, e.to_string()));
                 continue;
             }
         };
-        load_namespace(&ns_dir, &entry.name, &mut set);
+        // Taken before the listing, like the stamp of `reserved`.
+        match ns_dir.stamp() {
+            Ok(st) => scan.watched.push(Watched {
+                name: entry.name.clone(),
+                stamp: st.into(),
+            }),
+            Err(e) => {
+                scan.set
+                    .skipped
+                    .push(skip(&reserved, &entry.name, e.to_string()));
+                continue;
+            }
+        }
+        load_namespace(&ns_dir, &entry.name, clean_before, &mut scan);
     }
-    set.skipped.sort();
-    (set, stamp)
+    scan.set.skipped.sort();
+    scan
 }
 
-/// Reads one `reserved/<namespace>/` directory into `set`.
-fn load_namespace(ns_dir: &DirFd, namespace: &str, set: &mut ReservationSet) {
+/// Reads one `reserved/<namespace>/` directory into `scan`.
+fn load_namespace(ns_dir: &DirFd, namespace: &str, clean_before: Option<i128>, scan: &mut Scan) {
     let entries = match ns_dir.entries() {
         Ok(entries) => entries,
         Err(e) => {
-            set.skipped.push(skip(ns_dir, "", e.to_string()));
+            scan.set.skipped.push(skip(ns_dir, "", e.to_string()));
             return;
         }
     };
     for entry in entries {
+        if remove_if_stale_temp(ns_dir, &entry.name, entry.kind, clean_before) {
+            scan.removed.push(ns_dir.child_path(&entry.name));
+            continue;
+        }
+        // Before reading, so a file still being written is seen to change afterwards.
+        let before = match entry.kind {
+            EntryKind::File => ns_dir.stat(&entry.name).ok().flatten(),
+            _ => None,
+        };
         match read_entry(ns_dir, namespace, &entry.name, entry.kind) {
             Ok(Some(file)) => {
-                set.files.insert(file.pod_key(), file);
+                scan.set.files.insert(file.pod_key(), file);
             }
             Ok(None) => {}
-            Err(why) => set.skipped.push(skip(ns_dir, &entry.name, why)),
+            Err(why) => {
+                if entry.name.starts_with(TEMP_PREFIX) {
+                    scan.temporaries = true;
+                } else if let Some(st) = before {
+                    scan.watched.push(Watched {
+                        name: format!("{namespace}/{}", entry.name),
+                        stamp: st.into(),
+                    });
+                }
+                scan.set.skipped.push(skip(ns_dir, &entry.name, why));
+            }
         }
     }
 }

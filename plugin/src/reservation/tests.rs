@@ -431,28 +431,28 @@ fn snapshot_is_used_when_valid_and_rebuilt_when_stale() {
     assert_eq!(check(Source::Rescanned), 5);
     assert_eq!(check(Source::Index), 5);
 
-    // A file dropped by hand into an existing namespace bumps no counter: it is seen at the
-    // writer's next change (the documented limit of the O(1) check).
+    // A file dropped by hand into an existing namespace bumps no counter, but changes its
+    // directory's stamp, which the snapshot watches: seen at once.
     std::fs::write(
         s.reserved().join("db/web-2"),
         file("db", "web-2", &["10.1.0.9"], None).to_json(),
     )
     .unwrap();
-    {
-        let lock = dir.lock().unwrap();
-        let (snapshot, source) = load_reservations_cached(&dir, &lock);
-        assert_eq!((snapshot.len(), source), (5, Source::Index));
-    }
+    assert_eq!(check(Source::Rescanned), 6);
+    assert_eq!(check(Source::Index), 6);
     remove_reservation(&dir, "extra", "r-0").unwrap();
     assert_eq!(check(Source::Index), 5);
+    // Removed by hand: seen at once too.
+    std::fs::remove_file(s.reserved().join("db/web-2")).unwrap();
+    assert_eq!(check(Source::Rescanned), 4);
 
     // A changed generation counter (another writer) invalidates the snapshot.
     std::fs::write(s.reserved().join(".generation"), b"999\n").unwrap();
     check(Source::Rescanned);
     std::fs::remove_file(s.reserved().join(".generation")).unwrap();
-    // Without a counter no snapshot is trusted.
+    // A tree without a counter (built by hand) is scanned once, then its snapshot is trusted.
     check(Source::Rescanned);
-    check(Source::Rescanned);
+    check(Source::Index);
     write_reservation(&dir, &file("db", "web-0", &["10.1.0.7"], None)).unwrap();
     check(Source::Index);
 
@@ -544,19 +544,19 @@ fn wait_markers_round_trip() {
     let s = Scratch::new("wait");
     let dir = s.net();
     let pod = PodKey::new("db", "web-0").unwrap();
-    assert_eq!(read_wait_marker(&dir, &pod), None);
+    assert_eq!(read_wait_marker(&dir, &pod, &mut Vec::new()), None);
     let marker = WaitMarker {
         holder: "0123abcd".into(),
         since: Timestamp::new(1_795_262_400, 5).unwrap(),
     };
-    write_wait_marker(&dir, &pod, &marker).unwrap();
+    write_wait_marker(&dir, &pod, &marker, &mut Vec::new()).unwrap();
     assert_eq!(
         std::fs::read_to_string(s.0.join("data/net1/.ipkeep/wait/db/web-0")).unwrap(),
         "0123abcd 2026-11-21T12:00:00.000000005Z\n"
     );
-    assert_eq!(read_wait_marker(&dir, &pod), Some(marker));
+    assert_eq!(read_wait_marker(&dir, &pod, &mut Vec::new()), Some(marker));
     remove_wait_marker(&dir, &pod).unwrap();
-    assert_eq!(read_wait_marker(&dir, &pod), None);
+    assert_eq!(read_wait_marker(&dir, &pod, &mut Vec::new()), None);
     assert!(!s.0.join("data/net1/.ipkeep/wait/db").exists());
     remove_wait_marker(&dir, &pod).unwrap();
 
@@ -570,7 +570,11 @@ fn wait_markers_round_trip() {
         "x 2026-11-21T12:00:00Z",
     ] {
         std::fs::write(s.0.join("data/net1/.ipkeep/wait/db/web-0"), garbage).unwrap();
-        assert_eq!(read_wait_marker(&dir, &pod), None, "{garbage:?}");
+        assert_eq!(
+            read_wait_marker(&dir, &pod, &mut Vec::new()),
+            None,
+            "{garbage:?}"
+        );
     }
 }
 
@@ -672,7 +676,7 @@ fn add_flow_on_real_files() {
         let own = read_reservation(&dir, &me.namespace, &me.pod).unwrap();
         let (snapshot, _) = load_reservations_cached(&dir, &lock);
         let lookup = snapshot.lookup(now);
-        let marker = read_wait_marker(&dir, &me);
+        let marker = read_wait_marker(&dir, &me, &mut Vec::new());
         let decision = decide(&DecisionInput {
             range_sets: &sets,
             requested: &[],
@@ -687,7 +691,7 @@ fn add_flow_on_real_files() {
         });
         match &decision.marker {
             MarkerAction::Keep => {}
-            MarkerAction::Write(m) => write_wait_marker(&dir, &me, m).unwrap(),
+            MarkerAction::Write(m) => write_wait_marker(&dir, &me, m, &mut Vec::new()).unwrap(),
             MarkerAction::Remove => remove_wait_marker(&dir, &me).unwrap(),
         }
         // Normal allocation walks candidates from .2 and skips other pods' reservations.
@@ -701,7 +705,7 @@ fn add_flow_on_real_files() {
     let (first, _) = add(t0);
     assert!(matches!(first.outcome, Outcome::RetryLater(_)), "{first:?}");
     assert!(
-        read_wait_marker(&dir, &me).is_some(),
+        read_wait_marker(&dir, &me, &mut Vec::new()).is_some(),
         "the wait is on record"
     );
 
@@ -728,5 +732,5 @@ fn add_flow_on_real_files() {
         Outcome::Allocate(vec![RangeSetPlan::Reserved(IpAddr::from([10, 1, 0, 7]))])
     );
     assert_eq!(back.marker, MarkerAction::Remove);
-    assert_eq!(read_wait_marker(&dir, &me), None);
+    assert_eq!(read_wait_marker(&dir, &me, &mut Vec::new()), None);
 }

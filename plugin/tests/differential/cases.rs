@@ -906,6 +906,15 @@ pub fn all() -> Vec<Case> {
     c("net-32", vec![add("c1", &subnet("1.0.0", "10.1.0.5/32"))]);
     c("net-127", vec![add("c1", &subnet("1.0.0", "fd00::/127"))]);
     c("net-128", vec![add("c1", &subnet("1.0.0", "fd00::1/128"))]);
+    // host-local prints an IPv4-mapped subnet's size in its IPv4 form (/31, /32).
+    c(
+        "net-mapped-127",
+        vec![add("c1", &subnet("1.0.0", "::ffff:10.1.0.0/127"))],
+    );
+    c(
+        "net-mapped-128",
+        vec![add("c1", &subnet("1.0.0", "::ffff:10.1.0.1/128"))],
+    );
     let n30 = subnet("1.0.0", "10.1.0.0/30");
     c(
         "net-30",
