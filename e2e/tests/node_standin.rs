@@ -334,6 +334,48 @@ async fn pod_gets_an_address_configured_in_its_namespace_and_deletion_tears_it_d
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_pod_gets_one_address_per_family_in_the_order_of_the_pod_cidrs() {
+    let server = harness::start().await;
+    let cidrs = ["198.18.7.0/24", "2001:db8:7::/64"];
+    let mut node = TestNode::with_cidrs("standin-dual", &cidrs, &server);
+    node.start();
+    let api = pods(&server);
+    api.create(&PostParams::default(), &pod("web-0", "standin-dual"))
+        .await
+        .unwrap();
+    let running = wait_running(&api, "web-0").await;
+    let ips: Vec<IpAddr> = running
+        .status
+        .as_ref()
+        .unwrap()
+        .pod_ips
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|p| p.ip.parse().unwrap())
+        .collect();
+    assert_eq!(ips.len(), 2, "{ips:?}");
+    assert!(
+        cni::cidr_contains(cidrs[0], ips[0]) && cni::cidr_contains(cidrs[1], ips[1]),
+        "{ips:?}"
+    );
+    assert_eq!(pod_ip(&running), ips[0], "podIP is podIPs[0]");
+    let netns = node.netns();
+    let mut configured = addresses_in(&netns[0]);
+    configured.sort();
+    let mut want = ips.clone();
+    want.sort();
+    assert_eq!(configured, want, "both addresses are configured on eth0");
+    let nodes: Api<Node> = Api::all(server.client());
+    let registered = nodes.get("standin-dual").await.unwrap();
+    assert_eq!(
+        registered.spec.unwrap().pod_cidrs.unwrap(),
+        cidrs.map(str::to_owned).to_vec()
+    );
+    assert!(node.stop().await.success(), "{}", node.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_add_leaves_the_pod_pending_with_the_plugins_message_and_is_retried() {
     let server = harness::start().await;
     // A /30: the bridge takes .1 as gateway, .2 is the only address a pod can get.
@@ -395,6 +437,8 @@ async fn try_again_later_is_retried_until_the_old_sandbox_is_deleted() {
     node.start();
     node.wait_ready().await;
     // The pod's old sandbox (force-deleted pod, DEL not run yet) holds the reserved address.
+    // ipkeep finds the reservation only through K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS, so
+    // the code 11 below also proves the stand-in passes them.
     let (old, ips) = ForeignSandbox::add(&node, "old", "db-0");
     let held = ips[0].0;
     let released =
@@ -489,6 +533,12 @@ async fn restart_cleans_up_what_pods_deleted_while_the_node_was_down_left() {
         "DEL freed {} of the deleted pod and GC freed {} of the lost sandbox",
         pod_ip(&gone),
         lost_ips[0].0
+    );
+    assert!(
+        node.log()
+            .contains(&format!("tore down sandbox {}", &sandbox_id(&gone)[..16])),
+        "the deleted pod's sandbox was torn down with DEL: {}",
+        node.log()
     );
     assert_eq!(
         addresses_in(&stays_netns),

@@ -125,6 +125,20 @@ pub fn pod_addresses(netns: &str) -> Result<Vec<(IpAddr, u8)>, HostError> {
     })
 }
 
+/// Fills a node's CNI bin directory: symlinks `bridge` (Debian's, usually `/usr/lib/cni/bridge`)
+/// and `ipkeep` (the built plugin) into `dir`, which is created if missing.
+pub fn link_cni_bin_dir(dir: &Path, bridge: &Path, ipkeep: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (name, target) in [("bridge", bridge), ("ipkeep", ipkeep)] {
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_ok() {
+            std::fs::remove_file(&link)?;
+        }
+        std::os::unix::fs::symlink(target, link)?;
+    }
+    Ok(())
+}
+
 /// Executes CNI plugins found in the node's CNI bin directories (`CNI_PATH`).
 #[derive(Debug, Clone)]
 pub struct CniExec {
