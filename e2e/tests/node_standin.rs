@@ -239,6 +239,21 @@ async fn node_registers_ready_with_its_pod_cidr_and_renews_its_lease() {
         (heartbeat(&n).0 > before.0).then_some(())
     })
     .await;
+
+    // A deleted Node is registered again, as a kubelet does.
+    nodes
+        .delete("standin-reg", &DeleteParams::default())
+        .await
+        .unwrap();
+    let again = wait_for("Node standin-reg to be registered again", || async {
+        let n = nodes.get_opt("standin-reg").await.unwrap()?;
+        (n.metadata.uid != registered.metadata.uid).then_some(n)
+    })
+    .await;
+    assert_eq!(
+        again.spec.unwrap().pod_cidr.as_deref(),
+        Some("198.18.1.0/24")
+    );
     assert!(node.stop().await.success(), "{}", node.log());
 }
 

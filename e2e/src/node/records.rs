@@ -74,7 +74,7 @@ pub struct Records {
 impl Records {
     /// The records in `dir` (created if missing) for namespaces named with `netns_prefix`.
     pub fn open(dir: PathBuf, netns_prefix: String) -> Result<Records, RecordError> {
-        std::fs::create_dir_all(&dir).map_err(|source| RecordError {
+        ensure_real_dir(&dir).map_err(|source| RecordError {
             action: "create the directory of",
             path: dir.clone(),
             source,
@@ -94,22 +94,18 @@ impl Records {
         }
     }
 
-    /// Writes a record atomically (temporary file, fsync, rename).
+    /// Writes a record atomically (temporary file, fsync, rename), never through a symlink.
     pub fn write(&self, record: &SandboxRecord) -> Result<(), RecordError> {
         let path = self
             .path(&record.container_id)
             .ok_or_else(|| self.invalid(&record.container_id))?;
-        let tmp = path.with_extension("json.tmp");
         let err = |source| RecordError {
             action: "write",
             path: path.clone(),
             source,
         };
         let body = serde_json::to_vec_pretty(record).map_err(|e| err(e.into()))?;
-        let mut file = std::fs::File::create(&tmp).map_err(err)?;
-        file.write_all(&body).map_err(err)?;
-        file.sync_all().map_err(err)?;
-        std::fs::rename(&tmp, &path).map_err(err)
+        write_file_atomically(&path, &body).map_err(err)
     }
 
     /// Removes a record; one already gone is fine.
@@ -173,6 +169,39 @@ impl Records {
     }
 }
 
+/// `mkdir -p`, then checks that `dir` itself is a directory, not a symlink to one: the stand-in
+/// writes nothing outside its data directory.
+pub fn ensure_real_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    if std::fs::symlink_metadata(dir)?.file_type().is_dir() {
+        Ok(())
+    } else {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a directory (a symlink is refused)",
+        ))
+    }
+}
+
+/// Writes `path` through a fresh temporary file (created exclusively, so a symlink planted at its
+/// name is never followed), fsync, rename (which replaces a symlink at `path`, not its target).
+pub fn write_file_atomically(path: &Path, body: &[u8]) -> std::io::Result<()> {
+    let mut tmp_name = path.as_os_str().to_owned();
+    tmp_name.push(".tmp");
+    let tmp = PathBuf::from(tmp_name);
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)?;
+    file.write_all(body)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
 fn is_regular(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
 }
@@ -197,6 +226,16 @@ mod tests {
             established: false,
             ips: vec![],
         }
+    }
+
+    #[test]
+    fn a_symlinked_records_directory_is_refused() {
+        let dir = scratch("link");
+        std::fs::create_dir_all(dir.join("real")).unwrap();
+        std::os::unix::fs::symlink(dir.join("real"), dir.join("link")).unwrap();
+        assert!(Records::open(dir.join("link"), "p-".into()).is_err());
+        assert!(Records::open(dir.join("real"), "p-".into()).is_ok());
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
@@ -225,6 +264,16 @@ mod tests {
         records.remove(&id).unwrap();
         records.remove(&id).unwrap();
         assert!(records.write(&record("../x", "ipk-0000abcd-aa")).is_err());
+        // Symlinks planted at the temporary or the final name are replaced, never written through.
+        let outside = dir.join("outside");
+        std::fs::write(&outside, "untouched").unwrap();
+        let planted = "e".repeat(64);
+        std::os::unix::fs::symlink(&outside, dir.join(format!("{planted}.json.tmp"))).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join(format!("{planted}.json"))).unwrap();
+        records.write(&record(&planted, "ipk-0000abcd-ee")).unwrap();
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "untouched");
+        assert!(is_regular(&dir.join(format!("{planted}.json"))));
+        records.remove(&planted).unwrap();
         assert!(records.remove("../x").is_err());
         std::fs::remove_dir_all(dir).unwrap();
     }

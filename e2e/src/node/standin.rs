@@ -31,7 +31,7 @@ use super::{
     host::{self, CniExec},
     names, objects,
     plan::{self, Action, PodState},
-    records::{Records, SandboxRecord},
+    records::{self, Records, SandboxRecord},
 };
 
 /// How often the pods are re-synced even without a watch event (retries are due, etc.).
@@ -88,7 +88,17 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), NodeError> {
     let mut node = StandIn::prepare(client, config)?;
-    let node_uid = node.register().await?;
+    let mut shutdown = std::pin::pin!(shutdown);
+    let Some(node_uid) = register_until_done(&node.client, &node.config, &mut shutdown).await
+    else {
+        return Ok(());
+    };
+    node.log(format!(
+        "registered Node (uid {node_uid}), pod CIDRs {}, bridge {}, namespaces {}*",
+        node.config.pod_cidrs.join(","),
+        node.bridge,
+        node.netns_prefix
+    ));
     let (stop_tx, stop_rx) = watch::channel(false);
     let heartbeat = tokio::spawn(heartbeats(
         node.client.clone(),
@@ -129,7 +139,6 @@ pub async fn run(
         }
     });
 
-    tokio::pin!(shutdown);
     let result = async {
         tokio::select! {
             () = &mut shutdown => return Ok(()),
@@ -164,12 +173,14 @@ impl StandIn {
         let tag = names::node_tag(&config.name);
         let netns_prefix = names::netns_prefix(&tag);
         let bridge = names::bridge_name(&tag);
-        for dir in [
-            config.data_dir.clone(),
-            config.ipam_data_dir(),
-            config.data_dir.join("cni"),
-        ] {
-            std::fs::create_dir_all(&dir).map_err(|source| NodeError::DataDir {
+        // The data directory itself is the caller's choice (it may be a symlink); what the
+        // stand-in makes inside it must be real directories.
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| NodeError::DataDir {
+            path: config.data_dir.clone(),
+            source,
+        })?;
+        for dir in [config.ipam_data_dir(), config.data_dir.join("cni")] {
+            records::ensure_real_dir(&dir).map_err(|source| NodeError::DataDir {
                 path: dir.clone(),
                 source,
             })?;
@@ -181,12 +192,12 @@ impl StandIn {
             &config.ipam_data_dir(),
         );
         let conf_path = config.cni_config_path();
-        std::fs::write(&conf_path, format!("{network:#}\n")).map_err(|source| {
-            NodeError::DataDir {
+        records::write_file_atomically(&conf_path, format!("{network:#}\n").as_bytes()).map_err(
+            |source| NodeError::DataDir {
                 path: conf_path.clone(),
                 source,
-            }
-        })?;
+            },
+        )?;
         let records = Records::open(config.data_dir.join("sandboxes"), netns_prefix.clone())
             .map_err(NodeError::Record)?;
         let cni = Arc::new(CniExec {
@@ -210,44 +221,6 @@ impl StandIn {
 
     fn log(&self, message: impl std::fmt::Display) {
         log(&self.config.name, message);
-    }
-
-    /// Creates the Node (or brings an existing one's labels and pod CIDRs in line); its UID.
-    async fn register(&self) -> Result<String, NodeError> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let desired = objects::node(&self.config.name, &self.config.pod_cidrs);
-        let created = match nodes
-            .create(
-                &PostParams::default(),
-                &typed::<Node>(desired.clone(), "Node")?,
-            )
-            .await
-        {
-            Ok(node) => node,
-            Err(e) if is_status(&e, 409) => {
-                let patch = json!({"metadata": {"labels": desired["metadata"]["labels"]}, "spec": desired["spec"]});
-                nodes
-                    .patch(
-                        &self.config.name,
-                        &PatchParams::default(),
-                        &Patch::Merge(&patch),
-                    )
-                    .await
-                    .map_err(kube_err(format!("update Node {}", self.config.name)))?
-            }
-            Err(e) => return Err(kube_err(format!("create Node {}", self.config.name))(e)),
-        };
-        let uid = created.metadata.uid.unwrap_or_default();
-        let now = Timestamp::now();
-        write_node_status(&self.client, &self.config, now, now).await?;
-        renew_lease(&self.client, &self.config.name, &uid, now).await?;
-        self.log(format!(
-            "registered Node (uid {uid}), pod CIDRs {}, bridge {}, namespaces {}*",
-            self.config.pod_cidrs.join(","),
-            self.bridge,
-            self.netns_prefix
-        ));
-        Ok(uid)
     }
 
     fn next_nonce(&self) -> u64 {
@@ -634,6 +607,54 @@ fn containers(p: &Pod) -> Vec<objects::ContainerSpec> {
         .unwrap_or_default()
 }
 
+/// Creates the Node (or brings an existing one's labels and pod CIDRs in line), writes its
+/// status and its Lease; its UID.
+async fn register(client: &Client, config: &NodeConfig) -> Result<String, NodeError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let desired = objects::node(&config.name, &config.pod_cidrs);
+    let created = match nodes
+        .create(
+            &PostParams::default(),
+            &typed::<Node>(desired.clone(), "Node")?,
+        )
+        .await
+    {
+        Ok(node) => node,
+        Err(e) if is_status(&e, 409) => {
+            let patch = json!({"metadata": {"labels": desired["metadata"]["labels"]}, "spec": desired["spec"]});
+            nodes
+                .patch(&config.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(kube_err(format!("update Node {}", config.name)))?
+        }
+        Err(e) => return Err(kube_err(format!("create Node {}", config.name))(e)),
+    };
+    let uid = created.metadata.uid.unwrap_or_default();
+    let now = Timestamp::now();
+    write_node_status(client, config, now, now).await?;
+    renew_lease(client, &config.name, &uid, now).await?;
+    Ok(uid)
+}
+
+/// [`register`], retried every second (a kubelet keeps trying to register) until it succeeds or
+/// `shutdown` completes (then `None`).
+async fn register_until_done(
+    client: &Client,
+    config: &NodeConfig,
+    shutdown: &mut (impl std::future::Future<Output = ()> + Unpin),
+) -> Option<String> {
+    loop {
+        match register(client, config).await {
+            Ok(uid) => return Some(uid),
+            Err(e) => log(&config.name, format!("{e}; retrying in 1s")),
+        }
+        tokio::select! {
+            () = &mut *shutdown => return None,
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
 async fn write_node_status(
     client: &Client,
     config: &NodeConfig,
@@ -696,14 +717,29 @@ async fn heartbeats(
     mut stop: watch::Receiver<bool>,
 ) {
     let ready_since = Timestamp::now();
+    let mut node_uid = node_uid;
     loop {
         tokio::select! {
             _ = stop.changed() => return,
             () = tokio::time::sleep(config.heartbeat) => {}
         }
         let now = Timestamp::now();
-        if let Err(e) = write_node_status(&client, &config, ready_since, now).await {
-            log(&config.name, e);
+        match write_node_status(&client, &config, ready_since, now).await {
+            // The Node was deleted: register again, as a kubelet does.
+            Err(NodeError::Kube { source, .. }) if is_status(&source, 404) => {
+                match register(&client, &config).await {
+                    Ok(uid) => {
+                        log(
+                            &config.name,
+                            format!("the Node was deleted; registered it again (uid {uid})"),
+                        );
+                        node_uid = uid;
+                    }
+                    Err(e) => log(&config.name, e),
+                }
+            }
+            Err(e) => log(&config.name, e),
+            Ok(()) => {}
         }
         if let Err(e) = renew_lease(&client, &config.name, &node_uid, now).await {
             log(&config.name, e);
