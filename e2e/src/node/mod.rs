@@ -205,3 +205,143 @@ pub async fn run(
 ) -> Result<(), NodeError> {
     standin::run(client, config, shutdown).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> NodeConfig {
+        NodeConfig::new(
+            "node-a",
+            vec!["10.244.1.0/24".into()],
+            "/var/lib/node-a".into(),
+            vec!["/opt/cni/bin".into()],
+        )
+    }
+
+    #[test]
+    fn paths_hang_off_the_data_directory() {
+        let c = config();
+        assert_eq!(c.ipam_data_dir(), PathBuf::from("/var/lib/node-a/networks"));
+        assert_eq!(
+            c.network_dir(),
+            PathBuf::from("/var/lib/node-a/networks/podnet")
+        );
+        assert_eq!(
+            c.cni_config_path(),
+            PathBuf::from("/var/lib/node-a/cni/10-podnet.conf")
+        );
+        assert_eq!(
+            c.network_config()["ipam"]["dataDir"],
+            "/var/lib/node-a/networks"
+        );
+        assert_eq!(
+            c.network_config()["bridge"],
+            names::bridge_name(&names::node_tag("node-a"))
+        );
+    }
+
+    #[test]
+    fn unusable_configurations_are_refused_before_anything_is_touched() {
+        assert!(config().validate().is_ok());
+        type Change = Box<dyn Fn(&mut NodeConfig)>;
+        let cases: Vec<(&str, Change)> = vec![
+            ("bad node name", Box::new(|c| c.name = "Node_A".into())),
+            (
+                "network name with a slash",
+                Box::new(|c| c.network = "../x".into()),
+            ),
+            ("no pod CIDR", Box::new(|c| c.pod_cidrs.clear())),
+            (
+                "three pod CIDRs",
+                Box::new(|c| c.pod_cidrs = vec!["10.0.0.0/24".into(); 3]),
+            ),
+            (
+                "not a CIDR",
+                Box::new(|c| c.pod_cidrs = vec!["10.0.0.0".into()]),
+            ),
+            (
+                "relative data dir",
+                Box::new(|c| c.data_dir = "data".into()),
+            ),
+            ("no CNI bin dir", Box::new(|c| c.cni_bin_dirs.clear())),
+        ];
+        for (what, change) in cases {
+            let mut c = config();
+            change(&mut c);
+            assert!(c.validate().is_err(), "{what}");
+        }
+    }
+
+    #[test]
+    fn command_line_flags_become_the_configuration() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: cli::NodeArgs,
+        }
+        let cli = Cli::try_parse_from([
+            "node",
+            "--name",
+            "node-b",
+            "--pod-cidr",
+            "10.244.2.0/24",
+            "--pod-cidr",
+            "fd00:2::/64",
+            "--data-dir",
+            "/d",
+            "--cni-bin-dir",
+            "/b1",
+            "--cni-bin-dir",
+            "/b2",
+            "--heartbeat-seconds",
+            "2",
+            "--agent-bin",
+            "/bin/ipkeep-operator",
+            "--kubeconfig",
+            "/k",
+        ])
+        .unwrap();
+        let c = cli.args.config();
+        assert_eq!(c.pod_cidrs, vec!["10.244.2.0/24", "fd00:2::/64"]);
+        assert_eq!(
+            c.cni_bin_dirs,
+            vec![PathBuf::from("/b1"), PathBuf::from("/b2")]
+        );
+        assert_eq!(c.heartbeat, Duration::from_secs(2));
+        assert_eq!(c.network, DEFAULT_NETWORK);
+        assert_eq!(
+            c.agent,
+            Some(AgentConfig {
+                bin: "/bin/ipkeep-operator".into(),
+                kubeconfig: Some("/k".into()),
+            })
+        );
+        assert_eq!(
+            agent::agent_args(&c.name, &c.ipam_data_dir(), &c.network),
+            [
+                "agent",
+                "--node-name",
+                "node-b",
+                "--data-dir",
+                "/d/networks",
+                "--network",
+                "podnet"
+            ]
+        );
+        assert!(
+            Cli::try_parse_from([
+                "node",
+                "--name",
+                "x",
+                "--data-dir",
+                "/d",
+                "--cni-bin-dir",
+                "/b"
+            ])
+            .is_err(),
+            "a pod CIDR is required"
+        );
+    }
+}
