@@ -614,3 +614,63 @@ async fn the_agent_runs_as_a_supervised_child() {
         "the agent is stopped with the node"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_run_in_one_process_through_the_library_and_each_serves_only_its_pods() {
+    let server = harness::start().await;
+    let a = TestNode::new("standin-lib-a", "198.18.10.0/24", &server);
+    let b = TestNode::new("standin-lib-b", "198.18.11.0/24", &server);
+    let mut stops = Vec::new();
+    let mut tasks = Vec::new();
+    for node in [&a, &b] {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        stops.push(stop);
+        tasks.push(tokio::spawn(ipkeep_e2e::node::run(
+            server.client(),
+            node.config.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        )));
+    }
+    let api = pods(&server);
+    api.create(&PostParams::default(), &pod("on-a", "standin-lib-a"))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &pod("on-b", "standin-lib-b"))
+        .await
+        .unwrap();
+    let on_a = wait_running(&api, "on-a").await;
+    let on_b = wait_running(&api, "on-b").await;
+    assert!(
+        cni::cidr_contains("198.18.10.0/24", pod_ip(&on_a)),
+        "{}",
+        pod_ip(&on_a)
+    );
+    assert!(
+        cni::cidr_contains("198.18.11.0/24", pod_ip(&on_b)),
+        "{}",
+        pod_ip(&on_b)
+    );
+    assert_eq!(a.netns().len(), 1, "{:?}", a.netns());
+    assert_eq!(b.netns().len(), 1, "{:?}", b.netns());
+    assert_eq!(addresses_in(&a.netns()[0]), vec![pod_ip(&on_a)]);
+    assert_eq!(addresses_in(&b.netns()[0]), vec![pod_ip(&on_b)]);
+    assert_ne!(a.bridge(), b.bridge());
+    assert!(host::link_exists(&a.bridge()) && host::link_exists(&b.bridge()));
+
+    for stop in stops {
+        stop.send(()).unwrap();
+    }
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    for node in [&a, &b] {
+        assert!(node.netns().is_empty(), "{:?}", node.netns());
+        assert!(
+            !host::link_exists(&node.bridge()),
+            "{} removed",
+            node.bridge()
+        );
+    }
+}
