@@ -49,7 +49,8 @@ pub fn node(name: &str, pod_cidrs: &[String]) -> Value {
     })
 }
 
-/// The Node's status: Ready with a fresh heartbeat, the pressure conditions False, the
+/// The Node's status: Ready with a fresh heartbeat, the pressure conditions and
+/// NetworkUnavailable False, the
 /// capacity the scheduler fits pods into (1000 CPUs, 1 TiB, 250 pods), the node's address.
 pub fn node_status(name: &str, host_ip: IpAddr, ready_since: Timestamp, now: Timestamp) -> Value {
     let condition = |kind: &str, status: &str, reason: &str, message: &str| {
@@ -70,6 +71,7 @@ pub fn node_status(name: &str, host_ip: IpAddr, ready_since: Timestamp, now: Tim
                 condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
                 condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
                 condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+                condition("NetworkUnavailable", "False", "StandInNetwork", "the stand-in's bridge network is configured"),
                 condition("Ready", "True", "KubeletReady", "kubelet is posting ready status (ipkeep stand-in)"),
             ],
             "capacity": resources,
@@ -296,6 +298,14 @@ mod tests {
         assert_eq!(ready["status"], "True");
         assert_eq!(ready["lastHeartbeatTime"], "2026-01-01T00:00:10Z");
         assert_eq!(ready["lastTransitionTime"], "2026-01-01T00:00:00Z");
+        for c in s["status"]["conditions"].as_array().unwrap() {
+            let want = if c["type"] == "Ready" {
+                "True"
+            } else {
+                "False"
+            };
+            assert_eq!(c["status"], want, "{c}");
+        }
         assert_eq!(s["status"]["allocatable"]["pods"], "250");
         assert_eq!(s["status"]["capacity"]["cpu"], "1k");
         assert_eq!(s["status"]["addresses"][0]["address"], "127.0.0.1");
