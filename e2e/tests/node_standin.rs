@@ -674,3 +674,68 @@ async fn two_nodes_run_in_one_process_through_the_library_and_each_serves_only_i
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_deleted_pod_recreated_before_its_old_sandbox_is_deleted_gets_its_address_back() {
+    let server = harness::start().await;
+    let mut node = TestNode::new("standin-force", "198.18.12.0/24", &server);
+    // A slow runtime: the old sandbox's DEL comes 1.5 s after the pod is gone.
+    node.config.teardown_delay = std::time::Duration::from_millis(1500);
+    node.start();
+    let api = pods(&server);
+    api.create(&PostParams::default(), &pod("db-0", "standin-force"))
+        .await
+        .unwrap();
+    let first = wait_running(&api, "db-0").await;
+    let (ip, old_id) = (pod_ip(&first), sandbox_id(&first));
+
+    // What the agent writes when the controller releases the reservation of a force-deleted pod.
+    let released =
+        Timestamp::from_system_time(SystemTime::now() + std::time::Duration::from_secs(86_400));
+    write_reservation(
+        &network_dir(&node),
+        &reservation("db-0", vec![ip], Some(released)),
+    )
+    .unwrap();
+    api.delete(
+        "db-0",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .unwrap();
+    api.create(&PostParams::default(), &pod("db-0", "standin-force"))
+        .await
+        .unwrap();
+
+    let events = wait_for(
+        "a try-again-later Warning on the re-created pod",
+        || async {
+            let w = warnings(&server, "db-0").await;
+            (!w.is_empty()).then_some(w)
+        },
+    )
+    .await;
+    let message = events[0].message.clone().unwrap();
+    assert!(
+        message.contains(&old_id),
+        "the new sandbox's ADD came before the old DEL and was told which sandbox holds the address: {message}"
+    );
+    let second = wait_for("the re-created pod to run with a new sandbox", || async {
+        let p = api.get("db-0").await.unwrap();
+        let running = p.status.as_ref()?.phase.as_deref() == Some("Running");
+        (running && p.status.as_ref()?.pod_ip.is_some() && sandbox_id(&p) != old_id).then_some(p)
+    })
+    .await;
+    assert_eq!(
+        pod_ip(&second),
+        ip,
+        "the re-created pod got its reserved address back"
+    );
+    assert_ne!(first.metadata.uid, second.metadata.uid);
+    assert_eq!(node.allocations(), vec![(ip, sandbox_id(&second))]);
+    assert_eq!(node.netns().len(), 1, "{:?}", node.netns());
+    assert!(node.stop().await.success(), "{}", node.log());
+}

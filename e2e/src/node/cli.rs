@@ -28,6 +28,10 @@ pub struct NodeArgs {
     /// Seconds between Node status and Lease renewals.
     #[arg(long, default_value_t = 10)]
     pub heartbeat_seconds: u64,
+    /// Milliseconds a sandbox's teardown waits once due (reproduces the force-delete order: a
+    /// re-created pod's ADD before the old sandbox's DEL).
+    #[arg(long, default_value_t = 0)]
+    pub teardown_delay_ms: u64,
     /// `ipkeep-operator` binary: when given, `ipkeep-operator agent` runs as a supervised child.
     #[arg(long)]
     pub agent_bin: Option<PathBuf>,
@@ -48,6 +52,7 @@ impl NodeArgs {
         config.network = self.network.clone();
         config.host_ip = self.host_ip;
         config.heartbeat = Duration::from_secs(self.heartbeat_seconds.max(1));
+        config.teardown_delay = Duration::from_millis(self.teardown_delay_ms);
         config.agent = self.agent_bin.clone().map(|bin| AgentConfig {
             bin,
             kubeconfig: self.kubeconfig.clone(),

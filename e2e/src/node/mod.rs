@@ -60,11 +60,15 @@ pub struct NodeConfig {
     pub heartbeat: Duration,
     /// The ipkeep agent to run and supervise, if any.
     pub agent: Option<AgentConfig>,
+    /// How long a sandbox's teardown (and its pod's deletion confirmation) waits after it is
+    /// first due: zero for a prompt runtime; more reproduces the force-delete order, where a
+    /// re-created pod's ADD comes before the old sandbox's DEL.
+    pub teardown_delay: Duration,
 }
 
 impl NodeConfig {
     /// A node with the defaults: network [`DEFAULT_NETWORK`], host IP 127.0.0.1, heartbeat every
-    /// 10 s, no agent.
+    /// 10 s, no agent, no teardown delay.
     pub fn new(
         name: &str,
         pod_cidrs: Vec<String>,
@@ -80,6 +84,7 @@ impl NodeConfig {
             host_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
             heartbeat: DEFAULT_HEARTBEAT,
             agent: None,
+            teardown_delay: Duration::ZERO,
         }
     }
 
@@ -297,6 +302,8 @@ mod tests {
             "/b2",
             "--heartbeat-seconds",
             "2",
+            "--teardown-delay-ms",
+            "1500",
             "--agent-bin",
             "/bin/ipkeep-operator",
             "--kubeconfig",
@@ -310,6 +317,7 @@ mod tests {
             vec![PathBuf::from("/b1"), PathBuf::from("/b2")]
         );
         assert_eq!(c.heartbeat, Duration::from_secs(2));
+        assert_eq!(c.teardown_delay, Duration::from_millis(1500));
         assert_eq!(c.network, DEFAULT_NETWORK);
         assert_eq!(
             c.agent,

@@ -40,6 +40,8 @@ pub enum Action {
     Teardown {
         /// The sandbox.
         container_id: String,
+        /// The pod it was made for.
+        pod: PodRef,
     },
     /// Delete the pod with grace period 0: its sandbox is gone (the kubelet's confirmation).
     ConfirmDeletion(PodRef),
@@ -71,6 +73,7 @@ pub fn plan(
         } else {
             teardowns.push(Action::Teardown {
                 container_id: sandbox.container_id.clone(),
+                pod: sandbox.pod.clone(),
             });
         }
     }
@@ -98,6 +101,42 @@ pub fn plan(
     teardowns.extend(confirmations);
     teardowns.extend(creations);
     teardowns
+}
+
+/// Holds each teardown back until `delay` after it was first planned, and a pod's deletion
+/// confirmation until its sandbox is torn down: a slow runtime. With a force-deleted pod that is
+/// re-created at once, the new sandbox's ADD then comes before the old sandbox's DEL, the order in
+/// which ipkeep answers "try again later". `first_planned` (by sandbox ID) carries over between
+/// passes; a zero `delay` holds nothing.
+pub fn hold_teardowns(
+    actions: Vec<Action>,
+    first_planned: &mut BTreeMap<String, Timestamp>,
+    delay: jiff::SignedDuration,
+    now: Timestamp,
+) -> Vec<Action> {
+    if delay.is_zero() {
+        first_planned.clear();
+        return actions;
+    }
+    let mut planned = Vec::new();
+    let mut held_pods = Vec::new();
+    for action in &actions {
+        if let Action::Teardown { container_id, pod } = action {
+            planned.push(container_id.clone());
+            let since = *first_planned.entry(container_id.clone()).or_insert(now);
+            if now < since + delay {
+                held_pods.push(pod.clone());
+            }
+        }
+    }
+    first_planned.retain(|id, _| planned.contains(id));
+    actions
+        .into_iter()
+        .filter(|a| match a {
+            Action::Teardown { pod, .. } | Action::ConfirmDeletion(pod) => !held_pods.contains(pod),
+            _ => true,
+        })
+        .collect()
 }
 
 /// When to retry a failed sandbox: soon after "try again later" (code 11, as a runtime's next
@@ -140,9 +179,10 @@ mod tests {
         }
     }
 
-    fn teardown(id: &str) -> Action {
+    fn teardown(id: &str, name: &str) -> Action {
         Action::Teardown {
             container_id: id.into(),
+            pod: pod(name),
         }
     }
 
@@ -194,25 +234,28 @@ mod tests {
                 "a half-made sandbox is torn down and made again",
                 vec![state("a")],
                 vec![sandbox("1", "a", false)],
-                vec![teardown("1"), Action::CreateSandbox(pod("a"))],
+                vec![teardown("1", "a"), Action::CreateSandbox(pod("a"))],
             ),
             (
                 "a gone pod's sandbox is torn down",
                 vec![],
                 vec![sandbox("1", "a", true)],
-                vec![teardown("1")],
+                vec![teardown("1", "a")],
             ),
             (
                 "a re-created pod (new UID) gets a new sandbox after the old one's DEL",
                 vec![other_uid.clone()],
                 vec![sandbox("1", "a", true)],
-                vec![teardown("1"), Action::CreateSandbox(other_uid.pod.clone())],
+                vec![
+                    teardown("1", "a"),
+                    Action::CreateSandbox(other_uid.pod.clone()),
+                ],
             ),
             (
                 "a deleting pod: DEL, then delete with grace 0",
                 vec![deleting.clone()],
                 vec![sandbox("2", "b", true)],
-                vec![teardown("2"), Action::ConfirmDeletion(pod("b"))],
+                vec![teardown("2", "b"), Action::ConfirmDeletion(pod("b"))],
             ),
             (
                 "a deleting pod without sandbox is confirmed",
@@ -224,7 +267,7 @@ mod tests {
                 "a finished pod's sandbox goes, none is made",
                 vec![terminal],
                 vec![sandbox("3", "c", true)],
-                vec![teardown("3")],
+                vec![teardown("3", "c")],
             ),
             (
                 "a host-network pod is just marked running",
@@ -247,6 +290,59 @@ mod tests {
         assert_eq!(
             plan(&[state("a")], &[], &wait, later),
             vec![Action::CreateSandbox(pod("a"))]
+        );
+    }
+
+    #[test]
+    fn teardowns_and_their_confirmations_are_held_for_the_delay() {
+        let delay = jiff::SignedDuration::from_secs(2);
+        let at = |secs: i64| NOW + jiff::SignedDuration::from_secs(secs);
+        let actions = || {
+            vec![
+                teardown("1", "a"),
+                teardown("2", "b"),
+                Action::ConfirmDeletion(pod("b")),
+                Action::ConfirmDeletion(pod("c")),
+                Action::CreateSandbox(pod("d")),
+            ]
+        };
+        let mut first = BTreeMap::new();
+        assert_eq!(
+            hold_teardowns(actions(), &mut first, delay, at(0)),
+            vec![
+                Action::ConfirmDeletion(pod("c")),
+                Action::CreateSandbox(pod("d"))
+            ],
+            "nothing torn down yet; b is not confirmed before its DEL"
+        );
+        assert_eq!(
+            hold_teardowns(actions(), &mut first, delay, at(1)),
+            vec![
+                Action::ConfirmDeletion(pod("c")),
+                Action::CreateSandbox(pod("d"))
+            ]
+        );
+        assert_eq!(
+            hold_teardowns(actions(), &mut first, delay, at(2)),
+            actions(),
+            "the delay is over"
+        );
+        // A sandbox no longer planned is forgotten; planned again, it waits again.
+        assert_eq!(hold_teardowns(vec![], &mut first, delay, at(3)), vec![]);
+        assert!(first.is_empty());
+        assert_eq!(
+            hold_teardowns(vec![teardown("1", "a")], &mut first, delay, at(4)),
+            vec![]
+        );
+        assert_eq!(
+            hold_teardowns(
+                actions(),
+                &mut BTreeMap::new(),
+                jiff::SignedDuration::ZERO,
+                at(0)
+            ),
+            actions(),
+            "no delay holds nothing"
         );
     }
 

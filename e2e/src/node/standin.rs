@@ -51,6 +51,8 @@ struct StandIn {
     failures: HashMap<String, (u32, String)>,
     /// Per pod UID: no new sandbox before this instant.
     not_before: BTreeMap<String, Timestamp>,
+    /// Per sandbox ID: when its teardown was first planned (for [`NodeConfig::teardown_delay`]).
+    teardown_planned: BTreeMap<String, Timestamp>,
 }
 
 fn log(node: &str, message: impl std::fmt::Display) {
@@ -152,7 +154,7 @@ pub async fn run(
                 () = notify.notified() => {}
                 () = tokio::time::sleep(RESYNC) => {}
             }
-            node.sync(&store.state()).await;
+            node.sync(&store.state(), true).await;
         }
     }
     .await;
@@ -216,6 +218,7 @@ impl StandIn {
             nonce: AtomicU64::new(seed),
             failures: HashMap::new(),
             not_before: BTreeMap::new(),
+            teardown_planned: BTreeMap::new(),
         })
     }
 
@@ -241,7 +244,7 @@ impl StandIn {
     /// namespaces of this node without a record are removed, and the IPAM plugin's GC frees
     /// every allocation that no remaining sandbox holds.
     async fn start_reconcile(&mut self, pods: &[Arc<Pod>]) {
-        self.sync(pods).await;
+        self.sync(pods, false).await;
         let records = self.load_records();
         let known: Vec<&str> = records.iter().map(|r| r.netns.as_str()).collect();
         let prefix = self.netns_prefix.clone();
@@ -286,7 +289,9 @@ impl StandIn {
     }
 
     /// One pass of the planner over the watched pods and the records, and its actions.
-    async fn sync(&mut self, pods: &[Arc<Pod>]) {
+    /// With `hold`, teardowns wait for [`NodeConfig::teardown_delay`] (not at start-up: what a
+    /// previous run left is cleaned at once).
+    async fn sync(&mut self, pods: &[Arc<Pod>], hold: bool) {
         let states = self.pod_states(pods);
         let records = self.load_records();
         let sandboxes: Vec<_> = records.iter().map(SandboxRecord::state).collect();
@@ -295,9 +300,15 @@ impl StandIn {
             .retain(|uid, _| states.iter().any(|s| s.pod.uid == *uid));
         self.failures
             .retain(|uid, _| states.iter().any(|s| s.pod.uid == *uid));
-        for action in plan::plan(&states, &sandboxes, &self.not_before, now) {
+        let mut actions = plan::plan(&states, &sandboxes, &self.not_before, now);
+        if hold {
+            let delay = jiff::SignedDuration::try_from(self.config.teardown_delay)
+                .unwrap_or(jiff::SignedDuration::ZERO);
+            actions = plan::hold_teardowns(actions, &mut self.teardown_planned, delay, now);
+        }
+        for action in actions {
             match action {
-                Action::Teardown { container_id } => {
+                Action::Teardown { container_id, .. } => {
                     if let Some(record) = records.iter().find(|r| r.container_id == container_id) {
                         self.teardown(record).await;
                     }
