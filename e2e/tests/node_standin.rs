@@ -240,6 +240,30 @@ async fn node_registers_ready_with_its_pod_cidr_and_renews_its_lease() {
     })
     .await;
 
+    // A second stand-in for the same node (it would tear down the first one's sandboxes) is refused.
+    let second = Command::new(node_harness::standin_bin())
+        .args([
+            "node",
+            "--name",
+            "standin-reg",
+            "--pod-cidr",
+            "198.18.1.0/24",
+        ])
+        .arg("--data-dir")
+        .arg(node.scratch().join("other-data"))
+        .arg("--cni-bin-dir")
+        .arg(&node.config.cni_bin_dirs[0])
+        .arg("--kubeconfig")
+        .arg(&node.kubeconfig)
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        said.contains("another stand-in runs for this node"),
+        "the second stand-in says why it stops: {said}"
+    );
+
     // A deleted Node is registered again, as a kubelet does.
     nodes
         .delete("standin-reg", &DeleteParams::default())

@@ -39,6 +39,14 @@ pub enum HostError {
     /// The namespace directory could not be listed.
     #[error("failed to list {NETNS_DIR}")]
     ListNetns(#[source] std::io::Error),
+    /// Another stand-in holds the node's lock.
+    #[error("failed to lock {path}: {reason}")]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+        /// Why (another stand-in runs for this node or data directory, or an OS error).
+        reason: String,
+    },
     /// `ip -j addr` printed something unexpected.
     #[error("failed to read the addresses in network namespace {netns}: {reason}")]
     Addresses {
@@ -66,6 +74,45 @@ fn ip(args: &[&str]) -> Result<String, HostError> {
             stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
         })
     }
+}
+
+/// Where the per-node-name locks live (the bridge and namespaces are named from the node's name,
+/// so two stand-ins for one name on a machine would tear down each other's sandboxes).
+pub const LOCK_DIR: &str = "/run/ipkeep-e2e";
+
+/// Takes the stand-in's exclusive locks, held as long as the returned files live: on
+/// `<data-dir>/lock` (two stand-ins sharing a data directory would free each other's addresses
+/// with GC) and on `/run/ipkeep-e2e/node-<tag>.lock`.
+pub fn lock_node(data_dir: &Path, tag: &str) -> Result<Vec<std::fs::File>, HostError> {
+    let lock = |path: PathBuf| -> Result<std::fs::File, HostError> {
+        let err = |reason: String| HostError::Locked {
+            path: path.clone(),
+            reason,
+        };
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| err(e.to_string()))?;
+        }
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.file_type().is_file()) {
+            return Err(err("not a regular file".into()));
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| err(e.to_string()))?;
+        match file.try_lock() {
+            Ok(()) => Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) => Err(err(
+                "another stand-in runs for this node or data directory".into(),
+            )),
+            Err(std::fs::TryLockError::Error(e)) => Err(err(e.to_string())),
+        }
+    };
+    Ok(vec![
+        lock(data_dir.join("lock"))?,
+        lock(Path::new(LOCK_DIR).join(format!("node-{tag}.lock")))?,
+    ])
 }
 
 /// The path runtimes pass as `CNI_NETNS` for a named namespace.

@@ -163,6 +163,9 @@ pub enum NodeError {
         #[source]
         source: std::io::Error,
     },
+    /// A host operation failed (the node's locks).
+    #[error(transparent)]
+    Host(host::HostError),
     /// A sandbox record could not be handled.
     #[error(transparent)]
     Record(records::RecordError),

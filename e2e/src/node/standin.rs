@@ -39,6 +39,8 @@ const RESYNC: Duration = Duration::from_millis(500);
 
 /// Everything one running stand-in needs.
 struct StandIn {
+    /// The node's locks, held while the stand-in lives.
+    _locks: Vec<std::fs::File>,
     client: Client,
     config: NodeConfig,
     tag: String,
@@ -181,6 +183,7 @@ impl StandIn {
             path: config.data_dir.clone(),
             source,
         })?;
+        let locks = host::lock_node(&config.data_dir, &tag).map_err(NodeError::Host)?;
         for dir in [config.ipam_data_dir(), config.data_dir.join("cni")] {
             records::ensure_real_dir(&dir).map_err(|source| NodeError::DataDir {
                 path: dir.clone(),
@@ -208,6 +211,7 @@ impl StandIn {
         });
         let seed = u64::try_from(Timestamp::now().as_nanosecond()).unwrap_or_default();
         Ok(StandIn {
+            _locks: locks,
             client,
             config,
             tag,
