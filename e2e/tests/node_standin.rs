@@ -763,3 +763,32 @@ async fn force_deleted_pod_recreated_before_its_old_sandbox_is_deleted_gets_its_
     assert_eq!(node.netns().len(), 1, "{:?}", node.netns());
     assert!(node.stop().await.success(), "{}", node.log());
 }
+
+#[test]
+fn without_root_the_stand_in_refuses_to_start_and_says_why() {
+    node_harness::require_root_and_cni();
+    let scratch = node_harness::Scratch::new("nonroot");
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(node_harness::standin_bin())
+        .args([
+            "node",
+            "--name",
+            "standin-nonroot",
+            "--pod-cidr",
+            "198.18.13.0/24",
+        ])
+        .arg("--data-dir")
+        .arg(scratch.path().join("data"))
+        .arg("--cni-bin-dir")
+        .arg(scratch.path())
+        .output()
+        .expect("setpriv (util-linux) runs the stand-in as nobody");
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("needs root"), "{said}");
+    assert!(
+        !scratch.path().join("data").exists(),
+        "nothing was made before the refusal"
+    );
+}

@@ -92,6 +92,11 @@ pub async fn main(args: NodeArgs) -> ExitCode {
     let name = config.name.clone();
     let result = async {
         config.validate()?;
+        if !super::host::is_root() {
+            return Err(NodeError::Config(
+                "the stand-in needs root: it makes network namespaces and a bridge".into(),
+            ));
+        }
         let client = client(args.kubeconfig.as_ref()).await?;
         super::run(client, config, shutdown_signal()).await
     }

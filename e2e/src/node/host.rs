@@ -115,6 +115,19 @@ pub fn lock_node(data_dir: &Path, tag: &str) -> Result<Vec<std::fs::File>, HostE
     ])
 }
 
+/// Whether this process runs with effective UID 0 (from `/proc/self/status`).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().nth(1).map(|euid| euid == "0"))
+        })
+        .unwrap_or(false)
+}
+
 /// The path runtimes pass as `CNI_NETNS` for a named namespace.
 pub fn netns_path(name: &str) -> String {
     format!("{NETNS_DIR}/{name}")

@@ -174,6 +174,11 @@ pub async fn run(
 impl StandIn {
     fn prepare(client: Client, config: NodeConfig) -> Result<StandIn, NodeError> {
         config.validate()?;
+        if !host::is_root() {
+            return Err(NodeError::Config(
+                "the stand-in needs root: it makes network namespaces and a bridge".into(),
+            ));
+        }
         let tag = names::node_tag(&config.name);
         let netns_prefix = names::netns_prefix(&tag);
         let bridge = names::bridge_name(&tag);
