@@ -792,3 +792,23 @@ fn without_root_the_stand_in_refuses_to_start_and_says_why() {
         "nothing was made before the refusal"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_network_pods_run_with_the_node_address_and_no_sandbox() {
+    let server = harness::start().await;
+    let mut node = TestNode::new("standin-hostnet", "198.18.14.0/24", &server);
+    node.start();
+    let api = pods(&server);
+    let mut manifest = pod("agent-x", "standin-hostnet");
+    manifest.spec.as_mut().unwrap().host_network = Some(true);
+    api.create(&PostParams::default(), &manifest).await.unwrap();
+    let running = wait_running(&api, "agent-x").await;
+    assert_eq!(pod_ip(&running), IpAddr::from([127, 0, 0, 1]));
+    assert!(node.netns().is_empty(), "no namespace: {:?}", node.netns());
+    assert!(
+        node.allocations().is_empty(),
+        "no address allocated: {:?}",
+        node.allocations()
+    );
+    assert!(node.stop().await.success(), "{}", node.log());
+}
