@@ -2,3 +2,4 @@
 //! simulator, the scenarios and the benchmarks).
 
 pub mod apiserver;
+pub mod node;

@@ -2,6 +2,9 @@
 //!
 //! `ipkeep-e2e apiserver --listen 127.0.0.1:PORT --crds crds/` runs the Kubernetes API test server
 //! until interrupted.
+//!
+//! `ipkeep-e2e node --name N --pod-cidr CIDR --data-dir DIR --cni-bin-dir DIR` runs a kubelet
+//! stand-in (see `ipkeep_e2e::node`) until SIGINT/SIGTERM.
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
@@ -29,6 +32,8 @@ enum Command {
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
     },
+    /// Run a kubelet stand-in: one simulated node running the real CNI chain for its pods.
+    Node(ipkeep_e2e::node::cli::NodeArgs),
 }
 
 fn main() -> ExitCode {
@@ -75,6 +80,7 @@ fn main() -> ExitCode {
             server.shutdown().await;
             ExitCode::SUCCESS
         }),
+        Command::Node(args) => runtime.block_on(ipkeep_e2e::node::cli::main(args)),
     }
 }
 
