@@ -293,3 +293,39 @@ fn effective_uid_is_root() -> bool {
         .and_then(|ids| ids.split_whitespace().nth(1).map(|euid| euid == "0"))
         .unwrap()
 }
+
+#[test]
+fn a_dynamically_linked_binary_is_refused() {
+    // Any dynamically linked executable stands in for a binary built without crt-static.
+    let dynamic = ["/bin/true", "/usr/bin/true"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .unwrap();
+    let work = root()
+        .join("target")
+        .join(format!("image-test-dynamic-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    let bins = work.join("bin");
+    std::fs::create_dir_all(&bins).unwrap();
+    for b in ["ipkeep", "ipkeep-operator"] {
+        std::fs::copy(&dynamic, bins.join(b)).unwrap();
+    }
+    let out = Command::new(root().join("scripts/build-image.sh"))
+        .arg(&bins)
+        .arg(work.join("never.oci.tar"))
+        .env("IPKEEP_BUILDAH_ROOT", work.join("buildah"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a dynamic binary was put in the image"
+    );
+    assert!(
+        stderr.contains("ipkeep is dynamically linked") && stderr.contains("crt-static"),
+        "{stderr}"
+    );
+    assert!(!work.join("never.oci.tar").exists());
+    let _ = std::fs::remove_dir_all(&work);
+}
