@@ -105,76 +105,50 @@ fn text(out: &Output) -> (String, String) {
     )
 }
 
-/// One way of installing the chart, as `--set` arguments.
+/// One way of installing the chart: the default values, or `charts/ipkeep/ci/<name>-values.yaml`
+/// (helm's chart-testing layout, so the same files drive `helm upgrade` tests and users' examples).
 struct Variant {
     name: &'static str,
-    sets: &'static [&'static str],
 }
 
 const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
 const VARIANTS: &[Variant] = &[
-    Variant {
-        name: "default",
-        sets: &[],
-    },
-    Variant {
-        name: "dual-stack",
-        sets: &[
-            "agent.networks={cbr0,cbr0-v6}",
-            "metrics.service.ipFamilyPolicy=PreferDualStack",
-        ],
-    },
+    Variant { name: "default" },
+    Variant { name: "dual-stack" },
     Variant {
         name: "replace-host-local",
-        sets: &["cni.replaceHostLocal=true"],
     },
     Variant {
         name: "service-monitor",
-        sets: &[
-            "metrics.serviceMonitor.enabled=true",
-            "metrics.serviceMonitor.labels.release=prometheus",
-        ],
     },
     Variant {
         name: "custom-dirs",
-        sets: &[
-            "agent.dataDir=/var/lib/rancher/ipam",
-            "cni.binDir=/var/lib/rancher/k3s/data/cni",
-        ],
     },
     Variant {
         name: "custom-image",
-        sets: &[
-            "image.repository=registry.example.internal/team/ipkeep",
-            "image.tag=9.9.9",
-            "image.pullPolicy=Always",
-            "imagePullSecrets[0].name=pull-secret",
-        ],
     },
     Variant {
         name: "custom-image-digest",
-        sets: &[
-            "image.repository=registry.example.internal/team/ipkeep",
-            "image.tag=9.9.9",
-            "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-        ],
     },
     Variant {
         name: "everything-changed",
-        sets: &[
-            "controller.replicas=3",
-            "controller.defaultRetainFor=7d",
-            "controller.leaderElection.leaseName=my-lease",
-            "controller.podDisruptionBudget.enabled=false",
-            "logging.level=debug",
-            "logging.format=json",
-            "agent.metricsPort=19725",
-            "controller.metricsPort=18080",
-            "metrics.service.enabled=false",
-        ],
     },
 ];
+
+impl Variant {
+    /// helm's arguments for this variant.
+    fn args(&self) -> Vec<String> {
+        if self.name == "default" {
+            return Vec::new();
+        }
+        let file = chart()
+            .join("ci")
+            .join(format!("{}-values.yaml", self.name));
+        assert!(file.is_file(), "{} missing", file.display());
+        vec!["--values".to_owned(), file.display().to_string()]
+    }
+}
 
 fn variant(name: &str) -> &'static Variant {
     VARIANTS.iter().find(|v| v.name == name).unwrap()
@@ -186,14 +160,14 @@ fn set_args(sets: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// `helm template` with these sets: the YAML text, or helm's stderr when it refused.
-fn template(scratch: &Path, sets: &[&str], extra: &[&str]) -> Result<String, String> {
+/// `helm template` with these values arguments: the YAML text, or helm's stderr when it refused.
+fn template(scratch: &Path, values: &[String], extra: &[&str]) -> Result<String, String> {
     let out = helm(scratch)
         .args(["template", RELEASE])
         .arg(chart())
         .args(["--namespace", NAMESPACE, "--kube-version", KUBE_VERSION])
         .args(extra)
-        .args(set_args(sets))
+        .args(values)
         .output()
         .unwrap();
     let (stdout, stderr) = text(&out);
@@ -226,7 +200,7 @@ fn documents(yaml: &str) -> Vec<Value> {
 
 fn render(test: &str, variant: &Variant) -> Vec<Value> {
     let dir = scratch(test);
-    let yaml = template(&dir, variant.sets, &[])
+    let yaml = template(&dir, &variant.args(), &[])
         .unwrap_or_else(|e| panic!("helm template failed for variant {}: {e}", variant.name));
     documents(&yaml)
 }
@@ -310,12 +284,26 @@ fn assert_hardened(workload: &Value) {
 
 #[test]
 fn helm_lint_strict_passes_for_every_variant() {
+    // Every values file in ci/ is one of the variants, so none goes untested.
+    let mut files: Vec<String> = std::fs::read_dir(chart().join("ci"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let mut expected: Vec<String> = VARIANTS
+        .iter()
+        .filter(|v| v.name != "default")
+        .map(|v| format!("{}-values.yaml", v.name))
+        .collect();
+    expected.sort();
+    assert_eq!(files, expected, "charts/ipkeep/ci/ and VARIANTS differ");
+
     let dir = scratch("lint");
     for v in VARIANTS {
         let out = helm(&dir)
             .args(["lint", "--strict", "--kube-version", KUBE_VERSION])
             .arg(chart())
-            .args(set_args(v.sets))
+            .args(v.args())
             .output()
             .unwrap();
         let (stdout, stderr) = text(&out);
@@ -359,7 +347,7 @@ fn every_variant_validates_against_the_kubernetes_schemas() {
     );
 
     for v in VARIANTS {
-        let yaml = template(&dir, v.sets, &["--include-crds"])
+        let yaml = template(&dir, &v.args(), &["--include-crds"])
             .unwrap_or_else(|e| panic!("helm template failed for variant {}: {e}", v.name));
         let docs = documents(&yaml);
         let file = dir.join(format!("{}.yaml", v.name));
@@ -857,7 +845,7 @@ fn bad_values_are_rejected_with_a_message_naming_them() {
         ),
     ];
     for (set, fragments) in cases {
-        let err = template(&dir, &[set], &[])
+        let err = template(&dir, &set_args(&[set]), &[])
             .err()
             .unwrap_or_else(|| panic!("--set {set} was accepted"));
         assert!(
@@ -874,10 +862,10 @@ fn bad_values_are_rejected_with_a_message_naming_them() {
     // What the schema cannot say, the chart says itself.
     let err = template(
         &dir,
-        &[
+        &set_args(&[
             "metrics.serviceMonitor.enabled=true",
             "metrics.service.enabled=false",
-        ],
+        ]),
         &[],
     )
     .unwrap_err();
@@ -921,4 +909,90 @@ fn the_chart_holds_the_generated_crd_and_the_workspace_version() {
         .unwrap();
     assert!(!err.status.success());
     assert!(text(&err).1.contains("kubeVersion"), "{:?}", text(&err));
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// NOTES.txt as helm renders it after an install. helm prints it only when it talks to a
+/// cluster, so a copy of the chart renders the same text into a ConfigMap instead.
+fn notes(test: &str, variant: &Variant) -> String {
+    let dir = scratch(test);
+    let copy = dir.join("ipkeep");
+    copy_dir(&chart(), &copy);
+    let templates = copy.join("templates");
+    let notes_txt = std::fs::read_to_string(templates.join("NOTES.txt")).unwrap();
+    std::fs::remove_file(templates.join("NOTES.txt")).unwrap();
+    std::fs::write(
+        templates.join("_notes_under_test.tpl"),
+        format!("{{{{- define \"ipkeep.notesUnderTest\" -}}}}\n{notes_txt}{{{{- end -}}}}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        templates.join("notes-under-test.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes-under-test\ndata:\n  \
+         notes: {{ include \"ipkeep.notesUnderTest\" . | quote }}\n",
+    )
+    .unwrap();
+    let out = helm(&dir)
+        .args(["template", RELEASE])
+        .arg(&copy)
+        .args(["--namespace", NAMESPACE, "--kube-version", KUBE_VERSION])
+        .args(["--show-only", "templates/notes-under-test.yaml"])
+        .args(variant.args())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "rendering NOTES.txt failed: {stderr}");
+    let docs = documents(&stdout);
+    docs[0]["data"]["notes"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn notes_tell_the_user_what_to_do_next() {
+    let default = notes("notes-default", variant("default"));
+    for expected in [
+        "ipkeep 0.1.0 is installed in namespace ipkeep-system as release ipkeep.",
+        "kubectl -n ipkeep-system get deploy,ds -l app.kubernetes.io/instance=ipkeep",
+        "(cbr0) from\n   host-local to ipkeep",
+        r#""ipam": {"type": "ipkeep", ...}"#,
+        "with \"dataDir\" /var/lib/cni/networks",
+        "The plugin binary is now in /opt/cni/bin.",
+        "cni.replaceHostLocal=true",
+        r#"ipkeep.dev/retain: "true""#,
+        r#"ipkeep.dev/retain-for: "24h""#,
+        "kubectl get ipreservations -A",
+        "kubectl delete crd ipreservations.ipkeep.dev",
+    ] {
+        assert!(
+            default.contains(expected),
+            "{expected:?} not in NOTES:\n{default}"
+        );
+    }
+
+    let replaced = notes("notes-replace", variant("replace-host-local"));
+    for expected in [
+        "replaced host-local in /opt/cni/bin",
+        "host-local.ipkeep-orig",
+        "set cni.replaceHostLocal=false and upgrade, or uninstall the chart",
+    ] {
+        assert!(
+            replaced.contains(expected),
+            "{expected:?} not in NOTES:\n{replaced}"
+        );
+    }
+    assert!(!replaced.contains(r#""type": "ipkeep""#), "{replaced}");
+
+    let dual = notes("notes-dual", variant("dual-stack"));
+    assert!(dual.contains("(cbr0, cbr0-v6)"), "{dual}");
 }
