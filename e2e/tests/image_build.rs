@@ -177,6 +177,19 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
         );
     }
 
+    // Its builder stage builds what `make image` builds: both binaries, static, locked.
+    let builder = dockerfile.split("\nFROM scratch\n").next().unwrap();
+    for expected in [
+        "RUSTFLAGS=\"-C target-feature=+crt-static\"",
+        "cargo build --locked --release -p ipkeep-plugin",
+        "cargo build --locked --release -p ipkeep-operator",
+    ] {
+        assert!(
+            builder.contains(expected),
+            "the Dockerfile's builder lacks {expected:?}"
+        );
+    }
+
     // FROM scratch: the layers hold the two binaries and nothing else.
     let rootfs = work.join("rootfs");
     std::fs::create_dir_all(&rootfs).unwrap();
