@@ -749,6 +749,8 @@ fn each_variant_changes_what_it_says() {
         "--default-retain-for=7d",
         "--lease-name=my-lease",
         "--metrics-addr=0.0.0.0:18080",
+        "--pod-selector=ipkeep.dev/enabled=true",
+        "--workers=16",
     ] {
         assert!(
             args.contains(&expected.to_owned()),
@@ -774,6 +776,7 @@ fn each_variant_changes_what_it_says() {
     let agent_args = strings(&agent["args"]);
     assert!(agent_args.contains(&"--probe-addr=0.0.0.0:19725".to_owned()));
     assert!(agent_args.contains(&"--default-retain-for=7d".to_owned()));
+    assert!(agent_args.contains(&"--resync-interval=5m".to_owned()));
     assert_eq!(env_value(agent, "IPKEEP_LOG_FORMAT")["value"], "json");
 }
 
@@ -826,6 +829,10 @@ fn bad_values_are_rejected_with_a_message_naming_them() {
         (
             "image.digest=latest",
             &["/image/digest", "does not match pattern"],
+        ),
+        (
+            "controller.extraArgs[0]=workers=16",
+            &["/controller/extraArgs/0", "does not match pattern"],
         ),
         (
             "agent.metricsPort=70000",
