@@ -16,8 +16,11 @@ endif
 # on any node whatever its C library, starts faster and maps less memory than a dynamic binary.
 HOST_TRIPLE := $(shell rustc -vV | sed -n 's/^host: //p')
 PLUGIN_BIN := target/$(HOST_TRIPLE)/release/ipkeep
+# The image is FROM scratch: the operator is linked statically too.
+OPERATOR_BIN := target/$(HOST_TRIPLE)/release/ipkeep-operator
+IMAGE_ARCHIVE := target/image/ipkeep.oci.tar
 
-.PHONY: all build plugin test lint deps bench fmt crds
+.PHONY: all build plugin test lint deps bench fmt crds operator-static image chart-test
 
 all: build
 
@@ -45,6 +48,7 @@ test:
 	  echo "make test: using $$kubectl_env" && \
 	  $(MAKE) --no-print-directory lint && \
 	  $(MAKE) --no-print-directory plugin && \
+	  $(MAKE) --no-print-directory operator-static && ./scripts/install-packaging-deps.sh && \
 	  $(CARGO) test --workspace 2>&1 | tee target/test.log && \
 	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \
 	  IPKEEP_TEST_BIN=$(CURDIR)/$(PLUGIN_BIN) $(CARGO) test -p ipkeep-plugin --tests 2>&1 | tee -a target/test.log
@@ -59,6 +63,22 @@ bench: deps plugin
 fmt:
 	$(CARGO) fmt --all
 
-## crds: regenerate crds/ from the Rust types (a test fails when the committed file drifts).
+## crds: regenerate crds/ and the chart's copy from the Rust types (tests fail when either drifts).
 crds:
 	$(CARGO) run -q -p ipkeep-operator -- crd > crds/ipreservations.ipkeep.dev.yaml
+	cp crds/ipreservations.ipkeep.dev.yaml charts/ipkeep/crds/ipreservations.ipkeep.dev.yaml
+
+## operator-static: the release `ipkeep-operator`, statically linked, at $(OPERATOR_BIN).
+operator-static:
+	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --locked --release -p ipkeep-operator --target $(HOST_TRIPLE)
+
+## image: the runtime image (FROM scratch, both static binaries, user 65532) built offline with
+## buildah into the OCI archive $(IMAGE_ARCHIVE), named ipkeep:<version>.
+image: plugin operator-static
+	@./scripts/install-packaging-deps.sh
+	./scripts/build-image.sh target/$(HOST_TRIPLE)/release $(IMAGE_ARCHIVE)
+
+## chart-test: the Helm chart and image tests alone (helm from `make cluster-bins`).
+chart-test: plugin operator-static
+	@./scripts/install-packaging-deps.sh
+	$(CARGO) test -p ipkeep-e2e --test chart_helm --test image_build
