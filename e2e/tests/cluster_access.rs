@@ -7,7 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use ipkeep_e2e::cluster::{NodeAgent, shared};
+use ipkeep_e2e::{
+    apiserver::{ServerOptions, TestServer},
+    cluster::{KubeApi, NodeAgent, shared},
+};
 use k8s_openapi::api::{
     coordination::v1::Lease,
     core::v1::{ConfigMap, Secret, ServiceAccount},
@@ -153,4 +156,33 @@ async fn a_stand_in_node_is_ready_and_holds_its_lease() {
         ("Node", "lease-node")
     );
     assert!(NodeAgent::start(cluster, "Bad_Name").await.is_err());
+}
+
+/// One body, held against both servers through `KubeApi`.
+async fn namespaces_are_listed(api: &impl KubeApi) -> Vec<String> {
+    let client = api.kube_client().expect("client");
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client)
+        .list(&ListParams::default())
+        .await
+        .expect("list namespaces")
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_test_body_runs_against_either_server() {
+    let real = shared().await.expect("the shared control plane");
+    assert!(real.server_url().starts_with("https://127.0.0.1:"));
+    let names = namespaces_are_listed(real).await;
+    assert!(names.iter().any(|n| n == "kube-system"), "{names:?}");
+
+    let fake = TestServer::start(ServerOptions::default())
+        .await
+        .expect("API test server");
+    assert!(fake.server_url().starts_with("http://127.0.0.1:"));
+    let names = namespaces_are_listed(&fake).await;
+    assert!(names.iter().any(|n| n == "default"), "{names:?}");
+    fake.shutdown().await;
 }

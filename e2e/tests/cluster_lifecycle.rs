@@ -158,6 +158,42 @@ fn cluster_up_env_and_down_leave_nothing_behind() {
 }
 
 #[test]
+fn ctrl_c_stops_a_foreground_control_plane() {
+    let parent = test_parent("sigint");
+    let dir = parent.join("ipkeep-cluster-cli");
+    let mut child = Command::new(E2E)
+        .args(["cluster", "up", "--foreground", "--state-dir"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start cluster up --foreground");
+    let started = Instant::now();
+    while !dir.join("ready").is_file() {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            panic!("cluster up --foreground exited early: {status}");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "the control plane never got ready"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pids = ready_pids(&dir);
+    let int = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(int.success());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {stderr}", out.status);
+    assert!(stderr.contains("stopped in"), "{stderr}");
+    wait_all_gone("after Ctrl-C", &pids, &dir);
+    std::fs::remove_dir_all(&parent).expect("remove the test directory");
+}
+
+#[test]
 fn a_supervisor_killed_with_sigkill_takes_every_component_with_it() {
     let parent = test_parent("sigkill");
     let dir = parent.join("ipkeep-cluster-cli");

@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use kube::{Api, api::PostParams};
 
 pub use node::NodeAgent;
@@ -61,12 +61,41 @@ pub async fn shared() -> Result<&'static Cluster, ClusterError> {
     }
 }
 
+/// What a test needs from a Kubernetes API, whichever server provides it — the in-memory API
+/// test server or the real control plane — so one test body can be held against both.
+pub trait KubeApi {
+    /// An admin client bound to the calling tokio runtime.
+    fn kube_client(&self) -> Result<kube::Client, ClusterError>;
+    /// The server's base URL.
+    fn server_url(&self) -> String;
+}
+
+impl KubeApi for Cluster {
+    fn kube_client(&self) -> Result<kube::Client, ClusterError> {
+        self.client()
+    }
+
+    fn server_url(&self) -> String {
+        self.server().to_owned()
+    }
+}
+
+impl KubeApi for crate::apiserver::TestServer {
+    fn kube_client(&self) -> Result<kube::Client, ClusterError> {
+        Ok(self.client())
+    }
+
+    fn server_url(&self) -> String {
+        self.url()
+    }
+}
+
 static NAMESPACE_SEQ: AtomicU64 = AtomicU64::new(0);
 
 impl Cluster {
-    /// Creates a namespace `<prefix>-<n>` unique in this process and returns its name once its
-    /// `default` ServiceAccount exists (pods cannot be created before the controller-manager
-    /// makes it).
+    /// Creates a namespace `<prefix>-<n>` unique in this process and returns its name once the
+    /// controller-manager has filled it as in any cluster: its `default` ServiceAccount (pods
+    /// cannot be created before it exists) and the `kube-root-ca.crt` ConfigMap.
     pub async fn fresh_namespace(&self, prefix: &str) -> Result<String, ClusterError> {
         let ok = !prefix.is_empty()
             && prefix.len() <= 40
@@ -98,24 +127,33 @@ impl Cluster {
                 what: format!("create namespace {name}"),
                 source,
             })?;
-        let accounts: Api<ServiceAccount> = Api::namespaced(client, &name);
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
+        let config_maps: Api<ConfigMap> = Api::namespaced(client, &name);
         let started = Instant::now();
         loop {
-            match accounts.get_opt("default").await {
-                Ok(Some(_)) => return Ok(name),
-                Ok(None) => {}
-                Err(source) => {
-                    return Err(ClusterError::Api {
+            let account =
+                accounts
+                    .get_opt("default")
+                    .await
+                    .map_err(|source| ClusterError::Api {
                         what: format!("read ServiceAccount {name}/default"),
                         source,
-                    });
-                }
+                    })?;
+            let root_ca = config_maps
+                .get_opt("kube-root-ca.crt")
+                .await
+                .map_err(|source| ClusterError::Api {
+                    what: format!("read ConfigMap {name}/kube-root-ca.crt"),
+                    source,
+                })?;
+            if account.is_some() && root_ca.is_some() {
+                return Ok(name);
             }
             self.check()?;
             if started.elapsed() > Duration::from_secs(60) {
                 return Err(ClusterError::Timeout {
                     what: format!(
-                        "wait for the controller-manager to create ServiceAccount {name}/default"
+                        "wait for the controller-manager to create ServiceAccount {name}/default and ConfigMap {name}/kube-root-ca.crt"
                     ),
                     waited: started.elapsed(),
                 });
