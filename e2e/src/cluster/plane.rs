@@ -379,6 +379,8 @@ pub fn reap_stale(parent: &Path) -> Vec<String> {
 
 struct Running {
     components: Vec<Component>,
+    /// Seconds from the first process start to each component's readiness.
+    ready_after: Vec<(String, f64)>,
     watchdog: Watchdog,
 }
 
@@ -471,6 +473,7 @@ impl Cluster {
         let watchdog = Watchdog::start(&spawner, &state_dir)?;
         let mut running = Running {
             components: Vec::new(),
+            ready_after: Vec::new(),
             watchdog,
         };
         match Self::boot(
@@ -503,6 +506,7 @@ impl Cluster {
                     "ports": ports,
                     "pids": cluster.pids(),
                     "startSeconds": started.elapsed().as_secs_f64(),
+                    "readyAfterSeconds": cluster.ready_after(),
                 });
                 std::fs::write(cluster.state_dir.join("ready"), ready.to_string())
                     .map_err(state_err("write the ready file of", &cluster.state_dir))?;
@@ -523,6 +527,7 @@ impl Cluster {
         spawner: &Spawner,
         running: &mut Running,
     ) -> Result<(Pki, PathBuf, kube::Config, Option<PathBuf>), ClusterError> {
+        let boot_started = Instant::now();
         let pki_dir = dir.join("pki");
         let logs = dir.join("logs");
         for d in [&pki_dir, &logs] {
@@ -606,6 +611,9 @@ impl Cluster {
             })?);
         etcd_config.auth_info = Default::default();
         wait_ready(running, "etcd", etcd_config, "/readyz").await?;
+        running
+            .ready_after
+            .push(("etcd".into(), boot_started.elapsed().as_secs_f64()));
 
         // kube-apiserver
         let mut args = vec![
@@ -662,6 +670,10 @@ impl Cluster {
             source,
         })?;
         wait_ready(running, "kube-apiserver", config.clone(), "/readyz").await?;
+        running.ready_after.push((
+            "kube-apiserver".into(),
+            boot_started.elapsed().as_secs_f64(),
+        ));
 
         // kube-controller-manager and kube-scheduler, in parallel.
         let common = |port: u16, kc: &Path| {
@@ -720,6 +732,9 @@ impl Cluster {
                         why: "not a URL",
                     })?;
             wait_ready(running, name, c, path).await?;
+            running
+                .ready_after
+                .push((name.into(), boot_started.elapsed().as_secs_f64()));
         }
         Ok((pki, admin_kc, config, audit_log))
     }
@@ -783,6 +798,15 @@ impl Cluster {
             path: self.kubeconfig.clone(),
             source,
         })
+    }
+
+    /// Seconds from starting etcd to each component's readiness, in the order they got ready.
+    pub fn ready_after(&self) -> Vec<(String, f64)> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        running
+            .as_ref()
+            .map(|r| r.ready_after.clone())
+            .unwrap_or_default()
     }
 
     /// Process ids by component name (empty once stopped).
