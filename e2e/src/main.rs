@@ -78,6 +78,17 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Cluster { action, state_dir } => {
+            // Absolute, so that `down` recognises the supervisor `up` started by its command line.
+            let state_dir = match std::path::absolute(&state_dir) {
+                Ok(dir) => dir,
+                Err(e) => {
+                    eprintln!(
+                        "ipkeep-e2e cluster: failed to resolve --state-dir {}: {e}",
+                        state_dir.display()
+                    );
+                    return ExitCode::FAILURE;
+                }
+            };
             let result = match action {
                 ClusterAction::Up {
                     foreground,

@@ -248,6 +248,46 @@ async fn a_taken_port_is_named() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_that_cannot_bind_its_port_says_so() {
+    // Another process holds the port etcd is told to serve on (flags given last win).
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let parent = test_parent("bind");
+    let url = format!("http://127.0.0.1:{port}");
+    let err = Cluster::start(ClusterOptions {
+        state_parent: Some(parent.clone()),
+        extra_args: [(
+            "etcd".to_owned(),
+            vec![
+                format!("--listen-client-urls={url}"),
+                format!("--advertise-client-urls={url}"),
+            ],
+        )]
+        .into(),
+        ..ClusterOptions::default()
+    })
+    .await
+    .expect_err("etcd cannot bind a taken port");
+    let message = ipkeep_e2e::error_chain(&err);
+    assert!(
+        matches!(&err, ClusterError::Exited { report, .. } if report.name == "etcd"),
+        "{message}"
+    );
+    assert!(message.contains("failed to start etcd"), "{message}");
+    assert!(
+        message.contains(&format!("127.0.0.1:{port}"))
+            && message.contains("address already in use"),
+        "the log tail names the port: {message}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&parent).expect("read").count(),
+        0,
+        "every attempt cleaned up"
+    );
+    std::fs::remove_dir_all(&parent).expect("remove the test directory");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_component_that_fails_to_start_is_named_with_its_log() {
     let parent = test_parent("badflag");
     let dir = parent.join("ipkeep-cluster-badflag");
@@ -359,6 +399,20 @@ fn a_stale_state_dir_of_a_killed_run_is_reaped() {
     let outside = parent.join("outside");
     std::fs::create_dir(&outside).expect("mkdir outside");
     std::os::unix::fs::symlink(&outside, parent.join("ipkeep-cluster-link")).expect("symlink");
+
+    // A directory that is not a state directory (no owner file) is never touched.
+    let foreign = parent.join("ipkeep-cluster-foreign");
+    std::fs::create_dir(&foreign).expect("mkdir foreign");
+    let not_ours = e2e(&["up"], &foreign);
+    assert!(!not_ours.status.success());
+    assert!(
+        String::from_utf8_lossy(&not_ours.stderr).contains("refusing to touch"),
+        "{}",
+        text(&not_ours)
+    );
+    let not_ours = e2e(&["down"], &foreign);
+    assert!(!not_ours.status.success());
+    assert!(foreign.exists());
 
     let removed = reap_stale(&parent);
     assert_eq!(removed.len(), 1, "{removed:?}");

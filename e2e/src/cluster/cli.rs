@@ -56,6 +56,14 @@ pub enum CliError {
         #[source]
         source: std::io::Error,
     },
+    /// The state directory is not one the harness made, or not one `down` may stop.
+    #[error("refusing to touch {dir}: {why}")]
+    NotOurs {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        why: &'static str,
+    },
     /// Interrupted while waiting.
     #[error("interrupted: the control plane was stopped again")]
     Interrupted,
@@ -97,36 +105,68 @@ fn owner(dir: &Path) -> Option<u32> {
         .and_then(|t| t.trim().parse().ok())
 }
 
-/// Clears a state directory whose supervisor is gone; refuses one whose supervisor runs.
-fn clear_stale(dir: &Path) -> Result<Option<String>, CliError> {
+/// What a `--state-dir` currently is.
+enum StateDir {
+    /// Nothing there.
+    Absent,
+    /// Ours, and its owner is gone.
+    Stale,
+    /// Ours, and its owner runs with this pid.
+    Running(u32),
+}
+
+/// Looks at a state directory without trusting it: anything that is not a directory holding an
+/// `owner` file is refused, so a mistyped `--state-dir` never removes someone's files.
+fn inspect(dir: &Path) -> Result<StateDir, CliError> {
     let Ok(meta) = dir.symlink_metadata() else {
-        return Ok(None);
+        return Ok(StateDir::Absent);
+    };
+    let not_ours = |why: &'static str| CliError::NotOurs {
+        dir: dir.to_owned(),
+        why,
     };
     if !meta.is_dir() {
-        return Err(CliError::Io {
-            what: format!("use {} as the state directory", dir.display()),
-            source: std::io::Error::other(
-                "it exists and is not a directory (a symlink is never followed)",
-            ),
-        });
+        return Err(not_ours(
+            "it is not a directory (a symlink is never followed)",
+        ));
     }
-    if let Some(pid) = owner(dir)
-        && process_alive(pid)
-    {
-        return Err(CliError::AlreadyRunning {
+    match owner(dir) {
+        None => Err(not_ours(
+            "it has no owner file, so it is not a control plane state directory; choose another --state-dir",
+        )),
+        Some(pid) if process_alive(pid) => Ok(StateDir::Running(pid)),
+        Some(_) => Ok(StateDir::Stale),
+    }
+}
+
+/// Clears a state directory whose supervisor is gone; refuses one whose supervisor runs.
+fn clear_stale(dir: &Path) -> Result<Option<String>, CliError> {
+    match inspect(dir)? {
+        StateDir::Absent => Ok(None),
+        StateDir::Running(pid) => Err(CliError::AlreadyRunning {
             dir: dir.to_owned(),
             pid,
-        });
+        }),
+        StateDir::Stale => {
+            let killed = kill_recorded_groups(dir);
+            std::fs::remove_dir_all(dir).map_err(|source| CliError::Io {
+                what: format!("remove the stale state directory {}", dir.display()),
+                source,
+            })?;
+            Ok(Some(format!(
+                "removed the stale state directory {} of a killed run ({killed} leftover process group(s) killed)",
+                dir.display()
+            )))
+        }
     }
-    let killed = kill_recorded_groups(dir);
-    std::fs::remove_dir_all(dir).map_err(|source| CliError::Io {
-        what: format!("remove the stale state directory {}", dir.display()),
-        source,
-    })?;
-    Ok(Some(format!(
-        "removed the stale state directory {} of a killed run ({killed} leftover process group(s) killed)",
-        dir.display()
-    )))
+}
+
+/// Whether process `pid` runs with `dir` on its command line (a supervisor started by `up`).
+fn mentions(pid: u32, dir: &Path) -> bool {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    String::from_utf8_lossy(&raw)
+        .split('\0')
+        .any(|arg| Path::new(arg) == dir)
 }
 
 /// Options of `cluster up`.
@@ -291,30 +331,39 @@ pub fn env(state_dir: &Path) -> Result<String, CliError> {
 pub fn down(state_dir: &Path) -> Result<String, CliError> {
     let t0 = Instant::now();
     let log = supervisor_log(state_dir);
-    if state_dir.symlink_metadata().is_err() {
-        let _ = std::fs::remove_file(&log);
-        return Ok(format!("no control plane at {}", state_dir.display()));
-    }
     let mut note = String::new();
-    if let Some(pid) = owner(state_dir).filter(|p| process_alive(*p)) {
-        let target = i32::try_from(pid)
-            .ok()
-            .and_then(rustix::process::Pid::from_raw);
-        if let Some(p) = target {
-            let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
+    match inspect(state_dir)? {
+        StateDir::Absent => {
+            let _ = std::fs::remove_file(&log);
+            return Ok(format!("no control plane at {}", state_dir.display()));
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while process_alive(pid) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
+        StateDir::Stale => {
+            note = " (its supervisor was already gone: cleaned up after it)".into();
         }
-        if process_alive(pid) {
+        StateDir::Running(pid) if !mentions(pid, state_dir) => {
+            return Err(CliError::NotOurs {
+                dir: state_dir.to_owned(),
+                why: "its owner is not a `cluster up` supervisor (a test process owns it, and it goes when that process ends)",
+            });
+        }
+        StateDir::Running(pid) => {
+            let target = i32::try_from(pid)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw);
             if let Some(p) = target {
-                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
             }
-            note = format!(" (supervisor pid {pid} did not stop on SIGTERM: killed)");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while process_alive(pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if process_alive(pid) {
+                if let Some(p) = target {
+                    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                }
+                note = format!(" (supervisor pid {pid} did not stop on SIGTERM: killed)");
+            }
         }
-    } else {
-        note = " (its supervisor was already gone: cleaned up after it)".into();
     }
     if state_dir.symlink_metadata().is_ok() {
         kill_recorded_groups(state_dir);

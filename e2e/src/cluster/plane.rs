@@ -426,7 +426,33 @@ const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStage
 impl Cluster {
     /// Starts a control plane and returns once every component answers its readiness probe
     /// (`/readyz`; the controller-manager only has `/healthz`).
+    ///
+    /// Free ports are found by binding port 0 and letting go, so another process can take one
+    /// before the component binds it: a component that then fails with "address already in use"
+    /// on a port the harness picked is retried (twice) on new ports, and says so.
     pub async fn start(options: ClusterOptions) -> Result<Cluster, ClusterError> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(&options).await {
+                Err(ClusterError::Exited { report, status })
+                    if attempt < 3
+                        && report.tail.contains("address already in use")
+                        && !(report.name == "kube-apiserver"
+                            && options.apiserver_port.is_some()) =>
+                {
+                    eprintln!(
+                        "ipkeep-e2e cluster: {} lost a port the harness picked to another process (attempt {attempt}); retrying on new ports",
+                        report.name
+                    );
+                    let _ = status;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_once(options: &ClusterOptions) -> Result<Cluster, ClusterError> {
         let started = Instant::now();
         let bin_dir = match &options.bin_dir {
             Some(d) => {
@@ -476,17 +502,11 @@ impl Cluster {
             ready_after: Vec::new(),
             watchdog,
         };
-        match Self::boot(
-            &options,
-            &bin_dir,
-            &state_dir,
-            ports,
-            &spawner,
-            &mut running,
-        )
-        .await
-        {
+        match Self::boot(options, &bin_dir, &state_dir, ports, &spawner, &mut running).await {
             Ok((pki, kubeconfig, config, audit_log)) => {
+                for c in &running.components {
+                    c.announce_death();
+                }
                 let cluster = Cluster {
                     server: format!("https://127.0.0.1:{}", ports.apiserver),
                     ca: pki.ca_cert.clone(),

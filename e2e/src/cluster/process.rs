@@ -99,6 +99,9 @@ impl Spawner {
 struct ExitState {
     exited: Option<ExitStatus>,
     stopping: bool,
+    /// The control plane was ready: an exit from now on is announced as a death. Before, the
+    /// start fails with the exit and says so itself.
+    announce: bool,
 }
 
 /// One running control-plane process.
@@ -191,7 +194,7 @@ impl Component {
                     Err(_) => std::os::unix::process::ExitStatusExt::from_raw(-1),
                 };
                 st.exited = Some(status);
-                if !st.stopping {
+                if st.announce && !st.stopping {
                     eprintln!(
                         "ipkeep-e2e cluster: {who} (pid {pid}) died while the control plane was running ({status}); last lines of {}:\n{}",
                         log_path.display(),
@@ -226,6 +229,12 @@ impl Component {
     /// Its log file (stdout and stderr).
     pub fn log(&self) -> &Path {
         &self.log
+    }
+
+    /// From now on, an unexpected exit is printed at once (call when the control plane is ready).
+    pub fn announce_death(&self) {
+        let (lock, _) = &*self.state;
+        lock.lock().unwrap_or_else(|p| p.into_inner()).announce = true;
     }
 
     /// How it exited, if it has.
