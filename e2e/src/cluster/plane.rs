@@ -434,7 +434,7 @@ impl Cluster {
         let mut attempt = 1;
         loop {
             match Self::start_once(&options).await {
-                Err(ClusterError::Exited { report, status })
+                Err(ClusterError::Exited { report, .. })
                     if attempt < 3
                         && report.tail.contains("address already in use")
                         && !(report.name == "kube-apiserver"
@@ -444,7 +444,6 @@ impl Cluster {
                         "ipkeep-e2e cluster: {} lost a port the harness picked to another process (attempt {attempt}); retrying on new ports",
                         report.name
                     );
-                    let _ = status;
                     attempt += 1;
                 }
                 other => return other,

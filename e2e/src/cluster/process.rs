@@ -10,7 +10,8 @@
 //!    the death signal follows the forking *thread*, and tokio retires idle threads;
 //! 3. a watchdog `sh` reads a pipe whose only writer is the owner: when the owner dies in any way,
 //!    the kernel closes the pipe, `read` sees end-of-file, and the watchdog kills every process group
-//!    listed in the state directory's `pgids` file and removes the state directory.
+//!    listed in the state directory's `pgids` file whose leader still names the directory, and
+//!    removes the state directory.
 
 use std::{
     fs::{File, OpenOptions},
@@ -267,13 +268,14 @@ impl Component {
         true
     }
 
-    /// Stops the whole process group: SIGTERM, then SIGKILL after `grace`. Returns once the
-    /// process has been reaped (or after a further 10 s if even SIGKILL did not end it).
+    /// Stops its process group: SIGTERM, then SIGKILL after `grace`. Returns once the process has
+    /// been reaped (or after a further 10 s if even SIGKILL did not end it).
     pub fn stop(&self, grace: Duration) {
         {
             let (lock, _) = &*self.state;
             lock.lock().unwrap_or_else(|p| p.into_inner()).stopping = true;
         }
+        // Once it has exited (and been reaped) its pid may be reused: never signal it again.
         if self.exit_status().is_none() {
             self.signal(Signal::TERM);
             if !self.wait_exit(grace) {
@@ -281,8 +283,6 @@ impl Component {
                 self.wait_exit(Duration::from_secs(10));
             }
         }
-        // Children it may have forked into its group.
-        self.signal(Signal::KILL);
     }
 }
 
@@ -296,7 +296,12 @@ pub struct Watchdog {
 const WATCHDOG_SCRIPT: &str = r#"dir=$1
 while read -r _; do :; done
 if [ -f "$dir/pgids" ]; then
-  for g in $(cat "$dir/pgids"); do kill -KILL -- "-$g" 2>/dev/null; done
+  for g in $(cat "$dir/pgids"); do
+    # Only a group whose leader still names the directory: a recycled pid is never hit.
+    if tr '\0' '\n' < "/proc/$g/cmdline" 2>/dev/null | grep -qF -- "$dir"; then
+      kill -KILL -- "-$g" 2>/dev/null
+    fi
+  done
 fi
 rm -rf -- "$dir" 2>/dev/null || { sleep 1; rm -rf -- "$dir"; }
 "#;
