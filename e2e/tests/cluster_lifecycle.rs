@@ -194,6 +194,48 @@ fn ctrl_c_stops_a_foreground_control_plane() {
 }
 
 #[test]
+fn ctrl_c_while_cluster_up_waits_stops_the_half_started_control_plane() {
+    let parent = test_parent("sigint-up");
+    let dir = parent.join("ipkeep-cluster-cli");
+    let child = Command::new(E2E)
+        .args(["cluster", "up", "--state-dir"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start cluster up");
+    // Interrupt once the supervisor has begun (its state directory exists), before it is ready.
+    let started = Instant::now();
+    while !dir.join("owner").is_file() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the supervisor never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let int = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(int.success());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        // The control plane won the race and got ready first: then `down` must still clean up.
+        let down = e2e(&["down"], &dir);
+        assert!(down.status.success(), "{}", text(&down));
+    } else {
+        assert!(stderr.contains("interrupted"), "{stderr}");
+    }
+    wait_all_gone("after Ctrl-C of cluster up", &BTreeMap::new(), &dir);
+    assert!(
+        !parent.join("ipkeep-cluster-cli.log").exists(),
+        "the supervisor log is removed"
+    );
+    std::fs::remove_dir_all(&parent).expect("remove the test directory");
+}
+
+#[test]
 fn a_supervisor_killed_with_sigkill_takes_every_component_with_it() {
     let parent = test_parent("sigkill");
     let dir = parent.join("ipkeep-cluster-cli");

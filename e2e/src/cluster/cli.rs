@@ -285,6 +285,10 @@ pub async fn up(options: UpOptions) -> Result<(), CliError> {
         }
         tokio::select! {
             _ = &mut interrupt => {
+                // The supervisor may not have written its owner file yet, so `down` alone could
+                // miss it: kill it (its components and watchdog follow), then clean up.
+                let _ = child.kill();
+                let _ = child.wait();
                 down(&options.state_dir)?;
                 return Err(CliError::Interrupted);
             }
