@@ -156,6 +156,26 @@ async fn a_stand_in_node_is_ready_and_holds_its_lease() {
         ("Node", "lease-node")
     );
     assert!(NodeAgent::start(cluster, "Bad_Name").await.is_err());
+
+    // The agent acts as system:node:lease-node: it may not create another Node, nor list secrets.
+    let as_node = kube::Client::try_from(cluster.node_config("lease-node").expect("node config"))
+        .expect("node client");
+    let other: k8s_openapi::api::core::v1::Node =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "other-node"}})).unwrap();
+    match Api::<k8s_openapi::api::core::v1::Node>::all(as_node.clone())
+        .create(&PostParams::default(), &other)
+        .await
+    {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{s:?}"),
+        other => panic!("a node created another Node: {other:?}"),
+    }
+    match Api::<Secret>::all(as_node)
+        .list(&ListParams::default())
+        .await
+    {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{s:?}"),
+        other => panic!("a node listed every secret: {other:?}"),
+    }
 }
 
 /// One body, held against both servers through `KubeApi`.

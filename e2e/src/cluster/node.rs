@@ -271,11 +271,12 @@ async fn pod_finalizer(client: Client, name: String, finalized: Arc<AtomicU64>) 
     }
 }
 
-impl NodeAgent {
-    /// Registers Node `name` on `cluster`, starts its heartbeat and pod finalizer, and returns
-    /// once the node is Ready and its `node.kubernetes.io/not-ready` taint is gone (the node
-    /// lifecycle controller lifts it), i.e. once the scheduler will bind pods to it.
-    pub async fn start(cluster: &Cluster, name: &str) -> Result<NodeAgent, ClusterError> {
+impl Cluster {
+    /// A client configuration for node `name`'s own identity (`system:node:<name>` in
+    /// `system:nodes`), as a kubelet has: the Node authorizer and the NodeRestriction admission
+    /// plugin limit it to its own Node, its Lease and the pods bound to it. The certificate is
+    /// signed on first use and kept in the state directory.
+    pub fn node_config(&self, name: &str) -> Result<kube::Config, ClusterError> {
         if !valid_node_name(name) {
             return Err(ClusterError::Invalid {
                 what: "node name",
@@ -283,7 +284,33 @@ impl NodeAgent {
                 why: "a Node name is a DNS-1123 subdomain: lowercase letters, digits, '-' and '.'",
             });
         }
-        let config = cluster.config();
+        let file = format!("node-{name}");
+        let pki = self.pki();
+        let cert = match pki.ca_cert.with_file_name(format!("{file}.crt")) {
+            existing if existing.is_file() => super::pki::ClientCert {
+                key: existing.with_extension("key"),
+                cert: existing,
+            },
+            _ => pki.client_cert(&file, &format!("system:node:{name}"), Some("system:nodes"))?,
+        };
+        let mut config = self.config();
+        config.auth_info = kube::config::AuthInfo {
+            client_certificate: Some(cert.cert.to_string_lossy().into_owned()),
+            client_key: Some(cert.key.to_string_lossy().into_owned()),
+            ..Default::default()
+        };
+        Ok(config)
+    }
+}
+
+impl NodeAgent {
+    /// Registers Node `name` on `cluster` under the node's own identity
+    /// ([`Cluster::node_config`]), starts its heartbeat and pod finalizer, and returns
+    /// once the node is Ready and its `node.kubernetes.io/not-ready` taint is gone (the node
+    /// lifecycle controller lifts it), i.e. once the scheduler will bind pods to it.
+    pub async fn start(cluster: &Cluster, name: &str) -> Result<NodeAgent, ClusterError> {
+        // The node's own identity, as a kubelet: its RBAC is the Node authorizer's.
+        let config = cluster.node_config(name)?;
         let finalized = Arc::new(AtomicU64::new(0));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();

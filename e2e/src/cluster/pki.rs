@@ -11,6 +11,7 @@ use std::{
     io::Write,
     os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use rcgen::{
@@ -50,8 +51,8 @@ pub struct ClientCert {
     pub key: PathBuf,
 }
 
-/// Every file of the run's PKI.
-#[derive(Debug, Clone)]
+/// Every file of the run's PKI, and the CA to sign more client certificates with.
+#[derive(Clone)]
 pub struct Pki {
     /// The CA certificate every client trusts and every component uses as client CA.
     pub ca_cert: PathBuf,
@@ -69,6 +70,45 @@ pub struct Pki {
     pub sa_key: PathBuf,
     /// The ServiceAccount token verification key (public, SPKI PEM).
     pub sa_pub: PathBuf,
+    dir: PathBuf,
+    issuer: Arc<Issuer<'static, KeyPair>>,
+}
+
+impl std::fmt::Debug for Pki {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pki")
+            .field("ca_cert", &self.ca_cert)
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+fn leaf(
+    dir: &Path,
+    issuer: &Issuer<'static, KeyPair>,
+    file: &str,
+    cn: &str,
+    org: Option<&str>,
+    sans: Vec<String>,
+    usage: ExtendedKeyUsagePurpose,
+) -> Result<ClientCert, PkiError> {
+    let key = generate(&format!("{cn} key"), KeyPair::generate())?;
+    let mut params = generate(&format!("{cn} certificate"), CertificateParams::new(sans))?;
+    params.distinguished_name = name(cn, org);
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![usage];
+    params.use_authority_key_identifier_extension = true;
+    let cert = generate(&format!("{cn} certificate"), params.signed_by(&key, issuer))?;
+    let out = ClientCert {
+        cert: dir.join(format!("{file}.crt")),
+        key: dir.join(format!("{file}.key")),
+    };
+    write_file(&out.cert, &cert.pem(), 0o644)?;
+    write_file(&out.key, &key.serialize_pem(), 0o600)?;
+    Ok(out)
 }
 
 fn generate<T>(what: &str, r: Result<T, rcgen::Error>) -> Result<T, PkiError> {
@@ -121,32 +161,13 @@ impl Pki {
         write_file(&ca_key_path, &ca_key.serialize_pem(), 0o600)?;
         let issuer = Issuer::new(ca_params, ca_key);
 
+        let issuer = Arc::new(issuer);
         let leaf = |file: &str,
                     cn: &str,
                     org: Option<&str>,
                     sans: Vec<String>,
-                    usage: ExtendedKeyUsagePurpose|
-         -> Result<ClientCert, PkiError> {
-            let key = generate(&format!("{cn} key"), KeyPair::generate())?;
-            let mut params = generate(&format!("{cn} certificate"), CertificateParams::new(sans))?;
-            params.distinguished_name = name(cn, org);
-            params.key_usages = vec![
-                KeyUsagePurpose::DigitalSignature,
-                KeyUsagePurpose::KeyEncipherment,
-            ];
-            params.extended_key_usages = vec![usage];
-            params.use_authority_key_identifier_extension = true;
-            let cert = generate(
-                &format!("{cn} certificate"),
-                params.signed_by(&key, &issuer),
-            )?;
-            let out = ClientCert {
-                cert: dir.join(format!("{file}.crt")),
-                key: dir.join(format!("{file}.key")),
-            };
-            write_file(&out.cert, &cert.pem(), 0o644)?;
-            write_file(&out.key, &key.serialize_pem(), 0o600)?;
-            Ok(out)
+                    usage: ExtendedKeyUsagePurpose| {
+            leaf(dir, &issuer, file, cn, org, sans, usage)
         };
         let sans = ["127.0.0.1", "::1", "localhost"].map(String::from).to_vec();
         let serving = leaf(
@@ -193,7 +214,28 @@ impl Pki {
             scheduler,
             sa_key,
             sa_pub,
+            dir: dir.to_owned(),
+            issuer,
         })
+    }
+
+    /// Signs a new client certificate for user `cn` in group `org` into `<file>.crt`/`.key` in
+    /// the PKI directory (`file` is the caller's validated name; an existing file is an error).
+    pub fn client_cert(
+        &self,
+        file: &str,
+        cn: &str,
+        org: Option<&str>,
+    ) -> Result<ClientCert, PkiError> {
+        leaf(
+            &self.dir,
+            &self.issuer,
+            file,
+            cn,
+            org,
+            vec![],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )
     }
 }
 
