@@ -5,7 +5,8 @@
 //! 1. every component runs in its own process group (`process_group(0)`), so stopping it stops
 //!    anything it forked, and the terminal's Ctrl-C reaches only the owner, which stops them in order;
 //! 2. every component is exec'd through util-linux `setpriv --pdeathsig KILL`: the kernel kills it
-//!    when the thread that forked it dies. Those forks all happen on one dedicated spawner thread
+//!    when the thread that forked it dies (and a one-line `sh` check between the two execs makes it
+//!    exit if its owner died before the signal was armed, when it would never come). Those forks all happen on one dedicated spawner thread
 //!    that lives as long as the [`Spawner`] (for the shared cluster: as long as the process), because
 //!    the death signal follows the forking *thread*, and tokio retires idle threads;
 //! 3. a watchdog `sh` reads a pipe whose only writer is the owner: when the owner dies in any way,
@@ -114,6 +115,12 @@ pub struct Component {
     state: Arc<(Mutex<ExitState>, Condvar)>,
 }
 
+/// Run between `setpriv` setting the death signal and the component's exec: if the owner died
+/// before the signal was armed, the child was already re-parented and would never get it, so it
+/// must not start at all. `$0` is the owner's pid.
+const PARENT_CHECK: &str = r#"if [ "$PPID" != "$0" ]; then echo "ipkeep-e2e: the owner (pid $0) is gone; not starting $1" >&2; exit 125; fi
+exec "$@""#;
+
 /// How many log lines an error shows.
 pub const LOG_TAIL_LINES: usize = 25;
 
@@ -166,6 +173,10 @@ impl Component {
             .arg("--pdeathsig")
             .arg("KILL")
             .arg("--")
+            .arg("sh")
+            .arg("-c")
+            .arg(PARENT_CHECK)
+            .arg(std::process::id().to_string())
             .arg(program)
             .args(args)
             .stdin(Stdio::null())
@@ -303,7 +314,13 @@ if [ -f "$dir/pgids" ]; then
     fi
   done
 fi
-rm -rf -- "$dir" 2>/dev/null || { sleep 1; rm -rf -- "$dir"; }
+# A component that was exiting at that moment may still have been writing: remove until the
+# directory stays gone.
+for _ in 1 2 3 4 5; do
+  rm -rf -- "$dir" 2>/dev/null
+  sleep 0.2
+  [ -e "$dir" ] || break
+done
 "#;
 
 impl Watchdog {
