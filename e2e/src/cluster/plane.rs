@@ -218,6 +218,8 @@ pub struct ClusterOptions {
     pub apiserver_port: Option<u16>,
     /// Write an audit log (level Metadata, every request) to `audit.log` in the state dir.
     pub audit_log: bool,
+    /// With `audit_log`: this audit policy (YAML) instead of Metadata for every request.
+    pub audit_policy: Option<String>,
     /// Extra flags per component (`"kube-scheduler" => ["--v=4"]`), appended last.
     pub extra_args: BTreeMap<String, Vec<String>>,
 }
@@ -660,8 +662,11 @@ impl Cluster {
         ];
         let audit_log = if options.audit_log {
             let policy = dir.join("audit-policy.yaml");
-            std::fs::write(&policy, AUDIT_POLICY)
-                .map_err(state_err("write the audit policy in", dir))?;
+            std::fs::write(
+                &policy,
+                options.audit_policy.as_deref().unwrap_or(AUDIT_POLICY),
+            )
+            .map_err(state_err("write the audit policy in", dir))?;
             let log = dir.join("audit.log");
             args.extend([
                 path_arg("audit-policy-file", &policy),
