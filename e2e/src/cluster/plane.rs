@@ -492,7 +492,10 @@ impl Cluster {
         // create_dir (not _all) on the leaf: an existing directory, or a symlink planted in its
         // place, is refused rather than reused.
         std::fs::create_dir_all(&parent).map_err(state_err("create the parent of", &parent))?;
-        std::fs::create_dir(&state_dir).map_err(state_err("create", &state_dir))?;
+        // Private: it holds keys and, later, token kubeconfigs.
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&state_dir)
+            .map_err(state_err("create", &state_dir))?;
         std::fs::write(state_dir.join("owner"), format!("{}\n", std::process::id()))
             .map_err(state_err("write the owner file of", &state_dir))?;
         let spawner =
@@ -529,7 +532,10 @@ impl Cluster {
                     "startSeconds": started.elapsed().as_secs_f64(),
                     "readyAfterSeconds": cluster.ready_after(),
                 });
-                std::fs::write(cluster.state_dir.join("ready"), ready.to_string())
+                // Renamed into place: `cluster up` takes its existence as the signal to read it.
+                let tmp = cluster.state_dir.join("ready.tmp");
+                std::fs::write(&tmp, ready.to_string())
+                    .and_then(|()| std::fs::rename(&tmp, cluster.state_dir.join("ready")))
                     .map_err(state_err("write the ready file of", &cluster.state_dir))?;
                 Ok(cluster)
             }
