@@ -319,7 +319,11 @@ pub fn env(state_dir: &Path) -> Result<String, CliError> {
         what: format!("read {}", ready.display()),
         source: std::io::Error::other(e),
     })?;
-    let bins = super::bin_dir()?;
+    // The binaries this control plane runs, whatever the environment of this call says.
+    let bins = match info["binDir"].as_str() {
+        Some(dir) => PathBuf::from(dir),
+        None => super::bin_dir()?,
+    };
     Ok(format!(
         "export KUBECONFIG={}\nexport IPKEEP_CLUSTER_BIN_DIR={}\nexport PATH={}:\"$PATH\"\n# server {}\n",
         shell_quote(&state_dir.join("admin.kubeconfig")),

@@ -527,6 +527,7 @@ impl Cluster {
                 let ready = serde_json::json!({
                     "server": cluster.server,
                     "kubeconfig": cluster.kubeconfig,
+                    "binDir": cluster.bin_dir,
                     "ports": ports,
                     "pids": cluster.pids(),
                     "startSeconds": started.elapsed().as_secs_f64(),
