@@ -198,6 +198,19 @@ async fn one_test_body_runs_against_either_server() {
     let names = namespaces_are_listed(real).await;
     assert!(names.iter().any(|n| n == "kube-system"), "{names:?}");
 
+    // The built helm reaches the real control plane, with its state inside the state directory.
+    let helm = real
+        .helm()
+        .args(["list", "-A", "-o", "json"])
+        .output()
+        .expect("run helm");
+    assert!(
+        helm.status.success(),
+        "{}",
+        String::from_utf8_lossy(&helm.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&helm.stdout).trim(), "[]");
+
     let fake = TestServer::start(ServerOptions::default())
         .await
         .expect("API test server");

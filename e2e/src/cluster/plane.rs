@@ -817,6 +817,18 @@ impl Cluster {
         c
     }
 
+    /// A `helm` command with `KUBECONFIG` set to the admin kubeconfig and Helm's cache, config
+    /// and data directories inside the state directory, so no test reads or writes `~/.cache/helm`.
+    pub fn helm(&self) -> std::process::Command {
+        let mut c = std::process::Command::new(self.bin("helm"));
+        let home = self.state_dir.join("helm");
+        c.env("KUBECONFIG", &self.kubeconfig)
+            .env("HELM_CACHE_HOME", home.join("cache"))
+            .env("HELM_CONFIG_HOME", home.join("config"))
+            .env("HELM_DATA_HOME", home.join("data"));
+        c
+    }
+
     /// The admin client configuration; build a [`Client`] from it in the runtime that uses it.
     pub fn config(&self) -> kube::Config {
         self.config.clone()
