@@ -20,13 +20,20 @@ PLUGIN_BIN := target/$(HOST_TRIPLE)/release/ipkeep
 OPERATOR_BIN := target/$(HOST_TRIPLE)/release/ipkeep-operator
 IMAGE_ARCHIVE := target/image/ipkeep.oci.tar
 
-.PHONY: all build plugin test lint deps bench fmt crds operator-static image chart-test
+.PHONY: all build plugin test lint deps bench fmt crds operator-static image chart-test cluster-bins
 
 all: build
 
 ## deps: install the Debian packages the tests use (reference CNI plugins, iproute2).
 deps:
 	@./scripts/install-deps.sh
+
+## cluster-bins: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and helm,
+## built from their Go modules (versions in e2e/cluster/versions.env) into a version-keyed cache
+## outside the work tree; a no-op taking about a second once built. Needs Go >= 1.26 and the Go
+## module proxy the first time.
+cluster-bins:
+	@e2e/cluster/build.sh
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -42,10 +49,13 @@ lint:
 
 ## test: every test CI runs (needs root for the network-namespace tests); the plugin's suites run
 ## twice, against the debug build and against the static release binary that ships.
-# install-deps.sh prints KUBECTL=<path> last: the kubectl tests use that client.
+# build.sh prints the bin dir last: the real-control-plane suites and the kubectl tests use the
+# binaries there (kubectl of the same version as the API server), never the machine's own.
 test:
-	@kubectl_env=$$(./scripts/install-deps.sh | tail -n 1) && export "$$kubectl_env" && \
-	  echo "make test: using $$kubectl_env" && \
+	@./scripts/install-deps.sh && \
+	  bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
+	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" KUBECTL="$$bin_dir/kubectl" && \
+	  echo "make test: control plane binaries and kubectl from $$bin_dir" && \
 	  $(MAKE) --no-print-directory lint && \
 	  $(MAKE) --no-print-directory plugin && \
 	  $(MAKE) --no-print-directory operator-static && ./scripts/install-packaging-deps.sh && \

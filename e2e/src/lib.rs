@@ -1,5 +1,17 @@
-//! ipkeep's end-to-end test infrastructure: the Kubernetes API test server (more to come: the node
-//! simulator, the scenarios and the benchmarks).
+//! ipkeep's end-to-end test infrastructure: the Kubernetes API test server and the real control
+//! plane harness, and the kubelet stand-in that runs the real CNI chain for simulated nodes.
 
 pub mod apiserver;
+pub mod cluster;
 pub mod node;
+
+/// An error and its sources on one line, `: `-separated, for messages to people.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}

@@ -1,7 +1,7 @@
 //! `ipkeep-e2e`: command-line entry to the end-to-end infrastructure.
 //!
 //! `ipkeep-e2e apiserver --listen 127.0.0.1:PORT --crds crds/` runs the Kubernetes API test server
-//! until interrupted.
+//! until interrupted; `ipkeep-e2e cluster up|down|env` manages a real control plane.
 //!
 //! `ipkeep-e2e node --name N --pod-cidr CIDR --data-dir DIR --cni-bin-dir DIR` runs a kubelet
 //! stand-in (see `ipkeep_e2e::node`) until SIGINT/SIGTERM.
@@ -9,7 +9,11 @@
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
-use ipkeep_e2e::apiserver::{ServerOptions, TestServer};
+use ipkeep_e2e::{
+    apiserver::{ServerOptions, TestServer},
+    cluster::cli::{self, UpOptions},
+    error_chain,
+};
 
 #[derive(Debug, Parser)]
 #[command(name = "ipkeep-e2e", about = "ipkeep's end-to-end test infrastructure")]
@@ -34,6 +38,35 @@ enum Command {
     },
     /// Run a kubelet stand-in: one simulated node running the real CNI chain for its pods.
     Node(ipkeep_e2e::node::cli::NodeArgs),
+    /// A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)
+    /// on 127.0.0.1, from the binaries `make cluster-bins` builds.
+    Cluster {
+        #[command(subcommand)]
+        action: ClusterAction,
+        /// The state directory (certificates, etcd data, logs, kubeconfig).
+        #[arg(long, global = true, default_value_os_t = cli::default_state_dir())]
+        state_dir: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterAction {
+    /// Start it and return once every component is ready; prints the `env` lines.
+    Up {
+        /// Stay in the foreground until Ctrl-C or SIGTERM instead of detaching.
+        #[arg(long)]
+        foreground: bool,
+        /// Serve the API on this port instead of a free one.
+        #[arg(long)]
+        apiserver_port: Option<u16>,
+        /// Write the API server's audit log (level Metadata) to audit.log in the state dir.
+        #[arg(long)]
+        audit_log: bool,
+    },
+    /// Stop it and remove its state, whatever state a crash left it in.
+    Down,
+    /// Print the shell lines (KUBECONFIG, PATH) that point clients at it.
+    Env,
 }
 
 fn main() -> ExitCode {
@@ -49,6 +82,48 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
+        Command::Cluster { action, state_dir } => {
+            // Absolute, so that `down` recognises the supervisor `up` started by its command line.
+            let state_dir = match std::path::absolute(&state_dir) {
+                Ok(dir) => dir,
+                Err(e) => {
+                    eprintln!(
+                        "ipkeep-e2e cluster: failed to resolve --state-dir {}: {e}",
+                        state_dir.display()
+                    );
+                    return ExitCode::FAILURE;
+                }
+            };
+            let result = match action {
+                ClusterAction::Up {
+                    foreground,
+                    apiserver_port,
+                    audit_log,
+                } => {
+                    let options = UpOptions {
+                        state_dir,
+                        apiserver_port,
+                        audit_log,
+                    };
+                    if foreground {
+                        runtime.block_on(cli::run_foreground(options))
+                    } else {
+                        runtime.block_on(cli::up(options))
+                    }
+                }
+                ClusterAction::Down => {
+                    cli::down(&state_dir).map(|line| eprintln!("ipkeep-e2e cluster: {line}"))
+                }
+                ClusterAction::Env => cli::env(&state_dir).map(|text| print!("{text}")),
+            };
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("ipkeep-e2e cluster: {}", error_chain(&e));
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Apiserver {
             listen,
             crds,
@@ -82,14 +157,4 @@ fn main() -> ExitCode {
         }),
         Command::Node(args) => runtime.block_on(ipkeep_e2e::node::cli::main(args)),
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    text
 }

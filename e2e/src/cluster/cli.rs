@@ -1,0 +1,395 @@
+//! `ipkeep-e2e cluster up|down|env`: the control plane for people and scripts.
+//!
+//! `up` starts a supervisor (`up --foreground` in its own process group, log beside the state
+//! directory) and returns once the control plane is ready; the supervisor owns the components,
+//! so if it is killed they die with it (see [`super::process`]). `down` stops the supervisor and
+//! removes whatever is left, even after a crash. `env` prints the shell lines to use it.
+
+use std::{
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use super::{
+    Cluster, ClusterError, ClusterOptions,
+    plane::{kill_recorded_groups, process_alive},
+    process::{LOG_TAIL_LINES, log_tail},
+};
+
+/// Failures of the command line, each with the command that fixes it.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The control plane itself failed.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// Another supervisor owns the state directory.
+    #[error(
+        "a control plane is already running at {dir} (supervisor pid {pid}); run: ipkeep-e2e cluster down"
+    )]
+    AlreadyRunning {
+        /// The state directory.
+        dir: PathBuf,
+        /// Its supervisor.
+        pid: u32,
+    },
+    /// `env` without a running control plane.
+    #[error("no control plane is running at {0}; run: ipkeep-e2e cluster up")]
+    NotRunning(PathBuf),
+    /// The supervisor exited before the control plane was ready.
+    #[error("failed to start the control plane: the supervisor exited ({status}); last lines of {}:\n{tail}", log.display())]
+    SupervisorExited {
+        /// How it exited.
+        status: std::process::ExitStatus,
+        /// Its log.
+        log: PathBuf,
+        /// The end of its log.
+        tail: String,
+    },
+    /// Some file or process operation failed.
+    #[error("failed to {what}")]
+    Io {
+        /// What.
+        what: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The state directory is not one the harness made, or not one `down` may stop.
+    #[error("refusing to touch {dir}: {why}")]
+    NotOurs {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        why: &'static str,
+    },
+    /// Interrupted while waiting.
+    #[error("interrupted: the control plane was stopped again")]
+    Interrupted,
+}
+
+/// The state directory the command line uses unless told otherwise.
+pub fn default_state_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("{}cli", super::plane::STATE_DIR_PREFIX))
+}
+
+fn supervisor_log(dir: &Path) -> PathBuf {
+    let mut name = dir.as_os_str().to_owned();
+    name.push(".log");
+    PathBuf::from(name)
+}
+
+/// The supervisor's own error (its last `ipkeep-e2e cluster:` line and the component log tail
+/// quoted under it), else the end of its log.
+fn supervisor_error(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    match lines
+        .iter()
+        .rposition(|l| l.starts_with("ipkeep-e2e cluster: "))
+    {
+        Some(i) => lines[i..]
+            .iter()
+            .take(LOG_TAIL_LINES + 5)
+            .map(|l| format!("    | {l}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        None => log_tail(log, LOG_TAIL_LINES),
+    }
+}
+
+fn owner(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join("owner"))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+}
+
+/// What a `--state-dir` currently is.
+enum StateDir {
+    /// Nothing there.
+    Absent,
+    /// Ours, and its owner is gone.
+    Stale,
+    /// Ours, and its owner runs with this pid.
+    Running(u32),
+}
+
+/// Looks at a state directory without trusting it: anything that is not a directory holding an
+/// `owner` file is refused, so a mistyped `--state-dir` never removes someone's files.
+fn inspect(dir: &Path) -> Result<StateDir, CliError> {
+    let Ok(meta) = dir.symlink_metadata() else {
+        return Ok(StateDir::Absent);
+    };
+    let not_ours = |why: &'static str| CliError::NotOurs {
+        dir: dir.to_owned(),
+        why,
+    };
+    if !meta.is_dir() {
+        return Err(not_ours(
+            "it is not a directory (a symlink is never followed)",
+        ));
+    }
+    match owner(dir) {
+        None => Err(not_ours(
+            "it has no owner file, so it is not a control plane state directory; choose another --state-dir",
+        )),
+        Some(pid) if process_alive(pid) => Ok(StateDir::Running(pid)),
+        Some(_) => Ok(StateDir::Stale),
+    }
+}
+
+/// Clears a state directory whose supervisor is gone; refuses one whose supervisor runs.
+fn clear_stale(dir: &Path) -> Result<Option<String>, CliError> {
+    match inspect(dir)? {
+        StateDir::Absent => Ok(None),
+        StateDir::Running(pid) => Err(CliError::AlreadyRunning {
+            dir: dir.to_owned(),
+            pid,
+        }),
+        StateDir::Stale => {
+            let killed = kill_recorded_groups(dir);
+            std::fs::remove_dir_all(dir).map_err(|source| CliError::Io {
+                what: format!("remove the stale state directory {}", dir.display()),
+                source,
+            })?;
+            Ok(Some(format!(
+                "removed the stale state directory {} of a killed run ({killed} leftover process group(s) killed)",
+                dir.display()
+            )))
+        }
+    }
+}
+
+/// Whether process `pid` runs with `dir` on its command line (a supervisor started by `up`).
+fn mentions(pid: u32, dir: &Path) -> bool {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    String::from_utf8_lossy(&raw)
+        .split('\0')
+        .any(|arg| Path::new(arg) == dir)
+}
+
+/// Options of `cluster up`.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    /// The state directory.
+    pub state_dir: PathBuf,
+    /// A fixed API server port.
+    pub apiserver_port: Option<u16>,
+    /// Turn on the audit log.
+    pub audit_log: bool,
+}
+
+/// `cluster up --foreground`: runs the control plane in this process until SIGINT or SIGTERM,
+/// or until a component dies (then it says which and fails).
+pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
+    if let Some(line) = clear_stale(&options.state_dir)? {
+        eprintln!("ipkeep-e2e cluster: {line}");
+    }
+    let t0 = Instant::now();
+    let cluster = Cluster::start(ClusterOptions {
+        state_dir: Some(options.state_dir.clone()),
+        state_parent: options.state_dir.parent().map(Path::to_owned),
+        apiserver_port: options.apiserver_port,
+        audit_log: options.audit_log,
+        ..ClusterOptions::default()
+    })
+    .await?;
+    eprintln!(
+        "ipkeep-e2e cluster: ready in {:.1}s at {}; KUBECONFIG={}",
+        t0.elapsed().as_secs_f64(),
+        cluster.server(),
+        cluster.kubeconfig_path().display()
+    );
+    let io = |what: &str| {
+        let what = what.to_owned();
+        move |source| CliError::Io { what, source }
+    };
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(io("listen for SIGTERM"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(io("listen for SIGINT"))?;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let outcome = loop {
+        tokio::select! {
+            _ = term.recv() => break Ok(()),
+            _ = int.recv() => break Ok(()),
+            _ = tick.tick() => {
+                if let Err(e) = cluster.check() {
+                    break Err(CliError::Cluster(e));
+                }
+            }
+        }
+    };
+    let t1 = Instant::now();
+    tokio::task::spawn_blocking(move || cluster.stop())
+        .await
+        .map_err(|e| CliError::Io {
+            what: "stop the control plane".into(),
+            source: std::io::Error::other(e),
+        })?;
+    eprintln!(
+        "ipkeep-e2e cluster: stopped in {:.1}s",
+        t1.elapsed().as_secs_f64()
+    );
+    outcome
+}
+
+/// `cluster up`: starts the supervisor in the background and returns once the control plane is
+/// ready (printing the `env` lines), or fails with the supervisor's log tail. Ctrl-C while
+/// waiting stops it again.
+pub async fn up(options: UpOptions) -> Result<(), CliError> {
+    if let Some(line) = clear_stale(&options.state_dir)? {
+        eprintln!("ipkeep-e2e cluster: {line}");
+    }
+    let t0 = Instant::now();
+    let io = |what: String| move |source| CliError::Io { what, source };
+    let exe = std::env::current_exe().map_err(io("find the ipkeep-e2e executable".into()))?;
+    let log_path = supervisor_log(&options.state_dir);
+    let log =
+        std::fs::File::create(&log_path).map_err(io(format!("create {}", log_path.display())))?;
+    let log2 = log
+        .try_clone()
+        .map_err(io(format!("open {}", log_path.display())))?;
+    let mut command = Command::new(exe);
+    command
+        .args(["cluster", "up", "--foreground", "--state-dir"])
+        .arg(&options.state_dir);
+    if let Some(p) = options.apiserver_port {
+        command.arg("--apiserver-port").arg(p.to_string());
+    }
+    if options.audit_log {
+        command.arg("--audit-log");
+    }
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2)
+        .process_group(0)
+        .spawn()
+        .map_err(io("start the control plane supervisor".into()))?;
+    let ready = options.state_dir.join("ready");
+    let mut interrupt = std::pin::pin!(tokio::signal::ctrl_c());
+    loop {
+        if ready.is_file() {
+            break;
+        }
+        if let Some(status) = child
+            .try_wait()
+            .map_err(io("wait for the supervisor".into()))?
+        {
+            return Err(CliError::SupervisorExited {
+                status,
+                tail: supervisor_error(&log_path),
+                log: log_path,
+            });
+        }
+        tokio::select! {
+            _ = &mut interrupt => {
+                // The supervisor may not have written its owner file yet, so `down` alone could
+                // miss it: kill it (its components and watchdog follow), then clean up.
+                let _ = child.kill();
+                let _ = child.wait();
+                down(&options.state_dir)?;
+                return Err(CliError::Interrupted);
+            }
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+    eprintln!(
+        "ipkeep-e2e cluster: up in {:.1}s (supervisor pid {}, log {}); stop it with: ipkeep-e2e cluster down",
+        t0.elapsed().as_secs_f64(),
+        child.id(),
+        log_path.display()
+    );
+    print!("{}", env(&options.state_dir)?);
+    Ok(())
+}
+
+fn shell_quote(p: &Path) -> String {
+    format!("'{}'", p.to_string_lossy().replace('\'', r"'\''"))
+}
+
+/// `cluster env`: the shell lines that point kubectl, helm and the tests at the running control
+/// plane.
+pub fn env(state_dir: &Path) -> Result<String, CliError> {
+    let ready = state_dir.join("ready");
+    let text =
+        std::fs::read_to_string(&ready).map_err(|_| CliError::NotRunning(state_dir.to_owned()))?;
+    let info: serde_json::Value = serde_json::from_str(&text).map_err(|e| CliError::Io {
+        what: format!("read {}", ready.display()),
+        source: std::io::Error::other(e),
+    })?;
+    // The binaries this control plane runs, whatever the environment of this call says.
+    let bins = match info["binDir"].as_str() {
+        Some(dir) => PathBuf::from(dir),
+        None => super::bin_dir()?,
+    };
+    Ok(format!(
+        "export KUBECONFIG={}\nexport IPKEEP_CLUSTER_BIN_DIR={}\nexport PATH={}:\"$PATH\"\n# server {}\n",
+        shell_quote(&state_dir.join("admin.kubeconfig")),
+        shell_quote(&bins),
+        shell_quote(&bins),
+        info["server"].as_str().unwrap_or("?"),
+    ))
+}
+
+/// `cluster down`: stops the supervisor (SIGTERM, then SIGKILL after 30 s), then kills any
+/// component still recorded and removes the state directory and the supervisor log. Returns a
+/// line saying what it did.
+pub fn down(state_dir: &Path) -> Result<String, CliError> {
+    let t0 = Instant::now();
+    let log = supervisor_log(state_dir);
+    let mut note = String::new();
+    match inspect(state_dir)? {
+        StateDir::Absent => {
+            let _ = std::fs::remove_file(&log);
+            return Ok(format!("no control plane at {}", state_dir.display()));
+        }
+        StateDir::Stale => {
+            note = " (its supervisor was already gone: cleaned up after it)".into();
+        }
+        StateDir::Running(pid) if !mentions(pid, state_dir) => {
+            return Err(CliError::NotOurs {
+                dir: state_dir.to_owned(),
+                why: "its owner is not a `cluster up` supervisor (a test process owns it, and it goes when that process ends)",
+            });
+        }
+        StateDir::Running(pid) => {
+            let target = i32::try_from(pid)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw);
+            if let Some(p) = target {
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while process_alive(pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if process_alive(pid) {
+                if let Some(p) = target {
+                    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                }
+                note = format!(" (supervisor pid {pid} did not stop on SIGTERM: killed)");
+            }
+        }
+    }
+    if state_dir.symlink_metadata().is_ok() {
+        kill_recorded_groups(state_dir);
+        match std::fs::remove_dir_all(state_dir) {
+            // The supervisor's watchdog may be removing it at the same moment.
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(CliError::Io {
+                    what: format!("remove {}", state_dir.display()),
+                    source: e,
+                });
+            }
+            _ => {}
+        }
+    }
+    let _ = std::fs::remove_file(&log);
+    Ok(format!(
+        "stopped the control plane at {} in {:.1}s{note}",
+        state_dir.display(),
+        t0.elapsed().as_secs_f64()
+    ))
+}

@@ -1,0 +1,92 @@
+//! ServiceAccount credentials: a token from the TokenRequest API and a kubeconfig that uses it,
+//! so the controller and the agent run with exactly the RBAC the Helm chart grants them.
+
+use std::path::Path;
+
+use k8s_openapi::api::{
+    authentication::v1::{TokenRequest, TokenRequestSpec},
+    core::v1::ServiceAccount,
+};
+use kube::{Api, api::PostParams};
+
+use super::{
+    kubeconfig::{KubeUser, kubeconfig, write_kubeconfig},
+    plane::{Cluster, ClusterError},
+};
+
+/// Mints a token for ServiceAccount `namespace/name` valid for `seconds` (the API server's
+/// minimum is 600), with the API server's default audience.
+pub async fn service_account_token(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    seconds: i64,
+) -> Result<String, ClusterError> {
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(seconds),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let answer = api
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .map_err(|source| ClusterError::Api {
+            what: format!("request a token for ServiceAccount {namespace}/{name}"),
+            source,
+        })?;
+    answer
+        .status
+        .map(|s| s.token)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| ClusterError::Invalid {
+            what: "TokenRequest answer",
+            value: format!("{namespace}/{name}"),
+            why: "it carries no token",
+        })
+}
+
+impl Cluster {
+    /// Writes to `path` a kubeconfig for ServiceAccount `namespace/name` with a fresh one-hour
+    /// token, its context defaulting to `namespace`.
+    pub async fn write_service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        path: &Path,
+    ) -> Result<(), ClusterError> {
+        let client = self.client()?;
+        let token = service_account_token(&client, namespace, name, 3600).await?;
+        let doc = kubeconfig(
+            self.server(),
+            self.ca_path(),
+            &format!("system:serviceaccount:{namespace}:{name}"),
+            &KubeUser::Token(token),
+            Some(namespace),
+        );
+        write_kubeconfig(path, &doc)?;
+        Ok(())
+    }
+
+    /// A client that authenticates as ServiceAccount `namespace/name` with a fresh token.
+    pub async fn service_account_client(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<kube::Client, ClusterError> {
+        let admin = self.client()?;
+        let token = service_account_token(&admin, namespace, name, 3600).await?;
+        let mut config = self.config();
+        config.auth_info = kube::config::AuthInfo {
+            token: Some(token.into()),
+            ..Default::default()
+        };
+        config.default_namespace = namespace.to_owned();
+        kube::Client::try_from(config).map_err(|source| ClusterError::Api {
+            what: format!("build a client for ServiceAccount {namespace}/{name}"),
+            source,
+        })
+    }
+}
