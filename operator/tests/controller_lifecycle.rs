@@ -1,4 +1,5 @@
 //! The reservation lifecycle, transition by transition, with `now` injected.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
