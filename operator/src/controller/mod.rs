@@ -367,10 +367,25 @@ pub async fn run(
     ));
     tasks.spawn(watch_nodes(Api::all(client.clone()), node_writer));
 
-    tokio::pin!(shutdown);
-    let result = tokio::select! {
-        () = &mut shutdown => Ok(()),
-        r = lead(client, &settings, ctx.clone(), queue.clone(), readiness.clone()) => r,
+    let result = {
+        let leading = lead(
+            client,
+            &settings,
+            ctx.clone(),
+            queue.clone(),
+            readiness.clone(),
+            stop_rx.clone(),
+        );
+        tokio::pin!(leading);
+        tokio::pin!(shutdown);
+        tokio::select! {
+            () = &mut shutdown => {
+                // Let the leader finish its reconciles' writes, stop, and release the lease.
+                let _ = stop_tx.send(true);
+                leading.await
+            }
+            r = &mut leading => r,
+        }
     };
     readiness.set(false);
     metrics.leader.set(0);
@@ -392,32 +407,43 @@ where
     }
 }
 
-/// Waits for the caches, then for the lease; runs the workers while leading. Returns only on an
-/// error (losing the lease is one); shutdown is handled by the caller dropping this future, which
-/// drops the lease channel and so releases the lease.
+/// Completes once `stop` turns true (or its sender is gone).
+async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Waits for the caches, then for the lease; runs the workers while leading. Returns `Ok` when
+/// `stop` turns true (after releasing the lease) and an error otherwise (losing the lease is one).
 async fn lead(
     client: Client,
     settings: &Settings,
     ctx: Arc<Context>,
     queue: Arc<Queue>,
     readiness: Arc<Readiness>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), ControllerError> {
-    ctx.pods
-        .wait_until_ready()
-        .await
-        .map_err(|_| ControllerError::CacheNeverReady("pod"))?;
-    ctx.reservations
-        .wait_until_ready()
-        .await
-        .map_err(|_| ControllerError::CacheNeverReady("IPReservation"))?;
-    ctx.statefulsets
-        .wait_until_ready()
-        .await
-        .map_err(|_| ControllerError::CacheNeverReady("StatefulSet"))?;
-    ctx.nodes
-        .wait_until_ready()
-        .await
-        .map_err(|_| ControllerError::CacheNeverReady("node"))?;
+    let caches = async {
+        ctx.pods
+            .wait_until_ready()
+            .await
+            .map_err(|_| ControllerError::CacheNeverReady("pod"))?;
+        ctx.reservations
+            .wait_until_ready()
+            .await
+            .map_err(|_| ControllerError::CacheNeverReady("IPReservation"))?;
+        ctx.statefulsets
+            .wait_until_ready()
+            .await
+            .map_err(|_| ControllerError::CacheNeverReady("StatefulSet"))?;
+        ctx.nodes
+            .wait_until_ready()
+            .await
+            .map_err(|_| ControllerError::CacheNeverReady("node"))
+    };
+    tokio::select! {
+        r = caches => r?,
+        () = stopped(stop.clone()) => return Ok(()),
+    }
     readiness.set(true);
     tracing::info!(
         pods = ctx.pods.len(),
@@ -427,7 +453,10 @@ async fn lead(
 
     let Some(lease) = &settings.lease else {
         ctx.metrics.leader.set(1);
-        return work(settings.workers, ctx, queue).await;
+        return tokio::select! {
+            r = work(settings.workers, ctx, queue) => r,
+            () = stopped(stop) => Ok(()),
+        };
     };
     let lease_err = |source| ControllerError::Lease {
         namespace: lease.namespace.clone(),
@@ -447,15 +476,28 @@ async fn lead(
     let (mut leading, handle) = manager.watch().await;
     let released = ReleaseOnDrop(Some(handle));
     tracing::info!(identity = %lease.identity, lease = %lease.name, "waiting for the leader lease");
-    if leading.wait_for(|l| *l).await.is_err() {
-        return Err(ControllerError::LostLease);
+    let became_leader = tokio::select! {
+        r = leading.wait_for(|l| *l) => r.is_ok(),
+        () = stopped(stop.clone()) => false,
+    };
+    if !became_leader {
+        drop(leading);
+        released.release().await;
+        return if *stop.borrow() {
+            Ok(())
+        } else {
+            Err(ControllerError::LostLease)
+        };
     }
     tracing::info!(identity = %lease.identity, "leading: reconciling");
     ctx.metrics.leader.set(1);
     let result = tokio::select! {
-        r = work(settings.workers, ctx.clone(), queue) => r,
+        r = work(settings.workers, ctx.clone(), queue.clone()) => r,
         _ = leading.wait_for(|l| !*l) => Err(ControllerError::LostLease),
+        () = stopped(stop) => Ok(()),
     };
+    // No reconcile may run once the lease is given up.
+    *queue.shards.write().unwrap_or_else(|e| e.into_inner()) = None;
     ctx.metrics.leader.set(0);
     drop(leading);
     released.release().await;
