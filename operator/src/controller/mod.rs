@@ -34,9 +34,7 @@ use kube::{
     Api, Client, ResourceExt,
     core::PartialObjectMeta,
     runtime::{
-        WatchStreamExt,
-        events::{Recorder, Reporter},
-        reflector,
+        WatchStreamExt, reflector,
         scheduler::{ScheduleRequest, scheduler},
         watcher,
     },
@@ -317,13 +315,7 @@ pub async fn run(
         statefulsets: statefulsets.clone(),
         nodes: nodes.clone(),
         index: AddressIndex::default(),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: reconcile::FIELD_MANAGER.into(),
-                instance: Some(identity),
-            },
-        ),
+        reporting_instance: identity,
         metrics: metrics.clone(),
         defaults: settings.defaults.clone(),
     });
@@ -653,6 +645,7 @@ async fn watch_reservations(
     let mut events = std::pin::pin!(
         watcher(api, watcher::Config::default())
             .default_backoff()
+            .modify(|r: &mut IPReservation| r.metadata.managed_fields = None)
             .reflect(writer)
     );
     while let Some(event) = events.next().await {
