@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what ipkeep's tests need on a Debian machine; safe to re-run.
 #   - Debian packages: containernetworking-plugins (the reference host-local and bridge plugins),
-#     iproute2 (`ip netns`), time (GNU time, for the benchmark's peak memory).
+#     iproute2 (`ip netns`), time (GNU time, for the benchmark's peak memory), prometheus
+#     (`promtool check metrics` on the controller's /metrics).
 # kubectl is not installed here: `make cluster-bins` builds it with the control plane, at the
 # API server's version.
 set -euo pipefail
@@ -26,6 +27,7 @@ need_pkgs=()
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 [ -x /usr/bin/time ] || need_pkgs+=(time)   # GNU time: peak RSS in `make bench`
 command -v setpriv >/dev/null 2>&1 || need_pkgs+=(util-linux)   # setpriv: control plane processes die with their owner
+command -v promtool >/dev/null 2>&1 || need_pkgs+=(prometheus)   # promtool checks the controller's /metrics
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "install-deps: installing ${need_pkgs[*]}" >&2
   apt_install "${need_pkgs[@]}"

@@ -303,8 +303,8 @@ async fn custom_resource_round_trip_with_defaults_and_generation() {
         .unwrap();
     assert_eq!(
         field(&created, "/spec/retainFor"),
-        Some(&json!("24h")),
-        "schema default applied"
+        None,
+        "no schema default: the controller's --default-retain-for applies"
     );
     assert_eq!(created.metadata.generation, Some(1));
     assert!(created.metadata.uid.is_some());
@@ -376,6 +376,11 @@ async fn custom_resource_round_trip_with_defaults_and_generation() {
         field(&got, "/spec/anything/goes/0"),
         Some(&json!(1)),
         "preserved unknown fields"
+    );
+    assert_eq!(
+        field(&got, "/spec/mode"),
+        Some(&json!("auto")),
+        "schema default applied"
     );
     pools
         .delete("pool-a", &DeleteParams::default())

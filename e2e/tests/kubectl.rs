@@ -236,8 +236,9 @@ async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
         serde_json::from_str(&k.ok(&["get", "ipr", "web-0", "-o", "json"]).await).unwrap();
     assert_eq!(as_json["spec"]["nodeName"], "node-b");
     assert_eq!(
-        as_json["spec"]["retainFor"], "24h",
-        "defaulted by the schema"
+        as_json["spec"].get("retainFor"),
+        None,
+        "no schema default: the controller's --default-retain-for applies"
     );
     assert!(
         as_json["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]

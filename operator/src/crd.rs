@@ -94,8 +94,12 @@ pub struct IPReservationSpec {
     /// How long the addresses stay reserved after the pod is gone (`90s`, `30m`, `24h`, `7d`);
     /// the controller's default applies when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 2, max = 16))]
-    #[x_kube(validation = Rule::new("self.matches('^[1-9][0-9]{0,5}(s|m|h|d)$')").message("retainFor must be a positive whole number of s, m, h or d (e.g. 30m, 24h, 7d)"))]
+    // The grammar as an OpenAPI pattern (checked by every API server, cheaply); the maximum
+    // needs arithmetic, so it is a CEL rule.
+    #[schemars(
+        length(min = 2, max = 7),
+        regex(pattern = r"^[1-9][0-9]{0,5}(s|m|h|d)$")
+    )]
     #[x_kube(validation = Rule::new("!self.matches('^[1-9][0-9]{0,5}(s|m|h|d)$') || int(self.substring(0, self.size() - 1)) * (self.endsWith('d') ? 86400 : self.endsWith('h') ? 3600 : self.endsWith('m') ? 60 : 1) <= 31622400").message("retainFor must be at most 366d"))]
     pub retain_for: Option<String>,
 }

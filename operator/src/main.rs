@@ -16,6 +16,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start: the size of the flag structs does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Reconcile IPReservations from annotated pods and delete expired ones (a Deployment).

@@ -274,6 +274,19 @@ const BUILTINS: &[Builtin] = &[
             "type",
         ],
     },
+    // Storage only (no controller creates pods from it): the ipkeep controller reads a pod's
+    // owning StatefulSet's own annotations and notices when it is deleted.
+    Builtin {
+        group: "apps",
+        version: "v1",
+        kind: "StatefulSet",
+        plural: "statefulsets",
+        short: &["sts"],
+        categories: &["all"],
+        namespaced: true,
+        status: true,
+        fields: &[],
+    },
     Builtin {
         group: "coordination.k8s.io",
         version: "v1",

@@ -1,10 +1,736 @@
-//! The controller (being built; see the operator issues).
+//! The controller (`ipkeep-operator controller`): keeps each annotated pod's IPReservation in step
+//! with the pod and deletes reservations at their release time.
+//!
+//! Shape: four watches (pods trimmed to what the lifecycle reads, reservations, StatefulSets'
+//! metadata, nodes' pod CIDRs) fill caches and enqueue the pod names they touch; sharded workers
+//! (a name always lands on the same shard, so one name is never reconciled twice at once) take
+//! names from a scheduler that also holds each reservation's release time. Only the leader runs
+//! the workers; a standby keeps its caches warm and takes over when the lease is free.
 
-/// Command-line flags of `ipkeep-operator controller`.
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+pub mod index;
+pub mod lifecycle;
+pub mod metrics;
+pub mod optin;
+pub mod reconcile;
+pub mod retention;
+pub mod view;
 
-/// Runs the controller until shutdown.
-pub fn main(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("the controller is not part of this build yet")
+use std::{
+    collections::hash_map::DefaultHasher,
+    future::Future,
+    hash::{Hash, Hasher},
+    net::SocketAddr,
+    sync::{Arc, RwLock},
+    time::Duration,
+};
+
+use futures::{StreamExt, channel::mpsc};
+use jiff::Timestamp;
+use k8s_openapi::api::{
+    apps::v1::StatefulSet,
+    core::v1::{Node, Pod},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    core::PartialObjectMeta,
+    runtime::{
+        WatchStreamExt, reflector,
+        scheduler::{ScheduleRequest, scheduler},
+        watcher,
+    },
+};
+use prometheus::Registry;
+use tokio::{task::JoinSet, time::Instant};
+
+use self::{
+    index::AddressIndex,
+    lifecycle::Defaults,
+    metrics::Metrics,
+    reconcile::{Context, Next},
+};
+use crate::{
+    crd::IPReservation,
+    logging::{self, LogArgs},
+    probes::{ProbeServer, Readiness},
+};
+
+/// Command-line flags of `ipkeep-operator controller` (each also read from the environment).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Logging.
+    #[command(flatten)]
+    pub log: LogArgs,
+    /// Retention after a pod is gone when neither its `ipkeep.dev/retain-for` annotation nor the
+    /// reservation's `spec.retainFor` says (a positive number followed by s, m, h or d; at most 366d).
+    #[arg(long, env = "IPKEEP_DEFAULT_RETAIN_FOR", default_value = "24h", value_parser = parse_retention)]
+    pub default_retain_for: Duration,
+    /// Watch pods and reservations of this namespace only (default: every namespace).
+    #[arg(long, env = "IPKEEP_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Watch only pods matching this label selector (e.g. `ipkeep.dev/enabled=true`); a pod outside
+    /// it looks gone, so its reservation is released (but never deleted while the pod lives).
+    #[arg(long, env = "IPKEEP_POD_SELECTOR")]
+    pub pod_selector: Option<String>,
+    /// Where to serve /metrics, /healthz and /readyz.
+    #[arg(long, env = "IPKEEP_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// Elect a leader through a Lease so that only one replica reconciles (turn off only when a
+    /// single replica runs).
+    #[arg(long, env = "IPKEEP_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// The Lease's name.
+    #[arg(long, env = "IPKEEP_LEASE_NAME", default_value = "ipkeep-controller")]
+    pub lease_name: String,
+    /// The Lease's namespace (the chart passes the controller's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// How long a lease holds without renewal, in seconds: a standby takes over at most this long
+    /// after the leader dies or is cut off.
+    #[arg(long, env = "IPKEEP_LEASE_DURATION", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=600))]
+    pub lease_duration: u64,
+    /// This replica's identity in the Lease (default: `POD_NAME`, else host name and process id).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Reconcile workers (each pod name always goes to the same one).
+    #[arg(long, env = "IPKEEP_WORKERS", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub workers: u16,
+}
+
+fn parse_retention(text: &str) -> Result<Duration, String> {
+    retention::parse_retain_for(text).map_err(|e| e.to_string())
+}
+
+/// Leader election settings.
+#[derive(Debug, Clone)]
+pub struct LeaseSettings {
+    /// Lease name.
+    pub name: String,
+    /// Lease namespace.
+    pub namespace: String,
+    /// This replica's identity.
+    pub identity: String,
+    /// Lease duration in seconds.
+    pub duration_secs: u64,
+}
+
+/// What [`run`] needs besides a client.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Lifecycle defaults.
+    pub defaults: Defaults,
+    /// Only this namespace (else all).
+    pub namespace: Option<String>,
+    /// Only pods matching this label selector.
+    pub pod_selector: Option<String>,
+    /// Probe server address (port 0 picks one).
+    pub metrics_addr: SocketAddr,
+    /// Leader election, or none (a single replica).
+    pub lease: Option<LeaseSettings>,
+    /// Number of reconcile shards.
+    pub workers: usize,
+}
+
+impl Settings {
+    /// Settings for one replica without leader election, probes on a free loopback port.
+    pub fn single(default_retain_for: Duration) -> Settings {
+        Settings {
+            defaults: Defaults {
+                retain_for: default_retain_for,
+            },
+            namespace: None,
+            pod_selector: None,
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            lease: None,
+            workers: 4,
+        }
+    }
+}
+
+/// Errors that stop the controller.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// Logging could not be set up.
+    #[error(transparent)]
+    Logging(#[from] logging::LoggingError),
+    /// The async runtime could not start.
+    #[error("failed to start the async runtime")]
+    Runtime(#[source] std::io::Error),
+    /// No Kubernetes client configuration was found.
+    #[error("failed to build a Kubernetes client (in-cluster config or KUBECONFIG)")]
+    Client(#[source] kube::Error),
+    /// Metrics could not be registered.
+    #[error(transparent)]
+    Metrics(#[from] metrics::MetricsError),
+    /// The probe server could not bind.
+    #[error(transparent)]
+    Probes(#[from] crate::probes::ProbeError),
+    /// The lease could not be set up.
+    #[error("failed to set up leader election on Lease {namespace}/{name}")]
+    Lease {
+        /// Lease namespace.
+        namespace: String,
+        /// Lease name.
+        name: String,
+        /// What failed.
+        #[source]
+        source: kube_lease_manager::LeaseManagerError,
+    },
+    /// Another replica took the lease: this one stops so that it never reconciles beside it.
+    #[error(
+        "failed to keep the leader lease: another replica holds it now; exiting to restart as a standby"
+    )]
+    LostLease,
+    /// A cache's writer went away before the cache was filled.
+    #[error("failed to fill the {0} cache: its watch ended")]
+    CacheNeverReady(&'static str),
+}
+
+/// Runs `ipkeep-operator controller` until SIGTERM/SIGINT.
+pub fn main(args: Args) -> anyhow::Result<()> {
+    logging::init(&args.log)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(ControllerError::Runtime)?;
+    runtime.block_on(async move {
+        let client = Client::try_default()
+            .await
+            .map_err(ControllerError::Client)?;
+        let identity = args.identity.clone().unwrap_or_else(default_identity);
+        let settings = Settings {
+            defaults: Defaults {
+                retain_for: args.default_retain_for,
+            },
+            namespace: args.namespace.clone(),
+            pod_selector: args.pod_selector.clone(),
+            metrics_addr: args.metrics_addr,
+            lease: args.leader_elect.then(|| LeaseSettings {
+                name: args.lease_name.clone(),
+                namespace: args.lease_namespace.clone(),
+                identity,
+                duration_secs: args.lease_duration,
+            }),
+            workers: usize::from(args.workers),
+        };
+        run(client, settings, crate::shutdown::signal(), |_| {}).await?;
+        Ok(())
+    })
+}
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "ipkeep-controller".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// A pod name: the key of both the pod and its reservation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl Key {
+    fn of<K: ResourceExt>(obj: &K) -> Key {
+        Key {
+            namespace: obj.namespace().unwrap_or_default(),
+            name: obj.name_any(),
+        }
+    }
+}
+
+/// The work queue: one scheduler per shard, fed only while this replica leads.
+#[derive(Debug, Default)]
+struct Queue {
+    shards: RwLock<Option<Vec<mpsc::UnboundedSender<ScheduleRequest<Key>>>>>,
+}
+
+impl Queue {
+    fn enqueue_at(&self, key: Key, run_at: Instant) {
+        let shards = self.shards.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(shards) = shards.as_ref().filter(|s| !s.is_empty()) {
+            let mut h = DefaultHasher::new();
+            key.hash(&mut h);
+            let shard = (h.finish() % shards.len() as u64) as usize;
+            // A closed shard means the controller is stopping; nothing is lost that a restart
+            // does not redo.
+            let _ = shards[shard].unbounded_send(ScheduleRequest {
+                message: key,
+                run_at,
+            });
+        }
+    }
+
+    fn enqueue(&self, key: Key) {
+        self.enqueue_at(key, Instant::now());
+    }
+
+    fn active(&self) -> bool {
+        self.shards
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+}
+
+/// Information a test gets once the controller runs.
+#[derive(Debug, Clone)]
+pub struct Started {
+    /// Where /metrics, /healthz and /readyz are served.
+    pub probe_addr: Option<SocketAddr>,
+}
+
+/// Runs the controller with `client` until `shutdown` completes; `on_start` is told the probe
+/// address once bound.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    shutdown: impl Future<Output = ()>,
+    on_start: impl FnOnce(Started),
+) -> Result<(), ControllerError> {
+    let registry = Registry::new();
+    let readiness = Arc::new(Readiness::default());
+    let (pods, pod_writer) = reflector::store::<Pod>();
+    let (reservations, reservation_writer) = reflector::store::<IPReservation>();
+    let (statefulsets, sts_writer) = reflector::store::<PartialObjectMeta<StatefulSet>>();
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let metrics = Metrics::register(&registry, reservations.clone())?;
+    let identity = settings
+        .lease
+        .as_ref()
+        .map_or_else(default_identity, |l| l.identity.clone());
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        pods: pods.clone(),
+        reservations: reservations.clone(),
+        statefulsets: statefulsets.clone(),
+        nodes: nodes.clone(),
+        index: AddressIndex::default(),
+        reporting_instance: identity,
+        metrics: metrics.clone(),
+        defaults: settings.defaults.clone(),
+    });
+    let queue = Arc::new(Queue::default());
+
+    let probes = ProbeServer::bind(settings.metrics_addr, registry, readiness.clone()).await?;
+    on_start(Started {
+        probe_addr: probes.local_addr(),
+    });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = JoinSet::new();
+    {
+        let mut stop = stop_rx.clone();
+        tasks.spawn(probes.run(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        }));
+    }
+    let pod_api: Api<Pod> = scoped(&client, settings.namespace.as_deref());
+    let mut pod_cfg = watcher::Config::default();
+    if let Some(selector) = &settings.pod_selector {
+        pod_cfg = pod_cfg.labels(selector);
+    }
+    tasks.spawn(watch_pods(
+        pod_api,
+        pod_cfg,
+        pod_writer,
+        ctx.clone(),
+        queue.clone(),
+    ));
+    tasks.spawn(watch_reservations(
+        scoped(&client, settings.namespace.as_deref()),
+        reservation_writer,
+        ctx.clone(),
+        queue.clone(),
+    ));
+    tasks.spawn(watch_statefulsets(
+        scoped(&client, settings.namespace.as_deref()),
+        sts_writer,
+        ctx.clone(),
+        queue.clone(),
+    ));
+    tasks.spawn(watch_nodes(Api::all(client.clone()), node_writer));
+
+    let result = {
+        let leading = lead(
+            client,
+            &settings,
+            ctx.clone(),
+            queue.clone(),
+            readiness.clone(),
+            stop_rx.clone(),
+        );
+        tokio::pin!(leading);
+        tokio::pin!(shutdown);
+        tokio::select! {
+            () = &mut shutdown => {
+                // Let the leader finish its reconciles' writes, stop, and release the lease.
+                let _ = stop_tx.send(true);
+                leading.await
+            }
+            r = &mut leading => r,
+        }
+    };
+    readiness.set(false);
+    metrics.leader.set(0);
+    *queue.shards.write().unwrap_or_else(|e| e.into_inner()) = None;
+    let _ = stop_tx.send(true);
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    result
+}
+
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Completes once `stop` turns true (or its sender is gone).
+async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Waits for the caches, then for the lease; runs the workers while leading. Returns `Ok` when
+/// `stop` turns true (after releasing the lease) and an error otherwise (losing the lease is one).
+async fn lead(
+    client: Client,
+    settings: &Settings,
+    ctx: Arc<Context>,
+    queue: Arc<Queue>,
+    readiness: Arc<Readiness>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), ControllerError> {
+    let caches = async {
+        ctx.pods
+            .wait_until_ready()
+            .await
+            .map_err(|_| ControllerError::CacheNeverReady("pod"))?;
+        ctx.reservations
+            .wait_until_ready()
+            .await
+            .map_err(|_| ControllerError::CacheNeverReady("IPReservation"))?;
+        ctx.statefulsets
+            .wait_until_ready()
+            .await
+            .map_err(|_| ControllerError::CacheNeverReady("StatefulSet"))?;
+        ctx.nodes
+            .wait_until_ready()
+            .await
+            .map_err(|_| ControllerError::CacheNeverReady("node"))
+    };
+    tokio::select! {
+        r = caches => r?,
+        () = stopped(stop.clone()) => return Ok(()),
+    }
+    readiness.set(true);
+    tracing::info!(
+        pods = ctx.pods.len(),
+        reservations = ctx.reservations.len(),
+        "caches filled"
+    );
+
+    let Some(lease) = &settings.lease else {
+        ctx.metrics.leader.set(1);
+        return tokio::select! {
+            r = work(settings.workers, ctx, queue) => r,
+            () = stopped(stop) => Ok(()),
+        };
+    };
+    let lease_err = |source| ControllerError::Lease {
+        namespace: lease.namespace.clone(),
+        name: lease.name.clone(),
+        source,
+    };
+    let grace = (lease.duration_secs / 3).max(1);
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client, &lease.name)
+        .with_namespace(&lease.namespace)
+        .with_identity(&lease.identity)
+        .with_duration(lease.duration_secs)
+        .with_grace(grace)
+        .with_field_manager("ipkeep-controller-lease")
+        .build()
+        .await
+        .map_err(lease_err)?;
+    let (mut leading, handle) = manager.watch().await;
+    let released = ReleaseOnDrop(Some(handle));
+    tracing::info!(identity = %lease.identity, lease = %lease.name, "waiting for the leader lease");
+    let became_leader = tokio::select! {
+        r = leading.wait_for(|l| *l) => r.is_ok(),
+        () = stopped(stop.clone()) => false,
+    };
+    if !became_leader {
+        drop(leading);
+        released.release().await;
+        return if *stop.borrow() {
+            Ok(())
+        } else {
+            Err(ControllerError::LostLease)
+        };
+    }
+    tracing::info!(identity = %lease.identity, "leading: reconciling");
+    ctx.metrics.leader.set(1);
+    let result = tokio::select! {
+        r = work(settings.workers, ctx.clone(), queue.clone()) => r,
+        _ = leading.wait_for(|l| !*l) => Err(ControllerError::LostLease),
+        () = stopped(stop) => Ok(()),
+    };
+    // No reconcile may run once the lease is given up.
+    *queue.shards.write().unwrap_or_else(|e| e.into_inner()) = None;
+    ctx.metrics.leader.set(0);
+    drop(leading);
+    released.release().await;
+    result
+}
+
+/// Awaits the lease manager's task after its channel closed (it releases the lease then); if the
+/// future owning it is dropped instead, the task still releases it in the background.
+struct ReleaseOnDrop(
+    Option<
+        tokio::task::JoinHandle<
+            Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError>,
+        >,
+    >,
+);
+
+impl ReleaseOnDrop {
+    async fn release(mut self) {
+        if let Some(handle) = self.0.take() {
+            match tokio::time::timeout(Duration::from_secs(5), handle).await {
+                Ok(Ok(Ok(_))) => tracing::info!("leader lease released"),
+                Ok(Ok(Err(e))) => tracing::warn!(error = %e, "failed to release the leader lease"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "the lease task failed"),
+                Err(_) => tracing::warn!("gave up waiting 5 s for the lease release"),
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for ReleaseOnDrop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReleaseOnDrop")
+    }
+}
+
+/// Runs the reconcile shards; never returns on its own.
+async fn work(workers: usize, ctx: Arc<Context>, queue: Arc<Queue>) -> Result<(), ControllerError> {
+    let mut receivers = Vec::new();
+    let mut senders = Vec::new();
+    for _ in 0..workers.max(1) {
+        let (tx, rx) = mpsc::unbounded();
+        senders.push(tx);
+        receivers.push(rx);
+    }
+    *queue.shards.write().unwrap_or_else(|e| e.into_inner()) = Some(senders);
+    enqueue_everything(&ctx, &queue);
+    let shards = receivers
+        .into_iter()
+        .map(|rx| shard(rx, ctx.clone(), queue.clone()));
+    futures::future::join_all(shards).await;
+    Ok(())
+}
+
+async fn shard(
+    rx: mpsc::UnboundedReceiver<ScheduleRequest<Key>>,
+    ctx: Arc<Context>,
+    queue: Arc<Queue>,
+) {
+    let mut failures: std::collections::HashMap<Key, u32> = std::collections::HashMap::new();
+    let mut keys = std::pin::pin!(scheduler(rx));
+    while let Some(key) = keys.next().await {
+        let started = std::time::Instant::now();
+        let result = reconcile::reconcile(&key, &ctx).await;
+        ctx.metrics
+            .reconcile_duration
+            .observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(next) => {
+                failures.remove(&key);
+                match next {
+                    Next::AwaitChange => {}
+                    Next::At(t) => {
+                        let wait = t.duration_since(Timestamp::now());
+                        let wait = Duration::try_from(wait).unwrap_or(Duration::ZERO);
+                        queue.enqueue_at(key, Instant::now() + wait);
+                    }
+                    Next::RetryMs(ms) => {
+                        queue.enqueue_at(key, Instant::now() + Duration::from_millis(ms));
+                    }
+                }
+            }
+            Err(e) => {
+                let n = failures.entry(key.clone()).or_insert(0);
+                *n = n.saturating_add(1);
+                // 250 ms doubling to at most a minute: no hot loop against a failing API server.
+                let delay = Duration::from_millis(250u64.saturating_mul(1 << (*n).min(8)))
+                    .min(Duration::from_secs(60));
+                ctx.metrics
+                    .reconcile_errors
+                    .with_label_values(&[e.kind()])
+                    .inc();
+                tracing::warn!(%key, error = %error_chain(&e), retry_in_ms = delay.as_millis() as u64, "reconcile failed");
+                queue.enqueue_at(key, Instant::now() + delay);
+            }
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+fn enqueue_everything(ctx: &Context, queue: &Queue) {
+    if !queue.active() {
+        return;
+    }
+    for p in ctx.pods.state() {
+        queue.enqueue(Key::of(p.as_ref()));
+    }
+    for r in ctx.reservations.state() {
+        queue.enqueue(Key::of(r.as_ref()));
+    }
+}
+
+async fn watch_pods(
+    api: Api<Pod>,
+    cfg: watcher::Config,
+    writer: reflector::store::Writer<Pod>,
+    ctx: Arc<Context>,
+    queue: Arc<Queue>,
+) {
+    let mut events = std::pin::pin!(
+        watcher(api, cfg)
+            .default_backoff()
+            .modify(view::trim_pod)
+            .reflect(writer)
+    );
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => queue.enqueue(Key::of(&p)),
+            // After a (re)list, pods deleted during a gap left the cache without a Delete event:
+            // look at every name again.
+            Ok(watcher::Event::InitDone) => enqueue_everything(&ctx, &queue),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "pod watch failed; retrying with backoff"),
+        }
+    }
+}
+
+async fn watch_reservations(
+    api: Api<IPReservation>,
+    writer: reflector::store::Writer<IPReservation>,
+    ctx: Arc<Context>,
+    queue: Arc<Queue>,
+) {
+    let mut events = std::pin::pin!(
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|r: &mut IPReservation| r.metadata.managed_fields = None)
+            .reflect(writer)
+    );
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(r)) => {
+                let key = Key::of(&r);
+                for other in ctx.index.upsert(key.clone(), &r) {
+                    queue.enqueue(other);
+                }
+                queue.enqueue(key);
+            }
+            Ok(watcher::Event::Delete(r)) => {
+                let key = Key::of(&r);
+                for other in ctx.index.remove(&key) {
+                    queue.enqueue(other);
+                }
+                queue.enqueue(key);
+            }
+            Ok(watcher::Event::InitDone) => {
+                let all = ctx.reservations.state();
+                ctx.index
+                    .rebuild(all.iter().map(|r| (Key::of(r.as_ref()), r.as_ref())));
+                enqueue_everything(&ctx, &queue);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "IPReservation watch failed; retrying with backoff")
+            }
+        }
+    }
+}
+
+async fn watch_statefulsets(
+    api: Api<PartialObjectMeta<StatefulSet>>,
+    writer: reflector::store::Writer<PartialObjectMeta<StatefulSet>>,
+    ctx: Arc<Context>,
+    queue: Arc<Queue>,
+) {
+    let mut events = std::pin::pin!(
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(view::trim_statefulset)
+            .reflect(writer)
+    );
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(s) | watcher::Event::Delete(s)) => {
+                let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
+                for p in ctx.pods.state() {
+                    if p.namespace().as_deref() == Some(ns.as_str())
+                        && view::pod_owner_statefulset(&p).as_deref() == Some(name.as_str())
+                    {
+                        queue.enqueue(Key::of(p.as_ref()));
+                    }
+                }
+                for r in ctx.reservations.state() {
+                    let owner = r
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(optin::OWNER_STATEFULSET));
+                    if r.namespace().as_deref() == Some(ns.as_str())
+                        && owner.map(String::as_str) == Some(name.as_str())
+                    {
+                        queue.enqueue(Key::of(r.as_ref()));
+                    }
+                }
+            }
+            Ok(watcher::Event::InitDone) => enqueue_everything(&ctx, &queue),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "StatefulSet watch failed; retrying with backoff"),
+        }
+    }
+}
+
+async fn watch_nodes(api: Api<Node>, writer: reflector::store::Writer<Node>) {
+    let mut events = std::pin::pin!(
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(view::trim_node)
+            .reflect(writer)
+    );
+    while let Some(event) = events.next().await {
+        if let Err(e) = event {
+            tracing::warn!(error = %e, "node watch failed; retrying with backoff");
+        }
+    }
 }

@@ -1,0 +1,143 @@
+//! Which reservations claim each address of each node: conflict detection without scanning every
+//! reservation on every reconcile.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::IpAddr,
+    sync::Mutex,
+};
+
+use jiff::Timestamp;
+
+use super::{Key, lifecycle::Claim};
+use crate::crd::IPReservation;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    node: String,
+    ips: Vec<IpAddr>,
+    created: Timestamp,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    by_key: HashMap<Key, Entry>,
+    by_address: HashMap<(String, IpAddr), BTreeSet<Key>>,
+}
+
+/// The address index of the reservations the controller sees.
+#[derive(Debug, Default)]
+pub struct AddressIndex {
+    inner: Mutex<Inner>,
+}
+
+fn entry(r: &IPReservation) -> Entry {
+    Entry {
+        node: r.spec.node_name.clone(),
+        ips: r
+            .spec
+            .ips
+            .iter()
+            .filter_map(|ip| ip.0.parse().ok())
+            .collect(),
+        created: r
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(Timestamp::UNIX_EPOCH, |t| t.0),
+    }
+}
+
+impl AddressIndex {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a reservation; returns the other reservations whose claims it touches (added or
+    /// dropped), which must be reconciled again.
+    pub fn upsert(&self, key: Key, r: &IPReservation) -> Vec<Key> {
+        let new = entry(r);
+        let mut inner = self.lock();
+        if inner.by_key.get(&key) == Some(&new) {
+            return Vec::new();
+        }
+        let mut touched = remove(&mut inner, &key);
+        for ip in &new.ips {
+            let set = inner.by_address.entry((new.node.clone(), *ip)).or_default();
+            touched.extend(set.iter().cloned());
+            set.insert(key.clone());
+        }
+        inner.by_key.insert(key.clone(), new);
+        touched.retain(|k| *k != key);
+        touched.sort();
+        touched.dedup();
+        touched
+    }
+
+    /// Forgets a reservation; returns the others that shared an address with it.
+    pub fn remove(&self, key: &Key) -> Vec<Key> {
+        remove(&mut self.lock(), key)
+    }
+
+    /// Replaces the whole index (after a full list).
+    pub fn rebuild<'a>(&self, all: impl IntoIterator<Item = (Key, &'a IPReservation)>) {
+        let mut fresh = Inner::default();
+        for (key, r) in all {
+            let e = entry(r);
+            for ip in &e.ips {
+                fresh
+                    .by_address
+                    .entry((e.node.clone(), *ip))
+                    .or_default()
+                    .insert(key.clone());
+            }
+            fresh.by_key.insert(key, e);
+        }
+        *self.lock() = fresh;
+    }
+
+    /// The older reservation holding one of `key`'s addresses, if any: `(address, holder)`.
+    pub fn conflict(&self, key: &Key) -> Option<(IpAddr, String)> {
+        let inner = self.lock();
+        let me = inner.by_key.get(key)?;
+        let my_claim = Claim {
+            key: key.to_string(),
+            created: me.created,
+        };
+        for ip in &me.ips {
+            let Some(set) = inner.by_address.get(&(me.node.clone(), *ip)) else {
+                continue;
+            };
+            let claims: Vec<Claim> = set
+                .iter()
+                .filter_map(|k| {
+                    inner.by_key.get(k).map(|e| Claim {
+                        key: k.to_string(),
+                        created: e.created,
+                    })
+                })
+                .collect();
+            if let Some(holder) = super::lifecycle::holder(&my_claim, &claims) {
+                return Some((*ip, holder.key.clone()));
+            }
+        }
+        None
+    }
+}
+
+fn remove(inner: &mut Inner, key: &Key) -> Vec<Key> {
+    let mut touched = Vec::new();
+    if let Some(old) = inner.by_key.remove(key) {
+        for ip in &old.ips {
+            let slot = (old.node.clone(), *ip);
+            if let Some(set) = inner.by_address.get_mut(&slot) {
+                set.remove(key);
+                touched.extend(set.iter().cloned());
+                if set.is_empty() {
+                    inner.by_address.remove(&slot);
+                }
+            }
+        }
+    }
+    touched
+}

@@ -1,0 +1,577 @@
+//! The reservation lifecycle as one pure function: given the pod (or none), the reservation (or
+//! none), the instant `now` and the defaults, [`decide`] says what to write, what to delete, when
+//! to look again and what to tell the user. No Kubernetes types, no clock, no I/O.
+
+use std::{collections::BTreeSet, fmt::Write as _, net::IpAddr, time::Duration};
+
+use ipnet::IpNet;
+use jiff::Timestamp;
+
+use super::{
+    optin::{OptIn, Retain},
+    retention::parse_retain_for,
+};
+
+/// The two phases of a reservation (the CRD's `status.phase`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// A pod with the reservation's name holds the addresses.
+    Bound,
+    /// No such pod; the addresses are held until the release time.
+    Released,
+}
+
+/// What the lifecycle needs to know about a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodView {
+    /// The pod's UID.
+    pub uid: String,
+    /// The node it was scheduled to, once it was.
+    pub node_name: Option<String>,
+    /// `status.podIPs`.
+    pub ips: Vec<IpAddr>,
+    /// `status.phase` is `Running`.
+    pub running: bool,
+    /// `status.phase` is `Succeeded` or `Failed`: the pod holds no addresses any more.
+    pub finished: bool,
+    /// `spec.hostNetwork`: the pod's addresses are its node's.
+    pub host_network: bool,
+    /// The effective annotations (the pod's, else its StatefulSet's).
+    pub opt_in: OptIn,
+    /// The name of the StatefulSet owning the pod, if one does.
+    pub owner_statefulset: Option<String>,
+}
+
+/// A `Conflict` condition: another, older reservation on the same node claims an address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    /// The address both claim.
+    pub ip: IpAddr,
+    /// The older reservation holding it, `namespace/name`.
+    pub holder: String,
+    /// When the condition became true (kept while it stays true).
+    pub since: Timestamp,
+}
+
+/// A reservation's status as the lifecycle sees and writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StatusView {
+    /// `status.phase`; `None` before the controller first wrote it.
+    pub phase: Option<Phase>,
+    /// `status.podUID`.
+    pub pod_uid: Option<String>,
+    /// `status.releasedAt`.
+    pub released_at: Option<Timestamp>,
+    /// `status.releaseTime`.
+    pub release_time: Option<Timestamp>,
+    /// The `Conflict` condition, when true.
+    pub conflict: Option<Conflict>,
+}
+
+/// What the lifecycle needs to know about a reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservationView {
+    /// `spec.ips`, as written.
+    pub ips: Vec<String>,
+    /// `spec.nodeName`.
+    pub node_name: String,
+    /// `spec.retainFor`, as written.
+    pub retain_for: Option<String>,
+    /// Created by the controller (label `app.kubernetes.io/managed-by=ipkeep`), not by hand.
+    pub managed: bool,
+    /// `metadata.creationTimestamp`.
+    pub created: Timestamp,
+    /// The owning StatefulSet recorded on the reservation (annotation).
+    pub owner_statefulset: Option<String>,
+    /// `ipkeep.dev/release-with-owner: "true"` recorded on the reservation.
+    pub release_with_owner: bool,
+    /// The current status.
+    pub status: StatusView,
+}
+
+/// The state of the StatefulSet that owns (or owned) the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerState {
+    /// No StatefulSet is involved.
+    None,
+    /// It exists.
+    Present,
+    /// It was deleted.
+    Gone,
+}
+
+/// Everything [`decide`] looks at besides `now` and the defaults.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    /// The pod of the reservation's namespace and name, if the cache has one.
+    pub pod: Option<&'a PodView>,
+    /// The reservation, if one exists.
+    pub reservation: Option<&'a ReservationView>,
+    /// The owning StatefulSet's state.
+    pub owner: OwnerState,
+    /// An older reservation on the same node claiming one of this one's addresses.
+    pub conflict: Option<(IpAddr, &'a str)>,
+    /// The `spec.podCIDRs` of the pod's node, when known (to explain changed addresses).
+    pub node_pod_cidrs: Option<&'a [IpNet]>,
+}
+
+/// Controller-wide defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Defaults {
+    /// Retention when neither the annotation nor `spec.retainFor` says (`--default-retain-for`).
+    pub retain_for: Duration,
+}
+
+/// The spec (and recorded owner) a reservation must have; written when it differs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredSpec {
+    /// `spec.ips`.
+    pub ips: Vec<String>,
+    /// `spec.nodeName`.
+    pub node_name: String,
+    /// `spec.retainFor`.
+    pub retain_for: Option<String>,
+    /// The owning StatefulSet to record.
+    pub owner_statefulset: Option<String>,
+    /// Whether to record `release-with-owner`.
+    pub release_with_owner: bool,
+}
+
+/// Why a reservation is to be deleted; each has its own check against the API server first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteReason {
+    /// The release time came and no pod of that name is alive.
+    Expired {
+        /// The release time.
+        due: Timestamp,
+    },
+    /// The live pod no longer asks for a reservation.
+    OptedOut,
+}
+
+/// Who an Event is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subject {
+    /// The pod.
+    Pod,
+    /// The reservation.
+    Reservation,
+    /// Both (one Event each).
+    Both,
+}
+
+/// A Kubernetes Event to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// Who it is about.
+    pub subject: Subject,
+    /// Warning (else Normal).
+    pub warning: bool,
+    /// The machine-readable reason (`Reserved`, `Released`, ...).
+    pub reason: &'static str,
+    /// What happened, for people.
+    pub message: String,
+}
+
+/// What to do; an empty plan means the reservation is as it should be.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    /// Create (no reservation yet) or update the spec.
+    pub spec: Option<DesiredSpec>,
+    /// Write this status.
+    pub status: Option<StatusView>,
+    /// Delete the reservation.
+    pub delete: Option<DeleteReason>,
+    /// Look again at this instant (the release time).
+    pub requeue_at: Option<Timestamp>,
+    /// Events to publish.
+    pub notices: Vec<Notice>,
+}
+
+impl Plan {
+    fn notice(&mut self, subject: Subject, warning: bool, reason: &'static str, message: String) {
+        self.notices.push(Notice {
+            subject,
+            warning,
+            reason,
+            message,
+        });
+    }
+
+    /// Whether nothing is to be written or deleted.
+    pub fn writes_nothing(&self) -> bool {
+        self.spec.is_none() && self.status.is_none() && self.delete.is_none()
+    }
+}
+
+/// Event reasons.
+pub mod reason {
+    /// A reservation was created for a pod.
+    pub const RESERVED: &str = "Reserved";
+    /// A pod came back with its reserved addresses.
+    pub const REBOUND: &str = "Rebound";
+    /// The pod is gone; the addresses are held until the release time.
+    pub const RELEASED: &str = "Released";
+    /// The release time came; the reservation is deleted.
+    pub const EXPIRED: &str = "Expired";
+    /// A reservation made by hand for a pod that does not exist yet is honoured.
+    pub const HONOURED: &str = "Honoured";
+    /// A pod asked for a reservation it cannot get.
+    pub const NOT_RESERVED: &str = "NotReserved";
+    /// A returning pod got other addresses; the reservation follows it.
+    pub const ADDRESSES_CHANGED: &str = "AddressesChanged";
+    /// The pod no longer asks for a reservation; it is deleted.
+    pub const ENDED: &str = "ReservationEnded";
+    /// An annotation's value is malformed.
+    pub const INVALID_ANNOTATION: &str = "InvalidAnnotation";
+    /// An older reservation on the node claims the same address.
+    pub const CONFLICT: &str = "Conflict";
+}
+
+/// Decides what the reservation of one pod name must become.
+pub fn decide(input: &Input<'_>, now: Timestamp, defaults: &Defaults) -> Plan {
+    let mut plan = Plan::default();
+    if let Some(pod) = input.pod {
+        for problem in &pod.opt_in.problems {
+            plan.notice(
+                Subject::Pod,
+                true,
+                reason::INVALID_ANNOTATION,
+                problem.clone(),
+            );
+        }
+    }
+    let alive = input.pod.filter(|p| !p.finished);
+    match (alive, input.reservation) {
+        (None, None) => {}
+        (None, Some(r)) => released(&mut plan, input, r, now, defaults),
+        (Some(pod), r) => live(&mut plan, input, pod, r, now),
+    }
+    plan
+}
+
+/// A pod of that name is alive (possibly terminating: it still holds its addresses).
+fn live(
+    plan: &mut Plan,
+    input: &Input<'_>,
+    pod: &PodView,
+    r: Option<&ReservationView>,
+    now: Timestamp,
+) {
+    // The StatefulSet whose own annotations opted the pod in was deleted (its pods follow soon):
+    // what it said is what the reservation recorded.
+    let owner_gone = input.owner == OwnerState::Gone && r.is_some_and(|r| r.managed);
+    let wants = match pod.opt_in.retain {
+        Retain::Yes => true,
+        Retain::No if owner_gone => true,
+        // A reservation made by hand opts its pod in; the controller's own ones end.
+        Retain::No => r.is_some_and(|r| !r.managed),
+        Retain::Malformed => r.is_some(),
+    };
+    if !wants {
+        if r.is_some() {
+            plan.delete = Some(DeleteReason::OptedOut);
+            plan.notice(
+                Subject::Pod,
+                false,
+                reason::ENDED,
+                format!(
+                    "{} is no longer \"true\": the reservation is deleted and its addresses are free",
+                    super::optin::RETAIN
+                ),
+            );
+        }
+        return;
+    }
+    if pod.host_network {
+        if r.is_none() {
+            plan.notice(
+                Subject::Pod,
+                true,
+                reason::NOT_RESERVED,
+                "the pod uses the host network: its addresses are its node's, there is nothing to reserve".into(),
+            );
+        }
+        return;
+    }
+    let ips = one_per_family(&pod.ips);
+    let Some(node) = pod.node_name.as_deref().filter(|_| !ips.is_empty()) else {
+        if pod.running && r.is_none() {
+            plan.notice(
+                Subject::Pod,
+                true,
+                reason::NOT_RESERVED,
+                "the pod is running but has no IP address (status.podIPs is empty): nothing to reserve yet".into(),
+            );
+        }
+        // Not scheduled or no address yet: leave any reservation as it is until it has one.
+        return;
+    };
+    let retain_for = if owner_gone {
+        r.and_then(|r| r.retain_for.clone())
+    } else if let Some((text, _)) = &pod.opt_in.retain_for {
+        Some(text.clone())
+    } else if pod.opt_in.retain_for_malformed || r.is_some_and(|r| !r.managed) {
+        r.and_then(|r| r.retain_for.clone())
+    } else {
+        None
+    };
+    let desired = DesiredSpec {
+        ips: ips.iter().map(ToString::to_string).collect(),
+        node_name: node.to_string(),
+        retain_for,
+        owner_statefulset: pod.owner_statefulset.clone(),
+        release_with_owner: if owner_gone {
+            r.is_some_and(|r| r.release_with_owner)
+        } else {
+            pod.opt_in.release_with_owner
+        },
+    };
+    let status = StatusView {
+        phase: Some(Phase::Bound),
+        pod_uid: Some(pod.uid.clone()),
+        released_at: None,
+        release_time: None,
+        conflict: conflict(input, r, now),
+    };
+    match r {
+        None => {
+            plan.notice(
+                Subject::Pod,
+                false,
+                reason::RESERVED,
+                format!(
+                    "reserved {} on node {node}; kept for {} after the pod is gone",
+                    desired.ips.join(", "),
+                    desired
+                        .retain_for
+                        .as_deref()
+                        .unwrap_or("the default retention")
+                ),
+            );
+            plan.spec = Some(desired);
+            plan.status = Some(status);
+        }
+        Some(r) => {
+            let same_addresses = parsed_set(&r.ips) == ips.iter().copied().collect::<BTreeSet<_>>()
+                && r.node_name == node;
+            if !same_addresses {
+                let why = why_changed(r, &ips, node, input.node_pod_cidrs);
+                plan.notice(Subject::Both, true, reason::ADDRESSES_CHANGED, why);
+            } else if r.status.phase == Some(Phase::Released) {
+                plan.notice(
+                    Subject::Both,
+                    false,
+                    reason::REBOUND,
+                    format!(
+                        "pod returned with its reserved addresses {}: bound again, release time cleared",
+                        desired.ips.join(", ")
+                    ),
+                );
+            }
+            if !spec_matches(r, &desired) {
+                plan.spec = Some(desired);
+            }
+            conflict_notice(plan, r, &status);
+            if r.status != status {
+                plan.status = Some(status);
+            }
+        }
+    }
+}
+
+/// No pod of that name is alive: the reservation is (or becomes) Released, and expires.
+fn released(
+    plan: &mut Plan,
+    input: &Input<'_>,
+    r: &ReservationView,
+    now: Timestamp,
+    defaults: &Defaults,
+) {
+    let mut retain = match r.retain_for.as_deref().map(parse_retain_for) {
+        Some(Ok(d)) => d,
+        Some(Err(e)) => {
+            plan.notice(
+                Subject::Reservation,
+                true,
+                reason::INVALID_ANNOTATION,
+                format!("spec.retainFor: {e}; the default retention applies"),
+            );
+            defaults.retain_for
+        }
+        None => defaults.retain_for,
+    };
+    let owner_released = r.release_with_owner && input.owner == OwnerState::Gone;
+    if owner_released {
+        retain = Duration::ZERO;
+    }
+    let (released_at, fresh) = match (r.status.phase, r.status.released_at) {
+        (Some(Phase::Released), Some(at)) => (at, false),
+        // Made by hand and never bound: honoured from its creation.
+        (None, _) if !r.managed => (r.created, true),
+        _ => (now, true),
+    };
+    let release_time = released_at.checked_add(retain).unwrap_or(Timestamp::MAX);
+    let status = StatusView {
+        phase: Some(Phase::Released),
+        pod_uid: r.status.pod_uid.clone(),
+        released_at: Some(released_at),
+        release_time: Some(release_time),
+        conflict: conflict(input, Some(r), now),
+    };
+    if now >= release_time {
+        plan.delete = Some(DeleteReason::Expired { due: release_time });
+        return;
+    }
+    if fresh {
+        let (why, reason) = if r.status.phase.is_none() && !r.managed {
+            ("no pod of this name exists yet", reason::HONOURED)
+        } else {
+            ("the pod is gone", reason::RELEASED)
+        };
+        plan.notice(
+            Subject::Reservation,
+            false,
+            reason,
+            format!("{why}: {} held until {release_time}", r.ips.join(", ")),
+        );
+    } else if owner_released && r.status.release_time != Some(release_time) {
+        plan.notice(
+            Subject::Reservation,
+            false,
+            reason::RELEASED,
+            format!(
+                "StatefulSet {} was deleted and {} is \"true\": released now",
+                r.owner_statefulset.as_deref().unwrap_or("?"),
+                super::optin::RELEASE_WITH_OWNER
+            ),
+        );
+    }
+    conflict_notice(plan, r, &status);
+    if r.status != status {
+        plan.status = Some(status);
+    }
+    plan.requeue_at = Some(release_time);
+}
+
+fn conflict(input: &Input<'_>, r: Option<&ReservationView>, now: Timestamp) -> Option<Conflict> {
+    let (ip, holder) = input.conflict?;
+    let since = r
+        .and_then(|r| r.status.conflict.as_ref())
+        .filter(|c| c.ip == ip && c.holder == holder)
+        .map_or(now, |c| c.since);
+    Some(Conflict {
+        ip,
+        holder: holder.to_string(),
+        since,
+    })
+}
+
+fn conflict_notice(plan: &mut Plan, r: &ReservationView, status: &StatusView) {
+    if let Some(c) = &status.conflict
+        && r.status
+            .conflict
+            .as_ref()
+            .is_none_or(|old| old.holder != c.holder || old.ip != c.ip)
+    {
+        plan.notice(
+            Subject::Reservation,
+            true,
+            reason::CONFLICT,
+            format!(
+                "address {} on node {} is held by the older reservation {}: this one is not honoured",
+                c.ip, r.node_name, c.holder
+            ),
+        );
+    }
+}
+
+fn spec_matches(r: &ReservationView, desired: &DesiredSpec) -> bool {
+    r.ips == desired.ips
+        && r.node_name == desired.node_name
+        && r.retain_for == desired.retain_for
+        && (!r.managed
+            || (r.owner_statefulset == desired.owner_statefulset
+                && r.release_with_owner == desired.release_with_owner))
+}
+
+fn why_changed(r: &ReservationView, ips: &[IpAddr], node: &str, cidrs: Option<&[IpNet]>) -> String {
+    let new = ips
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let old = r.ips.join(", ");
+    let mut why = String::new();
+    if r.node_name != node {
+        let _ = write!(
+            why,
+            "the pod now runs on node {node}, not {} where {old} was reserved (allocation is node-local)",
+            r.node_name
+        );
+    } else if let Some(cidrs) = cidrs {
+        let outside: Vec<&String> = r
+            .ips
+            .iter()
+            .filter(|ip| {
+                ip.parse::<IpAddr>()
+                    .map_or(true, |ip| !cidrs.iter().any(|c| c.contains(&ip)))
+            })
+            .collect();
+        if outside.is_empty() {
+            let _ = write!(
+                why,
+                "the pod got {new} instead of the reserved {old} (another pod held one, or ipkeep is not this node's IPAM plugin)"
+            );
+        } else {
+            let list: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
+            let _ = write!(
+                why,
+                "the reserved {} lies outside node {node}'s podCIDRs {}",
+                outside
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                list.join(", ")
+            );
+        }
+    } else {
+        let _ = write!(
+            why,
+            "the pod got {new} instead of the reserved {old} (another pod held one, or ipkeep is not this node's IPAM plugin)"
+        );
+    }
+    let _ = write!(why, ": the reservation now holds {new} on node {node}");
+    why
+}
+
+/// The first address of each family, IPv4 first (`status.podIPs` holds at most one per family).
+pub fn one_per_family(ips: &[IpAddr]) -> Vec<IpAddr> {
+    let v4 = ips.iter().find(|ip| ip.is_ipv4());
+    let v6 = ips.iter().find(|ip| ip.is_ipv6());
+    v4.into_iter().chain(v6).copied().collect()
+}
+
+fn parsed_set(ips: &[String]) -> BTreeSet<IpAddr> {
+    ips.iter().filter_map(|s| s.parse().ok()).collect()
+}
+
+/// One reservation's claim on addresses of a node, for conflict detection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// `namespace/name`.
+    pub key: String,
+    /// `metadata.creationTimestamp`.
+    pub created: Timestamp,
+}
+
+/// The older claim wins: earlier creation, then the smaller `namespace/name`. Returns the holder
+/// that beats `me`, if any.
+pub fn holder<'a>(me: &Claim, others: impl IntoIterator<Item = &'a Claim>) -> Option<&'a Claim> {
+    others
+        .into_iter()
+        .filter(|o| o.key != me.key)
+        .filter(|o| (o.created, &o.key) < (me.created, &me.key))
+        .min_by(|a, b| (a.created, &a.key).cmp(&(b.created, &b.key)))
+}

@@ -1,0 +1,170 @@
+//! The controller's Prometheus metrics. Reservation counts and the time to the next expiry are
+//! computed from the reservation cache when scraped, so they are never stale.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use kube::runtime::reflector::Store;
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    core::{Collector, Desc},
+    proto::MetricFamily,
+};
+
+use crate::crd::{IPReservation, Phase};
+
+/// The metrics the controller updates as it works.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    /// Reservations deleted at their release time.
+    pub expirations: IntCounter,
+    /// How late each expiry fired after its release time, in seconds.
+    pub expiry_lateness: Histogram,
+    /// Reconciles that failed, by kind of failure.
+    pub reconcile_errors: IntCounterVec,
+    /// How long reconciles took, in seconds.
+    pub reconcile_duration: Histogram,
+    /// 1 while this replica is the leader, else 0.
+    pub leader: IntGauge,
+    /// Events, by reason and type.
+    pub events: IntCounterVec,
+}
+
+/// Errors of registering metrics.
+#[derive(Debug, thiserror::Error)]
+#[error("failed to register the controller's metrics")]
+pub struct MetricsError(#[source] prometheus::Error);
+
+impl Metrics {
+    /// Creates the metrics and registers them, plus the cache-derived ones, in `registry`.
+    pub fn register(
+        registry: &Registry,
+        reservations: Store<IPReservation>,
+    ) -> Result<Metrics, MetricsError> {
+        let m = Metrics::new().map_err(MetricsError)?;
+        let collectors: Vec<Box<dyn Collector>> = vec![
+            Box::new(m.expirations.clone()),
+            Box::new(m.expiry_lateness.clone()),
+            Box::new(m.reconcile_errors.clone()),
+            Box::new(m.reconcile_duration.clone()),
+            Box::new(m.leader.clone()),
+            Box::new(m.events.clone()),
+            Box::new(CacheCollector::new(reservations).map_err(MetricsError)?),
+        ];
+        for c in collectors {
+            registry.register(c).map_err(MetricsError)?;
+        }
+        Ok(m)
+    }
+
+    fn new() -> Result<Metrics, prometheus::Error> {
+        Ok(Metrics {
+            expirations: IntCounter::new(
+                "ipkeep_controller_expirations_total",
+                "Reservations deleted because their release time came.",
+            )?,
+            expiry_lateness: Histogram::with_opts(
+                HistogramOpts::new(
+                    "ipkeep_controller_expiry_lateness_seconds",
+                    "How long after its release time each expired reservation was deleted.",
+                )
+                .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 30.0, 300.0]),
+            )?,
+            reconcile_errors: IntCounterVec::new(
+                Opts::new(
+                    "ipkeep_controller_reconcile_errors_total",
+                    "Reconciles that failed, by kind of failure.",
+                ),
+                &["kind"],
+            )?,
+            reconcile_duration: Histogram::with_opts(
+                HistogramOpts::new(
+                    "ipkeep_controller_reconcile_duration_seconds",
+                    "How long one reconcile of a pod's reservation took.",
+                )
+                .buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
+            )?,
+            leader: IntGauge::new(
+                "ipkeep_controller_leader",
+                "1 while this replica holds the leader lease and reconciles, else 0.",
+            )?,
+            events: IntCounterVec::new(
+                Opts::new(
+                    "ipkeep_controller_events_total",
+                    "Kubernetes Events published, by reason and type.",
+                ),
+                &["reason", "type"],
+            )?,
+        })
+    }
+}
+
+/// Reservations by phase and seconds until the next expiry, computed from the cache on scrape.
+struct CacheCollector {
+    store: Store<IPReservation>,
+    phases: prometheus::IntGaugeVec,
+    next_expiry: prometheus::Gauge,
+    descs: Vec<Desc>,
+}
+
+impl CacheCollector {
+    fn new(store: Store<IPReservation>) -> Result<CacheCollector, prometheus::Error> {
+        let phases = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "ipkeep_controller_reservations",
+                "IPReservations the controller sees, by status.phase (None: not yet written).",
+            ),
+            &["phase"],
+        )?;
+        let next_expiry = prometheus::Gauge::new(
+            "ipkeep_controller_next_expiry_seconds",
+            "Seconds until the earliest release time of a Released reservation (0 when overdue, -1 when none is due).",
+        )?;
+        let mut descs: Vec<Desc> = phases.desc().into_iter().cloned().collect();
+        descs.extend(next_expiry.desc().into_iter().cloned());
+        Ok(CacheCollector {
+            store,
+            phases,
+            next_expiry,
+            descs,
+        })
+    }
+}
+
+impl Collector for CacheCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let (mut bound, mut released, mut none) = (0, 0, 0);
+        let mut earliest: Option<Timestamp> = None;
+        for r in self.store.state() {
+            let status = r.status.as_ref();
+            match status.and_then(|s| s.phase) {
+                Some(Phase::Bound) => bound += 1,
+                Some(Phase::Released) => {
+                    released += 1;
+                    if let Some(t) = status.and_then(|s| s.release_time.as_ref()) {
+                        earliest = Some(earliest.map_or(t.0, |e| e.min(t.0)));
+                    }
+                }
+                None => none += 1,
+            }
+        }
+        self.phases.with_label_values(&["Bound"]).set(bound);
+        self.phases.with_label_values(&["Released"]).set(released);
+        self.phases.with_label_values(&["None"]).set(none);
+        let seconds = earliest.map_or(-1.0, |t| {
+            let d = t.duration_since(Timestamp::now()).as_secs_f64();
+            d.max(0.0)
+        });
+        self.next_expiry.set(seconds);
+        let mut families = self.phases.collect();
+        families.extend(self.next_expiry.collect());
+        families
+    }
+}
+
+/// Shared handle.
+pub type SharedMetrics = Arc<Metrics>;

@@ -1,0 +1,107 @@
+//! Contract 2: the annotations users write, on a pod or on its owning StatefulSet's own metadata
+//! (the pod's own annotation wins where both are set).
+
+use std::{collections::BTreeMap, time::Duration};
+
+use super::retention::parse_retain_for;
+
+/// `ipkeep.dev/retain: "true"` keeps a pod's addresses after it is gone.
+pub const RETAIN: &str = "ipkeep.dev/retain";
+/// `ipkeep.dev/retain-for: "24h"`: how long, after the pod is gone.
+pub const RETAIN_FOR: &str = "ipkeep.dev/retain-for";
+/// `ipkeep.dev/release-with-owner: "true"`: release at once when the owning StatefulSet is deleted.
+pub const RELEASE_WITH_OWNER: &str = "ipkeep.dev/release-with-owner";
+/// Annotation on a controller-made reservation naming the pod's owning StatefulSet (so the
+/// release-with-owner choice can be applied after the pod is gone).
+pub const OWNER_STATEFULSET: &str = "ipkeep.dev/owner-statefulset";
+
+/// What `ipkeep.dev/retain` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retain {
+    /// `"true"`.
+    Yes,
+    /// Absent or `"false"`.
+    No,
+    /// Any other value: reported, and the reservation (if any) is left as it is.
+    Malformed,
+}
+
+/// The effective opt-in of one pod, after merging its owner's annotations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptIn {
+    /// Whether the pod asks for its addresses to be kept.
+    pub retain: Retain,
+    /// `ipkeep.dev/retain-for` as written and parsed; `None` when absent or malformed.
+    pub retain_for: Option<(String, Duration)>,
+    /// Whether `ipkeep.dev/retain-for` was set but malformed (the current value is kept).
+    pub retain_for_malformed: bool,
+    /// `ipkeep.dev/release-with-owner: "true"`.
+    pub release_with_owner: bool,
+    /// One message per malformed annotation, for a Warning Event on the pod.
+    pub problems: Vec<String>,
+}
+
+impl OptIn {
+    /// The opt-in of a pod nobody annotated.
+    pub fn none() -> OptIn {
+        OptIn {
+            retain: Retain::No,
+            retain_for: None,
+            retain_for_malformed: false,
+            release_with_owner: false,
+            problems: Vec::new(),
+        }
+    }
+}
+
+/// Reads the three annotations from a pod, falling back to its owning StatefulSet's metadata.
+pub fn opt_in(pod: &BTreeMap<String, String>, owner: Option<&BTreeMap<String, String>>) -> OptIn {
+    let get = |key: &str| -> Option<(&str, &'static str)> {
+        pod.get(key).map(|v| (v.as_str(), "pod")).or_else(|| {
+            owner
+                .and_then(|o| o.get(key))
+                .map(|v| (v.as_str(), "StatefulSet"))
+        })
+    };
+    let mut out = OptIn::none();
+    if let Some((value, on)) = get(RETAIN) {
+        out.retain = match parse_bool(value) {
+            Some(true) => Retain::Yes,
+            Some(false) => Retain::No,
+            None => {
+                out.problems.push(format!(
+                    "annotation {RETAIN}={value:?} on the {on} is neither \"true\" nor \"false\": the reservation is left as it is"
+                ));
+                Retain::Malformed
+            }
+        };
+    }
+    if let Some((value, on)) = get(RETAIN_FOR) {
+        match parse_retain_for(value) {
+            Ok(d) => out.retain_for = Some((value.to_string(), d)),
+            Err(e) => {
+                out.retain_for_malformed = true;
+                out.problems.push(format!(
+                    "annotation {RETAIN_FOR} on the {on}: {e}; the current retention is kept"
+                ));
+            }
+        }
+    }
+    if let Some((value, on)) = get(RELEASE_WITH_OWNER) {
+        match parse_bool(value) {
+            Some(b) => out.release_with_owner = b,
+            None => out.problems.push(format!(
+                "annotation {RELEASE_WITH_OWNER}={value:?} on the {on} is neither \"true\" nor \"false\": taken as \"false\""
+            )),
+        }
+    }
+    out
+}
+
+fn parse_bool(value: &str) -> Option<bool> {
+    match value.trim() {
+        v if v.eq_ignore_ascii_case("true") => Some(true),
+        v if v.eq_ignore_ascii_case("false") => Some(false),
+        _ => None,
+    }
+}

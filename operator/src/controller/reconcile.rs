@@ -1,0 +1,408 @@
+//! One reconcile: read the caches, ask [`decide`], carry the plan out against the API server.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use jiff::Timestamp;
+use k8s_openapi::api::{
+    apps::v1::StatefulSet,
+    core::v1::{Node, Pod},
+};
+use kube::{
+    Api, Client, Resource,
+    api::{DeleteParams, Patch, PatchParams, Preconditions},
+    core::PartialObjectMeta,
+    runtime::reflector::{ObjectRef, Store},
+};
+use serde_json::json;
+
+use super::{
+    Key,
+    index::AddressIndex,
+    lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, decide},
+    metrics::Metrics,
+    optin, view,
+};
+use crate::crd::{self, IPReservation};
+
+/// The field manager of every write the controller makes (spec and status).
+pub const FIELD_MANAGER: &str = "ipkeep-controller";
+
+/// What a reconcile needs; shared by every worker.
+pub struct Context {
+    /// The API client (the pre-delete check and every write go through it).
+    pub client: Client,
+    /// Trimmed pods (see [`view::trim_pod`]).
+    pub pods: Store<Pod>,
+    /// Every IPReservation in the watched scope.
+    pub reservations: Store<IPReservation>,
+    /// StatefulSets' metadata (their own ipkeep annotations).
+    pub statefulsets: Store<PartialObjectMeta<StatefulSet>>,
+    /// Nodes, trimmed to their pod CIDRs.
+    pub nodes: Store<Node>,
+    /// Which reservations claim each node's addresses.
+    pub index: AddressIndex,
+    /// This replica's name in the Events it publishes (`reportingInstance`).
+    pub reporting_instance: String,
+    /// The controller's metrics.
+    pub metrics: Metrics,
+    /// Defaults from the flags.
+    pub defaults: Defaults,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("defaults", &self.defaults)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a reconcile failed (it is retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// Writing the reservation's spec failed.
+    #[error("failed to apply the spec of IPReservation {key}")]
+    ApplySpec {
+        /// The reservation.
+        key: Key,
+        /// kube's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Writing the reservation's status failed.
+    #[error("failed to apply the status of IPReservation {key}")]
+    ApplyStatus {
+        /// The reservation.
+        key: Key,
+        /// kube's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Reading the pod from the API server before a delete failed.
+    #[error("failed to read pod {key} from the API server before deleting its reservation")]
+    RecheckPod {
+        /// The pod.
+        key: Key,
+        /// kube's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Deleting the reservation failed.
+    #[error("failed to delete IPReservation {key}")]
+    Delete {
+        /// The reservation.
+        key: Key,
+        /// kube's error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl ReconcileError {
+    /// A short label for the errors metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ReconcileError::ApplySpec { .. } => "apply_spec",
+            ReconcileError::ApplyStatus { .. } => "apply_status",
+            ReconcileError::RecheckPod { .. } => "recheck_pod",
+            ReconcileError::Delete { .. } => "delete",
+        }
+    }
+}
+
+/// When to look at a key again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Only when something changes.
+    AwaitChange,
+    /// At this instant (a release time).
+    At(Timestamp),
+    /// Soon: a delete was held back or raced; re-check after this many milliseconds.
+    RetryMs(u64),
+}
+
+/// Reconciles the reservation of the pod name `key`.
+pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError> {
+    let now = Timestamp::now();
+    let pod = ctx
+        .pods
+        .get(&ObjectRef::new(&key.name).within(&key.namespace));
+    let reservation = ctx
+        .reservations
+        .get(&ObjectRef::new(&key.name).within(&key.namespace));
+    let owner_name = pod
+        .as_deref()
+        .and_then(view::pod_owner_statefulset)
+        .or_else(|| {
+            reservation
+                .as_ref()
+                .and_then(|r| r.metadata.annotations.as_ref())
+                .and_then(|a| a.get(optin::OWNER_STATEFULSET).cloned())
+        });
+    let owner = owner_name.as_ref().and_then(|n| {
+        ctx.statefulsets
+            .get(&ObjectRef::new(n).within(&key.namespace))
+    });
+    let owner_state = match (&owner_name, &owner) {
+        (None, _) => OwnerState::None,
+        (Some(_), Some(_)) => OwnerState::Present,
+        (Some(_), None) => OwnerState::Gone,
+    };
+    let owner_annotations = owner.as_ref().and_then(|o| o.metadata.annotations.clone());
+    let pod_view = pod
+        .as_deref()
+        .map(|p| view::pod_view(p, owner_annotations.as_ref()));
+    let reservation_view = reservation.as_deref().map(view::reservation_view);
+    let conflict = reservation.as_ref().and_then(|_| ctx.index.conflict(key));
+    let cidrs = pod_view
+        .as_ref()
+        .and_then(|p| p.node_name.as_ref())
+        .and_then(|n| ctx.nodes.get(&ObjectRef::new(n)))
+        .map(|n| view::node_pod_cidrs(&n));
+    let input = Input {
+        pod: pod_view.as_ref(),
+        reservation: reservation_view.as_ref(),
+        owner: owner_state,
+        conflict: conflict.as_ref().map(|(ip, h)| (*ip, h.as_str())),
+        node_pod_cidrs: cidrs.as_deref(),
+    };
+    let plan = decide(&input, now, &ctx.defaults);
+    if !plan.writes_nothing() {
+        tracing::debug!(%key, ?plan, "carrying out plan");
+    }
+    execute(key, ctx, plan, pod, reservation, owner_annotations).await
+}
+
+async fn execute(
+    key: &Key,
+    ctx: &Context,
+    plan: Plan,
+    pod: Option<Arc<Pod>>,
+    reservation: Option<Arc<IPReservation>>,
+    owner_annotations: Option<BTreeMap<String, String>>,
+) -> Result<Next, ReconcileError> {
+    let api: Api<IPReservation> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    if let (Some(reason), Some(r)) = (plan.delete, reservation.as_deref()) {
+        let next = delete(key, ctx, &api, r, reason, owner_annotations.as_ref()).await?;
+        if next == Next::AwaitChange {
+            publish(ctx, &plan, pod.as_deref(), Some(r)).await;
+        }
+        return Ok(next);
+    }
+    let mut current = reservation.as_deref().cloned();
+    if let Some(spec) = &plan.spec {
+        let managed = current
+            .as_ref()
+            .is_none_or(|r| view::reservation_view(r).managed);
+        let mut metadata = json!({"name": key.name, "namespace": key.namespace});
+        if managed {
+            let mut annotations = serde_json::Map::new();
+            if let Some(owner) = &spec.owner_statefulset {
+                annotations.insert(optin::OWNER_STATEFULSET.into(), json!(owner));
+            }
+            if spec.release_with_owner {
+                annotations.insert(optin::RELEASE_WITH_OWNER.into(), json!("true"));
+            }
+            metadata["labels"] = json!({crd::MANAGED_BY_LABEL: crd::MANAGED_BY_VALUE});
+            metadata["annotations"] = serde_json::Value::Object(annotations);
+        }
+        let mut body_spec = json!({"ips": spec.ips, "nodeName": spec.node_name});
+        if let Some(retain_for) = &spec.retain_for {
+            body_spec["retainFor"] = json!(retain_for);
+        }
+        let body = json!({
+            "apiVersion": "ipkeep.dev/v1alpha1",
+            "kind": "IPReservation",
+            "metadata": metadata,
+            "spec": body_spec,
+        });
+        let written = api
+            .patch(
+                &key.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(|source| ReconcileError::ApplySpec {
+                key: key.clone(),
+                source,
+            })?;
+        current = Some(written);
+    }
+    if let Some(r) = &current {
+        let generation = r.metadata.generation;
+        let observed = r.status.as_ref().and_then(|s| s.observed_generation);
+        let stale_generation = r.status.is_some() && observed != generation;
+        if plan.status.is_some() || stale_generation {
+            let status = plan
+                .status
+                .clone()
+                .unwrap_or_else(|| view::reservation_view(r).status);
+            let body = json!({
+                "apiVersion": "ipkeep.dev/v1alpha1",
+                "kind": "IPReservation",
+                "status": view::status_object(&status, generation),
+            });
+            current = Some(
+                api.patch_status(
+                    &key.name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&body),
+                )
+                .await
+                .map_err(|source| ReconcileError::ApplyStatus {
+                    key: key.clone(),
+                    source,
+                })?,
+            );
+        }
+    }
+    publish(ctx, &plan, pod.as_deref(), current.as_ref()).await;
+    Ok(plan.requeue_at.map_or(Next::AwaitChange, Next::At))
+}
+
+/// Deletes a reservation after checking the pod against the API server (never the cache), with
+/// uid and resourceVersion preconditions so a reservation changed meanwhile is never deleted.
+async fn delete(
+    key: &Key,
+    ctx: &Context,
+    api: &Api<IPReservation>,
+    r: &IPReservation,
+    reason: DeleteReason,
+    owner_annotations: Option<&BTreeMap<String, String>>,
+) -> Result<Next, ReconcileError> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let fresh = pods
+        .get_opt(&key.name)
+        .await
+        .map_err(|source| ReconcileError::RecheckPod {
+            key: key.clone(),
+            source,
+        })?;
+    let hold = match (reason, &fresh) {
+        (DeleteReason::Expired { .. }, Some(p)) => !view::pod_finished(p),
+        (DeleteReason::OptedOut, Some(p)) => view::pod_opted_in(p, owner_annotations),
+        (_, None) => false,
+    };
+    if hold {
+        tracing::info!(%key, ?reason, "not deleting the reservation: the API server has a live pod of that name the cache had not shown yet");
+        return Ok(Next::RetryMs(1_000));
+    }
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: r.metadata.uid.clone(),
+            resource_version: r.metadata.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&key.name, &params).await {
+        Ok(_) => {
+            if let DeleteReason::Expired { due } = reason {
+                let late = Timestamp::now().duration_since(due).as_secs_f64().max(0.0);
+                ctx.metrics.expirations.inc();
+                ctx.metrics.expiry_lateness.observe(late);
+                tracing::info!(%key, late_seconds = late, "reservation expired and was deleted");
+                let note = format!(
+                    "release time {due} reached and no pod of this name is alive: deleted, {} free",
+                    r.spec
+                        .ips
+                        .iter()
+                        .map(|ip| ip.0.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                emit(
+                    ctx,
+                    r.object_ref(&()),
+                    false,
+                    lifecycle::reason::EXPIRED,
+                    note,
+                )
+                .await;
+            } else {
+                tracing::info!(%key, "reservation ended: the pod no longer asks for it");
+            }
+            Ok(Next::AwaitChange)
+        }
+        // Someone changed it meanwhile (uid or resourceVersion precondition) or deleted it.
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(Next::RetryMs(200)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Next::AwaitChange),
+        Err(source) => Err(ReconcileError::Delete {
+            key: key.clone(),
+            source,
+        }),
+    }
+}
+
+async fn publish(ctx: &Context, plan: &Plan, pod: Option<&Pod>, r: Option<&IPReservation>) {
+    for notice in &plan.notices {
+        let on_pod = matches!(notice.subject, Subject::Pod | Subject::Both);
+        let on_reservation = matches!(notice.subject, Subject::Reservation | Subject::Both);
+        if on_pod && let Some(p) = pod {
+            emit(
+                ctx,
+                p.object_ref(&()),
+                notice.warning,
+                notice.reason,
+                notice.message.clone(),
+            )
+            .await;
+        }
+        if on_reservation && let Some(r) = r {
+            emit(
+                ctx,
+                r.object_ref(&()),
+                notice.warning,
+                notice.reason,
+                notice.message.clone(),
+            )
+            .await;
+        }
+    }
+}
+
+async fn emit(
+    ctx: &Context,
+    reference: k8s_openapi::api::core::v1::ObjectReference,
+    warning: bool,
+    reason: &str,
+    note: String,
+) {
+    let type_label = if warning { "Warning" } else { "Normal" };
+    ctx.metrics
+        .events
+        .with_label_values(&[reason, type_label])
+        .inc();
+    // Published directly rather than through kube's Recorder: it caches every event it sent for
+    // six minutes (to build series), which for 10 000 newly reserved pods is tens of MiB; the
+    // controller publishes only on transitions anyway.
+    let namespace = reference
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let name = reference.name.clone().unwrap_or_default();
+    let now = Timestamp::now();
+    let event = k8s_openapi::api::events::v1::Event {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+            namespace: Some(namespace.clone()),
+            ..Default::default()
+        },
+        event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            now,
+        )),
+        action: Some("Reconcile".into()),
+        reason: Some(reason.into()),
+        note: Some(note.chars().take(1024).collect()),
+        type_: Some(type_label.into()),
+        regarding: Some(reference),
+        reporting_controller: Some(FIELD_MANAGER.into()),
+        reporting_instance: Some(ctx.reporting_instance.chars().take(128).collect()),
+        ..Default::default()
+    };
+    let api: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(ctx.client.clone(), &namespace);
+    if let Err(e) = api.create(&kube::api::PostParams::default(), &event).await {
+        tracing::warn!(error = %e, reason, object = %name, "failed to publish an Event");
+    }
+}

@@ -1,0 +1,232 @@
+//! The boundary between Kubernetes objects and the lifecycle's plain views: trimming what the
+//! caches keep, and converting pods and reservations into [`PodView`] and [`ReservationView`].
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use ipnet::IpNet;
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::{
+        apps::v1::StatefulSet,
+        core::v1::{Node, NodeSpec, Pod, PodSpec, PodStatus},
+    },
+    apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time},
+};
+use kube::core::PartialObjectMeta;
+
+use super::{
+    lifecycle::{Conflict, Phase, PodView, ReservationView, StatusView},
+    optin,
+};
+use crate::crd::{self, CONDITION_CONFLICT, IPReservation, IPReservationStatus};
+
+/// Keeps only what the controller reads from a pod, so 10 000 pods cost little memory.
+pub fn trim_pod(pod: &mut Pod) {
+    trim_meta(&mut pod.metadata);
+    if let Some(owners) = &mut pod.metadata.owner_references {
+        owners.retain(|o| o.kind == "StatefulSet" && o.controller == Some(true));
+    }
+    pod.spec = pod.spec.take().map(|s| PodSpec {
+        node_name: s.node_name,
+        host_network: s.host_network,
+        ..PodSpec::default()
+    });
+    pod.status = pod.status.take().map(|s| PodStatus {
+        phase: s.phase,
+        pod_ip: s.pod_ip,
+        pod_ips: s.pod_ips,
+        ..PodStatus::default()
+    });
+}
+
+/// Keeps only a node's pod CIDRs.
+pub fn trim_node(node: &mut Node) {
+    trim_meta(&mut node.metadata);
+    node.metadata.owner_references = None;
+    node.spec = node.spec.take().map(|s| NodeSpec {
+        pod_cidr: s.pod_cidr,
+        pod_cidrs: s.pod_cidrs,
+        ..NodeSpec::default()
+    });
+    node.status = None;
+}
+
+/// Keeps only a StatefulSet's ipkeep annotations.
+pub fn trim_statefulset(sts: &mut PartialObjectMeta<StatefulSet>) {
+    trim_meta(&mut sts.metadata);
+    sts.metadata.owner_references = None;
+}
+
+fn trim_meta(meta: &mut ObjectMeta) {
+    meta.labels = None;
+    meta.managed_fields = None;
+    meta.finalizers = None;
+    meta.generate_name = None;
+    meta.creation_timestamp = None;
+    if let Some(annotations) = &mut meta.annotations {
+        annotations.retain(|k, _| k.starts_with("ipkeep.dev/"));
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
+}
+
+/// The StatefulSet controlling a pod, if any.
+pub fn pod_owner_statefulset(pod: &Pod) -> Option<String> {
+    pod.metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.kind == "StatefulSet" && o.controller == Some(true))
+        .map(|o| o.name.clone())
+}
+
+/// Whether a pod holds no addresses any more (`Succeeded` or `Failed`).
+pub fn pod_finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// The lifecycle's view of a pod, given its owner's annotations.
+pub fn pod_view(pod: &Pod, owner_annotations: Option<&BTreeMap<String, String>>) -> PodView {
+    let empty = BTreeMap::new();
+    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    let status = pod.status.as_ref();
+    let mut ips: Vec<IpAddr> = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .map(|list| list.iter().filter_map(|p| p.ip.parse().ok()).collect())
+        .unwrap_or_default();
+    if ips.is_empty()
+        && let Some(ip) = status
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|s| s.parse().ok())
+    {
+        ips.push(ip);
+    }
+    let spec = pod.spec.as_ref();
+    PodView {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        node_name: spec
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty()),
+        ips,
+        running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
+        finished: pod_finished(pod),
+        host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+        opt_in: optin::opt_in(annotations, owner_annotations),
+        owner_statefulset: pod_owner_statefulset(pod),
+    }
+}
+
+/// Whether a live pod asks for a reservation (the check before deleting an opted-out one).
+pub fn pod_opted_in(pod: &Pod, owner_annotations: Option<&BTreeMap<String, String>>) -> bool {
+    let view = pod_view(pod, owner_annotations);
+    !view.finished && view.opt_in.retain != optin::Retain::No
+}
+
+/// The lifecycle's view of a reservation.
+pub fn reservation_view(r: &IPReservation) -> ReservationView {
+    let meta = &r.metadata;
+    let status = r.status.clone().unwrap_or_default();
+    let conflict = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_CONFLICT && c.status == "True")
+        .and_then(|c| {
+            let (ip, holder) = parse_conflict_message(&c.message)?;
+            Some(Conflict {
+                ip,
+                holder,
+                since: c.last_transition_time.0,
+            })
+        });
+    ReservationView {
+        ips: r.spec.ips.iter().map(|ip| ip.0.clone()).collect(),
+        node_name: r.spec.node_name.clone(),
+        retain_for: r.spec.retain_for.clone(),
+        managed: meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crd::MANAGED_BY_LABEL))
+            .is_some_and(|v| v == crd::MANAGED_BY_VALUE),
+        created: meta
+            .creation_timestamp
+            .as_ref()
+            .map_or(Timestamp::UNIX_EPOCH, |t| t.0),
+        owner_statefulset: meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(optin::OWNER_STATEFULSET))
+            .cloned(),
+        release_with_owner: meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(optin::RELEASE_WITH_OWNER))
+            .is_some_and(|v| v == "true"),
+        status: StatusView {
+            phase: status.phase.map(|p| match p {
+                crd::Phase::Bound => Phase::Bound,
+                crd::Phase::Released => Phase::Released,
+            }),
+            pod_uid: status.pod_uid,
+            released_at: status.released_at.map(|t| t.0),
+            release_time: status.release_time.map(|t| t.0),
+            conflict,
+        },
+    }
+}
+
+const CONFLICT_PREFIX: &str = "address ";
+const CONFLICT_MIDDLE: &str = " is held by the older reservation ";
+
+fn conflict_message(c: &Conflict) -> String {
+    format!("{CONFLICT_PREFIX}{}{CONFLICT_MIDDLE}{}", c.ip, c.holder)
+}
+
+fn parse_conflict_message(message: &str) -> Option<(IpAddr, String)> {
+    let rest = message.strip_prefix(CONFLICT_PREFIX)?;
+    let (ip, holder) = rest.split_once(CONFLICT_MIDDLE)?;
+    Some((ip.parse().ok()?, holder.to_string()))
+}
+
+/// The CRD status the controller writes for a lifecycle status.
+pub fn status_object(view: &StatusView, observed_generation: Option<i64>) -> IPReservationStatus {
+    IPReservationStatus {
+        phase: view.phase.map(|p| match p {
+            Phase::Bound => crd::Phase::Bound,
+            Phase::Released => crd::Phase::Released,
+        }),
+        pod_uid: view.pod_uid.clone(),
+        released_at: view.released_at.map(Time),
+        release_time: view.release_time.map(Time),
+        observed_generation,
+        conditions: view
+            .conflict
+            .iter()
+            .map(|c| Condition {
+                type_: CONDITION_CONFLICT.into(),
+                status: "True".into(),
+                reason: "AddressHeld".into(),
+                message: conflict_message(c),
+                last_transition_time: Time(c.since),
+                observed_generation,
+            })
+            .collect(),
+    }
+}
+
+/// A node's pod CIDRs (`spec.podCIDRs`, else `spec.podCIDR`).
+pub fn node_pod_cidrs(node: &Node) -> Vec<IpNet> {
+    let Some(spec) = node.spec.as_ref() else {
+        return Vec::new();
+    };
+    let list = spec
+        .pod_cidrs
+        .clone()
+        .filter(|l| !l.is_empty())
+        .or_else(|| spec.pod_cidr.clone().map(|c| vec![c]))
+        .unwrap_or_default();
+    list.iter().filter_map(|c| c.parse().ok()).collect()
+}

@@ -1,0 +1,651 @@
+//! The reservation lifecycle, transition by transition, with `now` injected.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{collections::BTreeMap, net::IpAddr, time::Duration};
+
+use ipkeep_operator::controller::{
+    lifecycle::{
+        Conflict, Defaults, DeleteReason, DesiredSpec, Input, OwnerState, Phase, Plan, PodView,
+        ReservationView, StatusView, Subject, decide, reason,
+    },
+    optin::{self, OptIn, Retain},
+    retention::{MAX_RETAIN_FOR, RetainForError, parse_retain_for},
+};
+use jiff::Timestamp;
+
+const POD_UID: &str = "uid-1";
+const DAY: Duration = Duration::from_secs(86_400);
+
+fn t(s: &str) -> Timestamp {
+    s.parse().expect("a valid timestamp")
+}
+
+fn now() -> Timestamp {
+    t("2026-01-10T12:00:00Z")
+}
+
+fn defaults() -> Defaults {
+    Defaults { retain_for: DAY }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("an address")
+}
+
+fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn retained() -> OptIn {
+    optin::opt_in(&annotations(&[(optin::RETAIN, "true")]), None)
+}
+
+/// An annotated pod running on node-a with 10.244.1.17 and fd00::11.
+fn pod() -> PodView {
+    PodView {
+        uid: POD_UID.into(),
+        node_name: Some("node-a".into()),
+        ips: vec![ip("10.244.1.17"), ip("fd00::11")],
+        running: true,
+        finished: false,
+        host_network: false,
+        opt_in: retained(),
+        owner_statefulset: None,
+    }
+}
+
+fn bound() -> ReservationView {
+    ReservationView {
+        ips: vec!["10.244.1.17".into(), "fd00::11".into()],
+        node_name: "node-a".into(),
+        retain_for: None,
+        managed: true,
+        created: t("2026-01-01T00:00:00Z"),
+        owner_statefulset: None,
+        release_with_owner: false,
+        status: StatusView {
+            phase: Some(Phase::Bound),
+            pod_uid: Some(POD_UID.into()),
+            released_at: None,
+            release_time: None,
+            conflict: None,
+        },
+    }
+}
+
+fn released(at: &str, until: &str) -> ReservationView {
+    let mut r = bound();
+    r.status.phase = Some(Phase::Released);
+    r.status.released_at = Some(t(at));
+    r.status.release_time = Some(t(until));
+    r
+}
+
+fn input<'a>(pod: Option<&'a PodView>, r: Option<&'a ReservationView>) -> Input<'a> {
+    Input {
+        pod,
+        reservation: r,
+        owner: OwnerState::None,
+        conflict: None,
+        node_pod_cidrs: None,
+    }
+}
+
+fn decide_now(input: &Input<'_>) -> Plan {
+    decide(input, now(), &defaults())
+}
+
+fn reasons(plan: &Plan) -> Vec<(&'static str, bool, Subject)> {
+    plan.notices
+        .iter()
+        .map(|n| (n.reason, n.warning, n.subject))
+        .collect()
+}
+
+#[test]
+fn retention_grammar() {
+    let cases: &[(&str, Result<Duration, ()>)] = &[
+        ("90s", Ok(Duration::from_secs(90))),
+        ("30m", Ok(Duration::from_secs(1800))),
+        ("24h", Ok(DAY)),
+        ("7d", Ok(7 * DAY)),
+        ("366d", Ok(MAX_RETAIN_FOR)),
+        ("367d", Err(())),
+        ("0s", Err(())),
+        ("05m", Err(())),
+        ("-1h", Err(())),
+        ("1.5h", Err(())),
+        ("1w", Err(())),
+        ("h", Err(())),
+        ("", Err(())),
+        ("1000000s", Err(())),
+        ("24H", Err(())),
+        (" 1h", Err(())),
+    ];
+    for (text, want) in cases {
+        let got = parse_retain_for(text).map_err(|_| ());
+        assert_eq!(&got, want, "parse_retain_for({text:?})");
+    }
+    assert!(matches!(
+        parse_retain_for("400d"),
+        Err(RetainForError::TooLong(_))
+    ));
+}
+
+#[test]
+fn annotations_on_the_pod_win_over_the_statefulsets() {
+    let sts = annotations(&[
+        (optin::RETAIN, "true"),
+        (optin::RETAIN_FOR, "7d"),
+        (optin::RELEASE_WITH_OWNER, "true"),
+    ]);
+    let from_owner = optin::opt_in(&BTreeMap::new(), Some(&sts));
+    assert_eq!(from_owner.retain, Retain::Yes);
+    assert_eq!(from_owner.retain_for, Some(("7d".into(), 7 * DAY)));
+    assert!(from_owner.release_with_owner);
+
+    let pod = annotations(&[(optin::RETAIN, "false"), (optin::RETAIN_FOR, "1h")]);
+    let mixed = optin::opt_in(&pod, Some(&sts));
+    assert_eq!(mixed.retain, Retain::No, "the pod's own retain wins");
+    assert_eq!(
+        mixed.retain_for,
+        Some(("1h".into(), Duration::from_secs(3600)))
+    );
+    assert!(
+        mixed.release_with_owner,
+        "unset on the pod: the StatefulSet's applies"
+    );
+    assert!(mixed.problems.is_empty());
+
+    let bad = optin::opt_in(
+        &annotations(&[(optin::RETAIN, "yes"), (optin::RETAIN_FOR, "forever")]),
+        None,
+    );
+    assert_eq!(bad.retain, Retain::Malformed);
+    assert!(bad.retain_for_malformed);
+    assert_eq!(bad.problems.len(), 2, "{:?}", bad.problems);
+}
+
+#[test]
+fn annotated_running_pod_with_ips_gets_a_bound_reservation() {
+    let p = pod();
+    let plan = decide_now(&input(Some(&p), None));
+    assert_eq!(
+        plan.spec,
+        Some(DesiredSpec {
+            ips: vec!["10.244.1.17".into(), "fd00::11".into()],
+            node_name: "node-a".into(),
+            retain_for: None,
+            owner_statefulset: None,
+            release_with_owner: false,
+        })
+    );
+    let status = plan.status.clone().expect("a status");
+    assert_eq!(status.phase, Some(Phase::Bound));
+    assert_eq!(status.pod_uid.as_deref(), Some(POD_UID));
+    assert_eq!(status.release_time, None);
+    assert_eq!(plan.delete, None);
+    assert_eq!(
+        plan.requeue_at, None,
+        "a Bound reservation waits for changes"
+    );
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::RESERVED, false, Subject::Pod)]
+    );
+}
+
+#[test]
+fn a_bound_reservation_in_step_writes_nothing() {
+    let p = pod();
+    let r = bound();
+    let plan = decide_now(&input(Some(&p), Some(&r)));
+    assert!(plan.writes_nothing(), "{plan:?}");
+    assert!(plan.notices.is_empty(), "{plan:?}");
+}
+
+#[test]
+fn retain_for_annotation_is_written_to_the_spec_and_a_change_applies() {
+    let mut p = pod();
+    p.opt_in = optin::opt_in(
+        &annotations(&[(optin::RETAIN, "true"), (optin::RETAIN_FOR, "3s")]),
+        None,
+    );
+    let r = bound();
+    let plan = decide_now(&input(Some(&p), Some(&r)));
+    assert_eq!(
+        plan.spec.expect("spec update").retain_for.as_deref(),
+        Some("3s")
+    );
+    assert_eq!(plan.status, None, "status already right");
+}
+
+#[test]
+fn deleted_pod_releases_with_the_release_time_from_retain_for() {
+    for (retain_for, want_until) in [
+        (None, "2026-01-11T12:00:00Z"),
+        (Some("30m"), "2026-01-10T12:30:00Z"),
+        (Some("3s"), "2026-01-10T12:00:03Z"),
+    ] {
+        let mut r = bound();
+        r.retain_for = retain_for.map(String::from);
+        let plan = decide_now(&input(None, Some(&r)));
+        let status = plan.status.clone().expect("status written");
+        assert_eq!(status.phase, Some(Phase::Released), "{retain_for:?}");
+        assert_eq!(status.released_at, Some(now()));
+        assert_eq!(status.release_time, Some(t(want_until)), "{retain_for:?}");
+        assert_eq!(
+            status.pod_uid.as_deref(),
+            Some(POD_UID),
+            "the last holder is kept"
+        );
+        assert_eq!(
+            plan.requeue_at,
+            Some(t(want_until)),
+            "requeued for the release instant"
+        );
+        assert_eq!(plan.delete, None);
+        assert_eq!(
+            reasons(&plan),
+            vec![(reason::RELEASED, false, Subject::Reservation)]
+        );
+    }
+}
+
+#[test]
+fn finished_pods_release_like_deleted_ones() {
+    let mut p = pod();
+    p.finished = true;
+    let r = bound();
+    let plan = decide_now(&input(Some(&p), Some(&r)));
+    assert_eq!(plan.status.expect("status").phase, Some(Phase::Released));
+}
+
+#[test]
+fn a_terminating_pod_still_holds_its_addresses() {
+    // deletionTimestamp set, phase still Running: the view is an alive pod.
+    let p = pod();
+    let r = bound();
+    let plan = decide_now(&input(Some(&p), Some(&r)));
+    assert!(plan.writes_nothing());
+}
+
+#[test]
+fn a_released_reservation_waits_until_its_release_time() {
+    let mut r = released("2026-01-10T11:00:00Z", "2026-01-10T12:00:01Z");
+    r.retain_for = Some("3601s".into());
+    let plan = decide_now(&input(None, Some(&r)));
+    assert!(plan.writes_nothing(), "{plan:?}");
+    assert_eq!(plan.requeue_at, Some(t("2026-01-10T12:00:01Z")));
+    assert!(plan.notices.is_empty());
+}
+
+#[test]
+fn release_time_reached_without_a_pod_deletes() {
+    for until in ["2026-01-10T12:00:00Z", "2026-01-10T11:59:00Z"] {
+        let mut r = released("2026-01-09T12:00:00Z", until);
+        // The stored release time is derived again from releasedAt + retainFor.
+        r.retain_for = Some(
+            if until.ends_with("12:00:00Z") {
+                "1d"
+            } else {
+                "1439m"
+            }
+            .into(),
+        );
+        let plan = decide_now(&input(None, Some(&r)));
+        assert_eq!(
+            plan.delete,
+            Some(DeleteReason::Expired { due: t(until) }),
+            "{until}"
+        );
+        assert_eq!(plan.status, None);
+    }
+}
+
+#[test]
+fn a_pod_of_that_name_alive_blocks_expiry() {
+    // Release time long past, but a (pending) pod of the name exists: never deleted.
+    let mut p = pod();
+    p.uid = "uid-2".into();
+    p.ips.clear();
+    p.running = false;
+    let r = released("2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z");
+    let plan = decide_now(&input(Some(&p), Some(&r)));
+    assert_eq!(plan.delete, None);
+    assert!(plan.writes_nothing());
+}
+
+#[test]
+fn returning_pod_with_the_reserved_addresses_is_bound_again() {
+    let mut p = pod();
+    p.uid = "uid-2".into();
+    let r = released("2026-01-10T11:00:00Z", "2026-01-11T11:00:00Z");
+    let plan = decide_now(&input(Some(&p), Some(&r)));
+    let status = plan.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Bound));
+    assert_eq!(status.pod_uid.as_deref(), Some("uid-2"));
+    assert_eq!((status.released_at, status.release_time), (None, None));
+    assert_eq!(plan.spec, None, "same addresses, same spec");
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::REBOUND, false, Subject::Both)]
+    );
+}
+
+#[test]
+fn returning_pod_on_another_node_moves_the_reservation_and_warns() {
+    let mut p = pod();
+    p.uid = "uid-2".into();
+    p.node_name = Some("node-b".into());
+    p.ips = vec![ip("10.244.2.5")];
+    let r = released("2026-01-10T11:00:00Z", "2026-01-11T11:00:00Z");
+    let plan = decide_now(&input(Some(&p), Some(&r)));
+    let spec = plan.spec.clone().expect("spec follows the pod");
+    assert_eq!(
+        (spec.ips, spec.node_name.as_str()),
+        (vec!["10.244.2.5".to_string()], "node-b")
+    );
+    assert_eq!(
+        plan.status.clone().expect("status").phase,
+        Some(Phase::Bound)
+    );
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::ADDRESSES_CHANGED, true, Subject::Both)]
+    );
+    assert!(
+        plan.notices[0].message.contains("node-b"),
+        "{}",
+        plan.notices[0].message
+    );
+}
+
+#[test]
+fn returning_pod_whose_addresses_left_the_nodes_ranges_is_told_why() {
+    let mut p = pod();
+    p.uid = "uid-2".into();
+    p.ips = vec![ip("10.245.1.3")];
+    let r = released("2026-01-10T11:00:00Z", "2026-01-11T11:00:00Z");
+    let cidrs = ["10.245.1.0/24".parse().expect("cidr")];
+    let mut i = input(Some(&p), Some(&r));
+    i.node_pod_cidrs = Some(&cidrs);
+    let plan = decide_now(&i);
+    assert_eq!(
+        plan.spec.clone().expect("spec").ips,
+        vec!["10.245.1.3".to_string()]
+    );
+    let message = &plan.notices[0].message;
+    assert!(
+        message.contains("outside node node-a's podCIDRs 10.245.1.0/24"),
+        "{message}"
+    );
+}
+
+#[test]
+fn removing_the_annotation_from_a_live_pod_ends_the_reservation() {
+    let mut p = pod();
+    p.opt_in = OptIn::none();
+    let r = bound();
+    let plan = decide_now(&input(Some(&p), Some(&r)));
+    assert_eq!(plan.delete, Some(DeleteReason::OptedOut));
+    assert_eq!(reasons(&plan), vec![(reason::ENDED, false, Subject::Pod)]);
+}
+
+#[test]
+fn malformed_annotations_warn_and_change_nothing() {
+    // retain malformed: an existing reservation stays as it is, none is created.
+    let mut p = pod();
+    p.opt_in = optin::opt_in(&annotations(&[(optin::RETAIN, "yes please")]), None);
+    let r = bound();
+    let plan = decide_now(&input(Some(&p), Some(&r)));
+    assert!(plan.writes_nothing(), "{plan:?}");
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::INVALID_ANNOTATION, true, Subject::Pod)]
+    );
+    let plan = decide_now(&input(Some(&p), None));
+    assert!(plan.writes_nothing(), "{plan:?}");
+
+    // retain-for malformed: the reservation keeps its current retention.
+    let mut p = pod();
+    p.opt_in = optin::opt_in(
+        &annotations(&[(optin::RETAIN, "true"), (optin::RETAIN_FOR, "1 week")]),
+        None,
+    );
+    let mut r = bound();
+    r.retain_for = Some("2h".into());
+    let plan = decide_now(&input(Some(&p), Some(&r)));
+    assert!(plan.writes_nothing(), "{plan:?}");
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::INVALID_ANNOTATION, true, Subject::Pod)]
+    );
+}
+
+#[test]
+fn a_hand_made_reservation_is_honoured_from_its_creation_until_its_release_time() {
+    let mut r = bound();
+    r.managed = false;
+    r.retain_for = Some("1d".into());
+    r.created = t("2026-01-10T06:00:00Z");
+    r.status = StatusView::default();
+    let plan = decide_now(&input(None, Some(&r)));
+    let status = plan.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Released));
+    assert_eq!(status.released_at, Some(t("2026-01-10T06:00:00Z")));
+    assert_eq!(status.release_time, Some(t("2026-01-11T06:00:00Z")));
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::HONOURED, false, Subject::Reservation)]
+    );
+
+    // Created long ago: expired at once.
+    r.created = t("2026-01-01T00:00:00Z");
+    let plan = decide_now(&input(None, Some(&r)));
+    assert_eq!(
+        plan.delete,
+        Some(DeleteReason::Expired {
+            due: t("2026-01-02T00:00:00Z")
+        })
+    );
+
+    // The pod appears (even without the annotation): the reservation binds to it.
+    let mut r = bound();
+    r.managed = false;
+    r.status = StatusView::default();
+    let mut p = pod();
+    p.opt_in = OptIn::none();
+    let plan = decide_now(&input(Some(&p), Some(&r)));
+    assert_eq!(plan.status.expect("status").phase, Some(Phase::Bound));
+    assert_eq!(plan.delete, None);
+}
+
+#[test]
+fn the_younger_of_two_reservations_claiming_an_address_gets_a_conflict() {
+    let p = pod();
+    let r = bound();
+    let mut i = input(Some(&p), Some(&r));
+    i.conflict = Some((ip("10.244.1.17"), "other/db-0"));
+    let plan = decide_now(&i);
+    let conflict = plan
+        .status
+        .clone()
+        .expect("status")
+        .conflict
+        .expect("conflict");
+    assert_eq!(
+        conflict,
+        Conflict {
+            ip: ip("10.244.1.17"),
+            holder: "other/db-0".into(),
+            since: now()
+        }
+    );
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::CONFLICT, true, Subject::Reservation)]
+    );
+    assert!(plan.notices[0].message.contains("other/db-0"));
+
+    // Already recorded: nothing new, and the transition time is kept.
+    let mut r2 = bound();
+    r2.status.conflict = Some(Conflict {
+        since: t("2026-01-05T00:00:00Z"),
+        ..conflict
+    });
+    let mut i = input(Some(&p), Some(&r2));
+    i.conflict = Some((ip("10.244.1.17"), "other/db-0"));
+    let plan = decide_now(&i);
+    assert!(plan.writes_nothing(), "{plan:?}");
+    assert!(plan.notices.is_empty());
+
+    // The holder went away: the condition is cleared.
+    let plan = decide_now(&input(Some(&p), Some(&r2)));
+    assert_eq!(plan.status.expect("status").conflict, None);
+}
+
+#[test]
+fn conflict_holder_is_the_oldest_claim() {
+    use ipkeep_operator::controller::lifecycle::{Claim, holder};
+    let a = Claim {
+        key: "ns/a".into(),
+        created: t("2026-01-01T00:00:00Z"),
+    };
+    let b = Claim {
+        key: "ns/b".into(),
+        created: t("2026-01-02T00:00:00Z"),
+    };
+    let c = Claim {
+        key: "ns/c".into(),
+        created: t("2026-01-02T00:00:00Z"),
+    };
+    let all = [a.clone(), b.clone(), c.clone()];
+    assert_eq!(holder(&a, &all), None, "the oldest holds");
+    assert_eq!(holder(&b, &all), Some(&a));
+    assert_eq!(holder(&c, &all).map(|h| h.key.as_str()), Some("ns/a"));
+    assert_eq!(
+        holder(&c, &[b.clone(), c.clone()]),
+        Some(&b),
+        "same age: by name"
+    );
+}
+
+#[test]
+fn host_network_pods_and_pods_without_ips_get_no_reservation() {
+    let mut p = pod();
+    p.host_network = true;
+    let plan = decide_now(&input(Some(&p), None));
+    assert!(plan.writes_nothing());
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::NOT_RESERVED, true, Subject::Pod)]
+    );
+
+    let mut p = pod();
+    p.ips.clear();
+    let plan = decide_now(&input(Some(&p), None));
+    assert!(plan.writes_nothing());
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::NOT_RESERVED, true, Subject::Pod)]
+    );
+
+    // Pending without an address yet: quietly wait.
+    p.running = false;
+    let plan = decide_now(&input(Some(&p), None));
+    assert!(plan.writes_nothing() && plan.notices.is_empty());
+
+    // Not annotated: nothing at all.
+    let mut p = pod();
+    p.opt_in = OptIn::none();
+    let plan = decide_now(&input(Some(&p), None));
+    assert_eq!(plan, Plan::default());
+}
+
+#[test]
+fn statefulset_annotations_opt_existing_pods_in_and_record_the_owner() {
+    let sts = annotations(&[(optin::RETAIN, "true"), (optin::RELEASE_WITH_OWNER, "true")]);
+    let mut p = pod();
+    p.opt_in = optin::opt_in(&BTreeMap::new(), Some(&sts));
+    p.owner_statefulset = Some("db".into());
+    let plan = decide_now(&input(Some(&p), None));
+    let spec = plan
+        .spec
+        .expect("created from the StatefulSet's annotation");
+    assert_eq!(spec.owner_statefulset.as_deref(), Some("db"));
+    assert!(spec.release_with_owner);
+}
+
+#[test]
+fn deleting_the_statefulset_keeps_the_release_time_unless_release_with_owner() {
+    // Default: the pod is gone, the StatefulSet too: normal retention.
+    let mut r = bound();
+    r.owner_statefulset = Some("db".into());
+    let mut i = input(None, Some(&r));
+    i.owner = OwnerState::Gone;
+    let plan = decide_now(&i);
+    assert_eq!(
+        plan.status.expect("status").release_time,
+        Some(t("2026-01-11T12:00:00Z"))
+    );
+
+    // release-with-owner: the pod gone with its StatefulSet frees the addresses at once.
+    r.release_with_owner = true;
+    let mut i = input(None, Some(&r));
+    i.owner = OwnerState::Gone;
+    let plan = decide_now(&i);
+    assert_eq!(plan.delete, Some(DeleteReason::Expired { due: now() }));
+
+    // Already Released when the StatefulSet goes: the release time moves to now.
+    let mut r = released("2026-01-10T11:00:00Z", "2026-01-11T11:00:00Z");
+    r.owner_statefulset = Some("db".into());
+    r.release_with_owner = true;
+    let mut i = input(None, Some(&r));
+    i.owner = OwnerState::Gone;
+    let plan = decide_now(&i);
+    assert_eq!(
+        plan.delete,
+        Some(DeleteReason::Expired {
+            due: t("2026-01-10T11:00:00Z")
+        })
+    );
+
+    // A scale-down (StatefulSet still there) never cascades.
+    let mut i = input(None, Some(&r));
+    i.owner = OwnerState::Present;
+    let plan = decide_now(&i);
+    assert_eq!(plan.delete, None);
+    assert_eq!(plan.requeue_at, Some(t("2026-01-11T11:00:00Z")));
+}
+
+#[test]
+fn dual_stack_pods_reserve_one_address_per_family() {
+    let mut p = pod();
+    p.ips = vec![ip("fd00::11"), ip("10.244.1.17"), ip("10.244.1.99")];
+    let plan = decide_now(&input(Some(&p), None));
+    assert_eq!(
+        plan.spec.expect("spec").ips,
+        vec!["10.244.1.17".to_string(), "fd00::11".to_string()]
+    );
+}
+
+#[test]
+fn a_live_pod_whose_statefulset_was_deleted_keeps_what_the_statefulset_said() {
+    // Opted in by the StatefulSet's own annotations; the StatefulSet is gone, the pod not yet.
+    let mut p = pod();
+    p.opt_in = OptIn::none();
+    p.owner_statefulset = Some("db".into());
+    let mut r = bound();
+    r.owner_statefulset = Some("db".into());
+    r.retain_for = Some("1h".into());
+    r.release_with_owner = true;
+    let mut i = input(Some(&p), Some(&r));
+    i.owner = OwnerState::Gone;
+    let plan = decide_now(&i);
+    assert!(plan.writes_nothing(), "{plan:?}");
+    assert!(plan.notices.is_empty(), "{plan:?}");
+}
