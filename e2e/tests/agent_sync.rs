@@ -16,209 +16,21 @@ use std::time::Duration;
 use ipkeep_e2e::apiserver::{RequestFilter, Verb};
 use ipkeep_operator::crd::IPReservation;
 use ipkeep_operator::probes::ProbeServer;
-use ipkeep_plugin::reservation::Timestamp;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
 use serde_json::json;
 use support::*;
-
-fn ts(time: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Timestamp {
-    Timestamp::from_unix_secs(time.0.as_second())
-}
-
-/// Create → file on A only; Bound; Released; moved to B; deleted.
-pub async fn reservation_lifecycle(client: Client) {
-    let ns = namespace(&client, "agent-life").await;
-    let a = Node::start(&client, "node-a");
-    let b = Node::start(&client, "node-b");
-    a.ready().await;
-    b.ready().await;
-    let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
-
-    let created = api
-        .create(
-            &PostParams::default(),
-            &reservation(
-                "pg-0",
-                &a.name,
-                &["10.244.1.17", "fd00:10:244:1::11"],
-                Some("30m"),
-            ),
-        )
-        .await
-        .expect("failed to create the reservation");
-    let creation = ts(created
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .expect("creationTimestamp"));
-    let uid = created.uid().expect("uid");
-    let (file, took) = wait_file(&a.data_dir, &ns, "pg-0", "pg-0's file on node A", |f| {
-        f.is_some()
-    })
-    .await;
-    eprintln!("reservation → file on A in {took:?}");
-    let file = file.expect("a file");
-    assert_eq!(
-        file.ips,
-        vec![
-            "10.244.1.17".parse::<std::net::IpAddr>().unwrap(),
-            "fd00:10:244:1::11".parse().unwrap()
-        ]
-    );
-    assert_eq!(file.uid, uid);
-    assert_eq!(file.node_name.as_deref(), Some(a.name.as_str()));
-    // Hand-made (no status yet): released from creation, held for retainFor.
-    assert_eq!(
-        file.release_time,
-        Some(creation.saturating_add(Duration::from_secs(1_800)))
-    );
-    for n in NETWORKS {
-        assert!(
-            b.files(n).is_empty(),
-            "node B got a file of node A's reservation"
-        );
-    }
-
-    api.patch_status(
-        "pg-0",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Bound", "podUID": "p1"}})),
-    )
-    .await
-    .expect("failed to set status Bound");
-    wait_file(
-        &a.data_dir,
-        &ns,
-        "pg-0",
-        "releaseTime null once Bound",
-        |f| f.is_some_and(|f| f.release_time.is_none()),
-    )
-    .await;
-
-    api.patch_status(
-        "pg-0",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {
-            "phase": "Released",
-            "releasedAt": "2026-11-21T11:30:00Z",
-            "releaseTime": "2026-11-21T12:00:00Z",
-        }})),
-    )
-    .await
-    .expect("failed to set status Released");
-    wait_file(
-        &a.data_dir,
-        &ns,
-        "pg-0",
-        "the controller's releaseTime",
-        |f| f.is_some_and(|f| f.release_time == Some(Timestamp::from_unix_secs(1_795_262_400))),
-    )
-    .await;
-
-    api.patch(
-        "pg-0",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"nodeName": b.name}})),
-    )
-    .await
-    .expect("failed to move the reservation");
-    wait_file(&a.data_dir, &ns, "pg-0", "the file to leave node A", |f| {
-        f.is_none()
-    })
-    .await;
-    wait_file(
-        &b.data_dir,
-        &ns,
-        "pg-0",
-        "the file to appear on node B",
-        |f| f.is_some_and(|f| f.release_time == Some(Timestamp::from_unix_secs(1_795_262_400))),
-    )
-    .await;
-
-    api.delete("pg-0", &DeleteParams::default())
-        .await
-        .expect("failed to delete the reservation");
-    wait_file(
-        &b.data_dir,
-        &ns,
-        "pg-0",
-        "the file to go with the reservation",
-        |f| f.is_none(),
-    )
-    .await;
-    for n in NETWORKS {
-        assert!(a.files(n).is_empty());
-        assert!(b.files(n).is_empty());
-    }
-    a.stop().await;
-    b.stop().await;
-}
-
-/// A `Conflict` condition removes the file; clearing it writes it again.
-pub async fn conflict_is_not_written(client: Client) {
-    let ns = namespace(&client, "agent-conflict").await;
-    let a = Node::start(&client, "node-a");
-    a.ready().await;
-    let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
-    api.create(
-        &PostParams::default(),
-        &reservation("web-0", &a.name, &["10.244.1.5"], None),
-    )
-    .await
-    .expect("failed to create the reservation");
-    wait_file(&a.data_dir, &ns, "web-0", "web-0's file", |f| f.is_some()).await;
-    let condition = |status: &str| {
-        json!({"status": {"phase": "Bound", "conditions": [{
-            "type": "Conflict", "status": status, "reason": "AddressTaken",
-            "message": "10.244.1.5 is held by an older reservation",
-            "lastTransitionTime": "2026-11-21T12:00:00Z",
-        }]}})
-    };
-    api.patch_status(
-        "web-0",
-        &PatchParams::default(),
-        &Patch::Merge(condition("True")),
-    )
-    .await
-    .expect("failed to set the Conflict condition");
-    wait_file(
-        &a.data_dir,
-        &ns,
-        "web-0",
-        "the conflicting reservation's file to go",
-        |f| f.is_none(),
-    )
-    .await;
-    api.patch_status(
-        "web-0",
-        &PatchParams::default(),
-        &Patch::Merge(condition("False")),
-    )
-    .await
-    .expect("failed to clear the Conflict condition");
-    wait_file(
-        &a.data_dir,
-        &ns,
-        "web-0",
-        "the file back once the conflict is resolved",
-        |f| f.is_some_and(|f| f.release_time.is_none()),
-    )
-    .await;
-    a.stop().await;
-}
 
 #[tokio::test]
 async fn lifecycle_on_the_test_server() {
     let server = start_server().await;
-    reservation_lifecycle(server.client()).await;
+    scenarios::reservation_lifecycle(server.client()).await;
 }
 
 #[tokio::test]
 async fn conflict_on_the_test_server() {
     let server = start_server().await;
-    conflict_is_not_written(server.client()).await;
+    scenarios::conflict_is_not_written(server.client()).await;
 }
 
 /// A reservation the plugin could never use (an address that is none; a real API server's CEL

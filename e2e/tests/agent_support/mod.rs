@@ -6,6 +6,8 @@
 //! server (the `#[tokio::test]` wrappers in each file) and against a real control plane.
 #![allow(dead_code)]
 
+pub mod scenarios;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};

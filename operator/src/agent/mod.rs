@@ -480,6 +480,7 @@ async fn report_refusals(
     recorder: &Recorder,
 ) {
     if refused.is_empty() {
+        reported.clear();
         return;
     }
     let by_name: HashMap<String, &Arc<IPReservation>> = reservations
@@ -489,15 +490,23 @@ async fn report_refusals(
             (format!("{ns}/{name}"), r)
         })
         .collect();
+    let version_of = |obj: &IPReservation| {
+        (
+            obj.uid().unwrap_or_default(),
+            obj.resource_version().unwrap_or_default(),
+        )
+    };
+    // Forget versions no longer refused, so the set stays as small as the refusals.
+    let current: HashSet<(String, String)> = refused
+        .iter()
+        .filter_map(|(name, _)| by_name.get(name).map(|obj| version_of(obj)))
+        .collect();
+    reported.retain(|v| current.contains(v));
     for (name, refusal) in refused {
         let Some(obj) = by_name.get(name) else {
             continue;
         };
-        let version = (
-            obj.uid().unwrap_or_default(),
-            obj.resource_version().unwrap_or_default(),
-        );
-        if !reported.insert(version) {
+        if !reported.insert(version_of(obj)) {
             continue;
         }
         let note = error_chain(refusal);
