@@ -1,7 +1,8 @@
 //! `make bench-agent`: the node agent with 5 000 reservations on one node.
 //!
 //! * the agent's disk side alone: a full resync writing 5 000 files into an empty network
-//!   directory, and a full resync finding nothing to change;
+//!   directory, a full resync finding nothing to change, and steady-state passes writing one
+//!   and forty changed files;
 //! * the released `ipkeep-operator agent` binary against the API test server: time from its start
 //!   to its first full sync (list 5 000 reservations, write 5 000 files), then the time from a
 //!   reservation change (the moment the status PATCH is sent, 100 changes per second as a busy
@@ -157,6 +158,32 @@ async fn main() {
         ms(cold)
     );
     println!("  full resync, nothing to change:           {}", ms(warm));
+    // Steady-state passes: one changed reservation (a single-file write) and a batch of 40
+    // (one sync pass), each among the 5 000.
+    let mut changed = desired.clone();
+    let mut pass = |n: usize, round: i64| {
+        for (k, file) in changed.values_mut().take(n).enumerate() {
+            file.release_time = Some(Timestamp::from_unix_secs(
+                1_900_000_000 + round * 1_000 + i64::try_from(k).unwrap(),
+            ));
+        }
+        let t = Instant::now();
+        let report = writer.apply(&changed).unwrap();
+        assert_eq!(report.written.len(), n);
+        t.elapsed()
+    };
+    let mut one: Vec<Duration> = (0..5).map(|r| pass(1, r)).collect();
+    let mut forty: Vec<Duration> = (5..8).map(|r| pass(40, r)).collect();
+    one.sort();
+    forty.sort();
+    println!(
+        "  steady pass, 1 change among {RESERVATIONS}:        {} (median of 5)",
+        ms(one[2])
+    );
+    println!(
+        "  steady pass, 40 changes among {RESERVATIONS}:      {} (median of 3)",
+        ms(forty[1])
+    );
     let _ = std::fs::remove_dir_all(&disk);
 
     // The agent binary.

@@ -297,23 +297,32 @@ async fn probes_and_metrics() {
     })
     .await;
     wait_file(&a.data_dir, &ns, "m-0", "m-0's file", |f| f.is_some()).await;
-    let (code, text) = http_get(addr, "/metrics").await;
-    assert_eq!(code, 200);
+    // The counters move right after the files (same pass).
+    let text = wait_for("/metrics to count the two written files", || async move {
+        let (code, text) = http_get(addr, "/metrics").await;
+        (code == 200 && text.contains("ipkeep_agent_files_written_total 2")).then_some(text)
+    })
+    .await;
     for line in [
-        "ipkeep_agent_files_written_total 2",
         "ipkeep_agent_reservations 1",
         "ipkeep_agent_full_syncs_total 1",
-        "ipkeep_agent_seconds_since_last_full_sync 0",
         "ipkeep_agent_sync_errors_total{kind=\"file\"} 0",
+        "ipkeep_agent_sync_errors_total{kind=\"pass\"} 0",
         "ipkeep_agent_change_to_file_seconds_count",
         "ipkeep_agent_last_full_sync_timestamp_seconds",
         "ipkeep_agent_files_removed_total 0",
     ] {
-        assert!(
-            text.lines().any(|l| l.starts_with(line)) || text.contains(line),
-            "/metrics lacks {line:?}:\n{text}"
-        );
+        assert!(text.contains(line), "/metrics lacks {line:?}:\n{text}");
     }
+    let since: i64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ipkeep_agent_seconds_since_last_full_sync "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no seconds-since-full-sync gauge:\n{text}"));
+    assert!(
+        since >= 0,
+        "the gauge still says no full sync happened: {since}"
+    );
     assert!(
         a.metrics.watch_errors.get() >= 1,
         "the failing lists were not counted"

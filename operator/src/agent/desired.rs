@@ -211,7 +211,7 @@ pub struct Desired {
     pub files: BTreeMap<PodKey, ReservationFile>,
     /// Reservations not written because the controller marked them `Conflict`.
     pub conflicts: Vec<PodKey>,
-    /// Reservations refused, with the reservation's `namespace/name` and `uid` for reporting.
+    /// Reservations refused, each with the reservation's `namespace/name` for reporting.
     pub refused: Vec<(String, Refusal)>,
 }
 
