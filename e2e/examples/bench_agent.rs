@@ -312,6 +312,29 @@ async fn main() {
         rss_after_sync as f64 / 1024.0,
         peak as f64 / 1024.0
     );
+    // The agent's own view: from a change's arrival on its watch to the file (histogram buckets).
+    if let Some(reply) = http_get(&probe, "/metrics").await {
+        let buckets: Vec<(f64, f64)> = reply
+            .lines()
+            .filter_map(|l| l.strip_prefix("ipkeep_agent_change_to_file_seconds_bucket{le=\""))
+            .filter_map(|l| {
+                let (le, n) = l.split_once("\"} ")?;
+                Some((le.parse().unwrap_or(f64::INFINITY), n.trim().parse().ok()?))
+            })
+            .collect();
+        let total = buckets.last().map_or(0.0, |b| b.1);
+        let bound = |q: f64| {
+            buckets
+                .iter()
+                .find(|(_, n)| *n >= q * total)
+                .map_or(f64::INFINITY, |b| b.0)
+        };
+        println!(
+            "  agent's histogram (watch arrival → file, {total} observations): p50 ≤ {} s, p99 ≤ {} s",
+            bound(0.5),
+            bound(0.99)
+        );
+    }
     let _ = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();

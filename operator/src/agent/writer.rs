@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use ipkeep_plugin::netdir::{NetDirError, NetworkDir};
 use ipkeep_plugin::reservation::{
-    PodKey, ReservationFile, ReservationSet, ReservedDirError, load_reservations,
-    remove_reservation, sync_reservations, write_reservation,
+    PodKey, ReservationFile, ReservationSet, ReservedDirError, remove_reservation,
+    sync_reservations, write_reservation,
 };
 
 use super::desired::{FilePlan, plan};
@@ -109,9 +109,19 @@ impl NetworkWriter {
             network: self.network.clone(),
             source,
         })?;
-        // Read back what is there now: failed steps leave files the agent must not assume.
-        self.on_disk = load_reservations(&dir);
-        self.trusted = report.failed.is_empty();
+        if report.failed.is_empty() && report.invalid.is_empty() {
+            // Every step succeeded: the tree is exactly the desired files (no rescan needed).
+            self.on_disk = ReservationSet {
+                files: desired.clone(),
+                skipped: Vec::new(),
+            };
+            self.trusted = true;
+        } else {
+            // Failed steps leave files the agent cannot know: the next pass is a full sync,
+            // which reads the tree again.
+            self.on_disk = ReservationSet::default();
+            self.trusted = false;
+        }
         Ok(PassReport {
             written: report.created.into_iter().chain(report.updated).collect(),
             removed: report.removed,
