@@ -335,6 +335,15 @@ async fn main() {
             bound(0.99)
         );
     }
+    println!(
+        "  load average after: {} (2 cores shared with other work)",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     let _ = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();
