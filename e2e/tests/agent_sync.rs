@@ -343,3 +343,53 @@ async fn probes_and_metrics() {
     serving.await.unwrap();
     a.stop().await;
 }
+
+/// The periodic full resync repairs what someone changed on disk behind the agent's back (a file
+/// deleted, one edited, a stray file added) without any change in the API.
+#[tokio::test]
+async fn periodic_resync_repairs_hand_edits() {
+    let server = start_server().await;
+    let client = server.client();
+    let ns = namespace(&client, "agent-resync").await;
+    let node = unique("node-r");
+    let a = Node::start_with(&client, &node, &scratch(&node), Duration::from_secs(1));
+    a.ready().await;
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
+    for (name, ip) in [("p0", "10.3.0.1"), ("p1", "10.3.0.2")] {
+        api.create(
+            &PostParams::default(),
+            &reservation(name, &node, &[ip], None),
+        )
+        .await
+        .expect("failed to create");
+    }
+    let p0 = format!("{ns}/p0");
+    let p1 = format!("{ns}/p1");
+    wait_pods(&a, &[(&p0, "10.3.0.1"), (&p1, "10.3.0.2")], "both files").await;
+    let full_before = a.metrics.full_syncs.get();
+    let ns_dir = a.data_dir.join(NETWORKS[0]).join("reserved").join(&ns);
+    std::fs::remove_file(ns_dir.join("p0")).unwrap();
+    let edited = std::fs::read_to_string(ns_dir.join("p1"))
+        .unwrap()
+        .replace("10.3.0.2", "10.3.0.99");
+    std::fs::write(ns_dir.join("p1"), edited).unwrap();
+    std::fs::write(
+        ns_dir.join("stray"),
+        format!(
+            "{{\"version\":1,\"namespace\":\"{ns}\",\"pod\":\"stray\",\"ips\":[\"10.3.0.7\"],\"releaseTime\":null,\"uid\":\"x\"}}\n"
+        ),
+    )
+    .unwrap();
+    wait_for("a periodic full resync", || {
+        let n = a.metrics.full_syncs.get();
+        async move { (n > full_before).then_some(()) }
+    })
+    .await;
+    wait_pods(
+        &a,
+        &[(&p0, "10.3.0.1"), (&p1, "10.3.0.2")],
+        "the hand edits repaired",
+    )
+    .await;
+    a.stop().await;
+}

@@ -128,6 +128,16 @@ impl Node {
 
     /// Starts an agent for `name` on `data_dir`.
     pub fn start_named(client: &Client, name: &str, data_dir: &Path) -> Node {
+        Node::start_with(client, name, data_dir, Duration::from_secs(3_600))
+    }
+
+    /// Starts an agent for `name` on `data_dir` with a full resync every `resync_interval`.
+    pub fn start_with(
+        client: &Client,
+        name: &str,
+        data_dir: &Path,
+        resync_interval: Duration,
+    ) -> Node {
         let registry = prometheus::Registry::new();
         let metrics = AgentMetrics::register(&registry).expect("failed to register metrics");
         let readiness = Arc::new(Readiness::default());
@@ -136,7 +146,7 @@ impl Node {
             data_dir: data_dir.to_owned(),
             networks: NETWORKS.iter().map(|s| (*s).to_owned()).collect(),
             default_retain_for: Duration::from_secs(86_400),
-            resync_interval: Duration::from_secs(3_600),
+            resync_interval,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn({
