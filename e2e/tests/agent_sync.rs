@@ -393,3 +393,41 @@ async fn periodic_resync_repairs_hand_edits() {
     .await;
     a.stop().await;
 }
+
+/// A data directory the agent cannot use (a file where it should be) keeps it unready and counts
+/// failed passes; once the directory is usable the retried full sync writes the files and the
+/// agent becomes ready, without any change in the API.
+#[tokio::test]
+async fn unusable_data_dir_is_retried_until_it_works() {
+    let server = start_server().await;
+    let client = server.client();
+    let ns = namespace(&client, "agent-retry").await;
+    let node = unique("node-e");
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &reservation("q-0", &node, &["10.4.0.1"], None),
+    )
+    .await
+    .expect("failed to create");
+    let parent = scratch(&node);
+    let data_dir = parent.join("data");
+    std::fs::write(&data_dir, b"not a directory").unwrap();
+    let a = Node::start_named(&client, &node, &data_dir);
+    // One failed pass counts once per network: wait for two passes (a first try and a retry).
+    let two_passes = 2 * NETWORKS.len() as u64;
+    wait_for("two failed passes", || {
+        let n = a.metrics.sync_errors.with_label_values(&["pass"]).get();
+        async move { (n >= two_passes).then_some(()) }
+    })
+    .await;
+    assert!(!a.readiness.is_ready(), "ready although no sync succeeded");
+    std::fs::remove_file(&data_dir).unwrap();
+    std::fs::create_dir(&data_dir).unwrap();
+    a.ready().await;
+    wait_file(&data_dir, &ns, "q-0", "q-0's file after the retry", |f| {
+        f.is_some()
+    })
+    .await;
+    a.stop().await;
+}

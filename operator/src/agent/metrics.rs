@@ -16,7 +16,8 @@ pub struct AgentMetrics {
     pub files_removed: IntCounter,
     /// `ipkeep_agent_garbage_cleaned_total`: leftover temporaries and other garbage deleted.
     pub garbage_cleaned: IntCounter,
-    /// `ipkeep_agent_sync_errors_total{kind}`: failed disk steps (`file`) and passes (`pass`).
+    /// `ipkeep_agent_sync_errors_total{kind}`: failed disk steps (`file`) and passes (`pass`, once
+    /// per network).
     pub sync_errors: IntCounterVec,
     /// `ipkeep_agent_watch_errors_total`: errors of the reservation watch (it recovers by itself).
     pub watch_errors: IntCounter,
@@ -56,7 +57,7 @@ impl AgentMetrics {
             sync_errors: IntCounterVec::new(
                 Opts::new(
                     "ipkeep_agent_sync_errors_total",
-                    "Failed disk steps (kind=file) and failed passes (kind=pass)",
+                    "Failed disk steps (kind=file) and failed passes, counted per network (kind=pass)",
                 ),
                 &["kind"],
             )
