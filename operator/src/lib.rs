@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod controller;
 pub mod crd;
+pub mod install_cni;
 pub mod logging;
 pub mod probes;
 pub mod shutdown;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use ipkeep_operator::{agent, controller, crd};
+use ipkeep_operator::{agent, controller, crd, install_cni};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -26,6 +26,8 @@ enum Command {
     Agent(agent::Args),
     /// Print the IPReservation CustomResourceDefinition as YAML.
     Crd,
+    /// Install the plugin binary into the node's CNI bin directory, atomically (init container).
+    InstallCni(install_cni::Args),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +38,7 @@ fn main() -> ExitCode {
         Command::Crd => crd::crd_yaml()
             .map(|yaml| print!("{yaml}"))
             .map_err(anyhow::Error::from),
+        Command::InstallCni(args) => install_cni::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

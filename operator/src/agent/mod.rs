@@ -1,10 +1,537 @@
-//! The agent (being built; see the operator issues).
+//! The node agent (`ipkeep-operator agent`, a DaemonSet): watches its node's IPReservations and
+//! keeps `<dataDir>/<network>/reserved/<namespace>/<pod>` equal to them for every configured
+//! network (contract 3 of the design).
+//!
+//! * The decision "which files should exist" is pure ([`desired`]); the disk work goes only
+//!   through the plugin library's writer ([`writer`]).
+//! * The watch (field selector `spec.nodeName=<node>`, all namespaces) feeds an in-memory view.
+//!   Every relist (start, and after any watch gap: a 410, a dropped connection that cannot
+//!   resume) makes the next pass a full resync, which also deletes stale files and leftover
+//!   temporaries; other passes touch only the files that change.
+//! * It reads reservations and creates Events, nothing else; it never writes status.
+//! * When the agent is down the files stay as they were: the plugin keeps honouring them, and
+//!   stops honouring each at its `releaseTime` by itself.
+
+pub mod desired;
+pub mod metrics;
+pub mod writer;
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::crd::IPReservation;
+use crate::logging::{self, LogArgs};
+use crate::probes::{ProbeServer, Readiness};
+use crate::shutdown;
+
+use self::desired::{Refusal, desired_files, parse_retain_for};
+pub use self::metrics::AgentMetrics;
+use self::writer::{NetworkWriter, PassReport};
+
+/// The Event reporter name (`reportingController`).
+pub const REPORTER: &str = "ipkeep-agent";
+
+/// First wait after a failed pass; it doubles up to [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_millis(500);
+/// Longest wait between retries of a failed pass.
+const MAX_RETRY: Duration = Duration::from_secs(30);
 
 /// Command-line flags of `ipkeep-operator agent`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// This node's name (from the downward API: `spec.nodeName`).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// host-local's data directory on the node (the `dataDir` of the IPAM configuration).
+    #[arg(long, env = "IPKEEP_DATA_DIR", default_value = "/var/lib/cni/networks")]
+    pub data_dir: PathBuf,
+    /// A CNI network whose reservation files the agent keeps (the network's `name`); repeat
+    /// the flag or separate names with commas.
+    #[arg(
+        long = "network",
+        env = "IPKEEP_NETWORKS",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub networks: Vec<String>,
+    /// Retention for reservations without `spec.retainFor` that have no release time yet
+    /// (hand-made ones): the file's releaseTime is creationTimestamp + this.
+    #[arg(long, env = "IPKEEP_DEFAULT_RETAIN_FOR", default_value = "24h", value_parser = retain_for_arg)]
+    pub default_retain_for: Duration,
+    /// How often a full resync runs even without a watch gap (catches hand edits on disk).
+    #[arg(long, env = "IPKEEP_RESYNC_INTERVAL", default_value = "10m", value_parser = retain_for_arg)]
+    pub resync_interval: Duration,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    #[arg(long, env = "IPKEEP_PROBE_ADDR", default_value = "0.0.0.0:9102")]
+    pub probe_addr: SocketAddr,
+    /// Logging.
+    #[command(flatten)]
+    pub log: LogArgs,
+}
 
-/// Runs the agent until shutdown.
-pub fn main(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("the agent is not part of this build yet")
+fn retain_for_arg(text: &str) -> Result<Duration, String> {
+    parse_retain_for(text)
+        .ok_or_else(|| format!("{text:?} is not a whole number of s, m, h or d (e.g. 24h)"))
+}
+
+/// What the agent needs to run, independent of the command line (tests build it directly).
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// This node's name.
+    pub node_name: String,
+    /// host-local's data directory.
+    pub data_dir: PathBuf,
+    /// The networks whose `reserved/` trees the agent keeps.
+    pub networks: Vec<String>,
+    /// Retention for reservations that have neither status nor `retainFor`.
+    pub default_retain_for: Duration,
+    /// Full resync period.
+    pub resync_interval: Duration,
+}
+
+/// Errors of the agent as a whole (disk and watch errors are retried, not returned).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// A network name cannot be a directory name.
+    #[error("failed to use network name {0:?}: it must be a single path component")]
+    InvalidNetwork(String),
+    /// The node name is empty.
+    #[error("failed to start the agent: the node name is empty (set --node-name or NODE_NAME)")]
+    NoNodeName,
+}
+
+/// Runs the agent until shutdown: logging, the Kubernetes client, the probe server, the loop.
+pub fn main(args: Args) -> anyhow::Result<()> {
+    logging::init(&args.log)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let client = Client::try_default().await?;
+        let registry = prometheus::Registry::new();
+        let metrics = AgentMetrics::register(&registry)?;
+        let readiness = Arc::new(Readiness::default());
+        let probes = ProbeServer::bind(args.probe_addr, registry, readiness.clone()).await?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut probe_stop = stop_rx.clone();
+        let probe_task = tokio::spawn(probes.run(async move {
+            let _ = probe_stop.wait_for(|s| *s).await;
+        }));
+        let config = AgentConfig {
+            node_name: args.node_name,
+            data_dir: args.data_dir,
+            networks: args.networks,
+            default_retain_for: args.default_retain_for,
+            resync_interval: args.resync_interval,
+        };
+        let result = run(client, config, metrics, readiness, shutdown::signal()).await;
+        let _ = stop_tx.send(true);
+        let _ = probe_task.await;
+        drop(stop_rx);
+        result.map_err(anyhow::Error::from)
+    })
+}
+
+/// The view the watch feeds and the writer reads.
+#[derive(Debug, Default)]
+struct View {
+    /// The node's reservations by namespace/name, once the first list completed.
+    reservations: HashMap<(String, String), Arc<IPReservation>>,
+    /// Objects of a relist in progress (`Init` … `InitDone`).
+    relisting: Option<HashMap<(String, String), Arc<IPReservation>>>,
+    /// Whether a list has completed at least once.
+    listed: bool,
+    /// Whether the next pass must be a full resync (after every relist).
+    full_needed: bool,
+    /// When each change not yet on disk arrived.
+    arrivals: Vec<Instant>,
+}
+
+fn key_of(ipr: &IPReservation) -> (String, String) {
+    (ipr.namespace().unwrap_or_default(), ipr.name_any())
+}
+
+/// Runs the agent's watch and writer until `shutdown` completes; the pass in progress finishes
+/// first, so no write is cut short by a graceful stop.
+pub async fn run(
+    client: Client,
+    config: AgentConfig,
+    metrics: AgentMetrics,
+    readiness: Arc<Readiness>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    if config.node_name.is_empty() {
+        return Err(AgentError::NoNodeName);
+    }
+    for network in &config.networks {
+        if ipkeep_plugin::netdir::check_name(network).is_err() || network.is_empty() {
+            return Err(AgentError::InvalidNetwork(network.clone()));
+        }
+    }
+    let view = Arc::new(Mutex::new(View::default()));
+    let changed = Arc::new(Notify::new());
+    let watch = tokio::spawn(watch_reservations(
+        client.clone(),
+        config.node_name.clone(),
+        view.clone(),
+        changed.clone(),
+        metrics.clone(),
+    ));
+    tracing::info!(
+        node = %config.node_name,
+        data_dir = %config.data_dir.display(),
+        networks = ?config.networks,
+        "agent started"
+    );
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: REPORTER.into(),
+            instance: Some(config.node_name.clone()),
+        },
+    );
+    write_loop(
+        &config, &view, &changed, &metrics, &readiness, &recorder, shutdown,
+    )
+    .await;
+    watch.abort();
+    tracing::info!("agent stopped");
+    Ok(())
+}
+
+async fn watch_reservations(
+    client: Client,
+    node: String,
+    view: Arc<Mutex<View>>,
+    changed: Arc<Notify>,
+    metrics: AgentMetrics,
+) {
+    let api: Api<IPReservation> = Api::all(client);
+    let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+    while let Some(event) = stream.next().await {
+        let now = Instant::now();
+        let Ok(mut v) = view.lock() else {
+            return;
+        };
+        match event {
+            Ok(Event::Init) => v.relisting = Some(HashMap::new()),
+            Ok(Event::InitApply(obj)) => {
+                let key = key_of(&obj);
+                v.relisting
+                    .get_or_insert_with(HashMap::new)
+                    .insert(key, Arc::new(obj));
+            }
+            Ok(Event::InitDone) => {
+                v.reservations = v.relisting.take().unwrap_or_default();
+                v.listed = true;
+                v.full_needed = true;
+                v.arrivals.push(now);
+                tracing::info!(reservations = v.reservations.len(), "reservations listed");
+                changed.notify_one();
+            }
+            Ok(Event::Apply(obj)) => {
+                v.reservations.insert(key_of(&obj), Arc::new(obj));
+                v.arrivals.push(now);
+                changed.notify_one();
+            }
+            Ok(Event::Delete(obj)) => {
+                v.reservations.remove(&key_of(&obj));
+                v.arrivals.push(now);
+                changed.notify_one();
+            }
+            Err(e) => {
+                metrics.watch_errors.inc();
+                tracing::warn!(error = %e, "reservation watch failed; retrying");
+            }
+        }
+    }
+}
+
+/// One pass's input, taken from the view under its lock.
+struct PassInput {
+    reservations: Vec<Arc<IPReservation>>,
+    full: bool,
+    arrivals: Vec<Instant>,
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+async fn write_loop(
+    config: &AgentConfig,
+    view: &Mutex<View>,
+    changed: &Notify,
+    metrics: &AgentMetrics,
+    readiness: &Readiness,
+    recorder: &Recorder,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let mut writers: Vec<NetworkWriter> = config
+        .networks
+        .iter()
+        .map(|n| NetworkWriter::new(&config.data_dir, n))
+        .collect();
+    let mut last_full: Option<Instant> = None;
+    let mut retry: Option<(Instant, Duration)> = None;
+    let mut reported: HashSet<(String, String)> = HashSet::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        let wake_for_retry = async {
+            match retry {
+                Some((at, _)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = &mut shutdown => return,
+            () = changed.notified() => {}
+            () = wake_for_retry => {}
+            _ = tick.tick() => {
+                if let Some(at) = last_full {
+                    metrics
+                        .seconds_since_full_sync
+                        .set(i64::try_from(at.elapsed().as_secs()).unwrap_or(i64::MAX));
+                    if at.elapsed() >= config.resync_interval
+                        && let Ok(mut v) = view.lock()
+                    {
+                        v.full_needed = true;
+                    }
+                }
+                let due = view.lock().map(|v| v.full_needed && v.listed).unwrap_or(false);
+                if !due {
+                    continue;
+                }
+            }
+        }
+        if retry.is_some_and(|(at, _)| Instant::now() < at) {
+            continue;
+        }
+        let Some(input) = take_pass_input(view, retry.is_some()) else {
+            continue;
+        };
+        let desired = desired_files(
+            &config.node_name,
+            input.reservations.iter().map(|r| r.as_ref()),
+            config.default_retain_for,
+        );
+        metrics
+            .reservations
+            .set(i64::try_from(desired.files.len()).unwrap_or(i64::MAX));
+        metrics
+            .refused
+            .set(i64::try_from(desired.refused.len()).unwrap_or(i64::MAX));
+        report_refusals(
+            &input.reservations,
+            &desired.refused,
+            &mut reported,
+            recorder,
+        )
+        .await;
+        let full = input.full;
+        let files = desired.files;
+        let moved = std::mem::take(&mut writers);
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut moved = moved;
+            let results: Vec<_> = moved
+                .iter_mut()
+                .map(|w| {
+                    let r = if full {
+                        w.full_sync(&files)
+                    } else {
+                        w.apply(&files)
+                    };
+                    (w.network().to_owned(), r)
+                })
+                .collect();
+            (moved, results)
+        })
+        .await;
+        let (back, results) = match joined {
+            Ok(out) => out,
+            Err(e) => {
+                // The blocking task panicked or was cancelled: start from a full resync.
+                tracing::error!(error = %e, "reservation writer task failed");
+                metrics.sync_errors.with_label_values(&["pass"]).inc();
+                writers = config
+                    .networks
+                    .iter()
+                    .map(|n| NetworkWriter::new(&config.data_dir, n))
+                    .collect();
+                requeue(view, input.arrivals, &mut retry);
+                continue;
+            }
+        };
+        writers = back;
+        let mut ok = true;
+        for (network, result) in results {
+            match result {
+                Ok(report) => ok &= account(&network, &report, full, metrics),
+                Err(e) => {
+                    ok = false;
+                    metrics.sync_errors.with_label_values(&["pass"]).inc();
+                    tracing::warn!(network = %network, error = %error_chain(&e), "reservation sync failed; retrying");
+                }
+            }
+        }
+        if !ok {
+            requeue(view, input.arrivals, &mut retry);
+            continue;
+        }
+        retry = None;
+        for at in input.arrivals {
+            metrics.change_to_file.observe(at.elapsed().as_secs_f64());
+        }
+        if full {
+            last_full = Some(Instant::now());
+            metrics.full_syncs.inc();
+            metrics.last_full_sync.set(unix_now());
+            metrics.seconds_since_full_sync.set(0);
+            if !readiness.is_ready() {
+                tracing::info!("first full sync done: ready");
+            }
+            readiness.set(true);
+        }
+    }
+}
+
+/// Takes what the next pass needs; `None` before the first list completed. A retry after a
+/// failure is always a full resync.
+fn take_pass_input(view: &Mutex<View>, retrying: bool) -> Option<PassInput> {
+    let mut v = view.lock().ok()?;
+    if !v.listed {
+        return None;
+    }
+    let full = std::mem::take(&mut v.full_needed) || retrying;
+    Some(PassInput {
+        reservations: v.reservations.values().cloned().collect(),
+        full,
+        arrivals: std::mem::take(&mut v.arrivals),
+    })
+}
+
+/// Puts a failed pass back: its changes are still pending and the next try is a full resync
+/// after a growing pause.
+fn requeue(view: &Mutex<View>, arrivals: Vec<Instant>, retry: &mut Option<(Instant, Duration)>) {
+    if let Ok(mut v) = view.lock() {
+        let mut pending = arrivals;
+        pending.append(&mut v.arrivals);
+        v.arrivals = pending;
+        v.full_needed = true;
+    }
+    let wait = retry.map_or(FIRST_RETRY, |(_, w)| (w * 2).min(MAX_RETRY));
+    *retry = Some((Instant::now() + wait, wait));
+}
+
+/// Counts and logs one network's pass; `false` if a step failed.
+fn account(network: &str, report: &PassReport, full: bool, metrics: &AgentMetrics) -> bool {
+    metrics.files_written.inc_by(report.written.len() as u64);
+    metrics.files_removed.inc_by(report.removed.len() as u64);
+    metrics.garbage_cleaned.inc_by(report.cleaned.len() as u64);
+    for key in &report.written {
+        tracing::debug!(network, pod = %key, "reservation file written");
+    }
+    for key in &report.removed {
+        tracing::info!(network, pod = %key, "reservation file removed");
+    }
+    for path in &report.cleaned {
+        tracing::info!(network, path = %path.display(), "garbage removed from reserved/");
+    }
+    for failure in &report.failed {
+        metrics.sync_errors.with_label_values(&["file"]).inc();
+        tracing::warn!(network, error = %failure, "reservation file step failed");
+    }
+    if full {
+        tracing::info!(
+            network,
+            written = report.written.len(),
+            removed = report.removed.len(),
+            cleaned = report.cleaned.len(),
+            failed = report.failed.len(),
+            "full resync done"
+        );
+    }
+    report.failed.is_empty()
+}
+
+/// Logs each refused reservation and publishes one Warning Event per object version.
+async fn report_refusals(
+    reservations: &[Arc<IPReservation>],
+    refused: &[(String, Refusal)],
+    reported: &mut HashSet<(String, String)>,
+    recorder: &Recorder,
+) {
+    if refused.is_empty() {
+        reported.clear();
+        return;
+    }
+    let by_name: HashMap<String, &Arc<IPReservation>> = reservations
+        .iter()
+        .map(|r| {
+            let (ns, name) = key_of(r);
+            (format!("{ns}/{name}"), r)
+        })
+        .collect();
+    let version_of = |obj: &IPReservation| {
+        (
+            obj.uid().unwrap_or_default(),
+            obj.resource_version().unwrap_or_default(),
+        )
+    };
+    // Forget versions no longer refused, so the set stays as small as the refusals.
+    let current: HashSet<(String, String)> = refused
+        .iter()
+        .filter_map(|(name, _)| by_name.get(name).map(|obj| version_of(obj)))
+        .collect();
+    reported.retain(|v| current.contains(v));
+    for (name, refusal) in refused {
+        let Some(obj) = by_name.get(name) else {
+            continue;
+        };
+        if !reported.insert(version_of(obj)) {
+            continue;
+        }
+        let note = error_chain(refusal);
+        tracing::warn!(reservation = %name, error = %note, "reservation refused: no file written");
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: "InvalidReservation".into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "WriteReservationFile".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::warn!(reservation = %name, error = %e, "failed to publish the Warning Event");
+        }
+    }
+}
+
+/// An error and its sources on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }

@@ -1,0 +1,294 @@
+//! Which reservation files should exist on this node: pure functions of the node's
+//! IPReservations and the files found on disk, with no Kubernetes client, disk or clock.
+//!
+//! * [`reservation_file`] turns one IPReservation into the file the plugin reads, or says why it
+//!   is not written (another node's, in conflict) or refused (a name or address the plugin could
+//!   never use).
+//! * [`desired_files`] does it for every reservation the agent holds.
+//! * [`plan`] compares the desired files with what was found and says what to create, rewrite,
+//!   remove and clean.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipkeep_plugin::reservation::{
+    FORMAT_VERSION, PodKey, ReservationFile, ReservationSet, SchemaError, Timestamp,
+};
+use kube::ResourceExt;
+
+use crate::crd::{IPReservation, Phase};
+
+/// Longest `retainFor` the CRD accepts (366 days), also the cap for the agent's default.
+pub const MAX_RETAIN_FOR: Duration = Duration::from_secs(366 * 86_400);
+
+/// Why a reservation cannot be written (reported as a Warning Event and a log line, never turned
+/// into a path).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The namespace or name is not a valid Kubernetes namespace/pod name.
+    #[error("failed to use reservation {namespace}/{name} as a file name: {source}")]
+    InvalidName {
+        /// The reservation's namespace as found.
+        namespace: String,
+        /// The reservation's name as found.
+        name: String,
+        /// Which rule it breaks.
+        #[source]
+        source: SchemaError,
+    },
+    /// An entry of `spec.ips` is not an IP address.
+    #[error("failed to parse address {ip:?} of reservation {pod}")]
+    InvalidAddress {
+        /// Whose reservation.
+        pod: PodKey,
+        /// The entry as found.
+        ip: String,
+    },
+    /// `spec.retainFor` is not a duration the CRD allows.
+    #[error(
+        "failed to parse retainFor {value:?} of reservation {pod}: expected a positive whole number of s, m, h or d (e.g. 24h)"
+    )]
+    InvalidRetainFor {
+        /// Whose reservation.
+        pod: PodKey,
+        /// The value as found.
+        value: String,
+    },
+    /// The reservation has no `metadata.uid` or `metadata.creationTimestamp` (never from a real
+    /// API server).
+    #[error("failed to write reservation {pod}: it has no metadata.{field}")]
+    MissingMetadata {
+        /// Whose reservation.
+        pod: PodKey,
+        /// The missing field.
+        field: &'static str,
+    },
+    /// The file would not be valid (no address, an address twice).
+    #[error("failed to write reservation {pod}")]
+    InvalidFile {
+        /// Whose reservation.
+        pod: PodKey,
+        /// What is wrong.
+        #[source]
+        source: SchemaError,
+    },
+}
+
+/// What [`reservation_file`] decided for one reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileDecision {
+    /// This file must exist.
+    Write(ReservationFile),
+    /// The reservation belongs to another node: no file here.
+    OtherNode,
+    /// The controller marked it `Conflict`: no file, so the address it claims stays with the
+    /// older reservation.
+    Conflict,
+}
+
+/// Parses a `retainFor` value as the CRD allows it: `^[1-9][0-9]{0,5}(s|m|h|d)$`.
+pub fn parse_retain_for(text: &str) -> Option<Duration> {
+    let (digits, unit) = text.split_at_checked(text.len().checked_sub(1)?)?;
+    let unit_secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return None,
+    };
+    if digits.is_empty()
+        || digits.len() > 6
+        || digits.starts_with('0')
+        || !digits.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(Duration::from_secs(n.checked_mul(unit_secs)?))
+}
+
+fn timestamp_of(time: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Timestamp {
+    let secs = time.0.as_second();
+    let nanos = u32::try_from(time.0.subsec_nanosecond()).unwrap_or(0);
+    // A negative sub-second part (before the epoch) is folded into the seconds.
+    Timestamp::new(secs, nanos).unwrap_or(Timestamp::from_unix_secs(secs))
+}
+
+/// The file for `ipr` on `node`, or why there is none.
+///
+/// `releaseTime` in the file:
+/// * `Bound` → `null` (the pod holds the addresses);
+/// * `Released` → `status.releaseTime` exactly as the controller set it (even if it has passed:
+///   the plugin ignores an expired file by itself); when the controller left it out,
+///   `status.releasedAt + retainFor`;
+/// * no status or no phase (a reservation made by hand, or one the controller has only just
+///   created) → `creationTimestamp + retainFor`: the design treats a hand-made reservation as
+///   `Released` from its creation until its pod appears.
+///
+/// `retainFor` is the reservation's own, else `default_retain_for` (the chart passes the
+/// controller's default).
+pub fn reservation_file(
+    ipr: &IPReservation,
+    node: &str,
+    default_retain_for: Duration,
+) -> Result<FileDecision, Refusal> {
+    if ipr.spec.node_name != node {
+        return Ok(FileDecision::OtherNode);
+    }
+    if ipr.in_conflict() {
+        return Ok(FileDecision::Conflict);
+    }
+    let namespace = ipr.namespace().unwrap_or_default();
+    let name = ipr.name_any();
+    let pod = PodKey::new(&namespace, &name).map_err(|source| Refusal::InvalidName {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        source,
+    })?;
+    let mut ips = Vec::with_capacity(ipr.spec.ips.len());
+    for ip in &ipr.spec.ips {
+        let parsed: IpAddr = ip.0.parse().map_err(|_| Refusal::InvalidAddress {
+            pod: pod.clone(),
+            ip: ip.0.clone(),
+        })?;
+        ips.push(parsed.to_canonical());
+    }
+    let Some(uid) = ipr.metadata.uid.clone() else {
+        return Err(Refusal::MissingMetadata { pod, field: "uid" });
+    };
+    let retain_for = match &ipr.spec.retain_for {
+        Some(text) => parse_retain_for(text).ok_or_else(|| Refusal::InvalidRetainFor {
+            pod: pod.clone(),
+            value: text.clone(),
+        })?,
+        None => default_retain_for,
+    };
+    let release_time = match ipr.status.as_ref() {
+        Some(status) if status.phase == Some(Phase::Bound) => None,
+        Some(status) if status.phase == Some(Phase::Released) => {
+            match (&status.release_time, &status.released_at) {
+                (Some(at), _) => Some(timestamp_of(at)),
+                (None, Some(released)) => Some(timestamp_of(released).saturating_add(retain_for)),
+                (None, None) => Some(created_plus(ipr, &pod, retain_for)?),
+            }
+        }
+        _ => Some(created_plus(ipr, &pod, retain_for)?),
+    };
+    let file = ReservationFile {
+        version: FORMAT_VERSION,
+        namespace: pod.namespace.clone(),
+        pod: pod.pod.clone(),
+        ips,
+        release_time,
+        uid,
+        node_name: Some(node.to_owned()),
+    };
+    file.validate()
+        .map_err(|source| Refusal::InvalidFile { pod, source })?;
+    Ok(FileDecision::Write(file))
+}
+
+fn created_plus(
+    ipr: &IPReservation,
+    pod: &PodKey,
+    retain_for: Duration,
+) -> Result<Timestamp, Refusal> {
+    match &ipr.metadata.creation_timestamp {
+        Some(created) => Ok(timestamp_of(created).saturating_add(retain_for)),
+        None => Err(Refusal::MissingMetadata {
+            pod: pod.clone(),
+            field: "creationTimestamp",
+        }),
+    }
+}
+
+/// The files every reservation the agent holds calls for on `node`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// The files that must exist, by pod.
+    pub files: BTreeMap<PodKey, ReservationFile>,
+    /// Reservations not written because the controller marked them `Conflict`.
+    pub conflicts: Vec<PodKey>,
+    /// Reservations refused, each with the reservation's `namespace/name` for reporting.
+    pub refused: Vec<(String, Refusal)>,
+}
+
+/// Applies [`reservation_file`] to every reservation.
+pub fn desired_files<'a>(
+    node: &str,
+    reservations: impl IntoIterator<Item = &'a IPReservation>,
+    default_retain_for: Duration,
+) -> Desired {
+    let mut desired = Desired::default();
+    for ipr in reservations {
+        match reservation_file(ipr, node, default_retain_for) {
+            Ok(FileDecision::Write(file)) => {
+                desired.files.insert(file.pod_key(), file);
+            }
+            Ok(FileDecision::OtherNode) => {}
+            Ok(FileDecision::Conflict) => desired.conflicts.push(PodKey {
+                namespace: ipr.namespace().unwrap_or_default(),
+                pod: ipr.name_any(),
+            }),
+            Err(refusal) => desired.refused.push((
+                format!("{}/{}", ipr.namespace().unwrap_or_default(), ipr.name_any()),
+                refusal,
+            )),
+        }
+    }
+    desired
+}
+
+/// What must change on disk so the files equal the desired ones.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FilePlan {
+    /// Files to write because none exists.
+    pub create: Vec<ReservationFile>,
+    /// Files to rewrite because their content differs.
+    pub update: Vec<ReservationFile>,
+    /// Files to remove: no desired reservation (gone, moved to another node, in conflict).
+    pub remove: Vec<PodKey>,
+    /// Entries that are no reservation at all (leftover temporaries, symlinks, directories,
+    /// undecodable files) to delete.
+    pub garbage: Vec<PathBuf>,
+}
+
+impl FilePlan {
+    /// Whether nothing has to change.
+    pub fn is_empty(&self) -> bool {
+        self.create.is_empty()
+            && self.update.is_empty()
+            && self.remove.is_empty()
+            && self.garbage.is_empty()
+    }
+
+    /// How many files the plan touches.
+    pub fn len(&self) -> usize {
+        self.create.len() + self.update.len() + self.remove.len() + self.garbage.len()
+    }
+}
+
+/// Compares the desired files with the ones `found` (and its garbage).
+pub fn plan(desired: &BTreeMap<PodKey, ReservationFile>, found: &ReservationSet) -> FilePlan {
+    let mut out = FilePlan::default();
+    for (key, file) in desired {
+        match found.files.get(key) {
+            Some(existing) if existing == file => {}
+            Some(_) => out.update.push(file.clone()),
+            None => out.create.push(file.clone()),
+        }
+    }
+    out.remove = found
+        .files
+        .keys()
+        .filter(|key| !desired.contains_key(*key))
+        .cloned()
+        .collect();
+    out.garbage = found.skipped.iter().map(|s| s.path.clone()).collect();
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,209 @@
+//! `ipkeep-operator install-cni`: the agent DaemonSet's init container copies the plugin binary
+//! into the node's CNI bin directory.
+//!
+//! The runtime may exec the plugin at any moment, so the new binary is written to a temporary
+//! file in the same directory, fsynced, made executable and renamed over the old one (then the
+//! directory is fsynced): the runtime sees the old binary or the new one, never a half-written
+//! one. An identical binary already in place is left alone (same inode, same mtime), and
+//! temporaries a killed earlier run left behind are removed, so the command is safe to re-run.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Prefix of the temporary files (hidden, so no runtime takes one for a plugin).
+pub const TEMP_PREFIX: &str = ".ipkeep-install-";
+
+/// Mode of the installed binary.
+const BINARY_MODE: u32 = 0o755;
+
+/// Command-line flags of `ipkeep-operator install-cni`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The plugin binary to install (inside the image).
+    #[arg(long, default_value = "/ipkeep")]
+    pub from: PathBuf,
+    /// The node's CNI bin directory (mounted from the host).
+    #[arg(long, default_value = "/host/opt/cni/bin")]
+    pub to: PathBuf,
+    /// File name in `--to` (default: the file name of `--from`).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+/// Errors of installing the binary.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    /// `--from` cannot be read or is not a regular file.
+    #[error("failed to read the plugin binary {}", path.display())]
+    Source {
+        /// The source path.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: io::Error,
+    },
+    /// The target name is not a plain file name.
+    #[error("failed to install as {0:?}: the name must be a single path component")]
+    BadName(String),
+    /// A step in the target directory failed.
+    #[error("failed to {step} {}", path.display())]
+    Target {
+        /// What was being done.
+        step: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What [`install`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// There was no binary: it was installed.
+    Installed,
+    /// A different binary was replaced.
+    Replaced,
+    /// An identical binary was already there and was left alone.
+    Unchanged,
+}
+
+/// Runs the subcommand.
+pub fn main(args: Args) -> anyhow::Result<()> {
+    let outcome = install(&args.from, &args.to, args.name.as_deref())?;
+    let name = target_name(&args.from, args.name.as_deref())?;
+    let dest = args.to.join(name);
+    match outcome {
+        Outcome::Installed => eprintln!("install-cni: installed {}", dest.display()),
+        Outcome::Replaced => eprintln!("install-cni: replaced {}", dest.display()),
+        Outcome::Unchanged => eprintln!("install-cni: {} is up to date", dest.display()),
+    }
+    Ok(())
+}
+
+fn target_name(from: &Path, name: Option<&str>) -> Result<String, InstallError> {
+    let name = match name {
+        Some(n) => n.to_owned(),
+        None => from
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned(),
+    };
+    if name.is_empty()
+        || name == "."
+        || name == ".."
+        || name.contains('/')
+        || name.contains('\0')
+        || name.starts_with(TEMP_PREFIX)
+    {
+        return Err(InstallError::BadName(name));
+    }
+    Ok(name)
+}
+
+/// Installs `from` as `<to>/<name>` (name defaults to `from`'s file name) atomically.
+pub fn install(from: &Path, to: &Path, name: Option<&str>) -> Result<Outcome, InstallError> {
+    let name = target_name(from, name)?;
+    let source_err = |source| InstallError::Source {
+        path: from.to_owned(),
+        source,
+    };
+    let mut src = File::open(from).map_err(source_err)?;
+    if !src.metadata().map_err(source_err)?.is_file() {
+        return Err(source_err(io::Error::other("not a regular file")));
+    }
+    let mut bytes = Vec::new();
+    src.read_to_end(&mut bytes).map_err(source_err)?;
+
+    let target = |step, path: &Path| {
+        let path = path.to_owned();
+        move |source| InstallError::Target { step, path, source }
+    };
+    fs::create_dir_all(to).map_err(target("create directory", to))?;
+    remove_leftovers(to)?;
+    let dest = to.join(&name);
+    let existing = match fs::symlink_metadata(&dest) {
+        Ok(meta) => Some(meta),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(target("inspect", &dest)(e)),
+    };
+    if let Some(meta) = &existing
+        && meta.is_file()
+        && meta.len() == bytes.len() as u64
+        && meta.permissions().mode() & 0o777 == BINARY_MODE
+        && fs::read(&dest).map_err(target("read", &dest))? == bytes
+    {
+        return Ok(Outcome::Unchanged);
+    }
+    if existing.as_ref().is_some_and(|m| m.is_dir()) {
+        return Err(target("replace", &dest)(io::Error::other(
+            "a directory is in the way",
+        )));
+    }
+    let tmp = to.join(format!("{TEMP_PREFIX}{}-{name}", std::process::id()));
+    let written = write_temp(&tmp, &bytes);
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    // rename(2) replaces a symlink at `dest` itself, never its target.
+    if let Err(e) = fs::rename(&tmp, &dest) {
+        let _ = fs::remove_file(&tmp);
+        return Err(target("rename into place", &dest)(e));
+    }
+    File::open(to)
+        .and_then(|d| d.sync_all())
+        .map_err(target("sync directory", to))?;
+    Ok(if existing.is_some() {
+        Outcome::Replaced
+    } else {
+        Outcome::Installed
+    })
+}
+
+fn write_temp(tmp: &Path, bytes: &[u8]) -> Result<(), InstallError> {
+    let err = |step| {
+        let path = tmp.to_owned();
+        move |source| InstallError::Target { step, path, source }
+    };
+    // create_new: O_EXCL, which also refuses to follow a symlink planted at the name.
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(BINARY_MODE)
+        .open(tmp)
+        .map_err(err("create"))?;
+    file.write_all(bytes).map_err(err("write"))?;
+    // The umask may have narrowed the mode given at creation.
+    file.set_permissions(fs::Permissions::from_mode(BINARY_MODE))
+        .map_err(err("chmod"))?;
+    file.sync_all().map_err(err("sync"))?;
+    Ok(())
+}
+
+/// Removes temporaries of earlier runs that died before their rename.
+fn remove_leftovers(dir: &Path) -> Result<(), InstallError> {
+    let entries = fs::read_dir(dir).map_err(|source| InstallError::Target {
+        step: "list",
+        path: dir.to_owned(),
+        source,
+    })?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let is_ours = name.to_str().is_some_and(|n| n.starts_with(TEMP_PREFIX));
+        let is_file = entry.metadata().map(|m| !m.is_dir()).unwrap_or(false);
+        if is_ours && is_file {
+            let path = entry.path();
+            fs::remove_file(&path).map_err(|source| InstallError::Target {
+                step: "remove leftover",
+                path,
+                source,
+            })?;
+        }
+    }
+    Ok(())
+}
