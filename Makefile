@@ -91,8 +91,12 @@ crds:
 	cp crds/ipreservations.ipkeep.dev.yaml charts/ipkeep/crds/ipreservations.ipkeep.dev.yaml
 
 ## operator-static: the release `ipkeep-operator`, statically linked, at $(OPERATOR_BIN).
+# The workspace's release profile (fat LTO, one codegen unit) is the plugin's: it is exec'd per pod
+# and every page it maps costs. The operator is a long-running daemon: thin LTO and 16 codegen units
+# build it several times faster on two cores for the same speed where it matters (the network).
 operator-static:
-	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --locked --release -p ipkeep-operator --target $(HOST_TRIPLE)
+	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --locked --release -p ipkeep-operator --target $(HOST_TRIPLE) \
+	  --config 'profile.release.lto="thin"' --config 'profile.release.codegen-units=16'
 
 ## image: the runtime image (FROM scratch, both static binaries, user 65532) built offline with
 ## buildah into the OCI archive $(IMAGE_ARCHIVE), named ipkeep:<version>.
