@@ -110,9 +110,19 @@ async fn converges_through_faults_and_deletes_nothing_early() {
     for name in long.iter().take(6) {
         delete_pod(&client, ns, name).await;
     }
-    // While the server is down the controller's watches and writes fail; it backs off.
-    server.pause().await;
-    server.resume().await.unwrap();
+    // An API server restart: every connection dropped, the port closed for 800 ms; the
+    // controller's watches and writes fail meanwhile and back off.
+    faults.restart(std::time::Duration::from_millis(800));
+    harness::wait_for("the API server to go down for the restart", || {
+        let client = client.clone();
+        async move { client.apiserver_version().await.err().map(|_| ()) }
+    })
+    .await;
+    harness::wait_for("the API server to answer again after the restart", || {
+        let client = client.clone();
+        async move { client.apiserver_version().await.ok().map(|_| ()) }
+    })
+    .await;
     faults.compact();
     for name in &short {
         delete_pod(&client, ns, name).await;
