@@ -355,3 +355,44 @@ async fn a_reconcile_with_nothing_to_change_writes_nothing() {
     running.stop().await;
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_pod_returning_on_another_node_moves_its_reservation_with_a_warning() {
+    with_controller(|c| async move { returning_pod_on_another_node(&c, "default").await }).await;
+}
+
+/// `/healthz` answers at once; `/readyz` once the caches are filled.
+#[tokio::test]
+async fn health_and_readiness_endpoints() {
+    let server = harness::start().await;
+    let running = start_controller(server.client()).await;
+    let get = |path: &'static str| {
+        let addr = running.probe_addr;
+        async move {
+            tokio::task::spawn_blocking(move || {
+                use std::io::{Read, Write};
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                write!(
+                    s,
+                    "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                )
+                .unwrap();
+                let mut text = String::new();
+                s.read_to_string(&mut text).unwrap();
+                text
+            })
+            .await
+            .unwrap()
+        }
+    };
+    assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+    harness::wait_for("/readyz to answer 200", || async {
+        get("/readyz")
+            .await
+            .starts_with("HTTP/1.1 200")
+            .then_some(())
+    })
+    .await;
+    running.stop().await;
+    server.shutdown().await;
+}
