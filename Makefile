@@ -104,7 +104,9 @@ image: plugin operator-static
 	@./scripts/install-packaging-deps.sh
 	./scripts/build-image.sh target/$(HOST_TRIPLE)/release $(IMAGE_ARCHIVE)
 
-## chart-test: the Helm chart and image tests alone (helm from `make cluster-bins`).
+## chart-test: the Helm chart and image tests alone (helm and the control plane from
+## `make cluster-bins`; the components the chart runs are the static operator binary).
 chart-test: plugin operator-static
 	@./scripts/install-packaging-deps.sh
-	$(CARGO) test -p ipkeep-e2e --test chart_helm --test image_build
+	IPKEEP_OPERATOR_BIN=$(CURDIR)/$(OPERATOR_BIN) $(CARGO) test -p ipkeep-e2e \
+	  --test chart_helm --test image_build --test chart_install --test chart_rbac

@@ -572,7 +572,7 @@ fn rbac_grants_each_component_only_what_it_uses() {
                 ""
             ),
             ("ipkeep.dev", "ipreservations/status", "patch", ""),
-            ("events.k8s.io", "events", "create,patch", ""),
+            ("events.k8s.io", "events", "create", ""),
         ])
     );
     assert_eq!(

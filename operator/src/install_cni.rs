@@ -6,10 +6,17 @@
 //! directory is fsynced): the runtime sees the old binary or the new one, never a half-written
 //! one. An identical binary already in place is left alone (same inode, same mtime), and
 //! temporaries a killed earlier run left behind are removed, so the command is safe to re-run.
+//!
+//! With `--replace-host-local` (the chart's `cni.replaceHostLocal`, for clusters whose CNI
+//! configuration cannot be edited) the plugin is also installed *as* `host-local`: the original
+//! is first kept as `host-local.ipkeep-orig` with a hard link (only if no original is kept yet,
+//! so re-running never keeps ipkeep as "the original"), then ipkeep is renamed over `host-local`.
+//! `--restore-host-local` (the agent's preStop) renames the original back. Every step is a
+//! link or a rename in one directory, so the node always has a working `host-local`.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Prefix of the temporary files (hidden, so no runtime takes one for a plugin).
@@ -30,11 +37,43 @@ pub struct Args {
     /// File name in `--to` (default: the file name of `--from`).
     #[arg(long)]
     pub name: Option<String>,
+    /// Also install the plugin as `host-local`, keeping the original as
+    /// `host-local.ipkeep-orig` (once: an original already kept is never overwritten).
+    #[arg(long, conflicts_with = "restore_host_local")]
+    pub replace_host_local: bool,
+    /// Only put the original `host-local` back (from `host-local.ipkeep-orig`); nothing is
+    /// installed. Does nothing when no original is kept.
+    #[arg(long)]
+    pub restore_host_local: bool,
 }
+
+/// The name of the binary `--replace-host-local` takes the place of.
+pub const HOST_LOCAL: &str = "host-local";
+
+/// Where the original `host-local` is kept while ipkeep stands in for it.
+pub const HOST_LOCAL_ORIG: &str = "host-local.ipkeep-orig";
 
 /// Errors of installing the binary.
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
+    /// `--replace-host-local` found no `host-local` to replace.
+    #[error(
+        "failed to replace host-local in {}: there is no host-local there (is it the directory your CNI configuration's plugins are in?)",
+        dir.display()
+    )]
+    NoHostLocal {
+        /// The CNI bin directory.
+        dir: PathBuf,
+    },
+    /// `host-local` is already ipkeep but no original is kept: it cannot be kept now.
+    #[error(
+        "failed to keep the original host-local in {}: host-local is already ipkeep and {HOST_LOCAL_ORIG} is missing; put the original host-local back by hand",
+        dir.display()
+    )]
+    OriginalLost {
+        /// The CNI bin directory.
+        dir: PathBuf,
+    },
     /// `--from` cannot be read or is not a regular file.
     #[error("failed to read the plugin binary {}", path.display())]
     Source {
@@ -71,8 +110,54 @@ pub enum Outcome {
     Unchanged,
 }
 
+/// What [`replace_host_local`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replacement {
+    /// The original was kept now (false: it had been kept by an earlier run).
+    pub kept_original: bool,
+    /// What installing ipkeep as `host-local` did.
+    pub installed: Outcome,
+}
+
+/// What [`restore_host_local`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restore {
+    /// The original was renamed back over `host-local`.
+    Restored,
+    /// No original was kept: nothing was changed.
+    NothingKept,
+}
+
 /// Runs the subcommand.
 pub fn main(args: Args) -> anyhow::Result<()> {
+    if args.restore_host_local {
+        let host_local = args.to.join(HOST_LOCAL);
+        match restore_host_local(&args.to)? {
+            Restore::Restored => eprintln!(
+                "install-cni: restored the original {}",
+                host_local.display()
+            ),
+            Restore::NothingKept => eprintln!(
+                "install-cni: no {HOST_LOCAL_ORIG} in {}: nothing to restore",
+                args.to.display()
+            ),
+        }
+        return Ok(());
+    }
+    if args.replace_host_local {
+        let done = replace_host_local(&args.from, &args.to)?;
+        let kept = if done.kept_original {
+            "kept the original as"
+        } else {
+            "the original was already kept as"
+        };
+        eprintln!(
+            "install-cni: {} is ipkeep ({:?}); {kept} {}",
+            args.to.join(HOST_LOCAL).display(),
+            done.installed,
+            args.to.join(HOST_LOCAL_ORIG).display()
+        );
+    }
     let outcome = install(&args.from, &args.to, args.name.as_deref())?;
     let name = target_name(&args.from, args.name.as_deref())?;
     let dest = args.to.join(name);
@@ -103,6 +188,96 @@ fn target_name(from: &Path, name: Option<&str>) -> Result<String, InstallError> 
         return Err(InstallError::BadName(name));
     }
     Ok(name)
+}
+
+/// Installs `from` as `<to>/host-local`, first keeping the original as
+/// `<to>/host-local.ipkeep-orig` (a hard link, so `host-local` never goes missing) unless an
+/// original is kept already. Idempotent.
+pub fn replace_host_local(from: &Path, to: &Path) -> Result<Replacement, InstallError> {
+    let host_local = to.join(HOST_LOCAL);
+    let orig = to.join(HOST_LOCAL_ORIG);
+    let target = |step, path: &Path| {
+        let path = path.to_owned();
+        move |source| InstallError::Target { step, path, source }
+    };
+    let kept_original = match fs::symlink_metadata(&orig) {
+        Ok(_) => false,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            match fs::symlink_metadata(&host_local) {
+                Ok(meta) if meta.is_dir() => {
+                    return Err(target("keep", &host_local)(io::Error::other(
+                        "host-local is a directory",
+                    )));
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(InstallError::NoHostLocal { dir: to.to_owned() });
+                }
+                Err(e) => return Err(target("inspect", &host_local)(e)),
+            }
+            let ours = fs::read(from).map_err(|source| InstallError::Source {
+                path: from.to_owned(),
+                source,
+            })?;
+            if fs::symlink_metadata(&host_local).is_ok_and(|m| m.is_file())
+                && fs::read(&host_local).map_err(target("read", &host_local))? == ours
+            {
+                return Err(InstallError::OriginalLost { dir: to.to_owned() });
+            }
+            // link(2) does not follow a symlink (k3s's host-local is one, to its multi-call
+            // binary: the link keeps the symlink itself) and fails if `orig` appeared meanwhile.
+            match fs::hard_link(&host_local, &orig) {
+                Ok(()) => true,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+                Err(e) => return Err(target("keep the original", &orig)(e)),
+            }
+        }
+        Err(e) => return Err(target("inspect", &orig)(e)),
+    };
+    if kept_original {
+        File::open(to)
+            .and_then(|d| d.sync_all())
+            .map_err(target("sync directory", to))?;
+    }
+    let installed = install(from, to, Some(HOST_LOCAL))?;
+    Ok(Replacement {
+        kept_original,
+        installed,
+    })
+}
+
+/// Renames `<to>/host-local.ipkeep-orig` back over `<to>/host-local` (one rename: `host-local`
+/// is ipkeep until the instant it is the original again). Idempotent: without a kept original
+/// nothing is changed.
+pub fn restore_host_local(to: &Path) -> Result<Restore, InstallError> {
+    let host_local = to.join(HOST_LOCAL);
+    let orig = to.join(HOST_LOCAL_ORIG);
+    let target = |step, path: &Path| {
+        let path = path.to_owned();
+        move |source| InstallError::Target { step, path, source }
+    };
+    match fs::symlink_metadata(&orig) {
+        Ok(meta) if meta.is_dir() => Err(target("restore", &orig)(io::Error::other(
+            "the kept original is a directory",
+        ))),
+        Ok(meta) => {
+            // A run killed between keeping the original and installing ipkeep leaves two links
+            // to the original; rename(2) between links to one file does nothing, so unlink.
+            let same = fs::symlink_metadata(&host_local)
+                .is_ok_and(|h| h.dev() == meta.dev() && h.ino() == meta.ino());
+            if same {
+                fs::remove_file(&orig).map_err(target("remove", &orig))?;
+            } else {
+                fs::rename(&orig, &host_local).map_err(target("restore", &host_local))?;
+            }
+            File::open(to)
+                .and_then(|d| d.sync_all())
+                .map_err(target("sync directory", to))?;
+            Ok(Restore::Restored)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Restore::NothingKept),
+        Err(e) => Err(target("inspect", &orig)(e)),
+    }
 }
 
 /// Installs `from` as `<to>/<name>` (name defaults to `from`'s file name) atomically.

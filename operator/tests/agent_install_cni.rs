@@ -9,7 +9,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ipkeep_operator::install_cni::{Outcome, TEMP_PREFIX, install};
+use ipkeep_operator::install_cni::{
+    HOST_LOCAL, HOST_LOCAL_ORIG, InstallError, Outcome, Replacement, Restore, TEMP_PREFIX, install,
+    replace_host_local, restore_host_local,
+};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ipkeep-install-{name}-{}", std::process::id()));
@@ -172,5 +175,255 @@ fn the_subcommand_is_safe_to_rerun() {
     assert!(run().contains("installed"));
     assert!(run().contains("up to date"));
     assert_eq!(fs::read(bin.join("ipkeep")).unwrap(), b"plugin");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+fn host_local_dir(dir: &Path, original: &[u8]) -> PathBuf {
+    let bin = dir.join("host/opt/cni/bin");
+    fs::create_dir_all(&bin).unwrap();
+    fs::write(bin.join(HOST_LOCAL), original).unwrap();
+    fs::set_permissions(bin.join(HOST_LOCAL), fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Replace keeps the original once (same inode), installs ipkeep as host-local; re-running
+/// changes nothing and never keeps ipkeep as "the original"; restore puts the very same
+/// original file back; restoring again does nothing.
+#[test]
+fn replace_keeps_the_original_once_and_restore_puts_it_back() {
+    let dir = scratch("replace");
+    let bin = host_local_dir(&dir, b"the real host-local");
+    let original_ino = fs::metadata(bin.join(HOST_LOCAL)).unwrap().ino();
+    let src = write_source(&dir, b"ipkeep plugin");
+
+    let done = replace_host_local(&src, &bin).unwrap();
+    assert_eq!(
+        done,
+        Replacement {
+            kept_original: true,
+            installed: Outcome::Replaced
+        }
+    );
+    assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), b"ipkeep plugin");
+    assert_eq!(
+        fs::metadata(bin.join(HOST_LOCAL))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o755
+    );
+    let kept = fs::metadata(bin.join(HOST_LOCAL_ORIG)).unwrap();
+    assert_eq!(kept.ino(), original_ino, "the original file itself is kept");
+    assert_eq!(
+        fs::read(bin.join(HOST_LOCAL_ORIG)).unwrap(),
+        b"the real host-local"
+    );
+
+    // Again (a restarted init container, a new agent version): the kept original stays.
+    let again = replace_host_local(&src, &bin).unwrap();
+    assert_eq!(
+        again,
+        Replacement {
+            kept_original: false,
+            installed: Outcome::Unchanged
+        }
+    );
+    write_source(&dir, b"ipkeep plugin v2");
+    let upgraded = replace_host_local(&src, &bin).unwrap();
+    assert_eq!(upgraded.installed, Outcome::Replaced);
+    assert!(!upgraded.kept_original);
+    assert_eq!(
+        fs::read(bin.join(HOST_LOCAL_ORIG)).unwrap(),
+        b"the real host-local"
+    );
+    assert_eq!(names_in(&bin), [HOST_LOCAL, HOST_LOCAL_ORIG]);
+
+    assert_eq!(restore_host_local(&bin).unwrap(), Restore::Restored);
+    assert_eq!(
+        fs::read(bin.join(HOST_LOCAL)).unwrap(),
+        b"the real host-local"
+    );
+    assert_eq!(
+        fs::metadata(bin.join(HOST_LOCAL)).unwrap().ino(),
+        original_ino
+    );
+    assert_eq!(names_in(&bin), [HOST_LOCAL]);
+    assert_eq!(restore_host_local(&bin).unwrap(), Restore::NothingKept);
+    assert_eq!(
+        fs::read(bin.join(HOST_LOCAL)).unwrap(),
+        b"the real host-local"
+    );
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// k3s ships host-local as a symlink to its multi-call `cni` binary: the symlink itself is kept
+/// and restored, the `cni` binary is never written.
+#[test]
+fn a_symlinked_host_local_is_kept_as_a_symlink() {
+    let dir = scratch("k3s");
+    let bin = dir.join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    fs::write(bin.join("cni"), b"k3s multi-call cni").unwrap();
+    std::os::unix::fs::symlink("cni", bin.join(HOST_LOCAL)).unwrap();
+    let src = write_source(&dir, b"ipkeep plugin");
+
+    assert!(replace_host_local(&src, &bin).unwrap().kept_original);
+    assert!(
+        fs::symlink_metadata(bin.join(HOST_LOCAL))
+            .unwrap()
+            .is_file()
+    );
+    assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), b"ipkeep plugin");
+    assert_eq!(
+        fs::read_link(bin.join(HOST_LOCAL_ORIG)).unwrap(),
+        Path::new("cni")
+    );
+    assert_eq!(fs::read(bin.join("cni")).unwrap(), b"k3s multi-call cni");
+
+    assert_eq!(restore_host_local(&bin).unwrap(), Restore::Restored);
+    assert_eq!(
+        fs::read_link(bin.join(HOST_LOCAL)).unwrap(),
+        Path::new("cni")
+    );
+    assert_eq!(fs::read(bin.join("cni")).unwrap(), b"k3s multi-call cni");
+    assert_eq!(names_in(&bin), ["cni", HOST_LOCAL]);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Refusals that would otherwise lose the original: no host-local to replace (wrong
+/// directory), and host-local already ipkeep with no original kept.
+#[test]
+fn replace_refuses_when_the_original_cannot_be_kept() {
+    let dir = scratch("replace-refuse");
+    let empty = dir.join("empty");
+    fs::create_dir_all(&empty).unwrap();
+    let src = write_source(&dir, b"ipkeep plugin");
+    let err = replace_host_local(&src, &empty).unwrap_err();
+    assert!(matches!(err, InstallError::NoHostLocal { .. }), "{err}");
+    assert!(
+        err.to_string().contains("there is no host-local there"),
+        "{err}"
+    );
+    assert!(names_in(&empty).is_empty(), "nothing was installed");
+
+    let bin = host_local_dir(&dir, b"ipkeep plugin");
+    let err = replace_host_local(&src, &bin).unwrap_err();
+    assert!(matches!(err, InstallError::OriginalLost { .. }), "{err}");
+    assert_eq!(names_in(&bin), [HOST_LOCAL]);
+    assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), b"ipkeep plugin");
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A replace killed between keeping the original (a hard link) and installing ipkeep leaves
+/// two names for the original: restore (and a re-run replace) handle it.
+#[test]
+fn an_interrupted_replace_is_restored_or_finished() {
+    let dir = scratch("interrupted");
+    let bin = host_local_dir(&dir, b"the real host-local");
+    fs::hard_link(bin.join(HOST_LOCAL), bin.join(HOST_LOCAL_ORIG)).unwrap();
+    assert_eq!(restore_host_local(&bin).unwrap(), Restore::Restored);
+    assert_eq!(names_in(&bin), [HOST_LOCAL]);
+    assert_eq!(
+        fs::read(bin.join(HOST_LOCAL)).unwrap(),
+        b"the real host-local"
+    );
+
+    fs::hard_link(bin.join(HOST_LOCAL), bin.join(HOST_LOCAL_ORIG)).unwrap();
+    let src = write_source(&dir, b"ipkeep plugin");
+    let done = replace_host_local(&src, &bin).unwrap();
+    assert!(!done.kept_original);
+    assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), b"ipkeep plugin");
+    assert_eq!(
+        fs::read(bin.join(HOST_LOCAL_ORIG)).unwrap(),
+        b"the real host-local"
+    );
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A runtime exec'ing host-local at any moment of replace/restore cycles always finds a whole
+/// binary, the original or ipkeep.
+#[test]
+fn host_local_is_never_missing_during_replace_and_restore() {
+    let dir = scratch("never-missing");
+    let original = vec![b'o'; 2 << 20];
+    let ours = vec![b'i'; 3 << 20];
+    let bin = host_local_dir(&dir, &original);
+    let src = write_source(&dir, &ours);
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        let path = bin.join(HOST_LOCAL);
+        std::thread::spawn(move || {
+            let mut reads = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                let bytes = fs::read(&path).expect("host-local is always there");
+                let whole_original = bytes.len() == 2 << 20 && bytes.iter().all(|&b| b == b'o');
+                let whole_ours = bytes.len() == 3 << 20 && bytes.iter().all(|&b| b == b'i');
+                assert!(whole_original || whole_ours, "torn host-local");
+                reads += 1;
+            }
+            reads
+        })
+    };
+    for _ in 0..15 {
+        assert!(replace_host_local(&src, &bin).unwrap().kept_original);
+        assert_eq!(restore_host_local(&bin).unwrap(), Restore::Restored);
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0, "the reader never read");
+    assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), original);
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The chart's init container (`--replace-host-local`) and preStop (`--restore-host-local`)
+/// command lines, each run twice.
+#[test]
+fn the_chart_command_lines_replace_and_restore() {
+    let dir = scratch("cli-replace");
+    let bin = host_local_dir(&dir, b"the real host-local");
+    let src = write_source(&dir, b"plugin");
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ipkeep-operator"))
+            .arg("install-cni")
+            .args(args)
+            .arg(format!("--to={}", bin.display()))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let from = format!("--from={}", src.display());
+    let first = run(&[&from, "--replace-host-local"]);
+    assert!(first.contains("kept the original"), "{first}");
+    let second = run(&[&from, "--replace-host-local"]);
+    assert!(second.contains("already kept"), "{second}");
+    assert_eq!(names_in(&bin), [HOST_LOCAL, HOST_LOCAL_ORIG, "ipkeep"]);
+    assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), b"plugin");
+    assert!(run(&["--restore-host-local"]).contains("restored the original"));
+    assert!(run(&["--restore-host-local"]).contains("nothing to restore"));
+    assert_eq!(names_in(&bin), [HOST_LOCAL, "ipkeep"]);
+    assert_eq!(
+        fs::read(bin.join(HOST_LOCAL)).unwrap(),
+        b"the real host-local"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_ipkeep-operator"))
+        .args([
+            "install-cni",
+            "--replace-host-local",
+            "--restore-host-local",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the two flags conflict");
     fs::remove_dir_all(&dir).unwrap();
 }
