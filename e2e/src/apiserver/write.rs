@@ -750,6 +750,28 @@ pub fn patch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
     Ok(Reply::Json(200, target.present(&stored)))
 }
 
+/// Orders `managedFields` as kube-apiserver does: by operation (`Apply` before `Update`), then
+/// time (to the second), manager, apiVersion and subresource.
+fn sort_managed(entries: &mut [Value]) {
+    let key = |e: &Value| {
+        let text = |k: &str| {
+            e.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let time = text("time");
+        (
+            text("operation"),
+            time.get(..19).unwrap_or(&time).to_string(),
+            text("manager"),
+            text("apiVersion"),
+            text("subresource"),
+        )
+    };
+    entries.sort_by_key(key);
+}
+
 /// The field manager of a write: `fieldManager`, else the `User-Agent` up to its first `/`.
 fn write_manager(req: &Request) -> String {
     match req.param("fieldManager").filter(|m| !m.is_empty()) {
@@ -842,6 +864,7 @@ fn record_update(req: &Request, target: &Target, old: Option<&Value>, new: &mut 
     if !placed && !changed.is_empty() {
         out.push(mine_entry(changed));
     }
+    sort_managed(&mut out);
     if let Some(m) = meta_mut(new) {
         if out.is_empty() {
             m.remove("managedFields");
@@ -1082,6 +1105,7 @@ fn apply(
     if !mine_placed {
         new_entries.push(mine_entry);
     }
+    sort_managed(&mut new_entries);
     if let Some(m) = meta_mut(&mut doc) {
         m.insert("managedFields".into(), Value::Array(new_entries));
     }
