@@ -302,7 +302,24 @@ async fn apply_body_preconditions(b: &Backend) {
         .unwrap();
     assert_eq!(applied.data.unwrap()["x"], "1");
 
-    // An apply that creates: a resourceVersion in its body is ignored, the object is created.
+    // A create carrying a resourceVersion is refused; an apply that creates ignores it.
+    let mut with_rv = config_map("with-rv", json!({}));
+    with_rv.metadata.resource_version = Some(current.clone());
+    let status = api_error(cms.create(&PostParams::default(), &with_rv).await);
+    // kube-apiserver answers it 500, with no reason.
+    assert_eq!(
+        (status.code, status.reason.as_str()),
+        (500, ""),
+        "{}: {status:?}",
+        b.label()
+    );
+    assert!(
+        status
+            .message
+            .contains("resourceVersion should not be set on objects to be created"),
+        "{}: {status:?}",
+        b.label()
+    );
     let absent = json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "absent", "resourceVersion": current}, "data": {"x": "1"}});
     let created = cms
@@ -628,9 +645,10 @@ async fn patch_types_and_strategic_directives(b: &Backend) {
     );
     // kube-apiserver answers an unknown directive with 500 (not a 4xx).
     assert_eq!(status.code, 500, "{}: {status:?}", b.label());
-    assert!(
-        status.message.contains("unknown patch type: bogus"),
-        "{}: {status:?}",
+    assert_eq!(
+        (status.reason.as_str(), status.message.as_str()),
+        ("", "unknown patch type: bogus in map: map[$patch:bogus]"),
+        "{}",
         b.label()
     );
     let pods_deleted = pods
@@ -666,6 +684,50 @@ async fn patch_types_and_strategic_directives(b: &Backend) {
     )
     .await
     .unwrap();
+}
+
+/// The status subresource takes strategic merge patches too: pod conditions merge by `type`.
+async fn status_strategic_merge_by_key(b: &Backend) {
+    let ns = b.namespace("status-smp").await;
+    let pods: Api<Pod> = Api::namespaced(b.client(), &ns);
+    pods.create(&PostParams::default(), &pod("p"))
+        .await
+        .unwrap();
+    let condition = |t: &str, status: &str| json!({"type": t, "status": status, "lastTransitionTime": "2024-05-01T10:00:00Z"});
+    pods.patch_status(
+        "p",
+        &PatchParams::default(),
+        &Patch::Strategic(json!({"status": {"conditions": [condition("Ready", "False")]}})),
+    )
+    .await
+    .unwrap();
+    let patched = pods
+        .patch_status(
+            "p",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"status": {"conditions": [
+                condition("PodScheduled", "True"), condition("Ready", "True")]}})),
+        )
+        .await
+        .unwrap();
+    let mut conditions: Vec<(String, String)> = patched
+        .status
+        .unwrap()
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| (c.type_, c.status))
+        .collect();
+    conditions.sort();
+    assert_eq!(
+        conditions,
+        [
+            ("PodScheduled".to_owned(), "True".to_owned()),
+            ("Ready".to_owned(), "True".to_owned())
+        ],
+        "{}",
+        b.label()
+    );
 }
 
 // --- metadata validation ---------------------------------------------------------------------------
@@ -911,6 +973,10 @@ both!(
     super::patch_types_and_strategic_directives
 );
 both!(metadata_validation, super::metadata_validation);
+both!(
+    status_strategic_merge_by_key,
+    super::status_strategic_merge_by_key
+);
 both!(
     list_and_watch_parameter_validation,
     super::list_and_watch_parameter_validation

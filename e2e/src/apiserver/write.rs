@@ -424,9 +424,23 @@ fn create_defaults(
 }
 
 /// POST: create an object.
+/// A 500 as kube-apiserver gives for some refusals: the bare message, no reason.
+fn bare_500(message: impl Into<String>) -> ApiError {
+    let mut e = ApiError::internal("");
+    e.reason = "";
+    e.message = message.into();
+    e
+}
+
 pub fn create(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiError> {
     let mut obj = parse_body(req)?;
     check_type(target, &mut obj)?;
+    // kube-apiserver refuses this with a 500 (an apply that creates ignores it instead).
+    if meta_str(&obj, "resourceVersion").is_some_and(|rv| !rv.is_empty()) {
+        return Err(bare_500(
+            "resourceVersion should not be set on objects to be created",
+        ));
+    }
     let mut obj = convert::to_storage(&target.rt, obj);
     record_update(req, target, None, &mut obj);
     let mut store = ctx.store();
@@ -721,7 +735,7 @@ pub fn patch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
     match content_type.as_str() {
         "application/merge-patch+json" => patch::merge_patch(&mut doc, &body),
         "application/strategic-merge-patch+json" if target.rt.crd_name.is_none() => {
-            patch::strategic_merge_patch(&mut doc, &body).map_err(ApiError::internal)?
+            patch::strategic_merge_patch(&mut doc, &body).map_err(bare_500)?
         }
         "application/json-patch+json" => patch::json_patch(&mut doc, &body).map_err(|e| {
             let mut err = ApiError::invalid(
