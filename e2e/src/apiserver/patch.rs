@@ -459,6 +459,51 @@ mod tests {
     use super::*;
 
     #[test]
+    fn strategic_merge_patch_cases() {
+        let pod = json!({"metadata": {"labels": {"a": "1", "b": "1"}, "finalizers": ["x/a", "x/b"]},
+            "spec": {"containers": [{"name": "app", "image": "1"}, {"name": "side", "image": "1"}],
+                     "tolerations": [{"key": "k1"}]}});
+        let cases = [
+            // Lists with a merge key merge item by item; others are replaced.
+            (
+                json!({"spec": {"containers": [{"name": "app", "image": "2"}], "tolerations": [{"key": "k2"}]}}),
+                Ok(
+                    json!({"metadata": {"labels": {"a": "1", "b": "1"}, "finalizers": ["x/a", "x/b"]},
+                "spec": {"containers": [{"name": "app", "image": "2"}, {"name": "side", "image": "1"}],
+                         "tolerations": [{"key": "k2"}]}}),
+                ),
+            ),
+            // $patch: delete in a list item, $patch: replace in a map, finalizers merge as a set.
+            (
+                json!({"metadata": {"labels": {"$patch": "replace", "c": "1"}, "finalizers": ["x/b", "x/c"]},
+                    "spec": {"containers": [{"name": "side", "$patch": "delete"}]}}),
+                Ok(
+                    json!({"metadata": {"labels": {"c": "1"}, "finalizers": ["x/a", "x/b", "x/c"]},
+                "spec": {"containers": [{"name": "app", "image": "1"}], "tolerations": [{"key": "k1"}]}}),
+                ),
+            ),
+            // $deleteFromPrimitiveList, $retainKeys, null deletes.
+            (
+                json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["x/a"], "labels": {"a": null}},
+                    "spec": {"$retainKeys": ["containers"]}}),
+                Ok(
+                    json!({"metadata": {"labels": {"b": "1"}, "finalizers": ["x/b"]},
+                "spec": {"containers": [{"name": "app", "image": "1"}, {"name": "side", "image": "1"}]}}),
+                ),
+            ),
+            (
+                json!({"metadata": {"labels": {"$patch": "bogus"}}}),
+                Err("unknown patch type: bogus in map: map[$patch:bogus]".to_string()),
+            ),
+        ];
+        for (patch, want) in cases {
+            let mut doc = pod.clone();
+            let got = strategic_merge_patch(&mut doc, &patch).map(|()| doc);
+            assert_eq!(got, want, "patch {patch}");
+        }
+    }
+
+    #[test]
     fn merge_patch_cases() {
         let cases = [
             (
