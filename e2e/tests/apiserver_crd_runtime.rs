@@ -1,13 +1,13 @@
 //! A CustomResourceDefinition created at run time through the kube client: it becomes Established,
 //! discovery serves it, its resource takes CRUD, schema violations get 422, its printer columns are
-//! served as a Table, and deleting the CRD takes the resource away (404).
+//! served as a Table, and deleting the CRD takes the resource away (404). Held against both the
+//! API test server and the real control plane (`both!`; the real half needs `make cluster-bins`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "fixtures/harness.rs"]
 mod harness;
 
-use harness::{api_error, wait_for};
-use ipkeep_e2e::apiserver::{ServerOptions, TestServer};
+use harness::{Backend, api_error, wait_for};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api, Discovery, ResourceExt,
@@ -91,13 +91,12 @@ fn established(crd: &CustomResourceDefinition) -> bool {
         })
 }
 
-#[tokio::test]
-async fn a_crd_created_at_run_time_serves_its_resource_until_deleted() {
-    let server = TestServer::start(ServerOptions::default()).await.unwrap();
+async fn a_crd_created_at_run_time_serves_its_resource_until_deleted(b: &Backend) {
+    let ns = b.namespace("crd-runtime").await;
+    let server = b;
     let client = server.client();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let widgets: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), "default", &widget_resource());
+    let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &widget_resource());
 
     // Before: the group is unknown.
     assert_eq!(
@@ -208,7 +207,7 @@ async fn a_crd_created_at_run_time_serves_its_resource_until_deleted() {
     assert!(widgets.get_opt("bad").await.unwrap().is_none());
 
     // Printer columns, as kubectl asks for them.
-    let request = hyper::http::Request::get(format!("/apis/{GROUP}/v1/namespaces/default/widgets"))
+    let request = hyper::http::Request::get(format!("/apis/{GROUP}/v1/namespaces/{ns}/widgets"))
         .header(
             "Accept",
             "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
@@ -250,20 +249,33 @@ async fn a_crd_created_at_run_time_serves_its_resource_until_deleted() {
         }
     })
     .await;
-    assert_eq!(
-        api_error(widgets.list(&ListParams::default()).await).code,
-        404
-    );
-    assert!(
+    // kube-apiserver first deletes the objects (the CRD's customresourcecleanup finalizer), then
+    // the CRD; the test server does both at once.
+    wait_for("the CRD to be gone", || async {
         crds.get_opt(&format!("widgets.{GROUP}"))
             .await
             .unwrap()
             .is_none()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        api_error(widgets.list(&ListParams::default()).await).code,
+        404
     );
-    let discovery = Discovery::new(client.clone())
-        .filter(&[GROUP])
-        .run()
-        .await
-        .unwrap();
+    let discovery = wait_for("discovery to drop the group", || async {
+        let d = Discovery::new(client.clone())
+            .filter(&[GROUP])
+            .run()
+            .await
+            .unwrap();
+        (!d.has_group(GROUP)).then_some(d)
+    })
+    .await;
     assert!(!discovery.has_group(GROUP), "discovery still lists {GROUP}");
 }
+
+both!(
+    a_crd_created_at_run_time_serves_its_resource_until_deleted,
+    super::a_crd_created_at_run_time_serves_its_resource_until_deleted
+);

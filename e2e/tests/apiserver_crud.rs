@@ -1,6 +1,12 @@
 //! The API test server through the real `kube` client: CRUD of every kind ipkeep touches, the
 //! write semantics controllers rely on (409s, generateName, resourceVersion preconditions, patches,
 //! server-side apply, generation, finalizers), lists with paging and selectors, schema validation.
+//!
+//! Every test here but the last two runs twice from the same body (`both!`): against the API test
+//! server (`<test>::test_server`) and against the real control plane (`<test>::real`, needs
+//! `make cluster-bins`). `raw_watch_events_timeout_and_expiry` and
+//! `injected_failures_answer_with_kubernetes_status_bodies` are for the test server alone: they
+//! drive its `/admin` faults (compaction, injected failures), which a real server has no way to do.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "fixtures/harness.rs"]
@@ -8,7 +14,7 @@ mod harness;
 
 use std::{collections::BTreeSet, sync::Arc};
 
-use harness::{api_error, field, ipr, iprs, pool_resource, start, wait_for};
+use harness::{Backend, api_error, field, ipr, iprs, pool_resource, start, wait_for};
 use k8s_openapi::api::{
     coordination::v1::Lease,
     core::v1::{Event as CoreEvent, Namespace, Node, Pod},
@@ -42,9 +48,9 @@ fn names<K: ResourceExt>(items: &[K]) -> BTreeSet<String> {
     items.iter().map(ResourceExt::name_any).collect()
 }
 
-#[tokio::test]
-async fn namespaces_nodes_and_leases_round_trip() {
-    let server = start().await;
+async fn namespaces_nodes_and_leases_round_trip(b: &Backend) {
+    let ns = b.namespace("namespaces-nodes-and-leases-ro").await;
+    let server = b;
     let client = server.client();
 
     let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -53,17 +59,17 @@ async fn namespaces_nodes_and_leases_round_trip() {
         defaults.contains("default"),
         "the default namespace exists: {defaults:?}"
     );
-    let ns = namespaces
+    let team = namespaces
         .create(
             &PostParams::default(),
             &typed(json!({"metadata": {"name": "team-a"}})),
         )
         .await
         .unwrap();
-    assert!(ns.metadata.uid.as_deref().is_some_and(|u| !u.is_empty()));
-    assert!(ns.metadata.creation_timestamp.is_some());
+    assert!(team.metadata.uid.as_deref().is_some_and(|u| !u.is_empty()));
+    assert!(team.metadata.creation_timestamp.is_some());
     let got = namespaces.get("team-a").await.unwrap();
-    assert_eq!(got.metadata.uid, ns.metadata.uid);
+    assert_eq!(got.metadata.uid, team.metadata.uid);
     namespaces
         .delete("team-a", &DeleteParams::default())
         .await
@@ -87,16 +93,25 @@ async fn namespaces_nodes_and_leases_round_trip() {
                                   "spec": {"podCIDR": "10.244.1.0/24"}}),
     );
     nodes.create(&PostParams::default(), &node).await.unwrap();
-    let mut got = nodes.get("node-a").await.unwrap();
-    assert_eq!(
-        got.spec.as_ref().unwrap().pod_cidr.as_deref(),
-        Some("10.244.1.0/24")
-    );
-    got.labels_mut().insert("zone".into(), "z1".into());
-    let replaced = nodes
-        .replace("node-a", &PostParams::default(), &got)
-        .await
-        .unwrap();
+    // On the real cluster the node lifecycle controller writes the new Node too (taints,
+    // annotations): a replace may meet a 409 and is retried from a fresh read, as any client does.
+    let (got, replaced) = wait_for("a replace of node-a without a conflicting writer", || {
+        let nodes = nodes.clone();
+        async move {
+            let mut got = nodes.get("node-a").await.unwrap();
+            assert_eq!(
+                got.spec.as_ref().unwrap().pod_cidr.as_deref(),
+                Some("10.244.1.0/24")
+            );
+            got.labels_mut().insert("zone".into(), "z1".into());
+            match nodes.replace("node-a", &PostParams::default(), &got).await {
+                Ok(replaced) => Some((got, replaced)),
+                Err(kube::Error::Api(s)) if s.code == 409 => None,
+                Err(e) => panic!("replace node-a: {e}"),
+            }
+        }
+    })
+    .await;
     assert_eq!(
         replaced.labels().get("zone").map(String::as_str),
         Some("z1")
@@ -108,7 +123,7 @@ async fn namespaces_nodes_and_leases_round_trip() {
         .unwrap();
     assert!(nodes.get_opt("node-a").await.unwrap().is_none());
 
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let lease: Lease = typed(json!({"metadata": {"name": "ipkeep-controller"},
         "spec": {"holderIdentity": "ctrl-1", "leaseDurationSeconds": 15,
                  "renewTime": "2024-05-01T10:00:00.000000Z"}}));
@@ -139,13 +154,12 @@ async fn namespaces_nodes_and_leases_round_trip() {
         .delete("ipkeep-controller", &DeleteParams::default())
         .await
         .unwrap();
-    server.shutdown().await;
 }
 
-#[tokio::test]
-async fn pods_and_their_status_subresource() {
-    let server = start().await;
-    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+async fn pods_and_their_status_subresource(b: &Backend) {
+    let ns = b.namespace("pods-and-their-status-subresou").await;
+    let server = b;
+    let pods: Api<Pod> = Api::namespaced(server.client(), &ns);
     let created = pods
         .create(
             &PostParams::default(),
@@ -153,7 +167,7 @@ async fn pods_and_their_status_subresource() {
         )
         .await
         .unwrap();
-    assert_eq!(created.metadata.namespace.as_deref(), Some("default"));
+    assert_eq!(created.metadata.namespace.as_deref(), Some(ns.as_str()));
 
     let status = json!({"status": {"phase": "Running", "podIP": "10.244.1.17",
                                    "podIPs": [{"ip": "10.244.1.17"}, {"ip": "fd00::11"}]}});
@@ -199,31 +213,37 @@ async fn pods_and_their_status_subresource() {
 
     let got = pods.get_status("web-0").await.unwrap();
     assert_eq!(got.status.unwrap().pod_ip.as_deref(), Some("10.244.1.17"));
-    server.shutdown().await;
 }
 
-#[tokio::test]
-async fn core_and_events_k8s_io_events() {
-    let server = start().await;
+async fn core_and_events_k8s_io_events(b: &Backend) {
+    let ns = b.namespace("core-and-events-k8s-io-events").await;
+    let server = b;
     let client = server.client();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let p = pods
         .create(&PostParams::default(), &pod("web-0", None, json!({})))
         .await
         .unwrap();
 
-    let core: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
+    let core: Api<CoreEvent> = Api::namespaced(client.clone(), &ns);
     let ev: CoreEvent = typed(json!({
         "metadata": {"name": "web-0.1"},
-        "involvedObject": {"kind": "Pod", "name": "web-0", "namespace": "default", "apiVersion": "v1"},
+        "involvedObject": {"kind": "Pod", "name": "web-0", "namespace": ns, "apiVersion": "v1"},
         "reason": "BadAnnotation", "message": "ipkeep.dev/retain-for: not a duration", "type": "Warning",
         "source": {"component": "ipkeep-controller"}, "count": 1,
         "firstTimestamp": "2024-05-01T10:00:00Z", "lastTimestamp": "2024-05-01T10:00:00Z",
     }));
     core.create(&PostParams::default(), &ev).await.unwrap();
-    let listed = core.list(&ListParams::default()).await.unwrap();
-    assert_eq!(listed.items.len(), 1);
-    assert_eq!(listed.items[0].reason.as_deref(), Some("BadAnnotation"));
+    // Only the events this test writes: on the real cluster the scheduler reports on the pod too.
+    let ours_core = |items: Vec<CoreEvent>| -> Vec<CoreEvent> {
+        items
+            .into_iter()
+            .filter(|e| matches!(e.reason.as_deref(), Some("BadAnnotation" | "Reserved")))
+            .collect()
+    };
+    let listed = ours_core(core.list(&ListParams::default()).await.unwrap().items);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].reason.as_deref(), Some("BadAnnotation"));
 
     let recorder = Recorder::new(
         client.clone(),
@@ -240,7 +260,7 @@ async fn core_and_events_k8s_io_events() {
         secondary: None,
     };
     recorder.publish(&event, &p.object_ref(&())).await.unwrap();
-    let events: Api<EventsV1Event> = Api::namespaced(client.clone(), "default");
+    let events: Api<EventsV1Event> = Api::namespaced(client.clone(), &ns);
     let reserved = |items: Vec<EventsV1Event>| -> Vec<EventsV1Event> {
         items
             .into_iter()
@@ -262,7 +282,7 @@ async fn core_and_events_k8s_io_events() {
 
     // Both API groups serve the same stored events, converted, as kube-apiserver does: what
     // kube's Recorder publishes is what `kubectl get events` / `describe pod` read (core/v1).
-    let as_core = core.list(&ListParams::default()).await.unwrap().items;
+    let as_core = ours_core(core.list(&ListParams::default()).await.unwrap().items);
     assert_eq!(as_core.len(), 2, "core/v1 sees both events: {as_core:?}");
     let recorded = as_core
         .iter()
@@ -287,13 +307,12 @@ async fn core_and_events_k8s_io_events() {
         converted.regarding.as_ref().and_then(|r| r.name.as_deref()),
         Some("web-0")
     );
-    server.shutdown().await;
 }
 
-#[tokio::test]
-async fn custom_resource_round_trip_with_defaults_and_generation() {
-    let server = start().await;
-    let api = iprs(&server.client(), "default");
+async fn custom_resource_round_trip_with_defaults_and_generation(b: &Backend) {
+    let ns = b.namespace("custom-resource-round-trip-wit").await;
+    let server = b;
+    let api = iprs(&server.client(), &ns);
     let created = api
         .create(
             &PostParams::default(),
@@ -389,13 +408,12 @@ async fn custom_resource_round_trip_with_defaults_and_generation() {
     assert!(pools.get_opt("pool-a").await.unwrap().is_none());
     api.delete("web-0", &DeleteParams::default()).await.unwrap();
     assert!(api.get_opt("web-0").await.unwrap().is_none());
-    server.shutdown().await;
 }
 
-#[tokio::test]
-async fn create_conflicts_generate_name_and_stale_updates() {
-    let server = start().await;
-    let api = iprs(&server.client(), "default");
+async fn create_conflicts_generate_name_and_stale_updates(b: &Backend) {
+    let ns = b.namespace("create-conflicts-generate-name").await;
+    let server = b;
+    let api = iprs(&server.client(), &ns);
     api.create(
         &PostParams::default(),
         &ipr("web-0", "node-a", &["10.0.0.1"]),
@@ -457,13 +475,12 @@ async fn create_conflicts_generate_name_and_stale_updates() {
         field(&api.get("web-0").await.unwrap(), "/spec/nodeName"),
         Some(&json!("node-b"))
     );
-    server.shutdown().await;
 }
 
-#[tokio::test]
-async fn merge_and_json_patches() {
-    let server = start().await;
-    let api = iprs(&server.client(), "default");
+async fn merge_and_json_patches(b: &Backend) {
+    let ns = b.namespace("merge-and-json-patches").await;
+    let server = b;
+    let api = iprs(&server.client(), &ns);
     api.create(
         &PostParams::default(),
         &ipr("web-0", "node-a", &["10.0.0.1"]),
@@ -523,13 +540,12 @@ async fn merge_and_json_patches() {
         api.get("web-0").await.unwrap().finalizers(),
         ["ipkeep.dev/test"]
     );
-    server.shutdown().await;
 }
 
-#[tokio::test]
-async fn server_side_apply_and_field_managers() {
-    let server = start().await;
-    let api = iprs(&server.client(), "default");
+async fn server_side_apply_and_field_managers(b: &Backend) {
+    let ns = b.namespace("server-side-apply-and-field-ma").await;
+    let server = b;
+    let api = iprs(&server.client(), &ns);
     let body = |node: &str| {
         json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation",
                "metadata": {"name": "web-0", "labels": {"owner": node}},
@@ -614,13 +630,12 @@ async fn server_side_apply_and_field_managers() {
         "{:?}",
         managers(&with_status)
     );
-    server.shutdown().await;
 }
 
-#[tokio::test]
-async fn delete_with_finalizers_preconditions_and_grace() {
-    let server = start().await;
-    let api = iprs(&server.client(), "default");
+async fn delete_with_finalizers_preconditions_and_grace(b: &Backend) {
+    let ns = b.namespace("delete-with-finalizers-precond").await;
+    let server = b;
+    let api = iprs(&server.client(), &ns);
     let mut obj = ipr("web-0", "node-a", &["10.0.0.1"]);
     obj.metadata.finalizers = Some(vec!["ipkeep.dev/test".into()]);
     let created = api.create(&PostParams::default(), &obj).await.unwrap();
@@ -675,7 +690,7 @@ async fn delete_with_finalizers_preconditions_and_grace() {
 
     // Pods: an unscheduled pod goes at once; a scheduled one waits for its kubelet (grace period)
     // until deleted again with grace 0, as a kubelet does.
-    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    let pods: Api<Pod> = Api::namespaced(server.client(), &ns);
     pods.create(&PostParams::default(), &pod("pending", None, json!({})))
         .await
         .unwrap();
@@ -705,17 +720,16 @@ async fn delete_with_finalizers_preconditions_and_grace() {
     .await
     .unwrap();
     assert!(pods.get_opt("web-0").await.unwrap().is_none());
-    server.shutdown().await;
 }
 
-#[tokio::test]
-async fn finalizer_helper_adds_and_removes_its_finalizer() {
+async fn finalizer_helper_adds_and_removes_its_finalizer(b: &Backend) {
     #[derive(Debug, thiserror::Error)]
     #[error("never")]
     struct Never;
 
-    let server = start().await;
-    let api = iprs(&server.client(), "default");
+    let ns = b.namespace("finalizer-helper").await;
+    let server = b;
+    let api = iprs(&server.client(), &ns);
     api.create(
         &PostParams::default(),
         &ipr("web-0", "node-a", &["10.0.0.1"]),
@@ -759,22 +773,22 @@ async fn finalizer_helper_adds_and_removes_its_finalizer() {
         api.get_opt("web-0").await.unwrap().is_none(),
         "removing the finalizer completes the delete"
     );
-    server.shutdown().await;
 }
 
-#[tokio::test]
-async fn lists_page_and_select() {
-    let server = start().await;
+async fn lists_page_and_select(b: &Backend) {
+    let ns = b.namespace("lists-page-and-select").await;
+    let server = b;
     let client = server.client();
+    let other_ns = format!("{ns}-other");
     let namespaces: Api<Namespace> = Api::all(client.clone());
     namespaces
         .create(
             &PostParams::default(),
-            &typed(json!({"metadata": {"name": "other"}})),
+            &typed(json!({"metadata": {"name": other_ns}})),
         )
         .await
         .unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     for i in 0..7 {
         let node = if i % 2 == 0 { "node-a" } else { "node-b" };
         let labels = json!({"app": if i < 5 { "web" } else { "db" }, "idx": i.to_string()});
@@ -785,7 +799,7 @@ async fn lists_page_and_select() {
         .await
         .unwrap();
     }
-    let others: Api<Pod> = Api::namespaced(client.clone(), "other");
+    let others: Api<Pod> = Api::namespaced(client.clone(), &other_ns);
     others
         .create(
             &PostParams::default(),
@@ -814,6 +828,7 @@ async fn lists_page_and_select() {
 
     let select = |labels: &'static str, fields: &'static str| {
         let pods = Api::<Pod>::all(client.clone());
+        let mine = ns.clone();
         async move {
             let mut lp = ListParams::default();
             if !labels.is_empty() {
@@ -822,7 +837,16 @@ async fn lists_page_and_select() {
             if !fields.is_empty() {
                 lp = lp.fields(fields);
             }
-            names(&pods.list(&lp).await.unwrap().items)
+            // Only this test's namespaces: on the shared real cluster others hold pods too.
+            let items: Vec<Pod> = pods
+                .list(&lp)
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|p| p.namespace().is_some_and(|n| n.starts_with(mine.as_str())))
+                .collect();
+            names(&items)
         }
     };
     let set = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
@@ -834,7 +858,13 @@ async fn lists_page_and_select() {
         set(&["pod-1", "pod-3", "pod-5"])
     );
     assert_eq!(
-        select("app=web", "spec.nodeName=node-a,metadata.namespace=other").await,
+        select(
+            "app=web",
+            Box::leak(
+                format!("spec.nodeName=node-a,metadata.namespace={other_ns}").into_boxed_str()
+            )
+        )
+        .await,
         set(&["pod-x"])
     );
     assert_eq!(select("", "metadata.name=pod-4").await, set(&["pod-4"]));
@@ -858,7 +888,7 @@ async fn lists_page_and_select() {
     assert_eq!(bad_labels.code, 400, "{bad_labels:?}");
 
     // Custom resources: by the CRD's selectable field, and 400 for others.
-    let api = iprs(&client, "default");
+    let api = iprs(&client, &ns);
     api.create(&PostParams::default(), &ipr("r-a", "node-a", &["10.0.0.1"]))
         .await
         .unwrap();
@@ -880,13 +910,12 @@ async fn lists_page_and_select() {
         "{}",
         status.message
     );
-    server.shutdown().await;
 }
 
-#[tokio::test]
-async fn schema_violations_are_rejected_with_422() {
-    let server = start().await;
-    let api = iprs(&server.client(), "default");
+async fn schema_violations_are_rejected_with_422(b: &Backend) {
+    let ns = b.namespace("schema-violations-are-rejected").await;
+    let server = b;
+    let api = iprs(&server.client(), &ns);
     let bad: DynamicObject = typed(
         json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation",
         "metadata": {"name": "bad"}, "spec": {"ips": [1]}}),
@@ -956,6 +985,17 @@ async fn schema_violations_are_rejected_with_422() {
     );
     assert_eq!(status.code, 422);
     let causes = status.details.map(|d| d.causes).unwrap_or_default();
+    // The real CRD has CEL rules (x-kubernetes-validations); after a schema error kube-apiserver
+    // skips them and says so in one more cause. The test server does not evaluate CEL (a known
+    // gap, see the README), so it has no such cause.
+    let (cel_skipped, causes): (Vec<_>, Vec<_>) = causes
+        .into_iter()
+        .partition(|c| c.message.contains("some validation rules were not checked"));
+    assert_eq!(
+        cel_skipped.len(),
+        usize::from(b.is_real()),
+        "{cel_skipped:?}"
+    );
     assert_eq!(causes.len(), 1, "{causes:?}");
     assert_eq!(
         (causes[0].field.as_str(), causes[0].reason.as_str()),
@@ -973,7 +1013,6 @@ async fn schema_violations_are_rejected_with_422() {
         )
         .await;
     assert_eq!(api_error(bad_retain).code, 422);
-    server.shutdown().await;
 }
 
 #[tokio::test]
@@ -1096,3 +1135,42 @@ async fn injected_failures_answer_with_kubernetes_status_bodies() {
         .unwrap();
     server.shutdown().await;
 }
+
+both!(
+    namespaces_nodes_and_leases_round_trip,
+    super::namespaces_nodes_and_leases_round_trip
+);
+both!(
+    pods_and_their_status_subresource,
+    super::pods_and_their_status_subresource
+);
+both!(
+    core_and_events_k8s_io_events,
+    super::core_and_events_k8s_io_events
+);
+both!(
+    custom_resource_round_trip_with_defaults_and_generation,
+    super::custom_resource_round_trip_with_defaults_and_generation
+);
+both!(
+    create_conflicts_generate_name_and_stale_updates,
+    super::create_conflicts_generate_name_and_stale_updates
+);
+both!(merge_and_json_patches, super::merge_and_json_patches);
+both!(
+    server_side_apply_and_field_managers,
+    super::server_side_apply_and_field_managers
+);
+both!(
+    delete_with_finalizers_preconditions_and_grace,
+    super::delete_with_finalizers_preconditions_and_grace
+);
+both!(
+    finalizer_helper_adds_and_removes_its_finalizer,
+    super::finalizer_helper_adds_and_removes_its_finalizer
+);
+both!(lists_page_and_select, super::lists_page_and_select);
+both!(
+    schema_violations_are_rejected_with_422,
+    super::schema_violations_are_rejected_with_422
+);

@@ -1,6 +1,10 @@
 //! The API test server at the HTTP level: bodies in a media type it does not decode (415 as
 //! kube-apiserver answers), malformed admin bodies (400, nothing armed), and periodic watch
 //! bookmarks at the interval set in `ServerOptions`.
+//!
+//! For the test server alone (not held against the real control plane): each test checks this
+//! server's own handling — its JSON-only refusal, its `/admin` endpoints, its configurable
+//! bookmark interval (kube-apiserver's is fixed at about a minute).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "fixtures/harness.rs"]

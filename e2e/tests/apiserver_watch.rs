@@ -2,6 +2,11 @@
 //! to the server's state after every injected fault (closed watches, 500/429 on list and watch,
 //! delays, compaction → 410 → relist, pause + resume), with field and label selectors, and with
 //! streaming lists.
+//!
+//! `selected_watches_and_relists` runs twice from one body (`both!`): against the API test server
+//! and the real control plane (needs `make cluster-bins`). The others inject faults through the
+//! test server's `/admin` endpoints (closed watches, failures, compaction, pause/resume), which a
+//! real server has no way to do, so they are for the test server alone.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "fixtures/harness.rs"]
@@ -17,7 +22,7 @@ use std::{
 };
 
 use futures::StreamExt;
-use harness::{ipr, ipr_resource, iprs, start, wait_for};
+use harness::{Backend, ipr, ipr_resource, iprs, start, wait_for};
 use ipkeep_e2e::apiserver::{RequestFilter, Verb};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -391,3 +396,105 @@ async fn streaming_lists_sync_and_recover() {
     r.task.abort();
     server.shutdown().await;
 }
+
+/// Field- and label-selected watchers, a streaming-list watcher, and a relist (a new watcher
+/// started after the fact) all converge on the server's state through creates, moves in and out
+/// of a selector, and deletes — held against both servers.
+async fn selected_watches_and_relists(b: &Backend) {
+    let ns = b.namespace("watch").await;
+    let api = iprs(&b.client(), &ns);
+    let only = |names: &[&str], all: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+        all.iter()
+            .filter(|(k, _)| names.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let mut all = BTreeMap::new();
+    create(&api, &mut all, "a", "node-a").await;
+    create(&api, &mut all, "b", "node-b").await;
+    relabel(&api, &mut all, "a", "web").await;
+
+    let by_node = spawn_iprs(
+        api.clone(),
+        watcher::Config::default().fields("spec.nodeName=node-a"),
+    );
+    let by_label = spawn_iprs(api.clone(), watcher::Config::default().labels("step=web"));
+    let streaming = spawn_iprs(api.clone(), watcher::Config::default().streaming_lists());
+    wait_synced("for node-a", &by_node.store, &only(&["a"], &all)).await;
+    wait_synced("for step=web", &by_label.store, &only(&["a"], &all)).await;
+    wait_synced("with a streaming list", &streaming.store, &all).await;
+
+    create(&api, &mut all, "c", "node-a").await;
+    relabel(&api, &mut all, "b", "web").await;
+    let moved = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"nodeName": "node-b"}})),
+        )
+        .await
+        .unwrap();
+    all.insert("a".into(), moved.resource_version().unwrap());
+    wait_synced(
+        "for node-a after a move away",
+        &by_node.store,
+        &only(&["c"], &all),
+    )
+    .await;
+    wait_synced(
+        "for step=web after a relabel",
+        &by_label.store,
+        &only(&["a", "b"], &all),
+    )
+    .await;
+    wait_synced("with a streaming list after writes", &streaming.store, &all).await;
+
+    api.delete("b", &DeleteParams::default()).await.unwrap();
+    all.remove("b");
+    wait_synced(
+        "for step=web after a delete",
+        &by_label.store,
+        &only(&["a"], &all),
+    )
+    .await;
+    wait_synced(
+        "with a streaming list after a delete",
+        &streaming.store,
+        &all,
+    )
+    .await;
+
+    // A relist: a watcher started now lists what is there and then follows.
+    by_node.task.abort();
+    let relisted = spawn_iprs(
+        api.clone(),
+        watcher::Config::default().fields("spec.nodeName=node-b"),
+    );
+    wait_synced(
+        "for node-b after a relist",
+        &relisted.store,
+        &only(&["a"], &all),
+    )
+    .await;
+    create(&api, &mut all, "d", "node-b").await;
+    wait_synced(
+        "for node-b after a relist and a create",
+        &relisted.store,
+        &only(&["a", "d"], &all),
+    )
+    .await;
+    for r in [&by_label, &streaming, &relisted] {
+        assert_eq!(
+            r.errors(),
+            0,
+            "{}: no watcher errors without faults",
+            b.label()
+        );
+        r.task.abort();
+    }
+}
+
+both!(
+    selected_watches_and_relists,
+    super::selected_watches_and_relists
+);

@@ -3,7 +3,13 @@
 //! `kubectl get crd`, pods selected by `--field-selector spec.nodeName=…`, and the clear 415 that
 //! imperative `kubectl create` (protobuf bodies) gets.
 //!
-//! kubectl is found through `KUBECTL` or on `PATH` (`make test` sets `KUBECTL` to the one `make cluster-bins` builds); these
+//! Every test but the last runs twice from one body (`both!`): against the API test server and
+//! against the real control plane (with the kubectl `make cluster-bins` built next to it), each in
+//! a namespace of its own. `kubectl_imperative_create_gets_a_clear_415_and_apply_works` is for the
+//! test server alone: it checks this server's JSON-only refusal, which kube-apiserver (speaking
+//! protobuf) has no reason to give.
+//!
+//! For the test server kubectl is found through `KUBECTL` or on `PATH` (`make test` sets `KUBECTL` to the one `make cluster-bins` builds); these
 //! tests fail, never skip, when it is missing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -12,7 +18,7 @@ mod harness;
 
 use std::{path::PathBuf, process::Command};
 
-use harness::{iprs, start};
+use harness::{Backend, iprs, start};
 use ipkeep_e2e::apiserver::TestServer;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -41,6 +47,7 @@ fn kubectl_binary() -> PathBuf {
 struct Kubectl {
     bin: PathBuf,
     dir: PathBuf,
+    namespace: String,
 }
 
 struct Run {
@@ -51,15 +58,43 @@ struct Run {
 
 impl Kubectl {
     fn new(server: &TestServer, test: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("ipkeep-kubectl-{}-{test}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = Self::dir(test, "test-server");
         server.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
         Self {
             bin: kubectl_binary(),
             dir,
+            namespace: "default".into(),
         }
+    }
+
+    /// kubectl against either server, working in namespace `ns`.
+    fn for_backend(b: &Backend, test: &str, ns: &str) -> Self {
+        match b {
+            Backend::TestServer(server) => {
+                let mut k = Self::new(server, test);
+                k.namespace = ns.to_owned();
+                k
+            }
+            Backend::Real(cluster) => {
+                let dir = Self::dir(test, "real");
+                std::fs::copy(cluster.kubeconfig_path(), dir.join("kubeconfig")).unwrap();
+                Self {
+                    bin: cluster.bin("kubectl"),
+                    dir,
+                    namespace: ns.to_owned(),
+                }
+            }
+        }
+    }
+
+    fn dir(test: &str, server: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "ipkeep-kubectl-{}-{test}-{server}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 
     fn file(&self, name: &str, text: &str) -> PathBuf {
@@ -75,6 +110,8 @@ impl Kubectl {
             .arg(self.dir.join("kubeconfig"))
             .arg("--cache-dir")
             .arg(self.dir.join("cache"))
+            .arg("--namespace")
+            .arg(&self.namespace)
             .args(args)
             .env_remove("KUBECONFIG");
         let shown = format!("kubectl {}", args.join(" "));
@@ -125,17 +162,16 @@ fn row<'a>(out: &'a str, name: &str) -> Vec<&'a str> {
         .unwrap_or_else(|| panic!("no row for {name} in:\n{out}"))
 }
 
-fn reservation_yaml(node: &str) -> String {
+fn reservation_yaml(ns: &str, node: &str) -> String {
     format!(
-        "apiVersion: ipkeep.dev/v1alpha1\nkind: IPReservation\nmetadata:\n  name: web-0\n  namespace: default\n\
+        "apiVersion: ipkeep.dev/v1alpha1\nkind: IPReservation\nmetadata:\n  name: web-0\n  namespace: {ns}\n\
          spec:\n  ips:\n  - 10.244.1.17\n  nodeName: {node}\n"
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_discovers_crds_and_builtins() {
-    let server = start().await;
-    let k = Kubectl::new(&server, "discovery");
+async fn kubectl_discovers_crds_and_builtins(b: &Backend) {
+    let ns = b.namespace("kubectl-discovery").await;
+    let k = Kubectl::for_backend(b, "discovery", &ns);
 
     let crds = k.ok(&["get", "crd"]).await;
     assert_eq!(header(&crds), ["NAME", "CREATED", "AT"], "{crds}");
@@ -175,21 +211,20 @@ async fn kubectl_discovers_crds_and_builtins() {
     let namespaces = k.ok(&["get", "namespaces"]).await;
     assert_eq!(header(&namespaces), ["NAME", "STATUS", "AGE"]);
     assert_eq!(row(&namespaces, "default")[1], "Active");
-    server.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
-    let server = start().await;
-    let k = Kubectl::new(&server, "ipr");
-    let manifest = k.file("web-0.yaml", &reservation_yaml("node-a"));
+async fn kubectl_applies_gets_describes_and_deletes_a_reservation(b: &Backend) {
+    let ns = b.namespace("kubectl-ipr").await;
+    let server = b;
+    let k = Kubectl::for_backend(b, "ipr", &ns);
+    let manifest = k.file("web-0.yaml", &reservation_yaml(&ns, "node-a"));
     let manifest = manifest.to_str().unwrap();
 
     let created = k.ok(&["apply", "-f", manifest]).await;
     assert_eq!(created.trim(), "ipreservation.ipkeep.dev/web-0 created");
     let unchanged = k.ok(&["apply", "-f", manifest]).await;
     assert_eq!(unchanged.trim(), "ipreservation.ipkeep.dev/web-0 unchanged");
-    k.file("web-0.yaml", &reservation_yaml("node-b"));
+    k.file("web-0.yaml", &reservation_yaml(&ns, "node-b"));
     let configured = k.ok(&["apply", "-f", manifest]).await;
     assert_eq!(
         configured.trim(),
@@ -198,7 +233,7 @@ async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
 
     // A status written by the controller shows in the PHASE column.
     let status = json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation", "status": {"phase": "Bound"}});
-    iprs(&server.client(), "default")
+    iprs(&server.client(), &ns)
         .patch_status(
             "web-0",
             &PatchParams::apply("ipkeep-controller").force(),
@@ -260,10 +295,11 @@ async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
     // kubectl 1.34 (the one `make cluster-bins` builds) names the namespace; older ones did not.
     assert!(
         [
-            "ipreservation.ipkeep.dev \"web-0\" deleted from default namespace",
-            "ipreservation.ipkeep.dev \"web-0\" deleted",
+            format!("ipreservation.ipkeep.dev \"web-0\" deleted from {ns} namespace"),
+            "ipreservation.ipkeep.dev \"web-0\" deleted".to_owned(),
         ]
-        .contains(&deleted.trim()),
+        .iter()
+        .any(|m| m == deleted.trim()),
         "{deleted}"
     );
     let gone = k.run(&["get", "ipr", "web-0"]).await;
@@ -273,14 +309,13 @@ async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
         "{}",
         gone.stderr
     );
-    server.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_lists_pods_by_node() {
-    let server = start().await;
-    let k = Kubectl::new(&server, "pods");
-    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+async fn kubectl_lists_pods_by_node(b: &Backend) {
+    let ns = b.namespace("kubectl-pods").await;
+    let server = b;
+    let k = Kubectl::for_backend(b, "pods", &ns);
+    let pods: Api<Pod> = Api::namespaced(server.client(), &ns);
     for (name, node, ip) in [
         ("p-a", "node-a", "10.244.1.5"),
         ("p-b", "node-b", "10.244.2.5"),
@@ -346,7 +381,6 @@ async fn kubectl_lists_pods_by_node() {
         "{}",
         unsupported.stderr
     );
-    server.shutdown().await;
 }
 
 /// kubectl's imperative `create` sends protobuf for built-in kinds and does not retry in JSON: it
@@ -390,3 +424,16 @@ async fn kubectl_imperative_create_gets_a_clear_415_and_apply_works() {
     );
     server.shutdown().await;
 }
+
+both!(
+    kubectl_discovers_crds_and_builtins,
+    super::kubectl_discovers_crds_and_builtins
+);
+both!(
+    kubectl_applies_gets_describes_and_deletes_a_reservation,
+    super::kubectl_applies_gets_describes_and_deletes_a_reservation
+);
+both!(
+    kubectl_lists_pods_by_node,
+    super::kubectl_lists_pods_by_node
+);

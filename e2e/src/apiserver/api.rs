@@ -52,6 +52,9 @@ pub struct Request {
     pub accept: String,
     /// Content-Type header.
     pub content_type: String,
+    /// The `User-Agent` header ("" without one): names the field manager of a write without
+    /// `fieldManager`, as in kube-apiserver.
+    pub user_agent: String,
     /// The request body.
     pub body: Bytes,
 }
@@ -447,13 +450,84 @@ fn check_list_version(req: &Request, store: &Store) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// LIST with selectors and `limit`/`continue` paging.
+/// kube-apiserver's checks of list and watch parameters: numbers that are not numbers are 400;
+/// `resourceVersionMatch` and `sendInitialEvents` used where they are forbidden are 422.
+pub fn check_list_options(req: &Request, watch: bool) -> Result<(), ApiError> {
+    for key in ["limit", "timeoutSeconds"] {
+        if let Some(v) = req.param(key).filter(|v| !v.is_empty())
+            && v.parse::<i64>().is_err()
+        {
+            return Err(ApiError::bad_request(format!(
+                "invalid {key} {v:?}: strconv.ParseInt: parsing {v:?}: invalid syntax"
+            )));
+        }
+    }
+    let invalid = |field: &str, reason: &str, detail: &str| {
+        ApiError::invalid("ListOptions.meta.k8s.io", "", field, reason, detail)
+    };
+    let rv = req.param("resourceVersion").unwrap_or_default();
+    let send_initial = req.param("sendInitialEvents").filter(|v| !v.is_empty());
+    if let Some(m) = req.param("resourceVersionMatch").filter(|v| !v.is_empty()) {
+        if watch && send_initial.is_none() {
+            return Err(invalid(
+                "resourceVersionMatch",
+                "FieldValueForbidden",
+                "Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            ));
+        }
+        if !matches!(m, "NotOlderThan" | "Exact") {
+            return Err(invalid(
+                "resourceVersionMatch",
+                "FieldValueNotSupported",
+                &format!(
+                    "Unsupported value: {m:?}: supported values: \"Exact\", \"NotOlderThan\", \"\""
+                ),
+            ));
+        }
+        if rv.is_empty() && send_initial.is_none() {
+            return Err(invalid(
+                "resourceVersionMatch",
+                "FieldValueForbidden",
+                "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+            ));
+        }
+        if m == "Exact" && rv == "0" {
+            return Err(invalid(
+                "resourceVersionMatch",
+                "FieldValueForbidden",
+                "Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+            ));
+        }
+    }
+    if send_initial.is_some() {
+        if !watch {
+            return Err(invalid(
+                "sendInitialEvents",
+                "FieldValueForbidden",
+                "Forbidden: sendInitialEvents is forbidden for list",
+            ));
+        }
+        if req.param("resourceVersionMatch") != Some("NotOlderThan") {
+            return Err(invalid(
+                "resourceVersionMatch",
+                "FieldValueForbidden",
+                "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// LIST with selectors and `limit`/`continue` paging (a negative `limit` means none).
 pub fn list(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiError> {
+    check_list_options(req, false)?;
     let selection = Selection::from_request(req, target)?;
-    let limit = match req.param("limit") {
-        Some(l) => l
-            .parse::<usize>()
-            .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
+    let limit = match req.param("limit").filter(|l| !l.is_empty()) {
+        Some(l) => usize::try_from(
+            l.parse::<i64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
+        )
+        .unwrap_or(0),
         None => 0,
     };
     let store = ctx.store();

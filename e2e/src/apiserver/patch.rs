@@ -22,6 +22,163 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
+/// The merge key of a list in a built-in kind's strategic merge patch, by the list's field name
+/// (kube-apiserver reads it from the Go types; the lists ipkeep and its tests touch are here).
+fn merge_key(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets"
+        | "resourceClaims" => "name",
+        "ports" => "containerPort",
+        "volumeMounts" => "mountPath",
+        "volumeDevices" => "devicePath",
+        "conditions" => "type",
+        "ownerReferences" => "uid",
+        "hostAliases" => "ip",
+        "topologySpreadConstraints" => "topologyKey",
+        "taints" => "key",
+        _ => return None,
+    })
+}
+
+/// Lists of scalars whose patch strategy is `merge` (a patch adds to them instead of replacing).
+fn merges_primitives(field: &str) -> bool {
+    field == "finalizers"
+}
+
+/// A strategic merge patch of a built-in kind (kube-apiserver refuses them for custom
+/// resources). Directives: `$patch: replace|delete|merge` in maps and list items,
+/// `$retainKeys`, `$deleteFromPrimitiveList/<field>`, `$setElementOrder/<field>` (order is not
+/// kept: ignored). Lists with a merge key merge item by item; `finalizers` merge as a set; any
+/// other list is replaced. An unknown `$patch` value is an error (kube-apiserver: 500).
+pub fn strategic_merge_patch(target: &mut Value, patch: &Value) -> Result<(), String> {
+    let Value::Object(patch_map) = patch else {
+        *target = patch.clone();
+        return Ok(());
+    };
+    let directive = patch_map.get("$patch").and_then(Value::as_str);
+    match directive {
+        None | Some("merge") => {}
+        Some("replace") => {
+            let mut fresh = Value::Object(Map::new());
+            let mut rest = patch_map.clone();
+            rest.remove("$patch");
+            strategic_merge_patch(&mut fresh, &Value::Object(rest))?;
+            *target = fresh;
+            return Ok(());
+        }
+        Some("delete") => {
+            *target = Value::Object(Map::new());
+            return Ok(());
+        }
+        Some(other) => {
+            return Err(format!(
+                "unknown patch type: {other} in map: {}",
+                go_map(patch_map)
+            ));
+        }
+    }
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
+    }
+    let Value::Object(target_map) = target else {
+        return Ok(());
+    };
+    for (key, value) in patch_map {
+        if key == "$patch" || key == "$retainKeys" || key.starts_with("$setElementOrder/") {
+            continue;
+        }
+        if let Some(field) = key.strip_prefix("$deleteFromPrimitiveList/") {
+            if let (Some(Value::Array(items)), Value::Array(gone)) =
+                (target_map.get_mut(field), value)
+            {
+                items.retain(|i| !gone.contains(i));
+            }
+            continue;
+        }
+        if value.is_null() {
+            target_map.remove(key);
+            continue;
+        }
+        if value.get("$patch").and_then(Value::as_str) == Some("delete") {
+            target_map.remove(key);
+            continue;
+        }
+        match (target_map.get_mut(key), value) {
+            (Some(Value::Array(current)), Value::Array(items)) => {
+                merge_list(key, current, items)?;
+            }
+            (Some(current @ Value::Object(_)), Value::Object(_)) => {
+                strategic_merge_patch(current, value)?;
+            }
+            _ => {
+                let mut fresh = Value::Null;
+                match value {
+                    Value::Object(_) => strategic_merge_patch(&mut fresh, value)?,
+                    Value::Array(items) => {
+                        let mut list = Vec::new();
+                        merge_list(key, &mut list, items)?;
+                        fresh = Value::Array(list);
+                    }
+                    other => fresh = other.clone(),
+                }
+                target_map.insert(key.clone(), fresh);
+            }
+        }
+    }
+    if let Some(Value::Array(keep)) = patch_map.get("$retainKeys") {
+        target_map.retain(|k, _| keep.iter().any(|x| x.as_str() == Some(k)));
+    }
+    Ok(())
+}
+
+fn merge_list(field: &str, current: &mut Vec<Value>, items: &[Value]) -> Result<(), String> {
+    if let Some(key) = merge_key(field) {
+        for item in items {
+            let id = item.get(key);
+            let at = id.and_then(|id| current.iter().position(|c| c.get(key) == Some(id)));
+            let deleting = item.get("$patch").and_then(Value::as_str) == Some("delete");
+            match (at, deleting) {
+                (Some(i), true) => {
+                    current.remove(i);
+                }
+                (None, true) => {}
+                (Some(i), false) => strategic_merge_patch(&mut current[i], item)?,
+                (None, false) => {
+                    let mut fresh = Value::Null;
+                    strategic_merge_patch(&mut fresh, item)?;
+                    current.push(fresh);
+                }
+            }
+        }
+    } else if merges_primitives(field) {
+        for item in items {
+            if !current.contains(item) {
+                current.push(item.clone());
+            }
+        }
+    } else {
+        *current = items.to_vec();
+    }
+    Ok(())
+}
+
+/// A map as Go's `%v` prints it (for the messages kube-apiserver gives).
+fn go_map(map: &Map<String, Value>) -> String {
+    let parts: Vec<String> = map
+        .iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => format!("{k}:{s}"),
+            other => format!("{k}:{other}"),
+        })
+        .collect();
+    format!("map[{}]", parts.join(" "))
+}
+
 /// Why a JSON patch could not be applied (the server answers 422 or 409 as kube-apiserver does).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum JsonPatchError {
@@ -300,6 +457,51 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn strategic_merge_patch_cases() {
+        let pod = json!({"metadata": {"labels": {"a": "1", "b": "1"}, "finalizers": ["x/a", "x/b"]},
+            "spec": {"containers": [{"name": "app", "image": "1"}, {"name": "side", "image": "1"}],
+                     "tolerations": [{"key": "k1"}]}});
+        let cases = [
+            // Lists with a merge key merge item by item; others are replaced.
+            (
+                json!({"spec": {"containers": [{"name": "app", "image": "2"}], "tolerations": [{"key": "k2"}]}}),
+                Ok(
+                    json!({"metadata": {"labels": {"a": "1", "b": "1"}, "finalizers": ["x/a", "x/b"]},
+                "spec": {"containers": [{"name": "app", "image": "2"}, {"name": "side", "image": "1"}],
+                         "tolerations": [{"key": "k2"}]}}),
+                ),
+            ),
+            // $patch: delete in a list item, $patch: replace in a map, finalizers merge as a set.
+            (
+                json!({"metadata": {"labels": {"$patch": "replace", "c": "1"}, "finalizers": ["x/b", "x/c"]},
+                    "spec": {"containers": [{"name": "side", "$patch": "delete"}]}}),
+                Ok(
+                    json!({"metadata": {"labels": {"c": "1"}, "finalizers": ["x/a", "x/b", "x/c"]},
+                "spec": {"containers": [{"name": "app", "image": "1"}], "tolerations": [{"key": "k1"}]}}),
+                ),
+            ),
+            // $deleteFromPrimitiveList, $retainKeys, null deletes.
+            (
+                json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["x/a"], "labels": {"a": null}},
+                    "spec": {"$retainKeys": ["containers"]}}),
+                Ok(
+                    json!({"metadata": {"labels": {"b": "1"}, "finalizers": ["x/b"]},
+                "spec": {"containers": [{"name": "app", "image": "1"}, {"name": "side", "image": "1"}]}}),
+                ),
+            ),
+            (
+                json!({"metadata": {"labels": {"$patch": "bogus"}}}),
+                Err("unknown patch type: bogus in map: map[$patch:bogus]".to_string()),
+            ),
+        ];
+        for (patch, want) in cases {
+            let mut doc = pod.clone();
+            let got = strategic_merge_patch(&mut doc, &patch).map(|()| doc);
+            assert_eq!(got, want, "patch {patch}");
+        }
+    }
 
     #[test]
     fn merge_patch_cases() {

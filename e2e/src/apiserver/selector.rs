@@ -412,17 +412,22 @@ fn split_unescaped(text: &str, sep: char) -> Vec<String> {
     parts
 }
 
-fn unescape(value: &str) -> String {
+/// A field selector value with its escapes (`\\`, `\,`, `\=`) undone; `None`, as
+/// kube-apiserver refuses them, for an unescaped `=` or `,` and any other escape.
+fn unescape(value: &str) -> Option<String> {
     let mut out = String::new();
     let mut chars = value.chars();
     while let Some(c) = chars.next() {
-        if c == '\\' {
-            out.extend(chars.next());
-        } else {
-            out.push(c);
+        match c {
+            '\\' => match chars.next() {
+                Some(e @ ('\\' | ',' | '=')) => out.push(e),
+                _ => return None,
+            },
+            '=' | ',' => return None,
+            c => out.push(c),
         }
     }
-    out
+    Some(out)
 }
 
 impl FieldSelector {
@@ -451,10 +456,16 @@ impl FieldSelector {
                     term,
                 });
             };
+            let Some(value) = unescape(&term[at + op.len()..]) else {
+                return Err(SelectorError::Field {
+                    selector: text.to_string(),
+                    term,
+                });
+            };
             requirements.push(FieldRequirement {
                 field: term[..at].trim().to_string(),
                 negated: op == "!=",
-                value: unescape(&term[at + op.len()..]),
+                value,
             });
         }
         Ok(Self { requirements })

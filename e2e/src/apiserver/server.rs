@@ -121,6 +121,7 @@ async fn serve(ctx: &Ctx, req: hyper::Request<Incoming>, address: &str) -> Respo
         query: api::parse_query(parts.uri.query().unwrap_or_default()),
         accept: header_text(header::ACCEPT),
         content_type: header_text(header::CONTENT_TYPE),
+        user_agent: header_text(header::USER_AGENT),
         body,
     };
     let mut response = respond(route(ctx, &request, address).unwrap_or_else(Reply::Error));

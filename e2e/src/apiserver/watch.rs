@@ -109,6 +109,7 @@ fn error_line(err: &ApiError) -> Bytes {
 
 /// Start a watch (a collection watch, or a single object when the URL names one).
 pub fn watch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiError> {
+    super::api::check_list_options(req, true)?;
     let mut selection = Selection::from_request(req, target)?;
     if let Some(name) = &target.name {
         selection = selection.with_name(name)?;
@@ -116,15 +117,8 @@ pub fn watch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
     let rep = format::negotiate(&req.accept, req.param("includeObject"));
     let bookmarks = req.flag("allowWatchBookmarks");
     let send_initial = req.flag("sendInitialEvents");
-    if send_initial && !bookmarks {
-        return Err(ApiError::invalid(
-            "ListOptions.meta.k8s.io",
-            "",
-            "allowWatchBookmarks",
-            "FieldValueForbidden",
-            "Forbidden: allowWatchBookmarks must be set to true when sendInitialEvents is true",
-        ));
-    }
+    // kube-apiserver accepts sendInitialEvents without allowWatchBookmarks (the initial events
+    // then end without the bookmark that says so).
     let rv = match req.param("resourceVersion").filter(|v| !v.is_empty()) {
         Some(v) => Some(
             v.parse::<u64>()
@@ -132,14 +126,15 @@ pub fn watch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
         ),
         None => None,
     };
-    // As in kube-apiserver, 0 (or no value) means the server's default.
-    let timeout = match req.param("timeoutSeconds") {
+    // As in kube-apiserver, 0 (or no value) means the server's default and a negative value
+    // ends the watch at once.
+    let timeout = match req.param("timeoutSeconds").filter(|t| !t.is_empty()) {
         Some(t) => match t
-            .parse::<u64>()
+            .parse::<i64>()
             .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {t:?}")))?
         {
             0 => DEFAULT_TIMEOUT,
-            secs => Duration::from_secs(secs),
+            secs => Duration::from_secs(u64::try_from(secs).unwrap_or(0)),
         },
         None => DEFAULT_TIMEOUT,
     };
@@ -173,7 +168,7 @@ pub fn watch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
                             }));
                         }
                     }
-                    if send_initial {
+                    if send_initial && bookmarks {
                         initial.push(line(&stream.bookmark(store.rv(), true)));
                     }
                 }

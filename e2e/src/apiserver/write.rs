@@ -154,6 +154,121 @@ fn check_namespace(target: &Target, obj: &mut Value) -> Result<(), ApiError> {
 }
 
 /// RFC 1123 subdomain (most kinds) or label (namespaces) name rules.
+/// A Kubernetes qualified name: `[prefix/]name`, the prefix a DNS subdomain of at most 253
+/// characters, the name at most 63 alphanumerics, `-`, `_` or `.`, alphanumeric at both ends.
+fn qualified_name_error(key: &str) -> Option<&'static str> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix {
+        let part_ok = |p: &str| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !p.starts_with('-')
+                && !p.ends_with('-')
+        };
+        if prefix.len() > 253 || !prefix.split('.').all(part_ok) {
+            return Some(
+                "prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
+            );
+        }
+    }
+    if name.is_empty() {
+        return Some("name part must be non-empty");
+    }
+    if name.len() > 63 {
+        return Some("name part must be no more than 63 characters");
+    }
+    if !label_value_ok(name) {
+        return Some(
+            "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+        );
+    }
+    None
+}
+
+/// A label value: empty, or at most 63 alphanumerics, `-`, `_` or `.`, alphanumeric at both ends.
+fn label_value_ok(v: &str) -> bool {
+    v.is_empty()
+        || v.len() <= 63
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && v.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && v.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+}
+
+/// kube-apiserver's metadata validation of labels, annotation keys and finalizer names (422):
+/// keys and finalizers are qualified names; on built-in kinds a finalizer without a `/` must be
+/// a standard one (custom resources only draw a warning there).
+fn validate_metadata(target: &Target, obj: &Value, name: &str) -> Result<(), ApiError> {
+    let gk = target.rt.group_kind();
+    let invalid = |field: &str, value: &str, why: &str| {
+        ApiError::invalid(
+            &gk,
+            name,
+            field,
+            "FieldValueInvalid",
+            &format!("Invalid value: {value:?}: {why}"),
+        )
+    };
+    let Some(m) = meta(obj) else {
+        return Ok(());
+    };
+    for (key, value) in m
+        .get("labels")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(why) = qualified_name_error(key) {
+            return Err(invalid("metadata.labels", key, why));
+        }
+        let v = value.as_str().unwrap_or_default();
+        if !label_value_ok(v) {
+            return Err(invalid(
+                "metadata.labels",
+                v,
+                "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (at most 63 characters)",
+            ));
+        }
+    }
+    for key in m
+        .get("annotations")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(k, _)| k)
+    {
+        if let Some(why) = qualified_name_error(&key.to_lowercase()) {
+            return Err(invalid("metadata.annotations", key, why));
+        }
+    }
+    for (i, f) in m
+        .get("finalizers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .enumerate()
+    {
+        let field = format!("metadata.finalizers[{i}]");
+        if let Some(why) = qualified_name_error(f) {
+            return Err(invalid(&field, f, why));
+        }
+        let standard = matches!(f, "kubernetes" | "orphan" | "foregroundDeletion");
+        if target.rt.crd_name.is_none() && !f.contains('/') && !standard {
+            return Err(invalid(
+                &field,
+                f,
+                "name is neither a standard finalizer name nor is it fully qualified",
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_name(rt: &ResourceType, name: &str) -> Result<(), ApiError> {
     let label = rt.plural == "namespaces";
     let max = if label { 63 } else { 253 };
@@ -309,10 +424,25 @@ fn create_defaults(
 }
 
 /// POST: create an object.
+/// A 500 as kube-apiserver gives for some refusals: the bare message, no reason.
+fn bare_500(message: impl Into<String>) -> ApiError {
+    let mut e = ApiError::internal("");
+    e.reason = "";
+    e.message = message.into();
+    e
+}
+
 pub fn create(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiError> {
     let mut obj = parse_body(req)?;
     check_type(target, &mut obj)?;
-    let obj = convert::to_storage(&target.rt, obj);
+    // kube-apiserver refuses this with a 500 (an apply that creates ignores it instead).
+    if meta_str(&obj, "resourceVersion").is_some_and(|rv| !rv.is_empty()) {
+        return Err(bare_500(
+            "resourceVersion should not be set on objects to be created",
+        ));
+    }
+    let mut obj = convert::to_storage(&target.rt, obj);
+    record_update(req, target, None, &mut obj);
     let mut store = ctx.store();
     let created = create_object(&mut store, target, obj, write_options(req))?;
     Ok(Reply::Json(201, target.present(&created)))
@@ -342,6 +472,7 @@ fn create_object(
         },
     };
     check_name(&target.rt, &name)?;
+    validate_metadata(target, &obj, &name)?;
     if target.rt.namespaced {
         let ns = target.ns();
         let namespace = store
@@ -475,6 +606,7 @@ fn commit_update(
     opts: WriteOptions,
 ) -> Result<Value, ApiError> {
     let name = meta_str(old, "name").unwrap_or_default().to_string();
+    validate_metadata(target, &new, &name)?;
     if target.rt.crd_name.is_some() {
         validate_custom(target, &mut new, &name, opts)?;
     }
@@ -552,7 +684,17 @@ pub fn update(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErr
         .cloned()
         .ok_or_else(|| ApiError::not_found(&target.rt.group, &target.rt.plural, &name))?;
     check_rv(target, &old, &obj, &name)?;
-    let new = merge_for_update(target, &old, obj);
+    if target.rt.crd_name.is_some() && meta_str(&obj, "resourceVersion").is_none_or(str::is_empty) {
+        return Err(ApiError::invalid(
+            &target.rt.group_kind(),
+            &name,
+            "metadata.resourceVersion",
+            "FieldValueInvalid",
+            "Invalid value: 0: must be specified for an update",
+        ));
+    }
+    let mut new = merge_for_update(target, &old, obj);
+    record_update(req, target, Some(&old), &mut new);
     let stored = commit_update(&mut store, target, &old, new, write_options(req))?;
     Ok(Reply::Json(200, target.present(&stored)))
 }
@@ -570,7 +712,8 @@ fn check_rv(target: &Target, old: &Value, new: &Value, name: &str) -> Result<(),
     }
 }
 
-/// PATCH: JSON merge, strategic merge (treated as JSON merge), JSON patch, or server-side apply.
+/// PATCH: JSON merge, strategic merge (built-in kinds only, as kube-apiserver: 415 for custom
+/// resources), JSON patch, or server-side apply.
 pub fn patch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiError> {
     let name = target.name.clone().unwrap_or_default();
     let content_type = req
@@ -590,8 +733,9 @@ pub fn patch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
         current.ok_or_else(|| ApiError::not_found(&target.rt.group, &target.rt.plural, &name))?;
     let mut doc = target.present(&old);
     match content_type.as_str() {
-        "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
-            patch::merge_patch(&mut doc, &body)
+        "application/merge-patch+json" => patch::merge_patch(&mut doc, &body),
+        "application/strategic-merge-patch+json" if target.rt.crd_name.is_none() => {
+            patch::strategic_merge_patch(&mut doc, &body).map_err(bare_500)?
         }
         "application/json-patch+json" => patch::json_patch(&mut doc, &body).map_err(|e| {
             let mut err = ApiError::invalid(
@@ -614,9 +758,134 @@ pub fn patch(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErro
     check_type(target, &mut doc)?;
     let doc = convert::to_storage(&target.rt, doc);
     check_rv(target, &old, &doc, &name)?;
-    let new = merge_for_update(target, &old, doc);
+    let mut new = merge_for_update(target, &old, doc);
+    record_update(req, target, Some(&old), &mut new);
     let stored = commit_update(&mut store, target, &old, new, write_options(req))?;
     Ok(Reply::Json(200, target.present(&stored)))
+}
+
+/// Orders `managedFields` as kube-apiserver does: by operation (`Apply` before `Update`), then
+/// time (to the second), manager, apiVersion and subresource.
+fn sort_managed(entries: &mut [Value]) {
+    let key = |e: &Value| {
+        let text = |k: &str| {
+            e.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let time = text("time");
+        (
+            text("operation"),
+            time.get(..19).unwrap_or(&time).to_string(),
+            text("manager"),
+            text("apiVersion"),
+            text("subresource"),
+        )
+    };
+    entries.sort_by_key(key);
+}
+
+/// The field manager of a write: `fieldManager`, else the `User-Agent` up to its first `/`.
+fn write_manager(req: &Request) -> String {
+    match req.param("fieldManager").filter(|m| !m.is_empty()) {
+        Some(m) => m.to_string(),
+        None => {
+            let ua = req.user_agent.split('/').next().unwrap_or_default();
+            if ua.is_empty() {
+                "unknown".into()
+            } else {
+                ua.to_string()
+            }
+        }
+    }
+}
+
+/// An ordinary write (create, update, a patch that is not an apply) takes ownership as in
+/// kube-apiserver: every leaf field it sets or changes becomes its manager's (an `Update` entry),
+/// leaves every other manager (appliers included), and fields the object no longer has are owned
+/// by nobody. Ordinary writes never conflict.
+fn record_update(req: &Request, target: &Target, old: Option<&Value>, new: &mut Value) {
+    let manager = write_manager(req);
+    let subresource = target.sub.clone();
+    let in_scope = |p: &FieldPath| match subresource.as_deref() {
+        Some(_) => p.first().is_some_and(|f| f == "status"),
+        None => !(target.rt.status_subresource && p.first().is_some_and(|f| f == "status")),
+    };
+    let changed: Vec<FieldPath> = patch::applied_paths(new)
+        .into_iter()
+        .filter(|p| in_scope(p))
+        .filter(|p| old.is_none_or(|o| patch::get_path(o, p) != patch::get_path(new, p)))
+        .collect();
+    let entries = match old {
+        Some(o) => managed_entries(o),
+        None => Vec::new(),
+    };
+    let mine = |e: &ManagedEntry| {
+        e.manager == manager && e.operation == "Update" && e.subresource == subresource
+    };
+    let mut out: Vec<Value> = Vec::new();
+    let mut placed = false;
+    let mine_entry = |paths: Vec<FieldPath>| {
+        let mut e = json!({
+            "manager": manager,
+            "operation": "Update",
+            "apiVersion": target.rt.api_version(&target.version),
+            "time": ids::now(),
+            "fieldsType": "FieldsV1",
+            "fieldsV1": patch::to_fields_v1(&paths),
+        });
+        if let (Some(sub), Some(map)) = (&subresource, e.as_object_mut()) {
+            map.insert("subresource".into(), json!(sub));
+        }
+        e
+    };
+    for e in &entries {
+        let mut paths: Vec<FieldPath> = e
+            .paths
+            .iter()
+            .filter(|q| patch::get_path(new, q).is_some())
+            .cloned()
+            .collect();
+        if mine(e) {
+            if placed {
+                continue;
+            }
+            placed = true;
+            for p in &changed {
+                paths.retain(|q| !overlaps(p, q));
+                paths.push(p.clone());
+            }
+            if changed.is_empty() && paths == e.paths {
+                out.push(e.raw.clone());
+            } else if !paths.is_empty() {
+                out.push(mine_entry(paths));
+            }
+            continue;
+        }
+        paths.retain(|q| !changed.iter().any(|p| overlaps(p, q)));
+        if paths.is_empty() {
+            continue;
+        }
+        let mut raw = e.raw.clone();
+        if paths != e.paths
+            && let Some(map) = raw.as_object_mut()
+        {
+            map.insert("fieldsV1".into(), patch::to_fields_v1(&paths));
+        }
+        out.push(raw);
+    }
+    if !placed && !changed.is_empty() {
+        out.push(mine_entry(changed));
+    }
+    sort_managed(&mut out);
+    if let Some(m) = meta_mut(new) {
+        if out.is_empty() {
+            m.remove("managedFields");
+        } else {
+            m.insert("managedFields".into(), Value::Array(out));
+        }
+    }
 }
 
 /// One `managedFields` entry as stored.
@@ -729,6 +998,20 @@ fn apply(
         let created = create_object(store, target, config, write_options(req))?;
         return Ok(Reply::Json(201, target.present(&created)));
     };
+    // Preconditions carried in the applied configuration, as kube-apiserver: a resourceVersion
+    // must be the current one (409), a uid must be the object's (422: metadata.uid is immutable).
+    check_rv(target, &old, &config, &name)?;
+    if let Some(uid) = meta_str(&config, "uid").filter(|u| !u.is_empty())
+        && Some(uid) != meta_str(&old, "uid")
+    {
+        return Err(ApiError::invalid(
+            &target.rt.group_kind(),
+            &name,
+            "metadata.uid",
+            "FieldValueInvalid",
+            &format!("Invalid value: {uid:?}: field is immutable"),
+        ));
+    }
     let entries = managed_entries(&old);
     let mine = |e: &ManagedEntry| {
         e.manager == manager && e.operation == "Apply" && e.subresource == subresource
@@ -741,7 +1024,7 @@ fn apply(
     let others: Vec<&ManagedEntry> = entries.iter().filter(|e| !mine(e)).collect();
     let mut conflicts: Vec<(String, FieldPath)> = Vec::new();
     for p in &paths {
-        for other in others.iter().filter(|e| e.operation == "Apply") {
+        for other in &others {
             if other.paths.iter().any(|q| overlaps(p, q))
                 && patch::get_path(&old, p) != patch::get_path(&config, p)
             {
@@ -836,6 +1119,7 @@ fn apply(
     if !mine_placed {
         new_entries.push(mine_entry);
     }
+    sort_managed(&mut new_entries);
     if let Some(m) = meta_mut(&mut doc) {
         m.insert("managedFields".into(), Value::Array(new_entries));
     }
@@ -932,9 +1216,10 @@ pub fn delete(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErr
     let mut store = ctx.store();
     let (obj, removed) = delete_one(ctx, &mut store, target, &name, &opts)?;
     let obj = obj.unwrap_or(Value::Null);
-    let returns_object = !removed
-        || target.rt.crd_name.is_some()
-        || target.rt.plural == "pods" && target.rt.group.is_empty();
+    // As kube-apiserver: an object still present (finalizers, grace) is returned; one removed
+    // outright is answered with a Status of Success, except for pods (their registry returns
+    // the deleted object). Custom resources are answered with a Status too.
+    let returns_object = !removed || target.rt.plural == "pods" && target.rt.group.is_empty();
     if returns_object {
         Ok(Reply::Json(200, target.present(&obj)))
     } else {
