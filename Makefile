@@ -20,7 +20,7 @@ PLUGIN_BIN := target/$(HOST_TRIPLE)/release/ipkeep
 OPERATOR_BIN := target/$(HOST_TRIPLE)/release/ipkeep-operator
 IMAGE_ARCHIVE := target/image/ipkeep.oci.tar
 
-.PHONY: all build plugin test lint deps bench bench-controller bench-agent fmt crds operator-static image chart-test cluster-bins
+.PHONY: all build plugin test lint deps demo bench bench-controller bench-agent fmt crds operator-static image chart-test cluster-bins
 
 all: build
 
@@ -81,6 +81,17 @@ bench-controller:
 bench-agent:
 	$(CARGO) build --release -p ipkeep-operator --bin ipkeep-operator
 	IPKEEP_OPERATOR_BIN=$(CURDIR)/target/release/ipkeep-operator $(CARGO) run --release -p ipkeep-e2e --example bench_agent
+
+## demo: the whole system on this machine (real control plane, two simulated nodes with their
+## agents, the controller) and the story of a StatefulSet pod keeping its IP, told step by step.
+## KEEP=1 keeps it running after the story (until Ctrl-C) and prints the KUBECONFIG. Needs root.
+## Everything it starts is stopped and removed when it ends or is interrupted.
+demo:
+	@./scripts/install-deps.sh && \
+	  bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
+	  $(CARGO) build -q -p ipkeep-plugin -p ipkeep-operator -p ipkeep-e2e --bins && \
+	  target_dir=$$($(CARGO) metadata --format-version 1 --no-deps | sed 's/.*"target_directory":"\([^"]*\)".*/\1/') && \
+	  IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" exec "$$target_dir/debug/ipkeep-e2e" demo $(if $(KEEP),--keep)
 
 fmt:
 	$(CARGO) fmt --all

@@ -3,6 +3,7 @@
 
 pub mod apiserver;
 pub mod cluster;
+pub mod demo;
 pub mod node;
 
 /// An error and its sources on one line, `: `-separated, for messages to people.
