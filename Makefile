@@ -91,7 +91,10 @@ demo:
 	  bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
 	  $(CARGO) build -q -p ipkeep-plugin -p ipkeep-operator -p ipkeep-e2e --bins && \
 	  target_dir=$$($(CARGO) metadata --format-version 1 --no-deps | sed 's/.*"target_directory":"\([^"]*\)".*/\1/') && \
-	  IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" exec "$$target_dir/debug/ipkeep-e2e" demo $(if $(KEEP),--keep)
+	  log="$$target_dir/demo.log" && echo "make demo: the components' own logs go to $$log" && \
+	  IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" "$$target_dir/debug/ipkeep-e2e" demo $(if $(KEEP),--keep) 2>"$$log" || \
+	  { status=$$?; [ $$status -eq 130 ] && echo "make demo: interrupted; everything it started is gone" && exit 130; \
+	    echo "make demo: failed; the end of $$log:"; tail -n 25 "$$log"; exit $$status; }
 
 fmt:
 	$(CARGO) fmt --all

@@ -195,6 +195,10 @@ fn main() -> ExitCode {
             };
             match runtime.block_on(ipkeep_e2e::demo::run(options)) {
                 Ok(()) => ExitCode::SUCCESS,
+                Err(e @ ipkeep_e2e::demo::DemoError::Interrupted) => {
+                    eprintln!("ipkeep-e2e demo: {e}");
+                    ExitCode::from(130)
+                }
                 Err(e) => {
                     eprintln!("ipkeep-e2e demo: {}", error_chain(&e));
                     ExitCode::FAILURE
