@@ -87,6 +87,7 @@ bench-agent:
 ## KEEP=1 keeps it running after the story (until Ctrl-C) and prints the KUBECONFIG. Needs root.
 ## Everything it starts is stopped and removed when it ends or is interrupted.
 demo:
+	@$(if $(FAST),echo "make demo: FAST=1 (on the API test server) is not available yet; run make demo" >&2; exit 2,true)
 	@./scripts/install-deps.sh && \
 	  bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
 	  $(CARGO) build -q -p ipkeep-plugin -p ipkeep-operator -p ipkeep-e2e --bins && \

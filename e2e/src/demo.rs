@@ -206,15 +206,18 @@ async fn interrupted() {
     }
 }
 
+/// A simulated node running as a task: its name, its stop signal, the task.
+type RunningNode = (
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), crate::node::NodeError>>,
+);
+
 /// What has been started, stopped in reverse order.
 #[derive(Default)]
 struct Stack {
     cluster: Option<Cluster>,
-    nodes: Vec<(
-        String,
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<Result<(), crate::node::NodeError>>,
-    )>,
+    nodes: Vec<RunningNode>,
     controller: Option<Child>,
 }
 

@@ -180,11 +180,14 @@ pub struct SimNode {
     /// Its configuration (name, CIDRs, data directory, network).
     pub config: NodeConfig,
     kube: kube::Config,
-    running: Option<(
-        tokio::sync::oneshot::Sender<()>,
-        std::thread::JoinHandle<Result<(), String>>,
-    )>,
+    running: Option<Running>,
 }
+
+/// A running stand-in: its stop signal and its thread.
+type Running = (
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<Result<(), String>>,
+);
 
 impl SimNode {
     /// The node's name.
