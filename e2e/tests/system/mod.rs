@@ -190,6 +190,15 @@ type Running = (
 );
 
 impl SimNode {
+    /// A node of that configuration talking to the API server of `kube` (not started).
+    pub fn new(config: NodeConfig, kube: kube::Config) -> SimNode {
+        SimNode {
+            config,
+            kube,
+            running: None,
+        }
+    }
+
     /// The node's name.
     pub fn name(&self) -> &str {
         &self.config.name
@@ -316,6 +325,50 @@ impl Drop for Controller {
     }
 }
 
+/// Starts a controller replica (the built binary) watching `ns`, electing its leader through the
+/// Lease `ns/lease` (3 s), logging to `<dir>/<identity>.log`.
+pub fn spawn_controller(
+    kubeconfig: &Path,
+    ns: &str,
+    lease: &str,
+    identity: &str,
+    dir: &Path,
+) -> Controller {
+    let (_, operator) = binaries();
+    let log = dir.join(format!("{identity}.log"));
+    let file = std::fs::File::create(&log).expect("controller log");
+    // setpriv: the kernel kills the replica if this test process dies without dropping it.
+    let child = Command::new("setpriv")
+        .args(["--pdeathsig", "KILL", "--"])
+        .arg(operator)
+        .args([
+            "controller",
+            "--namespace",
+            ns,
+            "--lease-name",
+            lease,
+            "--lease-namespace",
+            ns,
+            "--lease-duration",
+            "3",
+            "--identity",
+            identity,
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .env("KUBECONFIG", kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(file)
+        .spawn()
+        .expect("start ipkeep-operator controller");
+    Controller {
+        identity: identity.to_owned(),
+        child,
+        log,
+    }
+}
+
 /// What a test asks of its system.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -397,11 +450,7 @@ impl System {
                 bin: agent.clone(),
                 kubeconfig: Some(cluster.kubeconfig_path().to_path_buf()),
             });
-            let mut node = SimNode {
-                config,
-                kube: cluster.config(),
-                running: None,
-            };
+            let mut node = SimNode::new(config, cluster.config());
             node.start();
             nodes.push(node);
         }
@@ -426,41 +475,16 @@ impl System {
 
     /// Starts one more controller replica.
     pub fn start_controller(&mut self) {
-        let (_, operator) = binaries();
         self.replicas_started += 1;
         let identity = format!("{}-controller-{}", self.ns, self.replicas_started);
-        let log = self.dir.join(format!("{identity}.log"));
-        let file = std::fs::File::create(&log).expect("controller log");
-        // setpriv: the kernel kills the replica if this test process dies without dropping it.
-        let child = Command::new("setpriv")
-            .args(["--pdeathsig", "KILL", "--"])
-            .arg(operator)
-            .args([
-                "controller",
-                "--namespace",
-                &self.ns,
-                "--lease-name",
-                &self.lease,
-                "--lease-namespace",
-                &self.ns,
-                "--lease-duration",
-                "3",
-                "--identity",
-                &identity,
-                "--metrics-addr",
-                "127.0.0.1:0",
-            ])
-            .env("KUBECONFIG", self.cluster.kubeconfig_path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("start ipkeep-operator controller");
-        self.controllers.push(Controller {
-            identity,
-            child,
-            log,
-        });
+        let c = spawn_controller(
+            self.cluster.kubeconfig_path(),
+            &self.ns,
+            &self.lease,
+            &identity,
+            &self.dir,
+        );
+        self.controllers.push(c);
     }
 
     /// The Lease's current holder.
