@@ -346,7 +346,7 @@ async fn reservation_phase(api: &Api<DynamicObject>, name: &str) -> Option<Strin
     r.data["status"]["phase"].as_str().map(str::to_owned)
 }
 
-fn statefulset(name: &str, replicas: u32, retain_for: &str) -> String {
+fn statefulset(name: &str, replicas: u32, retain_for: &str, node: &str) -> String {
     format!(
         r#"apiVersion: apps/v1
 kind: StatefulSet
@@ -365,6 +365,8 @@ spec:
         ipkeep.dev/retain: "true"        # keep this pod's IP when it is deleted
         ipkeep.dev/retain-for: "{retain_for}"      # ... for this long after it is gone
     spec:
+      nodeSelector:
+        kubernetes.io/hostname: {node}   # addresses are node-local: a pod keeps its IP on its node
       terminationGracePeriodSeconds: 1
       containers:
       - name: app
@@ -523,7 +525,12 @@ async fn story(
     note(&format!("its log: {}", log.display()));
 
     say("1. An annotated StatefulSet with 3 replicas");
-    kubectl_apply(cluster, &statefulset("web", 3, "10m"), work, "web.yaml")?;
+    kubectl_apply(
+        cluster,
+        &statefulset("web", 3, "10m", "node-a"),
+        work,
+        "web.yaml",
+    )?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let iprs: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &ipr_resource());
     for i in 0..3 {
@@ -593,7 +600,12 @@ async fn story(
     }
 
     say("3. A reservation expires: a StatefulSet `cache` with retain-for 5s, scaled to 0");
-    kubectl_apply(cluster, &statefulset("cache", 1, "5s"), work, "cache.yaml")?;
+    kubectl_apply(
+        cluster,
+        &statefulset("cache", 1, "5s", "node-b"),
+        work,
+        "cache.yaml",
+    )?;
     let (_, cache_ips) = wait_for("cache-0 Running", || async {
         running(&pods.get_opt("cache-0").await.ok()??)
     })
