@@ -5,6 +5,9 @@
 //!
 //! `ipkeep-e2e node --name N --pod-cidr CIDR --data-dir DIR --cni-bin-dir DIR` runs a kubelet
 //! stand-in (see `ipkeep_e2e::node`) until SIGINT/SIGTERM.
+//!
+//! `ipkeep-e2e demo [--keep]` runs the whole system and tells the story (`make demo`; see
+//! `ipkeep_e2e::demo`).
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
