@@ -41,6 +41,9 @@ pub struct DemoOptions {
     pub crd: PathBuf,
     /// Keep everything running after the story until Ctrl-C.
     pub keep: bool,
+    /// Run on the in-memory API test server (with a StatefulSet stand-in, no scheduler, no
+    /// kubectl) instead of the real control plane: no Go build, a first look in seconds.
+    pub fast: bool,
 }
 
 /// Failures of the demo; each names the step.
@@ -217,6 +220,8 @@ type RunningNode = (
 #[derive(Default)]
 struct Stack {
     cluster: Option<Cluster>,
+    server: Option<crate::apiserver::TestServer>,
+    standin: Option<tokio::task::JoinHandle<()>>,
     nodes: Vec<RunningNode>,
     controller: Option<Child>,
 }
@@ -235,10 +240,37 @@ impl Stack {
                 Err(e) => eprintln!("demo: node {name}: {e}"),
             }
         }
+        if let Some(task) = self.standin.take() {
+            task.abort();
+        }
         if let Some(cluster) = self.cluster.take() {
             cluster.stop();
         }
+        if let Some(server) = self.server.take() {
+            server.shutdown().await;
+        }
     }
+}
+
+/// Several agents share this machine: a wrapper gives each a probe port of its own.
+fn write_agent_wrapper(work: &Path, operator: &Path) -> Result<PathBuf, DemoError> {
+    let agent = work.join("ipkeep-operator-agent");
+    std::fs::write(
+        &agent,
+        format!(
+            "#!/bin/sh\nexec '{}' \"$@\" --probe-addr 127.0.0.1:0\n",
+            operator.display()
+        ),
+    )
+    .and_then(|()| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
+    })
+    .map_err(|source| DemoError::Io {
+        what: format!("write {}", agent.display()),
+        source,
+    })?;
+    Ok(agent)
 }
 
 fn say(text: &str) {
@@ -390,6 +422,9 @@ async fn story(
     };
     let _ = std::fs::remove_dir_all(work);
     mkdir(work)?;
+    if options.fast {
+        return fast::story(options, work, stack, told, t0).await;
+    }
 
     say(
         "Starting a real Kubernetes control plane on 127.0.0.1 (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)",
@@ -426,23 +461,7 @@ async fn story(
             source,
         },
     )?;
-    // Several agents share this machine: each gets a probe port of its own.
-    let agent = work.join("ipkeep-operator-agent");
-    std::fs::write(
-        &agent,
-        format!(
-            "#!/bin/sh\nexec '{}' \"$@\" --probe-addr 127.0.0.1:0\n",
-            options.operator_bin.display()
-        ),
-    )
-    .and_then(|()| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
-    })
-    .map_err(|source| DemoError::Io {
-        what: format!("write {}", agent.display()),
-        source,
-    })?;
+    let agent = write_agent_wrapper(work, &options.operator_bin)?;
     for (name, cidr) in NODES {
         let mut config = NodeConfig::new(
             name,
@@ -664,4 +683,366 @@ async fn story(
         std::future::pending::<()>().await;
     }
     Ok(())
+}
+
+/// `--fast`: the same story on the API test server, with a StatefulSet stand-in.
+mod fast {
+    use std::{collections::BTreeMap, path::Path, process::Command, time::Instant};
+
+    use k8s_openapi::api::{apps::v1::StatefulSet, core::v1::Pod};
+    use kube::{
+        Api, ResourceExt,
+        api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
+    };
+
+    use super::*;
+    use crate::apiserver::{ServerOptions, TestServer};
+
+    const FAST_NS: &str = "default";
+
+    /// Keeps each StatefulSet's pods `<name>-0..replicas-1` existing, placed on the node its
+    /// template's `kubernetes.io/hostname` node selector names (there is no scheduler), and
+    /// deletes the ordinals beyond `replicas`: what the StatefulSet controller does, no more.
+    async fn statefulset_standin(client: kube::Client) {
+        let sets: Api<StatefulSet> = Api::namespaced(client.clone(), FAST_NS);
+        let pods: Api<Pod> = Api::namespaced(client, FAST_NS);
+        loop {
+            if let (Ok(sets), Ok(existing)) = (
+                sets.list(&ListParams::default()).await,
+                pods.list(&ListParams::default()).await,
+            ) {
+                let names: BTreeMap<String, bool> = existing
+                    .items
+                    .iter()
+                    .map(|p| (p.name_any(), p.metadata.deletion_timestamp.is_some()))
+                    .collect();
+                for set in sets.items {
+                    let name = set.name_any();
+                    let Some(spec) = set.spec else { continue };
+                    let replicas = spec.replicas.unwrap_or(1).max(0);
+                    for i in 0..replicas {
+                        let pod_name = format!("{name}-{i}");
+                        if names.contains_key(&pod_name) {
+                            continue;
+                        }
+                        let mut pod_spec = spec.template.spec.clone().unwrap_or_default();
+                        pod_spec.node_name = pod_spec
+                            .node_selector
+                            .as_ref()
+                            .and_then(|s| s.get("kubernetes.io/hostname").cloned());
+                        let template = spec.template.metadata.clone().unwrap_or_default();
+                        let pod = Pod {
+                            metadata: kube::api::ObjectMeta {
+                                name: Some(pod_name),
+                                labels: template.labels,
+                                annotations: template.annotations,
+                                ..Default::default()
+                            },
+                            spec: Some(pod_spec),
+                            status: None,
+                        };
+                        let _ = pods.create(&PostParams::default(), &pod).await;
+                    }
+                    for (pod_name, deleting) in &names {
+                        let ordinal = pod_name
+                            .strip_prefix(&format!("{name}-"))
+                            .and_then(|o| o.parse::<i32>().ok());
+                        if !deleting && ordinal.is_some_and(|o| o >= replicas) {
+                            let _ = pods.delete(pod_name, &DeleteParams::default()).await;
+                        }
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn print_pods(list: &[Pod]) {
+        println!("NAME      STATUS     IP            NODE      UID");
+        for p in list {
+            let status = p.status.as_ref();
+            println!(
+                "{:<9} {:<10} {:<13} {:<9} {}",
+                p.name_any(),
+                status.and_then(|s| s.phase.clone()).unwrap_or_default(),
+                status.and_then(|s| s.pod_ip.clone()).unwrap_or_default(),
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default(),
+                p.metadata.uid.clone().unwrap_or_default()
+            );
+        }
+    }
+
+    fn print_iprs(list: &[DynamicObject]) {
+        println!("NAME      IPS                NODE      PHASE      RELEASE-TIME");
+        for r in list {
+            let ips = r.data["spec"]["ips"].to_string();
+            println!(
+                "{:<9} {:<18} {:<9} {:<10} {}",
+                r.name_any(),
+                ips,
+                r.data["spec"]["nodeName"].as_str().unwrap_or_default(),
+                r.data["status"]["phase"].as_str().unwrap_or_default(),
+                r.data["status"]["releaseTime"].as_str().unwrap_or_default()
+            );
+        }
+    }
+
+    async fn show_pods(pods: &Api<Pod>) -> Result<(), DemoError> {
+        println!("\n~ kubectl get pods");
+        let list = pods
+            .list(&ListParams::default())
+            .await
+            .map_err(|source| DemoError::Api {
+                what: "list pods".into(),
+                source,
+            })?;
+        print_pods(&list.items);
+        Ok(())
+    }
+
+    async fn show_iprs(iprs: &Api<DynamicObject>) -> Result<(), DemoError> {
+        println!("\n~ kubectl get ipr");
+        let list = iprs
+            .list(&ListParams::default())
+            .await
+            .map_err(|source| DemoError::Api {
+                what: "list reservations".into(),
+                source,
+            })?;
+        print_iprs(&list.items);
+        Ok(())
+    }
+
+    async fn create_set(sets: &Api<StatefulSet>, yaml: &str) -> Result<(), DemoError> {
+        println!("\n~ kubectl apply -f - <<EOF\n{yaml}EOF");
+        let set: StatefulSet = serde_saphyr::from_str(yaml).map_err(|e| DemoError::Command {
+            command: "parse the StatefulSet".into(),
+            detail: e.to_string(),
+        })?;
+        sets.create(&PostParams::default(), &set)
+            .await
+            .map_err(|source| DemoError::Api {
+                what: "create the StatefulSet".into(),
+                source,
+            })?;
+        Ok(())
+    }
+
+    pub(super) async fn story(
+        options: &DemoOptions,
+        work: &Path,
+        stack: &mut Stack,
+        told: &mut bool,
+        t0: Instant,
+    ) -> Result<(), DemoError> {
+        say(
+            "Starting the API test server (in memory, plain HTTP on 127.0.0.1). FAST mode: a small StatefulSet stand-in replaces the StatefulSet controller and the scheduler, and there is no kubectl: lines starting with `~ kubectl` are done through the API, their output printed like kubectl's",
+        );
+        let crd_dir = options
+            .crd
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let server = TestServer::start(ServerOptions {
+            crd_dirs: vec![crd_dir],
+            ..ServerOptions::default()
+        })
+        .await
+        .map_err(|e| DemoError::Command {
+            command: "start the API test server".into(),
+            detail: crate::error_chain(&e),
+        })?;
+        let kubeconfig = work.join("kubeconfig");
+        server
+            .write_kubeconfig(&kubeconfig)
+            .map_err(|e| DemoError::Command {
+                command: "write the kubeconfig".into(),
+                detail: crate::error_chain(&e),
+            })?;
+        let url = server.url();
+        let client = server.client();
+        let server = stack.server.insert(server);
+        note(&format!(
+            "ready after {:.1} s at {url}",
+            t0.elapsed().as_secs_f64()
+        ));
+        stack.standin = Some(tokio::spawn(statefulset_standin(client.clone())));
+
+        say(
+            "Starting two simulated nodes (kubelet stand-ins running the CNI bridge plugin with ipkeep in network namespaces, each with its ipkeep agent)",
+        );
+        let agent = write_agent_wrapper(work, &options.operator_bin)?;
+        let bin_dir = work.join("cni-bin");
+        std::fs::create_dir_all(&bin_dir).map_err(|source| DemoError::Io {
+            what: format!("create {}", bin_dir.display()),
+            source,
+        })?;
+        host::link_cni_bin_dir(&bin_dir, &options.bridge_bin, &options.plugin_bin).map_err(
+            |source| DemoError::Io {
+                what: format!("link the CNI plugins into {}", bin_dir.display()),
+                source,
+            },
+        )?;
+        for (name, cidr) in NODES {
+            let mut config = NodeConfig::new(
+                name,
+                vec![cidr.to_owned()],
+                work.join(name),
+                vec![bin_dir.clone()],
+            );
+            config.agent = Some(AgentConfig {
+                bin: agent.clone(),
+                kubeconfig: Some(kubeconfig.clone()),
+            });
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(crate::node::run(server.client(), config, async {
+                let _ = rx.await;
+            }));
+            stack.nodes.push((name.to_owned(), tx, task));
+            note(&format!("{name}: pod CIDR {cidr}"));
+        }
+
+        say("Starting the ipkeep controller");
+        let log = work.join("controller.log");
+        let log_file = std::fs::File::create(&log).map_err(|source| DemoError::Io {
+            what: format!("create {}", log.display()),
+            source,
+        })?;
+        let controller = Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(&options.operator_bin)
+            .args([
+                "controller",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--identity",
+                "demo-controller",
+            ])
+            .env("KUBECONFIG", &kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .map_err(|e| DemoError::Command {
+                command: format!("{} controller", options.operator_bin.display()),
+                detail: e.to_string(),
+            })?;
+        stack.controller = Some(controller);
+
+        let pods: Api<Pod> = Api::namespaced(client.clone(), FAST_NS);
+        let iprs: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), FAST_NS, &ipr_resource());
+        let sets: Api<StatefulSet> = Api::namespaced(client.clone(), FAST_NS);
+
+        say("1. An annotated StatefulSet with 3 replicas");
+        create_set(&sets, &statefulset("web", 3, "10m", "node-a")).await?;
+        for i in 0..3 {
+            let name = format!("web-{i}");
+            wait_for(&format!("{name} Running with an IP"), || async {
+                running(&pods.get_opt(&name).await.ok()??)
+            })
+            .await?;
+            wait_for(&format!("the reservation of {name} Bound"), || async {
+                (reservation_phase(&iprs, &name).await.as_deref() == Some("Bound")).then_some(())
+            })
+            .await?;
+        }
+        show_pods(&pods).await?;
+        show_iprs(&iprs).await?;
+
+        say("2. Delete web-1: it is re-created, and ipkeep gives it its address back");
+        let Some((old_uid, old_ips)) = pods
+            .get_opt("web-1")
+            .await
+            .ok()
+            .flatten()
+            .as_ref()
+            .and_then(running)
+        else {
+            return Err(DemoError::Timeout {
+                what: "web-1 running".into(),
+                secs: 0,
+            });
+        };
+        println!("\n~ kubectl delete pod web-1");
+        pods.delete("web-1", &DeleteParams::default())
+            .await
+            .map_err(|source| DemoError::Api {
+                what: "delete web-1".into(),
+                source,
+            })?;
+        let (new_uid, new_ips) = wait_for("web-1 back and Running", || async {
+            let got = running(&pods.get_opt("web-1").await.ok()??)?;
+            (got.0 != old_uid).then_some(got)
+        })
+        .await?;
+        wait_for("web-1's reservation Bound again", || async {
+            (reservation_phase(&iprs, "web-1").await.as_deref() == Some("Bound")).then_some(())
+        })
+        .await?;
+        note(&format!(
+            "web-1 again: uid {new_uid} (a new pod), IP {} — {}",
+            new_ips.join(", "),
+            if new_ips == old_ips {
+                "the same address"
+            } else {
+                "A DIFFERENT ADDRESS (this is a bug)"
+            }
+        ));
+        show_iprs(&iprs).await?;
+        if new_ips != old_ips {
+            return Err(DemoError::Command {
+                command: "the demo's check".into(),
+                detail: format!("web-1 came back with {new_ips:?}, not {old_ips:?}"),
+            });
+        }
+
+        say("3. A reservation expires: a StatefulSet `cache` with retain-for 5s, scaled to 0");
+        create_set(&sets, &statefulset("cache", 1, "5s", "node-b")).await?;
+        wait_for("cache-0 Running", || async {
+            running(&pods.get_opt("cache-0").await.ok()??)
+        })
+        .await?;
+        wait_for("cache-0's reservation Bound", || async {
+            (reservation_phase(&iprs, "cache-0").await.as_deref() == Some("Bound")).then_some(())
+        })
+        .await?;
+        println!("\n~ kubectl scale statefulset cache --replicas=0");
+        sets.patch(
+            "cache",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
+        )
+        .await
+        .map_err(|source| DemoError::Api {
+            what: "scale cache to 0".into(),
+            source,
+        })?;
+        wait_for("cache-0's reservation Released", || async {
+            (reservation_phase(&iprs, "cache-0").await.as_deref() == Some("Released")).then_some(())
+        })
+        .await?;
+        show_iprs(&iprs).await?;
+        wait_for(
+            "cache-0's reservation deleted at its release time",
+            || async { iprs.get_opt("cache-0").await.ok()?.is_none().then_some(()) },
+        )
+        .await?;
+        note("At its release time the controller deleted it and the address is free again:");
+        show_iprs(&iprs).await?;
+        say(&format!(
+            "The story took {:.0} s from nothing.",
+            t0.elapsed().as_secs_f64()
+        ));
+        *told = true;
+        if options.keep {
+            say("Everything keeps running until you press Ctrl-C. In another terminal:");
+            println!("\n    export KUBECONFIG={}\n", kubeconfig.display());
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
 }

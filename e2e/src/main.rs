@@ -61,6 +61,10 @@ struct DemoArgs {
     /// Keep everything running after the story, until Ctrl-C, and print the KUBECONFIG.
     #[arg(long)]
     keep: bool,
+    /// On the in-memory API test server (a StatefulSet stand-in, no scheduler, no kubectl)
+    /// instead of the real control plane: no Go build needed.
+    #[arg(long)]
+    fast: bool,
     /// The `ipkeep` plugin binary (default: next to this binary).
     #[arg(long)]
     plugin_bin: Option<PathBuf>,
@@ -195,6 +199,7 @@ fn main() -> ExitCode {
                 bridge_bin: args.bridge_bin,
                 crd: args.crd,
                 keep: args.keep,
+                fast: args.fast,
             };
             match runtime.block_on(ipkeep_e2e::demo::run(options)) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -2,7 +2,7 @@
 //! checked (web-1 back with the same address, a reservation expiring), it exits 0 and leaves
 //! nothing behind — no network namespace, bridge, process, state or work directory; interrupted
 //! with Ctrl-C (SIGINT) in the middle it cleans up just as well and exits 130, and the next run
-//! works.
+//! works; `--fast` (`make demo FAST=1`) tells the same story on the API test server.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "system/mod.rs"]
@@ -18,12 +18,14 @@ use std::{
 use ipkeep_e2e::node::{host, names};
 use system::*;
 
-fn demo() -> Child {
+fn demo(extra: &[&str]) -> Child {
     let (plugin, operator) = binaries();
     let bin_dir = ipkeep_e2e::cluster::bin_dir()
         .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
     Command::new(env!("CARGO_BIN_EXE_ipkeep-e2e"))
-        .args(["demo", "--plugin-bin"])
+        .arg("demo")
+        .args(extra)
+        .arg("--plugin-bin")
         .arg(plugin)
         .arg("--operator-bin")
         .arg(operator)
@@ -86,7 +88,7 @@ fn make_demo_tells_the_story_cleans_up_after_itself_and_after_ctrl_c() {
     require_root_and_tools();
     // Interrupted once the StatefulSet is running.
     let t0 = Instant::now();
-    let mut child = demo();
+    let mut child = demo(&[]);
     let pid = child.id();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut seen = String::new();
@@ -121,7 +123,7 @@ fn make_demo_tells_the_story_cleans_up_after_itself_and_after_ctrl_c() {
 
     // The next run works, to the end.
     let t0 = Instant::now();
-    let child = demo();
+    let child = demo(&[]);
     let pid = child.id();
     let output = child.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&output.stdout);
@@ -148,4 +150,26 @@ fn make_demo_tells_the_story_cleans_up_after_itself_and_after_ctrl_c() {
     assert!(!last.contains("cache-0"), "cache-0 did not expire:\n{last}");
     assert_nothing_left(pid);
     eprintln!("demo took {:.1}s", t0.elapsed().as_secs_f64());
+
+    // FAST: the same story on the API test server.
+    let t0 = Instant::now();
+    let child = demo(&["--fast"]);
+    let pid = child.id();
+    let output = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "demo --fast failed ({}):\n{text}",
+        output.status
+    );
+    for step in ["the same address", "Released", "nothing is left running"] {
+        assert!(
+            text.contains(step),
+            "the fast story lacks {step:?}:\n{text}"
+        );
+    }
+    let last = text.rsplit("~ kubectl get ipr\n").next().unwrap();
+    assert!(!last.contains("cache-0"), "cache-0 did not expire:\n{last}");
+    assert_nothing_left(pid);
+    eprintln!("demo --fast took {:.1}s", t0.elapsed().as_secs_f64());
 }
