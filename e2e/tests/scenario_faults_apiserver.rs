@@ -95,7 +95,7 @@ async fn dropped_watches_500s_compaction_and_a_restart_still_end_right() {
     let node_name = format!("apifaults-a-{pid}");
     let mut config = NodeConfig::new(
         &node_name,
-        vec![format!("10.{}.250.0/24", 200 + pid % 50)],
+        vec![next_v4_cidr()],
         dir.join("node-a"),
         vec![bin_dir],
     );

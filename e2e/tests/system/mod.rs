@@ -174,6 +174,23 @@ where
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
+/// The third octet of the `seq`-th node CIDR of this process: 32 per process (by pid), so two
+/// test processes on one machine rarely collide.
+fn v4_third_octet(seq: u32) -> u32 {
+    (std::process::id() % 8) * 32 + seq % 32
+}
+
+/// The `seq`-th node CIDR of this process, in 198.19.0.0/16 (the benchmarking range, never routed;
+/// the stand-in's own tests use 198.18.0.0/16): `198.19.<n>.0/<prefix>`.
+pub fn v4_cidr(seq: u32, prefix: u8) -> String {
+    format!("198.19.{}.0/{prefix}", v4_third_octet(seq))
+}
+
+/// A node CIDR of this process no other [`System`] node has.
+pub fn next_v4_cidr() -> String {
+    v4_cidr(SEQ.fetch_add(1, Ordering::Relaxed), 24)
+}
+
 /// One simulated node: a stand-in with its agent, on its own thread and runtime so it can be
 /// stopped and started again (a node restart) independently of the test's runtime.
 pub struct SimNode {
@@ -431,12 +448,10 @@ impl System {
         let agent = agent_wrapper(&dir);
         let mut nodes = Vec::new();
         for i in 0..options.nodes {
-            // 10.(200..249).(seq).0/24: unique per node in this process, and per process.
             let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-            let second = 200 + pid % 50;
-            let mut cidrs = vec![format!("10.{second}.{}.0/{}", seq % 256, options.v4_prefix)];
+            let mut cidrs = vec![v4_cidr(seq, options.v4_prefix)];
             if options.dual_stack {
-                cidrs.push(format!("fd00:{second}:{}::/64", seq % 65536));
+                cidrs.push(format!("fd00:1:{}::/64", v4_third_octet(seq)));
             }
             let letter = (b'a' + i as u8) as char;
             let name = format!("{ns}-{letter}-{pid}");
