@@ -20,7 +20,7 @@ PLUGIN_BIN := target/$(HOST_TRIPLE)/release/ipkeep
 OPERATOR_BIN := target/$(HOST_TRIPLE)/release/ipkeep-operator
 IMAGE_ARCHIVE := target/image/ipkeep.oci.tar
 
-.PHONY: all build plugin test lint deps bench bench-controller bench-agent fmt crds operator-static image chart-test cluster-bins
+.PHONY: all build plugin test lint deps demo bench bench-controller bench-agent fmt crds operator-static image chart-test cluster-bins
 
 all: build
 
@@ -81,6 +81,21 @@ bench-controller:
 bench-agent:
 	$(CARGO) build --release -p ipkeep-operator --bin ipkeep-operator
 	IPKEEP_OPERATOR_BIN=$(CURDIR)/target/release/ipkeep-operator $(CARGO) run --release -p ipkeep-e2e --example bench_agent
+
+## demo: the whole system on this machine (real control plane, two simulated nodes with their
+## agents, the controller) and the story of a StatefulSet pod keeping its IP, told step by step.
+## KEEP=1 keeps it running after the story (until Ctrl-C) and prints the KUBECONFIG; FAST=1 runs it
+## on the API test server (no Go build, a few seconds). Needs root.
+## Everything it starts is stopped and removed when it ends or is interrupted.
+demo:
+	@./scripts/install-deps.sh && \
+	  bin_dir=$(if $(FAST),,$$(e2e/cluster/build.sh | tail -n 1)) && \
+	  $(CARGO) build -q -p ipkeep-plugin -p ipkeep-operator -p ipkeep-e2e --bins && \
+	  target_dir=$$($(CARGO) metadata --format-version 1 --no-deps | sed 's/.*"target_directory":"\([^"]*\)".*/\1/') && \
+	  log="$$target_dir/demo.log" && echo "make demo: the components' own logs go to $$log" && \
+	  IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" "$$target_dir/debug/ipkeep-e2e" demo $(if $(KEEP),--keep) $(if $(FAST),--fast) 2>"$$log" || \
+	  { status=$$?; [ $$status -eq 130 ] && echo "make demo: interrupted; everything it started is gone" && exit 130; \
+	    echo "make demo: failed; the end of $$log:"; tail -n 25 "$$log"; exit $$status; }
 
 fmt:
 	$(CARGO) fmt --all

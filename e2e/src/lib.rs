@@ -1,8 +1,10 @@
 //! ipkeep's end-to-end test infrastructure: the Kubernetes API test server and the real control
-//! plane harness, and the kubelet stand-in that runs the real CNI chain for simulated nodes.
+//! plane harness, the kubelet stand-in that runs the real CNI chain for simulated nodes, and the
+//! local demo (`ipkeep-e2e demo`, `make demo`) that puts them together with ipkeep.
 
 pub mod apiserver;
 pub mod cluster;
+pub mod demo;
 pub mod node;
 
 /// An error and its sources on one line, `: `-separated, for messages to people.

@@ -5,6 +5,9 @@
 //!
 //! `ipkeep-e2e node --name N --pod-cidr CIDR --data-dir DIR --cni-bin-dir DIR` runs a kubelet
 //! stand-in (see `ipkeep_e2e::node`) until SIGINT/SIGTERM.
+//!
+//! `ipkeep-e2e demo [--keep]` runs the whole system and tells the story (`make demo`; see
+//! `ipkeep_e2e::demo`).
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
@@ -36,6 +39,9 @@ enum Command {
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
     },
+    /// The whole system on this machine and the story of a pod keeping its IP, told step by step
+    /// (root; cleans up after itself, also on Ctrl-C).
+    Demo(DemoArgs),
     /// Run a kubelet stand-in: one simulated node running the real CNI chain for its pods.
     Node(ipkeep_e2e::node::cli::NodeArgs),
     /// A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)
@@ -47,6 +53,30 @@ enum Command {
         #[arg(long, global = true, default_value_os_t = cli::default_state_dir())]
         state_dir: PathBuf,
     },
+}
+
+/// Flags of `ipkeep-e2e demo`.
+#[derive(Debug, clap::Args)]
+struct DemoArgs {
+    /// Keep everything running after the story, until Ctrl-C, and print the KUBECONFIG.
+    #[arg(long)]
+    keep: bool,
+    /// On the in-memory API test server (a StatefulSet stand-in, no scheduler, no kubectl)
+    /// instead of the real control plane: no Go build needed.
+    #[arg(long)]
+    fast: bool,
+    /// The `ipkeep` plugin binary (default: next to this binary).
+    #[arg(long)]
+    plugin_bin: Option<PathBuf>,
+    /// The `ipkeep-operator` binary (default: next to this binary).
+    #[arg(long)]
+    operator_bin: Option<PathBuf>,
+    /// Debian's `bridge` CNI plugin.
+    #[arg(long, default_value = "/usr/lib/cni/bridge")]
+    bridge_bin: PathBuf,
+    /// The IPReservation CRD manifest.
+    #[arg(long, default_value = "crds/ipreservations.ipkeep.dev.yaml")]
+    crd: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -156,5 +186,32 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }),
         Command::Node(args) => runtime.block_on(ipkeep_e2e::node::cli::main(args)),
+        Command::Demo(args) => {
+            let here = std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(std::path::Path::to_path_buf))
+                .unwrap_or_default();
+            let options = ipkeep_e2e::demo::DemoOptions {
+                plugin_bin: args.plugin_bin.unwrap_or_else(|| here.join("ipkeep")),
+                operator_bin: args
+                    .operator_bin
+                    .unwrap_or_else(|| here.join("ipkeep-operator")),
+                bridge_bin: args.bridge_bin,
+                crd: args.crd,
+                keep: args.keep,
+                fast: args.fast,
+            };
+            match runtime.block_on(ipkeep_e2e::demo::run(options)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e @ ipkeep_e2e::demo::DemoError::Interrupted) => {
+                    eprintln!("ipkeep-e2e demo: {e}");
+                    ExitCode::from(130)
+                }
+                Err(e) => {
+                    eprintln!("ipkeep-e2e demo: {}", error_chain(&e));
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }

@@ -1,0 +1,175 @@
+//! `make demo`'s program, `ipkeep-e2e demo`, run as a newcomer runs it: the story is told and
+//! checked (web-1 back with the same address, a reservation expiring), it exits 0 and leaves
+//! nothing behind — no network namespace, bridge, process, state or work directory; interrupted
+//! with Ctrl-C (SIGINT) in the middle it cleans up just as well and exits 130, and the next run
+//! works; `--fast` (`make demo FAST=1`) tells the same story on the API test server.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "system/mod.rs"]
+mod system;
+
+use std::{
+    io::{BufRead, BufReader},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::Instant,
+};
+
+use ipkeep_e2e::node::{host, names};
+use system::*;
+
+fn demo(extra: &[&str]) -> Child {
+    let (plugin, operator) = binaries();
+    let bin_dir = ipkeep_e2e::cluster::bin_dir()
+        .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
+    Command::new(env!("CARGO_BIN_EXE_ipkeep-e2e"))
+        .arg("demo")
+        .args(extra)
+        .arg("--plugin-bin")
+        .arg(plugin)
+        .arg("--operator-bin")
+        .arg(operator)
+        .arg("--crd")
+        .arg(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../crds/ipreservations.ipkeep.dev.yaml"),
+        )
+        .env("IPKEEP_CLUSTER_BIN_DIR", bin_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start ipkeep-e2e demo")
+}
+
+/// Fails if anything of a demo run with that pid is left.
+fn assert_nothing_left(pid: u32) {
+    for node in ["node-a", "node-b"] {
+        let tag = names::node_tag(node);
+        let bridge = names::bridge_name(&tag);
+        assert!(
+            !host::link_exists(&bridge),
+            "bridge {bridge} of {node} left behind"
+        );
+        let left = host::list_netns(&names::netns_prefix(&tag)).unwrap();
+        assert!(
+            left.is_empty(),
+            "network namespaces of {node} left behind: {left:?}"
+        );
+    }
+    let tmp = std::env::temp_dir();
+    for entry in std::fs::read_dir(&tmp).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        assert!(
+            name != format!("ipkeep-demo-{pid}")
+                && !name.starts_with(&format!("ipkeep-cluster-{pid}-")),
+            "{} left behind",
+            entry.path().display()
+        );
+    }
+    // No process whose parent was the demo (agents, controller, control plane components).
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .unwrap_or("");
+        assert_ne!(
+            ppid,
+            pid.to_string(),
+            "process {:?} of the demo left behind",
+            entry.file_name()
+        );
+    }
+}
+
+#[test]
+fn make_demo_tells_the_story_cleans_up_after_itself_and_after_ctrl_c() {
+    require_root_and_tools();
+    // Interrupted once the StatefulSet is running.
+    let t0 = Instant::now();
+    let mut child = demo(&[]);
+    let pid = child.id();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 {
+        seen.push_str(&line);
+        if line.contains("ipkeep's controller made one IPReservation per pod") {
+            break;
+        }
+        line.clear();
+    }
+    assert!(
+        seen.contains("web-1"),
+        "the story did not get to the pods:\n{seen}"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "interrupted demo: {status}\n{rest}"
+    );
+    assert!(rest.contains("Cleaning up"), "{rest}");
+    assert_nothing_left(pid);
+    eprintln!("interrupted demo took {:.1}s", t0.elapsed().as_secs_f64());
+
+    // The next run works, to the end.
+    let t0 = Instant::now();
+    let child = demo(&[]);
+    let pid = child.id();
+    let output = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "demo failed ({}):\n{text}",
+        output.status
+    );
+    for step in [
+        "1. An annotated StatefulSet with 3 replicas",
+        "$ kubectl -n demo get pods -o wide",
+        "2. Delete web-1",
+        "the same address",
+        "$ kubectl get ipr -A -o wide",
+        "3. A reservation expires",
+        "Released",
+        "nothing is left running",
+    ] {
+        assert!(text.contains(step), "the story lacks {step:?}:\n{text}");
+    }
+    assert!(!text.contains("A DIFFERENT ADDRESS"), "{text}");
+    // The last `kubectl get ipr -A` no longer lists the expired cache-0.
+    let last = text.rsplit("$ kubectl get ipr -A\n").next().unwrap();
+    assert!(!last.contains("cache-0"), "cache-0 did not expire:\n{last}");
+    assert_nothing_left(pid);
+    eprintln!("demo took {:.1}s", t0.elapsed().as_secs_f64());
+
+    // FAST: the same story on the API test server.
+    let t0 = Instant::now();
+    let child = demo(&["--fast"]);
+    let pid = child.id();
+    let output = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "demo --fast failed ({}):\n{text}",
+        output.status
+    );
+    for step in ["the same address", "Released", "nothing is left running"] {
+        assert!(
+            text.contains(step),
+            "the fast story lacks {step:?}:\n{text}"
+        );
+    }
+    let last = text.rsplit("~ kubectl get ipr\n").next().unwrap();
+    assert!(!last.contains("cache-0"), "cache-0 did not expire:\n{last}");
+    assert_nothing_left(pid);
+    eprintln!("demo --fast took {:.1}s", t0.elapsed().as_secs_f64());
+}

@@ -1,0 +1,187 @@
+//! Scenarios 1 and 2, on the real control plane with two simulated nodes, their agents and the
+//! controller: an annotated StatefulSet pod deleted and re-created gets the same addresses (its
+//! reservation goes Bound → Released → Bound and `kubectl get ipr` shows it); an unannotated pod
+//! gets no reservation and its address returns to the pool.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "system/mod.rs"]
+mod system;
+
+use std::time::Instant;
+
+use ipkeep_operator::crd::Phase;
+use system::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addresses() {
+    let t0 = Instant::now();
+    let sys = System::start(
+        "keep",
+        Options {
+            dual_stack: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    let node_a = sys.nodes[0].name().to_owned();
+    sys.apply(&statefulset(
+        "web",
+        3,
+        true,
+        &[&node_a],
+        &[
+            ("ipkeep.dev/retain", "true"),
+            ("ipkeep.dev/retain-for", "1h"),
+        ],
+    ));
+    let pods = sys
+        .wait_running("app=web", &["web-0", "web-1", "web-2"])
+        .await;
+    for pod in pods.values() {
+        assert_eq!(pod.node, node_a);
+        assert_eq!(pod.ips.len(), 2, "dual-stack: {pod:?}");
+        assert!(pod.ips[0].is_ipv4() && pod.ips[1].is_ipv6(), "{pod:?}");
+        sys.wait_bound(pod).await;
+        sys.wait_file(&sys.nodes[0].reserved_file(&sys.ns, &pod.name), true)
+            .await;
+    }
+    let before = pods["web-1"].clone();
+    let history = sys.record_reservations();
+
+    sys.kubectl(&["delete", "pod", "web-1", "--wait=false"]);
+    let after = sys.wait_recreated("web-1", &before.uid).await;
+    assert_eq!(
+        after.ips, before.ips,
+        "web-1 came back with other addresses"
+    );
+    assert_eq!(after.node, node_a);
+    let r = sys.wait_bound(&after).await;
+    assert!(
+        r.status.as_ref().unwrap().release_time.is_none(),
+        "a Bound reservation has no release time: {r:?}"
+    );
+    // Bound to the old pod, then (Released while no pod of that name exists, when the
+    // controller sees that moment: the StatefulSet controller re-creates the pod within
+    // milliseconds, and a Pending pod of the name already counts as alive) Bound to the new one.
+    let bindings = history.bindings("web-1");
+    eprintln!("web-1's reservation went {bindings:?}");
+    let uids: Vec<&str> = bindings
+        .iter()
+        .filter(|(p, _)| *p == Some(Phase::Bound))
+        .filter_map(|(_, u)| u.as_deref())
+        .collect();
+    assert_eq!(
+        uids,
+        [before.uid.as_str(), after.uid.as_str()],
+        "web-1's reservation was not Bound to the old pod, then to the new one: {bindings:?}"
+    );
+    assert!(
+        bindings
+            .iter()
+            .all(|(p, _)| matches!(p, Some(Phase::Bound) | Some(Phase::Released))),
+        "web-1's reservation was deleted on the way: {bindings:?}"
+    );
+    // The other pods were not touched.
+    let now = sys.running("app=web").await;
+    for name in ["web-0", "web-2"] {
+        assert_eq!(now[name], pods[name], "{name} changed");
+    }
+
+    let table = sys.kubectl(&["get", "ipr"]);
+    eprintln!("kubectl get ipr:\n{table}");
+    let header = table.lines().next().unwrap_or_default();
+    for column in ["NAME", "IPS", "NODE", "PHASE", "RELEASE-TIME", "AGE"] {
+        assert!(header.contains(column), "no {column} column in:\n{table}");
+    }
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("web-1 "))
+        .unwrap_or_else(|| panic!("no web-1 row in:\n{table}"));
+    assert!(
+        row.contains(&before.ips[0].to_string()) && row.contains(&node_a) && row.contains("Bound"),
+        "web-1 row: {row}"
+    );
+    eprintln!(
+        "scenario 1 (keep IP, dual-stack) took {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_pool() {
+    let t0 = Instant::now();
+    let sys = System::start(
+        "plain",
+        Options {
+            v4_prefix: 29,
+            ..Options::default()
+        },
+    )
+    .await;
+    let node_a = sys.nodes[0].name().to_owned();
+    // An annotated pod next to it proves the controller is at work in this namespace.
+    sys.apply(&statefulset(
+        "kept",
+        1,
+        true,
+        &[&node_a],
+        &[("ipkeep.dev/retain", "true")],
+    ));
+    sys.apply(&statefulset("plain", 1, true, &[&node_a], &[]));
+    let kept = sys.wait_running("app=kept", &["kept-0"]).await;
+    sys.wait_bound(&kept["kept-0"]).await;
+    let plain = sys.wait_running("app=plain", &["plain-0"]).await["plain-0"].clone();
+    assert!(
+        sys.reservations()
+            .get_opt("plain-0")
+            .await
+            .unwrap()
+            .is_none(),
+        "an unannotated pod got a reservation"
+    );
+    let allocation = sys.nodes[0]
+        .config
+        .network_dir()
+        .join(plain.ips[0].to_string());
+    assert!(allocation.is_file(), "no allocation file {allocation:?}");
+
+    // Deleted: its address file goes (the address is back in the pool), no reservation appears.
+    sys.kubectl(&["scale", "statefulset", "plain", "--replicas=0"]);
+    eventually("plain-0 gone", || async {
+        sys.pods()
+            .get_opt("plain-0")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    sys.wait_file(&allocation, false).await;
+    assert!(
+        !sys.nodes[0].reserved_file(&sys.ns, "plain-0").exists(),
+        "a reservation file for an unannotated pod"
+    );
+    assert!(
+        sys.reservations()
+            .get_opt("plain-0")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // The address is handed out again: the /29 has five usable addresses; kept-0 holds one, so
+    // four pods fill the rest, and one of them must get plain-0's.
+    sys.apply(&statefulset("fill", 4, true, &[&node_a], &[]));
+    let fill = sys
+        .wait_running("app=fill", &["fill-0", "fill-1", "fill-2", "fill-3"])
+        .await;
+    assert!(
+        fill.values().any(|p| p.ips[0] == plain.ips[0]),
+        "plain-0's address {} was not handed out again: {fill:?}",
+        plain.ips[0]
+    );
+    eprintln!(
+        "scenario 2 (unannotated) took {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+}

@@ -1,0 +1,185 @@
+//! Scenarios 6 and 8 on the real control plane with two simulated nodes, their agents and the
+//! controller: a pod that returns on another node (its node cordoned and drained with `kubectl
+//! drain`) gets that node's address, its reservation follows it with a Warning Event saying why,
+//! and the old node's file goes; a rolling restart (`kubectl rollout restart`) of a 5-replica
+//! StatefulSet, ten times, keeps every pod's address every time.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "system/mod.rs"]
+mod system;
+
+use std::{net::IpAddr, time::Instant};
+
+use ipkeep_operator::crd::Phase;
+use system::*;
+
+fn in_cidr(ip: IpAddr, cidr: &str) -> bool {
+    let net: ipnet_lite::Net = cidr.parse().unwrap();
+    net.contains(ip)
+}
+
+mod ipnet_lite {
+    //! Just enough CIDR parsing for the IPv4 /24s of these tests.
+    use std::net::IpAddr;
+    pub struct Net(IpAddr, u8);
+    impl std::str::FromStr for Net {
+        type Err = String;
+        fn from_str(s: &str) -> Result<Net, String> {
+            let (a, p) = s.split_once('/').ok_or("no /")?;
+            Ok(Net(
+                a.parse().map_err(|e| format!("{e}"))?,
+                p.parse().map_err(|e| format!("{e}"))?,
+            ))
+        }
+    }
+    impl Net {
+        pub fn contains(&self, ip: IpAddr) -> bool {
+            match (self.0, ip) {
+                (IpAddr::V4(n), IpAddr::V4(i)) => {
+                    let mask = u32::MAX.checked_shl(32 - u32::from(self.1)).unwrap_or(0);
+                    u32::from(n) & mask == u32::from(i) & mask
+                }
+                (IpAddr::V6(n), IpAddr::V6(i)) => {
+                    let mask = u128::MAX.checked_shl(128 - u32::from(self.1)).unwrap_or(0);
+                    u128::from(n) & mask == u128::from(i) & mask
+                }
+                _ => false,
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_drained_to_another_node_gets_its_address_and_the_reservation_follows() {
+    let t0 = Instant::now();
+    let sys = System::start("move", Options::default()).await;
+    let names: Vec<String> = sys.nodes.iter().map(|n| n.name().to_owned()).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    sys.apply(&statefulset(
+        "mv",
+        1,
+        true,
+        &refs,
+        &[
+            ("ipkeep.dev/retain", "true"),
+            ("ipkeep.dev/retain-for", "1h"),
+        ],
+    ));
+    let before = sys.wait_running("app=mv", &["mv-0"]).await["mv-0"].clone();
+    sys.wait_bound(&before).await;
+    let from = sys.node(&before.node);
+    let to = sys.nodes.iter().find(|n| n.name() != before.node).unwrap();
+    let old_file = from.reserved_file(&sys.ns, "mv-0");
+    sys.wait_file(&old_file, true).await;
+
+    let out = kubectl_ok(
+        sys.cluster,
+        &[
+            "drain",
+            &before.node,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--force",
+            "--timeout=120s",
+        ],
+        None,
+    );
+    eprintln!("kubectl drain:\n{out}");
+    assert!(
+        out.contains("evicting pod") || out.contains("evicted"),
+        "{out}"
+    );
+
+    let after = sys.wait_recreated("mv-0", &before.uid).await;
+    assert_eq!(after.node, to.name(), "mv-0 did not move");
+    assert!(
+        in_cidr(after.ips[0], &to.config.pod_cidrs[0]),
+        "{:?} is not in {}'s range {}",
+        after.ips,
+        to.name(),
+        to.config.pod_cidrs[0]
+    );
+    assert_ne!(after.ips, before.ips);
+    let r = sys.wait_bound(&after).await;
+    assert_eq!(r.spec.node_name, to.name());
+    sys.wait_file(&to.reserved_file(&sys.ns, "mv-0"), true)
+        .await;
+    sys.wait_file(&old_file, false).await;
+    for kind in ["Pod", "IPReservation"] {
+        let event = eventually(
+            &format!("a Warning AddressesChanged Event on {kind} mv-0"),
+            || async {
+                sys.events(kind, "mv-0").await.into_iter().find(|e| {
+                    e.type_.as_deref() == Some("Warning")
+                        && e.reason.as_deref() == Some("AddressesChanged")
+                })
+            },
+        )
+        .await;
+        eprintln!("{kind} event: {}", event.message.unwrap_or_default());
+    }
+    assert_eq!(phase(&r), Some(Phase::Bound));
+    kubectl_ok(sys.cluster, &["uncordon", &before.node], None);
+    eprintln!(
+        "scenario 6 (moved by drain) took {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// How many rolling restarts scenario 8 runs.
+const RESTARTS: usize = 10;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_restart_ten_times_keeps_every_address_every_time() {
+    let t0 = Instant::now();
+    let sys = System::start("roll", Options::default()).await;
+    let node_a = sys.nodes[0].name().to_owned();
+    // OrderedReady: the rolling update replaces one pod at a time, as in production.
+    sys.apply(&statefulset(
+        "roll",
+        5,
+        false,
+        &[&node_a],
+        &[
+            ("ipkeep.dev/retain", "true"),
+            ("ipkeep.dev/retain-for", "1h"),
+        ],
+    ));
+    let names = ["roll-0", "roll-1", "roll-2", "roll-3", "roll-4"];
+    let first = sys.wait_running("app=roll", &names).await;
+    for p in first.values() {
+        sys.wait_bound(p).await;
+    }
+    let history = sys.record_reservations();
+    let mut current = first.clone();
+    for round in 1..=RESTARTS {
+        let r0 = Instant::now();
+        sys.kubectl(&["rollout", "restart", "statefulset/roll"]);
+        sys.kubectl(&["rollout", "status", "statefulset/roll", "--timeout=180s"]);
+        let next = eventually(
+            &format!("round {round}: every pod replaced and Running"),
+            || async {
+                let now = sys.running("app=roll").await;
+                (now.len() == 5 && names.iter().all(|n| now[*n].uid != current[*n].uid))
+                    .then_some(now)
+            },
+        )
+        .await;
+        for n in names {
+            assert_eq!(
+                next[n].ips, first[n].ips,
+                "round {round}: {n} has other addresses"
+            );
+        }
+        eprintln!("restart {round} took {:.1}s", r0.elapsed().as_secs_f64());
+        current = next;
+    }
+    for p in current.values() {
+        sys.wait_bound(p).await;
+    }
+    assert!(!history.any_deleted(), "a reservation was deleted");
+    eprintln!(
+        "scenario 8 ({RESTARTS} rolling restarts of 5 pods) took {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+}
