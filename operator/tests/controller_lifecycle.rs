@@ -320,6 +320,50 @@ fn a_pod_of_that_name_alive_blocks_expiry() {
 }
 
 #[test]
+fn a_replacement_pod_without_addresses_yet_releases_the_bound_reservation() {
+    // A StatefulSet re-creates a deleted pod within milliseconds: the controller may never see
+    // the name without a pod. The pod that held the addresses is gone, so the reservation reads
+    // Released with its release time running, and is never deleted while the new pod lives.
+    let mut p = pod();
+    p.uid = "uid-2".into();
+    p.ips.clear();
+    p.running = false;
+    let r = bound();
+    let plan = decide_now(&input(Some(&p), Some(&r)));
+    let status = plan.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Released));
+    assert_eq!(
+        status.pod_uid.as_deref(),
+        Some(POD_UID),
+        "the pod that last held them"
+    );
+    assert_eq!(status.released_at, Some(now()));
+    assert_eq!(
+        status.release_time,
+        now().checked_add(defaults().retain_for).ok()
+    );
+    assert_eq!(plan.delete, None);
+    assert_eq!(plan.spec, None);
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::RELEASED, false, Subject::Reservation)]
+    );
+
+    // The same pod without addresses for a moment (not a replacement) changes nothing.
+    let mut same = pod();
+    same.ips.clear();
+    assert!(decide_now(&input(Some(&same), Some(&r))).writes_nothing());
+
+    // Released at once by release-with-owner: still never deleted while the new pod lives.
+    let mut owned = bound();
+    owned.release_with_owner = true;
+    owned.owner_statefulset = Some("web".into());
+    let mut i = input(Some(&p), Some(&owned));
+    i.owner = OwnerState::Gone;
+    assert_eq!(decide_now(&i).delete, None);
+}
+
+#[test]
 fn returning_pod_with_the_reserved_addresses_is_bound_again() {
     let mut p = pod();
     p.uid = "uid-2".into();

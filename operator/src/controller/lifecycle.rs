@@ -245,7 +245,7 @@ pub fn decide(input: &Input<'_>, now: Timestamp, defaults: &Defaults) -> Plan {
     match (alive, input.reservation) {
         (None, None) => {}
         (None, Some(r)) => released(&mut plan, input, r, now, defaults),
-        (Some(pod), r) => live(&mut plan, input, pod, r, now),
+        (Some(pod), r) => live(&mut plan, input, pod, r, now, defaults),
     }
     plan
 }
@@ -257,6 +257,7 @@ fn live(
     pod: &PodView,
     r: Option<&ReservationView>,
     now: Timestamp,
+    defaults: &Defaults,
 ) {
     // The StatefulSet whose own annotations opted the pod in was deleted (its pods follow soon):
     // what it said is what the reservation recorded.
@@ -304,7 +305,21 @@ fn live(
                 "the pod is running but has no IP address (status.podIPs is empty): nothing to reserve yet".into(),
             );
         }
-        // Not scheduled or no address yet: leave any reservation as it is until it has one.
+        // The pod that held the addresses is gone and one of the same name has none yet (a
+        // StatefulSet re-creates a deleted pod within milliseconds): the reservation is Released
+        // with its release time running, as users read it, but never deleted while this pod
+        // lives; it binds again when the pod gets its addresses.
+        if let Some(r) = r
+            && r.status.phase == Some(Phase::Bound)
+            && r.status
+                .pod_uid
+                .as_deref()
+                .is_some_and(|uid| uid != pod.uid)
+        {
+            released(plan, input, r, now, defaults);
+            plan.delete = None;
+        }
+        // Not scheduled or no address yet: otherwise leave any reservation as it is until it has one.
         return;
     };
     let retain_for = if owner_gone {
