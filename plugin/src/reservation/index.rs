@@ -30,7 +30,10 @@
 //! so the next ADD looks again.
 //!
 //! Residual risk: a file rewritten in place by hand (same inode, `cat > file`) changes neither
-//! its directory nor a watched stamp and is seen only at the next change of either; and, as for
+//! its directory nor a watched stamp and is seen only at the next change of either; likewise a
+//! file renamed by hand over an existing reservation (no new name) in a namespace directory the
+//! writer changes, during the writer's batch (its patch lists names, it does not read the files it
+//! did not write): seen at the next rescan (the agent's periodic resync rewrites it anyway); and, as for
 //! the network directory, on kernels before 6.13 a change in the same timestamp tick as the scan
 //! can go unnoticed until the next one.
 
