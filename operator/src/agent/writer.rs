@@ -268,6 +268,49 @@ mod tests {
     }
 
     #[test]
+    fn many_changes_go_in_batches_and_leave_a_snapshot_the_plugin_trusts() {
+        use ipkeep_plugin::reservation::{Source, load_reservations, load_reservations_cached};
+        let data = scratch("batches");
+        let mut w = NetworkWriter::new(&data, "net1");
+        let files: Vec<ReservationFile> = (0..200)
+            .map(|i| {
+                file(
+                    &format!("p-{i}"),
+                    &format!("10.9.{}.{}", i / 200, i % 200),
+                    None,
+                )
+            })
+            .collect();
+        w.full_sync(&map(&files)).unwrap();
+        let generation = || -> u64 {
+            std::fs::read_to_string(data.join("net1/reserved/.generation"))
+                .unwrap()
+                .trim_end()
+                .parse()
+                .unwrap()
+        };
+        let before = generation();
+        // 150 rewrites and 30 removals: three batches of writes, the removals in the first.
+        let mut next: Vec<ReservationFile> = files[30..].to_vec();
+        for f in next.iter_mut().take(150) {
+            f.release_time = Some(Timestamp::from_unix_secs(1_900_000_000));
+        }
+        let report = w.apply(&map(&next)).unwrap();
+        assert_eq!(report.written.len(), 150, "{report:?}");
+        assert_eq!(report.removed.len(), 30);
+        assert!(report.failed.is_empty(), "{:?}", report.failed);
+        assert_eq!(generation(), before + 3, "one bump per batch of 64");
+        let dir = NetworkDir::open(&data, "net1").unwrap();
+        assert_eq!(load_reservations(&dir).files, map(&next));
+        let lock = dir.lock().unwrap();
+        let (snapshot, source) = load_reservations_cached(&dir, &lock);
+        assert_eq!((source, snapshot.len()), (Source::Index, 170));
+        drop(lock);
+        assert_eq!(w.apply(&map(&next)).unwrap(), PassReport::default());
+        std::fs::remove_dir_all(&data).unwrap();
+    }
+
+    #[test]
     fn full_sync_removes_stale_files_and_leftover_temporaries() {
         let data = scratch("stale");
         let mut w = NetworkWriter::new(&data, "net1");
