@@ -158,8 +158,8 @@ async fn main() {
         ms(cold)
     );
     println!("  full resync, nothing to change:           {}", ms(warm));
-    // Steady-state passes: one changed reservation (a single-file write) and a batch of 40
-    // (one sync pass), each among the 5 000.
+    // Steady-state passes: one changed reservation and a batch of 40, each among the 5 000
+    // (each pass is one `apply_reservations` call: one lock, the snapshot patched).
     let mut changed = desired.clone();
     let mut pass = |n: usize, round: i64| {
         for (k, file) in changed.values_mut().take(n).enumerate() {

@@ -343,6 +343,24 @@ impl DirFd {
         Ok(())
     }
 
+    /// Like [`DirFd::write_atomic`] with the file fsync'd before the rename, but without the
+    /// directory's fsync: for a writer replacing several files of this directory that fsyncs it
+    /// once afterwards (until then a crash may keep the old content, never a torn one).
+    pub fn write_atomic_defer_dir_sync(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        mode: u32,
+    ) -> Result<(), NetDirError> {
+        check_name(name)?;
+        let temp = self.write_temp(bytes, mode, true)?;
+        if let Err(errno) = rustix::fs::renameat(&self.fd, temp.as_str(), &self.fd, name) {
+            let _ = rustix::fs::unlinkat(&self.fd, temp.as_str(), AtFlags::empty());
+            return Err(self.io("rename", &self.child_path(name), errno));
+        }
+        Ok(())
+    }
+
     /// Overwrites the regular file `name` in place (creating it with `mode` if absent), for a small
     /// file where a process killed half-way leaving a truncated or mixed content is harmless — the
     /// round-robin cursor. Replacing a file through a rename, or truncating it to zero, makes ext4

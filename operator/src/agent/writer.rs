@@ -1,23 +1,25 @@
 //! The disk side of the agent: one [`NetworkWriter`] per configured network makes
 //! `<dataDir>/<network>/reserved/` equal to the desired files, only through the plugin library's
-//! writer ([`sync_reservations`], [`write_reservation`], [`remove_reservation`]), so the format,
-//! the lock and the plugin's snapshot can never disagree with what the plugin reads.
+//! writer ([`sync_reservations`] for a full resync, [`apply_reservations`] for the changes of a
+//! steady-state pass), so the format, the lock and the plugin's snapshot can never disagree with
+//! what the plugin reads.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ipkeep_plugin::netdir::{NetDirError, NetworkDir};
 use ipkeep_plugin::reservation::{
-    PodKey, ReservationFile, ReservationSet, ReservedDirError, remove_reservation,
-    sync_reservations, write_reservation,
+    PodKey, ReservationFile, ReservationSet, ReservedDirError, apply_reservations,
+    sync_reservations,
 };
 
 use super::desired::{FilePlan, plan};
 
-/// Up to this many changes are written one file at a time; more go through one
-/// [`sync_reservations`] pass. Each single write refreshes the plugin's snapshot (a scan of the
-/// tree), while a sync pass costs two scans plus one per 64 files, so batching wins beyond two.
-const INCREMENTAL_LIMIT: usize = 2;
+/// How many changes one [`apply_reservations`] call of a steady-state pass carries: one hold of
+/// the lock, one generation bump, one fsync per file and per changed directory, the plugin's
+/// snapshot patched instead of rebuilt. More changes take several calls, releasing the lock in
+/// between, so an ADD never waits for hundreds of fsyncs (the same bound as a full sync's).
+const BATCH: usize = 64;
 
 /// Errors of one network's disk work.
 #[derive(Debug, thiserror::Error)]
@@ -144,42 +146,53 @@ impl NetworkWriter {
         if changes.is_empty() {
             return Ok(PassReport::default());
         }
-        if changes.len() > INCREMENTAL_LIMIT {
-            return self.full_sync(desired);
-        }
         let dir = self.open()?;
-        Ok(self.apply_one_by_one(&dir, changes))
+        Ok(self.apply_batch(&dir, changes))
     }
 
-    fn apply_one_by_one(&mut self, dir: &NetworkDir, changes: FilePlan) -> PassReport {
+    fn apply_batch(&mut self, dir: &NetworkDir, changes: FilePlan) -> PassReport {
         let mut report = PassReport::default();
-        for file in changes.create.into_iter().chain(changes.update) {
-            match write_reservation(dir, &file) {
-                Ok(()) => {
-                    report.written.push(file.pod_key());
-                    self.on_disk.files.insert(file.pod_key(), file);
-                }
-                Err(e) => {
-                    report.failed.push(e.to_string());
-                    self.trusted = false;
-                }
-            }
-        }
-        for key in changes.remove {
-            match remove_reservation(dir, &key.namespace, &key.pod) {
-                Ok(_) => {
-                    self.on_disk.files.remove(&key);
-                    report.removed.push(key);
-                }
-                Err(e) => {
-                    report.failed.push(e.to_string());
-                    self.trusted = false;
-                }
-            }
-        }
         if !changes.garbage.is_empty() {
             // Only a full sync deletes garbage; the next pass will be one.
             self.trusted = false;
+        }
+        let writes: Vec<ReservationFile> =
+            changes.create.into_iter().chain(changes.update).collect();
+        let mut pending_writes = writes.chunks(BATCH);
+        let mut pending_removes = changes.remove.chunks(BATCH);
+        loop {
+            let (w, r) = match (pending_writes.next(), pending_removes.next()) {
+                (None, None) => break,
+                (w, r) => (w.unwrap_or_default(), r.unwrap_or_default()),
+            };
+            let applied = match apply_reservations(dir, w, r) {
+                Ok(applied) => applied,
+                Err(e) => {
+                    report.failed.push(e.to_string());
+                    self.trusted = false;
+                    return report;
+                }
+            };
+            let failed: std::collections::BTreeSet<&PodKey> =
+                applied.failed.iter().map(|f| &f.key).collect();
+            for file in w {
+                if !failed.contains(&file.pod_key()) {
+                    self.on_disk.files.insert(file.pod_key(), file.clone());
+                }
+            }
+            for key in r {
+                if !failed.contains(key) {
+                    self.on_disk.files.remove(key);
+                }
+            }
+            if !applied.failed.is_empty() {
+                self.trusted = false;
+                report
+                    .failed
+                    .extend(applied.failed.iter().map(|f| f.to_string()));
+            }
+            report.written.extend(applied.written);
+            report.removed.extend(applied.removed);
         }
         report
     }
@@ -251,6 +264,49 @@ mod tests {
         assert_eq!(report.removed, vec![b.pod_key()]);
         assert!(!path_b.exists());
         assert_eq!(w.apply(&map(&[a2])).unwrap(), PassReport::default());
+        std::fs::remove_dir_all(&data).unwrap();
+    }
+
+    #[test]
+    fn many_changes_go_in_batches_and_leave_a_snapshot_the_plugin_trusts() {
+        use ipkeep_plugin::reservation::{Source, load_reservations, load_reservations_cached};
+        let data = scratch("batches");
+        let mut w = NetworkWriter::new(&data, "net1");
+        let files: Vec<ReservationFile> = (0..200)
+            .map(|i| {
+                file(
+                    &format!("p-{i}"),
+                    &format!("10.9.{}.{}", i / 200, i % 200),
+                    None,
+                )
+            })
+            .collect();
+        w.full_sync(&map(&files)).unwrap();
+        let generation = || -> u64 {
+            std::fs::read_to_string(data.join("net1/reserved/.generation"))
+                .unwrap()
+                .trim_end()
+                .parse()
+                .unwrap()
+        };
+        let before = generation();
+        // 150 rewrites and 30 removals: three batches of writes, the removals in the first.
+        let mut next: Vec<ReservationFile> = files[30..].to_vec();
+        for f in next.iter_mut().take(150) {
+            f.release_time = Some(Timestamp::from_unix_secs(1_900_000_000));
+        }
+        let report = w.apply(&map(&next)).unwrap();
+        assert_eq!(report.written.len(), 150, "{report:?}");
+        assert_eq!(report.removed.len(), 30);
+        assert!(report.failed.is_empty(), "{:?}", report.failed);
+        assert_eq!(generation(), before + 3, "one bump per batch of 64");
+        let dir = NetworkDir::open(&data, "net1").unwrap();
+        assert_eq!(load_reservations(&dir).files, map(&next));
+        let lock = dir.lock().unwrap();
+        let (snapshot, source) = load_reservations_cached(&dir, &lock);
+        assert_eq!((source, snapshot.len()), (Source::Index, 170));
+        drop(lock);
+        assert_eq!(w.apply(&map(&next)).unwrap(), PassReport::default());
         std::fs::remove_dir_all(&data).unwrap();
     }
 

@@ -30,21 +30,25 @@
 //! so the next ADD looks again.
 //!
 //! Residual risk: a file rewritten in place by hand (same inode, `cat > file`) changes neither
-//! its directory nor a watched stamp and is seen only at the next change of either; and, as for
+//! its directory nor a watched stamp and is seen only at the next change of either; likewise a
+//! file renamed by hand over an existing reservation (no new name) in a namespace directory the
+//! writer changes, during the writer's batch (its patch lists names, it does not read the files it
+//! did not write): seen at the next rescan (the agent's periodic resync rewrites it anyway); and, as for
 //! the network directory, on kernels before 6.13 a change in the same timestamp tick as the scan
 //! can go unnoticed until the next one.
 
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 pub use crate::disk_store::PRIVATE_DIR;
-use crate::netdir::{NetDirError, NetworkDir, NetworkLock};
+use crate::netdir::{EntryKind, NetDirError, NetworkDir, NetworkLock};
 
 use super::decision::ReservationLookup;
 use super::reserved_dir::{
-    DirStamp, RESERVED_DIR, ReservationSet, Scan, ScanStamp, Skipped, Watched,
+    DirStamp, GENERATION_NAME, RESERVED_DIR, ReservationSet, Scan, ScanStamp, Skipped, Watched,
     current_stamp_and_dir, scan_full,
 };
-use super::schema::PodKey;
+use super::schema::{PodKey, ReservationFile};
 use super::timestamp::Timestamp;
 use crate::private_state;
 
@@ -173,6 +177,171 @@ pub(super) fn refresh(dir: &NetworkDir, _lock: &NetworkLock<'_>) -> Result<(), N
     write(dir, &ReservationSnapshot::encode_scan(&scan), &mut found)
 }
 
+/// The snapshot, if it is valid now: what the writer reads before its first change so that it
+/// can patch it afterwards ([`patch`]). Needs the network's lock.
+pub(super) fn valid_snapshot(dir: &NetworkDir) -> Option<ReservationSnapshot> {
+    read_valid(dir, &mut Vec::new())
+}
+
+/// Rewrites the snapshot after the writer's changes: `base` (valid before the first change, or
+/// `None`) patched with the files `written` and the reservations `removed`, when the tree is
+/// exactly what that predicts; otherwise rebuilt from a full scan ([`refresh`]).
+///
+/// The patch trusts the records of pods it did not touch (the base snapshot was valid under
+/// the lock, and every other namespace directory keeps its recorded stamp, so a later change
+/// there still invalidates the result) and checks the rest against the tree: the stamp of
+/// `reserved` and the generation counter are taken first, then `reserved/` is listed and must
+/// hold exactly the counter and the expected namespace directories; each changed namespace
+/// directory is stamped, then listed, and must hold exactly the expected files. A file or
+/// directory added by hand before a stamp is seen in a listing (a mismatch: full scan), one
+/// added after it changes the stamp (the next reader rescans). A base snapshot describing
+/// garbage or a writer's temporary is never patched.
+pub(super) fn patch(
+    dir: &NetworkDir,
+    lock: &NetworkLock<'_>,
+    base: Option<ReservationSnapshot>,
+    written: &[&ReservationFile],
+    removed: &[PodKey],
+) -> Result<(), NetDirError> {
+    match base.and_then(|base| patched(dir, &base, written, removed)) {
+        Some(snapshot) => write(dir, &snapshot, &mut Vec::new()),
+        None => refresh(dir, lock),
+    }
+}
+
+fn patched(
+    dir: &NetworkDir,
+    base: &ReservationSnapshot,
+    written: &[&ReservationFile],
+    removed: &[PodKey],
+) -> Option<ReservationSnapshot> {
+    if base.has_temporaries() || base.skipped_bytes()? != b"[]" {
+        return None;
+    }
+    let mut changed: HashSet<(&str, &str)> = HashSet::new();
+    let mut touched: BTreeSet<&str> = BTreeSet::new();
+    for file in written {
+        changed.insert((&file.namespace, &file.pod));
+        touched.insert(&file.namespace);
+    }
+    for key in removed {
+        changed.insert((&key.namespace, &key.pod));
+        touched.insert(&key.namespace);
+    }
+    if changed.is_empty() {
+        return None;
+    }
+    // The records of untouched pods, and the files expected in each changed directory.
+    let mut expected: BTreeMap<&str, HashSet<&str>> = BTreeMap::new();
+    let mut owners = String::new();
+    let mut owner_at: HashMap<&str, (usize, usize)> = HashMap::new();
+    let mut records: Vec<RecordParts> = Vec::with_capacity(base.count);
+    for i in 0..base.count {
+        let record = base.record(i)?;
+        let owner = base.owner(&record)?;
+        let (namespace, pod) = owner.split_once('/')?;
+        if changed.contains(&(namespace, pod)) {
+            continue;
+        }
+        if touched.contains(namespace) {
+            expected.entry(namespace).or_default().insert(pod);
+        }
+        let at = *owner_at.entry(owner).or_insert_with(|| {
+            let at = owners.len();
+            owners.push_str(owner);
+            (at, owner.len())
+        });
+        records.push((record.key, record.release, at.0, at.1));
+    }
+    for file in written {
+        expected
+            .entry(&file.namespace)
+            .or_default()
+            .insert(&file.pod);
+        let at = owners.len();
+        owners.push_str(&file.namespace);
+        owners.push('/');
+        owners.push_str(&file.pod);
+        for ip in &file.ips {
+            records.push((key_of(*ip), file.release_time, at, owners.len() - at));
+        }
+    }
+    // Same order as a full scan's: by address, then by owner (the first owner of an address
+    // held twice is the one a lookup names).
+    let owner_of = |r: &RecordParts| {
+        owners
+            .get(r.2..r.2 + r.3)
+            .and_then(|o| o.split_once('/'))
+            .unwrap_or_default()
+    };
+    records.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| owner_of(a).cmp(&owner_of(b))));
+
+    let recorded: HashMap<&str, DirStamp> = base.watched().collect();
+    if recorded.keys().any(|name| name.contains('/')) {
+        return None;
+    }
+    let (stamp, reserved) = current_stamp_and_dir(dir);
+    stamp.generation?;
+    let reserved = reserved?;
+    let mut listed: HashSet<String> = HashSet::new();
+    for entry in reserved.entries().ok()? {
+        if entry.name == GENERATION_NAME {
+            continue;
+        }
+        if entry.kind != EntryKind::Dir {
+            return None;
+        }
+        listed.insert(entry.name);
+    }
+    let mut watched = Vec::with_capacity(listed.len());
+    for name in &listed {
+        if !touched.contains(name.as_str()) {
+            // Untouched: it must be one the base knew, and keeps the stamp recorded then.
+            let stamp = *recorded.get(name.as_str())?;
+            watched.push(Watched {
+                name: name.clone(),
+                stamp,
+            });
+            continue;
+        }
+        let ns_dir = reserved.subdir(&[name], false).ok()??;
+        let stamp = ns_dir.stamp().ok()?;
+        let want = expected.get(name.as_str());
+        let entries = ns_dir.entries().ok()?;
+        if entries.len() != want.map_or(0, HashSet::len) {
+            return None;
+        }
+        for entry in entries {
+            if entry.kind != EntryKind::File || !want?.contains(entry.name.as_str()) {
+                return None;
+            }
+        }
+        watched.push(Watched {
+            name: name.clone(),
+            stamp: stamp.into(),
+        });
+    }
+    // Every directory the base knew (and not emptied by the writer) must still be there.
+    for name in recorded.keys() {
+        if !listed.contains(*name) && !touched.contains(name) {
+            return None;
+        }
+    }
+    for (name, pods) in &expected {
+        if !pods.is_empty() && !listed.contains(*name) {
+            return None;
+        }
+    }
+    Some(ReservationSnapshot::encode_records(
+        records,
+        &owners,
+        base.skipped_bytes()?,
+        &stamp,
+        &watched,
+        false,
+    ))
+}
+
 /// The snapshot if it exists, is well-formed, and every stamp it recorded matches the tree.
 /// A file that is not a snapshot ipkeep wrote is removed (and `found` says what it was).
 fn read_valid(dir: &NetworkDir, found: &mut Vec<String>) -> Option<ReservationSnapshot> {
@@ -270,7 +439,7 @@ impl ReservationSnapshot {
         temporaries: bool,
     ) -> Self {
         let mut owners = String::new();
-        let mut records: Vec<(u128, Option<Timestamp>, usize, usize)> = Vec::new();
+        let mut records: Vec<RecordParts> = Vec::new();
         for file in set.files.values() {
             let at = owners.len();
             owners.push_str(&file.namespace);
@@ -282,6 +451,18 @@ impl ReservationSnapshot {
         }
         records.sort_by_key(|r| r.0);
         let skipped = serde_json::to_vec(&set.skipped).unwrap_or_else(|_| b"[]".to_vec());
+        Self::encode_records(records, &owners, &skipped, stamp, watched, temporaries)
+    }
+
+    /// Builds the snapshot from its parts; `records` sorted by address.
+    fn encode_records(
+        records: Vec<RecordParts>,
+        owners: &str,
+        skipped: &[u8],
+        stamp: &ScanStamp,
+        watched: &[Watched],
+        temporaries: bool,
+    ) -> Self {
         let mut watch = Vec::new();
         for entry in watched {
             // Names below `reserved/` are at most a namespace and a file name (< 64 KiB).
@@ -332,7 +513,7 @@ impl ReservationSnapshot {
             bytes.extend_from_slice(&len_u32(*owner_len));
         }
         bytes.extend_from_slice(owners.as_bytes());
-        bytes.extend_from_slice(&skipped);
+        bytes.extend_from_slice(skipped);
         bytes.extend_from_slice(&watch);
         bytes.extend_from_slice(TRAILER);
         let owners_at = HEADER_LEN + records.len() * RECORD_LEN;
@@ -346,6 +527,12 @@ impl ReservationSnapshot {
             watch_len: watch.len(),
             bytes,
         }
+    }
+
+    /// The skipped section's raw JSON.
+    fn skipped_bytes(&self) -> Option<&[u8]> {
+        self.bytes
+            .get(self.skipped_at..self.skipped_at.checked_add(self.skipped_len)?)
     }
 
     /// Whether the scan left a writer's temporary behind (too young to remove).
@@ -521,6 +708,9 @@ impl ReservationSnapshot {
         }
     }
 }
+
+/// A record before encoding: address key, release time, owner's offset and length.
+type RecordParts = (u128, Option<Timestamp>, usize, usize);
 
 struct Record {
     key: u128,

@@ -1,7 +1,7 @@
 //! The `reserved/` tree of a network directory: the full scan every other view is built from,
 //! and the agent's writer (atomic writes, removal, a full sync that also cleans garbage).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use crate::netdir::{DirFd, EntryKind, FileStamp, NetDirError, NetworkDir, SubDir, TEMP_PREFIX};
@@ -213,10 +213,18 @@ pub(super) fn scan(dir: &NetworkDir) -> (ReservationSet, ScanStamp) {
     (scan.set, scan.stamp)
 }
 
+#[cfg(test)]
+thread_local! {
+    /// How many full scans this thread ran (tests check the writer patches instead).
+    pub(super) static FULL_SCANS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// The full scan, also recording what a snapshot must watch, and removing the temporaries of
 /// killed writers last changed before `clean_before` (nanoseconds since the epoch; the caller
 /// must hold the network's lock).
 pub(super) fn scan_full(dir: &NetworkDir, clean_before: Option<i128>) -> Scan {
+    #[cfg(test)]
+    FULL_SCANS.with(|n| n.set(n.get() + 1));
     let (stamp, reserved) = current_stamp_and_dir(dir);
     let mut scan = Scan {
         stamp,
@@ -473,14 +481,25 @@ fn remove_any(parent: &DirFd, name: &str, depth: usize) -> Result<(), NetDirErro
 
 /// One hold of the network's lock during which the writer changes `reserved/`: the generation
 /// counter is bumped (durably) once, before the first change, so no snapshot taken before the
-/// section can pass for one taken after it — not even after a crash in the middle.
+/// section can pass for one taken after it — not even after a crash in the middle. The
+/// directories it changed are fsync'd once each at the end ([`Section::finish`]), before the
+/// snapshot is rewritten and the lock released.
+#[derive(Default)]
 struct Section {
     bumped: bool,
+    /// Namespace directories whose entries changed (fsync'd at the end).
+    ns_changed: BTreeSet<String>,
+    /// Namespace directories a file was removed from (removed at the end when empty).
+    ns_emptied: BTreeSet<String>,
+    /// Whether `reserved/` itself gained or lost an entry (fsync'd at the end).
+    reserved_changed: bool,
+    /// Whether the network directory gained `reserved/` (fsync'd at the end).
+    net_changed: bool,
 }
 
 impl Section {
     fn new() -> Self {
-        Self { bumped: false }
+        Self::default()
     }
 
     fn before_change(&mut self, reserved: &DirFd) -> Result<(), NetDirError> {
@@ -490,19 +509,59 @@ impl Section {
         }
         Ok(())
     }
+
+    /// Removes the namespace directories left empty and fsyncs every directory that changed.
+    fn finish(&mut self, dir: &NetworkDir) -> Result<(), NetDirError> {
+        let reserved = match dir.subdir(&[RESERVED_DIR], false) {
+            Ok(reserved) => reserved,
+            Err(NetDirError::Symlink { .. } | NetDirError::NotDirectory { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        if let Some(reserved) = reserved {
+            for ns in std::mem::take(&mut self.ns_changed) {
+                match reserved.subdir(&[&ns], false) {
+                    Ok(Some(ns_dir)) => ns_dir.sync()?,
+                    Ok(None)
+                    | Err(NetDirError::Symlink { .. } | NetDirError::NotDirectory { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            for ns in std::mem::take(&mut self.ns_emptied) {
+                let Ok(Some(ns_dir)) = reserved.subdir(&[&ns], false) else {
+                    continue;
+                };
+                if !ns_dir.entries()?.is_empty() {
+                    continue;
+                }
+                match reserved.remove_dir(&ns) {
+                    Ok(_) => self.reserved_changed = true,
+                    // Someone wrote into it meanwhile (not under our lock): leave it.
+                    Err(NetDirError::Io { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if std::mem::take(&mut self.reserved_changed) {
+                reserved.sync()?;
+            }
+        }
+        if std::mem::take(&mut self.net_changed) {
+            dir.sync()?;
+        }
+        Ok(())
+    }
 }
 
 /// Writes (or replaces) one reservation file atomically under the network's lock: temp file in
 /// `reserved/<namespace>/`, fsync, rename, fsync of the directory (and of `reserved/` and the
-/// network directory when a directory had to be created), then refreshes the snapshot.
+/// network directory when a directory had to be created), then updates the snapshot.
 /// The agent must not run two writer calls for the same network at once (the lock keeps the
 /// plugin out, not a second writer task: [`sync_reservations`] releases it between batches).
 pub fn write_reservation(dir: &NetworkDir, file: &ReservationFile) -> Result<(), ReservedDirError> {
-    file.validate()?;
-    let lock = dir.lock()?;
-    write_locked(dir, file, &mut Section::new())?;
-    super::index::refresh(dir, &lock)?;
-    Ok(())
+    let report = apply_reservations(dir, std::slice::from_ref(file), &[])?;
+    match report.failed.into_iter().next() {
+        Some(failure) => Err(failure.error),
+        None => Ok(()),
+    }
 }
 
 fn write_locked(
@@ -512,6 +571,7 @@ fn write_locked(
 ) -> Result<(), ReservedDirError> {
     let (reserved, reserved_created) = open_reserved_for_writing(dir)?;
     section.before_change(&reserved)?;
+    section.net_changed |= reserved_created;
     let ns_created = prepare_dir_slot(&reserved, &file.namespace)?;
     let Some(ns_dir) = reserved.subdir(&[&file.namespace], true)? else {
         return Err(NetDirError::NotDirectory {
@@ -519,19 +579,15 @@ fn write_locked(
         }
         .into());
     };
+    section.reserved_changed |= ns_created;
+    section.ns_changed.insert(file.namespace.clone());
     // A directory (or anything else renameat cannot replace) squatting on the file's name.
     if let Some(st) = ns_dir.stat(&file.pod)?
         && st.kind == EntryKind::Dir
     {
         remove_any(&ns_dir, &file.pod, 0)?;
     }
-    ns_dir.write_atomic(&file.pod, &file.to_json(), FILE_MODE, true)?;
-    if ns_created {
-        reserved.sync()?;
-    }
-    if reserved_created {
-        dir.sync()?;
-    }
+    ns_dir.write_atomic_defer_dir_sync(&file.pod, &file.to_json(), FILE_MODE)?;
     Ok(())
 }
 
@@ -544,10 +600,15 @@ pub fn remove_reservation(
 ) -> Result<bool, ReservedDirError> {
     validate_namespace(namespace).map_err(ReservedDirError::InvalidName)?;
     validate_pod_name(pod).map_err(ReservedDirError::InvalidName)?;
-    let lock = dir.lock()?;
-    let removed = remove_locked(dir, namespace, pod, &mut Section::new())?;
-    super::index::refresh(dir, &lock)?;
-    Ok(removed)
+    let key = PodKey {
+        namespace: namespace.to_owned(),
+        pod: pod.to_owned(),
+    };
+    let report = apply_reservations(dir, &[], std::slice::from_ref(&key))?;
+    match report.failed.into_iter().next() {
+        Some(failure) => Err(failure.error),
+        None => Ok(!report.removed.is_empty()),
+    }
 }
 
 fn remove_locked(
@@ -573,17 +634,122 @@ fn remove_locked(
         return Ok(false);
     }
     section.before_change(&reserved)?;
+    section.ns_changed.insert(namespace.to_owned());
+    section.ns_emptied.insert(namespace.to_owned());
     remove_any(&ns_dir, pod, 0)?;
-    ns_dir.sync()?;
-    if ns_dir.entries()?.is_empty() {
-        match reserved.remove_dir(namespace) {
-            Ok(_) => reserved.sync()?,
-            // Someone wrote into it meanwhile (not under our lock): leave it.
-            Err(NetDirError::Io { .. }) => {}
-            Err(e) => return Err(e.into()),
+    Ok(true)
+}
+
+/// One write or removal [`apply_reservations`] could not do.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct ApplyFailure {
+    /// The reservation concerned.
+    pub key: PodKey,
+    /// What failed.
+    #[source]
+    pub error: ReservedDirError,
+}
+
+/// What [`apply_reservations`] did.
+#[derive(Debug, Default)]
+pub struct ApplyReport {
+    /// Files written (created or replaced).
+    pub written: Vec<PodKey>,
+    /// Reservation files removed (a removal of a file that was not there is in neither list).
+    pub removed: Vec<PodKey>,
+    /// Writes and removals that failed (invalid reservations among them, never written); the
+    /// others went on.
+    pub failed: Vec<ApplyFailure>,
+}
+
+/// Writes `writes` and removes the reservations `removes` in one hold of the network's lock:
+/// the generation counter is bumped durably once before the first change, every file is
+/// written atomically (temporary file, fsync, rename), each changed directory is fsync'd once
+/// at the end, and the plugin's snapshot is patched with the changes instead of rebuilt from a
+/// scan of the whole tree (it is rebuilt when it was not valid beforehand, describes garbage,
+/// a step failed, or the changed directories hold anything but what the patch expects — a file
+/// put there by hand). A killed writer leaves the bumped counter and the old snapshot, which the
+/// plugin then does not trust. A key both written and removed is written. The cost is one lock,
+/// one generation bump, one fsync per written file and one per changed directory, a listing of
+/// each changed namespace directory, and the snapshot's rewrite; only failing to take the lock
+/// or to update the snapshot is an error.
+pub fn apply_reservations(
+    dir: &NetworkDir,
+    writes: &[ReservationFile],
+    removes: &[PodKey],
+) -> Result<ApplyReport, ReservedDirError> {
+    let mut report = ApplyReport::default();
+    let mut valid: BTreeMap<PodKey, &ReservationFile> = BTreeMap::new();
+    for file in writes {
+        match file.validate() {
+            Ok(()) => {
+                valid.insert(file.pod_key(), file);
+            }
+            Err(e) => report.failed.push(ApplyFailure {
+                key: file.pod_key(),
+                error: e.into(),
+            }),
         }
     }
-    Ok(true)
+    let mut gone: BTreeSet<&PodKey> = BTreeSet::new();
+    for key in removes {
+        if valid.contains_key(key) {
+            continue;
+        }
+        let checked = validate_namespace(&key.namespace)
+            .and_then(|()| validate_pod_name(&key.pod))
+            .map_err(ReservedDirError::InvalidName);
+        match checked {
+            Ok(()) => {
+                gone.insert(key);
+            }
+            Err(error) => report.failed.push(ApplyFailure {
+                key: key.clone(),
+                error,
+            }),
+        }
+    }
+    if valid.is_empty() && gone.is_empty() {
+        return Ok(report);
+    }
+    let lock = dir.lock()?;
+    let base = super::index::valid_snapshot(dir);
+    let mut section = Section::new();
+    let mut ok = true;
+    let mut written: Vec<&ReservationFile> = Vec::new();
+    for (key, file) in &valid {
+        match write_locked(dir, file, &mut section) {
+            Ok(()) => {
+                written.push(file);
+                report.written.push(key.clone());
+            }
+            Err(error) => {
+                ok = false;
+                report.failed.push(ApplyFailure {
+                    key: key.clone(),
+                    error,
+                });
+            }
+        }
+    }
+    for key in gone {
+        match remove_locked(dir, &key.namespace, &key.pod, &mut section) {
+            Ok(true) => report.removed.push(key.clone()),
+            Ok(false) => {}
+            Err(error) => {
+                ok = false;
+                report.failed.push(ApplyFailure {
+                    key: key.clone(),
+                    error,
+                });
+            }
+        }
+    }
+    section.finish(dir)?;
+    let base = if ok { base } else { None };
+    super::index::patch(dir, &lock, base, &written, &report.removed)?;
+    Ok(report)
 }
 
 /// What [`sync_reservations`] changed.
@@ -604,15 +770,17 @@ pub struct SyncReport {
     pub failed: Vec<String>,
 }
 
-/// How many files [`sync_reservations`] writes per hold of the lock: each costs two fsyncs, and
+/// How many files [`sync_reservations`] writes per hold of the lock: each costs an fsync, and
 /// an ADD waiting for the lock should not wait for a thousand of them.
 const SYNC_BATCH: usize = 64;
 
 /// Makes `reserved/` exactly equal to `desired`: deletes garbage (symlinks, directories where
 /// files belong, undecodable files, leftover temporaries), stale files and empty namespace
 /// directories, then writes new and changed files in batches, each batch under one hold of the
-/// network's lock followed by a snapshot refresh. A step that fails is reported in
-/// [`SyncReport::failed`] and the others go on; only failing to take the lock is an error.
+/// network's lock (as [`apply_reservations`]: the snapshot is patched, not rebuilt). A sync
+/// that finds nothing to change changes nothing (not even the generation counter, so the
+/// snapshot stays valid). A step that fails is reported in [`SyncReport::failed`] and the
+/// others go on; only failing to take the lock is an error.
 pub fn sync_reservations(
     dir: &NetworkDir,
     desired: &[ReservationFile],
@@ -630,17 +798,22 @@ pub fn sync_reservations(
     let mut writes: Vec<&ReservationFile> = Vec::new();
     {
         let lock = dir.lock()?;
+        let base = super::index::valid_snapshot(dir);
         let mut section = Section::new();
         let current = load_reservations(dir);
-        if let Some(reserved) = dir.subdir(&[RESERVED_DIR], false).ok().flatten() {
-            section.before_change(&reserved)?;
-        }
+        let mut ok = true;
         // Garbage first, so a directory squatting on a wanted name is gone before the write.
         for garbage in &current.skipped {
+            if let Some(reserved) = dir.subdir(&[RESERVED_DIR], false).ok().flatten() {
+                section.before_change(&reserved)?;
+            }
             match clean_garbage(dir, garbage) {
                 Ok(true) => report.cleaned.push(garbage.clone()),
                 Ok(false) => {}
-                Err(e) => report.failed.push(e.to_string()),
+                Err(e) => {
+                    ok = false;
+                    report.failed.push(e.to_string());
+                }
             }
         }
         for key in current.files.keys() {
@@ -650,10 +823,14 @@ pub fn sync_reservations(
             match remove_locked(dir, &key.namespace, &key.pod, &mut section) {
                 Ok(true) => report.removed.push(key.clone()),
                 Ok(false) => {}
-                Err(e) => report.failed.push(e.to_string()),
+                Err(e) => {
+                    ok = false;
+                    report.failed.push(e.to_string());
+                }
             }
         }
-        if let Err(e) = remove_empty_namespaces(dir) {
+        if let Err(e) = remove_empty_namespaces(dir, &mut section) {
+            ok = false;
             report.failed.push(e.to_string());
         }
         for (key, file) in &want {
@@ -669,20 +846,34 @@ pub fn sync_reservations(
                 }
             }
         }
-        super::index::refresh(dir, &lock)?;
+        section.finish(dir)?;
+        // Garbage was cleaned: the snapshot described it, so `patch` rebuilds it.
+        let base = if ok { base } else { None };
+        super::index::patch(dir, &lock, base, &[], &report.removed)?;
     }
     for batch in writes.chunks(SYNC_BATCH) {
         let lock = dir.lock()?;
+        let base = super::index::valid_snapshot(dir);
         let mut section = Section::new();
+        let mut written: Vec<&ReservationFile> = Vec::new();
         for file in batch {
-            if let Err(e) = write_locked(dir, file, &mut section) {
-                report.failed.push(e.to_string());
-                let key = file.pod_key();
-                report.created.retain(|k| *k != key);
-                report.updated.retain(|k| *k != key);
+            match write_locked(dir, file, &mut section) {
+                Ok(()) => written.push(file),
+                Err(e) => {
+                    report.failed.push(e.to_string());
+                    let key = file.pod_key();
+                    report.created.retain(|k| *k != key);
+                    report.updated.retain(|k| *k != key);
+                }
             }
         }
-        super::index::refresh(dir, &lock)?;
+        section.finish(dir)?;
+        let base = if written.len() == batch.len() {
+            base
+        } else {
+            None
+        };
+        super::index::patch(dir, &lock, base, &written, &[])?;
     }
     Ok(report)
 }
@@ -741,11 +932,10 @@ fn clean_garbage(dir: &NetworkDir, garbage: &Skipped) -> Result<bool, NetDirErro
     }
 }
 
-fn remove_empty_namespaces(dir: &NetworkDir) -> Result<(), NetDirError> {
+fn remove_empty_namespaces(dir: &NetworkDir, section: &mut Section) -> Result<(), NetDirError> {
     let Some(reserved) = dir.subdir(&[RESERVED_DIR], false)? else {
         return Ok(());
     };
-    let mut removed_any = false;
     for entry in reserved.entries()? {
         if entry.kind != EntryKind::Dir {
             continue;
@@ -753,12 +943,10 @@ fn remove_empty_namespaces(dir: &NetworkDir) -> Result<(), NetDirError> {
         if let Some(ns_dir) = reserved.subdir(&[&entry.name], false)?
             && ns_dir.entries()?.is_empty()
         {
+            section.before_change(&reserved)?;
             reserved.remove_dir(&entry.name)?;
-            removed_any = true;
+            section.reserved_changed = true;
         }
-    }
-    if removed_any {
-        reserved.sync()?;
     }
     Ok(())
 }

@@ -734,3 +734,205 @@ fn add_flow_on_real_files() {
     assert_eq!(back.marker, MarkerAction::Remove);
     assert_eq!(read_wait_marker(&dir, &me, &mut Vec::new()), None);
 }
+
+/// Full scans this thread ran so far.
+fn full_scans() -> usize {
+    reserved_dir::FULL_SCANS.with(std::cell::Cell::get)
+}
+
+fn generation_of(s: &Scratch) -> u64 {
+    std::fs::read_to_string(s.reserved().join(".generation"))
+        .unwrap()
+        .trim_end()
+        .parse()
+        .unwrap()
+}
+
+/// The snapshot as the plugin's next ADD finds it, and whether it matches a fresh scan.
+fn snapshot_source(dir: &NetworkDir) -> Source {
+    let lock = dir.lock().unwrap();
+    let (snapshot, source) = load_reservations_cached(dir, &lock);
+    assert_snapshot_matches(&snapshot, &load_reservations(dir));
+    source
+}
+
+#[test]
+fn apply_patches_the_snapshot_without_a_rescan() {
+    let s = Scratch::new("apply");
+    let dir = s.net();
+    let desired: Vec<ReservationFile> = (0..90)
+        .map(|i| {
+            file(
+                &format!("ns-{}", i % 3),
+                &format!("pod-{i}"),
+                &[&format!("10.3.0.{i}"), &format!("fd00::3:{i}")],
+                None,
+            )
+        })
+        .collect();
+    sync_reservations(&dir, &desired).unwrap();
+    // A lone pod in its own namespace, to be removed (its directory goes with it).
+    write_reservation(&dir, &file("lone", "only", &["10.3.1.1"], None)).unwrap();
+    assert_eq!(snapshot_source(&dir), Source::Index);
+    let generation = generation_of(&s);
+
+    let scans = full_scans();
+    let writes = [
+        // Rewritten (released), new in an existing namespace, new in a new namespace.
+        file("ns-0", "pod-0", &["10.3.0.0"], Some(1_795_262_400)),
+        file("ns-1", "pod-new", &["10.3.2.1", "fd00::3:201"], None),
+        file("fresh", "r-0", &["10.3.0.5"], None),
+    ];
+    let removes = [
+        PodKey::new("ns-2", "pod-2").unwrap(),
+        PodKey::new("lone", "only").unwrap(),
+        PodKey::new("ns-2", "absent").unwrap(),
+        PodKey::new("nowhere", "absent").unwrap(),
+    ];
+    let report = apply_reservations(&dir, &writes, &removes).unwrap();
+    assert_eq!(full_scans(), scans, "the snapshot was rebuilt, not patched");
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(report.written.len(), 3);
+    assert_eq!(
+        report.removed,
+        vec![
+            PodKey::new("lone", "only").unwrap(),
+            PodKey::new("ns-2", "pod-2").unwrap()
+        ]
+    );
+    assert_eq!(generation_of(&s), generation + 1, "one bump per batch");
+    assert!(
+        !s.reserved().join("lone").exists(),
+        "emptied namespace kept"
+    );
+    // The patched snapshot is trusted by the plugin and says what a full scan says.
+    assert_eq!(snapshot_source(&dir), Source::Index);
+    let set = load_reservations(&dir);
+    assert_eq!(set.len(), 91);
+    assert_eq!(set.get("ns-0", "pod-0"), Some(&writes[0]));
+    assert!(set.get("ns-2", "pod-2").is_none());
+
+    // Nothing to do: no lock section at all, no bump.
+    let report = apply_reservations(&dir, &[], &[]).unwrap();
+    assert!(report.written.is_empty() && report.removed.is_empty());
+    let report = apply_reservations(&dir, &[], &[PodKey::new("ns-2", "absent").unwrap()]).unwrap();
+    assert!(report.removed.is_empty());
+    assert_eq!(generation_of(&s), generation + 1, "no change, no bump");
+    assert_eq!(snapshot_source(&dir), Source::Index);
+
+    // An invalid file is refused and the rest is written.
+    let mut bad = file("ns-0", "pod-bad", &["10.3.3.1"], None);
+    bad.ips.clear();
+    let good = file("ns-0", "pod-good", &["10.3.3.2"], None);
+    let report = apply_reservations(&dir, &[bad, good.clone()], &[]).unwrap();
+    assert_eq!(report.failed.len(), 1);
+    assert_eq!(report.written, vec![good.pod_key()]);
+    assert_eq!(snapshot_source(&dir), Source::Index);
+
+    // A sync that finds nothing to change keeps the counter and the snapshot.
+    let all: Vec<ReservationFile> = load_reservations(&dir).files.into_values().collect();
+    let generation = generation_of(&s);
+    let report = sync_reservations(&dir, &all).unwrap();
+    assert_eq!(report, SyncReport::default());
+    assert_eq!(
+        generation_of(&s),
+        generation,
+        "a sync without change bumped"
+    );
+    assert_eq!(snapshot_source(&dir), Source::Index);
+}
+
+#[test]
+fn patching_falls_back_to_a_scan_when_the_tree_holds_more_than_expected() {
+    let s = Scratch::new("patchcheck");
+    let dir = s.net();
+    let a = file("db", "a", &["10.4.0.1"], None);
+    let b = file("db", "b", &["10.4.0.2"], None);
+    sync_reservations(&dir, &[a.clone(), b]).unwrap();
+    // Each case: the base snapshot is taken, then the "writer's" change and a hand-made one
+    // land before the patch (as if made by hand during the writer's batch).
+    let hand_cases: [(&str, &str); 3] = [
+        ("db/hand-0", "a file in the changed directory"),
+        ("other/hand-1", "a new namespace directory"),
+        ("db/.ipkeep-tmp-1-1", "a temporary in the changed directory"),
+    ];
+    for (i, (hand, what)) in hand_cases.into_iter().enumerate() {
+        let written = file("db", &format!("w-{i}"), &[&format!("10.4.1.{i}")], None);
+        // Whatever the previous case left: the snapshot is current again.
+        snapshot_source(&dir);
+        let lock = dir.lock().unwrap();
+        let base = index::valid_snapshot(&dir).expect("valid before the batch");
+        std::fs::write(s.reserved().join(".generation"), format!("{}\n", 100 + i)).unwrap();
+        std::fs::write(
+            s.reserved().join("db").join(&written.pod),
+            written.to_json(),
+        )
+        .unwrap();
+        let (ns, pod) = hand.split_once('/').unwrap();
+        std::fs::create_dir_all(s.reserved().join(ns)).unwrap();
+        let hand_file = file(ns, &format!("hand-{i}"), &[&format!("10.4.2.{i}")], None);
+        std::fs::write(s.reserved().join(hand), hand_file.to_json()).unwrap();
+        let scans = full_scans();
+        index::patch(&dir, &lock, Some(base), &[&written], &[]).unwrap();
+        assert!(
+            full_scans() > scans,
+            "{what}: patched although the tree differs"
+        );
+        drop(lock);
+        let lock = dir.lock().unwrap();
+        let (snapshot, _) = load_reservations_cached(&dir, &lock);
+        let set = load_reservations(&dir);
+        assert_snapshot_matches(&snapshot, &set);
+        if !pod.starts_with(".ipkeep-tmp-") {
+            assert!(set.get(ns, pod).is_some(), "{what}");
+            let probe: IpAddr = format!("10.4.2.{i}").parse().unwrap();
+            assert!(
+                snapshot
+                    .lookup(Timestamp::from_unix_secs(0))
+                    .held_for_other(probe, None)
+                    .is_some(),
+                "{what}: the hand-made reservation is not in the snapshot"
+            );
+        }
+        drop(lock);
+        std::fs::remove_file(s.reserved().join(hand)).unwrap();
+        if ns != "db" {
+            std::fs::remove_dir(s.reserved().join(ns)).unwrap();
+        }
+    }
+
+    // A hand-made change in a namespace the writer did not touch keeps that directory's old
+    // stamp in the patched snapshot: the plugin's next read rescans.
+    sync_reservations(&dir, std::slice::from_ref(&a)).unwrap();
+    std::fs::create_dir(s.reserved().join("side")).unwrap();
+    write_reservation(&dir, &file("side", "s-0", &["10.4.3.1"], None)).unwrap();
+    assert_eq!(snapshot_source(&dir), Source::Index);
+    {
+        let lock = dir.lock().unwrap();
+        let base = index::valid_snapshot(&dir).expect("valid before the batch");
+        let written = file("db", "late", &["10.4.3.2"], None);
+        std::fs::write(s.reserved().join("db/late"), written.to_json()).unwrap();
+        std::fs::write(
+            s.reserved().join("side/s-1"),
+            file("side", "s-1", &["10.4.3.3"], None).to_json(),
+        )
+        .unwrap();
+        let scans = full_scans();
+        index::patch(&dir, &lock, Some(base), &[&written], &[]).unwrap();
+        assert_eq!(full_scans(), scans, "the untouched directory is not listed");
+    }
+    assert_eq!(snapshot_source(&dir), Source::Rescanned);
+    assert!(load_reservations(&dir).get("side", "s-1").is_some());
+
+    // A writer killed after its bump and its change, before the snapshot: the old snapshot no
+    // longer matches the counter.
+    assert_eq!(snapshot_source(&dir), Source::Index);
+    let g = generation_of(&s);
+    std::fs::write(s.reserved().join(".generation"), format!("{}\n", g + 1)).unwrap();
+    std::fs::write(
+        s.reserved().join("db/killed"),
+        file("db", "killed", &["10.4.3.4"], None).to_json(),
+    )
+    .unwrap();
+    assert_eq!(snapshot_source(&dir), Source::Rescanned);
+}
