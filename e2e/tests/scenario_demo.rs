@@ -85,6 +85,12 @@ fn assert_nothing_left(pid: u32) {
 
 #[test]
 fn make_demo_tells_the_story_cleans_up_after_itself_and_after_ctrl_c() {
+    if skipped_on_real_cluster(
+        "make_demo_tells_the_story_cleans_up_after_itself_and_after_ctrl_c",
+        "demo binary (it starts its own control plane)",
+    ) {
+        return;
+    }
     require_root_and_tools();
     // Interrupted once the StatefulSet is running.
     let t0 = Instant::now();

@@ -19,6 +19,12 @@ const RETAIN: [(&str, &str); 2] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_killed_while_pods_change_is_restarted_and_converges() {
+    if skipped_on_real_cluster(
+        "agent_killed_while_pods_change_is_restarted_and_converges",
+        "agent processes, controller processes and node restarts",
+    ) {
+        return;
+    }
     let t0 = Instant::now();
     let sys = System::start("agentkill", Options::default()).await;
     let node = &sys.nodes[0];
@@ -70,6 +76,12 @@ async fn agent_killed_while_pods_change_is_restarted_and_converges() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_leader_killed_the_standby_takes_over() {
+    if skipped_on_real_cluster(
+        "controller_leader_killed_the_standby_takes_over",
+        "agent processes, controller processes and node restarts",
+    ) {
+        return;
+    }
     let t0 = Instant::now();
     let mut sys = System::start(
         "leaderkill",
@@ -79,7 +91,7 @@ async fn controller_leader_killed_the_standby_takes_over() {
         },
     )
     .await;
-    let node_a = sys.nodes[0].name().to_owned();
+    let node_a = sys.node_name(0).to_owned();
     let history = sys.record_reservations();
     sys.apply(&statefulset("web", 3, true, &[&node_a], &RETAIN));
     let before = sys
@@ -121,9 +133,15 @@ async fn controller_leader_killed_the_standby_takes_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn simulated_node_restarted_sets_its_pods_up_again_with_their_addresses() {
+    if skipped_on_real_cluster(
+        "simulated_node_restarted_sets_its_pods_up_again_with_their_addresses",
+        "agent processes, controller processes and node restarts",
+    ) {
+        return;
+    }
     let t0 = Instant::now();
     let mut sys = System::start("noderestart", Options::default()).await;
-    let node_a = sys.nodes[0].name().to_owned();
+    let node_a = sys.node_name(0).to_owned();
     let history = sys.record_reservations();
     sys.apply(&statefulset("web", 3, true, &[&node_a], &RETAIN));
     let before = sys

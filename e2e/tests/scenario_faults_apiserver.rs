@@ -75,6 +75,12 @@ async fn reservation_uids(api: &Api<IPReservation>) -> BTreeMap<String, String> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_watches_500s_compaction_and_a_restart_still_end_right() {
+    if skipped_on_real_cluster(
+        "dropped_watches_500s_compaction_and_a_restart_still_end_right",
+        "API test server (its fault injection)",
+    ) {
+        return;
+    }
     require_root_and_tools();
     let t0 = Instant::now();
     let (plugin, _) = binaries();

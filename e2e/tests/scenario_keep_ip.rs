@@ -23,7 +23,7 @@ async fn statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addresses
         },
     )
     .await;
-    let node_a = sys.nodes[0].name().to_owned();
+    let node_a = sys.node_name(0).to_owned();
     sys.apply(&statefulset(
         "web",
         3,
@@ -37,14 +37,32 @@ async fn statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addresses
     let pods = sys
         .wait_running("app=web", &["web-0", "web-1", "web-2"])
         .await;
+    sys.check("three pods Running on their node");
+    let dual = sys.dual_stack;
+    if dual {
+        sys.check("IPv4 and IPv6 addresses");
+    } else {
+        sys.hook(
+            "IPv4 and IPv6 addresses",
+            "dual-stack nodes (the cluster's nodes have one pod CIDR)",
+        );
+    }
     for pod in pods.values() {
         assert_eq!(pod.node, node_a);
-        assert_eq!(pod.ips.len(), 2, "dual-stack: {pod:?}");
-        assert!(pod.ips[0].is_ipv4() && pod.ips[1].is_ipv6(), "{pod:?}");
+        if dual {
+            assert_eq!(pod.ips.len(), 2, "dual-stack: {pod:?}");
+            assert!(pod.ips[0].is_ipv4() && pod.ips[1].is_ipv6(), "{pod:?}");
+        }
         sys.wait_bound(pod).await;
-        sys.wait_file(&sys.nodes[0].reserved_file(&sys.ns, &pod.name), true)
-            .await;
+        if sys.hook(
+            "reservation files on the node",
+            "node data directory on disk",
+        ) {
+            sys.wait_file(&sys.nodes[0].reserved_file(&sys.ns, &pod.name), true)
+                .await;
+        }
     }
+    sys.check("every reservation Bound to its pod");
     let before = pods["web-1"].clone();
     let history = sys.record_reservations();
 
@@ -55,6 +73,7 @@ async fn statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addresses
         "web-1 came back with other addresses"
     );
     assert_eq!(after.node, node_a);
+    sys.check("web-1 re-created with the same addresses on its node");
     let r = sys.wait_bound(&after).await;
     assert!(
         r.status.as_ref().unwrap().release_time.is_none(),
@@ -75,11 +94,13 @@ async fn statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addresses
         ],
         "web-1's reservation did not go Bound -> Released -> Bound (nor was it deleted on the way)"
     );
+    sys.check("reservation Bound -> Released -> Bound, never deleted");
     // The other pods were not touched.
     let now = sys.running("app=web").await;
     for name in ["web-0", "web-2"] {
         assert_eq!(now[name], pods[name], "{name} changed");
     }
+    sys.check("the other pods untouched");
 
     let table = sys.kubectl(&["get", "ipr"]);
     eprintln!("kubectl get ipr:\n{table}");
@@ -95,6 +116,7 @@ async fn statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addresses
         row.contains(&before.ips[0].to_string()) && row.contains(&node_a) && row.contains("Bound"),
         "web-1 row: {row}"
     );
+    sys.check("kubectl get ipr columns and row");
     eprintln!(
         "scenario 1 (keep IP, dual-stack) took {:.1}s",
         t0.elapsed().as_secs_f64()
@@ -112,7 +134,7 @@ async fn unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_pool
         },
     )
     .await;
-    let node_a = sys.nodes[0].name().to_owned();
+    let node_a = sys.node_name(0).to_owned();
     // An annotated pod next to it proves the controller is at work in this namespace.
     sys.apply(&statefulset(
         "kept",
@@ -133,11 +155,19 @@ async fn unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_pool
             .is_none(),
         "an unannotated pod got a reservation"
     );
-    let allocation = sys.nodes[0]
-        .config
-        .network_dir()
-        .join(plain.ips[0].to_string());
-    assert!(allocation.is_file(), "no allocation file {allocation:?}");
+    sys.check("the annotated pod Bound, the unannotated one without a reservation");
+    let files = sys.hook(
+        "allocation and reservation files",
+        "node data directory on disk",
+    );
+    let allocation = sys
+        .nodes
+        .first()
+        .map(|n| n.config.network_dir().join(plain.ips[0].to_string()))
+        .unwrap_or_default();
+    if files {
+        assert!(allocation.is_file(), "no allocation file {allocation:?}");
+    }
 
     // Deleted: its address file goes (the address is back in the pool), no reservation appears.
     sys.kubectl(&["scale", "statefulset", "plain", "--replicas=0"]);
@@ -150,11 +180,13 @@ async fn unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_pool
             .then_some(())
     })
     .await;
-    sys.wait_file(&allocation, false).await;
-    assert!(
-        !sys.nodes[0].reserved_file(&sys.ns, "plain-0").exists(),
-        "a reservation file for an unannotated pod"
-    );
+    if files {
+        sys.wait_file(&allocation, false).await;
+        assert!(
+            !sys.nodes[0].reserved_file(&sys.ns, "plain-0").exists(),
+            "a reservation file for an unannotated pod"
+        );
+    }
     assert!(
         sys.reservations()
             .get_opt("plain-0")
@@ -162,6 +194,13 @@ async fn unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_pool
             .unwrap()
             .is_none()
     );
+    sys.check("deleted, still no reservation");
+    if !sys.hook(
+        "the address handed out again on a full /29",
+        "node CIDRs (a real node's range is not a /29)",
+    ) {
+        return;
+    }
 
     // The address is handed out again: the /29 has five usable addresses; kept-0 holds one, so
     // four pods fill the rest, and one of them must get plain-0's.
@@ -174,6 +213,7 @@ async fn unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_pool
         "plain-0's address {} was not handed out again: {fill:?}",
         plain.ips[0]
     );
+    sys.check("the address handed out again");
     eprintln!(
         "scenario 2 (unannotated) took {:.1}s",
         t0.elapsed().as_secs_f64()

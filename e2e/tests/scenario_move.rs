@@ -8,7 +8,7 @@
 #[path = "system/mod.rs"]
 mod system;
 
-use std::{net::IpAddr, time::Instant};
+use std::{net::IpAddr, path::PathBuf, time::Instant};
 
 use ipkeep_operator::crd::Phase;
 use system::*;
@@ -53,7 +53,7 @@ mod ipnet_lite {
 async fn pod_drained_to_another_node_gets_its_address_and_the_reservation_follows() {
     let t0 = Instant::now();
     let sys = System::start("move", Options::default()).await;
-    let names: Vec<String> = sys.nodes.iter().map(|n| n.name().to_owned()).collect();
+    let names: Vec<String> = sys.node_names.clone();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     sys.apply(&statefulset(
         "mv",
@@ -67,23 +67,34 @@ async fn pod_drained_to_another_node_gets_its_address_and_the_reservation_follow
     ));
     let before = sys.wait_running("app=mv", &["mv-0"]).await["mv-0"].clone();
     sys.wait_bound(&before).await;
-    let from = sys.node(&before.node);
-    let to = sys.nodes.iter().find(|n| n.name() != before.node).unwrap();
-    let old_file = from.reserved_file(&sys.ns, "mv-0");
-    sys.wait_file(&old_file, true).await;
-
-    let out = kubectl_ok(
-        sys.cluster,
-        &[
-            "drain",
-            &before.node,
-            "--ignore-daemonsets",
-            "--delete-emptydir-data",
-            "--force",
-            "--timeout=120s",
-        ],
-        None,
+    sys.check("mv-0 Running and its reservation Bound");
+    let to_name = names.iter().find(|n| **n != before.node).unwrap().clone();
+    let files = sys.hook(
+        "reservation files on both nodes",
+        "node data directories on disk",
     );
+    let old_file = if files {
+        sys.node(&before.node).reserved_file(&sys.ns, "mv-0")
+    } else {
+        PathBuf::new()
+    };
+    if files {
+        sys.wait_file(&old_file, true).await;
+    }
+
+    let mut drain = vec![
+        "drain",
+        before.node.as_str(),
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--force",
+        "--timeout=120s",
+    ];
+    if sys.real() {
+        // A real node runs other pods: evict only the test's.
+        drain.push("--pod-selector=app=mv");
+    }
+    let out = kubectl_ok(&sys.target, &drain, None);
     eprintln!("kubectl drain:\n{out}");
     assert!(
         out.contains("evicting pod") || out.contains("evicted"),
@@ -91,20 +102,23 @@ async fn pod_drained_to_another_node_gets_its_address_and_the_reservation_follow
     );
 
     let after = sys.wait_recreated("mv-0", &before.uid).await;
-    assert_eq!(after.node, to.name(), "mv-0 did not move");
+    assert_eq!(after.node, to_name, "mv-0 did not move");
+    let to_cidr = node_cidr(&sys, &to_name).await;
     assert!(
-        in_cidr(after.ips[0], &to.config.pod_cidrs[0]),
-        "{:?} is not in {}'s range {}",
+        in_cidr(after.ips[0], &to_cidr),
+        "{:?} is not in {to_name}'s range {to_cidr}",
         after.ips,
-        to.name(),
-        to.config.pod_cidrs[0]
     );
     assert_ne!(after.ips, before.ips);
+    sys.check("mv-0 moved with an address of the new node's range");
     let r = sys.wait_bound(&after).await;
-    assert_eq!(r.spec.node_name, to.name());
-    sys.wait_file(&to.reserved_file(&sys.ns, "mv-0"), true)
-        .await;
-    sys.wait_file(&old_file, false).await;
+    assert_eq!(r.spec.node_name, to_name);
+    sys.check("the reservation followed (nodeName, ips, Bound)");
+    if files {
+        sys.wait_file(&sys.node(&to_name).reserved_file(&sys.ns, "mv-0"), true)
+            .await;
+        sys.wait_file(&old_file, false).await;
+    }
     for kind in ["Pod", "IPReservation"] {
         let event = eventually(
             &format!("a Warning AddressesChanged Event on {kind} mv-0"),
@@ -118,12 +132,22 @@ async fn pod_drained_to_another_node_gets_its_address_and_the_reservation_follow
         .await;
         eprintln!("{kind} event: {}", event.message.unwrap_or_default());
     }
+    sys.check("Warning AddressesChanged Events on the pod and the reservation");
     assert_eq!(phase(&r), Some(Phase::Bound));
-    kubectl_ok(sys.cluster, &["uncordon", &before.node], None);
+    kubectl_ok(&sys.target, &["uncordon", &before.node], None);
     eprintln!(
         "scenario 6 (moved by drain) took {:.1}s",
         t0.elapsed().as_secs_f64()
     );
+}
+
+/// The first pod CIDR of node `name`, as the API server has it (the stand-in registers it).
+async fn node_cidr(sys: &System, name: &str) -> String {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(sys.client.clone());
+    let node = nodes.get(name).await.expect("read the node");
+    node.spec
+        .and_then(|s| s.pod_cidr)
+        .unwrap_or_else(|| panic!("node {name} has no podCIDR"))
 }
 
 /// How many rolling restarts scenario 8 runs.
@@ -133,7 +157,7 @@ const RESTARTS: usize = 10;
 async fn rolling_restart_ten_times_keeps_every_address_every_time() {
     let t0 = Instant::now();
     let sys = System::start("roll", Options::default()).await;
-    let node_a = sys.nodes[0].name().to_owned();
+    let node_a = sys.node_name(0).to_owned();
     // OrderedReady: the rolling update replaces one pod at a time, as in production.
     sys.apply(&statefulset(
         "roll",
@@ -174,10 +198,12 @@ async fn rolling_restart_ten_times_keeps_every_address_every_time() {
         eprintln!("restart {round} took {:.1}s", r0.elapsed().as_secs_f64());
         current = next;
     }
+    sys.check("every pod replaced every round with its first addresses");
     for p in current.values() {
         sys.wait_bound(p).await;
     }
     assert!(!history.any_deleted(), "a reservation was deleted");
+    sys.check("every reservation Bound, none deleted");
     eprintln!(
         "scenario 8 ({RESTARTS} rolling restarts of 5 pods) took {:.1}s",
         t0.elapsed().as_secs_f64()

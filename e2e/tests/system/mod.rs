@@ -123,14 +123,74 @@ pub async fn cluster() -> &'static Cluster {
     cluster
 }
 
-/// Runs the built kubectl against the control plane.
-pub fn kubectl(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut cmd = cluster.kubectl();
+/// Where kubectl runs: the test's own control plane, or (real-cluster mode) a cluster named by
+/// a kubeconfig.
+pub trait KubectlTarget {
+    /// A kubectl command aimed at it.
+    fn kubectl_command(&self) -> Command;
+}
+
+impl KubectlTarget for Cluster {
+    fn kubectl_command(&self) -> Command {
+        self.kubectl()
+    }
+}
+
+/// The cluster a [`System`] talks to.
+pub enum Target {
+    /// The control plane these tests start (`cluster::shared()`).
+    Sim(&'static Cluster),
+    /// A real cluster with the chart installed, named by `IPKEEP_E2E_KUBECONFIG`.
+    Real(PathBuf),
+}
+
+impl KubectlTarget for Target {
+    fn kubectl_command(&self) -> Command {
+        match self {
+            Target::Sim(c) => c.kubectl(),
+            Target::Real(kubeconfig) => {
+                let mut cmd = Command::new(
+                    std::env::var_os("IPKEEP_E2E_KUBECTL").unwrap_or_else(|| "kubectl".into()),
+                );
+                cmd.arg("--kubeconfig").arg(kubeconfig);
+                cmd
+            }
+        }
+    }
+}
+
+/// The variable that turns on real-cluster mode: the path of a kubeconfig of a cluster with the
+/// chart installed. Deliberately not `KUBECONFIG`, so a developer's everyday kubeconfig never
+/// makes `make test` touch their cluster.
+pub const REAL_CLUSTER_ENV: &str = "IPKEEP_E2E_KUBECONFIG";
+
+/// The kubeconfig of the real cluster, when real-cluster mode is on.
+pub fn real_cluster() -> Option<PathBuf> {
+    std::env::var_os(REAL_CLUSTER_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// For a scenario made only of the simulator's hooks: in real-cluster mode, says loudly that it
+/// is skipped and why, and returns true (the test then returns).
+pub fn skipped_on_real_cluster(test: &str, hooks: &str) -> bool {
+    if real_cluster().is_none() {
+        return false;
+    }
+    eprintln!(
+        "SKIPPED on a real cluster: {test} needs the simulator's {hooks}; ran 0 checks (it runs without {REAL_CLUSTER_ENV})"
+    );
+    true
+}
+
+/// Runs kubectl against `target`.
+pub fn kubectl(target: &impl KubectlTarget, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut cmd = target.kubectl_command();
     cmd.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("run the built kubectl");
+    let mut child = cmd.spawn().expect("run kubectl");
     let mut pipe = child.stdin.take().expect("kubectl stdin");
     if let Some(text) = stdin {
         pipe.write_all(text.as_bytes())
@@ -141,8 +201,8 @@ pub fn kubectl(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> Output 
 }
 
 /// Runs kubectl and returns its stdout; fails the test with its output if it failed.
-pub fn kubectl_ok(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> String {
-    let out = kubectl(cluster, args, stdin);
+pub fn kubectl_ok(target: &impl KubectlTarget, args: &[&str], stdin: Option<&str>) -> String {
+    let out = kubectl(target, args, stdin);
     assert!(
         out.status.success(),
         "kubectl {args:?} failed ({}):\n{}{}",
@@ -412,14 +472,20 @@ impl Default for Options {
 
 /// The whole system of one test.
 pub struct System {
-    /// The control plane.
-    pub cluster: &'static Cluster,
+    /// The cluster: the test's control plane, or a real one (`IPKEEP_E2E_KUBECONFIG`).
+    pub target: Target,
     /// An admin client (on the test's runtime).
     pub client: Client,
     /// The test's namespace (the controllers watch only it).
     pub ns: String,
-    /// The simulated nodes.
+    /// The simulated nodes (none on a real cluster).
     pub nodes: Vec<SimNode>,
+    /// The names of the test's nodes: the simulated ones, or a real cluster's schedulable nodes.
+    pub node_names: Vec<String>,
+    /// Whether the test's nodes are dual-stack (asked for, or found on a real cluster).
+    pub dual_stack: bool,
+    /// The checks of the test: (what, the hook it needed when skipped).
+    checks: Mutex<Vec<(String, Option<String>)>>,
     /// The controller replicas.
     pub controllers: Vec<Controller>,
     /// The test's directory (node data, bin dir, logs).
@@ -431,6 +497,9 @@ pub struct System {
 impl System {
     /// Starts the nodes (Ready and untainted) and the controllers in a fresh namespace.
     pub async fn start(prefix: &str, options: Options) -> System {
+        if let Some(kubeconfig) = real_cluster() {
+            return System::on_real_cluster(prefix, options, kubeconfig).await;
+        }
         require_root_and_tools();
         let (plugin, _) = binaries();
         let cluster = cluster().await;
@@ -469,9 +538,13 @@ impl System {
             node.start();
             nodes.push(node);
         }
+        let node_names = nodes.iter().map(|n| n.name().to_owned()).collect();
         let mut system = System {
-            cluster,
+            target: Target::Sim(cluster),
             client,
+            node_names,
+            dual_stack: options.dual_stack,
+            checks: Mutex::default(),
             lease: format!("ipkeep-{ns}"),
             ns,
             nodes,
@@ -488,12 +561,150 @@ impl System {
         system
     }
 
+    /// Real-cluster mode: a client from `kubeconfig`, the chart's CRD checked (not applied), the
+    /// cluster's Ready untainted nodes instead of simulated ones, no controller started (the
+    /// chart's runs), a fresh namespace.
+    async fn on_real_cluster(prefix: &str, options: Options, kubeconfig: PathBuf) -> System {
+        let config = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap_or_else(|e| {
+            panic!(
+                "{REAL_CLUSTER_ENV}={}: failed to read the kubeconfig: {e}",
+                kubeconfig.display()
+            )
+        });
+        let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("failed to load {}: {e}", kubeconfig.display()));
+        let client = Client::try_from(config).expect("a client for the real cluster");
+        let crds: Api<
+            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        > = Api::all(client.clone());
+        let crd = crds
+            .get_opt("ipreservations.ipkeep.dev")
+            .await
+            .unwrap_or_else(|e| panic!("failed to read the IPReservation CRD: {e}"));
+        assert!(
+            crd.is_some(),
+            "{REAL_CLUSTER_ENV} is set but the cluster has no CRD ipreservations.ipkeep.dev: install the chart first: helm install ipkeep charts/ipkeep --namespace ipkeep-system --create-namespace"
+        );
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+        let mut usable: Vec<(String, usize)> = nodes
+            .list(&ListParams::default())
+            .await
+            .expect("list the cluster's nodes")
+            .items
+            .into_iter()
+            .filter(schedulable)
+            .map(|n| {
+                let cidrs = n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.pod_cidrs.clone())
+                    .unwrap_or_default();
+                (n.name_any(), cidrs.len())
+            })
+            .collect();
+        usable.sort();
+        assert!(
+            usable.len() >= options.nodes,
+            "the real cluster has {} Ready untainted nodes, this test needs {}",
+            usable.len(),
+            options.nodes
+        );
+        usable.truncate(options.nodes);
+        let ns_api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        let mut ns_obj = k8s_openapi::api::core::v1::Namespace::default();
+        ns_obj.metadata.generate_name = Some(format!("ipkeep-e2e-{prefix}-"));
+        let ns = ns_api
+            .create(&Default::default(), &ns_obj)
+            .await
+            .expect("create the test's namespace")
+            .name_any();
+        eprintln!(
+            "real-cluster mode ({REAL_CLUSTER_ENV}={}): namespace {ns}, nodes {:?}; no control plane, nodes, agents or controller started",
+            kubeconfig.display(),
+            usable.iter().map(|(n, _)| n).collect::<Vec<_>>()
+        );
+        let dir = std::env::temp_dir().join(format!("ipkeep-e2e-{ns}-{}", std::process::id()));
+        System {
+            target: Target::Real(kubeconfig),
+            client,
+            lease: format!("ipkeep-{ns}"),
+            ns,
+            nodes: Vec::new(),
+            dual_stack: options.dual_stack && usable.iter().all(|(_, c)| *c >= 2),
+            node_names: usable.into_iter().map(|(n, _)| n).collect(),
+            checks: Mutex::default(),
+            controllers: Vec::new(),
+            dir,
+            replicas_started: 0,
+        }
+    }
+
+    /// Whether this runs on a real cluster (`IPKEEP_E2E_KUBECONFIG`).
+    pub fn real(&self) -> bool {
+        matches!(self.target, Target::Real(_))
+    }
+
+    /// The name of the test's `i`-th node.
+    pub fn node_name(&self, i: usize) -> &str {
+        &self.node_names[i]
+    }
+
+    /// Records an API-visible check (it runs in both modes).
+    pub fn check(&self, what: &str) {
+        self.checks.lock().unwrap().push((what.to_owned(), None));
+    }
+
+    /// A check that needs the simulator's `hook`: true on the simulator; on a real cluster it
+    /// says loudly (once per hook) that it is skipped and returns false.
+    pub fn hook(&self, what: &str, hook: &str) -> bool {
+        let mut checks = self.checks.lock().unwrap();
+        if !self.real() {
+            checks.push((what.to_owned(), None));
+            return true;
+        }
+        if !checks.iter().any(|(w, h)| w == what && h.is_some()) {
+            eprintln!("skipped on a real cluster: {what} needs the simulator's {hook}");
+            checks.push((what.to_owned(), Some(hook.to_owned())));
+        }
+        false
+    }
+
+    /// The summary of the test's checks: "ran N of M checks; skipped: ...".
+    pub fn summary(&self) -> String {
+        let checks = self.checks.lock().unwrap();
+        let mut seen: Vec<&(String, Option<String>)> = Vec::new();
+        for c in checks.iter() {
+            if !seen.contains(&c) {
+                seen.push(c);
+            }
+        }
+        let skipped: Vec<&str> = seen
+            .iter()
+            .filter(|(_, h)| h.is_some())
+            .map(|(w, _)| w.as_str())
+            .collect();
+        format!(
+            "ran {} of {} checks; skipped: {}",
+            seen.len() - skipped.len(),
+            seen.len(),
+            if skipped.is_empty() {
+                "none".to_owned()
+            } else {
+                skipped.join(", ")
+            }
+        )
+    }
+
     /// Starts one more controller replica.
     pub fn start_controller(&mut self) {
+        let Target::Sim(cluster) = self.target else {
+            panic!("a real cluster runs the chart's controller; the test cannot start one");
+        };
         self.replicas_started += 1;
         let identity = format!("{}-controller-{}", self.ns, self.replicas_started);
         let c = spawn_controller(
-            self.cluster.kubeconfig_path(),
+            cluster.kubeconfig_path(),
             &self.ns,
             &self.lease,
             &identity,
@@ -523,19 +734,7 @@ impl System {
             let name = name.clone();
             async move {
                 let node = nodes.get_opt(&name).await.ok()??;
-                let ready = node
-                    .status
-                    .as_ref()?
-                    .conditions
-                    .as_ref()?
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True");
-                let tainted = node
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.taints.as_ref())
-                    .is_some_and(|t| !t.is_empty());
-                (ready && !tainted).then_some(())
+                schedulable(&node).then_some(())
             }
         })
         .await;
@@ -545,13 +744,13 @@ impl System {
     pub fn kubectl(&self, args: &[&str]) -> String {
         let mut all = vec!["-n", self.ns.as_str()];
         all.extend_from_slice(args);
-        kubectl_ok(self.cluster, &all, None)
+        kubectl_ok(&self.target, &all, None)
     }
 
     /// `kubectl apply -f -` of `yaml` in the test's namespace.
     pub fn apply(&self, yaml: &str) -> String {
         kubectl_ok(
-            self.cluster,
+            &self.target,
             &["-n", &self.ns, "apply", "-f", "-"],
             Some(yaml),
         )
@@ -701,6 +900,25 @@ impl System {
 
 impl Drop for System {
     fn drop(&mut self) {
+        if !self.checks.lock().unwrap().is_empty() {
+            eprintln!("{}: {}", self.ns, self.summary());
+        }
+        if self.real() {
+            // The namespace and everything in it go; the chart's controller and agents stay.
+            let out = kubectl(
+                &self.target,
+                &["delete", "namespace", &self.ns, "--wait=false"],
+                None,
+            );
+            if !out.status.success() {
+                eprintln!(
+                    "failed to delete namespace {}: {}",
+                    self.ns,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            return;
+        }
         for c in &mut self.controllers {
             c.kill();
         }
@@ -838,6 +1056,21 @@ impl RunningPod {
             ips,
         })
     }
+}
+
+/// Whether a node is Ready without taints.
+pub fn schedulable(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| !t.is_empty());
+    ready && !tainted
 }
 
 /// A reservation's phase.
