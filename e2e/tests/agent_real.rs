@@ -5,7 +5,8 @@
 //! the one-second figure of the design.
 //!
 //! The agents run in this process (two "nodes", each its own data directory) and, for the
-//! restart scenario, as the built binary.
+//! restart scenario, as the built binary; in the timed and the restart tests they run as the
+//! chart's agent ServiceAccount (the chart's RBAC rendered with the built helm and applied).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "agent_support/mod.rs"]
@@ -38,11 +39,10 @@ async fn conflict_on_the_real_api_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_agent_catches_up_on_the_real_api_server() {
     let cluster = real::cluster().await;
-    scenarios::killed_agent_catches_up(
-        cluster.client().expect("client"),
-        cluster.kubeconfig_path(),
-    )
-    .await;
+    // The agent binary runs as the chart's agent ServiceAccount.
+    let kubeconfig = scratch("kubeconfig").join("config");
+    real::account_kubeconfig(cluster, real::AGENT_ACCOUNT, &kubeconfig).await;
+    scenarios::killed_agent_catches_up(cluster.client().expect("client"), &kubeconfig).await;
 }
 
 /// The design's figure for a reservation change to reach its node's disk.
@@ -79,15 +79,17 @@ fn addrs(ips: &[&str]) -> Vec<IpAddr> {
 
 /// A reservation for node A is a file on A only; changed (addresses, then released), the file
 /// follows; moved to B, it leaves A and appears on B; deleted, it is gone — each step within one
-/// second of its API write. The agents' watches carry the `spec.nodeName` field selector, which
+/// second of its API write, with the agents holding only the chart's RBAC. Their watches carry the `spec.nodeName` field selector, which
 /// the real API server evaluates (the audit log shows the requests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_step_reaches_the_node_within_one_second() {
     let cluster = real::cluster().await;
     let client = cluster.client().expect("client");
     let ns = namespace(&client, "agent-timed").await;
-    let a = Node::start(&client, "node-a");
-    let b = Node::start(&client, "node-b");
+    // The agents run as the chart's agent ServiceAccount: exactly the chart's RBAC.
+    let agent_client = real::agent_client(cluster).await;
+    let a = Node::start(&agent_client, "node-a");
+    let b = Node::start(&agent_client, "node-b");
     a.ready().await;
     b.ready().await;
     let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);

@@ -5,6 +5,9 @@
 //! StatefulSet controller and garbage collector deleting a StatefulSet's pods without touching
 //! their reservations.
 //!
+//! The controllers run as the chart's controller ServiceAccount (the chart's RBAC rendered with
+//! the built helm and applied), so they are held to exactly the rights the chart grants.
+//!
 //! There is no kubelet: pods bind to the stand-in node `node-a` (`NodeAgent`, which also
 //! finishes their deletion as a kubelet would), and the test writes the status a kubelet would
 //! report (`phase: Running`, `podIPs`) through `pods/status` as admin.
@@ -35,7 +38,8 @@ use kube::{
 use real::{NODE, NamespacedController};
 use serde_json::json;
 
-/// Runs `scenario` in a fresh namespace of the real control plane with a controller of its own.
+/// Runs `scenario` (as admin) in a fresh namespace of the real control plane with a controller of
+/// its own, which runs as the chart's controller ServiceAccount: exactly the chart's RBAC.
 async fn with_controller<F, Fut>(prefix: &str, scenario: F)
 where
     F: FnOnce(Client, String) -> Fut,
@@ -48,7 +52,7 @@ where
         .await
         .expect("a fresh namespace");
     let client = cluster.client().expect("an admin client");
-    let running = NamespacedController::start(client.clone(), &ns).await;
+    let running = NamespacedController::start(real::controller_client(cluster).await, &ns).await;
     scenario(client, ns).await;
     running.stop().await;
     cluster
@@ -257,6 +261,16 @@ async fn cel_rules_reject_bad_reservations_with_422() {
     );
 }
 
+/// A replica process, SIGKILLed and reaped when dropped (a failing test leaves none behind).
+struct Replica(Child);
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Who holds the Lease `ipkeep-controller` in `ns`.
 async fn holder(client: &Client, ns: &str) -> Option<String> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
@@ -268,8 +282,14 @@ async fn holder(client: &Client, ns: &str) -> Option<String> {
         .and_then(|l| l.spec.and_then(|s| s.holder_identity))
 }
 
-fn spawn_replica(bin: &std::path::Path, kubeconfig: &std::path::Path, ns: &str, id: &str) -> Child {
-    Command::new(bin)
+fn spawn_replica(
+    bin: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    ns: &str,
+    lease_ns: &str,
+    id: &str,
+) -> Replica {
+    let child = Command::new(bin)
         .args([
             "controller",
             "--metrics-addr",
@@ -281,7 +301,7 @@ fn spawn_replica(bin: &std::path::Path, kubeconfig: &std::path::Path, ns: &str, 
             "--namespace",
             ns,
             "--lease-namespace",
-            ns,
+            lease_ns,
             "--lease-duration",
             "3",
         ])
@@ -291,10 +311,13 @@ fn spawn_replica(bin: &std::path::Path, kubeconfig: &std::path::Path, ns: &str, 
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("failed to start ipkeep-operator controller")
+        .expect("failed to start ipkeep-operator controller");
+    Replica(child)
 }
 
-/// Two replicas of the built binary elect a leader through a real `coordination.k8s.io` Lease;
+/// Two replicas of the built binary, as the chart's controller ServiceAccount (its Lease rights
+/// are one Lease in the release namespace), elect a leader through a real `coordination.k8s.io`
+/// Lease;
 /// the leader SIGKILLed, the standby takes the Lease over and carries on (it releases the
 /// reservation of a pod deleted after the kill); SIGTERM then releases the Lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,20 +330,24 @@ async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
         .await
         .expect("namespace");
     let client = cluster.client().expect("client");
-    let kubeconfig = cluster.kubeconfig_path();
+    // The chart's ServiceAccount: its Lease rights are one Lease in the release namespace.
+    let release_ns = real::chart_rbac(cluster).await;
+    let kubeconfig =
+        std::env::temp_dir().join(format!("ipkeep-leader-real-{}", std::process::id()));
+    real::account_kubeconfig(cluster, real::CONTROLLER_ACCOUNT, &kubeconfig).await;
     let mut replicas = vec![
         (
             "replica-a",
-            spawn_replica(&bin, kubeconfig, &ns, "replica-a"),
+            spawn_replica(&bin, &kubeconfig, &ns, release_ns, "replica-a"),
         ),
         (
             "replica-b",
-            spawn_replica(&bin, kubeconfig, &ns, "replica-b"),
+            spawn_replica(&bin, &kubeconfig, &ns, release_ns, "replica-b"),
         ),
     ];
     let leader = harness::wait_for("a replica to hold the Lease", || {
-        let (client, ns) = (client.clone(), ns.clone());
-        async move { holder(&client, &ns).await }
+        let client = client.clone();
+        async move { holder(&client, release_ns).await }
     })
     .await;
     let pod = create_running_pod(
@@ -337,17 +364,30 @@ async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
         bound_to(r, &uid)
     })
     .await;
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    // The leader is whoever holds the Lease right before the kill: with a 3 s Lease on a loaded
+    // machine it may have moved since the first look (a replica that loses it exits).
+    let leases: Api<Lease> = Api::namespaced(client.clone(), release_ns);
     let before = leases.get("ipkeep-controller").await.unwrap();
-
+    let current = before
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.clone())
+        .expect("the Lease has a holder");
+    if current != leader {
+        eprintln!("the Lease moved from {leader} to {current} before the kill");
+    }
     let index = replicas
         .iter()
-        .position(|(id, _)| *id == leader)
-        .unwrap_or_else(|| panic!("the Lease names {leader:?}, none of ours"));
+        .position(|(id, _)| *id == current)
+        .unwrap_or_else(|| panic!("the Lease names {current:?}, none of ours"));
     let (_, mut dead) = replicas.remove(index);
-    dead.kill().unwrap();
-    dead.wait().unwrap();
-    let (survivor, mut child) = replicas.pop().unwrap();
+    dead.0.kill().unwrap();
+    dead.0.wait().unwrap();
+    let (survivor, mut standby) = replicas.pop().expect("two replicas were started");
+    assert!(
+        standby.0.try_wait().unwrap().is_none(),
+        "the standby {survivor} is still running"
+    );
 
     // Only the new leader can release the reservation of a pod deleted after the kill.
     delete_pod(&client, &ns, "db-0").await;
@@ -373,20 +413,20 @@ async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
     );
 
     let term = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &standby.0.id().to_string()])
         .status()
         .unwrap();
     assert!(term.success());
-    let exit = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    // The control plane runs in other processes and the stand-in node on its own thread: a
+    // blocking wait here holds up nothing.
+    let exit = standby.0.wait().unwrap();
     assert!(
         exit.success(),
         "the controller exits 0 on SIGTERM, got {exit}"
     );
+    let _ = std::fs::remove_file(&kubeconfig);
     assert_ne!(
-        holder(&client, &ns).await.as_deref(),
+        holder(&client, release_ns).await.as_deref(),
         Some(survivor),
         "the Lease was released on SIGTERM"
     );

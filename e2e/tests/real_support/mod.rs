@@ -9,9 +9,10 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{
+    io::Write,
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::{Command, Output, Stdio},
     time::Duration,
 };
 
@@ -27,6 +28,7 @@ use tokio::{sync::oneshot, task::JoinHandle};
 pub const NODE: &str = "node-a";
 
 static CRD: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+static RBAC: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
 static NODE_A: tokio::sync::OnceCell<NodeAgent> = tokio::sync::OnceCell::const_new();
 
 /// The repository's generated CRD file (`crds/`), the one the chart ships.
@@ -209,4 +211,94 @@ pub fn audited(cluster: &Cluster, needles: &[&str]) -> Vec<serde_json::Value> {
             needles.iter().all(|n| uri.contains(n))
         })
         .collect()
+}
+
+/// The release name the chart's RBAC is rendered with: its ServiceAccounts are
+/// `ipkeep-controller` and `ipkeep-agent`.
+pub const RELEASE: &str = "ipkeep";
+
+/// The ServiceAccount the chart gives the controller.
+pub const CONTROLLER_ACCOUNT: &str = "ipkeep-controller";
+
+/// The ServiceAccount the chart gives the agent.
+pub const AGENT_ACCOUNT: &str = "ipkeep-agent";
+
+/// Renders the chart's RBAC (`templates/controller-rbac.yaml`, `templates/agent-rbac.yaml`, default
+/// values) with the built helm into a fresh release namespace and applies it, once per test
+/// binary; returns the release namespace. Clients of [`CONTROLLER_ACCOUNT`] and
+/// [`AGENT_ACCOUNT`] there hold exactly the rights the chart grants.
+pub async fn chart_rbac(cluster: &'static Cluster) -> &'static str {
+    RBAC.get_or_init(|| async {
+        let ns = cluster
+            .fresh_namespace("ipkeep-release")
+            .await
+            .expect("a release namespace");
+        let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../charts/ipkeep");
+        let rendered = cluster
+            .helm()
+            .arg("template")
+            .arg(RELEASE)
+            .arg(&chart)
+            .args(["--namespace", &ns])
+            .args(["--show-only", "templates/controller-rbac.yaml"])
+            .args(["--show-only", "templates/agent-rbac.yaml"])
+            .output()
+            .expect("failed to run the built helm");
+        assert!(
+            rendered.status.success(),
+            "helm template of the chart's RBAC failed: {}",
+            String::from_utf8_lossy(&rendered.stderr)
+        );
+        let mut apply = cluster
+            .kubectl()
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("failed to run the built kubectl");
+        apply
+            .stdin
+            .take()
+            .expect("kubectl's stdin")
+            .write_all(&rendered.stdout)
+            .expect("failed to give kubectl the rendered RBAC");
+        let out = apply
+            .wait_with_output()
+            .expect("failed to wait for kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl apply of the chart's RBAC failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ns
+    })
+    .await
+}
+
+/// A client of the controller's ServiceAccount (exactly the chart's RBAC).
+pub async fn controller_client(cluster: &'static Cluster) -> kube::Client {
+    let ns = chart_rbac(cluster).await;
+    cluster
+        .service_account_client(ns, CONTROLLER_ACCOUNT)
+        .await
+        .expect("a client of the controller's ServiceAccount")
+}
+
+/// A client of the agent's ServiceAccount (exactly the chart's RBAC).
+pub async fn agent_client(cluster: &'static Cluster) -> kube::Client {
+    let ns = chart_rbac(cluster).await;
+    cluster
+        .service_account_client(ns, AGENT_ACCOUNT)
+        .await
+        .expect("a client of the agent's ServiceAccount")
+}
+
+/// Writes a kubeconfig of `account` (in the release namespace) to `path`.
+pub async fn account_kubeconfig(cluster: &'static Cluster, account: &str, path: &Path) {
+    let ns = chart_rbac(cluster).await;
+    cluster
+        .write_service_account_kubeconfig(ns, account, path)
+        .await
+        .unwrap_or_else(|e| panic!("failed to write a kubeconfig of {ns}/{account}: {e}"));
 }
