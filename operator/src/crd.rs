@@ -85,7 +85,9 @@ pub struct IPReservationSpec {
     #[schemars(length(min = 1, max = 2))]
     #[x_kube(validation = Rule::new("self.all(ip, isIP(ip))").message("every entry of ips must be an IP address"))]
     #[x_kube(validation = Rule::new("self.all(ip, !isIP(ip) || self.exists_one(o, isIP(o) && ip(o).family() == ip(ip).family()))").message("ips holds at most one address per family"))]
-    #[x_kube(validation = Rule::new("self.all(ip, self.exists_one(o, o == ip))").message("ips must not repeat an address").reason(Reason::FieldValueDuplicate))]
+    // No `reason`: the API server turns FieldValueDuplicate into `Duplicate value: "array"` and
+    // drops the message.
+    #[x_kube(validation = Rule::new("self.all(ip, self.exists_one(o, o == ip))").message("ips must not repeat an address"))]
     pub ips: Vec<IpString>,
     /// The node whose pod ranges the addresses belong to (node-local allocation).
     #[schemars(length(min = 1, max = 253))]
