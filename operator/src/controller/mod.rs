@@ -461,7 +461,10 @@ async fn lead(
         .with_identity(&lease.identity)
         .with_duration(lease.duration_secs)
         .with_grace(grace)
-        .with_field_manager("ipkeep-controller-lease")
+        // One field manager per replica, as the lease library expects: a replica's apply of
+        // `holderIdentity` then conflicts (409) with another replica's, so two replicas racing for
+        // a free lease can never both believe they hold it.
+        .with_field_manager(format!("ipkeep-controller-lease-{}", lease.identity))
         .build()
         .await
         .map_err(lease_err)?;
