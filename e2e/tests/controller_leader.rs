@@ -19,31 +19,7 @@ use ipkeep_operator::crd::Phase;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, ResourceExt};
 
-/// Builds (if needed) and locates the `ipkeep-operator` binary next to this test's target dir.
-fn operator_binary() -> PathBuf {
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "-q",
-            "-p",
-            "ipkeep-operator",
-            "--bin",
-            "ipkeep-operator",
-        ])
-        .status()
-        .expect("failed to run cargo to build ipkeep-operator");
-    assert!(status.success(), "building ipkeep-operator failed");
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/<test> → target/<profile>/ipkeep-operator
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("ipkeep-operator");
-    assert!(bin.is_file(), "no binary at {}", bin.display());
-    bin
-}
+include!("fixtures/operator_binary.rs");
 
 struct Replica {
     identity: &'static str,

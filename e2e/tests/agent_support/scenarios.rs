@@ -4,7 +4,7 @@
 //! with a one-line wrapper.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -202,34 +202,7 @@ pub async fn conflict_is_not_written(client: Client) {
     a.stop().await;
 }
 
-/// The `ipkeep-operator` binary: `$IPKEEP_OPERATOR_BIN`, else `cargo build` of it (the test
-/// fails loudly if that fails).
-pub fn operator_binary() -> PathBuf {
-    if let Some(bin) = std::env::var_os("IPKEEP_OPERATOR_BIN") {
-        let bin = PathBuf::from(bin);
-        assert!(
-            bin.exists(),
-            "IPKEEP_OPERATOR_BIN={} does not exist",
-            bin.display()
-        );
-        return bin;
-    }
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "-p", "ipkeep-operator", "--bin", "ipkeep-operator"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("failed to run cargo to build ipkeep-operator");
-    assert!(status.success(), "cargo build -p ipkeep-operator failed");
-    // <target>/debug/deps/<this test> → <target>/debug/ipkeep-operator
-    let exe = std::env::current_exe().expect("the test's own path");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test runs from <target>/<profile>/deps")
-        .join("ipkeep-operator");
-    assert!(bin.exists(), "{} was not built", bin.display());
-    bin
-}
+include!("../fixtures/operator_binary.rs");
 
 fn spawn_agent(bin: &Path, kubeconfig: &Path, node: &str, data_dir: &Path) -> Child {
     let mut cmd = Command::new(bin);

@@ -12,7 +12,7 @@ use std::{
     io::Write,
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
+    process::{Output, Stdio},
     time::Duration,
 };
 
@@ -167,34 +167,7 @@ impl NamespacedController {
     }
 }
 
-/// The `ipkeep-operator` binary: `$IPKEEP_OPERATOR_BIN`, else `cargo build` of it next to this
-/// test (the test fails loudly if that fails).
-pub fn operator_binary() -> PathBuf {
-    if let Some(bin) = std::env::var_os("IPKEEP_OPERATOR_BIN") {
-        let bin = PathBuf::from(bin);
-        assert!(
-            bin.is_file(),
-            "IPKEEP_OPERATOR_BIN={} does not exist",
-            bin.display()
-        );
-        return bin;
-    }
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "-p", "ipkeep-operator", "--bin", "ipkeep-operator"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("failed to run cargo to build ipkeep-operator");
-    assert!(status.success(), "cargo build -p ipkeep-operator failed");
-    // <target>/<profile>/deps/<this test> → <target>/<profile>/ipkeep-operator
-    let exe = std::env::current_exe().expect("the test's own path");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test runs from <target>/<profile>/deps")
-        .join("ipkeep-operator");
-    assert!(bin.is_file(), "{} was not built", bin.display());
-    bin
-}
+include!("../fixtures/operator_binary.rs");
 
 /// The audit log lines (JSON events) of the shared control plane whose request URI contains
 /// every one of `needles`.
