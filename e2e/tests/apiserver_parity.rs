@@ -933,7 +933,7 @@ async fn list_and_watch_parameter_validation(b: &Backend) {
 
 /// The IPReservation CRD's CEL rules (`x-kubernetes-validations`: every entry of `ips` an IP
 /// address, a valid node name) are evaluated by kube-apiserver only; the test server does not
-/// evaluate CEL (README: known gap). This test states the difference instead of hiding it.
+/// evaluate CEL (docs/testing.md: known gap). This test states the difference instead of hiding it.
 async fn cel_rules_are_enforced_only_by_the_real_server(b: &Backend) {
     let ns = b.namespace("cel").await;
     let reservations = iprs(&b.client(), &ns);
