@@ -1,16 +1,30 @@
 //! Real nodes: kubelet, containerd and runc run busybox pods on two nodes of this machine, each
 //! in its own network and mount namespace; the API server serves `kubectl exec` and `logs`
 //! through the kubelets; a pod reaches a pod on the other node and the `kubernetes` Service.
+//! `ipkeep-e2e cluster up --nodes` / `load-image` / `down` leave nothing behind and put the
+//! kubelet's sysctls back, also after the supervisor was killed (with or without its watchdog).
+//!
+//! The tests run one at a time (each starts its own cluster), so that "nothing left" and "the
+//! sysctls are back" are checked with no other cluster of this binary running.
 //!
 //! Needs root, the control plane binaries (`make cluster-bins`) and the node binaries
 //! (`make node-bins`); fails loudly, naming what to install, without them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::time::Duration;
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    time::{Duration, Instant},
+};
 
-use ipkeep_e2e::cluster::realnode::{self, RealCluster, WORKLOAD_IMAGE};
+use ipkeep_e2e::cluster::realnode::{
+    self, RealCluster, RealClusterOptions, Slot, WORKLOAD_IMAGE, host::KUBELET_SYSCTLS,
+};
 
 const POD_READY: Duration = Duration::from_secs(120);
+
+/// One test at a time in this binary (see the module docs).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A busybox pod pinned to `node` that says hello on stdout, then serves `/www` on port 8080.
 fn web_pod(name: &str, node: &str) -> String {
@@ -33,16 +47,15 @@ fn web_pod(name: &str, node: &str) -> String {
     .to_string()
 }
 
-async fn cluster() -> &'static RealCluster {
-    match realnode::shared().await {
-        Ok(c) => c,
-        Err(e) => panic!("{}", ipkeep_e2e::error_chain(&e)),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_on_two_real_nodes_talk_and_answer_exec_and_logs() {
-    let c = cluster().await;
+    let _one = ONE_AT_A_TIME.lock().await;
+    let t0 = Instant::now();
+    let c = match RealCluster::start(RealClusterOptions::default()).await {
+        Ok(c) => c,
+        Err(e) => panic!("{}", ipkeep_e2e::error_chain(&e)),
+    };
+    eprintln!("two real nodes Ready in {:.1}s", t0.elapsed().as_secs_f64());
     assert_eq!(c.nodes().len(), 2);
     let ns = c.plane().fresh_namespace("realnode").await.unwrap();
     let [a, b] = [&c.nodes()[0], &c.nodes()[1]];
@@ -123,4 +136,163 @@ async fn pods_on_two_real_nodes_talk_and_answer_exec_and_logs() {
     for n in c.nodes() {
         eprintln!("memory of {} (KiB): {:?}", n.name(), n.memory_kib());
     }
+}
+
+fn e2e(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ipkeep-e2e"))
+        .args(args)
+        .output()
+        .expect("run ipkeep-e2e")
+}
+
+fn e2e_ok(args: &[&str]) -> String {
+    let out = e2e(args);
+    assert!(
+        out.status.success(),
+        "ipkeep-e2e {args:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn sysctls() -> Vec<(String, String)> {
+    KUBELET_SYSCTLS
+        .iter()
+        .map(|k| {
+            let v = std::fs::read_to_string(Path::new("/proc/sys").join(k)).unwrap();
+            (k.to_string(), v.trim().to_owned())
+        })
+        .collect()
+}
+
+fn state_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("ipkeep-cluster-{name}-{}", std::process::id()))
+}
+
+/// `cluster up --nodes 1` in `dir`; the slot it took.
+fn up_one_node(dir: &Path) -> Slot {
+    let d = dir.to_str().unwrap();
+    e2e_ok(&["cluster", "up", "--nodes", "1", "--state-dir", d]);
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("nodes.json")).unwrap()).unwrap();
+    let slot = Slot::new(u8::try_from(info["slot"].as_u64().unwrap()).unwrap()).unwrap();
+    let left = realnode::leftovers(slot);
+    for thing in [
+        "network namespace",
+        "bridge",
+        "cgroup",
+        "processes",
+        "mount",
+    ] {
+        assert!(
+            left.iter().any(|l| l.starts_with(thing)),
+            "a running node should have a {thing}: {left:?}"
+        );
+    }
+    slot
+}
+
+/// Waits until the slot holds nothing.
+fn wait_gone(slot: Slot, after: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = realnode::leftovers(slot);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{after}, slot {} still holds {left:?}",
+            slot.number()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// With no other real-node cluster on the machine, the sysctls are the machine's own again;
+/// with one, their record is kept for the last cluster's cleanup to restore.
+fn assert_sysctls_restored(machine: &[(String, String)]) {
+    if realnode::slots_in_use().is_empty() {
+        assert_eq!(
+            sysctls(),
+            machine,
+            "the kubelet's sysctls were not put back"
+        );
+        assert!(!realnode::host::sysctl_record().exists());
+    } else {
+        eprintln!(
+            "another real-node cluster runs on this machine: its cleanup restores the sysctls"
+        );
+        assert!(realnode::host::sysctl_record().exists());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_up_nodes_load_image_and_down_leave_nothing_and_restore_sysctls() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let machine = sysctls();
+    let dir = state_dir("rn-down");
+    let slot = up_one_node(&dir);
+    let images = realnode::node_image_dir(&realnode::node_bin_dir().unwrap()).unwrap();
+    let printed = e2e_ok(&[
+        "cluster",
+        "load-image",
+        images.join("workload.oci.tar").to_str().unwrap(),
+        "--state-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(printed, format!("{WORKLOAD_IMAGE}\n"));
+    e2e_ok(&["cluster", "down", "--state-dir", dir.to_str().unwrap()]);
+    assert_eq!(realnode::leftovers(slot), Vec::<String>::new());
+    assert!(!dir.exists());
+    assert_sysctls_restored(&machine);
+}
+
+fn kill(pid: u32) {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+}
+
+fn supervisor_and_watchdog(dir: &Path) -> (u32, u32) {
+    let owner = std::fs::read_to_string(dir.join("owner")).unwrap();
+    let ready: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("ready")).unwrap()).unwrap();
+    let watchdog = ready["pids"]["watchdog"].as_u64().unwrap();
+    (
+        owner.trim().parse().unwrap(),
+        u32::try_from(watchdog).unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_supervisor_leaves_nothing_once_its_watchdog_or_cluster_down_ran() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let machine = sysctls();
+
+    // SIGKILL of the supervisor: its watchdog stops the daemons and reaps the nodes.
+    let dir = state_dir("rn-crash");
+    let slot = up_one_node(&dir);
+    let (supervisor, _) = supervisor_and_watchdog(&dir);
+    kill(supervisor);
+    wait_gone(slot, "after the supervisor was killed");
+    e2e_ok(&["cluster", "down", "--state-dir", dir.to_str().unwrap()]);
+    assert_sysctls_restored(&machine);
+
+    // SIGKILL of the supervisor and its watchdog at once: containers, namespaces, mounts and
+    // cgroups stay until `cluster down` removes them.
+    let dir = state_dir("rn-crash-hard");
+    let slot = up_one_node(&dir);
+    let (supervisor, watchdog) = supervisor_and_watchdog(&dir);
+    kill(watchdog);
+    kill(supervisor);
+    let left = realnode::leftovers(slot);
+    assert!(
+        left.iter().any(|l| l.starts_with("network namespace")),
+        "a hard crash should leave the node behind: {left:?}"
+    );
+    e2e_ok(&["cluster", "down", "--state-dir", dir.to_str().unwrap()]);
+    assert_eq!(realnode::leftovers(slot), Vec::<String>::new());
+    assert_sysctls_restored(&machine);
 }

@@ -30,7 +30,7 @@ pub const WORKLOAD_IMAGE: &str = "localhost/ipkeep-e2e/workload:1";
 /// The directory under `/var/lib` (disk) holding every slot's node data.
 pub const DATA_ROOT: &str = "/var/lib/ipkeep-e2e";
 /// The directory under `/run` holding every slot's namespace files.
-pub const RUN_ROOT: &str = "/run/ipkeep-e2e";
+pub const RUN_ROOT: &str = "/run/ipkeep-e2e-nodes";
 /// The cgroup (in every v1 hierarchy) under which every slot's nodes live.
 pub const CGROUP_PARENT: &str = "ipkeep-e2e";
 

@@ -382,8 +382,55 @@ pub fn cleanup_slot(slot: Slot) -> Result<Vec<String>, RealNodeError> {
     Ok(done)
 }
 
-/// The slots whose directory exists.
-fn slots_in_use() -> Vec<Slot> {
+/// What a slot still holds on this machine, read from the system itself (not from any record):
+/// processes in its cgroups, its cgroups, network namespaces, links, mounts, root-namespace
+/// firewall rules naming its bridge, its data directory. Empty once [`cleanup_slot`] ran.
+pub fn leftovers(slot: Slot) -> Vec<String> {
+    let mut left = Vec::new();
+    let pids = host::cgroup_pids(&slot.cgroup());
+    if !pids.is_empty() {
+        left.push(format!("processes {pids:?} in cgroup {}", slot.cgroup()));
+    }
+    for h in host::cgroup_hierarchies() {
+        if h.join(slot.cgroup()).exists() {
+            left.push(format!("cgroup {}", h.join(slot.cgroup()).display()));
+        }
+    }
+    for i in 0..layout::MAX_NODES {
+        let Some(node) = slot.node(i) else { continue };
+        if host::netns_path(&node.netns()).exists() {
+            left.push(format!("network namespace {}", node.netns()));
+        }
+        if host::link_exists(&node.host_veth()) {
+            left.push(format!("veth {}", node.host_veth()));
+        }
+    }
+    if host::link_exists(&slot.bridge()) {
+        left.push(format!("bridge {}", slot.bridge()));
+    }
+    for m in host::mount_points() {
+        if m.starts_with(slot.run_dir()) || m.starts_with(slot.data_dir()) {
+            left.push(format!("mount {}", m.display()));
+        }
+    }
+    for (tool, args) in [
+        ("iptables-save", &[][..]),
+        ("nft", &["list", "ruleset"][..]),
+    ] {
+        if let Ok(rules) = host::run(tool, args)
+            && rules.contains(&slot.bridge())
+        {
+            left.push(format!("{tool} rules naming {}", slot.bridge()));
+        }
+    }
+    if slot.data_dir().symlink_metadata().is_ok() {
+        left.push(format!("directory {}", slot.data_dir().display()));
+    }
+    left
+}
+
+/// The slots whose directory exists (clusters running, or crashed and not yet cleaned).
+pub fn slots_in_use() -> Vec<Slot> {
     let parent = Path::new(layout::DATA_ROOT).join("nodes");
     let Ok(entries) = std::fs::read_dir(parent) else {
         return Vec::new();
