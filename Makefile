@@ -20,7 +20,7 @@ PLUGIN_BIN := target/$(HOST_TRIPLE)/release/ipkeep
 OPERATOR_BIN := target/$(HOST_TRIPLE)/release/ipkeep-operator
 IMAGE_ARCHIVE := target/image/ipkeep.oci.tar
 
-.PHONY: all build plugin test lint deps demo bench bench-controller bench-agent fmt crds operator-static image chart-test cluster-bins
+.PHONY: all build plugin test lint deps demo bench bench-controller bench-agent fmt crds operator-static image chart-test cluster-bins node-bins
 
 all: build
 
@@ -34,6 +34,13 @@ deps:
 ## module proxy the first time.
 cluster-bins:
 	@e2e/cluster/build.sh
+
+## node-bins: what the real test nodes run (kubelet, kube-proxy, containerd 2, its runc shim, ctr,
+## the sandbox's pause program; versions in e2e/cluster/versions.env) into the same kind of cache,
+## and the node images (pause, busybox workload) as OCI archives; runc and the CNI plugins come
+## from Debian (make deps). See docs/real-nodes.md.
+node-bins:
+	@e2e/cluster/build.sh --node >/dev/null && scripts/build-node-images.sh "$$(e2e/cluster/build.sh --print-node-bin-dir)" >/dev/null
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -52,10 +59,13 @@ lint:
 # build.sh prints the bin dir last: the real-control-plane suites and the kubectl tests use the
 # binaries there (kubectl of the same version as the API server), never the machine's own.
 test:
-	@./scripts/install-deps.sh && \
+	@./scripts/install-deps.sh && ./scripts/install-packaging-deps.sh && \
 	  bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
+	  node_bin_dir=$$(e2e/cluster/build.sh --node | tail -n 1) && \
+	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
 	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" KUBECTL="$$bin_dir/kubectl" && \
-	  echo "make test: control plane binaries and kubectl from $$bin_dir" && \
+	  export IPKEEP_NODE_BIN_DIR="$$node_bin_dir" IPKEEP_NODE_IMAGE_DIR="$$node_image_dir" && \
+	  echo "make test: control plane binaries and kubectl from $$bin_dir, node binaries from $$node_bin_dir" && \
 	  $(MAKE) --no-print-directory lint && \
 	  $(MAKE) --no-print-directory plugin && \
 	  $(MAKE) --no-print-directory operator-static && ./scripts/install-packaging-deps.sh && \
