@@ -639,7 +639,8 @@ fn sync_reports_what_it_cannot_fix_and_does_the_rest() {
         file("db", "web-0", &["10.1.0.7"], None),
         file("db", "web-1", &["10.1.0.8"], None),
     ];
-    let report = sync(&dir, &desired);
+    let mut writer = ReservationWriter::new();
+    let report = writer.apply(&dir, &desired).unwrap();
     assert!(!report.failed.is_empty(), "{report:?}");
     let written: Vec<String> = report.written.iter().map(ToString::to_string).collect();
     assert_eq!(written, ["db/web-1"]);
@@ -648,6 +649,23 @@ fn sync_reports_what_it_cannot_fix_and_does_the_rest() {
     let set = load_reservations(&dir);
     assert_eq!(set.len(), 1);
     assert!(set.get("db", "web-1").is_some());
+
+    // A failed step makes the writer forget what it knew: its next call reads the tree again
+    // (and so finds the squatter gone, removed by hand meanwhile); after a clean call it reads
+    // nothing.
+    std::fs::remove_dir_all(&squat).unwrap();
+    let scans = full_scans();
+    let report = writer.apply(&dir, &desired).unwrap();
+    assert!(full_scans() > scans, "the tree was not read again");
+    assert!(report.is_complete(), "{report:?}");
+    assert_eq!(report.written, vec![PodKey::new("db", "web-0").unwrap()]);
+    let scans = full_scans();
+    let report = writer.apply(&dir, &desired).unwrap();
+    assert_eq!(full_scans(), scans, "a writer that knows the tree read it");
+    assert!(
+        report.changed_nothing() && report.unchanged == 2,
+        "{report:?}"
+    );
 }
 
 /// The integration recipe, end to end on real files: what an ADD will do with these pieces.
