@@ -71,9 +71,14 @@ impl Driver {
     /// Starts the driver on `<dir>/ipkeep.sock` with data in `<dir>/data`, automatic pools from
     /// 198.18.0.0/15 (unless `extra` says) and `extra` flags; returns once it accepts connections.
     pub fn start(dir: &Path, extra: &[&str]) -> Self {
+        Self::start_at(&dir.join("ipkeep.sock"), dir, extra)
+    }
+
+    /// Like [`Driver::start`] with the socket at `socket`.
+    pub fn start_at(socket: &Path, dir: &Path, extra: &[&str]) -> Self {
         let mut driver = Self {
             child: None,
-            socket: dir.join("ipkeep.sock"),
+            socket: socket.to_path_buf(),
             data_dir: dir.join("data"),
             log: dir.join("driver.log"),
             args: extra.iter().map(|s| s.to_string()).collect(),
