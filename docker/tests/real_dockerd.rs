@@ -16,8 +16,8 @@ mod dockerd;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use dockerd::{Dockerd, IMAGE, PluginSocket, require_docker};
-use support::{Driver, Scratch};
+use dockerd::{Dockerd, IMAGE, legacy_plugin, require_docker};
+use support::Scratch;
 
 /// The allocation files of a pool: address → `(owner, kind)`.
 fn allocations(data_dir: &Path, pool_id: &str) -> BTreeMap<String, (String, String)> {
@@ -70,9 +70,7 @@ fn assert_consistent(
 fn docker_run_stop_rm_and_compose_through_the_driver() {
     require_docker("the real-dockerd test");
     let dir = Scratch::new("real");
-    let name = format!("ipkeep-t{}", std::process::id());
-    let socket = PluginSocket::new(&name);
-    let driver = Driver::start_at(&socket.path, &dir.path, &[]);
+    let (name, _socket, driver) = legacy_plugin(&dir.path, "ipkeep-t");
     let docker = Dockerd::start(&dir.path, "dk");
 
     // A network on the driver: the engine activates the plugin from its socket.
@@ -192,5 +190,84 @@ fn docker_run_stop_rm_and_compose_through_the_driver() {
     );
     let log = driver.log_text();
     assert!(!log.contains("panicked"), "{log}");
+    drop(docker);
+}
+
+/// The managed plugin bundle (`make docker-plugin`: config.json + a rootfs holding the static
+/// binary), from `IPKEEP_DOCKER_PLUGIN_DIR` or `target/docker-plugin`.
+fn plugin_bundle() -> std::path::PathBuf {
+    let dir = std::env::var_os("IPKEEP_DOCKER_PLUGIN_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/docker-plugin"));
+    assert!(
+        dir.join("config.json").is_file() && dir.join("rootfs/ipkeep-docker").is_file(),
+        "{} holds no plugin bundle: run `make docker-plugin` (make test does)",
+        dir.display()
+    );
+    dir
+}
+
+#[test]
+fn the_managed_plugin_bundle_is_accepted_and_serves() {
+    require_docker("the managed plugin test");
+    let bundle = plugin_bundle();
+    let dir = Scratch::new("managed");
+    let docker = Dockerd::start(&dir.path, "mp");
+    let name = "ipkeep-managed:test";
+    docker.ok(&["plugin", "create", name, &bundle.to_string_lossy()]);
+    let data = dir.path.join("plugin-data");
+    std::fs::create_dir_all(&data).unwrap();
+    docker.ok(&[
+        "plugin",
+        "set",
+        name,
+        &format!("data.source={}", data.display()),
+    ]);
+    docker.ok(&["plugin", "enable", name]);
+    docker.ok(&[
+        "network",
+        "create",
+        "--ipam-driver",
+        name,
+        "--subnet",
+        "198.18.33.0/24",
+        "mnet",
+    ]);
+    docker.ok(&[
+        "run",
+        "-d",
+        "--name",
+        "m1",
+        "--network",
+        "mnet",
+        IMAGE,
+        "sleep",
+        "600",
+    ]);
+    docker.ok(&[
+        "run",
+        "-d",
+        "--name",
+        "m2",
+        "--network",
+        "mnet",
+        IMAGE,
+        "sleep",
+        "600",
+    ]);
+    let (m1, m2) = (docker.ip_of("m1", "mnet"), docker.ip_of("m2", "mnet"));
+    assert_ne!(m1, m2);
+    // The plugin's state lands in the bind-mounted data directory.
+    let files = allocations(&data, "ipkeep-local_198.18.33.0-24");
+    assert!(
+        files.contains_key(&m1) && files.contains_key(&m2),
+        "{files:?}"
+    );
+    for c in ["m1", "m2"] {
+        docker.ok(&["rm", "-f", c]);
+    }
+    docker.ok(&["network", "rm", "mnet"]);
+    docker.ok(&["plugin", "disable", name]);
+    docker.ok(&["plugin", "rm", name]);
     drop(docker);
 }

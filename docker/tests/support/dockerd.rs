@@ -298,3 +298,12 @@ impl Drop for PluginSocket {
         let _ = std::fs::remove_file(&self.path);
     }
 }
+
+/// The driver serving as the legacy plugin `<prefix><pid>` from `dir`: its name, the socket's
+/// guard and the driver (drop the driver before the guard).
+pub fn legacy_plugin(dir: &Path, prefix: &str) -> (String, PluginSocket, crate::support::Driver) {
+    let name = format!("{prefix}{}", std::process::id());
+    let socket = PluginSocket::new(&name);
+    let driver = crate::support::Driver::start_at(&socket.path, dir, &[]);
+    (name, socket, driver)
+}

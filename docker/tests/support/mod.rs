@@ -13,11 +13,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// The driver binary: `IPKEEP_DOCKER_BIN` (e.g. the static release build) or this build's.
+/// The driver binary: `IPKEEP_DOCKER_BIN` (e.g. the static release build) or, in tests, this
+/// build's.
 pub fn driver_binary() -> PathBuf {
-    std::env::var_os("IPKEEP_DOCKER_BIN")
+    let built = option_env!("CARGO_BIN_EXE_ipkeep-docker");
+    let bin = std::env::var_os("IPKEEP_DOCKER_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ipkeep-docker")))
+        .or_else(|| built.map(PathBuf::from))
+        .expect("set IPKEEP_DOCKER_BIN to the ipkeep-docker binary (make bench-docker does)");
+    assert!(bin.is_file(), "{} does not exist", bin.display());
+    bin
 }
 
 /// A directory removed (with everything in it) when dropped.
