@@ -384,9 +384,10 @@ impl Driver {
             ReleasePlan::Foreign => return Err(DriverError::Foreign { ip, pool: id }),
         }
         if changed {
+            // Only the record is fsync'd: the address's file was written when the container
+            // started. Were it lost to a power loss, the name would get a fresh address and the
+            // record expire harmlessly (expiry removes only a file the name still owns).
             state.save(&state_dir, &id)?;
-            // The retained address's file must outlive a power loss as its record does.
-            net.sync()?;
         }
         log_lines(store.finish());
         Ok(())

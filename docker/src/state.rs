@@ -63,7 +63,7 @@ impl PoolState {
 
     /// Replaces the state of `pool_id` (temporary file, fsync, rename, fsync of the directory).
     pub fn save(&self, dir: &DirFd, pool_id: &str) -> Result<(), StateError> {
-        let mut bytes = serde_json::to_vec_pretty(self).unwrap_or_default();
+        let mut bytes = serde_json::to_vec(self).unwrap_or_default();
         bytes.push(b'\n');
         dir.write_atomic(&file_name(pool_id), &bytes, STATE_MODE, true)?;
         Ok(())

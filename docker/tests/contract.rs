@@ -318,6 +318,10 @@ fn hostile_input_is_refused_and_changes_nothing() {
     d.ok(REQUEST_ADDRESS, &request_container(&id, "web", ""));
     let db = address_of(&d.ok(REQUEST_ADDRESS, &request_container(&id, "db", "")));
     d.ok(RELEASE_ADDRESS, &release(&id, &db));
+    // A host-local file and a symlink planted in the pool: never the driver's to release.
+    let pool_dir = d.data_dir.join("pools").join(&id);
+    std::fs::write(pool_dir.join("198.18.9.77"), "c1\r\neth0").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", pool_dir.join("198.18.9.78")).unwrap();
     let before = snapshot(&d.data_dir);
     assert!(before.len() >= 5, "{before:?}");
 
@@ -428,6 +432,26 @@ fn hostile_input_is_refused_and_changes_nothing() {
             "/IpamDriver.Nope",
             "{}".into(),
             "ipkeep-docker does not serve /IpamDriver.Nope",
+        ),
+        (
+            RELEASE_ADDRESS,
+            release(&id, "198.18.9.77"),
+            "failed to release 198.18.9.77 in pool ipkeep-local_198.18.9.0-24: its allocation file was not written by ipkeep-docker",
+        ),
+        (
+            RELEASE_ADDRESS,
+            release(&id, "198.18.9.78"),
+            "was not written by ipkeep-docker",
+        ),
+        (
+            REQUEST_ADDRESS,
+            request_container(&id, "web3", "198.18.9.77"),
+            "requested IP address 198.18.9.77 is not available",
+        ),
+        (
+            REQUEST_ADDRESS,
+            request_container(&id, "web3", "198.18.9.78"),
+            "requested IP address 198.18.9.78 is not available",
         ),
     ];
     for (path, body, want) in &cases {

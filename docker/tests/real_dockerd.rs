@@ -91,7 +91,7 @@ fn docker_run_stop_rm_and_compose_through_the_driver() {
     let gateway = "198.18.30.254";
     let state = std::fs::read_to_string(driver.data_dir.join("state").join(format!("{pool}.json")))
         .unwrap();
-    assert!(state.contains("\"retainForSecs\": 3600"), "{state}");
+    assert!(state.contains("\"retainForSecs\":3600"), "{state}");
 
     let run = |n: &str, extra: &[&str]| {
         let mut args = vec!["run", "-d", "--name", n, "--network", "net1"];
@@ -160,7 +160,7 @@ fn docker_run_stop_rm_and_compose_through_the_driver() {
     );
     let state = std::fs::read_to_string(driver.data_dir.join("state").join(format!("{pool}.json")))
         .unwrap();
-    assert!(state.contains("\"active\": false"), "{state}");
+    assert!(state.contains("\"active\":false"), "{state}");
 
     // Compose: up, recreate, down, with the network's IPAM on the driver.
     let project = dir.path.join("compose");

@@ -240,7 +240,14 @@ pub fn snapshot(data_dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
             if name == ".ipkeep" || name == "lock" {
                 continue;
             }
-            if entry.file_type().unwrap().is_dir() {
+            let kind = entry.file_type().unwrap();
+            if kind.is_symlink() {
+                let target = std::fs::read_link(&path).unwrap();
+                out.insert(
+                    path.strip_prefix(data_dir).unwrap().to_path_buf(),
+                    target.into_os_string().into_encoded_bytes(),
+                );
+            } else if kind.is_dir() {
                 stack.push(path);
             } else {
                 out.insert(
