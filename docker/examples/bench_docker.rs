@@ -46,7 +46,7 @@ fn timed(f: impl FnOnce()) -> Duration {
 fn main() {
     require_docker("make bench-docker");
     let dir = Scratch::new("bench");
-    let (name, _socket, driver) = legacy_plugin(&dir.path, "ipkeep-b");
+    let (name, _socket, driver) = legacy_plugin(&dir.path, "ipkeep-b", &[]);
 
     // 1. The socket: RequestAddress as Engine 29 sends it.
     let pool = driver.ok(
@@ -97,15 +97,7 @@ fn main() {
 
     // 2. docker run: the driver beside Docker's built-in IPAM, interleaved.
     let docker = Dockerd::start(&dir.path, "bench");
-    docker.ok(&[
-        "network",
-        "create",
-        "--ipam-driver",
-        &name,
-        "--subnet",
-        "198.18.44.0/24",
-        "viaipkeep",
-    ]);
+    docker.network_on(&name, "198.18.44.0/24", "viaipkeep", &[]);
     docker.ok(&["network", "create", "--subnet", "198.18.45.0/24", "builtin"]);
     let (mut with_ipkeep, mut with_builtin) = (vec![], vec![]);
     for i in 0..DOCKER_RUNS + 2 {

@@ -54,6 +54,11 @@ pub struct ServeArgs {
     /// Where pools come from when a network is created without --subnet: <IPv4 subnet>:<prefix>.
     #[arg(long, default_value = "172.16.0.0/12:16", value_parser = AutoPools::parse)]
     pub auto_pools: AutoPools,
+    /// Keep the address of a container without a name (engines before 29) for its MAC address:
+    /// the engine then sends every endpoint's MAC, random unless `--mac-address` pinned it, so
+    /// unpinned containers' addresses are retained too (keep --default-retain-for short).
+    #[arg(long)]
+    pub key_by_mac: bool,
 }
 
 /// `list`'s flags.
@@ -110,6 +115,7 @@ fn serve(args: ServeArgs) -> Result<(), RunError> {
         data_dir: args.data_dir,
         default_retain_for: args.default_retain_for,
         auto_pools: args.auto_pools,
+        key_by_mac: args.key_by_mac,
     });
     Arc::new(Server::new(driver, Limits::default())).serve(listener);
     Ok(())

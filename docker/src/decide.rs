@@ -16,10 +16,12 @@ use ipkeep_plugin::addr;
 use ipkeep_plugin::disk_store::go_log_time;
 use ipkeep_plugin::store::{Owner, is_valid_container_id};
 
-use crate::protocol::{ENDPOINT_NAME, GATEWAY_TYPE, Options, REQUEST_ADDRESS_TYPE};
+use crate::protocol::{ENDPOINT_NAME, GATEWAY_TYPE, MAC_ADDRESS, Options, REQUEST_ADDRESS_TYPE};
 
 /// The allocation file's interface field for a named container's address.
 pub const NAMED_KIND: &str = "endpoint";
+/// The allocation file's interface field for an address kept for a pinned MAC address.
+pub const MAC_KIND: &str = "mac";
 /// The allocation file's interface field (and id) for a network's gateway.
 pub const GATEWAY_KIND: &str = "gateway";
 /// The allocation file's interface field for an address requested without a name.
@@ -35,6 +37,9 @@ pub enum InputError {
         "failed to use endpoint name {0:?}: a container name is 1 to 200 characters of [a-zA-Z0-9_.-], starting with a letter or digit"
     )]
     Name(String),
+    /// The MAC address is not one.
+    #[error("failed to use MAC address {0:?}: expected six hex octets such as 02:42:c6:12:00:0a")]
+    Mac(String),
     /// The address is not an IP address.
     #[error("failed to parse address {0:?}: expected an IP address such as 198.18.0.7")]
     Address(String),
@@ -48,29 +53,101 @@ pub enum InputError {
     },
 }
 
-/// A container name, checked: Docker's own rule, which is the CNI container ID rule.
+/// What a sticky address is kept for: a container's name (Engine ≥ 29), or, with
+/// `--key-by-mac`, a MAC address pinned with `--mac-address` (engines before 29).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ContainerName(String);
+pub struct StickyKey {
+    /// The owner written in the allocation file: the name, or `mac-02-42-c6-12-00-0a`.
+    id: String,
+    /// The allocation file's kind: [`NAMED_KIND`] or [`MAC_KIND`].
+    kind: &'static str,
+}
 
-impl ContainerName {
-    /// Checks `text` (a leading `/`, as the engine prints names, is not part of it).
+/// The prefix of a MAC key's retention record (`:` is never in a container name).
+const MAC_RECORD_PREFIX: &str = "mac:";
+
+impl StickyKey {
+    /// A container name, checked: Docker's own rule, which is the CNI container ID rule (a
+    /// leading `/`, as the engine prints names, is not part of it).
     pub fn parse(text: &str) -> Result<Self, InputError> {
         if text.len() <= MAX_NAME && is_valid_container_id(text) {
-            Ok(Self(text.to_owned()))
+            Ok(Self {
+                id: text.to_owned(),
+                kind: NAMED_KIND,
+            })
         } else {
             Err(InputError::Name(text.chars().take(MAX_NAME).collect()))
         }
     }
 
-    /// The name.
-    pub fn as_str(&self) -> &str {
-        &self.0
+    /// A MAC address as the engine prints it (`02:42:c6:12:00:0a`, any case).
+    pub fn from_mac(mac: &str) -> Result<Self, InputError> {
+        let octets: Vec<&str> = mac.split(':').collect();
+        let valid = octets.len() == 6
+            && octets
+                .iter()
+                .all(|o| o.len() == 2 && o.bytes().all(|b| b.is_ascii_hexdigit()));
+        if !valid {
+            return Err(InputError::Mac(mac.chars().take(MAX_NAME).collect()));
+        }
+        Ok(Self {
+            id: format!("mac-{}", octets.join("-").to_ascii_lowercase()),
+            kind: MAC_KIND,
+        })
+    }
+
+    /// The key an allocation file names, if it is one.
+    pub fn from_file(id: &str, kind: &str) -> Option<Self> {
+        match kind {
+            NAMED_KIND => Self::parse(id).ok(),
+            MAC_KIND => Self::from_mac(&id.strip_prefix("mac-")?.replace('-', ":"))
+                .ok()
+                .filter(|key| key.id == id),
+            _ => None,
+        }
+    }
+
+    /// The key of a retention record ([`StickyKey::record_key`]).
+    pub fn from_record_key(record: &str) -> Option<Self> {
+        match record.strip_prefix(MAC_RECORD_PREFIX) {
+            Some(mac) => Self::from_mac(mac).ok(),
+            None => Self::parse(record).ok(),
+        }
+    }
+
+    /// The owner written in the allocation file.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The allocation file's kind.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// The MAC address, for a MAC key.
+    pub fn mac(&self) -> Option<String> {
+        (self.kind == MAC_KIND)
+            .then(|| self.id.strip_prefix("mac-").map(|m| m.replace('-', ":")))
+            .flatten()
+    }
+
+    /// The key of this key's retention record: the name, or `mac:<MAC>`.
+    pub fn record_key(&self) -> String {
+        match self.mac() {
+            Some(mac) => format!("{MAC_RECORD_PREFIX}{mac}"),
+            None => self.id.clone(),
+        }
     }
 }
 
-impl fmt::Display for ContainerName {
+impl fmt::Display for StickyKey {
+    /// `container web`, `container with MAC 02:42:c6:12:00:0a`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        match self.mac() {
+            Some(mac) => write!(f, "container with MAC {mac}"),
+            None => write!(f, "container {}", self.id),
+        }
     }
 }
 
@@ -80,7 +157,7 @@ pub enum Purpose {
     /// The network's gateway: never tied to a name.
     Gateway,
     /// A container with a name (Docker ≥ 29): sticky.
-    Named(ContainerName),
+    Named(StickyKey),
     /// Anything without a name (older engines, auxiliary addresses): plain host-local allocation.
     Unnamed,
 }
@@ -94,8 +171,13 @@ pub struct AddressRequest {
     pub requested: Option<IpAddr>,
 }
 
-/// Classifies a `RequestAddress` from its options and address text.
-pub fn classify(options: &Options, address: &str) -> Result<AddressRequest, InputError> {
+/// Classifies a `RequestAddress` from its options and address text; with `key_by_mac`, a request
+/// without a name is kept for its MAC address.
+pub fn classify(
+    options: &Options,
+    address: &str,
+    key_by_mac: bool,
+) -> Result<AddressRequest, InputError> {
     let requested = match address {
         "" => None,
         text => Some(addr::parse_ip(text).ok_or_else(|| InputError::Address(text.to_owned()))?),
@@ -109,9 +191,10 @@ pub fn classify(options: &Options, address: &str) -> Result<AddressRequest, Inpu
     let purpose = if option(REQUEST_ADDRESS_TYPE) == Some(GATEWAY_TYPE) {
         Purpose::Gateway
     } else {
-        match option(ENDPOINT_NAME) {
-            Some(name) => Purpose::Named(ContainerName::parse(name.trim_start_matches('/'))?),
-            None => Purpose::Unnamed,
+        match (option(ENDPOINT_NAME), option(MAC_ADDRESS)) {
+            (Some(name), _) => Purpose::Named(StickyKey::parse(name.trim_start_matches('/'))?),
+            (None, Some(mac)) if key_by_mac => Purpose::Named(StickyKey::from_mac(mac)?),
+            (None, _) => Purpose::Unnamed,
         }
     };
     Ok(AddressRequest { purpose, requested })
@@ -121,7 +204,7 @@ pub fn classify(options: &Options, address: &str) -> Result<AddressRequest, Inpu
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Holder {
     /// A named container (in use, or retained for it).
-    Named(ContainerName),
+    Named(StickyKey),
     /// The network's gateway.
     Gateway,
     /// A request without a name (the token in the file).
@@ -135,7 +218,9 @@ impl Holder {
     pub fn from_owner(owner: &Owner) -> Self {
         let id = owner.container_id();
         match owner.ifname() {
-            Some(NAMED_KIND) => ContainerName::parse(id).map_or(Self::Foreign, Self::Named),
+            Some(kind @ (NAMED_KIND | MAC_KIND)) => {
+                StickyKey::from_file(id, kind).map_or(Self::Foreign, Self::Named)
+            }
             Some(GATEWAY_KIND) if id == GATEWAY_KIND => Self::Gateway,
             Some(UNNAMED_KIND) => Self::Unnamed(id.to_owned()),
             _ => Self::Foreign,
@@ -145,7 +230,7 @@ impl Holder {
     /// The `(id, kind)` written in the allocation file.
     pub fn file_owner(&self) -> Option<(&str, &str)> {
         match self {
-            Self::Named(name) => Some((name.as_str(), NAMED_KIND)),
+            Self::Named(key) => Some((key.id(), key.kind())),
             Self::Gateway => Some((GATEWAY_KIND, GATEWAY_KIND)),
             Self::Unnamed(token) => Some((token.as_str(), UNNAMED_KIND)),
             Self::Foreign => None,
@@ -156,7 +241,7 @@ impl Holder {
 /// A released named address, held for its name until `until` (seconds since the epoch).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Retention {
-    /// The container name.
+    /// Whom for: [`StickyKey::record_key`] (the name, or `mac:<MAC>`).
     pub name: String,
     /// The address.
     pub ip: IpAddr,
@@ -199,7 +284,7 @@ pub struct View {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AllocateFor {
     /// A named container.
-    Named(ContainerName),
+    Named(StickyKey),
     /// The gateway.
     Gateway,
     /// A request without a name (the disk layer makes a token).
@@ -229,14 +314,14 @@ pub enum Plan {
 /// Why a requested address cannot be given: another name holds or retains it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("failed to give {ip}: it is {}", match until {
-    Some(until) => format!("retained for container {name} until {}", until_text(*until)),
-    None => format!("in use by container {name}"),
+    Some(until) => format!("retained for {holder} until {}", until_text(*until)),
+    None => format!("in use by {holder}"),
 })]
 pub struct Refusal {
     /// The address.
     pub ip: IpAddr,
-    /// The name holding it.
-    pub name: String,
+    /// Who holds it (`container web`).
+    pub holder: String,
     /// Until when it is retained (`None`: in use).
     pub until: Option<u64>,
 }
@@ -273,7 +358,7 @@ fn decide_gateway(requested: Option<IpAddr>, view: &View) -> Plan {
 
 /// A named container: its own address back (retained, or never released), else the address it
 /// asks for unless another name holds or retains it, else a fresh one.
-fn decide_named(name: &ContainerName, requested: Option<IpAddr>, view: &View) -> Plan {
+fn decide_named(name: &StickyKey, requested: Option<IpAddr>, view: &View) -> Plan {
     match (view.name_holds, requested) {
         (Some(held), None) => return Plan::Reuse(held),
         (Some(held), Some(want)) if held == want => return Plan::Reuse(held),
@@ -282,8 +367,8 @@ fn decide_named(name: &ContainerName, requested: Option<IpAddr>, view: &View) ->
     if let (Some(want), Some(Holder::Named(other))) = (requested, &view.requested_holder) {
         return Plan::Refuse(Refusal {
             ip: want,
-            name: other.to_string(),
-            until: view.retained.get(other.as_str()).map(|r| r.until),
+            holder: other.to_string(),
+            until: view.retained.get(&other.record_key()).map(|r| r.until),
         });
     }
     Plan::Allocate {
@@ -317,8 +402,8 @@ pub fn decide_release(
     match holder {
         None => ReleasePlan::AlreadyFree,
         Some(Holder::Foreign) => ReleasePlan::Foreign,
-        Some(Holder::Named(name)) if !retain_for.is_zero() => ReleasePlan::Retain(Retention {
-            name: name.to_string(),
+        Some(Holder::Named(key)) if !retain_for.is_zero() => ReleasePlan::Retain(Retention {
+            name: key.record_key(),
             ip,
             until: release_time(now, retain_for),
         }),
@@ -335,8 +420,8 @@ mod tests {
         addr::parse_ip(s).unwrap()
     }
 
-    fn name(s: &str) -> ContainerName {
-        ContainerName::parse(s).unwrap()
+    fn name(s: &str) -> StickyKey {
+        StickyKey::parse(s).unwrap()
     }
 
     fn opts(pairs: &[(&str, &str)]) -> Options {
@@ -413,7 +498,7 @@ mod tests {
             (None, "198.18.0.0/24", Err("failed to parse address")),
         ];
         for (options, address, want) in cases {
-            let got = classify(&options, address)
+            let got = classify(&options, address, false)
                 .map(|r| (r.purpose, r.requested))
                 .map_err(|e| e.to_string());
             match want {
@@ -421,13 +506,61 @@ mod tests {
                 Err(w) => assert!(got.unwrap_err().contains(w), "{options:?} {address}"),
             }
         }
-        assert!(ContainerName::parse(&"a".repeat(201)).is_err());
+        assert!(StickyKey::parse(&"a".repeat(201)).is_err());
+    }
+
+    #[test]
+    fn mac_keys_table() {
+        let mac_opts = opts(&[(MAC_ADDRESS, "02:42:C6:12:0A:05")]);
+        let by_mac = classify(&mac_opts, "", true).unwrap().purpose;
+        let key = StickyKey::from_mac("02:42:c6:12:0a:05").unwrap();
+        assert_eq!(by_mac, Purpose::Named(key.clone()));
+        assert_eq!((key.id(), key.kind()), ("mac-02-42-c6-12-0a-05", MAC_KIND));
+        assert_eq!(key.record_key(), "mac:02:42:c6:12:0a:05");
+        assert_eq!(
+            StickyKey::from_record_key(&key.record_key()),
+            Some(key.clone())
+        );
+        assert_eq!(key.to_string(), "container with MAC 02:42:c6:12:0a:05");
+        assert_eq!(
+            classify(&mac_opts, "", false).unwrap().purpose,
+            Purpose::Unnamed,
+            "without --key-by-mac a MAC is ignored"
+        );
+        let both = opts(&[(MAC_ADDRESS, "02:42:c6:12:0a:05"), (ENDPOINT_NAME, "web")]);
+        assert_eq!(
+            classify(&both, "", true).unwrap().purpose,
+            Purpose::Named(name("web")),
+            "a name wins over a MAC"
+        );
+        for bad in [
+            "",
+            "02:42:c6:12:0a",
+            "02:42:c6:12:0a:05:07",
+            "zz:42:c6:12:0a:05",
+            "02-42-c6-12-0a-05",
+            "../../etc",
+        ] {
+            let err = classify(&opts(&[(MAC_ADDRESS, bad)]), "", true).unwrap_err();
+            assert!(
+                err.to_string().starts_with("failed to use MAC address"),
+                "{bad}: {err}"
+            );
+        }
+        for (id, kind) in [
+            ("mac-02-42-C6-12-0a-05", MAC_KIND),
+            ("mac-zz", MAC_KIND),
+            ("web", MAC_KIND),
+        ] {
+            assert_eq!(StickyKey::from_file(id, kind), None, "{id}");
+        }
     }
 
     #[test]
     fn holders_round_trip_through_files() {
         let holders = [
             Holder::Named(name("web")),
+            Holder::Named(StickyKey::from_mac("02:42:c6:12:0a:05").unwrap()),
             Holder::Gateway,
             Holder::Unnamed("u1f2".into()),
         ];
@@ -529,7 +662,7 @@ mod tests {
                 },
                 Plan::Refuse(Refusal {
                     ip: ip("198.18.0.7"),
-                    name: "db".into(),
+                    holder: "container db".into(),
                     until: Some(99),
                 }),
             ),
@@ -542,7 +675,7 @@ mod tests {
                 },
                 Plan::Refuse(Refusal {
                     ip: ip("198.18.0.7"),
-                    name: "db".into(),
+                    holder: "container db".into(),
                     until: None,
                 }),
             ),
@@ -672,7 +805,7 @@ mod tests {
         assert_eq!(release_time(u64::MAX, Duration::from_secs(5)), u64::MAX);
         let refusal = Refusal {
             ip: ip("198.18.0.7"),
-            name: "db".into(),
+            holder: "container db".into(),
             until: Some(0),
         };
         assert_eq!(

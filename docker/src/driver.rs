@@ -23,8 +23,8 @@ use ipkeep_plugin::retain_for::{self, RetainForError};
 use ipkeep_plugin::store::{Store, StoreError};
 
 use crate::decide::{
-    self, AllocateFor, GATEWAY_KIND, Holder, InputError, NAMED_KIND, Plan, Purpose, Refusal,
-    ReleasePlan, Retention, View,
+    self, AllocateFor, GATEWAY_KIND, Holder, InputError, Plan, Purpose, Refusal, ReleasePlan,
+    Retention, StickyKey, View,
 };
 use crate::pool::{AutoPools, PoolError, PoolSpec, choose_candidate, space_is_global};
 use crate::protocol::{
@@ -118,6 +118,9 @@ pub struct DriverConfig {
     pub default_retain_for: Duration,
     /// Where pools of the driver's choosing come from.
     pub auto_pools: AutoPools,
+    /// Whether a request without a name is kept for its MAC address (the engine then sends one
+    /// with every request, a random one unless `--mac-address` pinned it).
+    pub key_by_mac: bool,
 }
 
 /// One address as `ipkeep-docker list` shows it.
@@ -249,7 +252,7 @@ impl Driver {
     ) -> Result<String, DriverError> {
         let spec = PoolSpec::parse_id(&req.pool_id)?;
         let id = spec.id();
-        let request = decide::classify(&req.options, &req.address)?;
+        let request = decide::classify(&req.options, &req.address, self.config.key_by_mac)?;
         let set = Self::range_set(&spec)?;
         if let Some(ip) = request.requested {
             if !spec.subnet_contains(ip) {
@@ -289,8 +292,8 @@ impl Driver {
         let view = view_for(&mut store, &request, &state, &set)?;
         let ip = match decide::decide_request(&request, &view) {
             Plan::Reuse(ip) => {
-                if let Purpose::Named(name) = &request.purpose {
-                    changed |= state.retained.remove(name.as_str()).is_some();
+                if let Purpose::Named(key) = &request.purpose {
+                    changed |= state.retained.remove(&key.record_key()).is_some();
                 }
                 ip
             }
@@ -326,9 +329,9 @@ impl Driver {
                         pod: None,
                     },
                 )?;
-                if let (Some(old), Holder::Named(name)) = (then_free, &holder) {
-                    store.release(old, name.as_str(), NAMED_KIND)?;
-                    changed |= state.retained.remove(name.as_str()).is_some();
+                if let (Some(old), Holder::Named(key)) = (then_free, &holder) {
+                    store.release(old, key.id(), key.kind())?;
+                    changed |= state.retained.remove(&key.record_key()).is_some();
                 }
                 config.address
             }
@@ -398,9 +401,9 @@ impl Driver {
         list(&self.config.data_dir)
     }
 
-    /// The data directory.
-    pub fn data_dir(&self) -> &Path {
-        &self.config.data_dir
+    /// Whether the engine must send MAC addresses (`GetCapabilities`).
+    pub fn requires_mac(&self) -> bool {
+        self.config.key_by_mac
     }
 }
 
@@ -429,7 +432,7 @@ pub fn list(data_dir: &Path) -> Result<Vec<ListedAddress>, DriverError> {
             let retained_until = match &holder {
                 Holder::Named(name) => state
                     .retained
-                    .get(name.as_str())
+                    .get(&name.record_key())
                     .filter(|r| r.ip == ip)
                     .map(|r| r.until),
                 _ => None,
@@ -465,7 +468,9 @@ fn expire(store: &mut DiskStore<'_>, state: &mut PoolState, now: u64) -> Result<
         .cloned()
         .collect();
     for retention in &due {
-        store.release(retention.ip, &retention.name, NAMED_KIND)?;
+        if let Some(key) = StickyKey::from_record_key(&retention.name) {
+            store.release(retention.ip, key.id(), key.kind())?;
+        }
         state.retained.remove(&retention.name);
     }
     Ok(!due.is_empty())
@@ -486,7 +491,7 @@ fn view_for(
                 .find(|ip| set.contains(*ip)))
         };
     let name_holds = match &request.purpose {
-        Purpose::Named(name) => held_in_set(store, name.as_str(), NAMED_KIND)?,
+        Purpose::Named(key) => held_in_set(store, key.id(), key.kind())?,
         _ => None,
     };
     let gateway_holds = match &request.purpose {

@@ -14,7 +14,10 @@ pub fn render(addresses: &[ListedAddress], now: u64) -> String {
     ]];
     for a in addresses {
         let name = match &a.holder {
-            Holder::Named(name) => name.to_string(),
+            Holder::Named(key) => match key.mac() {
+                Some(mac) => format!("(MAC {mac})"),
+                None => key.id().to_owned(),
+            },
             Holder::Gateway => "(gateway)".into(),
             Holder::Unnamed(_) => "(no name)".into(),
             Holder::Foreign => "(not ipkeep-docker's)".into(),
@@ -53,7 +56,7 @@ pub fn render(addresses: &[ListedAddress], now: u64) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::decide::ContainerName;
+    use crate::decide::StickyKey;
 
     #[test]
     fn table() {
@@ -68,12 +71,12 @@ mod tests {
             row("198.18.5.1", Holder::Gateway, None),
             row(
                 "198.18.5.2",
-                Holder::Named(ContainerName::parse("web-1").unwrap()),
+                Holder::Named(StickyKey::parse("web-1").unwrap()),
                 None,
             ),
             row(
                 "198.18.5.3",
-                Holder::Named(ContainerName::parse("db").unwrap()),
+                Holder::Named(StickyKey::parse("db").unwrap()),
                 Some(86_400),
             ),
             row("198.18.5.4", Holder::Unnamed("u1".into()), None),

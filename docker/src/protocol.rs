@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 
 /// The option key carrying the container name (Docker Engine ≥ 29, moby PR #50586).
 pub const ENDPOINT_NAME: &str = "com.docker.network.endpoint.name";
+/// The option key carrying the endpoint's MAC address (sent when the driver requires it).
+pub const MAC_ADDRESS: &str = "com.docker.network.endpoint.macaddress";
 /// The option key saying what an address is for (`ipamapi.RequestAddressType`).
 pub const REQUEST_ADDRESS_TYPE: &str = "RequestAddressType";
 /// [`REQUEST_ADDRESS_TYPE`]'s value for a network's gateway (`netlabel.Gateway`).

@@ -195,7 +195,7 @@ impl Server {
                 implements: vec!["IpamDriver"],
             }),
             "/IpamDriver.GetCapabilities" => json(&CapabilitiesResponse {
-                requires_mac_address: false,
+                requires_mac_address: self.driver.requires_mac(),
                 requires_request_replay: false,
             }),
             "/IpamDriver.GetDefaultAddressSpaces" => json(&AddressSpacesResponse {

@@ -532,3 +532,39 @@ fn hostile_input_is_refused_and_changes_nothing() {
     );
     d.kill();
 }
+
+/// `--key-by-mac`: the engine (before 29) sends every endpoint's MAC; a pinned MAC gets its
+/// address back, and a name (Engine ≥ 29) still wins over a MAC.
+#[test]
+fn with_key_by_mac_a_pinned_mac_gets_its_address_back() {
+    let dir = Scratch::new("mac");
+    let d = Driver::start(&dir.path, &["--key-by-mac"]);
+    assert_eq!(
+        d.ok("/IpamDriver.GetCapabilities", ""),
+        serde_json::json!({"RequiresMACAddress": true, "RequiresRequestReplay": false})
+    );
+    let id = network_create(&d, "198.18.10.0/24", "null", "", &[]);
+    let by_mac = |mac: &str| {
+        format!(
+            r#"{{"PoolID":"{id}","Address":"","Options":{{"com.docker.network.endpoint.macaddress":"{mac}"}}}}"#
+        )
+    };
+    let pinned = address_of(&d.ok(REQUEST_ADDRESS, &by_mac("02:42:c6:12:0a:05")));
+    d.ok(RELEASE_ADDRESS, &release(&id, &pinned));
+    let other = address_of(&d.ok(REQUEST_ADDRESS, &by_mac("02:42:c6:12:0a:06")));
+    assert_ne!(other, pinned);
+    let refused = d.err(REQUEST_ADDRESS, &request_container(&id, "web", &pinned));
+    assert!(
+        refused.starts_with(&format!("failed to give {pinned}: it is retained for container with MAC 02:42:c6:12:0a:05 until ")),
+        "{refused}"
+    );
+    assert_eq!(
+        address_of(&d.ok(REQUEST_ADDRESS, &by_mac("02:42:c6:12:0a:05"))),
+        pinned
+    );
+    let bad = d.err(REQUEST_ADDRESS, &by_mac("../../x"));
+    assert!(
+        bad.starts_with("failed to use MAC address \"../../x\""),
+        "{bad}"
+    );
+}

@@ -70,23 +70,17 @@ fn assert_consistent(
 fn docker_run_stop_rm_and_compose_through_the_driver() {
     require_docker("the real-dockerd test");
     let dir = Scratch::new("real");
-    let (name, _socket, driver) = legacy_plugin(&dir.path, "ipkeep-t");
+    let (name, _socket, driver) = legacy_plugin(&dir.path, "ipkeep-t", &[]);
     let docker = Dockerd::start(&dir.path, "dk");
 
     // A network on the driver: the engine activates the plugin from its socket.
-    docker.ok(&[
-        "network",
-        "create",
-        "--ipam-driver",
-        &name,
-        "--subnet",
-        "198.18.30.0/24",
+    let opts = [
         "--gateway",
         "198.18.30.254",
         "--ipam-opt",
         "ipkeep.dev/retain-for=1h",
-        "net1",
-    ]);
+    ];
+    docker.network_on(&name, "198.18.30.0/24", "net1", &opts);
     let pool = "ipkeep-local_198.18.30.0-24";
     let gateway = "198.18.30.254";
     let state = std::fs::read_to_string(driver.data_dir.join("state").join(format!("{pool}.json")))
@@ -224,15 +218,7 @@ fn the_managed_plugin_bundle_is_accepted_and_serves() {
         &format!("data.source={}", data.display()),
     ]);
     docker.ok(&["plugin", "enable", name]);
-    docker.ok(&[
-        "network",
-        "create",
-        "--ipam-driver",
-        name,
-        "--subnet",
-        "198.18.33.0/24",
-        "mnet",
-    ]);
+    docker.network_on(name, "198.18.33.0/24", "mnet", &[]);
     docker.ok(&[
         "run",
         "-d",
@@ -269,5 +255,47 @@ fn the_managed_plugin_bundle_is_accepted_and_serves() {
     docker.ok(&["network", "rm", "mnet"]);
     docker.ok(&["plugin", "disable", name]);
     docker.ok(&["plugin", "rm", name]);
+    drop(docker);
+}
+
+/// `--key-by-mac` on Docker 20.10 (which sends no name): a container re-created with the same
+/// `--mac-address` gets its address back — stickiness on an engine before 29.
+#[test]
+fn with_key_by_mac_a_container_recreated_with_its_mac_keeps_its_address() {
+    require_docker("the real-dockerd --key-by-mac test");
+    let dir = Scratch::new("realmac");
+    let (name, _socket, driver) = legacy_plugin(&dir.path, "ipkeep-m", &["--key-by-mac"]);
+    let docker = Dockerd::start(&dir.path, "km");
+    docker.network_on(&name, "198.18.34.0/24", "knet", &[]);
+    let run = |n: &str, mac: &str| {
+        docker.ok(&[
+            "run",
+            "-d",
+            "--name",
+            n,
+            "--network",
+            "knet",
+            "--mac-address",
+            mac,
+            IMAGE,
+            "sleep",
+            "600",
+        ]);
+        docker.ip_of(n, "knet")
+    };
+    let first = run("ma", "02:42:c6:12:22:0a");
+    docker.ok(&["rm", "-f", "ma"]);
+    let other = run("mb", "02:42:c6:12:22:0b");
+    assert_ne!(other, first, "a retained address went to another MAC");
+    assert_eq!(
+        run("ma", "02:42:c6:12:22:0a"),
+        first,
+        "the re-created container lost its address"
+    );
+    let files = allocations(&driver.data_dir, "ipkeep-local_198.18.34.0-24");
+    assert_eq!(
+        files[&first],
+        ("mac-02-42-c6-12-22-0a".into(), "mac".into())
+    );
     drop(docker);
 }

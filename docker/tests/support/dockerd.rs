@@ -183,6 +183,21 @@ impl Dockerd {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
+    /// `docker network create --ipam-driver <driver> --subnet <subnet> [extra…] <network>`.
+    pub fn network_on(&self, driver: &str, subnet: &str, network: &str, extra: &[&str]) {
+        let mut args = vec![
+            "network",
+            "create",
+            "--ipam-driver",
+            driver,
+            "--subnet",
+            subnet,
+        ];
+        args.extend_from_slice(extra);
+        args.push(network);
+        self.ok(&args);
+    }
+
     /// A container's address on `network`.
     pub fn ip_of(&self, container: &str, network: &str) -> String {
         let format = format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}");
@@ -299,11 +314,15 @@ impl Drop for PluginSocket {
     }
 }
 
-/// The driver serving as the legacy plugin `<prefix><pid>` from `dir`: its name, the socket's
-/// guard and the driver (drop the driver before the guard).
-pub fn legacy_plugin(dir: &Path, prefix: &str) -> (String, PluginSocket, crate::support::Driver) {
+/// The driver (with `extra` flags) serving as the legacy plugin `<prefix><pid>` from `dir`: its
+/// name, the socket's guard and the driver (drop the driver before the guard).
+pub fn legacy_plugin(
+    dir: &Path,
+    prefix: &str,
+    extra: &[&str],
+) -> (String, PluginSocket, crate::support::Driver) {
     let name = format!("{prefix}{}", std::process::id());
     let socket = PluginSocket::new(&name);
-    let driver = crate::support::Driver::start_at(&socket.path, dir, &[]);
+    let driver = crate::support::Driver::start_at(&socket.path, dir, extra);
     (name, socket, driver)
 }
