@@ -19,8 +19,11 @@ PLUGIN_BIN := target/$(HOST_TRIPLE)/release/ipkeep
 # The image is FROM scratch: the operator is linked statically too.
 OPERATOR_BIN := target/$(HOST_TRIPLE)/release/ipkeep-operator
 IMAGE_ARCHIVE := target/image/ipkeep.oci.tar
+# The Docker driver, static like the others: it is the managed plugin bundle's whole rootfs.
+DOCKER_BIN := target/$(HOST_TRIPLE)/release/ipkeep-docker
+DOCKER_PLUGIN_DIR := target/docker-plugin
 
-.PHONY: all build plugin test lint deps demo bench bench-controller bench-agent fmt crds operator-static image chart-test cluster-bins node-bins
+.PHONY: all build plugin test lint deps demo bench bench-controller bench-agent fmt crds operator-static image chart-test cluster-bins node-bins docker-plugin bench-docker
 
 all: build
 
@@ -69,6 +72,7 @@ test:
 	  $(MAKE) --no-print-directory lint && \
 	  $(MAKE) --no-print-directory plugin && \
 	  $(MAKE) --no-print-directory operator-static && ./scripts/install-packaging-deps.sh && \
+	  $(MAKE) --no-print-directory docker-plugin && ./scripts/install-docker-deps.sh && \
 	  $(CARGO) test --workspace 2>&1 | tee target/test.log && \
 	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \
 	  IPKEEP_TEST_BIN=$(CURDIR)/$(PLUGIN_BIN) $(CARGO) test -p ipkeep-plugin --tests 2>&1 | tee -a target/test.log
@@ -135,3 +139,19 @@ chart-test: plugin operator-static
 	@./scripts/install-packaging-deps.sh
 	IPKEEP_OPERATOR_BIN=$(CURDIR)/$(OPERATOR_BIN) $(CARGO) test -p ipkeep-e2e \
 	  --test chart_helm --test image_build --test chart_install --test chart_rbac
+
+## docker-plugin: the static `ipkeep-docker` at $(DOCKER_BIN) and the managed plugin bundle
+## ($(DOCKER_PLUGIN_DIR): config.json + rootfs) that `docker plugin create ipkeep $(DOCKER_PLUGIN_DIR)`
+## takes. A long-running daemon like the operator: built with the operator's thin LTO.
+docker-plugin:
+	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --locked --release -p ipkeep-docker --target $(HOST_TRIPLE) \
+	  --config 'profile.release.lto="thin"' --config 'profile.release.codegen-units=16'
+	./scripts/build-docker-plugin.sh $(DOCKER_BIN) $(DOCKER_PLUGIN_DIR)
+
+## bench-docker: RequestAddress latency through the driver's socket (p50/p99), and `docker run`
+## on a network of the driver beside one of Docker's built-in IPAM, on a dockerd started for the
+## run (needs root and scripts/install-docker-deps.sh, which it runs).
+bench-docker: docker-plugin
+	@./scripts/install-docker-deps.sh
+	IPKEEP_DOCKER_BIN=$(CURDIR)/$(DOCKER_BIN) $(CARGO) run --release -p ipkeep-docker --example bench_docker \
+	  --config 'profile.release.lto="thin"' --config 'profile.release.codegen-units=16'
