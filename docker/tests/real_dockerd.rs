@@ -177,6 +177,47 @@ fn docker_run_stop_rm_and_compose_through_the_driver() {
     docker.compose(&project, proj, &["up", "-d", "--scale", "web=5"]);
     assert_consistent(&docker, &driver.data_dir, &network, pool, gateway);
     docker.compose(&project, proj, &["down"]);
+
+    // Networks without --subnet: the engine asks the driver for a pool (and again while an
+    // answer overlaps one of its networks); each gets its own.
+    let subnet_of = |network: &str| {
+        docker.ok(&[
+            "network",
+            "inspect",
+            "-f",
+            "{{range .IPAM.Config}}{{.Subnet}}{{end}}",
+            network,
+        ])
+    };
+    docker.ok(&["network", "create", "--ipam-driver", &name, "auto1"]);
+    docker.ok(&["network", "create", "--ipam-driver", &name, "auto2"]);
+    let (auto1, auto2) = (subnet_of("auto1"), subnet_of("auto2"));
+    assert!(
+        auto1.starts_with("198.18.") && auto2.starts_with("198.18.") && auto1 != auto2,
+        "{auto1} {auto2}"
+    );
+    docker.ok(&[
+        "run",
+        "-d",
+        "--name",
+        "a1",
+        "--network",
+        "auto1",
+        IMAGE,
+        "sleep",
+        "600",
+    ]);
+    let auto_pool = format!("ipkeep-local_{}", auto1.replace('/', "-"));
+    let gateway_of = docker.ok(&[
+        "network",
+        "inspect",
+        "-f",
+        "{{range .IPAM.Config}}{{.Gateway}}{{end}}",
+        "auto1",
+    ]);
+    assert_consistent(&docker, &driver.data_dir, "auto1", &auto_pool, &gateway_of);
+    docker.ok(&["rm", "-f", "a1"]);
+    docker.ok(&["network", "rm", "auto1", "auto2"]);
     assert!(
         allocations(&driver.data_dir, pool).is_empty(),
         "{:?}",
