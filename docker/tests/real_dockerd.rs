@@ -70,7 +70,7 @@ fn assert_consistent(
 fn docker_run_stop_rm_and_compose_through_the_driver() {
     require_docker("the real-dockerd test");
     let dir = Scratch::new("real");
-    let (name, _socket, driver) = legacy_plugin(&dir.path, "ipkeep-t", &[]);
+    let (name, _socket, mut driver) = legacy_plugin(&dir.path, "ipkeep-t", &[]);
     let docker = Dockerd::start(&dir.path, "dk");
 
     // A network on the driver: the engine activates the plugin from its socket.
@@ -141,6 +141,40 @@ fn docker_run_stop_rm_and_compose_through_the_driver() {
     );
     let _ = docker.docker(&["rm", "-f", "c7"]);
     assert_consistent(&docker, &driver.data_dir, "net1", pool, gateway);
+
+    // The driver is killed while the engine runs: a `docker run` meanwhile waits (the engine's
+    // plugin client retries a plugin it cannot reach) and succeeds once the driver is back, with
+    // nothing lost or given twice.
+    driver.kill();
+    let waiting = std::thread::scope(|scope| {
+        let pending = scope.spawn(|| {
+            docker.docker(&[
+                "run",
+                "-d",
+                "--name",
+                "c8",
+                "--network",
+                "net1",
+                IMAGE,
+                "sleep",
+                "600",
+            ])
+        });
+        support::wait_for(
+            "the engine to retry the plugin it cannot reach",
+            std::time::Duration::from_secs(60),
+            || docker.log().contains("Unable to connect to plugin"),
+        );
+        driver.restart();
+        pending.join().unwrap()
+    });
+    assert!(
+        waiting.status.success(),
+        "docker run across a driver restart: {}",
+        String::from_utf8_lossy(&waiting.stderr)
+    );
+    assert_consistent(&docker, &driver.data_dir, "net1", pool, gateway);
+    docker.ok(&["rm", "-f", "c8"]);
 
     // docker network rm after the containers: every address and the pool released.
     for c in ["c1", "c3", "c4", "c5", "c6"] {
