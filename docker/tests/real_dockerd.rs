@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use dockerd::{Dockerd, IMAGE, legacy_plugin, require_docker};
-use support::Scratch;
+use support::{Scratch, metric};
 
 /// The allocation files of a pool: address → `(owner, kind)`.
 fn allocations(data_dir: &Path, pool_id: &str) -> BTreeMap<String, (String, String)> {
@@ -340,7 +340,7 @@ fn with_key_by_mac_a_container_recreated_with_its_mac_keeps_its_address() {
     require_docker("the real-dockerd --key-by-mac test");
     let dir = Scratch::new("realmac");
     let (name, _socket, driver) = legacy_plugin(&dir.path, "ipkeep-m", &["--key-by-mac"]);
-    let docker = Dockerd::start(&dir.path, "km");
+    let mut docker = Dockerd::start(&dir.path, "km");
     docker.network_on(&name, "198.18.34.0/24", "knet", &[]);
     let run = |n: &str, mac: &str| {
         docker.ok(&[
@@ -371,6 +371,58 @@ fn with_key_by_mac_a_container_recreated_with_its_mac_keeps_its_address() {
     assert_eq!(
         files[&first],
         ("mac-02-42-c6-12-22-0a".into(), "mac".into())
+    );
+
+    // The engine restarts (an upgrade, a reboot): it stops its containers, releasing their
+    // addresses, and starts the `--restart always` ones again, which get theirs back.
+    docker.ok(&[
+        "run",
+        "-d",
+        "--name",
+        "mc",
+        "--restart",
+        "always",
+        "--network",
+        "knet",
+        "--mac-address",
+        "02:42:c6:12:22:0c",
+        IMAGE,
+        "sleep",
+        "600",
+    ]);
+    let kept = docker.ip_of("mc", "knet");
+    let series = |call: &str| {
+        format!(
+            "ipkeep_docker_requests_total{{endpoint=\"IpamDriver.{call}\",outcome=\"success\"}}"
+        )
+    };
+    let calls = || {
+        (
+            metric(&driver.socket, &series("ReleaseAddress")),
+            metric(&driver.socket, &series("RequestAddress")),
+        )
+    };
+    let before = calls();
+    docker.restart();
+    support::wait_for(
+        "mc to run again after the engine's restart",
+        std::time::Duration::from_secs(60),
+        || {
+            docker
+                .docker(&["inspect", "-f", "{{.State.Running}}", "mc"])
+                .stdout
+                .starts_with(b"true")
+        },
+    );
+    assert_eq!(
+        docker.ip_of("mc", "knet"),
+        kept,
+        "mc lost its address across the engine's restart"
+    );
+    let after = calls();
+    assert!(
+        after.0 > before.0 && after.1 > before.1,
+        "the engine did not release and ask again: {before:?} {after:?}"
     );
     drop(docker);
 }

@@ -89,15 +89,25 @@ impl Dockerd {
             "add {tag:?} to TAGS so a killed run's leftovers are swept"
         );
         sweep_stale();
-        let cgroup_parent = format!("ipkeep-{tag}-{}", std::process::id());
         let mut d = Self {
             dir: dir.to_path_buf(),
             host: format!("unix://{}/docker.sock", dir.display()),
-            cgroup_parent: cgroup_parent.clone(),
+            cgroup_parent: format!("ipkeep-{tag}-{}", std::process::id()),
             child: None,
         };
         std::fs::write(dir.join("daemon.json"), "{}\n").unwrap();
-        let log = std::fs::File::create(dir.join("dockerd.log")).unwrap();
+        d.launch();
+        d.import_busybox();
+        d
+    }
+
+    /// Starts dockerd and waits until it answers.
+    fn launch(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("dockerd.log"))
+            .unwrap();
         let child = Command::new("setpriv")
             .args([
                 "--pdeathsig",
@@ -116,14 +126,14 @@ impl Dockerd {
                 DOCKERD,
             ])
             .arg("--config-file")
-            .arg(dir.join("daemon.json"))
+            .arg(self.dir.join("daemon.json"))
             .arg("--data-root")
-            .arg(dir.join("root"))
+            .arg(self.dir.join("root"))
             .arg("--exec-root")
-            .arg(dir.join("exec"))
+            .arg(self.dir.join("exec"))
             .arg("--pidfile")
-            .arg(dir.join("dockerd.pid"))
-            .args(["-H", &d.host])
+            .arg(self.dir.join("dockerd.pid"))
+            .args(["-H", &self.host])
             .args([
                 "--bridge=none",
                 "--iptables=false",
@@ -131,7 +141,7 @@ impl Dockerd {
                 "--ip-masq=false",
             ])
             .args(["--userland-proxy=false", "--log-level=warn"])
-            .arg(format!("--cgroup-parent=/{cgroup_parent}"))
+            .arg(format!("--cgroup-parent=/{}", self.cgroup_parent))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -139,25 +149,49 @@ impl Dockerd {
             .unwrap_or_else(|e| {
                 panic!("failed to start {DOCKERD} through setpriv and unshare: {e}")
             });
-        d.child = Some(child);
+        self.child = Some(child);
         let start = Instant::now();
-        while !d.docker(&["version"]).status.success() {
+        while !self.docker(&["version"]).status.success() {
             assert!(
-                d.child
+                self.child
                     .as_mut()
                     .is_some_and(|c| c.try_wait().ok().flatten().is_none()),
                 "dockerd exited; its log:\n{}",
-                d.log()
+                self.log()
             );
             assert!(
                 start.elapsed() < Duration::from_secs(90),
                 "gave up after 90 s waiting for dockerd; its log:\n{}",
-                d.log()
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        d.import_busybox();
-        d
+    }
+
+    /// Stops dockerd cleanly (its containers stop as on a shutdown) and starts it again over the
+    /// same data: what an engine upgrade or a reboot does.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch();
+    }
+
+    /// Stops dockerd: SIGTERM, then waits (at most 60 s) for it and `unshare` to exit. When
+    /// dockerd (the PID namespace's init) exits, the kernel kills whatever is left in its
+    /// namespaces.
+    fn stop(&mut self) {
+        if let Some(pid) = self.dockerd_pid() {
+            let _ = run(Command::new("kill").args(["-TERM", &pid.to_string()]));
+        }
+        if let Some(mut child) = self.child.take() {
+            let start = Instant::now();
+            while child.try_wait().ok().flatten().is_none()
+                && start.elapsed() < Duration::from_secs(60)
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// dockerd's log.
@@ -259,21 +293,7 @@ impl Drop for Dockerd {
             let _ = self.docker(&["rm", "-f", id]);
         }
         let _ = self.docker(&["network", "prune", "-f"]);
-        // dockerd stops cleanly on SIGTERM; when it (the PID namespace's init) exits, the kernel
-        // kills whatever is left in its namespaces, and `unshare` exits with it.
-        if let Some(pid) = self.dockerd_pid() {
-            let _ = run(Command::new("kill").args(["-TERM", &pid.to_string()]));
-        }
-        if let Some(mut child) = self.child.take() {
-            let start = Instant::now();
-            while child.try_wait().ok().flatten().is_none()
-                && start.elapsed() < Duration::from_secs(30)
-            {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.stop();
         for controller in cgroup_controllers() {
             remove_cgroup_tree(&controller.join(&self.cgroup_parent));
         }

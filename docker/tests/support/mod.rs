@@ -290,3 +290,17 @@ pub fn address_of(answer: &Value) -> String {
         .unwrap_or_else(|| panic!("no Address in {answer}"));
     cidr.split('/').next().unwrap().to_owned()
 }
+
+/// The value of the sample `series` (`name{labels}`) on the driver's `/metrics` (0 if absent).
+pub fn metric(socket: &Path, series: &str) -> u64 {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
+}
