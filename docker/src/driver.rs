@@ -409,6 +409,10 @@ impl Driver {
 
 /// Every pool's addresses under `data_dir`, for `ipkeep-docker list` and the metrics.
 pub fn list(data_dir: &Path) -> Result<Vec<ListedAddress>, DriverError> {
+    // Listing creates nothing: no state directory, no pools.
+    if std::fs::symlink_metadata(data_dir.join(STATE_DIR)).is_err() {
+        return Ok(Vec::new());
+    }
     let state_dir = NetworkDir::open(data_dir, STATE_DIR)?;
     let mut out = Vec::new();
     for pool_id in PoolState::pool_ids(&state_dir)? {

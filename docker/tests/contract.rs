@@ -617,3 +617,24 @@ fn metrics_pass_promtool() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn list_prints_only_the_header_and_creates_nothing_without_data() {
+    let dir = Scratch::new("emptylist");
+    let data = dir.path.join("never");
+    let out = std::process::Command::new(support::driver_binary())
+        .args(["list", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "POOL  ADDRESS  NAME  STATE\n"
+    );
+    assert!(!data.exists(), "list created {}", data.display());
+}
