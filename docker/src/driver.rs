@@ -31,7 +31,7 @@ use crate::protocol::{
     RETAIN_FOR_OPTION, ReleaseAddressRequest, ReleasePoolRequest, RequestAddressRequest,
     RequestPoolRequest,
 };
-use crate::state::{PoolState, StateError};
+use crate::state::{Durability, PoolState, StateError};
 
 const POOLS_DIR: &str = "pools";
 /// The round-robin cursor of containers' addresses (`last_reserved_ip.0`, host-local's).
@@ -226,7 +226,7 @@ impl Driver {
         let mut state = PoolState::load(&state_dir, &id)?.unwrap_or_default();
         state.active = true;
         state.retain_for_secs = retain_for.as_secs();
-        state.save(&state_dir, &id)?;
+        state.save(&state_dir, &id, Durability::Fsync)?;
         Ok((id, spec.cidr()))
     }
 
@@ -240,7 +240,7 @@ impl Driver {
         let net = self.pool_dir(&id)?;
         let _pool_lock = net.lock()?;
         state.active = false;
-        state.save(&state_dir, &id)?;
+        state.save(&state_dir, &id, Durability::Fsync)?;
         Ok(())
     }
 
@@ -338,7 +338,7 @@ impl Driver {
             Plan::Refuse(refusal) => return Err(refusal.into()),
         };
         if changed {
-            state.save(&state_dir, &id)?;
+            state.save(&state_dir, &id, Durability::PageCache)?;
         }
         log_lines(store.finish());
         Ok(with_prefix(ip, &spec))
@@ -390,7 +390,7 @@ impl Driver {
             // Only the record is fsync'd: the address's file was written when the container
             // started. Were it lost to a power loss, the name would get a fresh address and the
             // record expire harmlessly (expiry removes only a file the name still owns).
-            state.save(&state_dir, &id)?;
+            state.save(&state_dir, &id, Durability::Fsync)?;
         }
         log_lines(store.finish());
         Ok(())
@@ -409,6 +409,10 @@ impl Driver {
 
 /// Every pool's addresses under `data_dir`, for `ipkeep-docker list` and the metrics.
 pub fn list(data_dir: &Path) -> Result<Vec<ListedAddress>, DriverError> {
+    // Listing creates nothing: no state directory, no pools.
+    if std::fs::symlink_metadata(data_dir.join(STATE_DIR)).is_err() {
+        return Ok(Vec::new());
+    }
     let state_dir = NetworkDir::open(data_dir, STATE_DIR)?;
     let mut out = Vec::new();
     for pool_id in PoolState::pool_ids(&state_dir)? {

@@ -80,14 +80,20 @@ mod tests {
                 Some(86_400),
             ),
             row("198.18.5.4", Holder::Unnamed("u1".into()), None),
+            row(
+                "198.18.5.5",
+                Holder::Named(StickyKey::from_mac("02:42:c6:12:05:05").unwrap()),
+                None,
+            ),
         ];
         assert_eq!(
             render(&listed, 0),
-            "POOL                        ADDRESS     NAME       STATE\n\
-             ipkeep-local_198.18.5.0-24  198.18.5.1  (gateway)  in use\n\
-             ipkeep-local_198.18.5.0-24  198.18.5.2  web-1      in use\n\
-             ipkeep-local_198.18.5.0-24  198.18.5.3  db         retained until 1970/01/02 00:00:00 UTC\n\
-             ipkeep-local_198.18.5.0-24  198.18.5.4  (no name)  in use\n"
+            "POOL                        ADDRESS     NAME                     STATE\n\
+             ipkeep-local_198.18.5.0-24  198.18.5.1  (gateway)                in use\n\
+             ipkeep-local_198.18.5.0-24  198.18.5.2  web-1                    in use\n\
+             ipkeep-local_198.18.5.0-24  198.18.5.3  db                       retained until 1970/01/02 00:00:00 UTC\n\
+             ipkeep-local_198.18.5.0-24  198.18.5.4  (no name)                in use\n\
+             ipkeep-local_198.18.5.0-24  198.18.5.5  (MAC 02:42:c6:12:05:05)  in use\n"
         );
         assert!(render(&listed, 86_400).contains("retention ended 1970/01/02 00:00:00 UTC"));
     }

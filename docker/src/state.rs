@@ -30,6 +30,19 @@ pub enum StateError {
     },
 }
 
+/// Whether a change must survive a power loss, or only a crash of the driver (which loses
+/// nothing written: the page cache outlives the process).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync: a new retention, a pool requested or released.
+    Fsync,
+    /// No fsync: a retention ended (by its name's return or by expiry). Lost to a power loss, it
+    /// comes back and is ended again: after the reboot the engine asks again for every
+    /// container it restarts (the name gets its address back, ending the retention), and a
+    /// retention of a container not restarted is right to stand.
+    PageCache,
+}
+
 /// One pool's state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -61,11 +74,18 @@ impl PoolState {
             })
     }
 
-    /// Replaces the state of `pool_id` (temporary file, fsync, rename, fsync of the directory).
-    pub fn save(&self, dir: &DirFd, pool_id: &str) -> Result<(), StateError> {
+    /// Replaces the state of `pool_id` atomically (temporary file, rename); with
+    /// [`Durability::Fsync`] the file and the directory are fsync'd too.
+    pub fn save(
+        &self,
+        dir: &DirFd,
+        pool_id: &str,
+        durability: Durability,
+    ) -> Result<(), StateError> {
         let mut bytes = serde_json::to_vec(self).unwrap_or_default();
         bytes.push(b'\n');
-        dir.write_atomic(&file_name(pool_id), &bytes, STATE_MODE, true)?;
+        let fsync = durability == Durability::Fsync;
+        dir.write_atomic(&file_name(pool_id), &bytes, STATE_MODE, fsync)?;
         Ok(())
     }
 

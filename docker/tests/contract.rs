@@ -568,3 +568,73 @@ fn with_key_by_mac_a_pinned_mac_gets_its_address_back() {
         "{bad}"
     );
 }
+
+/// `GET /metrics` is Prometheus text that `promtool check metrics` accepts (Debian package
+/// prometheus, installed by scripts/install-deps.sh), counting what was answered.
+#[test]
+fn metrics_pass_promtool() {
+    use std::io::{Read, Write};
+    let dir = Scratch::new("metrics");
+    let d = Driver::start(&dir.path, &[]);
+    let id = network_create(&d, "198.18.11.0/24", "null", "", &[]);
+    let web = address_of(&d.ok(REQUEST_ADDRESS, &request_container(&id, "web", "")));
+    d.ok(RELEASE_ADDRESS, &release(&id, &web));
+    d.err(REQUEST_ADDRESS, &request_container(&id, "a/b", ""));
+    let mut stream = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    for line in [
+        "ipkeep_docker_requests_total{endpoint=\"IpamDriver.RequestAddress\",outcome=\"success\"} 2",
+        "ipkeep_docker_requests_total{endpoint=\"IpamDriver.RequestAddress\",outcome=\"error\"} 1",
+        "ipkeep_docker_addresses{pool=\"ipkeep-local_198.18.11.0-24\",state=\"retained\"} 1",
+        "ipkeep_docker_addresses{pool=\"ipkeep-local_198.18.11.0-24\",state=\"in_use\"} 1",
+    ] {
+        assert!(body.contains(line), "{line} missing from:\n{body}");
+    }
+    let mut promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("failed to run promtool (Debian package prometheus; scripts/install-deps.sh installs it): {e}"));
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn list_prints_only_the_header_and_creates_nothing_without_data() {
+    let dir = Scratch::new("emptylist");
+    let data = dir.path.join("never");
+    let out = std::process::Command::new(support::driver_binary())
+        .args(["list", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "POOL  ADDRESS  NAME  STATE\n"
+    );
+    assert!(!data.exists(), "list created {}", data.display());
+}

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use dockerd::{Dockerd, IMAGE, legacy_plugin, require_docker};
-use support::Scratch;
+use support::{Scratch, metric};
 
 /// The allocation files of a pool: address → `(owner, kind)`.
 fn allocations(data_dir: &Path, pool_id: &str) -> BTreeMap<String, (String, String)> {
@@ -70,7 +70,7 @@ fn assert_consistent(
 fn docker_run_stop_rm_and_compose_through_the_driver() {
     require_docker("the real-dockerd test");
     let dir = Scratch::new("real");
-    let (name, _socket, driver) = legacy_plugin(&dir.path, "ipkeep-t", &[]);
+    let (name, _socket, mut driver) = legacy_plugin(&dir.path, "ipkeep-t", &[]);
     let docker = Dockerd::start(&dir.path, "dk");
 
     // A network on the driver: the engine activates the plugin from its socket.
@@ -142,6 +142,40 @@ fn docker_run_stop_rm_and_compose_through_the_driver() {
     let _ = docker.docker(&["rm", "-f", "c7"]);
     assert_consistent(&docker, &driver.data_dir, "net1", pool, gateway);
 
+    // The driver is killed while the engine runs: a `docker run` meanwhile waits (the engine's
+    // plugin client retries a plugin it cannot reach) and succeeds once the driver is back, with
+    // nothing lost or given twice.
+    driver.kill();
+    let waiting = std::thread::scope(|scope| {
+        let pending = scope.spawn(|| {
+            docker.docker(&[
+                "run",
+                "-d",
+                "--name",
+                "c8",
+                "--network",
+                "net1",
+                IMAGE,
+                "sleep",
+                "600",
+            ])
+        });
+        support::wait_for(
+            "the engine to retry the plugin it cannot reach",
+            std::time::Duration::from_secs(60),
+            || docker.log().contains("Unable to connect to plugin"),
+        );
+        driver.restart();
+        pending.join().unwrap()
+    });
+    assert!(
+        waiting.status.success(),
+        "docker run across a driver restart: {}",
+        String::from_utf8_lossy(&waiting.stderr)
+    );
+    assert_consistent(&docker, &driver.data_dir, "net1", pool, gateway);
+    docker.ok(&["rm", "-f", "c8"]);
+
     // docker network rm after the containers: every address and the pool released.
     for c in ["c1", "c3", "c4", "c5", "c6"] {
         docker.ok(&["rm", "-f", c]);
@@ -177,6 +211,47 @@ fn docker_run_stop_rm_and_compose_through_the_driver() {
     docker.compose(&project, proj, &["up", "-d", "--scale", "web=5"]);
     assert_consistent(&docker, &driver.data_dir, &network, pool, gateway);
     docker.compose(&project, proj, &["down"]);
+
+    // Networks without --subnet: the engine asks the driver for a pool (and again while an
+    // answer overlaps one of its networks); each gets its own.
+    let subnet_of = |network: &str| {
+        docker.ok(&[
+            "network",
+            "inspect",
+            "-f",
+            "{{range .IPAM.Config}}{{.Subnet}}{{end}}",
+            network,
+        ])
+    };
+    docker.ok(&["network", "create", "--ipam-driver", &name, "auto1"]);
+    docker.ok(&["network", "create", "--ipam-driver", &name, "auto2"]);
+    let (auto1, auto2) = (subnet_of("auto1"), subnet_of("auto2"));
+    assert!(
+        auto1.starts_with("198.18.") && auto2.starts_with("198.18.") && auto1 != auto2,
+        "{auto1} {auto2}"
+    );
+    docker.ok(&[
+        "run",
+        "-d",
+        "--name",
+        "a1",
+        "--network",
+        "auto1",
+        IMAGE,
+        "sleep",
+        "600",
+    ]);
+    let auto_pool = format!("ipkeep-local_{}", auto1.replace('/', "-"));
+    let gateway_of = docker.ok(&[
+        "network",
+        "inspect",
+        "-f",
+        "{{range .IPAM.Config}}{{.Gateway}}{{end}}",
+        "auto1",
+    ]);
+    assert_consistent(&docker, &driver.data_dir, "auto1", &auto_pool, &gateway_of);
+    docker.ok(&["rm", "-f", "a1"]);
+    docker.ok(&["network", "rm", "auto1", "auto2"]);
     assert!(
         allocations(&driver.data_dir, pool).is_empty(),
         "{:?}",
@@ -265,7 +340,7 @@ fn with_key_by_mac_a_container_recreated_with_its_mac_keeps_its_address() {
     require_docker("the real-dockerd --key-by-mac test");
     let dir = Scratch::new("realmac");
     let (name, _socket, driver) = legacy_plugin(&dir.path, "ipkeep-m", &["--key-by-mac"]);
-    let docker = Dockerd::start(&dir.path, "km");
+    let mut docker = Dockerd::start(&dir.path, "km");
     docker.network_on(&name, "198.18.34.0/24", "knet", &[]);
     let run = |n: &str, mac: &str| {
         docker.ok(&[
@@ -296,6 +371,58 @@ fn with_key_by_mac_a_container_recreated_with_its_mac_keeps_its_address() {
     assert_eq!(
         files[&first],
         ("mac-02-42-c6-12-22-0a".into(), "mac".into())
+    );
+
+    // The engine restarts (an upgrade, a reboot): it stops its containers, releasing their
+    // addresses, and starts the `--restart always` ones again, which get theirs back.
+    docker.ok(&[
+        "run",
+        "-d",
+        "--name",
+        "mc",
+        "--restart",
+        "always",
+        "--network",
+        "knet",
+        "--mac-address",
+        "02:42:c6:12:22:0c",
+        IMAGE,
+        "sleep",
+        "600",
+    ]);
+    let kept = docker.ip_of("mc", "knet");
+    let series = |call: &str| {
+        format!(
+            "ipkeep_docker_requests_total{{endpoint=\"IpamDriver.{call}\",outcome=\"success\"}}"
+        )
+    };
+    let calls = || {
+        (
+            metric(&driver.socket, &series("ReleaseAddress")),
+            metric(&driver.socket, &series("RequestAddress")),
+        )
+    };
+    let before = calls();
+    docker.restart();
+    support::wait_for(
+        "mc to run again after the engine's restart",
+        std::time::Duration::from_secs(60),
+        || {
+            docker
+                .docker(&["inspect", "-f", "{{.State.Running}}", "mc"])
+                .stdout
+                .starts_with(b"true")
+        },
+    );
+    assert_eq!(
+        docker.ip_of("mc", "knet"),
+        kept,
+        "mc lost its address across the engine's restart"
+    );
+    let after = calls();
+    assert!(
+        after.0 > before.0 && after.1 > before.1,
+        "the engine did not release and ask again: {before:?} {after:?}"
     );
     drop(docker);
 }

@@ -1,10 +1,13 @@
 //! A real `dockerd` (Debian's docker.io 20.10) started by hand for a test: its own data root,
-//! exec root, pidfile, API socket, daemon.json and cgroup parent, inside a network namespace of
-//! its own (bridges, veths and any iptables chain it makes live and die there) and a mount
-//! namespace of its own (its overlay and netns mounts vanish with it). No registry: the one image
-//! is imported from Debian's static busybox. Everything is removed on drop, also when an
-//! assertion failed: containers, networks, the daemon and its children, the namespace, cgroups,
-//! the plugin socket, the directories.
+//! exec root, pidfile, API socket, daemon.json and cgroup parent, inside network, mount and PID
+//! namespaces of its own (`unshare`): bridges, veths and any iptables chain it makes live in its
+//! network namespace, its overlay and netns mounts in its mount namespace, and containerd, the
+//! shims and the containers in its PID namespace, so all of it vanishes when dockerd (the
+//! namespace's init) exits — on drop (after a clean stop), and when the test process dies in any
+//! way (`setpriv --pdeathsig` kills `unshare`, whose `--kill-child` kills dockerd: a clean stop
+//! would wait for the driver, which died with the test). No registry: the one image
+//! is imported from Debian's static busybox. What outlives a killed test (empty cgroup
+//! directories, the plugin socket, the scratch directory) is swept by the next run.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -73,7 +76,6 @@ pub struct Dockerd {
     pub dir: PathBuf,
     /// `unix://<dir>/docker.sock`.
     pub host: String,
-    netns: String,
     cgroup_parent: String,
     child: Option<Child>,
 }
@@ -82,35 +84,56 @@ impl Dockerd {
     /// Starts dockerd in `dir` (a short path: socket paths are limited to 107 bytes) and imports
     /// the busybox image; `tag` makes the namespace and cgroup names unique.
     pub fn start(dir: &Path, tag: &str) -> Self {
-        let netns = format!("ipkeep-{tag}-{}", std::process::id());
-        let cgroup_parent = netns.clone();
+        assert!(
+            TAGS.contains(&tag),
+            "add {tag:?} to TAGS so a killed run's leftovers are swept"
+        );
+        sweep_stale();
         let mut d = Self {
             dir: dir.to_path_buf(),
             host: format!("unix://{}/docker.sock", dir.display()),
-            netns: netns.clone(),
-            cgroup_parent: cgroup_parent.clone(),
+            cgroup_parent: format!("ipkeep-{tag}-{}", std::process::id()),
             child: None,
         };
-        let added = run(Command::new("ip").args(["netns", "add", &netns]));
-        assert!(
-            added.status.success(),
-            "ip netns add {netns}: {}",
-            String::from_utf8_lossy(&added.stderr)
-        );
         std::fs::write(dir.join("daemon.json"), "{}\n").unwrap();
-        let log = std::fs::File::create(dir.join("dockerd.log")).unwrap();
-        let child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{netns}"))
-            .args(["unshare", "--mount", "--propagation", "slave", DOCKERD])
+        d.launch();
+        d.import_busybox();
+        d
+    }
+
+    /// Starts dockerd and waits until it answers.
+    fn launch(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("dockerd.log"))
+            .unwrap();
+        let child = Command::new("setpriv")
+            .args([
+                "--pdeathsig",
+                "KILL",
+                "--",
+                "unshare",
+                "--net",
+                "--pid",
+                "--fork",
+            ])
+            .args([
+                "--mount-proc",
+                "--propagation",
+                "slave",
+                "--kill-child=SIGKILL",
+                DOCKERD,
+            ])
             .arg("--config-file")
-            .arg(dir.join("daemon.json"))
+            .arg(self.dir.join("daemon.json"))
             .arg("--data-root")
-            .arg(dir.join("root"))
+            .arg(self.dir.join("root"))
             .arg("--exec-root")
-            .arg(dir.join("exec"))
+            .arg(self.dir.join("exec"))
             .arg("--pidfile")
-            .arg(dir.join("dockerd.pid"))
-            .args(["-H", &d.host])
+            .arg(self.dir.join("dockerd.pid"))
+            .args(["-H", &self.host])
             .args([
                 "--bridge=none",
                 "--iptables=false",
@@ -118,31 +141,57 @@ impl Dockerd {
                 "--ip-masq=false",
             ])
             .args(["--userland-proxy=false", "--log-level=warn"])
-            .arg(format!("--cgroup-parent=/{cgroup_parent}"))
+            .arg(format!("--cgroup-parent=/{}", self.cgroup_parent))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("failed to start {DOCKERD}: {e}"));
-        d.child = Some(child);
+            .unwrap_or_else(|e| {
+                panic!("failed to start {DOCKERD} through setpriv and unshare: {e}")
+            });
+        self.child = Some(child);
         let start = Instant::now();
-        while !d.docker(&["version"]).status.success() {
+        while !self.docker(&["version"]).status.success() {
             assert!(
-                d.child
+                self.child
                     .as_mut()
                     .is_some_and(|c| c.try_wait().ok().flatten().is_none()),
                 "dockerd exited; its log:\n{}",
-                d.log()
+                self.log()
             );
             assert!(
                 start.elapsed() < Duration::from_secs(90),
                 "gave up after 90 s waiting for dockerd; its log:\n{}",
-                d.log()
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        d.import_busybox();
-        d
+    }
+
+    /// Stops dockerd cleanly (its containers stop as on a shutdown) and starts it again over the
+    /// same data: what an engine upgrade or a reboot does.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch();
+    }
+
+    /// Stops dockerd: SIGTERM, then waits (at most 60 s) for it and `unshare` to exit. When
+    /// dockerd (the PID namespace's init) exits, the kernel kills whatever is left in its
+    /// namespaces.
+    fn stop(&mut self) {
+        if let Some(pid) = self.dockerd_pid() {
+            let _ = run(Command::new("kill").args(["-TERM", &pid.to_string()]));
+        }
+        if let Some(mut child) = self.child.take() {
+            let start = Instant::now();
+            while child.try_wait().ok().flatten().is_none()
+                && start.elapsed() < Duration::from_secs(60)
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// dockerd's log.
@@ -227,12 +276,12 @@ impl Dockerd {
         self.ok(&["import", &tar.to_string_lossy(), IMAGE]);
     }
 
-    fn pid(&self) -> Option<u32> {
-        std::fs::read_to_string(self.dir.join("dockerd.pid"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+    /// dockerd's PID (the child `unshare` forked; in its namespace it is 1).
+    fn dockerd_pid(&self) -> Option<u32> {
+        let unshare = self.child.as_ref()?.id();
+        let children =
+            std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")).ok()?;
+        children.split_whitespace().next()?.parse().ok()
     }
 }
 
@@ -244,32 +293,11 @@ impl Drop for Dockerd {
             let _ = self.docker(&["rm", "-f", id]);
         }
         let _ = self.docker(&["network", "prune", "-f"]);
-        if let Some(pid) = self.pid() {
-            let _ = run(Command::new("kill").args(["-TERM", &pid.to_string()]));
+        self.stop();
+        for controller in cgroup_controllers() {
+            remove_cgroup_tree(&controller.join(&self.cgroup_parent));
         }
-        if let Some(mut child) = self.child.take() {
-            let start = Instant::now();
-            while child.try_wait().ok().flatten().is_none()
-                && start.elapsed() < Duration::from_secs(30)
-            {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        // Whatever is left in the namespace (a shim, containerd) dies with it.
-        let pids = run(Command::new("ip").args(["netns", "pids", &self.netns]));
-        for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
-            let _ = run(Command::new("kill").args(["-KILL", pid]));
-        }
-        let _ = run(Command::new("ip").args(["netns", "del", &self.netns]));
-        // The cgroup parent's directories, deepest first (empty once the containers are gone).
-        if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
-            for controller in controllers.flatten() {
-                remove_cgroup_tree(&controller.path().join(&self.cgroup_parent));
-            }
-        }
-        // Anything still mounted below the directory (nothing, with a private mount namespace).
+        // Anything still mounted below the directory (nothing, with a mount namespace of its own).
         let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
         let dir = self.dir.to_string_lossy().into_owned();
         for target in mounts
@@ -278,6 +306,58 @@ impl Drop for Dockerd {
             .filter(|t| t.starts_with(&dir))
         {
             let _ = run(Command::new("umount").args(["-l", target]));
+        }
+    }
+}
+
+fn cgroup_controllers() -> Vec<PathBuf> {
+    std::fs::read_dir("/sys/fs/cgroup")
+        .map(|dir| dir.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+/// The tags of the dockerds and plugins the tests and the benchmark start; only names made of
+/// them are ever swept.
+const TAGS: [&str; 4] = ["dk", "mp", "km", "bench"];
+/// The prefixes of the plugin names (`legacy_plugin`).
+const PLUGIN_PREFIXES: [&str; 3] = ["ipkeep-t", "ipkeep-m", "ipkeep-b"];
+
+/// The PID in `<prefix><pid><suffix>`, if `name` is exactly that.
+fn pid_in(name: &str, prefix: &str, suffix: &str) -> Option<String> {
+    let pid = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
+    (!pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())).then(|| pid.to_owned())
+}
+
+/// Whether `name` is one of ours (`ipkeep-<tag>-<pid>`, `ipkeep-t<pid>.sock`) of a dead process.
+fn of_dead_process(name: &str, prefixes: &[String], suffix: &str) -> bool {
+    prefixes
+        .iter()
+        .filter_map(|p| pid_in(name, p, suffix))
+        .any(|pid| !Path::new("/proc").join(pid).exists())
+}
+
+/// Removes what an earlier, killed run left: its cgroup parents and its plugin sockets.
+fn sweep_stale() {
+    let cgroups: Vec<String> = TAGS.iter().map(|t| format!("ipkeep-{t}-")).collect();
+    for controller in cgroup_controllers() {
+        for entry in std::fs::read_dir(&controller)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if of_dead_process(&entry.file_name().to_string_lossy(), &cgroups, "") {
+                remove_cgroup_tree(&entry.path());
+            }
+        }
+    }
+    let sockets: Vec<String> = PLUGIN_PREFIXES.iter().map(|p| p.to_string()).collect();
+    for entry in std::fs::read_dir(PLUGIN_DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if of_dead_process(&entry.file_name().to_string_lossy(), &sockets, ".sock") {
+            let _ = std::fs::remove_file(entry.path());
         }
     }
 }
@@ -321,6 +401,10 @@ pub fn legacy_plugin(
     prefix: &str,
     extra: &[&str],
 ) -> (String, PluginSocket, crate::support::Driver) {
+    assert!(
+        PLUGIN_PREFIXES.contains(&prefix),
+        "add {prefix:?} to PLUGIN_PREFIXES"
+    );
     let name = format!("{prefix}{}", std::process::id());
     let socket = PluginSocket::new(&name);
     let driver = crate::support::Driver::start_at(&socket.path, dir, extra);

@@ -36,11 +36,31 @@ impl Scratch {
     pub fn new(tag: &str) -> Self {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        sweep_stale_scratch();
         let path =
             std::env::temp_dir().join(format!("ipkeep-docker-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).unwrap();
         Self { path }
+    }
+}
+
+/// Removes the scratch directories of test processes that were killed (`…-<pid>-<n>`).
+fn sweep_stale_scratch() {
+    for entry in std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix("ipkeep-docker-")
+            .and_then(|rest| rest.rsplit('-').nth(1));
+        if let Some(pid) = pid.filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            && !Path::new("/proc").join(pid).exists()
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
@@ -99,7 +119,10 @@ impl Driver {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let child = Command::new(driver_binary())
+        // setpriv: the kernel kills the driver when the thread that started it dies, even by SIGKILL.
+        let child = Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(driver_binary())
             .arg("--socket")
             .arg(&self.socket)
             .arg("--data-dir")
@@ -266,4 +289,18 @@ pub fn address_of(answer: &Value) -> String {
         .as_str()
         .unwrap_or_else(|| panic!("no Address in {answer}"));
     cidr.split('/').next().unwrap().to_owned()
+}
+
+/// The value of the sample `series` (`name{labels}`) on the driver's `/metrics` (0 if absent).
+pub fn metric(socket: &Path, series: &str) -> u64 {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
 }
