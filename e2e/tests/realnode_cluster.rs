@@ -136,6 +136,53 @@ async fn pods_on_two_real_nodes_talk_and_answer_exec_and_logs() {
     for n in c.nodes() {
         eprintln!("memory of {} (KiB): {:?}", n.name(), n.memory_kib());
     }
+
+    // containerd and the kubelet restarted alone: web-b's container runs on, same sandbox.
+    let sandbox_pid = |n: &realnode::RealNode| {
+        n.exec(&[
+            "sh",
+            "-c",
+            "ls /run/containerd/io.containerd.runtime.v2.task/k8s.io | sort",
+        ])
+        .unwrap()
+    };
+    let sandboxes = sandbox_pid(b);
+    b.restart_containerd().unwrap();
+    b.restart_kubelet().unwrap();
+    let still = c.wait_pod_ready(&ns, "web-b", POD_READY).await.unwrap();
+    assert_eq!(ip_of(&still), ip_b);
+    assert_eq!(
+        sandbox_pid(b),
+        sandboxes,
+        "a restart replaced web-b's containers"
+    );
+
+    // A reboot: every container goes with the node's /run and network namespace; the kubelet
+    // starts web-b again in a new sandbox on a new veth.
+    b.reboot().unwrap();
+    let t0 = Instant::now();
+    let deadline = t0 + POD_READY;
+    loop {
+        let now = sandbox_pid(b);
+        if !now.is_empty() && now != sandboxes {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "web-b never got a new sandbox after the reboot"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let back = c.wait_pod_ready(&ns, "web-b", POD_READY).await.unwrap();
+    assert!(in_cidr(&ip_of(&back), b), "{}", ip_of(&back));
+    let logs = c.kubectl(&["-n", &ns, "logs", "web-b"], None).unwrap();
+    assert!(logs.contains("hello from web-b"), "{logs}");
+    eprintln!(
+        "web-b Ready again {:.1}s after {} rebooted: {} (was {ip_b}; host-local's files survive the reboot)",
+        t0.elapsed().as_secs_f64(),
+        b.name(),
+        ip_of(&back)
+    );
 }
 
 fn e2e(args: &[&str]) -> Output {
