@@ -287,6 +287,8 @@ pub struct RealCluster {
     nodes: Vec<RealNode>,
     slot: Slot,
     bin_dir: PathBuf,
+    /// Set by the first [`RealCluster::stop`]: the slot may be someone else's after that.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 /// The slot's `owner` file: the pid of the process that runs it.
@@ -303,30 +305,36 @@ fn slot_owner(slot: Slot) -> Option<u32> {
 }
 
 /// Claims a free slot: removes the leftovers of crashed runs first, then takes the first slot
-/// whose directory it can create (the directory is the lock).
+/// whose directory does not exist. The directory is the lock, and it appears whole, with its
+/// `owner` file, by a rename: a concurrent [`cleanup_stale`] never sees it without an owner.
 fn claim_slot() -> Result<Slot, RealNodeError> {
     for line in cleanup_stale() {
         eprintln!("ipkeep-e2e nodes: {line}");
     }
     let parent = Path::new(layout::DATA_ROOT).join("nodes");
-    std::fs::create_dir_all(&parent).map_err(|source| RealNodeError::Io {
-        node: "-".into(),
-        what: format!("create {}", parent.display()),
-        source,
-    })?;
+    let io = |what: String| {
+        move |source| RealNodeError::Io {
+            node: "-".into(),
+            what,
+            source,
+        }
+    };
+    std::fs::create_dir_all(&parent).map_err(io(format!("create {}", parent.display())))?;
+    let claim = parent.join(format!(".claim-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&claim);
+    std::fs::create_dir(&claim).map_err(io(format!("create {}", claim.display())))?;
+    std::fs::write(claim.join("owner"), format!("{}\n", std::process::id()))
+        .map_err(io(format!("write the owner file in {}", claim.display())))?;
     for n in 0..layout::MAX_SLOTS {
         let Some(slot) = Slot::new(n) else { continue };
-        if std::fs::create_dir(slot.data_dir()).is_ok() {
-            std::fs::write(owner_file(slot), format!("{}\n", std::process::id())).map_err(
-                |source| RealNodeError::Io {
-                    node: "-".into(),
-                    what: format!("write {}", owner_file(slot).display()),
-                    source,
-                },
-            )?;
+        // rename(2) onto an existing non-empty directory fails: the slot is someone's.
+        if slot.data_dir().symlink_metadata().is_err()
+            && std::fs::rename(&claim, slot.data_dir()).is_ok()
+        {
             return Ok(slot);
         }
     }
+    let _ = std::fs::remove_dir_all(&claim);
     Err(RealNodeError::NoSlot)
 }
 
@@ -589,6 +597,7 @@ impl RealCluster {
             nodes: Vec::new(),
             slot,
             bin_dir: bin_dir.to_owned(),
+            stopped: std::sync::atomic::AtomicBool::new(false),
         };
         let client = plane.client()?;
         let nodes_api: Api<Node> = Api::all(client.clone());
@@ -818,6 +827,9 @@ impl RealCluster {
 
     /// Stops everything and removes it (idempotent); returns what the cleanup did.
     pub fn stop(&self) -> Result<Vec<String>, RealNodeError> {
+        if self.stopped.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Ok(Vec::new());
+        }
         for n in &self.nodes {
             n.stop_daemons();
         }

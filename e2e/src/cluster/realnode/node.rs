@@ -270,7 +270,9 @@ impl RealNode {
         )
     }
 
-    fn log(&self, daemon: &str) -> PathBuf {
+    /// The log file of one of its daemons (`containerd`, `kubelet`, `kube-proxy`); containerd's
+    /// holds what CNI plugins write to stderr.
+    pub fn log(&self, daemon: &str) -> PathBuf {
         self.logs.join(format!("{}-{daemon}.log", self.name()))
     }
 
