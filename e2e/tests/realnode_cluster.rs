@@ -204,6 +204,21 @@ fn e2e_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The machine's own values: the record of a cluster still running or being cleaned up (its
+/// kubelets' values are live now), else the live ones.
+fn machine_sysctls() -> Vec<(String, String)> {
+    match std::fs::read_to_string(realnode::host::sysctl_record()) {
+        Ok(text) => {
+            let record: serde_json::Value = serde_json::from_str(&text).unwrap();
+            KUBELET_SYSCTLS
+                .iter()
+                .map(|k| (k.to_string(), record[k].as_str().unwrap().to_owned()))
+                .collect()
+        }
+        Err(_) => sysctls(),
+    }
+}
+
 fn sysctls() -> Vec<(String, String)> {
     KUBELET_SYSCTLS
         .iter()
@@ -279,7 +294,7 @@ fn assert_sysctls_restored(machine: &[(String, String)]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_up_nodes_load_image_and_down_leave_nothing_and_restore_sysctls() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let machine = sysctls();
+    let machine = machine_sysctls();
     let dir = state_dir("rn-down");
     let slot = up_one_node(&dir);
     let images = realnode::node_image_dir(&realnode::node_bin_dir().unwrap()).unwrap();
@@ -316,7 +331,7 @@ fn supervisor_and_watchdog(dir: &Path) -> (u32, u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_supervisor_leaves_nothing_once_its_watchdog_or_cluster_down_ran() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let machine = sysctls();
+    let machine = machine_sysctls();
 
     // SIGKILL of the supervisor: its watchdog stops the daemons and reaps the nodes.
     let dir = state_dir("rn-crash");

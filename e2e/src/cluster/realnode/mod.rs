@@ -291,6 +291,28 @@ pub struct RealCluster {
     stopped: std::sync::atomic::AtomicBool,
 }
 
+/// The lock every claim of a slot and every "last one out restores the sysctls" takes (a file
+/// in `/run`, so a reboot clears it; `flock`, so a killed holder releases it).
+fn machine_lock() -> Result<std::fs::File, RealNodeError> {
+    let path = Path::new("/run/ipkeep-e2e-nodes.lock");
+    let io = |what: &str| {
+        let what = format!("{what} {}", path.display());
+        move |source| RealNodeError::Io {
+            node: "-".into(),
+            what,
+            source,
+        }
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(io("open"))?;
+    file.lock().map_err(io("lock"))?;
+    Ok(file)
+}
+
 /// The slot's `owner` file: the pid of the process that runs it.
 fn owner_file(slot: Slot) -> PathBuf {
     slot.data_dir().join("owner")
@@ -320,6 +342,13 @@ fn claim_slot() -> Result<Slot, RealNodeError> {
         }
     };
     std::fs::create_dir_all(&parent).map_err(io(format!("create {}", parent.display())))?;
+    // Under the machine lock: a cleanup that finds no slot in use and restores the sysctls
+    // never runs between our claim and our record of them.
+    let _lock = machine_lock()?;
+    host::record_sysctls().map_err(|source| RealNodeError::Machine {
+        stage: "record the sysctls the kubelet changes".into(),
+        source,
+    })?;
     let claim = parent.join(format!(".claim-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&claim);
     std::fs::create_dir(&claim).map_err(io(format!("create {}", claim.display())))?;
@@ -378,6 +407,7 @@ pub fn cleanup_slot(slot: Slot) -> Result<Vec<String>, RealNodeError> {
         })?;
         done.push(format!("removed {}", data.display()));
     }
+    let _lock = machine_lock()?;
     if slots_in_use().is_empty() {
         host::remove_cgroup_parent_if_empty();
         let _ = std::fs::remove_dir(layout::RUN_ROOT);
@@ -578,7 +608,6 @@ impl RealCluster {
         };
         // Any leftovers of an earlier run in this slot (a deleted data directory) go first.
         cleanup_slot_network(slot)?;
-        host::record_sysctls().map_err(machine("record the sysctls the kubelet changes"))?;
         host::create_bridge(slot).map_err(machine("create the nodes' bridge"))?;
         host::prepare_run_dir(slot).map_err(machine("prepare the namespace directory"))?;
         let mut plane_options = options.plane.clone();

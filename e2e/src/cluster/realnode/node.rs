@@ -233,17 +233,7 @@ impl RealNode {
     /// The host directory behind a path the node sees (`/var/lib/cni`, `/opt/cni/bin`,
     /// `/etc/cni/net.d`, `/var/lib/kubelet`, ...); `None` for a path not private to the node.
     pub fn host_path(&self, node_path: &str) -> Option<PathBuf> {
-        let (base, rest) = layout::NODE_PATHS.iter().find_map(|p| {
-            let rest = node_path.strip_prefix(p)?;
-            (rest.is_empty() || rest.starts_with('/')).then_some((*p, rest))
-        })?;
-        let rest = rest.trim_start_matches('/');
-        // Nothing may climb out of the node's directory.
-        if rest.split('/').any(|c| c == "..") {
-            return None;
-        }
-        let dir = self.layout.host_dir(base);
-        Some(if rest.is_empty() { dir } else { dir.join(rest) })
+        self.layout.host_path(node_path)
     }
 
     /// A command that runs `program` inside the node (its network and mount namespaces, its
