@@ -12,7 +12,6 @@ pub mod layout;
 pub mod node;
 
 use std::{
-    net::Ipv4Addr,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
@@ -484,6 +483,19 @@ pub fn slots_in_use() -> Vec<Slot> {
 /// what it did. Slots of running clusters are left alone.
 pub fn cleanup_stale() -> Vec<String> {
     let mut lines = Vec::new();
+    // A claim directory of a process that died between creating and renaming it.
+    if let Ok(entries) = std::fs::read_dir(Path::new(layout::DATA_ROOT).join("nodes")) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let dead = name
+                .strip_prefix(".claim-")
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| !super::plane::process_alive(pid));
+            if dead && e.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
     for slot in slots_in_use() {
         if slot_owner(slot).is_some_and(super::plane::process_alive) {
             continue;
@@ -943,11 +955,6 @@ pub async fn shared() -> Result<&'static RealCluster, RealNodeError> {
         }
         Err(e) => Err(RealNodeError::Shared(e.clone())),
     }
-}
-
-/// The address nodes reach the API server at, for a slot.
-pub fn api_address(slot: Slot) -> Ipv4Addr {
-    slot.host_ip()
 }
 
 #[cfg(test)]

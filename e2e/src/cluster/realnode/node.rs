@@ -141,7 +141,7 @@ impl RealNode {
                     source: e.source,
                 })
         };
-        let kubelet_kc = kc(
+        kc(
             "kubelet.kubeconfig",
             &format!("system:node:{name}"),
             &kubelet_client,
@@ -170,7 +170,6 @@ impl RealNode {
             let path = config_dir.join(file);
             std::fs::write(&path, text).map_err(io("write", &path))?;
         }
-        let _ = kubelet_kc;
 
         let node = RealNode {
             layout,
