@@ -358,3 +358,32 @@ async fn a_killed_supervisor_leaves_nothing_once_its_watchdog_or_cluster_down_ra
     assert_eq!(realnode::leftovers(slot), Vec::<String>::new());
     assert_sysctls_restored(&machine);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_node_binaries_or_a_bad_node_count_fail_saying_what_to_do() {
+    let empty = state_dir("rn-nobins");
+    std::fs::create_dir_all(&empty).unwrap();
+    let options = RealClusterOptions {
+        node_bin_dir: Some(empty.clone()),
+        ..RealClusterOptions::default()
+    };
+    let e = RealCluster::start(options).await.unwrap_err();
+    let text = ipkeep_e2e::error_chain(&e);
+    assert!(
+        text.contains("has no kubelet") && text.contains("make node-bins"),
+        "{text}"
+    );
+    std::fs::remove_dir(&empty).unwrap();
+
+    for nodes in [0, 9] {
+        let options = RealClusterOptions {
+            nodes,
+            ..RealClusterOptions::default()
+        };
+        let text = ipkeep_e2e::error_chain(&RealCluster::start(options).await.unwrap_err());
+        assert!(
+            text.contains("invalid number of nodes") && text.contains("1 to 8"),
+            "{text}"
+        );
+    }
+}

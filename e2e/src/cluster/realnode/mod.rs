@@ -228,15 +228,19 @@ pub fn node_bin_dir() -> Result<PathBuf, RealNodeError> {
             &["--print-node-bin-dir"],
         )?,
     };
-    for b in NODE_BINARIES {
-        if !dir.join(b).is_file() {
-            return Err(RealNodeError::BinariesMissing {
-                dir,
-                missing: b.to_owned(),
-            });
-        }
-    }
+    check_node_bin_dir(&dir)?;
     Ok(dir)
+}
+
+/// Fails naming the first node binary `dir` lacks, and how to build it.
+fn check_node_bin_dir(dir: &Path) -> Result<(), RealNodeError> {
+    match NODE_BINARIES.iter().find(|b| !dir.join(b).is_file()) {
+        Some(b) => Err(RealNodeError::BinariesMissing {
+            dir: dir.to_owned(),
+            missing: (*b).to_owned(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The directory of the node images: `IPKEEP_NODE_IMAGE_DIR`, else built (or found in the
@@ -592,7 +596,10 @@ impl RealCluster {
             source,
         })?;
         let bin_dir = match &options.node_bin_dir {
-            Some(d) => d.clone(),
+            Some(d) => {
+                check_node_bin_dir(d)?;
+                d.clone()
+            }
             None => node_bin_dir()?,
         };
         let image_dir = match &options.image_dir {
