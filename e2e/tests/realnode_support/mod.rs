@@ -130,11 +130,25 @@ fn chart_cluster(c: &RealCluster) -> ChartCluster {
     }
 }
 
+/// The tests of one binary share its two nodes: a test that takes a node away (drain, restart,
+/// reboot) holds this exclusively, the others hold it shared, so none of them sees a node go
+/// away under it.
+static NODES: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// Makes [`System::start`] put this binary's tests on the installed real nodes (the shared
-/// scenarios of `scenarios/` run there unchanged, their simulator-only checks skipped).
-pub async fn use_real_nodes() {
+/// scenarios of `scenarios/` run there unchanged, their simulator-only checks skipped); the nodes
+/// are shared with the other tests that hold the guard.
+pub async fn use_real_nodes() -> tokio::sync::RwLockReadGuard<'static, ()> {
     let c = installed().await;
     run_on_chart_cluster(chart_cluster(c));
+    NODES.read().await
+}
+
+/// As [`use_real_nodes`], for a test that takes a node away: no other test runs meanwhile.
+pub async fn use_real_nodes_alone() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    let c = installed().await;
+    run_on_chart_cluster(chart_cluster(c));
+    NODES.write().await
 }
 
 /// A fresh [`System`] on the installed real nodes: a namespace of its own, the nodes, the chart's
@@ -151,14 +165,35 @@ pub fn node<'a>(c: &'a RealCluster, name: &str) -> &'a RealNode {
         .unwrap_or_else(|| panic!("no real node {name}"))
 }
 
-/// What `ip -o addr show eth0` says inside the pod's container.
-pub fn eth0(sys: &System, pod: &str) -> String {
-    sys.kubectl(&["exec", pod, "--", "ip", "-o", "addr", "show", "eth0"])
+/// What `ip -o addr show eth0` says inside the pod's container (retried until the kubelet
+/// serves exec again: it may just have been restarted).
+pub async fn eth0(sys: &System, pod: &str) -> String {
+    let args = [
+        "-n",
+        sys.ns.as_str(),
+        "exec",
+        pod,
+        "--",
+        "ip",
+        "-o",
+        "addr",
+        "show",
+        "eth0",
+    ];
+    wait_for(&format!("kubectl exec into {pod}"), || {
+        let out = kubectl(&sys.target, &args, None);
+        let shown = out
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned());
+        async move { shown }
+    })
+    .await
 }
 
 /// Asserts the container of `pod` holds each of its addresses on `eth0`.
-pub fn assert_on_eth0(sys: &System, pod: &RunningPod) {
-    let shown = eth0(sys, &pod.name);
+pub async fn assert_on_eth0(sys: &System, pod: &RunningPod) {
+    let shown = eth0(sys, &pod.name).await;
     for ip in &pod.ips {
         assert!(
             shown.contains(&format!(" {ip}/")),
@@ -172,7 +207,7 @@ pub fn assert_on_eth0(sys: &System, pod: &RunningPod) {
 /// until the server answers: a container just started may not listen yet).
 pub async fn fetch(sys: &System, from: &str, to: &RunningPod) -> String {
     let url = format!("http://{}:8080/", to.ips[0]);
-    let args = ["exec", from, "--", "wget", "-qO-", "-T", "5", url.as_str()];
+    let args = ["exec", from, "--", "wget", "-qO-", url.as_str()];
     wait_for(&format!("{from} to fetch {url}"), || {
         let mut all = vec!["-n", sys.ns.as_str()];
         all.extend_from_slice(&args);
@@ -188,3 +223,42 @@ pub async fn fetch(sys: &System, from: &str, to: &RunningPod) -> String {
 
 /// What the workload image's httpd serves.
 pub const PAGE: &str = "ipkeep-e2e workload";
+
+/// What a failing real-node test needs to see: the reservations, the files under `dir` and the
+/// last lines of every agent's log (printed; libtest shows it when the test fails).
+pub fn dump(sys: &System, c: &RealCluster, dir: &std::path::Path) {
+    let ipr = kubectl(
+        &sys.target,
+        &["-n", &sys.ns, "get", "ipr", "-o", "wide"],
+        None,
+    );
+    eprintln!(
+        "--- kubectl get ipr:\n{}",
+        String::from_utf8_lossy(&ipr.stdout)
+    );
+    let files = std::process::Command::new("ls")
+        .arg("-laR")
+        .arg(dir)
+        .output();
+    if let Ok(out) = files {
+        eprintln!(
+            "--- {}:\n{}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let logs = kubectl(
+        c.plane(),
+        &[
+            "-n",
+            RELEASE_NS,
+            "logs",
+            "-l",
+            "app.kubernetes.io/component=agent",
+            "--tail=40",
+            "--prefix",
+        ],
+        None,
+    );
+    eprintln!("--- agent logs:\n{}", String::from_utf8_lossy(&logs.stdout));
+}
