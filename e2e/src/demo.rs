@@ -252,27 +252,6 @@ impl Stack {
     }
 }
 
-/// Several agents share this machine: a wrapper gives each a probe port of its own.
-fn write_agent_wrapper(work: &Path, operator: &Path) -> Result<PathBuf, DemoError> {
-    let agent = work.join("ipkeep-operator-agent");
-    std::fs::write(
-        &agent,
-        format!(
-            "#!/bin/sh\nexec '{}' \"$@\" --probe-addr 127.0.0.1:0\n",
-            operator.display()
-        ),
-    )
-    .and_then(|()| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755))
-    })
-    .map_err(|source| DemoError::Io {
-        what: format!("write {}", agent.display()),
-        source,
-    })?;
-    Ok(agent)
-}
-
 fn say(text: &str) {
     println!("\n==> {text}");
 }
@@ -281,18 +260,26 @@ fn note(text: &str) {
     println!("    {text}");
 }
 
+/// The control plane's kubectl as admin.
+struct Kubectl {
+    /// The built kubectl.
+    bin: PathBuf,
+    /// The admin kubeconfig.
+    kubeconfig: PathBuf,
+}
+
 /// Runs the built kubectl, printing the command line and its output.
-fn show(cluster: &Cluster, args: &[&str]) -> Result<String, DemoError> {
+fn show(k: &Kubectl, args: &[&str]) -> Result<String, DemoError> {
     println!("\n$ kubectl {}", args.join(" "));
-    let out = kubectl(cluster, args)?;
+    let out = kubectl(k, args)?;
     print!("{out}");
     Ok(out)
 }
 
-fn kubectl(cluster: &Cluster, args: &[&str]) -> Result<String, DemoError> {
+fn kubectl(k: &Kubectl, args: &[&str]) -> Result<String, DemoError> {
     let command = format!("kubectl {}", args.join(" "));
-    let out = cluster
-        .kubectl()
+    let out = Command::new(&k.bin)
+        .env("KUBECONFIG", &k.kubeconfig)
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -314,35 +301,22 @@ fn kubectl(cluster: &Cluster, args: &[&str]) -> Result<String, DemoError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn kubectl_apply(cluster: &Cluster, yaml: &str, work: &Path, name: &str) -> Result<(), DemoError> {
-    let path = work.join(name);
-    std::fs::write(&path, yaml).map_err(|source| DemoError::Io {
-        what: format!("write {}", path.display()),
-        source,
-    })?;
-    println!("\n$ cat {name}\n{yaml}");
-    let p = path.display().to_string();
-    show(cluster, &["-n", NS, "apply", "-f", &p]).map(|_| ())
-}
-
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> Result<T, DemoError>
+/// Waits for one step of the story, giving up after [`STEP_DEADLINE`].
+async fn wait_for<T, F, Fut>(what: &str, check: F) -> Result<T, DemoError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return Ok(v);
-        }
-        if started.elapsed() > STEP_DEADLINE {
-            return Err(DemoError::Timeout {
-                what: what.to_owned(),
-                secs: STEP_DEADLINE.as_secs(),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    crate::wait::wait_for(what, STEP_DEADLINE, check)
+        .await
+        .map_err(|e| DemoError::Timeout {
+            what: e.what,
+            secs: e.deadline.as_secs(),
+        })
+}
+
+fn io_error(what: String) -> impl FnOnce(std::io::Error) -> DemoError {
+    move |source| DemoError::Io { what, source }
 }
 
 fn ipr_resource() -> ApiResource {
@@ -407,61 +381,20 @@ spec:
     )
 }
 
-async fn story(
+/// Starts the two simulated nodes, each with its agent talking to the API server of
+/// `kubeconfig`, as tasks on this runtime.
+fn start_nodes(
     options: &DemoOptions,
     work: &Path,
     stack: &mut Stack,
-    told: &mut bool,
-    t0: Instant,
+    client: &kube::Client,
+    kubeconfig: &Path,
 ) -> Result<(), DemoError> {
-    let mkdir = |p: &Path| {
-        std::fs::create_dir_all(p).map_err(|source| DemoError::Io {
-            what: format!("create {}", p.display()),
-            source,
-        })
-    };
-    let _ = std::fs::remove_dir_all(work);
-    mkdir(work)?;
-    if options.fast {
-        return fast::story(options, work, stack, told, t0).await;
-    }
-
-    say(
-        "Starting a real Kubernetes control plane on 127.0.0.1 (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)",
-    );
-    let cluster = Cluster::start(ClusterOptions::default()).await?;
-    note(&format!(
-        "ready after {:.1} s; API server {}",
-        t0.elapsed().as_secs_f64(),
-        cluster.server()
-    ));
-    let cluster = stack.cluster.insert(cluster);
-    let crd = options.crd.display().to_string();
-    say("Installing the IPReservation custom resource (kubectl get ipr)");
-    show(cluster, &["apply", "-f", &crd])?;
-    kubectl(
-        cluster,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/ipreservations.ipkeep.dev",
-        ],
-    )?;
-    kubectl(cluster, &["create", "namespace", NS])?;
-
-    say(
-        "Starting two simulated nodes: each is a kubelet stand-in that gives pods real network namespaces through the CNI bridge plugin with ipkeep as its IPAM, plus the ipkeep agent of that node",
-    );
     let bin_dir = work.join("cni-bin");
-    mkdir(&bin_dir)?;
+    std::fs::create_dir_all(&bin_dir).map_err(io_error(format!("create {}", bin_dir.display())))?;
     host::link_cni_bin_dir(&bin_dir, &options.bridge_bin, &options.plugin_bin).map_err(
-        |source| DemoError::Io {
-            what: format!("link the CNI plugins into {}", bin_dir.display()),
-            source,
-        },
+        io_error(format!("link the CNI plugins into {}", bin_dir.display())),
     )?;
-    let agent = write_agent_wrapper(work, &options.operator_bin)?;
     for (name, cidr) in NODES {
         let mut config = NodeConfig::new(
             name,
@@ -469,19 +402,202 @@ async fn story(
             work.join(name),
             vec![bin_dir.clone()],
         );
-        config.agent = Some(AgentConfig {
-            bin: agent.clone(),
-            kubeconfig: Some(cluster.kubeconfig_path().to_path_buf()),
-        });
-        let client = cluster.client()?;
+        config.agent = Some(AgentConfig::on_own_port(
+            options.operator_bin.clone(),
+            kubeconfig.to_path_buf(),
+        ));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(crate::node::run(client, config, async {
+        let task = tokio::spawn(crate::node::run(client.clone(), config, async {
             let _ = rx.await;
         }));
         stack.nodes.push((name.to_owned(), tx, task));
         note(&format!("{name}: pod CIDR {cidr}"));
     }
-    let client = cluster.client()?;
+    Ok(())
+}
+
+/// Starts the ipkeep controller (the built binary) against the API server of `kubeconfig`.
+fn start_controller(
+    options: &DemoOptions,
+    work: &Path,
+    stack: &mut Stack,
+    kubeconfig: &Path,
+) -> Result<PathBuf, DemoError> {
+    let log = work.join("controller.log");
+    let log_file =
+        std::fs::File::create(&log).map_err(io_error(format!("create {}", log.display())))?;
+    let controller = Command::new("setpriv")
+        .args(["--pdeathsig", "KILL", "--"])
+        .arg(&options.operator_bin)
+        .args([
+            "controller",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--identity",
+            "demo-controller",
+        ])
+        .env("KUBECONFIG", kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .map_err(|e| DemoError::Command {
+            command: format!("{} controller", options.operator_bin.display()),
+            detail: e.to_string(),
+        })?;
+    stack.controller = Some(controller);
+    Ok(log)
+}
+
+async fn story(
+    options: &DemoOptions,
+    work: &Path,
+    stack: &mut Stack,
+    told: &mut bool,
+    t0: Instant,
+) -> Result<(), DemoError> {
+    let _ = std::fs::remove_dir_all(work);
+    std::fs::create_dir_all(work).map_err(io_error(format!("create {}", work.display())))?;
+    let (plane, client, kubeconfig) = if options.fast {
+        fast::start(options, work, stack, t0).await?
+    } else {
+        real::start(options, work, stack, t0).await?
+    };
+    start_nodes(options, work, stack, &client, &kubeconfig)?;
+    if !options.fast {
+        wait_nodes_schedulable(&client, stack).await?;
+    }
+    plane.show_nodes()?;
+    if options.fast {
+        say("Starting the ipkeep controller");
+        start_controller(options, work, stack, &kubeconfig)?;
+    } else {
+        say("Starting the ipkeep controller (leader-elected through a Lease)");
+        let log = start_controller(options, work, stack, &kubeconfig)?;
+        note(&format!("its log: {}", log.display()));
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), plane.namespace());
+    let iprs: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), plane.namespace(), &ipr_resource());
+    let bound = |name: String| {
+        let iprs = iprs.clone();
+        async move { (reservation_phase(&iprs, &name).await.as_deref() == Some("Bound")).then_some(()) }
+    };
+
+    say("1. An annotated StatefulSet with 3 replicas");
+    plane
+        .apply_set("web.yaml", &statefulset("web", 3, "10m", "node-a"))
+        .await?;
+    for i in 0..3 {
+        let name = format!("web-{i}");
+        wait_for(&format!("{name} Running with an IP"), || async {
+            running(&pods.get_opt(&name).await.ok()??)
+        })
+        .await?;
+        wait_for(&format!("the reservation of {name} Bound"), || {
+            bound(name.clone())
+        })
+        .await?;
+    }
+    plane.show_pods_and_reservations(&pods, &iprs).await?;
+
+    plane.say_delete_web1();
+    let Some((old_uid, old_ips)) = pods
+        .get_opt("web-1")
+        .await
+        .ok()
+        .flatten()
+        .as_ref()
+        .and_then(running)
+    else {
+        return Err(DemoError::Timeout {
+            what: "web-1 running".into(),
+            secs: 0,
+        });
+    };
+    if !options.fast {
+        note(&format!(
+            "web-1 now: uid {old_uid}, IP {}",
+            old_ips.join(", ")
+        ));
+    }
+    plane.delete_pod(&pods, "web-1").await?;
+    let (new_uid, new_ips) = wait_for("web-1 back and Running", || async {
+        let got = running(&pods.get_opt("web-1").await.ok()??)?;
+        (got.0 != old_uid).then_some(got)
+    })
+    .await?;
+    wait_for("web-1's reservation Bound again", || {
+        bound("web-1".to_owned())
+    })
+    .await?;
+    note(&format!(
+        "web-1 again: uid {new_uid} (a new pod), IP {} — {}",
+        new_ips.join(", "),
+        if new_ips == old_ips {
+            "the same address"
+        } else {
+            "A DIFFERENT ADDRESS (this is a bug)"
+        }
+    ));
+    plane.show_after_return(&iprs).await?;
+    if new_ips != old_ips {
+        return Err(DemoError::Command {
+            command: "the demo's check".into(),
+            detail: format!("web-1 came back with {new_ips:?}, not {old_ips:?}"),
+        });
+    }
+
+    say("3. A reservation expires: a StatefulSet `cache` with retain-for 5s, scaled to 0");
+    plane
+        .apply_set("cache.yaml", &statefulset("cache", 1, "5s", "node-b"))
+        .await?;
+    let (_, cache_ips) = wait_for("cache-0 Running", || async {
+        running(&pods.get_opt("cache-0").await.ok()??)
+    })
+    .await?;
+    wait_for("cache-0's reservation Bound", || {
+        bound("cache-0".to_owned())
+    })
+    .await?;
+    plane.scale("cache", 0).await?;
+    wait_for("cache-0's reservation Released", || async {
+        (reservation_phase(&iprs, "cache-0").await.as_deref() == Some("Released")).then_some(())
+    })
+    .await?;
+    if !options.fast {
+        note(&format!(
+            "cache-0 is gone; its address {} stays reserved (nobody else gets it) until RELEASE-TIME:",
+            cache_ips.join(", ")
+        ));
+    }
+    plane.show_reservation(&iprs, "cache-0").await?;
+    wait_for(
+        "cache-0's reservation deleted at its release time",
+        || async { iprs.get_opt("cache-0").await.ok()?.is_none().then_some(()) },
+    )
+    .await?;
+    plane.show_after_expiry(&iprs).await?;
+
+    let listed = pods
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| DemoError::Api {
+            what: "list the demo's pods".into(),
+            source,
+        })?;
+    say(&plane.closing(t0, listed.items.len()));
+    *told = true;
+    if options.keep {
+        say("Everything keeps running until you press Ctrl-C. In another terminal:");
+        println!("{}", plane.explore(&kubeconfig));
+        std::future::pending::<()>().await;
+    }
+    Ok(())
+}
+
+/// Waits until both nodes are Ready and untainted, and fails if a stand-in stopped.
+async fn wait_nodes_schedulable(client: &kube::Client, stack: &Stack) -> Result<(), DemoError> {
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     for (name, _) in NODES {
         wait_for(&format!("node {name} Ready and schedulable"), || {
@@ -513,192 +629,253 @@ async fn story(
             });
         }
     }
-    show(cluster, &["get", "nodes", "-o", "wide"])?;
-
-    say("Starting the ipkeep controller (leader-elected through a Lease)");
-    let log = work.join("controller.log");
-    let log_file = std::fs::File::create(&log).map_err(|source| DemoError::Io {
-        what: format!("create {}", log.display()),
-        source,
-    })?;
-    let controller = Command::new("setpriv")
-        .args(["--pdeathsig", "KILL", "--"])
-        .arg(&options.operator_bin)
-        .args([
-            "controller",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--identity",
-            "demo-controller",
-        ])
-        .env("KUBECONFIG", cluster.kubeconfig_path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log_file)
-        .spawn()
-        .map_err(|e| DemoError::Command {
-            command: format!("{} controller", options.operator_bin.display()),
-            detail: e.to_string(),
-        })?;
-    stack.controller = Some(controller);
-    note(&format!("its log: {}", log.display()));
-
-    say("1. An annotated StatefulSet with 3 replicas");
-    kubectl_apply(
-        cluster,
-        &statefulset("web", 3, "10m", "node-a"),
-        work,
-        "web.yaml",
-    )?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let iprs: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &ipr_resource());
-    for i in 0..3 {
-        let name = format!("web-{i}");
-        wait_for(&format!("{name} Running with an IP"), || async {
-            running(&pods.get_opt(&name).await.ok()??)
-        })
-        .await?;
-        wait_for(&format!("the reservation of {name} Bound"), || async {
-            (reservation_phase(&iprs, &name).await.as_deref() == Some("Bound")).then_some(())
-        })
-        .await?;
-    }
-    note(
-        "The scheduler placed the pods; each node's CNI chain gave them addresses from that node's range:",
-    );
-    show(cluster, &["-n", NS, "get", "pods", "-o", "wide"])?;
-    note(
-        "ipkeep's controller made one IPReservation per pod, named like the pod; the agents wrote them to each node's disk:",
-    );
-    show(cluster, &["-n", NS, "get", "ipr"])?;
-
-    say("2. Delete web-1: the StatefulSet re-creates it, and ipkeep gives it its address back");
-    let Some((old_uid, old_ips)) = pods
-        .get_opt("web-1")
-        .await
-        .ok()
-        .flatten()
-        .as_ref()
-        .and_then(running)
-    else {
-        return Err(DemoError::Timeout {
-            what: "web-1 running".into(),
-            secs: 0,
-        });
-    };
-    note(&format!(
-        "web-1 now: uid {old_uid}, IP {}",
-        old_ips.join(", ")
-    ));
-    show(cluster, &["-n", NS, "delete", "pod", "web-1"])?;
-    let (new_uid, new_ips) = wait_for("web-1 back and Running", || async {
-        let got = running(&pods.get_opt("web-1").await.ok()??)?;
-        (got.0 != old_uid).then_some(got)
-    })
-    .await?;
-    wait_for("web-1's reservation Bound again", || async {
-        (reservation_phase(&iprs, "web-1").await.as_deref() == Some("Bound")).then_some(())
-    })
-    .await?;
-    note(&format!(
-        "web-1 again: uid {new_uid} (a new pod), IP {} — {}",
-        new_ips.join(", "),
-        if new_ips == old_ips {
-            "the same address"
-        } else {
-            "A DIFFERENT ADDRESS (this is a bug)"
-        }
-    ));
-    show(cluster, &["-n", NS, "get", "pods", "-o", "wide"])?;
-    show(cluster, &["get", "ipr", "-A", "-o", "wide"])?;
-    if new_ips != old_ips {
-        return Err(DemoError::Command {
-            command: "the demo's check".into(),
-            detail: format!("web-1 came back with {new_ips:?}, not {old_ips:?}"),
-        });
-    }
-
-    say("3. A reservation expires: a StatefulSet `cache` with retain-for 5s, scaled to 0");
-    kubectl_apply(
-        cluster,
-        &statefulset("cache", 1, "5s", "node-b"),
-        work,
-        "cache.yaml",
-    )?;
-    let (_, cache_ips) = wait_for("cache-0 Running", || async {
-        running(&pods.get_opt("cache-0").await.ok()??)
-    })
-    .await?;
-    wait_for("cache-0's reservation Bound", || async {
-        (reservation_phase(&iprs, "cache-0").await.as_deref() == Some("Bound")).then_some(())
-    })
-    .await?;
-    show(
-        cluster,
-        &["-n", NS, "scale", "statefulset", "cache", "--replicas=0"],
-    )?;
-    wait_for("cache-0's reservation Released", || async {
-        (reservation_phase(&iprs, "cache-0").await.as_deref() == Some("Released")).then_some(())
-    })
-    .await?;
-    note(&format!(
-        "cache-0 is gone; its address {} stays reserved (nobody else gets it) until RELEASE-TIME:",
-        cache_ips.join(", ")
-    ));
-    show(cluster, &["-n", NS, "get", "ipr", "cache-0"])?;
-    wait_for(
-        "cache-0's reservation deleted at its release time",
-        || async { iprs.get_opt("cache-0").await.ok()?.is_none().then_some(()) },
-    )
-    .await?;
-    note(
-        "Five seconds later the controller deleted it, the agent removed the node's file, and the address is free again:",
-    );
-    show(cluster, &["get", "ipr", "-A"])?;
-
-    let listed = pods
-        .list(&ListParams::default())
-        .await
-        .map_err(|source| DemoError::Api {
-            what: "list the demo's pods".into(),
-            source,
-        })?;
-    say(&format!(
-        "The story took {:.0} s from nothing; {} pods are running.",
-        t0.elapsed().as_secs_f64(),
-        listed.items.len()
-    ));
-    *told = true;
-    if options.keep {
-        say("Everything keeps running until you press Ctrl-C. In another terminal:");
-        println!(
-            "\n    export KUBECONFIG={}\n    export PATH={}:$PATH   # the kubectl of this control plane\n    kubectl -n {NS} get pods,ipr -o wide\n    kubectl -n {NS} delete pod web-0   # and watch it come back with its IP\n",
-            cluster.kubeconfig_path().display(),
-            cluster
-                .bin("kubectl")
-                .parent()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
-        );
-        std::future::pending::<()>().await;
-    }
     Ok(())
+}
+
+/// Where the story runs, and how each of its steps is done and shown there.
+enum Plane {
+    /// The real control plane: each step is a kubectl command, printed with its output.
+    Real {
+        /// Its kubectl.
+        cluster: Kubectl,
+        /// Where the manifests are written.
+        work: PathBuf,
+    },
+    /// The API test server: each step goes through the API, printed like kubectl's.
+    Fast {
+        /// The StatefulSets of the story's namespace.
+        sets: Api<k8s_openapi::api::apps::v1::StatefulSet>,
+    },
+}
+
+impl Plane {
+    fn namespace(&self) -> &'static str {
+        match self {
+            Plane::Real { .. } => NS,
+            Plane::Fast { .. } => fast::FAST_NS,
+        }
+    }
+
+    fn show_nodes(&self) -> Result<(), DemoError> {
+        if let Plane::Real { cluster, .. } = self {
+            show(cluster, &["get", "nodes", "-o", "wide"])?;
+        }
+        Ok(())
+    }
+
+    async fn apply_set(&self, file: &str, yaml: &str) -> Result<(), DemoError> {
+        match self {
+            Plane::Real { cluster, work } => {
+                let path = work.join(file);
+                std::fs::write(&path, yaml)
+                    .map_err(io_error(format!("write {}", path.display())))?;
+                println!("\n$ cat {file}\n{yaml}");
+                let p = path.display().to_string();
+                show(cluster, &["-n", NS, "apply", "-f", &p]).map(|_| ())
+            }
+            Plane::Fast { sets } => fast::create_set(sets, yaml).await,
+        }
+    }
+
+    async fn show_pods_and_reservations(
+        &self,
+        pods: &Api<Pod>,
+        iprs: &Api<DynamicObject>,
+    ) -> Result<(), DemoError> {
+        match self {
+            Plane::Real { cluster, .. } => {
+                note(
+                    "The scheduler placed the pods; each node's CNI chain gave them addresses from that node's range:",
+                );
+                show(cluster, &["-n", NS, "get", "pods", "-o", "wide"])?;
+                note(
+                    "ipkeep's controller made one IPReservation per pod, named like the pod; the agents wrote them to each node's disk:",
+                );
+                show(cluster, &["-n", NS, "get", "ipr"]).map(|_| ())
+            }
+            Plane::Fast { .. } => {
+                fast::show_pods(pods).await?;
+                fast::show_iprs(iprs).await
+            }
+        }
+    }
+
+    fn say_delete_web1(&self) {
+        say(match self {
+            Plane::Real { .. } => {
+                "2. Delete web-1: the StatefulSet re-creates it, and ipkeep gives it its address back"
+            }
+            Plane::Fast { .. } => {
+                "2. Delete web-1: it is re-created, and ipkeep gives it its address back"
+            }
+        });
+    }
+
+    async fn delete_pod(&self, pods: &Api<Pod>, name: &str) -> Result<(), DemoError> {
+        match self {
+            Plane::Real { cluster, .. } => {
+                show(cluster, &["-n", NS, "delete", "pod", name]).map(|_| ())
+            }
+            Plane::Fast { .. } => {
+                println!("\n~ kubectl delete pod {name}");
+                pods.delete(name, &kube::api::DeleteParams::default())
+                    .await
+                    .map(|_| ())
+                    .map_err(|source| DemoError::Api {
+                        what: format!("delete {name}"),
+                        source,
+                    })
+            }
+        }
+    }
+
+    async fn show_after_return(&self, iprs: &Api<DynamicObject>) -> Result<(), DemoError> {
+        match self {
+            Plane::Real { cluster, .. } => {
+                show(cluster, &["-n", NS, "get", "pods", "-o", "wide"])?;
+                show(cluster, &["get", "ipr", "-A", "-o", "wide"]).map(|_| ())
+            }
+            Plane::Fast { .. } => fast::show_iprs(iprs).await,
+        }
+    }
+
+    async fn scale(&self, set: &str, replicas: u32) -> Result<(), DemoError> {
+        match self {
+            Plane::Real { cluster, .. } => {
+                let to = format!("--replicas={replicas}");
+                show(cluster, &["-n", NS, "scale", "statefulset", set, &to]).map(|_| ())
+            }
+            Plane::Fast { sets } => fast::scale(sets, set, replicas).await,
+        }
+    }
+
+    async fn show_reservation(
+        &self,
+        iprs: &Api<DynamicObject>,
+        name: &str,
+    ) -> Result<(), DemoError> {
+        match self {
+            Plane::Real { cluster, .. } => {
+                show(cluster, &["-n", NS, "get", "ipr", name]).map(|_| ())
+            }
+            Plane::Fast { .. } => fast::show_iprs(iprs).await,
+        }
+    }
+
+    async fn show_after_expiry(&self, iprs: &Api<DynamicObject>) -> Result<(), DemoError> {
+        match self {
+            Plane::Real { cluster, .. } => {
+                note(
+                    "Five seconds later the controller deleted it, the agent removed the node's file, and the address is free again:",
+                );
+                show(cluster, &["get", "ipr", "-A"]).map(|_| ())
+            }
+            Plane::Fast { .. } => {
+                note(
+                    "At its release time the controller deleted it and the address is free again:",
+                );
+                fast::show_iprs(iprs).await
+            }
+        }
+    }
+
+    fn closing(&self, t0: Instant, pods: usize) -> String {
+        match self {
+            Plane::Real { .. } => format!(
+                "The story took {:.0} s from nothing; {pods} pods are running.",
+                t0.elapsed().as_secs_f64()
+            ),
+            Plane::Fast { .. } => format!(
+                "The story took {:.0} s from nothing.",
+                t0.elapsed().as_secs_f64()
+            ),
+        }
+    }
+
+    fn explore(&self, kubeconfig: &Path) -> String {
+        match self {
+            Plane::Real { cluster, .. } => format!(
+                "\n    export KUBECONFIG={}\n    export PATH={}:$PATH   # the kubectl of this control plane\n    kubectl -n {NS} get pods,ipr -o wide\n    kubectl -n {NS} delete pod web-0   # and watch it come back with its IP\n",
+                kubeconfig.display(),
+                cluster
+                    .bin
+                    .parent()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            ),
+            Plane::Fast { .. } => format!("\n    export KUBECONFIG={}\n", kubeconfig.display()),
+        }
+    }
+}
+
+/// The real control plane.
+mod real {
+    use super::*;
+
+    /// Starts the control plane, installs the CRD, makes the namespace and starts the nodes.
+    pub(super) async fn start(
+        options: &DemoOptions,
+        work: &Path,
+        stack: &mut Stack,
+        t0: Instant,
+    ) -> Result<(Plane, kube::Client, PathBuf), DemoError> {
+        say(
+            "Starting a real Kubernetes control plane on 127.0.0.1 (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)",
+        );
+        let cluster = Cluster::start(ClusterOptions::default()).await?;
+        note(&format!(
+            "ready after {:.1} s; API server {}",
+            t0.elapsed().as_secs_f64(),
+            cluster.server()
+        ));
+        let client = cluster.client()?;
+        let kubeconfig = cluster.kubeconfig_path().to_path_buf();
+        let cluster = Kubectl {
+            bin: stack.cluster.insert(cluster).bin("kubectl"),
+            kubeconfig: kubeconfig.clone(),
+        };
+        let crd = options.crd.display().to_string();
+        say("Installing the IPReservation custom resource (kubectl get ipr)");
+        show(&cluster, &["apply", "-f", &crd])?;
+        kubectl(
+            &cluster,
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/ipreservations.ipkeep.dev",
+            ],
+        )?;
+        kubectl(&cluster, &["create", "namespace", NS])?;
+        say(
+            "Starting two simulated nodes: each is a kubelet stand-in that gives pods real network namespaces through the CNI bridge plugin with ipkeep as its IPAM, plus the ipkeep agent of that node",
+        );
+        Ok((
+            Plane::Real {
+                cluster,
+                work: work.to_path_buf(),
+            },
+            client,
+            kubeconfig,
+        ))
+    }
 }
 
 /// `--fast`: the same story on the API test server, with a StatefulSet stand-in.
 mod fast {
-    use std::{collections::BTreeMap, path::Path, process::Command, time::Instant};
+    use std::collections::BTreeMap;
 
-    use k8s_openapi::api::{apps::v1::StatefulSet, core::v1::Pod};
+    use k8s_openapi::api::apps::v1::StatefulSet;
     use kube::{
-        Api, ResourceExt,
-        api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
+        ResourceExt,
+        api::{DeleteParams, Patch, PatchParams, PostParams},
     };
 
     use super::*;
     use crate::apiserver::{ServerOptions, TestServer};
 
-    const FAST_NS: &str = "default";
+    /// The namespace of the FAST story.
+    pub(super) const FAST_NS: &str = "default";
 
     /// Keeps each StatefulSet's pods `<name>-0..replicas-1` existing, placed on the node its
     /// template's `kubernetes.io/hostname` node selector names (there is no scheduler), and
@@ -757,66 +934,69 @@ mod fast {
         }
     }
 
-    fn print_pods(list: &[Pod]) {
-        println!("NAME      STATUS     IP            NODE      UID");
-        for p in list {
-            let status = p.status.as_ref();
-            println!(
-                "{:<9} {:<10} {:<13} {:<9} {}",
-                p.name_any(),
-                status.and_then(|s| s.phase.clone()).unwrap_or_default(),
-                status.and_then(|s| s.pod_ip.clone()).unwrap_or_default(),
-                p.spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.clone())
-                    .unwrap_or_default(),
-                p.metadata.uid.clone().unwrap_or_default()
-            );
-        }
+    /// One line of `kubectl get pods` as the FAST story prints it.
+    fn pod_row(p: &Pod) -> String {
+        let status = p.status.as_ref();
+        format!(
+            "{:<9} {:<10} {:<13} {:<9} {}",
+            p.name_any(),
+            status.and_then(|s| s.phase.clone()).unwrap_or_default(),
+            status.and_then(|s| s.pod_ip.clone()).unwrap_or_default(),
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default(),
+            p.metadata.uid.clone().unwrap_or_default()
+        )
     }
 
-    fn print_iprs(list: &[DynamicObject]) {
-        println!("NAME      IPS                NODE      PHASE      RELEASE-TIME");
-        for r in list {
-            let ips = r.data["spec"]["ips"].to_string();
-            println!(
-                "{:<9} {:<18} {:<9} {:<10} {}",
-                r.name_any(),
-                ips,
-                r.data["spec"]["nodeName"].as_str().unwrap_or_default(),
-                r.data["status"]["phase"].as_str().unwrap_or_default(),
-                r.data["status"]["releaseTime"].as_str().unwrap_or_default()
-            );
-        }
+    /// One line of `kubectl get ipr` as the FAST story prints it.
+    fn ipr_row(r: &DynamicObject) -> String {
+        format!(
+            "{:<9} {:<18} {:<9} {:<10} {}",
+            r.name_any(),
+            r.data["spec"]["ips"].to_string(),
+            r.data["spec"]["nodeName"].as_str().unwrap_or_default(),
+            r.data["status"]["phase"].as_str().unwrap_or_default(),
+            r.data["status"]["releaseTime"].as_str().unwrap_or_default()
+        )
     }
 
-    async fn show_pods(pods: &Api<Pod>) -> Result<(), DemoError> {
-        println!("\n~ kubectl get pods");
-        let list = pods
+    /// Lists `api` and prints it like `kubectl get <kind>`: the header, then a row each.
+    async fn show_list<K>(
+        api: &Api<K>,
+        kind: &str,
+        header: &str,
+        row: fn(&K) -> String,
+    ) -> Result<(), DemoError>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        println!("\n~ kubectl get {kind}\n{header}");
+        let list = api
             .list(&ListParams::default())
             .await
             .map_err(|source| DemoError::Api {
-                what: "list pods".into(),
+                what: format!("list {kind}"),
                 source,
             })?;
-        print_pods(&list.items);
+        for item in &list.items {
+            println!("{}", row(item));
+        }
         Ok(())
     }
 
-    async fn show_iprs(iprs: &Api<DynamicObject>) -> Result<(), DemoError> {
-        println!("\n~ kubectl get ipr");
-        let list = iprs
-            .list(&ListParams::default())
-            .await
-            .map_err(|source| DemoError::Api {
-                what: "list reservations".into(),
-                source,
-            })?;
-        print_iprs(&list.items);
-        Ok(())
+    pub(super) async fn show_pods(pods: &Api<Pod>) -> Result<(), DemoError> {
+        let header = "NAME      STATUS     IP            NODE      UID";
+        show_list(pods, "pods", header, pod_row).await
     }
 
-    async fn create_set(sets: &Api<StatefulSet>, yaml: &str) -> Result<(), DemoError> {
+    pub(super) async fn show_iprs(iprs: &Api<DynamicObject>) -> Result<(), DemoError> {
+        let header = "NAME      IPS                NODE      PHASE      RELEASE-TIME";
+        show_list(iprs, "ipr", header, ipr_row).await
+    }
+
+    pub(super) async fn create_set(sets: &Api<StatefulSet>, yaml: &str) -> Result<(), DemoError> {
         println!("\n~ kubectl apply -f - <<EOF\n{yaml}EOF");
         let set: StatefulSet = serde_saphyr::from_str(yaml).map_err(|e| DemoError::Command {
             command: "parse the StatefulSet".into(),
@@ -831,13 +1011,33 @@ mod fast {
         Ok(())
     }
 
-    pub(super) async fn story(
+    /// `kubectl scale statefulset <set> --replicas=<n>`, through the API.
+    pub(super) async fn scale(
+        sets: &Api<StatefulSet>,
+        set: &str,
+        replicas: u32,
+    ) -> Result<(), DemoError> {
+        println!("\n~ kubectl scale statefulset {set} --replicas={replicas}");
+        sets.patch(
+            set,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|source| DemoError::Api {
+            what: format!("scale {set} to {replicas}"),
+            source,
+        })
+    }
+
+    /// Starts the API test server with the CRD and the StatefulSet stand-in.
+    pub(super) async fn start(
         options: &DemoOptions,
         work: &Path,
         stack: &mut Stack,
-        told: &mut bool,
         t0: Instant,
-    ) -> Result<(), DemoError> {
+    ) -> Result<(Plane, kube::Client, PathBuf), DemoError> {
         say(
             "Starting the API test server (in memory, plain HTTP on 127.0.0.1). FAST mode: a small StatefulSet stand-in replaces the StatefulSet controller and the scheduler, and there is no kubectl: lines starting with `~ kubectl` are done through the API, their output printed like kubectl's",
         );
@@ -864,185 +1064,16 @@ mod fast {
             })?;
         let url = server.url();
         let client = server.client();
-        let server = stack.server.insert(server);
+        stack.server = Some(server);
         note(&format!(
             "ready after {:.1} s at {url}",
             t0.elapsed().as_secs_f64()
         ));
         stack.standin = Some(tokio::spawn(statefulset_standin(client.clone())));
-
         say(
             "Starting two simulated nodes (kubelet stand-ins running the CNI bridge plugin with ipkeep in network namespaces, each with its ipkeep agent)",
         );
-        let agent = write_agent_wrapper(work, &options.operator_bin)?;
-        let bin_dir = work.join("cni-bin");
-        std::fs::create_dir_all(&bin_dir).map_err(|source| DemoError::Io {
-            what: format!("create {}", bin_dir.display()),
-            source,
-        })?;
-        host::link_cni_bin_dir(&bin_dir, &options.bridge_bin, &options.plugin_bin).map_err(
-            |source| DemoError::Io {
-                what: format!("link the CNI plugins into {}", bin_dir.display()),
-                source,
-            },
-        )?;
-        for (name, cidr) in NODES {
-            let mut config = NodeConfig::new(
-                name,
-                vec![cidr.to_owned()],
-                work.join(name),
-                vec![bin_dir.clone()],
-            );
-            config.agent = Some(AgentConfig {
-                bin: agent.clone(),
-                kubeconfig: Some(kubeconfig.clone()),
-            });
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let task = tokio::spawn(crate::node::run(server.client(), config, async {
-                let _ = rx.await;
-            }));
-            stack.nodes.push((name.to_owned(), tx, task));
-            note(&format!("{name}: pod CIDR {cidr}"));
-        }
-
-        say("Starting the ipkeep controller");
-        let log = work.join("controller.log");
-        let log_file = std::fs::File::create(&log).map_err(|source| DemoError::Io {
-            what: format!("create {}", log.display()),
-            source,
-        })?;
-        let controller = Command::new("setpriv")
-            .args(["--pdeathsig", "KILL", "--"])
-            .arg(&options.operator_bin)
-            .args([
-                "controller",
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--identity",
-                "demo-controller",
-            ])
-            .env("KUBECONFIG", &kubeconfig)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .map_err(|e| DemoError::Command {
-                command: format!("{} controller", options.operator_bin.display()),
-                detail: e.to_string(),
-            })?;
-        stack.controller = Some(controller);
-
-        let pods: Api<Pod> = Api::namespaced(client.clone(), FAST_NS);
-        let iprs: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), FAST_NS, &ipr_resource());
-        let sets: Api<StatefulSet> = Api::namespaced(client.clone(), FAST_NS);
-
-        say("1. An annotated StatefulSet with 3 replicas");
-        create_set(&sets, &statefulset("web", 3, "10m", "node-a")).await?;
-        for i in 0..3 {
-            let name = format!("web-{i}");
-            wait_for(&format!("{name} Running with an IP"), || async {
-                running(&pods.get_opt(&name).await.ok()??)
-            })
-            .await?;
-            wait_for(&format!("the reservation of {name} Bound"), || async {
-                (reservation_phase(&iprs, &name).await.as_deref() == Some("Bound")).then_some(())
-            })
-            .await?;
-        }
-        show_pods(&pods).await?;
-        show_iprs(&iprs).await?;
-
-        say("2. Delete web-1: it is re-created, and ipkeep gives it its address back");
-        let Some((old_uid, old_ips)) = pods
-            .get_opt("web-1")
-            .await
-            .ok()
-            .flatten()
-            .as_ref()
-            .and_then(running)
-        else {
-            return Err(DemoError::Timeout {
-                what: "web-1 running".into(),
-                secs: 0,
-            });
-        };
-        println!("\n~ kubectl delete pod web-1");
-        pods.delete("web-1", &DeleteParams::default())
-            .await
-            .map_err(|source| DemoError::Api {
-                what: "delete web-1".into(),
-                source,
-            })?;
-        let (new_uid, new_ips) = wait_for("web-1 back and Running", || async {
-            let got = running(&pods.get_opt("web-1").await.ok()??)?;
-            (got.0 != old_uid).then_some(got)
-        })
-        .await?;
-        wait_for("web-1's reservation Bound again", || async {
-            (reservation_phase(&iprs, "web-1").await.as_deref() == Some("Bound")).then_some(())
-        })
-        .await?;
-        note(&format!(
-            "web-1 again: uid {new_uid} (a new pod), IP {} — {}",
-            new_ips.join(", "),
-            if new_ips == old_ips {
-                "the same address"
-            } else {
-                "A DIFFERENT ADDRESS (this is a bug)"
-            }
-        ));
-        show_iprs(&iprs).await?;
-        if new_ips != old_ips {
-            return Err(DemoError::Command {
-                command: "the demo's check".into(),
-                detail: format!("web-1 came back with {new_ips:?}, not {old_ips:?}"),
-            });
-        }
-
-        say("3. A reservation expires: a StatefulSet `cache` with retain-for 5s, scaled to 0");
-        create_set(&sets, &statefulset("cache", 1, "5s", "node-b")).await?;
-        wait_for("cache-0 Running", || async {
-            running(&pods.get_opt("cache-0").await.ok()??)
-        })
-        .await?;
-        wait_for("cache-0's reservation Bound", || async {
-            (reservation_phase(&iprs, "cache-0").await.as_deref() == Some("Bound")).then_some(())
-        })
-        .await?;
-        println!("\n~ kubectl scale statefulset cache --replicas=0");
-        sets.patch(
-            "cache",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"replicas": 0}})),
-        )
-        .await
-        .map_err(|source| DemoError::Api {
-            what: "scale cache to 0".into(),
-            source,
-        })?;
-        wait_for("cache-0's reservation Released", || async {
-            (reservation_phase(&iprs, "cache-0").await.as_deref() == Some("Released")).then_some(())
-        })
-        .await?;
-        show_iprs(&iprs).await?;
-        wait_for(
-            "cache-0's reservation deleted at its release time",
-            || async { iprs.get_opt("cache-0").await.ok()?.is_none().then_some(()) },
-        )
-        .await?;
-        note("At its release time the controller deleted it and the address is free again:");
-        show_iprs(&iprs).await?;
-        say(&format!(
-            "The story took {:.0} s from nothing.",
-            t0.elapsed().as_secs_f64()
-        ));
-        *told = true;
-        if options.keep {
-            say("Everything keeps running until you press Ctrl-C. In another terminal:");
-            println!("\n    export KUBECONFIG={}\n", kubeconfig.display());
-            std::future::pending::<()>().await;
-        }
-        Ok(())
+        let sets = Api::namespaced(client.clone(), FAST_NS);
+        Ok((Plane::Fast { sets }, client, kubeconfig))
     }
 }

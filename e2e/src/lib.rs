@@ -6,6 +6,7 @@ pub mod apiserver;
 pub mod cluster;
 pub mod demo;
 pub mod node;
+pub mod wait;
 
 /// An error and its sources on one line, `: `-separated, for messages to people.
 pub fn error_chain(e: &dyn std::error::Error) -> String {

@@ -6,6 +6,9 @@
 //! The binary is `$IPKEEP_OPERATOR_BIN` when set, else built with cargo into this target dir.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "agent_support/mod.rs"]
 mod support;
 
@@ -14,7 +17,8 @@ use support::*;
 #[tokio::test]
 async fn killed_agent_catches_up_on_the_test_server() {
     let server = start_server().await;
-    let kubeconfig = scratch("kubeconfig").join("config");
+    let scratch = Scratch::new("kubeconfig");
+    let kubeconfig = scratch.join("config");
     server
         .write_kubeconfig(&kubeconfig)
         .expect("failed to write the kubeconfig");

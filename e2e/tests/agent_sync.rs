@@ -7,6 +7,9 @@
 //! server, and a real control plane can run the same functions.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "agent_support/mod.rs"]
 mod support;
 
@@ -24,7 +27,7 @@ use support::*;
 #[tokio::test]
 async fn lifecycle_on_the_test_server() {
     let server = start_server().await;
-    scenarios::reservation_lifecycle(server.client()).await;
+    scenarios::reservation_lifecycle(server.client(), server.client()).await;
 }
 
 #[tokio::test]
@@ -272,7 +275,8 @@ async fn probes_and_metrics() {
         },
         500,
     );
-    let a = Node::start_named(&client, &node, &scratch(&node));
+    let scratch = Scratch::new(&node);
+    let a = Node::start_named(&client, &node, scratch.path());
     let probes = ProbeServer::bind(
         "127.0.0.1:0".parse().unwrap(),
         a.registry.clone(),
@@ -352,7 +356,8 @@ async fn periodic_resync_repairs_hand_edits() {
     let client = server.client();
     let ns = namespace(&client, "agent-resync").await;
     let node = unique("node-r");
-    let a = Node::start_with(&client, &node, &scratch(&node), Duration::from_secs(1));
+    let scratch = Scratch::new(&node);
+    let a = Node::start_with(&client, &node, scratch.path(), Duration::from_secs(1));
     a.ready().await;
     let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
     for (name, ip) in [("p0", "10.3.0.1"), ("p1", "10.3.0.2")] {
@@ -410,7 +415,7 @@ async fn unusable_data_dir_is_retried_until_it_works() {
     )
     .await
     .expect("failed to create");
-    let parent = scratch(&node);
+    let parent = Scratch::new(&node);
     let data_dir = parent.join("data");
     std::fs::write(&data_dir, b"not a directory").unwrap();
     let a = Node::start_named(&client, &node, &data_dir);

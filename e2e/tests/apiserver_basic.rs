@@ -10,6 +10,9 @@
 //! and `watch_with_huge_timeout_keeps_streaming` guard this server's own request handling.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "fixtures/harness.rs"]
 mod harness;
 

@@ -3,12 +3,14 @@
 //! `/admin/compact`, `/admin/restart`), driven through the real kube client.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "fixtures/harness.rs"]
 mod harness;
 
 use std::{
     io::{BufRead, BufReader},
-    path::PathBuf,
     process::{Child, Command, Stdio},
 };
 
@@ -25,23 +27,20 @@ use serde_json::{Value, json};
 struct Binary {
     child: Child,
     url: String,
-    dir: PathBuf,
+    dir: harness::Scratch,
 }
 
 impl Drop for Binary {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
 /// Start `ipkeep-e2e apiserver` on a free port and wait (with a deadline) for the URL it prints
 /// once it listens.
 async fn spawn_binary(test: &str) -> Binary {
-    let dir = std::env::temp_dir().join(format!("ipkeep-e2e-bin-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = harness::Scratch::new(&format!("e2e-bin-{test}"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_ipkeep-e2e"))
         .args(["apiserver", "--listen", "127.0.0.1:0", "--crds"])
         .arg(fixture_crds())

@@ -4,6 +4,9 @@
 //! API test server and the real control plane (`both!`; the real half needs `make cluster-bins`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "fixtures/harness.rs"]
 mod harness;
 

@@ -9,6 +9,9 @@
 //! drive its `/admin` faults (compaction, injected failures), which a real server has no way to do.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "fixtures/harness.rs"]
 mod harness;
 

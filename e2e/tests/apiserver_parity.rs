@@ -11,6 +11,9 @@
 //! `IPKEEP_CLUSTER_BIN_DIR`) and fails loudly without them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "fixtures/harness.rs"]
 mod harness;
 

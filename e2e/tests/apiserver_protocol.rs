@@ -7,6 +7,9 @@
 //! bookmark interval (kube-apiserver's is fixed at about a minute).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "fixtures/harness.rs"]
 mod harness;
 

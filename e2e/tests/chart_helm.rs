@@ -11,6 +11,9 @@
 //! These tests fail, never skip, when either is missing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 use std::{
     collections::BTreeSet,
     path::{Path, PathBuf},
@@ -18,40 +21,15 @@ use std::{
 };
 
 use serde_json::{Value, json};
+use shared::{Scratch, chart_dir, cluster_bin_dir, crd_file, repo_root};
 
 const RELEASE: &str = "ipkeep";
 const NAMESPACE: &str = "ipkeep-system";
 /// The Kubernetes version the manifests are rendered for and validated against.
 const KUBE_VERSION: &str = "1.33.0";
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn chart() -> PathBuf {
-    root().join("charts/ipkeep")
-}
-
 fn helm_binary() -> PathBuf {
-    let dir = match std::env::var_os("IPKEEP_CLUSTER_BIN_DIR").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let out = Command::new(root().join("e2e/cluster/build.sh"))
-                .arg("--print-bin-dir")
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "e2e/cluster/build.sh --print-bin-dir failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-        }
-    };
-    let helm = dir.join("helm");
+    let helm = cluster_bin_dir().join("helm");
     assert!(
         helm.is_file(),
         "helm not found at {}: run: make cluster-bins (builds helm from its Go module); \
@@ -65,7 +43,7 @@ fn kubernetes_validate_binary() -> PathBuf {
     let bin = std::env::var_os("IPKEEP_KUBERNETES_VALIDATE")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/kubernetes-validate"));
+        .unwrap_or_else(|| repo_root().join(".venv/bin/kubernetes-validate"));
     assert!(
         bin.is_file(),
         "kubernetes-validate not found at {}: run: scripts/install-packaging-deps.sh \
@@ -75,15 +53,8 @@ fn kubernetes_validate_binary() -> PathBuf {
     bin
 }
 
-/// A scratch directory of this test process, and helm's own homes inside it (so nothing is read
-/// from or written to the user's helm configuration).
-fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ipkeep-chart-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
+/// helm with its own homes inside a test's scratch directory (so nothing is read from or
+/// written to the user's helm configuration).
 fn helm(scratch: &Path) -> Command {
     let mut cmd = Command::new(helm_binary());
     for (var, sub) in [
@@ -142,7 +113,7 @@ impl Variant {
         if self.name == "default" {
             return Vec::new();
         }
-        let file = chart()
+        let file = chart_dir()
             .join("ci")
             .join(format!("{}-values.yaml", self.name));
         assert!(file.is_file(), "{} missing", file.display());
@@ -164,7 +135,7 @@ fn set_args(sets: &[&str]) -> Vec<String> {
 fn template(scratch: &Path, values: &[String], extra: &[&str]) -> Result<String, String> {
     let out = helm(scratch)
         .args(["template", RELEASE])
-        .arg(chart())
+        .arg(chart_dir())
         .args(["--namespace", NAMESPACE, "--kube-version", KUBE_VERSION])
         .args(extra)
         .args(values)
@@ -199,8 +170,8 @@ fn documents(yaml: &str) -> Vec<Value> {
 }
 
 fn render(test: &str, variant: &Variant) -> Vec<Value> {
-    let dir = scratch(test);
-    let yaml = template(&dir, &variant.args(), &[])
+    let dir = Scratch::new(&format!("chart-{test}"));
+    let yaml = template(dir.path(), &variant.args(), &[])
         .unwrap_or_else(|e| panic!("helm template failed for variant {}: {e}", variant.name));
     documents(&yaml)
 }
@@ -285,7 +256,7 @@ fn assert_hardened(workload: &Value) {
 #[test]
 fn helm_lint_strict_passes_for_every_variant() {
     // Every values file in ci/ is one of the variants, so none goes untested.
-    let mut files: Vec<String> = std::fs::read_dir(chart().join("ci"))
+    let mut files: Vec<String> = std::fs::read_dir(chart_dir().join("ci"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
@@ -298,11 +269,11 @@ fn helm_lint_strict_passes_for_every_variant() {
     expected.sort();
     assert_eq!(files, expected, "charts/ipkeep/ci/ and VARIANTS differ");
 
-    let dir = scratch("lint");
+    let dir = Scratch::new("chart-lint");
     for v in VARIANTS {
-        let out = helm(&dir)
+        let out = helm(dir.path())
             .args(["lint", "--strict", "--kube-version", KUBE_VERSION])
-            .arg(chart())
+            .arg(chart_dir())
             .args(v.args())
             .output()
             .unwrap();
@@ -323,7 +294,7 @@ fn helm_lint_strict_passes_for_every_variant() {
 #[test]
 fn every_variant_validates_against_the_kubernetes_schemas() {
     let validate = kubernetes_validate_binary();
-    let dir = scratch("validate");
+    let dir = Scratch::new("chart-validate");
     let k8s = KUBE_VERSION.trim_end_matches(".0");
 
     // The validator itself must reject what the API server would: a misspelt field.
@@ -347,7 +318,7 @@ fn every_variant_validates_against_the_kubernetes_schemas() {
     );
 
     for v in VARIANTS {
-        let yaml = template(&dir, &v.args(), &["--include-crds"])
+        let yaml = template(dir.path(), &v.args(), &["--include-crds"])
             .unwrap_or_else(|e| panic!("helm template failed for variant {}: {e}", v.name));
         let docs = documents(&yaml);
         let file = dir.join(format!("{}.yaml", v.name));
@@ -782,7 +753,7 @@ fn each_variant_changes_what_it_says() {
 
 #[test]
 fn bad_values_are_rejected_with_a_message_naming_them() {
-    let dir = scratch("bad-values");
+    let dir = Scratch::new("chart-bad-values");
     let cases: &[(&str, &[&str])] = &[
         (
             "controller.replica=3",
@@ -852,7 +823,7 @@ fn bad_values_are_rejected_with_a_message_naming_them() {
         ),
     ];
     for (set, fragments) in cases {
-        let err = template(&dir, &set_args(&[set]), &[])
+        let err = template(dir.path(), &set_args(&[set]), &[])
             .err()
             .unwrap_or_else(|| panic!("--set {set} was accepted"));
         assert!(
@@ -868,7 +839,7 @@ fn bad_values_are_rejected_with_a_message_naming_them() {
     }
     // What the schema cannot say, the chart says itself.
     let err = template(
-        &dir,
+        dir.path(),
         &set_args(&[
             "metrics.serviceMonitor.enabled=true",
             "metrics.service.enabled=false",
@@ -884,33 +855,35 @@ fn bad_values_are_rejected_with_a_message_naming_them() {
 
 #[test]
 fn the_chart_holds_the_generated_crd_and_the_workspace_version() {
-    let generated = std::fs::read(root().join("crds/ipreservations.ipkeep.dev.yaml")).unwrap();
-    let in_chart = std::fs::read(chart().join("crds/ipreservations.ipkeep.dev.yaml")).unwrap();
+    let generated = std::fs::read(crd_file()).unwrap();
+    let in_chart = std::fs::read(chart_dir().join("crds/ipreservations.ipkeep.dev.yaml")).unwrap();
     assert!(
         generated == in_chart,
         "charts/ipkeep/crds/ipreservations.ipkeep.dev.yaml differs from crds/: run: make crds"
     );
-    let crds: Vec<_> = std::fs::read_dir(chart().join("crds")).unwrap().collect();
+    let crds: Vec<_> = std::fs::read_dir(chart_dir().join("crds"))
+        .unwrap()
+        .collect();
     assert_eq!(crds.len(), 1, "the chart ships exactly the one CRD");
 
-    let cargo = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let cargo = std::fs::read_to_string(repo_root().join("Cargo.toml")).unwrap();
     let version = cargo
         .lines()
         .find_map(|l| l.strip_prefix("version = \""))
         .and_then(|l| l.strip_suffix('"'))
         .unwrap();
     let chart_yaml: Value =
-        serde_saphyr::from_str(&std::fs::read_to_string(chart().join("Chart.yaml")).unwrap())
+        serde_saphyr::from_str(&std::fs::read_to_string(chart_dir().join("Chart.yaml")).unwrap())
             .unwrap();
     assert_eq!(
         chart_yaml["appVersion"], version,
         "Chart.yaml's appVersion must be the workspace version (the default image tag)"
     );
     // A cluster older than selectableFields is refused before anything is installed.
-    let dir = scratch("kube-version");
-    let err = helm(&dir)
+    let dir = Scratch::new("chart-kube-version");
+    let err = helm(dir.path())
         .args(["template", RELEASE])
-        .arg(chart())
+        .arg(chart_dir())
         .args(["--kube-version", "1.31.0"])
         .output()
         .unwrap();
@@ -934,9 +907,9 @@ fn copy_dir(from: &Path, to: &Path) {
 /// NOTES.txt as helm renders it after an install. helm prints it only when it talks to a
 /// cluster, so a copy of the chart renders the same text into a ConfigMap instead.
 fn notes(test: &str, variant: &Variant) -> String {
-    let dir = scratch(test);
+    let dir = Scratch::new(&format!("chart-{test}"));
     let copy = dir.join("ipkeep");
-    copy_dir(&chart(), &copy);
+    copy_dir(&chart_dir(), &copy);
     let templates = copy.join("templates");
     let notes_txt = std::fs::read_to_string(templates.join("NOTES.txt")).unwrap();
     std::fs::remove_file(templates.join("NOTES.txt")).unwrap();
@@ -951,7 +924,7 @@ fn notes(test: &str, variant: &Variant) -> String {
          notes: {{ include \"ipkeep.notesUnderTest\" . | quote }}\n",
     )
     .unwrap();
-    let out = helm(&dir)
+    let out = helm(dir.path())
         .args(["template", RELEASE])
         .arg(&copy)
         .args(["--namespace", NAMESPACE, "--kube-version", KUBE_VERSION])

@@ -8,83 +8,15 @@
 //! Needs the binaries: `make cluster-bins` (or `IPKEEP_CLUSTER_BIN_DIR`); fails loudly without.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{
-    io::Write,
-    path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
-    time::{Duration, Instant},
-};
+#[path = "fixtures/shared.rs"]
+mod shared;
 
 use ipkeep_e2e::cluster::{Cluster, shared};
-use serde_json::Value;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn chart() -> PathBuf {
-    root().join("charts/ipkeep")
-}
-
-fn run(mut cmd: Command, stdin: Option<&str>) -> Output {
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut pipe = child.stdin.take().unwrap();
-    if let Some(text) = stdin {
-        pipe.write_all(text.as_bytes()).unwrap();
-    }
-    drop(pipe);
-    child.wait_with_output().unwrap()
-}
-
-fn ok(what: &str, out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use shared::{chart_dir, kubectl_json, kubectl_ok, run_ok, wait_for};
 
 /// helm against the cluster (its homes in the cluster's state directory).
 fn helm(cluster: &Cluster, args: &[&str]) -> String {
-    let mut cmd = cluster.helm();
-    cmd.args(args);
-    ok(&format!("helm {args:?}"), run(cmd, None))
-}
-
-fn kubectl(cluster: &Cluster, args: &[&str]) -> String {
-    let mut cmd = cluster.kubectl();
-    cmd.args(args);
-    ok(&format!("kubectl {args:?}"), run(cmd, None))
-}
-
-fn kubectl_json(cluster: &Cluster, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.extend(["-o", "json"]);
-    serde_json::from_str(&kubectl(cluster, &all)).unwrap()
-}
-
-/// Polls `check` until it returns Some, failing with `what` after 120 s.
-async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "gave up after 120 s waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    run_ok(cluster.helm(), args, None)
 }
 
 /// Namespaced kinds a release creates or causes (the controllers' ReplicaSets, pods and
@@ -103,15 +35,16 @@ fn release_objects(cluster: &Cluster, namespace: &str, release: &str) -> Vec<Str
     ] {
         let mut args = vec!["get", kinds, "-l", &selector, "-o", "name"];
         args.extend(scope);
-        names.extend(kubectl(cluster, &args).lines().map(str::to_owned));
+        names.extend(kubectl_ok(cluster, &args, None).lines().map(str::to_owned));
     }
     let records = format!("owner=helm,name={release}");
     names.extend(
-        kubectl(
+        kubectl_ok(
             cluster,
             &[
                 "get", "secrets", "-n", namespace, "-l", &records, "-o", "name",
             ],
+            None,
         )
         .lines()
         .map(str::to_owned),
@@ -124,9 +57,10 @@ async fn install_upgrade_and_uninstall_leave_the_cluster_clean() {
     let cluster = shared().await.unwrap();
     let ns = cluster.fresh_namespace("chart").await.unwrap();
     let release = format!("rel-{}", std::process::id());
-    let chart_dir = chart().display().to_string();
+    let chart = chart_dir();
+    let chart_dir = chart.display().to_string();
     let values = |name: &str| {
-        chart()
+        chart
             .join("ci")
             .join(format!("{name}-values.yaml"))
             .display()
@@ -181,12 +115,7 @@ async fn install_upgrade_and_uninstall_leave_the_cluster_clean() {
         "apiVersion: ipkeep.dev/v1alpha1\nkind: IPReservation\nmetadata:\n  name: web-0\n  \
          namespace: {ns}\nspec:\n  ips: [\"10.244.1.17\"]\n  nodeName: node-a\n  retainFor: 24h\n"
     );
-    let mut apply = cluster.kubectl();
-    apply.args(["apply", "-f", "-"]);
-    ok(
-        "kubectl apply (a reservation)",
-        run(apply, Some(&reservation)),
-    );
+    kubectl_ok(cluster, &["apply", "-f", "-"], Some(&reservation));
 
     // Upgrade to a changed values file: the objects follow.
     let out = helm(
@@ -254,13 +183,13 @@ async fn install_upgrade_and_uninstall_leave_the_cluster_clean() {
     // Uninstall: nothing of the release is left once the garbage collector has removed what the
     // controllers made; the CRD and the reservation stay.
     helm(cluster, &["uninstall", &release, "-n", &ns]);
-    let left = eventually("every object of the release to be deleted", || {
+    let left = wait_for("every object of the release to be deleted", || {
         let left = release_objects(cluster, &ns, &release);
-        left.is_empty().then_some(left)
+        async move { left.is_empty().then_some(left) }
     })
     .await;
     assert!(left.is_empty());
-    kubectl(cluster, &["get", "crd", "ipreservations.ipkeep.dev"]);
+    kubectl_ok(cluster, &["get", "crd", "ipreservations.ipkeep.dev"], None);
     let kept = kubectl_json(cluster, &["get", "ipreservations", "web-0", "-n", &ns]);
     assert_eq!(kept["spec"]["ips"][0], "10.244.1.17");
 }

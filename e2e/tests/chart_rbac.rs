@@ -24,73 +24,22 @@
 //! builds); fails loudly without them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 use std::{
     collections::{BTreeMap, BTreeSet},
     io::Write,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
-    time::{Duration, Instant},
+    process::{Child, Command, Stdio},
+    time::Instant,
 };
 
 use ipkeep_e2e::cluster::{Cluster, shared};
 use serde_json::Value;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn operator_binary() -> PathBuf {
-    let bin = std::env::var_os("IPKEEP_OPERATOR_BIN")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target/debug/ipkeep-operator"));
-    assert!(
-        bin.is_file(),
-        "{} missing: run: cargo build -p ipkeep-operator (or set IPKEEP_OPERATOR_BIN)",
-        bin.display()
-    );
-    bin
-}
-
-fn ok(what: &str, out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn kubectl(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> String {
-    let mut child = cluster
-        .kubectl()
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut pipe = child.stdin.take().unwrap();
-    if let Some(text) = stdin {
-        pipe.write_all(text.as_bytes()).unwrap();
-    }
-    drop(pipe);
-    ok(
-        &format!("kubectl {args:?}"),
-        child.wait_with_output().unwrap(),
-    )
-}
-
-fn kubectl_json(cluster: &Cluster, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.extend(["-o", "json"]);
-    serde_json::from_str(&kubectl(cluster, &all, None)).unwrap()
-}
+use shared::{
+    DEADLINE, Scratch, chart_dir, kubectl_json, kubectl_ok, ok, operator_binary, wait_for,
+};
 
 /// A container of a pod template as the API server holds it: its command line and environment,
 /// mapped to this machine.
@@ -228,28 +177,27 @@ impl Drop for Component {
     }
 }
 
-/// Polls `check` until true, failing with `what` (and the components' logs) after 90 s.
+/// Polls `check` until true while every component runs; fails with `what` and the components'
+/// logs after [`DEADLINE`].
 async fn eventually(
     what: &str,
     components: &mut [&mut Component],
     mut check: impl FnMut() -> bool,
 ) {
-    let started = Instant::now();
-    loop {
-        if check() {
-            return;
-        }
+    let waited = ipkeep_e2e::wait::wait_for(what, DEADLINE, || {
         for c in components.iter_mut() {
             c.assert_running();
         }
-        if started.elapsed() > Duration::from_secs(90) {
-            let logs: Vec<String> = components
-                .iter()
-                .map(|c| format!("--- {}:\n{}", c.name, c.log()))
-                .collect();
-            panic!("gave up after 90 s waiting for {what}\n{}", logs.join("\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let done = check();
+        async move { done.then_some(()) }
+    })
+    .await;
+    if let Err(e) = waited {
+        let logs: Vec<String> = components
+            .iter()
+            .map(|c| format!("--- {}:\n{}", c.name, c.log()))
+            .collect();
+        panic!("{e}\n{}", logs.join("\n"));
     }
 }
 
@@ -310,8 +258,7 @@ fn granted_by(roles: &[Value]) -> BTreeSet<Access> {
 
 /// The chart's named exceptions in `template`: lines `# rbac-exception: <verb> <group/resource>: <why>`.
 fn exceptions_in(template: &str) -> BTreeMap<Access, String> {
-    let text =
-        std::fs::read_to_string(root().join("charts/ipkeep/templates").join(template)).unwrap();
+    let text = std::fs::read_to_string(chart_dir().join("templates").join(template)).unwrap();
     let mut out = BTreeMap::new();
     for line in text.lines() {
         let Some(rest) = line.trim().strip_prefix("# rbac-exception:") else {
@@ -346,7 +293,7 @@ fn run_pod(cluster: &Cluster, ns: &str, ip: &str) {
     let status = format!(
         r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"hostIP":"192.0.2.10","conditions":[{{"type":"Ready","status":"True"}}]}}}}"#
     );
-    kubectl(
+    kubectl_ok(
         cluster,
         &[
             "patch",
@@ -407,8 +354,7 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         .to_path_buf();
     let ns = cluster.fresh_namespace("rbac").await.unwrap();
     let work = cluster.fresh_namespace("rbac-work").await.unwrap();
-    let scratch = std::env::temp_dir().join(format!("ipkeep-chart-rbac-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
+    let scratch = Scratch::new("chart-rbac");
     let fs_root = scratch.join("root");
     std::fs::create_dir_all(fs_root.join("host/opt/cni/bin")).unwrap();
     std::fs::write(fs_root.join("ipkeep"), b"the plugin, from the image").unwrap();
@@ -424,7 +370,7 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         cluster
             .helm()
             .args(["install", release])
-            .arg(root().join("charts/ipkeep"))
+            .arg(chart_dir())
             .args(["-n", &ns, "--set", "cni.replaceHostLocal=true"])
             .output()
             .unwrap(),
@@ -522,7 +468,7 @@ async fn the_chart_grants_exactly_what_the_components_use() {
 
     // Scenario 1: the annotated pod runs with its IP; the controller reserves it, the agent
     // writes the file the plugin reads.
-    kubectl(cluster, &["apply", "-f", "-"], Some(&pod_yaml(&work, node)));
+    kubectl_ok(cluster, &["apply", "-f", "-"], Some(&pod_yaml(&work, node)));
     run_pod(cluster, &work, "10.244.1.17");
     let phase = |cluster: &Cluster| {
         reservation(cluster, &work, "web-0")
@@ -542,7 +488,7 @@ async fn the_chart_grants_exactly_what_the_components_use() {
     .await;
 
     // Deleted (as the kubelet would finish it): Released, the file still holds the IP.
-    kubectl(
+    kubectl_ok(
         cluster,
         &[
             "delete",
@@ -569,8 +515,8 @@ async fn the_chart_grants_exactly_what_the_components_use() {
 
     // Re-created: the plugin would give it the reserved IP (the file); the pod runs with it
     // and the reservation is Bound to the new pod.
-    kubectl(cluster, &["apply", "-f", "-"], Some(&pod_yaml(&work, node)));
-    let new_uid = kubectl(
+    kubectl_ok(cluster, &["apply", "-f", "-"], Some(&pod_yaml(&work, node)));
+    let new_uid = kubectl_ok(
         cluster,
         &[
             "get",
@@ -601,7 +547,7 @@ async fn the_chart_grants_exactly_what_the_components_use() {
     );
 
     // Gone for good: after retain-for (4 s) the controller deletes it, the agent the file.
-    kubectl(
+    kubectl_ok(
         cluster,
         &[
             "delete",
@@ -641,7 +587,7 @@ async fn the_chart_grants_exactly_what_the_components_use() {
     // refusal the series patch of that Event. The CRD already refuses an address that is none,
     // so its rules on `ips` are dropped here, as on an API server that does not enforce CRD
     // validation rules (CEL) or with a CRD edited by hand: the case the agent's check is for.
-    kubectl(
+    kubectl_ok(
         cluster,
         &[
             "patch",
@@ -663,18 +609,9 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         "the API server to accept the refused reservation (the CRD change to take effect)",
         &mut [&mut agent, &mut controller],
         || {
-            let mut child = cluster
-                .kubectl()
-                .args(["apply", "-f", "-"])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let mut pipe = child.stdin.take().unwrap();
-            pipe.write_all(refused("one").as_bytes()).unwrap();
-            drop(pipe);
-            child.wait_with_output().unwrap().status.success()
+            shared::kubectl(cluster, &["apply", "-f", "-"], Some(&refused("one")))
+                .status
+                .success()
         },
     )
     .await;
@@ -692,14 +629,14 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         || agent_event_count(cluster) >= 1,
     )
     .await;
-    kubectl(cluster, &["apply", "-f", "-"], Some(&refused("two")));
+    kubectl_ok(cluster, &["apply", "-f", "-"], Some(&refused("two")));
     eventually(
         "the agent's Event counted twice (a series)",
         &mut [&mut agent, &mut controller],
         || agent_event_count(cluster) >= 2,
     )
     .await;
-    kubectl(
+    kubectl_ok(
         cluster,
         &["delete", "ipreservations", "bad-0", "-n", &work],
         None,
@@ -827,7 +764,7 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         .filter(|v| *v != "create")
         .collect();
     let change = serde_json::json!([{"op": "replace", "path": format!("/rules/{index}/verbs"), "value": verbs}]);
-    kubectl(
+    kubectl_ok(
         cluster,
         &[
             "patch",
@@ -839,27 +776,23 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         ],
         None,
     );
-    let started = Instant::now();
-    let denied = loop {
+    let denied = wait_for("the RBAC change to deny the create", || {
         let out = probe("probe-1");
-        if !out.status.success() {
-            break String::from_utf8_lossy(&out.stderr).into_owned();
+        let denied =
+            (!out.status.success()).then(|| String::from_utf8_lossy(&out.stderr).into_owned());
+        if denied.is_none() {
+            kubectl_ok(
+                cluster,
+                &["delete", "ipreservations", "probe-1", "-n", &work],
+                None,
+            );
         }
-        kubectl(
-            cluster,
-            &["delete", "ipreservations", "probe-1", "-n", &work],
-            None,
-        );
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "gave up after 60 s waiting for the RBAC change to deny the create"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+        async move { denied }
+    })
+    .await;
     assert!(
         denied.contains("forbidden")
             && denied.contains("cannot create resource \"ipreservations\""),
         "{denied}"
     );
-    let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -6,10 +6,13 @@
 //! Needs the binaries: `make cluster-bins` (or `IPKEEP_CLUSTER_BIN_DIR`); fails loudly without.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/scratch.rs"]
+mod scratch;
+
 use std::{
     collections::BTreeMap,
     os::unix::process::CommandExt,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Output},
     time::{Duration, Instant},
 };
@@ -18,16 +21,9 @@ use ipkeep_e2e::cluster::{
     Cluster, ClusterError, ClusterOptions,
     plane::{process_alive, reap_stale},
 };
+use scratch::Scratch;
 
 const E2E: &str = env!("CARGO_BIN_EXE_ipkeep-e2e");
-
-/// A directory of its own for one test, removed first if an earlier run left it.
-fn test_parent(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ipkeep-e2e-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create the test directory");
-    dir
-}
 
 fn e2e(args: &[&str], state_dir: &Path) -> Output {
     Command::new(E2E)
@@ -93,7 +89,7 @@ fn wait_all_gone(what: &str, pids: &BTreeMap<String, u32>, dir: &Path) {
 
 #[test]
 fn cluster_up_env_and_down_leave_nothing_behind() {
-    let parent = test_parent("cli");
+    let parent = Scratch::new("e2e-cli");
     let dir = parent.join("ipkeep-cluster-cli");
     let t0 = Instant::now();
     let up = e2e(&["up"], &dir);
@@ -154,12 +150,11 @@ fn cluster_up_env_and_down_leave_nothing_behind() {
     assert!(!env.status.success(), "env after down: {}", text(&env));
     assert!(String::from_utf8_lossy(&env.stderr).contains("run: ipkeep-e2e cluster up"));
     eprintln!("timing: cluster up {up_secs:.1}s, cluster down {down_secs:.1}s");
-    std::fs::remove_dir_all(&parent).expect("remove the test directory");
 }
 
 #[test]
 fn ctrl_c_stops_a_foreground_control_plane() {
-    let parent = test_parent("sigint");
+    let parent = Scratch::new("e2e-sigint");
     let dir = parent.join("ipkeep-cluster-cli");
     let mut child = Command::new(E2E)
         .args(["cluster", "up", "--foreground", "--state-dir"])
@@ -190,12 +185,11 @@ fn ctrl_c_stops_a_foreground_control_plane() {
     assert!(out.status.success(), "{}: {stderr}", out.status);
     assert!(stderr.contains("stopped in"), "{stderr}");
     wait_all_gone("after Ctrl-C", &pids, &dir);
-    std::fs::remove_dir_all(&parent).expect("remove the test directory");
 }
 
 #[test]
 fn ctrl_c_while_cluster_up_waits_stops_the_half_started_control_plane() {
-    let parent = test_parent("sigint-up");
+    let parent = Scratch::new("e2e-sigint-up");
     let dir = parent.join("ipkeep-cluster-cli");
     let child = Command::new(E2E)
         .args(["cluster", "up", "--state-dir"])
@@ -232,12 +226,11 @@ fn ctrl_c_while_cluster_up_waits_stops_the_half_started_control_plane() {
         !parent.join("ipkeep-cluster-cli.log").exists(),
         "the supervisor log is removed"
     );
-    std::fs::remove_dir_all(&parent).expect("remove the test directory");
 }
 
 #[test]
 fn a_supervisor_killed_with_sigkill_takes_every_component_with_it() {
-    let parent = test_parent("sigkill");
+    let parent = Scratch::new("e2e-sigkill");
     let dir = parent.join("ipkeep-cluster-cli");
     let up = e2e(&["up"], &dir);
     assert!(up.status.success(), "{}", text(&up));
@@ -257,16 +250,15 @@ fn a_supervisor_killed_with_sigkill_takes_every_component_with_it() {
     wait_all_gone("after SIGKILL of the supervisor", &all, &dir);
     let down = e2e(&["down"], &dir);
     assert!(down.status.success(), "{}", text(&down));
-    std::fs::remove_dir_all(&parent).expect("remove the test directory");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_taken_port_is_named() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = taken.local_addr().expect("addr").port();
-    let parent = test_parent("port");
+    let parent = Scratch::new("e2e-port");
     let err = Cluster::start(ClusterOptions {
-        state_parent: Some(parent.clone()),
+        state_parent: Some(parent.path().to_path_buf()),
         apiserver_port: Some(port),
         ..ClusterOptions::default()
     })
@@ -282,11 +274,10 @@ async fn a_taken_port_is_named() {
         "{message}"
     );
     assert_eq!(
-        std::fs::read_dir(&parent).expect("read").count(),
+        std::fs::read_dir(parent.path()).expect("read").count(),
         0,
         "nothing was created"
     );
-    std::fs::remove_dir_all(&parent).expect("remove the test directory");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,10 +285,10 @@ async fn a_component_that_cannot_bind_its_port_says_so() {
     // Another process holds the port etcd is told to serve on (flags given last win).
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = taken.local_addr().expect("addr").port();
-    let parent = test_parent("bind");
+    let parent = Scratch::new("e2e-bind");
     let url = format!("http://127.0.0.1:{port}");
     let err = Cluster::start(ClusterOptions {
-        state_parent: Some(parent.clone()),
+        state_parent: Some(parent.path().to_path_buf()),
         extra_args: [(
             "etcd".to_owned(),
             vec![
@@ -322,20 +313,19 @@ async fn a_component_that_cannot_bind_its_port_says_so() {
         "the log tail names the port: {message}"
     );
     assert_eq!(
-        std::fs::read_dir(&parent).expect("read").count(),
+        std::fs::read_dir(parent.path()).expect("read").count(),
         0,
         "every attempt cleaned up"
     );
-    std::fs::remove_dir_all(&parent).expect("remove the test directory");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_component_that_fails_to_start_is_named_with_its_log() {
-    let parent = test_parent("badflag");
+    let parent = Scratch::new("e2e-badflag");
     let dir = parent.join("ipkeep-cluster-badflag");
     let err = Cluster::start(ClusterOptions {
         state_dir: Some(dir.clone()),
-        state_parent: Some(parent.clone()),
+        state_parent: Some(parent.path().to_path_buf()),
         extra_args: [(
             "kube-scheduler".to_owned(),
             vec!["--no-such-flag".to_owned()],
@@ -359,14 +349,13 @@ async fn a_component_that_fails_to_start_is_named_with_its_log() {
         "the log tail is shown: {message}"
     );
     wait_all_gone("after a failed start", &BTreeMap::new(), &dir);
-    std::fs::remove_dir_all(&parent).expect("remove the test directory");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_component_that_dies_mid_run_is_named() {
-    let parent = test_parent("dies");
+    let parent = Scratch::new("e2e-dies");
     let cluster = Cluster::start(ClusterOptions {
-        state_parent: Some(parent.clone()),
+        state_parent: Some(parent.path().to_path_buf()),
         ..ClusterOptions::default()
     })
     .await
@@ -403,12 +392,11 @@ async fn a_component_that_dies_mid_run_is_named() {
     let dir = cluster.state_dir().to_owned();
     drop(cluster);
     wait_all_gone("after dropping the cluster", &pids, &dir);
-    std::fs::remove_dir_all(&parent).expect("remove the test directory");
 }
 
 #[test]
 fn a_stale_state_dir_of_a_killed_run_is_reaped() {
-    let parent = test_parent("stale");
+    let parent = Scratch::new("e2e-stale");
     let dir = parent.join("ipkeep-cluster-424242-0");
     std::fs::create_dir(&dir).expect("mkdir");
     // The owner: a process that has exited.
@@ -456,7 +444,7 @@ fn a_stale_state_dir_of_a_killed_run_is_reaped() {
     assert!(!not_ours.status.success());
     assert!(foreign.exists());
 
-    let removed = reap_stale(&parent);
+    let removed = reap_stale(parent.path());
     assert_eq!(removed.len(), 1, "{removed:?}");
     assert!(
         removed[0].contains("ipkeep-cluster-424242-0") && removed[0].contains("1 leftover"),
@@ -479,5 +467,4 @@ fn a_stale_state_dir_of_a_killed_run_is_reaped() {
         text(&down)
     );
     assert!(!cli_dir.exists());
-    std::fs::remove_dir_all(&parent).expect("remove the test directory");
 }

@@ -5,67 +5,19 @@
 //! Needs the binaries: `make cluster-bins` (or `IPKEEP_CLUSTER_BIN_DIR`); fails loudly without.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{
-    collections::BTreeMap,
-    io::Write,
-    process::{Output, Stdio},
-    time::{Duration, Instant},
-};
+#[path = "fixtures/shared.rs"]
+mod shared;
 
-use ipkeep_e2e::cluster::{Cluster, NodeAgent, shared};
+use std::collections::BTreeMap;
+
+use ipkeep_e2e::cluster::{NodeAgent, shared};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api,
     api::{DynamicObject, ListParams, PostParams},
     core::{ApiResource, GroupVersionKind},
 };
-
-fn kubectl(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut cmd = cluster.kubectl();
-    cmd.args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("run the built kubectl");
-    let mut pipe = child.stdin.take().expect("kubectl stdin");
-    if let Some(text) = stdin {
-        pipe.write_all(text.as_bytes())
-            .expect("write kubectl stdin");
-    }
-    drop(pipe);
-    child.wait_with_output().expect("wait for kubectl")
-}
-
-fn kubectl_ok(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> String {
-    let out = kubectl(cluster, args, stdin);
-    assert!(
-        out.status.success(),
-        "kubectl {args:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Polls `check` until it returns Some, failing with `what` after 90 s.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let started = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(90),
-            "gave up after 90 s waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
+use shared::{kubectl, kubectl_ok, wait_for};
 
 const CRD: &str = r#"
 apiVersion: apiextensions.k8s.io/v1
@@ -248,7 +200,7 @@ async fn statefulset_pods_are_created_scheduled_recreated_and_collected() {
     kubectl_ok(cluster, &["-n", &ns, "apply", "-f", "-"], Some(STATEFULSET));
 
     let want: Vec<String> = (0..3).map(|i| format!("web-{i}")).collect();
-    let first = eventually("web-0..2 bound to smoke-node", || async {
+    let first = wait_for("web-0..2 bound to smoke-node", || async {
         let got = web_pods(&pods).await;
         let bound = got.len() == 3
             && want
@@ -266,7 +218,7 @@ async fn statefulset_pods_are_created_scheduled_recreated_and_collected() {
         None,
     );
     let old_uid = first["web-1"].0.clone();
-    eventually("a new web-1 (new UID) bound to smoke-node", || async {
+    wait_for("a new web-1 (new UID) bound to smoke-node", || async {
         let got = web_pods(&pods).await;
         got.get("web-1")
             .is_some_and(|(uid, n)| *uid != old_uid && n == "smoke-node")
@@ -283,7 +235,7 @@ async fn statefulset_pods_are_created_scheduled_recreated_and_collected() {
         &["-n", &ns, "delete", "statefulset", "web", "--wait=false"],
         None,
     );
-    eventually("the garbage collector to remove every web pod", || async {
+    wait_for("the garbage collector to remove every web pod", || async {
         let left = pods
             .list(&ListParams::default().labels("app=web"))
             .await

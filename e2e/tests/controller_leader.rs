@@ -3,51 +3,19 @@
 //! the lease.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "fixtures/harness.rs"]
 mod harness;
 
 #[path = "fixtures/controller.rs"]
 mod controller;
 
-use std::{
-    path::PathBuf,
-    process::{Child, Command, Stdio},
-};
-
 use controller::*;
 use ipkeep_operator::crd::Phase;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, ResourceExt};
-
-include!("fixtures/operator_binary.rs");
-
-struct Replica {
-    identity: &'static str,
-    child: Child,
-}
-
-fn spawn(bin: &PathBuf, kubeconfig: &PathBuf, identity: &'static str) -> Replica {
-    let child = Command::new(bin)
-        .args([
-            "controller",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--identity",
-            identity,
-            "--lease-namespace",
-            "default",
-            "--lease-duration",
-            "3",
-            "--log-level",
-            "info",
-        ])
-        .env("KUBECONFIG", kubeconfig)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("failed to start ipkeep-operator controller");
-    Replica { identity, child }
-}
 
 async fn holder(client: &kube::Client) -> Option<String> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
@@ -63,17 +31,18 @@ async fn holder(client: &kube::Client) -> Option<String> {
 // waits for a child process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_standby_takes_over_when_the_leader_is_killed_and_sigterm_releases_the_lease() {
-    let bin = operator_binary();
+    // Built (if need be) before the API test server runs on this runtime.
+    harness::operator_binary();
     let server = harness::start().await;
     let client = server.client();
-    let dir = std::env::temp_dir().join(format!("ipkeep-leader-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = harness::Scratch::new("leader");
     let kubeconfig = dir.join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).unwrap();
 
+    let lease = ["--lease-namespace", "default"];
     let mut replicas = vec![
-        spawn(&bin, &kubeconfig, "replica-a"),
-        spawn(&bin, &kubeconfig, "replica-b"),
+        harness::Replica::spawn(&kubeconfig, "replica-a", &lease, None),
+        harness::Replica::spawn(&kubeconfig, "replica-b", &lease, None),
     ];
     let leader = harness::wait_for("a replica to hold the Lease", || {
         let client = client.clone();
@@ -101,9 +70,7 @@ async fn the_standby_takes_over_when_the_leader_is_killed_and_sigterm_releases_t
         .iter()
         .position(|r| r.identity == leader)
         .expect("the leader is one of ours");
-    let mut dead = replicas.remove(index);
-    dead.child.kill().unwrap();
-    dead.child.wait().unwrap();
+    replicas.remove(index).kill();
     let survivor = replicas.pop().unwrap();
 
     // The pod goes; only a new leader can release the reservation.
@@ -115,23 +82,14 @@ async fn the_standby_takes_over_when_the_leader_is_killed_and_sigterm_releases_t
     let new_holder = holder(&client).await;
     assert_eq!(
         new_holder.as_deref(),
-        Some(survivor.identity),
+        Some(survivor.identity.as_str()),
         "the standby holds the lease"
     );
 
     // SIGTERM: the survivor releases the lease and exits cleanly.
-    let Replica {
-        identity,
-        mut child,
-    } = survivor;
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let status = tokio::task::spawn_blocking(move || child.wait())
+    let identity = survivor.identity.clone();
+    let status = tokio::task::spawn_blocking(move || survivor.terminate())
         .await
-        .unwrap()
         .unwrap();
     assert!(
         status.success(),
@@ -140,9 +98,8 @@ async fn the_standby_takes_over_when_the_leader_is_killed_and_sigterm_releases_t
     let after = holder(&client).await;
     assert_ne!(
         after.as_deref(),
-        Some(identity),
+        Some(identity.as_str()),
         "the lease was released on SIGTERM"
     );
-    let _ = std::fs::remove_dir_all(&dir);
     server.shutdown().await;
 }

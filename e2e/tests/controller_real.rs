@@ -13,6 +13,9 @@
 //! report (`phase: Running`, `podIPs`) through `pods/status` as admin.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "fixtures/harness.rs"]
 mod harness;
 
@@ -22,11 +25,7 @@ mod controller;
 #[path = "real_support/mod.rs"]
 mod real;
 
-use std::{
-    collections::BTreeMap,
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
+use std::{collections::BTreeMap, time::Duration};
 
 use controller::*;
 use ipkeep_operator::crd::{IPReservation, Phase};
@@ -35,7 +34,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
-use real::{NODE, NamespacedController};
+use real::{NODE, Replica};
 use serde_json::json;
 
 /// Runs `scenario` (as admin) in a fresh namespace of the real control plane with a controller of
@@ -52,7 +51,7 @@ where
         .await
         .expect("a fresh namespace");
     let client = cluster.client().expect("an admin client");
-    let running = NamespacedController::start(real::controller_client(cluster).await, &ns).await;
+    let running = start_controller_in(real::controller_client(cluster).await, Some(&ns)).await;
     scenario(client, ns).await;
     running.stop().await;
     cluster
@@ -262,15 +261,6 @@ async fn cel_rules_reject_bad_reservations_with_422() {
 }
 
 /// A replica process, SIGKILLed and reaped when dropped (a failing test leaves none behind).
-struct Replica(Child);
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Who holds the Lease `ipkeep-controller` in `ns`.
 async fn holder(client: &Client, ns: &str) -> Option<String> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
@@ -282,37 +272,13 @@ async fn holder(client: &Client, ns: &str) -> Option<String> {
         .and_then(|l| l.spec.and_then(|s| s.holder_identity))
 }
 
-fn spawn_replica(
-    bin: &std::path::Path,
-    kubeconfig: &std::path::Path,
-    ns: &str,
-    lease_ns: &str,
-    id: &str,
-) -> Replica {
-    let child = Command::new(bin)
-        .args([
-            "controller",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--identity",
-            id,
-        ])
-        .args([
-            "--namespace",
-            ns,
-            "--lease-namespace",
-            lease_ns,
-            "--lease-duration",
-            "3",
-        ])
-        .args(["--log-level", "info"])
-        .env("KUBECONFIG", kubeconfig)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("failed to start ipkeep-operator controller");
-    Replica(child)
+fn spawn_replica(kubeconfig: &std::path::Path, ns: &str, lease_ns: &str, id: &str) -> Replica {
+    Replica::spawn(
+        kubeconfig,
+        id,
+        &["--namespace", ns, "--lease-namespace", lease_ns],
+        None,
+    )
 }
 
 /// Two replicas of the built binary, as the chart's controller ServiceAccount (its Lease rights
@@ -322,7 +288,6 @@ fn spawn_replica(
 /// reservation of a pod deleted after the kill); SIGTERM then releases the Lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
-    let bin = real::operator_binary();
     let cluster = real::cluster().await;
     real::node_a(cluster).await;
     let ns = cluster
@@ -332,17 +297,17 @@ async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
     let client = cluster.client().expect("client");
     // The chart's ServiceAccount: its Lease rights are one Lease in the release namespace.
     let release_ns = real::chart_rbac(cluster).await;
-    let kubeconfig =
-        std::env::temp_dir().join(format!("ipkeep-leader-real-{}", std::process::id()));
+    let scratch = real::Scratch::new("leader-real");
+    let kubeconfig = scratch.join("kubeconfig");
     real::account_kubeconfig(cluster, real::CONTROLLER_ACCOUNT, &kubeconfig).await;
     let mut replicas = vec![
         (
             "replica-a",
-            spawn_replica(&bin, &kubeconfig, &ns, release_ns, "replica-a"),
+            spawn_replica(&kubeconfig, &ns, release_ns, "replica-a"),
         ),
         (
             "replica-b",
-            spawn_replica(&bin, &kubeconfig, &ns, release_ns, "replica-b"),
+            spawn_replica(&kubeconfig, &ns, release_ns, "replica-b"),
         ),
     ];
     let leader = harness::wait_for("a replica to hold the Lease", || {
@@ -380,12 +345,10 @@ async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
         .iter()
         .position(|(id, _)| *id == current)
         .unwrap_or_else(|| panic!("the Lease names {current:?}, none of ours"));
-    let (_, mut dead) = replicas.remove(index);
-    dead.0.kill().unwrap();
-    dead.0.wait().unwrap();
+    replicas.remove(index).1.kill();
     let (survivor, mut standby) = replicas.pop().expect("two replicas were started");
     assert!(
-        standby.0.try_wait().unwrap().is_none(),
+        standby.is_running(),
         "the standby {survivor} is still running"
     );
 
@@ -412,19 +375,13 @@ async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
         "the Lease records its acquire and renew times: {spec:?}"
     );
 
-    let term = Command::new("kill")
-        .args(["-TERM", &standby.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
     // The control plane runs in other processes and the stand-in node on its own thread: a
     // blocking wait here holds up nothing.
-    let exit = standby.0.wait().unwrap();
+    let exit = standby.terminate();
     assert!(
         exit.success(),
         "the controller exits 0 on SIGTERM, got {exit}"
     );
-    let _ = std::fs::remove_file(&kubeconfig);
     assert_ne!(
         holder(&client, release_ns).await.as_deref(),
         Some(survivor),

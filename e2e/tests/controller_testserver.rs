@@ -3,6 +3,9 @@
 //! that only the test server can produce.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "fixtures/harness.rs"]
 mod harness;
 

@@ -9,6 +9,9 @@
 //! (`scripts/install-packaging-deps.sh`); fails, never skips, without them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 use std::{
     io::Write,
     os::unix::fs::PermissionsExt,
@@ -17,13 +20,7 @@ use std::{
 };
 
 use serde_json::Value;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+use shared::{ok, repo_root as root};
 
 fn bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("IPKEEP_IMAGE_BIN_DIR").filter(|v| !v.is_empty()) {
@@ -36,17 +33,6 @@ fn bin_dir() -> PathBuf {
         .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
         .unwrap();
     root().join("target").join(host).join("release")
-}
-
-fn ok(what: &str, out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 fn blob(layout: &Path, digest: &str) -> PathBuf {

@@ -13,6 +13,9 @@
 //! tests fail, never skip, when it is missing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "fixtures/harness.rs"]
 mod harness;
 
@@ -46,7 +49,7 @@ fn kubectl_binary() -> PathBuf {
 /// kubectl bound to one test server through its own kubeconfig and discovery cache.
 struct Kubectl {
     bin: PathBuf,
-    dir: PathBuf,
+    dir: harness::Scratch,
     namespace: String,
 }
 
@@ -87,14 +90,8 @@ impl Kubectl {
         }
     }
 
-    fn dir(test: &str, server: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "ipkeep-kubectl-{}-{test}-{server}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    fn dir(test: &str, server: &str) -> harness::Scratch {
+        harness::Scratch::new(&format!("kubectl-{test}-{server}"))
     }
 
     fn file(&self, name: &str, text: &str) -> PathBuf {
@@ -137,12 +134,6 @@ impl Kubectl {
             r.stderr
         );
         r.stdout
-    }
-}
-
-impl Drop for Kubectl {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -9,6 +9,9 @@
 //! uplink, so nothing leaves the machine.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "fixtures/harness.rs"]
 mod harness;
 #[path = "fixtures/node_harness.rs"]

@@ -5,12 +5,14 @@
 //! works; `--fast` (`make demo FAST=1`) tells the same story on the API test server.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "system/mod.rs"]
 mod system;
 
 use std::{
     io::{BufRead, BufReader},
-    path::PathBuf,
     process::{Child, Command, Stdio},
     time::Instant,
 };
@@ -19,7 +21,7 @@ use ipkeep_e2e::node::{host, names};
 use system::*;
 
 fn demo(extra: &[&str]) -> Child {
-    let (plugin, operator) = binaries();
+    let (plugin, operator) = (plugin_binary(), operator_binary());
     let bin_dir = ipkeep_e2e::cluster::bin_dir()
         .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
     Command::new(env!("CARGO_BIN_EXE_ipkeep-e2e"))
@@ -30,10 +32,7 @@ fn demo(extra: &[&str]) -> Child {
         .arg("--operator-bin")
         .arg(operator)
         .arg("--crd")
-        .arg(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../crds/ipreservations.ipkeep.dev.yaml"),
-        )
+        .arg(crd_file())
         .env("IPKEEP_CLUSTER_BIN_DIR", bin_dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

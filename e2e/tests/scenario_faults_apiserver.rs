@@ -7,23 +7,22 @@
 //! with its file on the node, and no reservation was ever deleted (each keeps its object UID).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "fixtures/shared.rs"]
+mod shared;
+
 #[path = "system/mod.rs"]
 mod system;
 
 use std::{
     collections::BTreeMap,
-    path::PathBuf,
     sync::{
         Arc,
         atomic::{AtomicU32, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use ipkeep_e2e::{
-    apiserver::{RequestFilter, ServerOptions, TestServer, Verb},
-    node::{AgentConfig, NodeConfig, host},
-};
+use ipkeep_e2e::apiserver::{RequestFilter, ServerOptions, TestServer, Verb};
 use ipkeep_operator::crd::{IPReservation, Phase};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -82,37 +81,30 @@ async fn dropped_watches_500s_compaction_and_a_restart_still_end_right() {
         return;
     }
     require_root_and_tools();
-    let t0 = Instant::now();
-    let (plugin, _) = binaries();
     let server = TestServer::start(ServerOptions {
-        crd_dirs: vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../crds")],
+        crd_dirs: vec![repo_crds()],
         ..ServerOptions::default()
     })
     .await
     .expect("start the API test server");
     let pid = std::process::id();
-    let dir = std::env::temp_dir().join(format!("ipkeep-e2e-apifaults-{pid}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    let bin_dir = dir.join("bin");
-    std::fs::create_dir_all(&bin_dir).unwrap();
-    host::link_cni_bin_dir(&bin_dir, std::path::Path::new(BRIDGE), plugin).unwrap();
+    let dir = Scratch::new("e2e-apifaults");
+    let bin_dir = cni_bin_dir(dir.path());
     let kubeconfig = dir.join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).unwrap();
     let node_name = format!("apifaults-a-{pid}");
-    let mut config = NodeConfig::new(
+    let config = node_config(
         &node_name,
         vec![next_v4_cidr()],
-        dir.join("node-a"),
-        vec![bin_dir],
+        &dir.join("node-a"),
+        &bin_dir,
+        &kubeconfig,
     );
-    config.agent = Some(AgentConfig {
-        bin: agent_wrapper(&dir),
-        kubeconfig: Some(kubeconfig.clone()),
-    });
     let kube_config = kube::Config::new(server.url().parse().unwrap());
     let mut node = SimNode::new(config, kube_config);
     node.start();
-    let mut controller = spawn_controller(&kubeconfig, "default", "ipkeep", "apifaults-1", &dir);
+    let mut controller =
+        spawn_controller(&kubeconfig, "default", "ipkeep", "apifaults-1", dir.path());
 
     let client = server.client();
     let replicas = Arc::new(AtomicU32::new(3));
@@ -148,8 +140,8 @@ async fn dropped_watches_500s_compaction_and_a_restart_still_end_right() {
             Some(())
         }
     };
-    let before = eventually("web-0..2 Running", || running(&["web-0", "web-1", "web-2"])).await;
-    eventually("web-0..2 Bound", || bound(before.clone())).await;
+    let before = wait_for("web-0..2 Running", || running(&["web-0", "web-1", "web-2"])).await;
+    wait_for("web-0..2 Bound", || bound(before.clone())).await;
     let uids = reservation_uids(&iprs).await;
 
     // The faults, while web-1 is deleted (and re-created by the stand-in) and web-3 added.
@@ -177,7 +169,7 @@ async fn dropped_watches_500s_compaction_and_a_restart_still_end_right() {
     faults.close_watches();
     faults.restart(Duration::from_secs(1));
 
-    let after = eventually("web-0..3 Running, web-1 re-created", || async {
+    let after = wait_for("web-0..3 Running, web-1 re-created", || async {
         let a = running(&["web-0", "web-1", "web-2", "web-3"]).await?;
         (a["web-1"].uid != before["web-1"].uid).then_some(a)
     })
@@ -185,10 +177,10 @@ async fn dropped_watches_500s_compaction_and_a_restart_still_end_right() {
     for n in ["web-0", "web-1", "web-2"] {
         assert_eq!(after[n].ips, before[n].ips, "{n} lost its addresses");
     }
-    eventually("web-0..3 Bound to their pods", || bound(after.clone())).await;
+    wait_for("web-0..3 Bound to their pods", || bound(after.clone())).await;
     for n in ["web-0", "web-1", "web-2", "web-3"] {
         let file = node.reserved_file("default", n);
-        eventually(&format!("{} on the node", file.display()), || async {
+        wait_for(&format!("{} on the node", file.display()), || async {
             file.exists().then_some(())
         })
         .await;
@@ -204,9 +196,4 @@ async fn dropped_watches_500s_compaction_and_a_restart_still_end_right() {
     standin.abort();
     controller.kill();
     node.stop();
-    let _ = std::fs::remove_dir_all(&dir);
-    eprintln!(
-        "scenario 7d (API faults on the test server) took {:.1}s",
-        t0.elapsed().as_secs_f64()
-    );
 }

@@ -17,6 +17,21 @@ pub struct AgentConfig {
     pub bin: PathBuf,
     /// Given to the agent as `KUBECONFIG` (else it inherits the stand-in's environment).
     pub kubeconfig: Option<PathBuf>,
+    /// More arguments after the stand-in's own, e.g. `--probe-addr 127.0.0.1:0` where several
+    /// agents share one machine and the default port would collide.
+    pub extra_args: Vec<String>,
+}
+
+impl AgentConfig {
+    /// `bin` with `KUBECONFIG=kubeconfig` and its probes on a port of its own (several agents
+    /// share this machine): how the tests and the demo run their nodes' agents.
+    pub fn on_own_port(bin: PathBuf, kubeconfig: PathBuf) -> AgentConfig {
+        AgentConfig {
+            bin,
+            kubeconfig: Some(kubeconfig),
+            extra_args: vec!["--probe-addr".into(), "127.0.0.1:0".into()],
+        }
+    }
 }
 
 /// The agent's command line: `agent --node-name N --data-dir DIR --network NAME`.
@@ -52,7 +67,10 @@ pub async fn supervise(
             return;
         }
         let mut command = Command::new(&config.bin);
-        command.args(&args).stdin(Stdio::null());
+        command
+            .args(&args)
+            .args(&config.extra_args)
+            .stdin(Stdio::null());
         if let Some(kubeconfig) = &config.kubeconfig {
             command.env("KUBECONFIG", kubeconfig);
         }

@@ -56,6 +56,7 @@ impl NodeArgs {
         config.agent = self.agent_bin.clone().map(|bin| AgentConfig {
             bin,
             kubeconfig: self.kubeconfig.clone(),
+            extra_args: Vec::new(),
         });
         config
     }

@@ -16,6 +16,14 @@
 //! The pure part — names ([`names`]), CNI requests and replies ([`cni`]), the objects a kubelet
 //! writes ([`objects`]), what to do for which pod ([`plan`]) — takes `now` as an argument; the
 //! I/O ([`host`], [`records`], the kube client) is thin.
+//!
+//! Why it stays beside the real nodes (`ipkeep_e2e::cluster::realnode`): it needs no kubelet,
+//! containerd or image build, starts a node in milliseconds and as many as a test wants, each
+//! with its own CIDRs (a /29 to fill a range with five pods, dual-stack), data directory and
+//! agent process the test can kill; and it gives `make demo FAST=1` and the API-fault scenario
+//! (on the in-memory API test server, which no real kubelet can talk to) their nodes. The real
+//! nodes (`realnode_scenario_*.rs`) run every scenario a real node can: keep IP, unannotated
+//! pod, scale to 0 and back, drain, rolling restarts, and the node and operator faults.
 
 pub mod agent;
 pub mod cli;
@@ -327,6 +335,7 @@ mod tests {
             Some(AgentConfig {
                 bin: "/bin/ipkeep-operator".into(),
                 kubeconfig: Some("/k".into()),
+                extra_args: Vec::new(),
             })
         );
         assert_eq!(

@@ -7,9 +7,9 @@
 #![allow(dead_code)]
 
 pub mod scenarios;
+pub use crate::shared::*;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -27,17 +27,8 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// How long a test waits for a condition before it fails, naming what it waited for.
-pub const DEADLINE: Duration = Duration::from_secs(30);
-
 /// The networks every test node keeps (two, so the agent is seen to keep each).
 pub const NETWORKS: [&str; 2] = ["cbr0", "second"];
-
-/// The repository's generated CRDs (`crds/`): the real IPReservation CRD with its selectable
-/// `spec.nodeName`.
-pub fn repo_crds() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../crds")
-}
 
 /// Starts an API test server with the real IPReservation CRD.
 pub async fn start_server() -> TestServer {
@@ -58,14 +49,6 @@ pub fn unique(prefix: &str) -> String {
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     )
-}
-
-/// A fresh temporary directory.
-pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(unique(&format!("ipkeep-agent-{name}")));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("failed to create a scratch directory");
-    dir
 }
 
 /// Creates a namespace with a unique name and returns the name.
@@ -114,6 +97,8 @@ pub struct Node {
     pub registry: prometheus::Registry,
     /// The agent's readiness.
     pub readiness: Arc<Readiness>,
+    /// The data directory when the node made it (removed with the node).
+    scratch: Option<Scratch>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -122,8 +107,10 @@ impl Node {
     /// Starts an agent for a new uniquely named node.
     pub fn start(client: &Client, prefix: &str) -> Node {
         let name = unique(prefix);
-        let data_dir = scratch(&name);
-        Node::start_named(client, &name, &data_dir)
+        let scratch = Scratch::new(&format!("agent-{name}"));
+        let mut node = Node::start_named(client, &name, scratch.path());
+        node.scratch = Some(scratch);
+        node
     }
 
     /// Starts an agent for `name` on `data_dir`.
@@ -167,6 +154,7 @@ impl Node {
             metrics,
             registry,
             readiness,
+            scratch: None,
             stop: Some(stop),
             task: Some(task),
         }
@@ -246,26 +234,6 @@ pub fn garbage_of(data_dir: &Path, network: &str) -> Vec<String> {
         .into_iter()
         .map(|s| format!("{}: {}", s.path.display(), s.reason))
         .collect()
-}
-
-/// Polls `check` until it yields a value; fails the test after [`DEADLINE`] saying `what` it
-/// waited for.
-pub async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gave up after {DEADLINE:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// Waits until `pred` holds for the file of `ns/pod` in every network of `node`'s data

@@ -10,18 +10,18 @@
 //! removes the directory, also when an assertion fails.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub use crate::shared::*;
+
 use std::{
     collections::BTreeMap,
-    future::Future,
-    io::Write,
     net::IpAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::Command,
     sync::{
         Arc, Mutex, OnceLock,
         atomic::{AtomicU32, Ordering},
     },
-    time::{Duration, Instant, SystemTime},
+    time::SystemTime,
 };
 
 use futures::StreamExt;
@@ -35,9 +35,6 @@ use kube::{Api, Client, ResourceExt, api::ListParams, runtime::watcher};
 
 /// Debian's `bridge` plugin (package `containernetworking-plugins`).
 pub const BRIDGE: &str = "/usr/lib/cni/bridge";
-
-/// How long a scenario waits for one condition before it fails, naming the condition.
-pub const DEADLINE: Duration = Duration::from_secs(90);
 
 /// Fails the test, loudly, unless it runs as root with `ip`, `setpriv` and Debian's `bridge`.
 pub fn require_root_and_tools() {
@@ -60,99 +57,59 @@ pub fn require_root_and_tools() {
     }
 }
 
-/// The built `ipkeep` plugin and `ipkeep-operator`, next to this test's `ipkeep-e2e` binary
-/// (`cargo test --workspace` and `make test` build them; `IPKEEP_PLUGIN_BIN` overrides the
-/// plugin). Fails loudly with the command to run when they are missing.
-pub fn binaries() -> &'static (PathBuf, PathBuf) {
-    static BINS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
-    BINS.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_BIN_EXE_ipkeep-e2e"))
-            .parent()
-            .unwrap()
-            .to_path_buf();
-        let plugin =
-            std::env::var_os("IPKEEP_PLUGIN_BIN").map_or_else(|| dir.join("ipkeep"), PathBuf::from);
-        let operator = dir.join("ipkeep-operator");
-        for b in [&plugin, &operator] {
-            assert!(
-                b.is_file(),
-                "no binary at {}: run `cargo build -p ipkeep-plugin -p ipkeep-operator` first",
-                b.display()
-            );
-        }
-        (plugin, operator)
-    })
+/// The CNI bin directory of a test's nodes, `<dir>/bin`: Debian's `bridge` and the built
+/// `ipkeep` linked in.
+pub fn cni_bin_dir(dir: &Path) -> PathBuf {
+    let bin_dir = dir.join("bin");
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    host::link_cni_bin_dir(&bin_dir, Path::new(BRIDGE), &plugin_binary())
+        .expect("link the CNI bin dir");
+    bin_dir
 }
 
-/// A script that runs the built `ipkeep-operator` with the stand-in's arguments and a probe
-/// address of its own (several agents share this machine; the default port would collide).
-pub fn agent_wrapper(dir: &Path) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let path = dir.join("ipkeep-operator-agent");
-    let script = format!(
-        "#!/bin/sh\nexec {} \"$@\" --probe-addr 127.0.0.1:0\n",
-        binaries().1.display()
-    );
-    std::fs::write(&path, script).expect("write the agent wrapper");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path
-}
-
-/// The control plane with the IPReservation CRD installed and established.
-pub async fn cluster() -> &'static Cluster {
-    let cluster = ipkeep_e2e::cluster::shared()
-        .await
-        .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
-    static CRD: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    CRD.get_or_init(|| async {
-        let crd = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../crds/ipreservations.ipkeep.dev.yaml");
-        kubectl_ok(cluster, &["apply", "-f", crd.to_str().unwrap()], None);
-        kubectl_ok(
-            cluster,
-            &[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd/ipreservations.ipkeep.dev",
-            ],
-            None,
-        );
-    })
-    .await;
-    cluster
-}
-
-/// Where kubectl runs: the test's own control plane, or (real-cluster mode) a cluster named by
-/// a kubeconfig.
-pub trait KubectlTarget {
-    /// A kubectl command aimed at it.
-    fn kubectl_command(&self) -> Command;
-}
-
-impl KubectlTarget for Cluster {
-    fn kubectl_command(&self) -> Command {
-        self.kubectl()
-    }
+/// A stand-in node `name` with `cidrs`, its data under `data`, the plugins of `bin_dir`, and its
+/// agent (the built `ipkeep-operator`, probes on a port of its own) talking to the API server of
+/// `kubeconfig`.
+pub fn node_config(
+    name: &str,
+    cidrs: Vec<String>,
+    data: &Path,
+    bin_dir: &Path,
+    kubeconfig: &Path,
+) -> NodeConfig {
+    let mut config = NodeConfig::new(name, cidrs, data.to_path_buf(), vec![bin_dir.to_path_buf()]);
+    config.agent = Some(AgentConfig::on_own_port(
+        operator_binary(),
+        kubeconfig.to_path_buf(),
+    ));
+    config
 }
 
 /// The cluster a [`System`] talks to.
 pub enum Target {
     /// The control plane these tests start (`cluster::shared()`).
     Sim(&'static Cluster),
-    /// A real cluster with the chart installed, named by `IPKEEP_E2E_KUBECONFIG`.
-    Real(PathBuf),
+    /// A real cluster with the chart installed: one named by `IPKEEP_E2E_KUBECONFIG`, or this test
+    /// binary's real nodes (`realnode_scenarios.rs`).
+    Real(ChartCluster),
+}
+
+/// A cluster with the chart installed: its kubeconfig and the kubectl to use.
+#[derive(Debug, Clone)]
+pub struct ChartCluster {
+    /// Its kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// The kubectl that talks to it.
+    pub kubectl: PathBuf,
 }
 
 impl KubectlTarget for Target {
     fn kubectl_command(&self) -> Command {
         match self {
             Target::Sim(c) => c.kubectl(),
-            Target::Real(kubeconfig) => {
-                let mut cmd = Command::new(
-                    std::env::var_os("IPKEEP_E2E_KUBECTL").unwrap_or_else(|| "kubectl".into()),
-                );
-                cmd.arg("--kubeconfig").arg(kubeconfig);
+            Target::Real(real) => {
+                let mut cmd = Command::new(&real.kubectl);
+                cmd.arg("--kubeconfig").arg(&real.kubeconfig);
                 cmd
             }
         }
@@ -164,11 +121,53 @@ impl KubectlTarget for Target {
 /// makes `make test` touch their cluster.
 pub const REAL_CLUSTER_ENV: &str = "IPKEEP_E2E_KUBECONFIG";
 
-/// The kubeconfig of the real cluster, when real-cluster mode is on.
-pub fn real_cluster() -> Option<PathBuf> {
+/// This test binary's own cluster with the chart installed, when it runs its scenarios on real
+/// nodes (set once by [`run_on_chart_cluster`]).
+static CHART_CLUSTER: OnceLock<ChartCluster> = OnceLock::new();
+
+/// From now on, [`System::start`] puts the tests of this binary on `cluster` (the chart
+/// installed on real nodes) as it does on a cluster named by `IPKEEP_E2E_KUBECONFIG`.
+pub fn run_on_chart_cluster(cluster: ChartCluster) {
+    CHART_CLUSTER.get_or_init(|| cluster);
+}
+
+/// The cluster with the chart installed the scenarios run on, if any: this binary's real nodes,
+/// or a cluster named by `IPKEEP_E2E_KUBECONFIG` (with `IPKEEP_E2E_KUBECTL`, else `kubectl`).
+pub fn real_cluster() -> Option<ChartCluster> {
+    if let Some(c) = CHART_CLUSTER.get() {
+        return Some(c.clone());
+    }
     std::env::var_os(REAL_CLUSTER_ENV)
         .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
+        .map(|kubeconfig| ChartCluster {
+            kubeconfig: PathBuf::from(kubeconfig),
+            kubectl: std::env::var_os("IPKEEP_E2E_KUBECTL")
+                .map_or_else(|| PathBuf::from("kubectl"), PathBuf::from),
+        })
+}
+
+/// One `#[tokio::test]` per scenario `module::name` (an `async fn()`), each run where
+/// [`System::start`] puts this binary's tests; with `before;`, that is awaited first (a
+/// real-node binary's setup, whose result lives as long as the test).
+#[macro_export]
+macro_rules! scenario_tests {
+    ($module:ident: $($name:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                $module::$name().await;
+            }
+        )+
+    };
+    ($before:expr; $module:ident: $($name:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let _setup = $before.await;
+                $module::$name().await;
+            }
+        )+
+    };
 }
 
 /// For a scenario made only of the simulator's hooks: in real-cluster mode, says loudly that it
@@ -181,55 +180,6 @@ pub fn skipped_on_real_cluster(test: &str, hooks: &str) -> bool {
         "SKIPPED on a real cluster: {test} needs the simulator's {hooks}; ran 0 checks (it runs without {REAL_CLUSTER_ENV})"
     );
     true
-}
-
-/// Runs kubectl against `target`.
-pub fn kubectl(target: &impl KubectlTarget, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut cmd = target.kubectl_command();
-    cmd.args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("run kubectl");
-    let mut pipe = child.stdin.take().expect("kubectl stdin");
-    if let Some(text) = stdin {
-        pipe.write_all(text.as_bytes())
-            .expect("write kubectl stdin");
-    }
-    drop(pipe);
-    child.wait_with_output().expect("wait for kubectl")
-}
-
-/// Runs kubectl and returns its stdout; fails the test with its output if it failed.
-pub fn kubectl_ok(target: &impl KubectlTarget, args: &[&str], stdin: Option<&str>) -> String {
-    let out = kubectl(target, args, stdin);
-    assert!(
-        out.status.success(),
-        "kubectl {args:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Polls `check` every 100 ms until it returns `Some`, failing after [`DEADLINE`] with `what`.
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let started = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "waited {DEADLINE:?} for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -379,29 +329,6 @@ impl Drop for SimNode {
     }
 }
 
-/// One controller replica: the built binary in its own process, killed with this test process.
-pub struct Controller {
-    /// Its identity in the Lease.
-    pub identity: String,
-    child: Child,
-    /// Its log file.
-    pub log: PathBuf,
-}
-
-impl Controller {
-    /// Kills it (SIGKILL) and reaps it.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// Starts a controller replica (the built binary) watching `ns`, electing its leader through the
 /// Lease `ns/lease` (3 s), logging to `<dir>/<identity>.log`.
 pub fn spawn_controller(
@@ -410,40 +337,21 @@ pub fn spawn_controller(
     lease: &str,
     identity: &str,
     dir: &Path,
-) -> Controller {
-    let (_, operator) = binaries();
+) -> Replica {
     let log = dir.join(format!("{identity}.log"));
-    let file = std::fs::File::create(&log).expect("controller log");
-    // setpriv: the kernel kills the replica if this test process dies without dropping it.
-    let child = Command::new("setpriv")
-        .args(["--pdeathsig", "KILL", "--"])
-        .arg(operator)
-        .args([
-            "controller",
+    Replica::spawn(
+        kubeconfig,
+        identity,
+        &[
             "--namespace",
             ns,
             "--lease-name",
             lease,
             "--lease-namespace",
             ns,
-            "--lease-duration",
-            "3",
-            "--identity",
-            identity,
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .env("KUBECONFIG", kubeconfig)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(file)
-        .spawn()
-        .expect("start ipkeep-operator controller");
-    Controller {
-        identity: identity.to_owned(),
-        child,
-        log,
-    }
+        ],
+        Some(&log),
+    )
 }
 
 /// What a test asks of its system.
@@ -487,21 +395,22 @@ pub struct System {
     /// The checks of the test: (what, the hook it needed when skipped).
     checks: Mutex<Vec<(String, Option<String>)>>,
     /// The controller replicas.
-    pub controllers: Vec<Controller>,
-    /// The test's directory (node data, bin dir, logs).
-    pub dir: PathBuf,
+    pub controllers: Vec<Replica>,
+    /// The test's directory (node data, bin dir, logs), removed with it unless the test failed.
+    pub dir: Scratch,
     lease: String,
     replicas_started: u32,
+    /// When it started, to print how long the test took.
+    started: std::time::Instant,
 }
 
 impl System {
     /// Starts the nodes (Ready and untainted) and the controllers in a fresh namespace.
     pub async fn start(prefix: &str, options: Options) -> System {
-        if let Some(kubeconfig) = real_cluster() {
-            return System::on_real_cluster(prefix, options, kubeconfig).await;
+        if let Some(real) = real_cluster() {
+            return System::on_chart_cluster(prefix, options, real).await;
         }
         require_root_and_tools();
-        let (plugin, _) = binaries();
         let cluster = cluster().await;
         let client = cluster.client().expect("an admin client");
         let ns = cluster
@@ -509,12 +418,8 @@ impl System {
             .await
             .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
         let pid = std::process::id();
-        let dir = std::env::temp_dir().join(format!("ipkeep-e2e-{ns}-{pid}"));
-        let _ = std::fs::remove_dir_all(&dir);
-        let bin_dir = dir.join("bin");
-        std::fs::create_dir_all(&bin_dir).unwrap();
-        host::link_cni_bin_dir(&bin_dir, Path::new(BRIDGE), plugin).expect("link the CNI bin dir");
-        let agent = agent_wrapper(&dir);
+        let dir = Scratch::new(&format!("e2e-{ns}"));
+        let bin_dir = cni_bin_dir(dir.path());
         let mut nodes = Vec::new();
         for i in 0..options.nodes {
             let seq = SEQ.fetch_add(1, Ordering::Relaxed);
@@ -524,16 +429,13 @@ impl System {
             }
             let letter = (b'a' + i as u8) as char;
             let name = format!("{ns}-{letter}-{pid}");
-            let mut config = NodeConfig::new(
+            let config = node_config(
                 &name,
                 cidrs,
-                dir.join(format!("node-{letter}")),
-                vec![bin_dir.clone()],
+                &dir.join(format!("node-{letter}")),
+                &bin_dir,
+                cluster.kubeconfig_path(),
             );
-            config.agent = Some(AgentConfig {
-                bin: agent.clone(),
-                kubeconfig: Some(cluster.kubeconfig_path().to_path_buf()),
-            });
             let mut node = SimNode::new(config, cluster.config());
             node.start();
             nodes.push(node);
@@ -551,6 +453,7 @@ impl System {
             controllers: Vec::new(),
             dir,
             replicas_started: 0,
+            started: std::time::Instant::now(),
         };
         for i in 0..system.nodes.len() {
             system.wait_node_schedulable(i).await;
@@ -564,7 +467,8 @@ impl System {
     /// Real-cluster mode: a client from `kubeconfig`, the chart's CRD checked (not applied), the
     /// cluster's Ready untainted nodes instead of simulated ones, no controller started (the
     /// chart's runs), a fresh namespace.
-    async fn on_real_cluster(prefix: &str, options: Options, kubeconfig: PathBuf) -> System {
+    pub async fn on_chart_cluster(prefix: &str, options: Options, real: ChartCluster) -> System {
+        let kubeconfig = real.kubeconfig.clone();
         let config = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap_or_else(|e| {
             panic!(
                 "{REAL_CLUSTER_ENV}={}: failed to read the kubeconfig: {e}",
@@ -624,9 +528,9 @@ impl System {
             kubeconfig.display(),
             usable.iter().map(|(n, _)| n).collect::<Vec<_>>()
         );
-        let dir = std::env::temp_dir().join(format!("ipkeep-e2e-{ns}-{}", std::process::id()));
+        let dir = Scratch::new(&format!("e2e-{ns}"));
         System {
-            target: Target::Real(kubeconfig),
+            target: Target::Real(real),
             client,
             lease: format!("ipkeep-{ns}"),
             ns,
@@ -637,6 +541,7 @@ impl System {
             controllers: Vec::new(),
             dir,
             replicas_started: 0,
+            started: std::time::Instant::now(),
         }
     }
 
@@ -708,7 +613,7 @@ impl System {
             &self.ns,
             &self.lease,
             &identity,
-            &self.dir,
+            self.dir.path(),
         );
         self.controllers.push(c);
     }
@@ -729,7 +634,7 @@ impl System {
     async fn wait_node_schedulable(&self, i: usize) {
         let name = self.nodes[i].name().to_owned();
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
-        eventually(&format!("node {name} Ready without taints"), || {
+        wait_for(&format!("node {name} Ready without taints"), || {
             let nodes = nodes.clone();
             let name = name.clone();
             async move {
@@ -781,11 +686,35 @@ impl System {
             .collect()
     }
 
+    /// Applies the StatefulSet `name` of `replicas` pods kept for an hour, placed on `node`, and
+    /// waits until they run with their reservations Bound.
+    pub async fn run_retained(
+        &self,
+        name: &str,
+        replicas: u32,
+        node: &str,
+    ) -> BTreeMap<String, RunningPod> {
+        self.apply(&statefulset(
+            name,
+            replicas,
+            true,
+            &[node],
+            &retain(Some("1h")),
+        ));
+        let names: Vec<String> = (0..replicas).map(|i| format!("{name}-{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let pods = self.wait_running(&format!("app={name}"), &names).await;
+        for p in pods.values() {
+            self.wait_bound(p).await;
+        }
+        pods
+    }
+
     /// Waits until exactly `names` run (with addresses) among pods matching `labels`.
     pub async fn wait_running(&self, labels: &str, names: &[&str]) -> BTreeMap<String, RunningPod> {
         let mut want: Vec<String> = names.iter().map(|s| (*s).to_owned()).collect();
         want.sort();
-        eventually(&format!("pods {want:?} Running with addresses"), || async {
+        wait_for(&format!("pods {want:?} Running with addresses"), || async {
             let running = self.running(labels).await;
             let got: Vec<String> = running.keys().cloned().collect();
             (got == want).then_some(running)
@@ -795,7 +724,7 @@ impl System {
 
     /// Waits until `pod` runs with a UID other than `old_uid`, and returns it.
     pub async fn wait_recreated(&self, pod: &str, old_uid: &str) -> RunningPod {
-        eventually(&format!("{pod} re-created and Running"), || async {
+        wait_for(&format!("{pod} re-created and Running"), || async {
             let p = self.pods().get_opt(pod).await.ok()??;
             let r = RunningPod::of(&p)?;
             (r.uid != old_uid && p.metadata.deletion_timestamp.is_none()).then_some(r)
@@ -810,7 +739,7 @@ impl System {
         what: &str,
         check: impl Fn(&IPReservation) -> bool,
     ) -> IPReservation {
-        eventually(
+        wait_for(
             &format!("reservation {}/{pod}: {what}", self.ns),
             || async {
                 let r = self.reservations().get_opt(pod).await.ok()??;
@@ -839,7 +768,7 @@ impl System {
 
     /// Waits until `path` exists (`present`) or is gone.
     pub async fn wait_file(&self, path: &Path, present: bool) {
-        eventually(
+        wait_for(
             &format!(
                 "{} to {}",
                 path.display(),
@@ -900,6 +829,11 @@ impl System {
 
 impl Drop for System {
     fn drop(&mut self) {
+        eprintln!(
+            "{}: took {:.1}s",
+            self.ns,
+            self.started.elapsed().as_secs_f64()
+        );
         if !self.checks.lock().unwrap().is_empty() {
             eprintln!("{}: {}", self.ns, self.summary());
         }
@@ -926,11 +860,6 @@ impl Drop for System {
             if let Some(Err(e)) = n.stop_quietly() {
                 eprintln!("{e}");
             }
-        }
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        } else {
-            eprintln!("logs kept in {}", self.dir.display());
         }
     }
 }
@@ -1083,8 +1012,20 @@ pub fn ips(r: &IPReservation) -> Vec<String> {
     r.spec.ips.iter().map(|i| i.0.clone()).collect()
 }
 
+/// The annotations of a pod whose addresses are kept: `ipkeep.dev/retain: "true"` and, when
+/// given, `ipkeep.dev/retain-for`.
+pub fn retain(retain_for: Option<&'static str>) -> Vec<(&'static str, &'static str)> {
+    let mut a = vec![("ipkeep.dev/retain", "true")];
+    a.extend(retain_for.map(|r| ("ipkeep.dev/retain-for", r)));
+    a
+}
+
+/// The workload image every real node has (`cluster up` imports it): busybox with `sh`, `ip`,
+/// `httpd`, `wget` and `sleep`. The stand-in runs no container and ignores it.
+pub const WORKLOAD_IMAGE: &str = "localhost/ipkeep-e2e/workload:1";
+
 /// A StatefulSet `name` (label `app=<name>`), its template annotated with `annotations`, its pods
-/// placed on `nodes` only.
+/// placed on `nodes` only; each pod serves the workload's page with busybox `httpd` on port 8080.
 pub fn statefulset(
     name: &str,
     replicas: u32,
@@ -1128,7 +1069,9 @@ spec:
               - {{key: kubernetes.io/hostname, operator: In, values: [{nodes}]}}
       containers:
       - name: app
-        image: registry.invalid/none:1
+        image: {WORKLOAD_IMAGE}
+        imagePullPolicy: Never
+        command: [httpd, -f, -p, "8080", -h, /www]
 "#
     )
 }

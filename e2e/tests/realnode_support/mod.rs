@@ -1,0 +1,264 @@
+//! Real nodes with ipkeep installed the way the README tells a user (included with `#[path]` by
+//! the `realnode_scenario_*.rs` tests): the shared two-node cluster of the test binary
+//! (`ipkeep_e2e::cluster::realnode::shared`: kubelet, containerd, runc and kube-proxy per node),
+//! `make image`'s archive imported into every node's containerd, and `helm install` from
+//! `charts/ipkeep` with that image and `cni.replaceHostLocal=true` — once per test binary. Each
+//! test then works in a [`System`] of its own namespace on those nodes, with the chart's
+//! controller and agents.
+//!
+//! Needs root, `make cluster-bins`, `make node-bins` and `make image` (or
+//! `IPKEEP_IMAGE_ARCHIVE`); fails loudly, naming what to run, without them.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{path::PathBuf, time::Duration};
+
+use ipkeep_e2e::cluster::realnode::{self, RealCluster, RealNode};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, api::ListParams};
+
+use crate::system::{
+    ChartCluster, Options, RunningPod, System, kubectl, run_ok, run_on_chart_cluster, wait_for,
+};
+
+/// The chart's release name and namespace, as in the README.
+pub const RELEASE: &str = "ipkeep";
+/// The release's namespace.
+pub const RELEASE_NS: &str = "ipkeep-system";
+
+/// How long a pod of the chart may take to be Ready (image import, init container, probes).
+const COMPONENT_READY: Duration = Duration::from_secs(180);
+
+/// The image archive `make image` writes (`IPKEEP_IMAGE_ARCHIVE` overrides it).
+pub fn image_archive() -> PathBuf {
+    let path = std::env::var_os("IPKEEP_IMAGE_ARCHIVE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::shared::repo_root().join("target/image/ipkeep.oci.tar"));
+    assert!(
+        path.is_file(),
+        "{} is missing: run `make image` (or set IPKEEP_IMAGE_ARCHIVE)",
+        path.display()
+    );
+    path
+}
+
+/// The chart's values for the imported image: what a local install without a registry sets.
+pub fn image_values(reference: &str) -> Vec<String> {
+    let (repository, tag) = reference
+        .rsplit_once(':')
+        .unwrap_or_else(|| panic!("the archive's image {reference} has no tag"));
+    vec![
+        format!("image.repository={repository}"),
+        format!("image.tag={tag}"),
+        "image.pullPolicy=Never".to_owned(),
+    ]
+}
+
+/// helm against the cluster; its stdout, or the test fails with its output.
+pub fn helm(c: &RealCluster, args: &[&str]) -> String {
+    run_ok(c.plane().helm(), args, None)
+}
+
+static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+
+/// The shared real-node cluster with the image loaded and the chart installed (once per test
+/// binary); every pod of the release Ready. Returns the cluster.
+pub async fn installed() -> &'static RealCluster {
+    let c = realnode::shared()
+        .await
+        .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
+    INSTALLED
+        .get_or_init(|| async {
+            let names = c
+                .load_image(&image_archive())
+                .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
+            assert_eq!(names.len(), 1, "one image in the archive: {names:?}");
+            let values = image_values(&names[0]);
+            install(c, &values, &["--set", "cni.replaceHostLocal=true"]).await;
+        })
+        .await;
+    c
+}
+
+/// `helm upgrade --install` of the chart with the image `values` and `extra` arguments, then
+/// waits until every pod of the release is Ready.
+pub async fn install(c: &RealCluster, values: &[String], extra: &[&str]) {
+    let chart = crate::shared::chart_dir();
+    let mut args = vec![
+        "upgrade",
+        "--install",
+        RELEASE,
+        chart.to_str().expect("a UTF-8 path"),
+        "--namespace",
+        RELEASE_NS,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "3m",
+    ];
+    for v in values {
+        args.extend(["--set", v.as_str()]);
+    }
+    args.extend(extra);
+    helm(c, &args);
+    release_ready(c).await;
+}
+
+/// Waits until every pod of the release (controllers and an agent per node) is Ready.
+pub async fn release_ready(c: &RealCluster) {
+    let pods: Api<Pod> = Api::namespaced(c.plane().client().expect("a client"), RELEASE_NS);
+    let list = pods
+        .list(&ListParams::default())
+        .await
+        .expect("list the release's pods");
+    for p in list.items {
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let name = p.metadata.name.unwrap_or_default();
+        c.wait_pod_ready(RELEASE_NS, &name, COMPONENT_READY)
+            .await
+            .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
+    }
+}
+
+/// The installed real nodes as a cluster with the chart.
+fn chart_cluster(c: &RealCluster) -> ChartCluster {
+    ChartCluster {
+        kubeconfig: c.plane().kubeconfig_path().to_path_buf(),
+        kubectl: c.plane().bin("kubectl"),
+    }
+}
+
+/// The tests of one binary share its two nodes: a test that takes a node away (drain, restart,
+/// reboot) holds this exclusively, the others hold it shared, so none of them sees a node go
+/// away under it.
+static NODES: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Makes [`System::start`] put this binary's tests on the installed real nodes (the shared
+/// scenarios of `scenarios/` run there unchanged, their simulator-only checks skipped); the nodes
+/// are shared with the other tests that hold the guard.
+pub async fn use_real_nodes() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    let c = installed().await;
+    run_on_chart_cluster(chart_cluster(c));
+    NODES.read().await
+}
+
+/// As [`use_real_nodes`], for a test that takes a node away: no other test runs meanwhile.
+pub async fn use_real_nodes_alone() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    let c = installed().await;
+    run_on_chart_cluster(chart_cluster(c));
+    NODES.write().await
+}
+
+/// A fresh [`System`] on the installed real nodes: a namespace of its own, the nodes, the chart's
+/// controller and agents.
+pub async fn system(prefix: &str) -> (System, &'static RealCluster) {
+    let c = installed().await;
+    let sys = System::on_chart_cluster(prefix, Options::default(), chart_cluster(c)).await;
+    (sys, c)
+}
+
+/// The real node of that name.
+pub fn node<'a>(c: &'a RealCluster, name: &str) -> &'a RealNode {
+    c.node(name)
+        .unwrap_or_else(|| panic!("no real node {name}"))
+}
+
+/// What `ip -o addr show eth0` says inside the pod's container (retried until the kubelet
+/// serves exec again: it may just have been restarted).
+pub async fn eth0(sys: &System, pod: &str) -> String {
+    let args = [
+        "-n",
+        sys.ns.as_str(),
+        "exec",
+        pod,
+        "--",
+        "ip",
+        "-o",
+        "addr",
+        "show",
+        "eth0",
+    ];
+    wait_for(&format!("kubectl exec into {pod}"), || {
+        let out = kubectl(&sys.target, &args, None);
+        let shown = out
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned());
+        async move { shown }
+    })
+    .await
+}
+
+/// Asserts the container of `pod` holds each of its addresses on `eth0`.
+pub async fn assert_on_eth0(sys: &System, pod: &RunningPod) {
+    let shown = eth0(sys, &pod.name).await;
+    for ip in &pod.ips {
+        assert!(
+            shown.contains(&format!(" {ip}/")),
+            "{}'s eth0 does not hold {ip}:\n{shown}",
+            pod.name
+        );
+    }
+}
+
+/// The page `from` fetches from `to`'s busybox httpd (port 8080) over the pod network (retried
+/// until the server answers: a container just started may not listen yet).
+pub async fn fetch(sys: &System, from: &str, to: &RunningPod) -> String {
+    let url = format!("http://{}:8080/", to.ips[0]);
+    let args = ["exec", from, "--", "wget", "-qO-", url.as_str()];
+    wait_for(&format!("{from} to fetch {url}"), || {
+        let mut all = vec!["-n", sys.ns.as_str()];
+        all.extend_from_slice(&args);
+        let out = kubectl(&sys.target, &all, None);
+        let page = out
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned());
+        async move { page }
+    })
+    .await
+}
+
+/// What the workload image's httpd serves.
+pub const PAGE: &str = "ipkeep-e2e workload";
+
+/// What a failing real-node test needs to see: the reservations, the files under `dir` and the
+/// last lines of every agent's log (printed; libtest shows it when the test fails).
+pub fn dump(sys: &System, c: &RealCluster, dir: &std::path::Path) {
+    let ipr = kubectl(
+        &sys.target,
+        &["-n", &sys.ns, "get", "ipr", "-o", "wide"],
+        None,
+    );
+    eprintln!(
+        "--- kubectl get ipr:\n{}",
+        String::from_utf8_lossy(&ipr.stdout)
+    );
+    let files = std::process::Command::new("ls")
+        .arg("-laR")
+        .arg(dir)
+        .output();
+    if let Ok(out) = files {
+        eprintln!(
+            "--- {}:\n{}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let logs = kubectl(
+        c.plane(),
+        &[
+            "-n",
+            RELEASE_NS,
+            "logs",
+            "-l",
+            "app.kubernetes.io/component=agent",
+            "--tail=40",
+            "--prefix",
+        ],
+        None,
+    );
+    eprintln!("--- agent logs:\n{}", String::from_utf8_lossy(&logs.stdout));
+}

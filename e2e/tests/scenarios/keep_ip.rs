@@ -1,0 +1,193 @@
+//! The scenarios of `scenario_keep_ip.rs`, one `pub async fn` each (included with `#[path]`): that file runs
+//! them on simulated nodes, `realnode_scenarios.rs` on real nodes with the chart installed.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use crate::system::*;
+use ipkeep_operator::crd::Phase;
+
+pub async fn statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addresses() {
+    let sys = System::start(
+        "keep",
+        Options {
+            dual_stack: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    let node_a = sys.node_name(0).to_owned();
+    sys.apply(&statefulset(
+        "web",
+        3,
+        true,
+        &[&node_a],
+        &retain(Some("1h")),
+    ));
+    let pods = sys
+        .wait_running("app=web", &["web-0", "web-1", "web-2"])
+        .await;
+    sys.check("three pods Running on their node");
+    let dual = sys.dual_stack;
+    if dual {
+        sys.check("IPv4 and IPv6 addresses");
+    } else {
+        sys.hook(
+            "IPv4 and IPv6 addresses",
+            "dual-stack nodes (the cluster's nodes have one pod CIDR)",
+        );
+    }
+    for pod in pods.values() {
+        assert_eq!(pod.node, node_a);
+        if dual {
+            assert_eq!(pod.ips.len(), 2, "dual-stack: {pod:?}");
+            assert!(pod.ips[0].is_ipv4() && pod.ips[1].is_ipv6(), "{pod:?}");
+        }
+        sys.wait_bound(pod).await;
+        if sys.hook(
+            "reservation files on the node",
+            "node data directory on disk",
+        ) {
+            sys.wait_file(&sys.nodes[0].reserved_file(&sys.ns, &pod.name), true)
+                .await;
+        }
+    }
+    sys.check("every reservation Bound to its pod");
+    let before = pods["web-1"].clone();
+    let history = sys.record_reservations();
+
+    sys.kubectl(&["delete", "pod", "web-1", "--wait=false"]);
+    let after = sys.wait_recreated("web-1", &before.uid).await;
+    assert_eq!(
+        after.ips, before.ips,
+        "web-1 came back with other addresses"
+    );
+    assert_eq!(after.node, node_a);
+    sys.check("web-1 re-created with the same addresses on its node");
+    let r = sys.wait_bound(&after).await;
+    assert!(
+        r.status.as_ref().unwrap().release_time.is_none(),
+        "a Bound reservation has no release time: {r:?}"
+    );
+    // Bound to the old pod, Released once it is gone (a replacement without addresses yet does
+    // not hold them), Bound to the new one: what `kubectl get ipr` shows along the way.
+    let bindings = history.bindings("web-1");
+    eprintln!("web-1's reservation went {bindings:?}");
+    let steps: Vec<(Option<Phase>, Option<&str>)> =
+        bindings.iter().map(|(p, u)| (*p, u.as_deref())).collect();
+    assert_eq!(
+        steps,
+        [
+            (Some(Phase::Bound), Some(before.uid.as_str())),
+            (Some(Phase::Released), Some(before.uid.as_str())),
+            (Some(Phase::Bound), Some(after.uid.as_str())),
+        ],
+        "web-1's reservation did not go Bound -> Released -> Bound (nor was it deleted on the way)"
+    );
+    sys.check("reservation Bound -> Released -> Bound, never deleted");
+    // The other pods were not touched.
+    let now = sys.running("app=web").await;
+    for name in ["web-0", "web-2"] {
+        assert_eq!(now[name], pods[name], "{name} changed");
+    }
+    sys.check("the other pods untouched");
+
+    let table = sys.kubectl(&["get", "ipr"]);
+    eprintln!("kubectl get ipr:\n{table}");
+    let header = table.lines().next().unwrap_or_default();
+    for column in ["NAME", "IPS", "NODE", "PHASE", "RELEASE-TIME", "AGE"] {
+        assert!(header.contains(column), "no {column} column in:\n{table}");
+    }
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("web-1 "))
+        .unwrap_or_else(|| panic!("no web-1 row in:\n{table}"));
+    assert!(
+        row.contains(&before.ips[0].to_string()) && row.contains(&node_a) && row.contains("Bound"),
+        "web-1 row: {row}"
+    );
+    sys.check("kubectl get ipr columns and row");
+}
+
+pub async fn unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_pool() {
+    let sys = System::start(
+        "plain",
+        Options {
+            v4_prefix: 29,
+            ..Options::default()
+        },
+    )
+    .await;
+    let node_a = sys.node_name(0).to_owned();
+    // An annotated pod next to it proves the controller is at work in this namespace.
+    sys.apply(&statefulset("kept", 1, true, &[&node_a], &retain(None)));
+    sys.apply(&statefulset("plain", 1, true, &[&node_a], &[]));
+    let kept = sys.wait_running("app=kept", &["kept-0"]).await;
+    sys.wait_bound(&kept["kept-0"]).await;
+    let plain = sys.wait_running("app=plain", &["plain-0"]).await["plain-0"].clone();
+    assert!(
+        sys.reservations()
+            .get_opt("plain-0")
+            .await
+            .unwrap()
+            .is_none(),
+        "an unannotated pod got a reservation"
+    );
+    sys.check("the annotated pod Bound, the unannotated one without a reservation");
+    let files = sys.hook(
+        "allocation and reservation files",
+        "node data directory on disk",
+    );
+    let allocation = sys
+        .nodes
+        .first()
+        .map(|n| n.config.network_dir().join(plain.ips[0].to_string()))
+        .unwrap_or_default();
+    if files {
+        assert!(allocation.is_file(), "no allocation file {allocation:?}");
+    }
+
+    // Deleted: its address file goes (the address is back in the pool), no reservation appears.
+    sys.kubectl(&["scale", "statefulset", "plain", "--replicas=0"]);
+    wait_for("plain-0 gone", || async {
+        sys.pods()
+            .get_opt("plain-0")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    if files {
+        sys.wait_file(&allocation, false).await;
+        assert!(
+            !sys.nodes[0].reserved_file(&sys.ns, "plain-0").exists(),
+            "a reservation file for an unannotated pod"
+        );
+    }
+    assert!(
+        sys.reservations()
+            .get_opt("plain-0")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    sys.check("deleted, still no reservation");
+    if !sys.hook(
+        "the address handed out again on a full /29",
+        "node CIDRs (a real node's range is not a /29)",
+    ) {
+        return;
+    }
+
+    // The address is handed out again: the /29 has five usable addresses; kept-0 holds one, so
+    // four pods fill the rest, and one of them must get plain-0's.
+    sys.apply(&statefulset("fill", 4, true, &[&node_a], &[]));
+    let fill = sys
+        .wait_running("app=fill", &["fill-0", "fill-1", "fill-2", "fill-3"])
+        .await;
+    assert!(
+        fill.values().any(|p| p.ips[0] == plain.ips[0]),
+        "plain-0's address {} was not handed out again: {fill:?}",
+        plain.ips[0]
+    );
+    sys.check("the address handed out again");
+}
