@@ -3,9 +3,14 @@
 //! `crds/ipreservations.ipkeep.dev.yaml`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use kube::{
+    CustomResource, CustomResourceExt, KubeSchema,
+    core::{Message, Rule},
+};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::retention::RetainFor;
 
 /// The API group of ipkeep's resources.
 pub const GROUP: &str = "ipkeep.dev";
@@ -97,13 +102,18 @@ pub struct IPReservationSpec {
     /// the controller's default applies when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // The grammar as an OpenAPI pattern (checked by every API server, cheaply); the maximum
-    // needs arithmetic, so it is a CEL rule.
-    #[schemars(
-        length(min = 2, max = 7),
-        regex(pattern = r"^[1-9][0-9]{0,5}(s|m|h|d)$")
-    )]
-    #[x_kube(validation = Rule::new("!self.matches('^[1-9][0-9]{0,5}(s|m|h|d)$') || int(self.substring(0, self.size() - 1)) * (self.endsWith('d') ? 86400 : self.endsWith('h') ? 3600 : self.endsWith('m') ? 60 : 1) <= 31622400").message("retainFor must be at most 366d"))]
+    // needs arithmetic, so it is a CEL rule. Both come from `RetainFor`, as the parsers do.
+    #[schemars(length(min = 2, max = 7), regex(pattern = RetainFor::PATTERN))]
+    #[x_kube(validation = retain_for_cap())]
     pub retain_for: Option<String>,
+}
+
+/// The CEL rule capping `spec.retainFor` at [`RetainFor::MAX`].
+fn retain_for_cap() -> Rule {
+    Rule::new(RetainFor::cel_cap()).message(Message::Message(format!(
+        "retainFor must be at most {}",
+        RetainFor::MAX
+    )))
 }
 
 /// One reserved address, as text (`10.244.1.17`, `fd00:10:244:1::11`).

@@ -8,4 +8,5 @@ pub mod crd;
 pub mod install_cni;
 pub mod logging;
 pub mod probes;
+pub mod retention;
 pub mod shutdown;

@@ -13,15 +13,14 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::retention::{RetainFor, RetainForError, release_time};
+
 use ipkeep_plugin::reservation::{
     FORMAT_VERSION, PodKey, ReservationFile, ReservationSet, SchemaError, Timestamp,
 };
 use kube::ResourceExt;
 
 use crate::crd::{IPReservation, Phase};
-
-/// Longest `retainFor` the CRD accepts (366 days), also the cap for the agent's default.
-pub const MAX_RETAIN_FOR: Duration = Duration::from_secs(366 * 86_400);
 
 /// Why a reservation cannot be written (reported as a Warning Event and a log line, never turned
 /// into a path).
@@ -46,15 +45,15 @@ pub enum Refusal {
         /// The entry as found.
         ip: String,
     },
-    /// `spec.retainFor` is not a duration the CRD allows.
-    #[error(
-        "failed to parse retainFor {value:?} of reservation {pod}: expected a positive whole number of s, m, h or d (e.g. 24h)"
-    )]
+    /// The release time must be computed (no `status.releaseTime`) and `spec.retainFor` is
+    /// not a duration the CRD allows.
+    #[error("failed to compute the release time of reservation {pod} from spec.retainFor")]
     InvalidRetainFor {
         /// Whose reservation.
         pod: PodKey,
-        /// The value as found.
-        value: String,
+        /// Why the value was refused.
+        #[source]
+        source: RetainForError,
     },
     /// The reservation has no `metadata.uid` or `metadata.creationTimestamp` (never from a real
     /// API server).
@@ -88,30 +87,9 @@ pub enum FileDecision {
     Conflict,
 }
 
-/// Parses a `retainFor` value as the CRD allows it: `^[1-9][0-9]{0,5}(s|m|h|d)$`.
-pub fn parse_retain_for(text: &str) -> Option<Duration> {
-    let (digits, unit) = text.split_at_checked(text.len().checked_sub(1)?)?;
-    let unit_secs = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        _ => return None,
-    };
-    if digits.is_empty()
-        || digits.len() > 6
-        || digits.starts_with('0')
-        || !digits.bytes().all(|b| b.is_ascii_digit())
-    {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    Some(Duration::from_secs(n.checked_mul(unit_secs)?))
-}
-
-fn timestamp_of(time: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Timestamp {
-    let secs = time.0.as_second();
-    let nanos = u32::try_from(time.0.subsec_nanosecond()).unwrap_or(0);
+fn timestamp_of(time: jiff::Timestamp) -> Timestamp {
+    let secs = time.as_second();
+    let nanos = u32::try_from(time.subsec_nanosecond()).unwrap_or(0);
     // A negative sub-second part (before the epoch) is folded into the seconds.
     Timestamp::new(secs, nanos).unwrap_or(Timestamp::from_unix_secs(secs))
 }
@@ -120,15 +98,13 @@ fn timestamp_of(time: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> 
 ///
 /// `releaseTime` in the file:
 /// * `Bound` → `null` (the pod holds the addresses);
-/// * `Released` → `status.releaseTime` exactly as the controller set it (even if it has passed:
-///   the plugin ignores an expired file by itself); when the controller left it out,
-///   `status.releasedAt + retainFor`;
-/// * no status or no phase (a reservation made by hand, or one the controller has only just
-///   created) → `creationTimestamp + retainFor`: the design treats a hand-made reservation as
-///   `Released` from its creation until its pod appears.
-///
-/// `retainFor` is the reservation's own, else `default_retain_for` (the chart passes the
-/// controller's default).
+/// * `status.releaseTime` when the controller set it, exactly (even if it has passed: the
+///   plugin ignores an expired file by itself);
+/// * otherwise (a reservation made by hand, or one the controller has only just created) the
+///   controller's rule, [`release_time`], from `status.releasedAt`, else `creationTimestamp`:
+///   the design treats a hand-made reservation as `Released` from its creation until its pod
+///   appears. `retainFor` is the reservation's own, else `default_retain_for` (the chart passes
+///   the controller's default).
 pub fn reservation_file(
     ipr: &IPReservation,
     node: &str,
@@ -158,23 +134,37 @@ pub fn reservation_file(
     let Some(uid) = ipr.metadata.uid.clone() else {
         return Err(Refusal::MissingMetadata { pod, field: "uid" });
     };
-    let retain_for = match &ipr.spec.retain_for {
-        Some(text) => parse_retain_for(text).ok_or_else(|| Refusal::InvalidRetainFor {
-            pod: pod.clone(),
-            value: text.clone(),
-        })?,
-        None => default_retain_for,
-    };
-    let release_time = match ipr.status.as_ref() {
-        Some(status) if status.phase == Some(Phase::Bound) => None,
-        Some(status) if status.phase == Some(Phase::Released) => {
-            match (&status.release_time, &status.released_at) {
-                (Some(at), _) => Some(timestamp_of(at)),
-                (None, Some(released)) => Some(timestamp_of(released).saturating_add(retain_for)),
-                (None, None) => Some(created_plus(ipr, &pod, retain_for)?),
-            }
+    let status = ipr.status.as_ref();
+    let release_time = match (
+        status.and_then(|s| s.phase),
+        status.and_then(|s| s.release_time.as_ref()),
+    ) {
+        (Some(Phase::Bound), _) => None,
+        (_, Some(at)) => Some(timestamp_of(at.0)),
+        (_, None) => {
+            let retain_for = match &ipr.spec.retain_for {
+                Some(text) => RetainFor::parse(text)
+                    .map_err(|source| Refusal::InvalidRetainFor {
+                        pod: pod.clone(),
+                        source,
+                    })?
+                    .duration(),
+                None => default_retain_for,
+            };
+            let released_at = match (
+                status.and_then(|s| s.released_at.as_ref()),
+                &ipr.metadata.creation_timestamp,
+            ) {
+                (Some(at), _) | (None, Some(at)) => at.0,
+                (None, None) => {
+                    return Err(Refusal::MissingMetadata {
+                        pod,
+                        field: "creationTimestamp",
+                    });
+                }
+            };
+            Some(timestamp_of(release_time(released_at, retain_for)))
         }
-        _ => Some(created_plus(ipr, &pod, retain_for)?),
     };
     let file = ReservationFile {
         version: FORMAT_VERSION,
@@ -188,20 +178,6 @@ pub fn reservation_file(
     file.validate()
         .map_err(|source| Refusal::InvalidFile { pod, source })?;
     Ok(FileDecision::Write(file))
-}
-
-fn created_plus(
-    ipr: &IPReservation,
-    pod: &PodKey,
-    retain_for: Duration,
-) -> Result<Timestamp, Refusal> {
-    match &ipr.metadata.creation_timestamp {
-        Some(created) => Ok(timestamp_of(created).saturating_add(retain_for)),
-        None => Err(Refusal::MissingMetadata {
-            pod: pod.clone(),
-            field: "creationTimestamp",
-        }),
-    }
 }
 
 /// The files every reservation the agent holds calls for on `node`.

@@ -34,9 +34,10 @@ use tokio::time::Instant;
 use crate::crd::IPReservation;
 use crate::logging::{self, LogArgs};
 use crate::probes::{ProbeServer, Readiness};
+use crate::retention::{RetainFor, RetainForError};
 use crate::shutdown;
 
-use self::desired::{Refusal, desired_files, parse_retain_for};
+use self::desired::{Refusal, desired_files};
 pub use self::metrics::AgentMetrics;
 use self::writer::{NetworkWriter, PassReport};
 
@@ -81,9 +82,8 @@ pub struct Args {
     pub log: LogArgs,
 }
 
-fn retain_for_arg(text: &str) -> Result<Duration, String> {
-    parse_retain_for(text)
-        .ok_or_else(|| format!("{text:?} is not a whole number of s, m, h or d (e.g. 24h)"))
+fn retain_for_arg(text: &str) -> Result<Duration, RetainForError> {
+    RetainFor::parse(text).map(RetainFor::duration)
 }
 
 /// What the agent needs to run, independent of the command line (tests build it directly).

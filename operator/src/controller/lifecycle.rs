@@ -7,10 +7,20 @@ use std::{collections::BTreeSet, fmt::Write as _, net::IpAddr, time::Duration};
 use ipnet::IpNet;
 use jiff::Timestamp;
 
-use super::{
-    optin::{OptIn, Retain},
-    retention::parse_retain_for,
-};
+use super::optin::{OptIn, Retain};
+use crate::retention::{self, RetainFor, RetainForError};
+
+/// A `spec.retainFor` as found: parsed, or refused with its text kept as written (only an API
+/// server that does not evaluate the CRD's CEL rules lets one through).
+pub type FoundRetainFor = Result<RetainFor, RetainForError>;
+
+/// The text of a `spec.retainFor` as found, to write back unchanged.
+pub fn written(found: &FoundRetainFor) -> String {
+    match found {
+        Ok(retain_for) => retain_for.to_string(),
+        Err(e) => e.written().to_owned(),
+    }
+}
 
 /// The two phases of a reservation (the CRD's `status.phase`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,8 +85,8 @@ pub struct ReservationView {
     pub ips: Vec<String>,
     /// `spec.nodeName`.
     pub node_name: String,
-    /// `spec.retainFor`, as written.
-    pub retain_for: Option<String>,
+    /// `spec.retainFor`, parsed.
+    pub retain_for: Option<FoundRetainFor>,
     /// Created by the controller (label `app.kubernetes.io/managed-by=ipkeep`), not by hand.
     pub managed: bool,
     /// `metadata.creationTimestamp`.
@@ -130,7 +140,7 @@ pub struct DesiredSpec {
     /// `spec.nodeName`.
     pub node_name: String,
     /// `spec.retainFor`.
-    pub retain_for: Option<String>,
+    pub retain_for: Option<FoundRetainFor>,
     /// The owning StatefulSet to record.
     pub owner_statefulset: Option<String>,
     /// Whether to record `release-with-owner`.
@@ -324,8 +334,8 @@ fn live(
     };
     let retain_for = if owner_gone {
         r.and_then(|r| r.retain_for.clone())
-    } else if let Some((text, _)) = &pod.opt_in.retain_for {
-        Some(text.clone())
+    } else if let Some(retain_for) = pod.opt_in.retain_for {
+        Some(Ok(retain_for))
     } else if pod.opt_in.retain_for_malformed || r.is_some_and(|r| !r.managed) {
         r.and_then(|r| r.retain_for.clone())
     } else {
@@ -360,8 +370,8 @@ fn live(
                     desired.ips.join(", "),
                     desired
                         .retain_for
-                        .as_deref()
-                        .unwrap_or("the default retention")
+                        .as_ref()
+                        .map_or_else(|| "the default retention".into(), written)
                 ),
             );
             plan.spec = Some(desired);
@@ -403,8 +413,8 @@ fn released(
     now: Timestamp,
     defaults: &Defaults,
 ) {
-    let mut retain = match r.retain_for.as_deref().map(parse_retain_for) {
-        Some(Ok(d)) => d,
+    let mut retain = match &r.retain_for {
+        Some(Ok(retain_for)) => retain_for.duration(),
         Some(Err(e)) => {
             plan.notice(
                 Subject::Reservation,
@@ -426,7 +436,7 @@ fn released(
         (None, _) if !r.managed => (r.created, true),
         _ => (now, true),
     };
-    let release_time = released_at.checked_add(retain).unwrap_or(Timestamp::MAX);
+    let release_time = retention::release_time(released_at, retain);
     let status = StatusView {
         phase: Some(Phase::Released),
         pod_uid: r.status.pod_uid.clone(),

@@ -12,7 +12,6 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod optin;
 pub mod reconcile;
-pub mod retention;
 pub mod view;
 
 use std::{
@@ -52,6 +51,7 @@ use crate::{
     crd::IPReservation,
     logging::{self, LogArgs},
     probes::{ProbeServer, Readiness},
+    retention::RetainFor,
 };
 
 /// Command-line flags of `ipkeep-operator controller` (each also read from the environment).
@@ -62,8 +62,8 @@ pub struct Args {
     pub log: LogArgs,
     /// Retention after a pod is gone when neither its `ipkeep.dev/retain-for` annotation nor the
     /// reservation's `spec.retainFor` says (a positive number followed by s, m, h or d; at most 366d).
-    #[arg(long, env = "IPKEEP_DEFAULT_RETAIN_FOR", default_value = "24h", value_parser = parse_retention)]
-    pub default_retain_for: Duration,
+    #[arg(long, env = "IPKEEP_DEFAULT_RETAIN_FOR", default_value = "24h", value_parser = RetainFor::parse)]
+    pub default_retain_for: RetainFor,
     /// Watch pods and reservations of this namespace only (default: every namespace).
     #[arg(long, env = "IPKEEP_NAMESPACE")]
     pub namespace: Option<String>,
@@ -94,10 +94,6 @@ pub struct Args {
     /// Reconcile workers (each pod name always goes to the same one).
     #[arg(long, env = "IPKEEP_WORKERS", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub workers: u16,
-}
-
-fn parse_retention(text: &str) -> Result<Duration, String> {
-    retention::parse_retain_for(text).map_err(|e| e.to_string())
 }
 
 /// Leader election settings.
@@ -199,7 +195,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         let identity = args.identity.clone().unwrap_or_else(default_identity);
         let settings = Settings {
             defaults: Defaults {
-                retain_for: args.default_retain_for,
+                retain_for: args.default_retain_for.duration(),
             },
             namespace: args.namespace.clone(),
             pod_selector: args.pod_selector.clone(),

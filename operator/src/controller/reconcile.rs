@@ -208,7 +208,7 @@ async fn execute(
         }
         let mut body_spec = json!({"ips": spec.ips, "nodeName": spec.node_name});
         if let Some(retain_for) = &spec.retain_for {
-            body_spec["retainFor"] = json!(retain_for);
+            body_spec["retainFor"] = json!(lifecycle::written(retain_for));
         }
         let body = json!({
             "apiVersion": "ipkeep.dev/v1alpha1",

@@ -18,7 +18,10 @@ use super::{
     lifecycle::{Conflict, Phase, PodView, ReservationView, StatusView},
     optin,
 };
-use crate::crd::{self, CONDITION_CONFLICT, IPReservation, IPReservationStatus};
+use crate::{
+    crd::{self, CONDITION_CONFLICT, IPReservation, IPReservationStatus},
+    retention::RetainFor,
+};
 
 /// Keeps only what the controller reads from a pod, so 10 000 pods cost little memory.
 pub fn trim_pod(pod: &mut Pod) {
@@ -145,7 +148,7 @@ pub fn reservation_view(r: &IPReservation) -> ReservationView {
     ReservationView {
         ips: r.spec.ips.iter().map(|ip| ip.0.clone()).collect(),
         node_name: r.spec.node_name.clone(),
-        retain_for: r.spec.retain_for.clone(),
+        retain_for: r.spec.retain_for.as_deref().map(RetainFor::parse),
         managed: meta
             .labels
             .as_ref()

@@ -218,9 +218,14 @@ fn decisions_and_refusals() {
             "no metadata.creationTimestamp",
         ),
         (
-            "bad retainFor",
-            bad_retain,
-            "failed to parse retainFor \"05m\"",
+            "bad retainFor when the release time must be computed",
+            bad_retain.clone(),
+            "failed to parse retention \"05m\"",
+        ),
+        (
+            "bad retainFor is not read once the controller set the status",
+            released(bad_retain, Some(CREATED + 100), Some(CREATED)),
+            "write",
         ),
     ];
     for (what, r, want) in cases {
@@ -249,34 +254,6 @@ fn decisions_and_refusals() {
         panic!("expected a file");
     };
     assert_eq!(f.ips, vec!["10.0.0.9".parse::<std::net::IpAddr>().unwrap()]);
-}
-
-#[test]
-fn retain_for_parsing() {
-    let cases: &[(&str, Option<u64>)] = &[
-        ("30m", Some(1_800)),
-        ("24h", Some(86_400)),
-        ("7d", Some(604_800)),
-        ("1s", Some(1)),
-        ("999999s", Some(999_999)),
-        ("1000000s", None),
-        ("0s", None),
-        ("05m", None),
-        ("1w", None),
-        ("h", None),
-        ("", None),
-        ("-1h", None),
-        ("1.5h", None),
-        ("1H", None),
-        ("é", None),
-    ];
-    for &(text, want) in cases {
-        assert_eq!(
-            parse_retain_for(text).map(|d| d.as_secs()),
-            want,
-            "{text:?}"
-        );
-    }
 }
 
 #[test]
