@@ -10,6 +10,7 @@ use kube::{
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::phase::Phase;
 use crate::retention::RetainFor;
 
 /// The API group of ipkeep's resources.
@@ -144,15 +145,6 @@ pub struct IPReservationStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
-}
-
-/// The two phases of a reservation.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum Phase {
-    /// A pod with the reservation's namespace and name holds the addresses.
-    Bound,
-    /// No such pod; the addresses are held until `releaseTime`.
-    Released,
 }
 
 impl IPReservation {

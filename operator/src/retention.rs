@@ -141,6 +141,18 @@ impl FromStr for RetainFor {
     }
 }
 
+/// A `spec.retainFor` as found: parsed, or refused with its text kept as written (only an API
+/// server that does not evaluate the CRD's CEL rules lets one through).
+pub type FoundRetainFor = Result<RetainFor, RetainForError>;
+
+/// The text of a `spec.retainFor` as found, to write back unchanged.
+pub fn written(found: &FoundRetainFor) -> String {
+    match found {
+        Ok(retain_for) => retain_for.to_string(),
+        Err(e) => e.written().to_owned(),
+    }
+}
+
 /// When a reservation's addresses become free: `releasedAt + retainFor` — for a reservation
 /// made by hand that no pod has held yet, `releasedAt` is its `creationTimestamp`. Saturates at
 /// the latest instant rather than failing.

@@ -5,12 +5,15 @@ use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
 use ipkeep_operator::controller::{
     lifecycle::{
-        Conflict, Defaults, DeleteReason, DesiredSpec, FoundRetainFor, Input, OwnerState, Phase,
-        Plan, PodView, ReservationView, StatusView, Subject, decide, reason,
+        Conflict, Defaults, DeleteReason, DesiredSpec, Input, OwnerState, Phase, Plan, PodView,
+        ReservationView, StatusView, Subject, decide, reason,
     },
     optin::{self, OptIn, Retain},
 };
-use ipkeep_operator::retention::RetainFor;
+use ipkeep_operator::{
+    key::Key,
+    retention::{FoundRetainFor, RetainFor},
+};
 use jiff::Timestamp;
 
 const POD_UID: &str = "uid-1";
@@ -498,10 +501,11 @@ fn a_hand_made_reservation_is_honoured_from_its_creation_until_its_release_time(
 
 #[test]
 fn the_younger_of_two_reservations_claiming_an_address_gets_a_conflict() {
+    let holder = Key::new("other", "db-0");
     let p = pod();
     let r = bound();
     let mut i = input(Some(&p), Some(&r));
-    i.conflict = Some((ip("10.244.1.17"), "other/db-0"));
+    i.conflict = Some((ip("10.244.1.17"), &holder));
     let plan = decide_now(&i);
     let conflict = plan
         .status
@@ -513,7 +517,7 @@ fn the_younger_of_two_reservations_claiming_an_address_gets_a_conflict() {
         conflict,
         Conflict {
             ip: ip("10.244.1.17"),
-            holder: "other/db-0".into(),
+            holder: holder.clone(),
             since: now()
         }
     );
@@ -530,7 +534,7 @@ fn the_younger_of_two_reservations_claiming_an_address_gets_a_conflict() {
         ..conflict
     });
     let mut i = input(Some(&p), Some(&r2));
-    i.conflict = Some((ip("10.244.1.17"), "other/db-0"));
+    i.conflict = Some((ip("10.244.1.17"), &holder));
     let plan = decide_now(&i);
     assert!(plan.writes_nothing(), "{plan:?}");
     assert!(plan.notices.is_empty());
@@ -544,21 +548,24 @@ fn the_younger_of_two_reservations_claiming_an_address_gets_a_conflict() {
 fn conflict_holder_is_the_oldest_claim() {
     use ipkeep_operator::controller::lifecycle::{Claim, holder};
     let a = Claim {
-        key: "ns/a".into(),
+        key: Key::new("ns", "a"),
         created: t("2026-01-01T00:00:00Z"),
     };
     let b = Claim {
-        key: "ns/b".into(),
+        key: Key::new("ns", "b"),
         created: t("2026-01-02T00:00:00Z"),
     };
     let c = Claim {
-        key: "ns/c".into(),
+        key: Key::new("ns", "c"),
         created: t("2026-01-02T00:00:00Z"),
     };
     let all = [a.clone(), b.clone(), c.clone()];
     assert_eq!(holder(&a, &all), None, "the oldest holds");
     assert_eq!(holder(&b, &all), Some(&a));
-    assert_eq!(holder(&c, &all).map(|h| h.key.as_str()), Some("ns/a"));
+    assert_eq!(
+        holder(&c, &all).map(|h| h.key.to_string()).as_deref(),
+        Some("ns/a")
+    );
     assert_eq!(
         holder(&c, &[b.clone(), c.clone()]),
         Some(&b),

@@ -13,6 +13,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::key::Key;
 use crate::retention::{RetainFor, RetainForError, release_time};
 
 use ipkeep_plugin::reservation::{
@@ -27,7 +28,7 @@ use crate::crd::{IPReservation, Phase};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     /// The namespace or name is not a valid Kubernetes namespace/pod name.
-    #[error("failed to use reservation {namespace}/{name} as a file name: {source}")]
+    #[error("failed to use reservation {namespace}/{name} as a file name")]
     InvalidName {
         /// The reservation's namespace as found.
         namespace: String,
@@ -186,9 +187,9 @@ pub struct Desired {
     /// The files that must exist, by pod.
     pub files: BTreeMap<PodKey, ReservationFile>,
     /// Reservations not written because the controller marked them `Conflict`.
-    pub conflicts: Vec<PodKey>,
-    /// Reservations refused, each with the reservation's `namespace/name` for reporting.
-    pub refused: Vec<(String, Refusal)>,
+    pub conflicts: Vec<Key>,
+    /// Reservations refused, and why.
+    pub refused: Vec<(Key, Refusal)>,
 }
 
 /// Applies [`reservation_file`] to every reservation.
@@ -204,14 +205,8 @@ pub fn desired_files<'a>(
                 desired.files.insert(file.pod_key(), file);
             }
             Ok(FileDecision::OtherNode) => {}
-            Ok(FileDecision::Conflict) => desired.conflicts.push(PodKey {
-                namespace: ipr.namespace().unwrap_or_default(),
-                pod: ipr.name_any(),
-            }),
-            Err(refusal) => desired.refused.push((
-                format!("{}/{}", ipr.namespace().unwrap_or_default(), ipr.name_any()),
-                refusal,
-            )),
+            Ok(FileDecision::Conflict) => desired.conflicts.push(Key::of(ipr)),
+            Err(refusal) => desired.refused.push((Key::of(ipr), refusal)),
         }
     }
     desired

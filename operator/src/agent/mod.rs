@@ -32,7 +32,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::crd::IPReservation;
-use crate::logging::{self, LogArgs};
+use crate::key::Key;
+use crate::logging::{self, LogArgs, error_chain};
 use crate::probes::{ProbeServer, Readiness};
 use crate::retention::{RetainFor, RetainForError};
 use crate::shutdown;
@@ -149,19 +150,15 @@ pub fn main(args: Args) -> anyhow::Result<()> {
 #[derive(Debug, Default)]
 struct View {
     /// The node's reservations by namespace/name, once the first list completed.
-    reservations: HashMap<(String, String), Arc<IPReservation>>,
+    reservations: HashMap<Key, Arc<IPReservation>>,
     /// Objects of a relist in progress (`Init` … `InitDone`).
-    relisting: Option<HashMap<(String, String), Arc<IPReservation>>>,
+    relisting: Option<HashMap<Key, Arc<IPReservation>>>,
     /// Whether a list has completed at least once.
     listed: bool,
     /// Whether the next pass must be a full resync (after every relist).
     full_needed: bool,
     /// When each change not yet on disk arrived.
     arrivals: Vec<Instant>,
-}
-
-fn key_of(ipr: &IPReservation) -> (String, String) {
-    (ipr.namespace().unwrap_or_default(), ipr.name_any())
 }
 
 /// Runs the agent's watch and writer until `shutdown` completes; the pass in progress finishes
@@ -230,7 +227,7 @@ async fn watch_reservations(
         match event {
             Ok(Event::Init) => v.relisting = Some(HashMap::new()),
             Ok(Event::InitApply(obj)) => {
-                let key = key_of(&obj);
+                let key = Key::of(&obj);
                 v.relisting
                     .get_or_insert_with(HashMap::new)
                     .insert(key, Arc::new(obj));
@@ -244,12 +241,12 @@ async fn watch_reservations(
                 changed.notify_one();
             }
             Ok(Event::Apply(obj)) => {
-                v.reservations.insert(key_of(&obj), Arc::new(obj));
+                v.reservations.insert(Key::of(&obj), Arc::new(obj));
                 v.arrivals.push(now);
                 changed.notify_one();
             }
             Ok(Event::Delete(obj)) => {
-                v.reservations.remove(&key_of(&obj));
+                v.reservations.remove(&Key::of(&obj));
                 v.arrivals.push(now);
                 changed.notify_one();
             }
@@ -475,7 +472,7 @@ fn account(network: &str, report: &PassReport, full: bool, metrics: &AgentMetric
 /// Logs each refused reservation and publishes one Warning Event per object version.
 async fn report_refusals(
     reservations: &[Arc<IPReservation>],
-    refused: &[(String, Refusal)],
+    refused: &[(Key, Refusal)],
     reported: &mut HashSet<(String, String)>,
     recorder: &Recorder,
 ) {
@@ -483,12 +480,9 @@ async fn report_refusals(
         reported.clear();
         return;
     }
-    let by_name: HashMap<String, &Arc<IPReservation>> = reservations
+    let by_name: HashMap<Key, &Arc<IPReservation>> = reservations
         .iter()
-        .map(|r| {
-            let (ns, name) = key_of(r);
-            (format!("{ns}/{name}"), r)
-        })
+        .map(|r| (Key::of(r.as_ref()), r))
         .collect();
     let version_of = |obj: &IPReservation| {
         (
@@ -522,16 +516,4 @@ async fn report_refusals(
             tracing::warn!(reservation = %name, error = %e, "failed to publish the Warning Event");
         }
     }
-}
-
-/// An error and its sources on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }

@@ -8,28 +8,12 @@ use ipnet::IpNet;
 use jiff::Timestamp;
 
 use super::optin::{OptIn, Retain};
-use crate::retention::{self, RetainFor, RetainForError};
+use crate::{
+    key::Key,
+    retention::{self, FoundRetainFor, written},
+};
 
-/// A `spec.retainFor` as found: parsed, or refused with its text kept as written (only an API
-/// server that does not evaluate the CRD's CEL rules lets one through).
-pub type FoundRetainFor = Result<RetainFor, RetainForError>;
-
-/// The text of a `spec.retainFor` as found, to write back unchanged.
-pub fn written(found: &FoundRetainFor) -> String {
-    match found {
-        Ok(retain_for) => retain_for.to_string(),
-        Err(e) => e.written().to_owned(),
-    }
-}
-
-/// The two phases of a reservation (the CRD's `status.phase`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// A pod with the reservation's name holds the addresses.
-    Bound,
-    /// No such pod; the addresses are held until the release time.
-    Released,
-}
+pub use crate::phase::Phase;
 
 /// What the lifecycle needs to know about a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,8 +41,8 @@ pub struct PodView {
 pub struct Conflict {
     /// The address both claim.
     pub ip: IpAddr,
-    /// The older reservation holding it, `namespace/name`.
-    pub holder: String,
+    /// The older reservation holding it.
+    pub holder: Key,
     /// When the condition became true (kept while it stays true).
     pub since: Timestamp,
 }
@@ -120,7 +104,7 @@ pub struct Input<'a> {
     /// The owning StatefulSet's state.
     pub owner: OwnerState,
     /// An older reservation on the same node claiming one of this one's addresses.
-    pub conflict: Option<(IpAddr, &'a str)>,
+    pub conflict: Option<(IpAddr, &'a Key)>,
     /// The `spec.podCIDRs` of the pod's node, when known (to explain changed addresses).
     pub node_pod_cidrs: Option<&'a [IpNet]>,
 }
@@ -483,11 +467,11 @@ fn conflict(input: &Input<'_>, r: Option<&ReservationView>, now: Timestamp) -> O
     let (ip, holder) = input.conflict?;
     let since = r
         .and_then(|r| r.status.conflict.as_ref())
-        .filter(|c| c.ip == ip && c.holder == holder)
+        .filter(|c| c.ip == ip && c.holder == *holder)
         .map_or(now, |c| c.since);
     Some(Conflict {
         ip,
-        holder: holder.to_string(),
+        holder: holder.clone(),
         since,
     })
 }
@@ -585,8 +569,8 @@ fn parsed_set(ips: &[String]) -> BTreeSet<IpAddr> {
 /// One reservation's claim on addresses of a node, for conflict detection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
-    /// `namespace/name`.
-    pub key: String,
+    /// The reservation.
+    pub key: Key,
     /// `metadata.creationTimestamp`.
     pub created: Timestamp,
 }

@@ -49,7 +49,8 @@ use self::{
 };
 use crate::{
     crd::IPReservation,
-    logging::{self, LogArgs},
+    key::Key,
+    logging::{self, LogArgs, error_chain},
     probes::{ProbeServer, Readiness},
     retention::RetainFor,
 };
@@ -218,30 +219,6 @@ fn default_identity() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "ipkeep-controller".into());
     format!("{host}-{}", std::process::id())
-}
-
-/// A pod name: the key of both the pod and its reservation.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-}
-
-impl std::fmt::Display for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-impl Key {
-    fn of<K: ResourceExt>(obj: &K) -> Key {
-        Key {
-            namespace: obj.namespace().unwrap_or_default(),
-            name: obj.name_any(),
-        }
-    }
 }
 
 /// The work queue: one scheduler per shard, fed only while this replica leads.
@@ -585,17 +562,6 @@ async fn shard(
             }
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 fn enqueue_everything(ctx: &Context, queue: &Queue) {

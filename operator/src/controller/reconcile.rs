@@ -16,13 +16,16 @@ use kube::{
 use serde_json::json;
 
 use super::{
-    Key,
     index::AddressIndex,
     lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, decide},
     metrics::Metrics,
     optin, view,
 };
-use crate::crd::{self, IPReservation};
+use crate::{
+    crd::{self, IPReservation},
+    key::Key,
+    retention,
+};
 
 /// The field manager of every write the controller makes (spec and status).
 pub const FIELD_MANAGER: &str = "ipkeep-controller";
@@ -163,7 +166,7 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
         pod: pod_view.as_ref(),
         reservation: reservation_view.as_ref(),
         owner: owner_state,
-        conflict: conflict.as_ref().map(|(ip, h)| (*ip, h.as_str())),
+        conflict: conflict.as_ref().map(|(ip, holder)| (*ip, holder)),
         node_pod_cidrs: cidrs.as_deref(),
     };
     let plan = decide(&input, now, &ctx.defaults);
@@ -208,7 +211,7 @@ async fn execute(
         }
         let mut body_spec = json!({"ips": spec.ips, "nodeName": spec.node_name});
         if let Some(retain_for) = &spec.retain_for {
-            body_spec["retainFor"] = json!(lifecycle::written(retain_for));
+            body_spec["retainFor"] = json!(retention::written(retain_for));
         }
         let body = json!({
             "apiVersion": "ipkeep.dev/v1alpha1",

@@ -15,11 +15,12 @@ use k8s_openapi::{
 use kube::core::PartialObjectMeta;
 
 use super::{
-    lifecycle::{Conflict, Phase, PodView, ReservationView, StatusView},
+    lifecycle::{Conflict, PodView, ReservationView, StatusView},
     optin,
 };
 use crate::{
     crd::{self, CONDITION_CONFLICT, IPReservation, IPReservationStatus},
+    key::Key,
     retention::RetainFor,
 };
 
@@ -169,10 +170,7 @@ pub fn reservation_view(r: &IPReservation) -> ReservationView {
             .and_then(|a| a.get(optin::RELEASE_WITH_OWNER))
             .is_some_and(|v| v == "true"),
         status: StatusView {
-            phase: status.phase.map(|p| match p {
-                crd::Phase::Bound => Phase::Bound,
-                crd::Phase::Released => Phase::Released,
-            }),
+            phase: status.phase,
             pod_uid: status.pod_uid,
             released_at: status.released_at.map(|t| t.0),
             release_time: status.release_time.map(|t| t.0),
@@ -188,19 +186,17 @@ fn conflict_message(c: &Conflict) -> String {
     format!("{CONFLICT_PREFIX}{}{CONFLICT_MIDDLE}{}", c.ip, c.holder)
 }
 
-fn parse_conflict_message(message: &str) -> Option<(IpAddr, String)> {
+fn parse_conflict_message(message: &str) -> Option<(IpAddr, Key)> {
     let rest = message.strip_prefix(CONFLICT_PREFIX)?;
     let (ip, holder) = rest.split_once(CONFLICT_MIDDLE)?;
-    Some((ip.parse().ok()?, holder.to_string()))
+    let (namespace, name) = holder.split_once('/')?;
+    Some((ip.parse().ok()?, Key::new(namespace, name)))
 }
 
 /// The CRD status the controller writes for a lifecycle status.
 pub fn status_object(view: &StatusView, observed_generation: Option<i64>) -> IPReservationStatus {
     IPReservationStatus {
-        phase: view.phase.map(|p| match p {
-            Phase::Bound => crd::Phase::Bound,
-            Phase::Released => crd::Phase::Released,
-        }),
+        phase: view.phase,
         pod_uid: view.pod_uid.clone(),
         released_at: view.released_at.map(Time),
         release_time: view.release_time.map(Time),

@@ -234,13 +234,14 @@ fn decisions_and_refusals() {
             | (Ok(FileDecision::Conflict), "conflict")
             | (Ok(FileDecision::Write(_)), "write") => {}
             (Err(e), _) if !["other", "conflict", "write"].contains(&want) => {
-                let text = format!(
-                    "{e}: {}",
-                    std::error::Error::source(&e)
-                        .map(|s| s.to_string())
-                        .unwrap_or_default()
-                );
+                let text = crate::logging::error_chain(&e);
                 assert!(text.contains(want), "{what}: {text:?} lacks {want:?}");
+                if let Some(source) = std::error::Error::source(&e) {
+                    assert!(
+                        !e.to_string().contains(&source.to_string()),
+                        "{what}: {e} repeats its source"
+                    );
+                }
             }
             (got, _) => panic!("{what}: got {got:?}, wanted {want}"),
         }
@@ -270,9 +271,9 @@ fn desired_files_of_a_node() {
         d.files.keys().cloned().collect::<Vec<_>>(),
         vec![key("db", "a"), key("web", "a")]
     );
-    assert_eq!(d.conflicts, vec![key("db", "c")]);
+    assert_eq!(d.conflicts, vec![Key::new("db", "c")]);
     assert_eq!(d.refused.len(), 1);
-    assert_eq!(d.refused[0].0, "db/D");
+    assert_eq!(d.refused[0].0, Key::new("db", "D"));
 }
 
 fn found(files: &[ReservationFile], skipped: &[&str]) -> ReservationSet {
