@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod controller;
 pub mod crd;
+pub mod events;
 pub mod install_cni;
 pub mod key;
 pub mod logging;

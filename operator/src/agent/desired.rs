@@ -1,7 +1,8 @@
-//! Which reservation files should exist on this node: pure functions of the node's
-//! IPReservations and the files found on disk, with no Kubernetes client, disk or clock.
+//! Which reservation files should exist on this node: pure functions over plain data (the
+//! [`Reservation`]s that [`super::view`] makes of the node's IPReservations, and the files found on
+//! disk), with no Kubernetes type, client, disk or clock.
 //!
-//! * [`reservation_file`] turns one IPReservation into the file the plugin reads, or says why it
+//! * [`reservation_file`] turns one reservation into the file the plugin reads, or says why it
 //!   is not written (another node's, in conflict) or refused (a name or address the plugin could
 //!   never use).
 //! * [`desired_files`] does it for every reservation the agent holds.
@@ -13,27 +14,48 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::key::Key;
-use crate::retention::{RetainFor, RetainForError, release_time};
-
 use ipkeep_plugin::reservation::{
     FORMAT_VERSION, PodKey, ReservationFile, ReservationSet, SchemaError, Timestamp,
 };
-use kube::ResourceExt;
 
-use crate::crd::{IPReservation, Phase};
+use crate::key::Key;
+use crate::phase::Phase;
+use crate::retention::{FoundRetainFor, RetainForError, release_time};
+
+/// What planning reads of one IPReservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// Its namespace and name (the pod's).
+    pub key: Key,
+    /// `metadata.uid`.
+    pub uid: Option<String>,
+    /// `metadata.creationTimestamp`.
+    pub created: Option<jiff::Timestamp>,
+    /// `spec.nodeName`.
+    pub node_name: String,
+    /// `spec.ips`, as written.
+    pub ips: Vec<String>,
+    /// `spec.retainFor`, parsed.
+    pub retain_for: Option<FoundRetainFor>,
+    /// `status.phase`.
+    pub phase: Option<Phase>,
+    /// `status.releasedAt`.
+    pub released_at: Option<jiff::Timestamp>,
+    /// `status.releaseTime`.
+    pub release_time: Option<jiff::Timestamp>,
+    /// The controller found an older reservation holding one of its addresses.
+    pub in_conflict: bool,
+}
 
 /// Why a reservation cannot be written (reported as a Warning Event and a log line, never turned
 /// into a path).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     /// The namespace or name is not a valid Kubernetes namespace/pod name.
-    #[error("failed to use reservation {namespace}/{name} as a file name")]
+    #[error("failed to use reservation {key} as a file name")]
     InvalidName {
-        /// The reservation's namespace as found.
-        namespace: String,
-        /// The reservation's name as found.
-        name: String,
+        /// The reservation's namespace and name as found.
+        key: Key,
         /// Which rule it breaks.
         #[source]
         source: SchemaError,
@@ -95,7 +117,7 @@ fn timestamp_of(time: jiff::Timestamp) -> Timestamp {
     Timestamp::new(secs, nanos).unwrap_or(Timestamp::from_unix_secs(secs))
 }
 
-/// The file for `ipr` on `node`, or why there is none.
+/// The file for `r` on `node`, or why there is none.
 ///
 /// `releaseTime` in the file:
 /// * `Bound` → `null` (the pod holds the addresses);
@@ -107,62 +129,51 @@ fn timestamp_of(time: jiff::Timestamp) -> Timestamp {
 ///   appears. `retainFor` is the reservation's own, else `default_retain_for` (the chart passes
 ///   the controller's default).
 pub fn reservation_file(
-    ipr: &IPReservation,
+    r: &Reservation,
     node: &str,
     default_retain_for: Duration,
 ) -> Result<FileDecision, Refusal> {
-    if ipr.spec.node_name != node {
+    if r.node_name != node {
         return Ok(FileDecision::OtherNode);
     }
-    if ipr.in_conflict() {
+    if r.in_conflict {
         return Ok(FileDecision::Conflict);
     }
-    let namespace = ipr.namespace().unwrap_or_default();
-    let name = ipr.name_any();
-    let pod = PodKey::new(&namespace, &name).map_err(|source| Refusal::InvalidName {
-        namespace: namespace.clone(),
-        name: name.clone(),
-        source,
-    })?;
-    let mut ips = Vec::with_capacity(ipr.spec.ips.len());
-    for ip in &ipr.spec.ips {
-        let parsed: IpAddr = ip.0.parse().map_err(|_| Refusal::InvalidAddress {
+    let pod =
+        PodKey::new(&r.key.namespace, &r.key.name).map_err(|source| Refusal::InvalidName {
+            key: r.key.clone(),
+            source,
+        })?;
+    let mut ips = Vec::with_capacity(r.ips.len());
+    for ip in &r.ips {
+        let parsed: IpAddr = ip.parse().map_err(|_| Refusal::InvalidAddress {
             pod: pod.clone(),
-            ip: ip.0.clone(),
+            ip: ip.clone(),
         })?;
         ips.push(parsed.to_canonical());
     }
-    let Some(uid) = ipr.metadata.uid.clone() else {
+    let Some(uid) = r.uid.clone() else {
         return Err(Refusal::MissingMetadata { pod, field: "uid" });
     };
-    let status = ipr.status.as_ref();
-    let release_time = match (
-        status.and_then(|s| s.phase),
-        status.and_then(|s| s.release_time.as_ref()),
-    ) {
+    let release_time = match (r.phase, r.release_time) {
         (Some(Phase::Bound), _) => None,
-        (_, Some(at)) => Some(timestamp_of(at.0)),
+        (_, Some(at)) => Some(timestamp_of(at)),
         (_, None) => {
-            let retain_for = match &ipr.spec.retain_for {
-                Some(text) => RetainFor::parse(text)
-                    .map_err(|source| Refusal::InvalidRetainFor {
-                        pod: pod.clone(),
-                        source,
-                    })?
-                    .duration(),
-                None => default_retain_for,
-            };
-            let released_at = match (
-                status.and_then(|s| s.released_at.as_ref()),
-                &ipr.metadata.creation_timestamp,
-            ) {
-                (Some(at), _) | (None, Some(at)) => at.0,
-                (None, None) => {
-                    return Err(Refusal::MissingMetadata {
+            let retain_for = match &r.retain_for {
+                Some(Ok(retain_for)) => retain_for.duration(),
+                Some(Err(e)) => {
+                    return Err(Refusal::InvalidRetainFor {
                         pod,
-                        field: "creationTimestamp",
+                        source: e.clone(),
                     });
                 }
+                None => default_retain_for,
+            };
+            let Some(released_at) = r.released_at.or(r.created) else {
+                return Err(Refusal::MissingMetadata {
+                    pod,
+                    field: "creationTimestamp",
+                });
             };
             Some(timestamp_of(release_time(released_at, retain_for)))
         }
@@ -195,18 +206,18 @@ pub struct Desired {
 /// Applies [`reservation_file`] to every reservation.
 pub fn desired_files<'a>(
     node: &str,
-    reservations: impl IntoIterator<Item = &'a IPReservation>,
+    reservations: impl IntoIterator<Item = &'a Reservation>,
     default_retain_for: Duration,
 ) -> Desired {
     let mut desired = Desired::default();
-    for ipr in reservations {
-        match reservation_file(ipr, node, default_retain_for) {
+    for r in reservations {
+        match reservation_file(r, node, default_retain_for) {
             Ok(FileDecision::Write(file)) => {
                 desired.files.insert(file.pod_key(), file);
             }
             Ok(FileDecision::OtherNode) => {}
-            Ok(FileDecision::Conflict) => desired.conflicts.push(Key::of(ipr)),
-            Err(refusal) => desired.refused.push((Key::of(ipr), refusal)),
+            Ok(FileDecision::Conflict) => desired.conflicts.push(r.key.clone()),
+            Err(refusal) => desired.refused.push((r.key.clone(), refusal)),
         }
     }
     desired

@@ -49,6 +49,7 @@ use self::{
 };
 use crate::{
     crd::IPReservation,
+    events::Publisher,
     key::Key,
     logging::{self, LogArgs, error_chain},
     probes::{ProbeServer, Readiness},
@@ -288,7 +289,7 @@ pub async fn run(
         statefulsets: statefulsets.clone(),
         nodes: nodes.clone(),
         index: AddressIndex::default(),
-        reporting_instance: identity,
+        events: Publisher::new(client.clone(), reconcile::FIELD_MANAGER, &identity),
         metrics: metrics.clone(),
         defaults: settings.defaults.clone(),
     });

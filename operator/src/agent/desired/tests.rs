@@ -8,7 +8,8 @@ use ipkeep_plugin::reservation::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::*;
-use crate::crd::{IPReservationSpec, IPReservationStatus, IpString, Phase};
+use crate::agent::view;
+use crate::crd::{IPReservation, IPReservationSpec, IPReservationStatus, IpString};
 
 const DAY: Duration = Duration::from_secs(86_400);
 /// 2026-11-21T12:00:00Z
@@ -130,7 +131,7 @@ fn release_time_rules() {
         ),
     ];
     for (what, r, want) in cases {
-        let got = reservation_file(&r, "node-a", DAY).unwrap();
+        let got = reservation_file(&view::reservation(&r), "node-a", DAY).unwrap();
         let FileDecision::Write(f) = got else {
             panic!("{what}: expected a file, got {got:?}");
         };
@@ -229,7 +230,10 @@ fn decisions_and_refusals() {
         ),
     ];
     for (what, r, want) in cases {
-        match (reservation_file(&r, "node-a", DAY), want) {
+        match (
+            reservation_file(&view::reservation(&r), "node-a", DAY),
+            want,
+        ) {
             (Ok(FileDecision::OtherNode), "other")
             | (Ok(FileDecision::Conflict), "conflict")
             | (Ok(FileDecision::Write(_)), "write") => {}
@@ -247,7 +251,7 @@ fn decisions_and_refusals() {
         }
     }
     let FileDecision::Write(f) = reservation_file(
-        &bound(ipr("db", "v6", "node-a", &["::ffff:10.0.0.9"])),
+        &view::reservation(&bound(ipr("db", "v6", "node-a", &["::ffff:10.0.0.9"]))),
         "node-a",
         DAY,
     )
@@ -266,7 +270,7 @@ fn desired_files_of_a_node() {
         bound(ipr("db", "D", "node-a", &["10.0.0.4"])),
         bound(ipr("web", "a", "node-a", &["10.0.0.5"])),
     ];
-    let d = desired_files("node-a", &reservations, DAY);
+    let d = desired_files("node-a", &view::reservations(&reservations), DAY);
     assert_eq!(
         d.files.keys().cloned().collect::<Vec<_>>(),
         vec![key("db", "a"), key("web", "a")]
@@ -450,7 +454,7 @@ fn reservations_to_plan() {
         conflicted(bound(ipr("db", "c", "node-a", &["10.0.0.3"])), "True"),
         bound(ipr("db", "new", "node-a", &["10.0.0.4"])),
     ];
-    let d = desired_files("node-a", &reservations, DAY);
+    let d = desired_files("node-a", &view::reservations(&reservations), DAY);
     let p = plan(&d.files, &on_disk);
     assert_eq!(
         p.create.iter().map(|f| f.pod.as_str()).collect::<Vec<_>>(),
