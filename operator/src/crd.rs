@@ -10,6 +10,7 @@ use kube::{
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::key::Key;
 pub use crate::phase::Phase;
 use crate::retention::RetainFor;
 
@@ -141,10 +142,25 @@ pub struct IPReservationStatus {
     /// The generation of the spec this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Set while an older reservation on the same node holds one of the addresses: which address
+    /// and which reservation. The `Conflict` condition says the same for people; the agent
+    /// writes no file for such a reservation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conflict: Option<ConflictStatus>,
     /// Standard conditions, e.g. `Conflict` when an older reservation holds the same address.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// An address of this reservation that an older reservation on the same node holds.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConflictStatus {
+    /// The address both reservations claim.
+    pub ip: IpString,
+    /// The older reservation holding it.
+    pub held_by: Key,
 }
 
 impl IPReservation {

@@ -6,10 +6,13 @@
 use std::{cmp::Ordering, fmt};
 
 use kube::ResourceExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 /// A namespace and a name; displays as `namespace/name` and orders as that text does (the
-/// tie-break between two reservations created in the same second).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// tie-break between two reservations created in the same second). In a status it is an object
+/// with the two fields.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub struct Key {
     /// The namespace.
     pub namespace: String,

@@ -19,8 +19,7 @@ use super::{
     optin,
 };
 use crate::{
-    crd::{self, CONDITION_CONFLICT, IPReservation, IPReservationStatus},
-    key::Key,
+    crd::{self, CONDITION_CONFLICT, ConflictStatus, IPReservation, IPReservationStatus, IpString},
     retention::RetainFor,
 };
 
@@ -134,18 +133,7 @@ pub fn pod_opted_in(pod: &Pod, owner_annotations: Option<&BTreeMap<String, Strin
 pub fn reservation_view(r: &IPReservation) -> ReservationView {
     let meta = &r.metadata;
     let status = r.status.clone().unwrap_or_default();
-    let conflict = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == CONDITION_CONFLICT && c.status == "True")
-        .and_then(|c| {
-            let (ip, holder) = parse_conflict_message(&c.message)?;
-            Some(Conflict {
-                ip,
-                holder,
-                since: c.last_transition_time.0,
-            })
-        });
+    let conflict = recorded_conflict(&status);
     ReservationView {
         ips: r.spec.ips.iter().map(|ip| ip.0.clone()).collect(),
         node_name: r.spec.node_name.clone(),
@@ -179,18 +167,28 @@ pub fn reservation_view(r: &IPReservation) -> ReservationView {
     }
 }
 
-const CONFLICT_PREFIX: &str = "address ";
-const CONFLICT_MIDDLE: &str = " is held by the older reservation ";
-
-fn conflict_message(c: &Conflict) -> String {
-    format!("{CONFLICT_PREFIX}{}{CONFLICT_MIDDLE}{}", c.ip, c.holder)
+/// The conflict the controller recorded: the typed `status.conflict`, with the time the
+/// `Conflict` condition turned true. Without the condition (removed by hand) it counts as not
+/// recorded, so the next reconcile writes both again.
+fn recorded_conflict(status: &IPReservationStatus) -> Option<Conflict> {
+    let recorded = status.conflict.as_ref()?;
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_CONFLICT && c.status == "True")?;
+    Some(Conflict {
+        ip: recorded.ip.0.parse().ok()?,
+        holder: recorded.held_by.clone(),
+        since: condition.last_transition_time.0,
+    })
 }
 
-fn parse_conflict_message(message: &str) -> Option<(IpAddr, Key)> {
-    let rest = message.strip_prefix(CONFLICT_PREFIX)?;
-    let (ip, holder) = rest.split_once(CONFLICT_MIDDLE)?;
-    let (namespace, name) = holder.split_once('/')?;
-    Some((ip.parse().ok()?, Key::new(namespace, name)))
+/// The `Conflict` condition's message, for people.
+fn conflict_message(c: &Conflict) -> String {
+    format!(
+        "address {} is held by the older reservation {}",
+        c.ip, c.holder
+    )
 }
 
 /// The CRD status the controller writes for a lifecycle status.
@@ -201,6 +199,10 @@ pub fn status_object(view: &StatusView, observed_generation: Option<i64>) -> IPR
         released_at: view.released_at.map(Time),
         release_time: view.release_time.map(Time),
         observed_generation,
+        conflict: view.conflict.as_ref().map(|c| ConflictStatus {
+            ip: IpString(c.ip.to_string()),
+            held_by: c.holder.clone(),
+        }),
         conditions: view
             .conflict
             .iter()
