@@ -91,6 +91,10 @@ pub struct IPReservationSpec {
     /// The reserved addresses, at most one per address family.
     #[schemars(length(min = 1, max = 2))]
     #[x_kube(validation = Rule::new("self.all(ip, isIP(ip))").message("every entry of ips must be an IP address"))]
+    // What the plugin can never hand out to a pod (kube-apiserver's IP library: isGlobalUnicast
+    // is false for unspecified, loopback, multicast and 255.255.255.255); link-local unicast
+    // stays allowed, as a host-local range may use it.
+    #[x_kube(validation = Rule::new("self.all(ip, !isIP(ip) || ip(ip).isGlobalUnicast() || ip(ip).isLinkLocalUnicast())").message("ips must be addresses a pod can hold: not unspecified (0.0.0.0, ::), loopback, multicast or broadcast (255.255.255.255)"))]
     #[x_kube(validation = Rule::new("self.all(ip, !isIP(ip) || self.exists_one(o, isIP(o) && ip(o).family() == ip(ip).family()))").message("ips holds at most one address per family"))]
     // No `reason`: the API server turns FieldValueDuplicate into `Duplicate value: "array"` and
     // drops the message.
