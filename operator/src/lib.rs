@@ -3,6 +3,7 @@
 //! its node's reservations to the files the plugin reads ([`agent`]).
 
 pub mod agent;
+pub mod backoff;
 pub mod controller;
 pub mod crd;
 pub mod events;

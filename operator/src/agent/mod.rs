@@ -35,6 +35,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::backoff::Backoff;
 use crate::crd::IPReservation;
 use crate::events::{EventType, Notice, Publisher};
 use crate::key::Key;
@@ -49,11 +50,6 @@ use self::writer::{NetworkWriter, PassReport};
 
 /// The Event reporter name (`reportingController`).
 pub const REPORTER: &str = "ipkeep-agent";
-
-/// First wait after a failed pass; it doubles up to [`MAX_RETRY`].
-const FIRST_RETRY: Duration = Duration::from_millis(500);
-/// Longest wait between retries of a failed pass.
-const MAX_RETRY: Duration = Duration::from_secs(30);
 
 /// Command-line flags of `ipkeep-operator agent`.
 #[derive(Debug, clap::Args)]
@@ -289,7 +285,8 @@ async fn write_loop(
         .map(|n| NetworkWriter::new(&config.data_dir, n))
         .collect();
     let mut last_full: Option<Instant> = None;
-    let mut retry: Option<(Instant, Duration)> = None;
+    // When the next try of a failed pass is due, and how many passes failed in a row.
+    let mut retry: Option<(Instant, u32)> = None;
     let mut reported: HashSet<(String, String)> = HashSet::new();
     let State {
         store,
@@ -431,19 +428,15 @@ fn take_pass_input(
 
 /// Puts a failed pass back: its changes are still pending and the next try is a full resync
 /// after a growing pause.
-fn requeue(
-    pending: &Mutex<Pending>,
-    arrivals: Vec<Instant>,
-    retry: &mut Option<(Instant, Duration)>,
-) {
+fn requeue(pending: &Mutex<Pending>, arrivals: Vec<Instant>, retry: &mut Option<(Instant, u32)>) {
     if let Ok(mut p) = pending.lock() {
         let mut waiting = arrivals;
         waiting.append(&mut p.arrivals);
         p.arrivals = waiting;
         p.full_needed = true;
     }
-    let wait = retry.map_or(FIRST_RETRY, |(_, w)| (w * 2).min(MAX_RETRY));
-    *retry = Some((Instant::now() + wait, wait));
+    let failures = retry.map_or(1, |(_, n)| n.saturating_add(1));
+    *retry = Some((Instant::now() + Backoff::PASS.delay(failures), failures));
 }
 
 /// Counts and logs one network's pass; `false` if a step failed.

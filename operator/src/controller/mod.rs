@@ -5,7 +5,21 @@
 //! metadata, nodes' pod CIDRs) fill caches and enqueue the pod names they touch; sharded workers
 //! (a name always lands on the same shard, so one name is never reconciled twice at once) take
 //! names from a scheduler that also holds each reservation's release time. Only the leader runs
-//! the workers; a standby keeps its caches warm and takes over when the lease is free.
+//! the workers; a standby keeps its caches warm and takes over when the lease is free. A failed
+//! reconcile is tried again after [`Backoff::RECONCILE`] (the `error_policy` of kube's shape).
+//!
+//! Why not kube-runtime's `Controller`: its unit of work is one object of one root kind, and it
+//! reconciles only what its root store holds (a queued reference whose object is not in the
+//! store is dropped as `ObjectNotFound`). Ours is a *name* that a pod and its reservation share,
+//! and either may be missing: rooted at IPReservation, a newly annotated pod (no reservation yet)
+//! would never be reconciled; rooted at Pod, a deleted pod's reservation would never be released
+//! or expired. Bridging that needs a synthetic root store or a finalizer on every pod (a write
+//! per pod). Its other gifts we have from the same crate: each shard is kube-runtime's
+//! `scheduler` (the queue `Controller` is built on: one run per key at a time, runs scheduled at
+//! an instant, so a release time is a scheduled run), a name always hashes to the same shard,
+//! and the caches are its reflector stores. Leader election also fits better: the watches and
+//! caches run on every replica, and only the shards wait for the lease, where `Controller` owns
+//! its watches (sharing them needs the `unstable-runtime` streams API).
 
 pub mod index;
 pub mod lifecycle;
@@ -48,6 +62,7 @@ use self::{
     reconcile::{Context, Next},
 };
 use crate::{
+    backoff::Backoff,
     crd::IPReservation,
     events::Publisher,
     key::Key,
@@ -551,9 +566,7 @@ async fn shard(
             Err(e) => {
                 let n = failures.entry(key.clone()).or_insert(0);
                 *n = n.saturating_add(1);
-                // 250 ms doubling to at most a minute: no hot loop against a failing API server.
-                let delay = Duration::from_millis(250u64.saturating_mul(1 << (*n).min(8)))
-                    .min(Duration::from_secs(60));
+                let delay = Backoff::RECONCILE.delay(*n);
                 ctx.metrics
                     .reconcile_errors
                     .with_label_values(&[e.kind()])
