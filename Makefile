@@ -19,8 +19,11 @@ PLUGIN_BIN := target/$(HOST_TRIPLE)/release/ipkeep
 # The image is FROM scratch: the operator is linked statically too.
 OPERATOR_BIN := target/$(HOST_TRIPLE)/release/ipkeep-operator
 IMAGE_ARCHIVE := target/image/ipkeep.oci.tar
+# The Docker driver, static like the others: it is the managed plugin bundle's whole rootfs.
+DOCKER_BIN := target/$(HOST_TRIPLE)/release/ipkeep-docker
+DOCKER_PLUGIN_DIR := target/docker-plugin
 
-.PHONY: all build plugin test lint deps demo bench bench-controller bench-agent fmt crds operator-static image chart-test cluster-bins
+.PHONY: all build plugin test lint deps demo bench bench-controller bench-agent fmt crds operator-static image chart-test cluster-bins node-bins docker-plugin bench-docker
 
 all: build
 
@@ -34,6 +37,13 @@ deps:
 ## module proxy the first time.
 cluster-bins:
 	@e2e/cluster/build.sh
+
+## node-bins: what the real test nodes run (kubelet, kube-proxy, containerd 2, its runc shim, ctr,
+## the sandbox's pause program; versions in e2e/cluster/versions.env) into the same kind of cache,
+## and the node images (pause, busybox workload) as OCI archives; runc and the CNI plugins come
+## from Debian (make deps). See docs/real-nodes.md.
+node-bins:
+	@e2e/cluster/build.sh --node >/dev/null && scripts/build-node-images.sh "$$(e2e/cluster/build.sh --print-node-bin-dir)" >/dev/null
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -52,13 +62,17 @@ lint:
 # build.sh prints the bin dir last: the real-control-plane suites and the kubectl tests use the
 # binaries there (kubectl of the same version as the API server), never the machine's own.
 test:
-	@./scripts/install-deps.sh && \
+	@./scripts/install-deps.sh && ./scripts/install-packaging-deps.sh && \
 	  bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
+	  node_bin_dir=$$(e2e/cluster/build.sh --node | tail -n 1) && \
+	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
 	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" KUBECTL="$$bin_dir/kubectl" && \
-	  echo "make test: control plane binaries and kubectl from $$bin_dir" && \
+	  export IPKEEP_NODE_BIN_DIR="$$node_bin_dir" IPKEEP_NODE_IMAGE_DIR="$$node_image_dir" && \
+	  echo "make test: control plane binaries and kubectl from $$bin_dir, node binaries from $$node_bin_dir" && \
 	  $(MAKE) --no-print-directory lint && \
 	  $(MAKE) --no-print-directory plugin && \
 	  $(MAKE) --no-print-directory operator-static && ./scripts/install-packaging-deps.sh && \
+	  $(MAKE) --no-print-directory docker-plugin && ./scripts/install-docker-deps.sh && \
 	  $(CARGO) test --workspace 2>&1 | tee target/test.log && \
 	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \
 	  IPKEEP_TEST_BIN=$(CURDIR)/$(PLUGIN_BIN) $(CARGO) test -p ipkeep-plugin --tests 2>&1 | tee -a target/test.log
@@ -125,3 +139,19 @@ chart-test: plugin operator-static
 	@./scripts/install-packaging-deps.sh
 	IPKEEP_OPERATOR_BIN=$(CURDIR)/$(OPERATOR_BIN) $(CARGO) test -p ipkeep-e2e \
 	  --test chart_helm --test image_build --test chart_install --test chart_rbac
+
+## docker-plugin: the static `ipkeep-docker` at $(DOCKER_BIN) and the managed plugin bundle
+## ($(DOCKER_PLUGIN_DIR): config.json + rootfs) that `docker plugin create ipkeep $(DOCKER_PLUGIN_DIR)`
+## takes. A long-running daemon like the operator: built with the operator's thin LTO.
+docker-plugin:
+	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --locked --release -p ipkeep-docker --target $(HOST_TRIPLE) \
+	  --config 'profile.release.lto="thin"' --config 'profile.release.codegen-units=16'
+	./scripts/build-docker-plugin.sh $(DOCKER_BIN) $(DOCKER_PLUGIN_DIR)
+
+## bench-docker: RequestAddress latency through the driver's socket (p50/p99), and `docker run`
+## on a network of the driver beside one of Docker's built-in IPAM, on a dockerd started for the
+## run (needs root and scripts/install-docker-deps.sh, which it runs).
+bench-docker: docker-plugin
+	@./scripts/install-docker-deps.sh
+	IPKEEP_DOCKER_BIN=$(CURDIR)/$(DOCKER_BIN) $(CARGO) run --release -p ipkeep-docker --example bench_docker \
+	  --config 'profile.release.lto="thin"' --config 'profile.release.codegen-units=16'

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane used by ipkeep's tests and demo from their Go modules:
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and helm.
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and helm; and, with --node,
+# what a real node runs: kubelet, kube-proxy, containerd, containerd-shim-runc-v2, ctr and the
+# sandbox's pause program (runc and the CNI plugins come from Debian).
 #
-#   e2e/cluster/build.sh                   build into the cache unless already there; print its bin dir last
-#   e2e/cluster/build.sh --print-bin-dir   print the bin dir the current versions build into, build nothing
-#   e2e/cluster/build.sh --update-modules  rewrite the wrapper go.mod/go.sum files to versions.env
+#   e2e/cluster/build.sh                        build into the cache unless already there; print its bin dir last
+#   e2e/cluster/build.sh --print-bin-dir        print the bin dir the current versions build into, build nothing
+#   e2e/cluster/build.sh --node                 the node binaries, the same way; print their bin dir last
+#   e2e/cluster/build.sh --print-node-bin-dir   print the node bin dir, build nothing
+#   e2e/cluster/build.sh --update-modules       rewrite the wrapper go.mod/go.sum files to versions.env
 #
-# The binaries go to $IPKEEP_CACHE_DIR (default ~/.cache/ipkeep)/k8s-<k8s>-etcd-<etcd>-helm-<helm>/bin,
-# outside the work tree, keyed by the versions in versions.env: a second run costs a second.
-# A finished build is renamed into place whole, so an interrupted build never looks complete.
+# The binaries go to $IPKEEP_CACHE_DIR (default ~/.cache/ipkeep)/k8s-<k8s>-etcd-<etcd>-helm-<helm>/bin
+# (the node's to node-k8s-<k8s>-containerd-<containerd>/bin), outside the work tree, keyed by the
+# versions in versions.env: a second run costs a second. A finished build is renamed into place
+# whole, so an interrupted build never looks complete.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -18,13 +23,17 @@ cache_root=${IPKEEP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ipkeep}
 key="k8s-${KUBERNETES_VERSION}-etcd-${ETCD_VERSION}-helm-${HELM_VERSION}"
 out="$cache_root/$key"
 bins=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl helm)
+node_key="node-k8s-${KUBERNETES_VERSION}-containerd-${CONTAINERD_VERSION}"
+node_out="$cache_root/$node_key"
+node_bins=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr pause)
 
 say() { echo "cluster-bins: $*" >&2; }
 die() { echo "cluster-bins: error: $*" >&2; exit 1; }
 
+# complete DIR BIN...: every binary is there.
 complete() {
-  local b
-  for b in "${bins[@]}"; do [ -x "$out/bin/$b" ] || return 1; done
+  local dir=$1 b; shift
+  for b in "$@"; do [ -x "$dir/bin/$b" ] || return 1; done
 }
 
 staging_version() { echo "v0.${KUBERNETES_VERSION#v1.}"; }
@@ -41,6 +50,8 @@ check_modules() {
     || die "e2e/cluster/etcd/go.mod does not require go.etcd.io/etcd/server/v3 $ETCD_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
   grep -Eq "^\s*helm\.sh/helm/v3 $HELM_VERSION\b" "$here/helm/go.mod" \
     || die "e2e/cluster/helm/go.mod does not require helm.sh/helm/v3 $HELM_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
+  grep -Eq "^\s*github\.com/containerd/containerd/v2 $CONTAINERD_VERSION\b" "$here/containerd/go.mod" \
+    || die "e2e/cluster/containerd/go.mod does not require github.com/containerd/containerd/v2 $CONTAINERD_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
 }
 
 need_go() {
@@ -55,19 +66,25 @@ update_modules() {
     && go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" && go mod tidy)
   (cd "$here/etcd" && go get -tool "go.etcd.io/etcd/server/v3@$ETCD_VERSION" && go mod tidy)
   (cd "$here/helm" && go get -tool "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" && go mod tidy)
+  (cd "$here/containerd" && go get -tool "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
+    "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
+    "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" && go mod tidy)
 }
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=readonly -trimpath"
 
+mode=plane
 case "${1:-}" in
   --print-bin-dir) echo "$out/bin"; exit 0 ;;
+  --print-node-bin-dir) echo "$node_out/bin"; exit 0 ;;
   --update-modules) need_go; update_modules; check_modules; say "go.mod files follow versions.env"; exit 0 ;;
+  --node) mode=node; key=$node_key; out=$node_out; bins=("${node_bins[@]}") ;;
   "") ;;
   *) die "unknown argument $1 (see the header of $0)" ;;
 esac
 
 check_modules
-if complete; then
+if complete "$out" "${bins[@]}"; then
   say "up to date: $out/bin ($key)"
   echo "$out/bin"
   exit 0
@@ -102,6 +119,36 @@ step() {
   say "  $name built in $(( $(date +%s) - t0 ))s"
 }
 
+finish() {
+  rm -rf "$out"
+  mv "$stage" "$out"
+  trap - EXIT
+  local secs=$(( $(date +%s) - start ))
+  say "built $key in ${secs}s: $(du -sh "$out/bin" | cut -f1) of binaries; Go caches now $(du -sh "$(go env GOMODCACHE)" 2>/dev/null | cut -f1) modules, $(du -sh "$(go env GOCACHE)" 2>/dev/null | cut -f1) build cache"
+  echo "$out/bin"
+}
+
+if [ "$mode" = node ]; then
+  (cd "$here/k8s" && for c in kubelet kube-proxy; do
+    step "$c" go build -ldflags "-s -w $kver" -o "$stage/bin/$c" "k8s.io/kubernetes/cmd/$c"
+  done)
+  # containerd's Makefile stamps the version package the same way; the tags leave out the
+  # snapshotters that need cgo or kernel pieces we do not use (the shim, as upstream, without grpc).
+  cver="-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
+  ctags="no_btrfs no_devmapper no_zfs urfave_cli_no_docs"
+  (cd "$here/containerd" && for c in containerd ctr; do
+    step "$c" go build -tags "$ctags" -ldflags "-s -w $cver" -o "$stage/bin/$c" "github.com/containerd/containerd/v2/cmd/$c"
+  done && step containerd-shim-runc-v2 go build -tags "$ctags no_grpc" -ldflags "-s -w $cver" \
+    -o "$stage/bin/containerd-shim-runc-v2" github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2)
+  (cd "$here/pause" && step pause go build -ldflags "-s -w" -o "$stage/bin/pause" .)
+  "$stage/bin/kubelet" --version 2>/dev/null | grep -q "$KUBERNETES_VERSION" \
+    || die "the built kubelet does not report $KUBERNETES_VERSION: the version stamps did not take"
+  "$stage/bin/containerd" --version 2>/dev/null | grep -q "$CONTAINERD_VERSION" \
+    || die "the built containerd does not report $CONTAINERD_VERSION: the version stamps did not take"
+  finish
+  exit 0
+fi
+
 (cd "$here/etcd" && step etcd go build -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" \
   -o "$stage/bin/etcd" go.etcd.io/etcd/server/v3)
 (cd "$here/k8s" && for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
@@ -111,9 +158,4 @@ done)
 
 "$stage/bin/kubectl" version --client 2>/dev/null | grep -q "$KUBERNETES_VERSION" \
   || die "the built kubectl does not report $KUBERNETES_VERSION: the version stamps did not take"
-rm -rf "$out"
-mv "$stage" "$out"
-trap - EXIT
-secs=$(( $(date +%s) - start ))
-say "built $key in ${secs}s: $(du -sh "$out/bin" | cut -f1) of binaries; Go caches now $(du -sh "$(go env GOMODCACHE)" 2>/dev/null | cut -f1) modules, $(du -sh "$(go env GOCACHE)" 2>/dev/null | cut -f1) build cache"
-echo "$out/bin"
+finish

@@ -92,9 +92,20 @@ enum ClusterAction {
         /// Write the API server's audit log (level Metadata) to audit.log in the state dir.
         #[arg(long)]
         audit_log: bool,
+        /// Also start this many real nodes (kubelet, containerd, kube-proxy; root; see
+        /// docs/real-nodes.md); 0 for the control plane alone.
+        #[arg(long, default_value_t = 0)]
+        nodes: u8,
     },
-    /// Stop it and remove its state, whatever state a crash left it in.
+    /// Stop it and remove its state, whatever state a crash left it in (real nodes included).
     Down,
+    /// Import an OCI archive into every real node's containerd; prints each REPOSITORY:TAG.
+    LoadImage {
+        /// The OCI archive (e.g. target/image/ipkeep.oci.tar from `make image`).
+        archive: PathBuf,
+    },
+    /// Remove the real nodes of runs whose owner is gone (the watchdog runs this after a crash).
+    ReapNodes,
     /// Print the shell lines (KUBECONFIG, PATH) that point clients at it.
     Env,
 }
@@ -129,11 +140,13 @@ fn main() -> ExitCode {
                     foreground,
                     apiserver_port,
                     audit_log,
+                    nodes,
                 } => {
                     let options = UpOptions {
                         state_dir,
                         apiserver_port,
                         audit_log,
+                        nodes,
                     };
                     if foreground {
                         runtime.block_on(cli::run_foreground(options))
@@ -145,6 +158,14 @@ fn main() -> ExitCode {
                     cli::down(&state_dir).map(|line| eprintln!("ipkeep-e2e cluster: {line}"))
                 }
                 ClusterAction::Env => cli::env(&state_dir).map(|text| print!("{text}")),
+                ClusterAction::LoadImage { archive } => cli::load_image(&state_dir, &archive)
+                    .map(|names| names.iter().for_each(|n| println!("{n}"))),
+                ClusterAction::ReapNodes => {
+                    for line in ipkeep_e2e::cluster::realnode::cleanup_stale() {
+                        eprintln!("ipkeep-e2e cluster: {line}");
+                    }
+                    Ok(())
+                }
             };
             match result {
                 Ok(()) => ExitCode::SUCCESS,

@@ -987,7 +987,7 @@ async fn schema_violations_are_rejected_with_422(b: &Backend) {
     let causes = status.details.map(|d| d.causes).unwrap_or_default();
     // The real CRD has CEL rules (x-kubernetes-validations); after a schema error kube-apiserver
     // skips them and says so in one more cause. The test server does not evaluate CEL (a known
-    // gap, see the README), so it has no such cause.
+    // gap, see docs/testing.md), so it has no such cause.
     let (cel_skipped, causes): (Vec<_>, Vec<_>) = causes
         .into_iter()
         .partition(|c| c.message.contains("some validation rules were not checked"));

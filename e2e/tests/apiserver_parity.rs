@@ -15,6 +15,7 @@
 mod harness;
 
 use harness::{Backend, api_error, ipr, iprs};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{
     Api, ResourceExt,
@@ -463,7 +464,48 @@ async fn updates_without_resource_version(b: &Backend) {
         .unwrap();
     assert_eq!(updated.data.unwrap()["a"], "2");
 
-    // Custom resources do not: 422 naming metadata.resourceVersion.
+    // Leases do not (their strategy refuses it): 422 naming the resource, not the kind.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let lease = |holder: &str| -> Lease {
+        typed(
+            json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "l"}, "spec": {"holderIdentity": holder}}),
+        )
+    };
+    let created = leases
+        .create(&PostParams::default(), &lease("a"))
+        .await
+        .unwrap();
+    let status = api_error(
+        leases
+            .replace("l", &PostParams::default(), &lease("b"))
+            .await,
+    );
+    assert_eq!(
+        (status.code, status.reason.as_str(), status.message.as_str()),
+        (
+            422,
+            "Invalid",
+            "leases.coordination.k8s.io \"l\" is invalid: metadata.resourceVersion: Invalid value: 0: must be specified for an update"
+        ),
+        "{}: {status:?}",
+        b.label()
+    );
+    // With the current resourceVersion the same PUT is accepted.
+    let mut current = lease("b");
+    current.metadata.resource_version = created.metadata.resource_version;
+    let replaced = leases
+        .replace("l", &PostParams::default(), &current)
+        .await
+        .unwrap();
+    assert_eq!(
+        replaced.spec.unwrap().holder_identity.as_deref(),
+        Some("b"),
+        "{}",
+        b.label()
+    );
+
+    // Custom resources do not either: 422 naming metadata.resourceVersion.
     let reservations = iprs(&client, &ns);
     reservations
         .create(
@@ -933,7 +975,7 @@ async fn list_and_watch_parameter_validation(b: &Backend) {
 
 /// The IPReservation CRD's CEL rules (`x-kubernetes-validations`: every entry of `ips` an IP
 /// address, a valid node name) are evaluated by kube-apiserver only; the test server does not
-/// evaluate CEL (README: known gap). This test states the difference instead of hiding it.
+/// evaluate CEL (docs/testing.md: known gap). This test states the difference instead of hiding it.
 async fn cel_rules_are_enforced_only_by_the_real_server(b: &Backend) {
     let ns = b.namespace("cel").await;
     let reservations = iprs(&b.client(), &ns);

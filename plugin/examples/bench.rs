@@ -52,7 +52,7 @@ const RESERVATIONS: usize = 1_000;
 /// addresses sit at 198.18.100.0 and up, away from the cycles' round robin; host-local ignores them.
 fn reservation_files(data_dir: &Path) -> Result<(), BenchError> {
     use ipkeep_plugin::netdir::NetworkDir;
-    use ipkeep_plugin::reservation::{FORMAT_VERSION, ReservationFile, sync_reservations};
+    use ipkeep_plugin::reservation::{FORMAT_VERSION, ReservationFile, ReservationWriter};
     let desired: Vec<ReservationFile> = (0..RESERVATIONS)
         .map(|i| ReservationFile {
             version: FORMAT_VERSION,
@@ -69,8 +69,10 @@ fn reservation_files(data_dir: &Path) -> Result<(), BenchError> {
         detail,
     };
     let dir = NetworkDir::open(data_dir, NETWORK).map_err(|e| failed(e.to_string()))?;
-    let report = sync_reservations(&dir, &desired).map_err(|e| failed(e.to_string()))?;
-    if !report.failed.is_empty() || !report.invalid.is_empty() {
+    let report = ReservationWriter::new()
+        .apply(&dir, &desired)
+        .map_err(|e| failed(e.to_string()))?;
+    if !report.is_complete() {
         return Err(failed(format!("{report:?}")));
     }
     Ok(())

@@ -63,8 +63,7 @@ use crate::private_state::{self, Found};
 use crate::reservation::{CivilTime, Timestamp};
 use crate::store::{LegacyRelease, Owner, PodRef, Store, StoreError, is_valid_container_id};
 
-/// ipkeep's private directory inside `<net>/` (the index, the reservation snapshot, wait markers).
-pub const PRIVATE_DIR: &str = ".ipkeep";
+pub use crate::private_state::PRIVATE_DIR;
 const TMP_DIR: &str = "tmp";
 const CONTAINERS_DIR: &str = "containers";
 const STAMP: &str = "stamp";

@@ -15,6 +15,7 @@ pub mod range;
 pub mod reservation;
 pub mod resolv;
 pub mod result;
+pub mod retain_for;
 #[cfg(test)]
 mod scratch_dir;
 pub mod skel;

@@ -14,6 +14,8 @@ use rustix::fs::{AtFlags, FileType};
 
 use crate::netdir::{DirFd, EntryKind, FileStamp, NetDirError, SubDir};
 
+/// ipkeep's private directory inside `<net>/` (the index, the reservation snapshot, wait markers).
+pub const PRIVATE_DIR: &str = ".ipkeep";
 /// Mode of every private file ipkeep writes.
 pub const FILE_MODE: u32 = 0o600;
 /// Mode private directories are created with (and given back when found with another).

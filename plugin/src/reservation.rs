@@ -3,9 +3,9 @@
 //!
 //! # Files
 //! `<dataDir>/<network>/reserved/<namespace>/<pod>`, one JSON object per reservation, written
-//! only by the agent (through [`apply_reservations`], [`write_reservation`],
-//! [`remove_reservation`], [`sync_reservations`]: temp file in the same directory, fsync,
-//! rename, fsync of the directory, all under the network's `lock`) and only read by the plugin:
+//! only by the agent (through [`ReservationWriter::apply`], [`write_reservation`],
+//! [`remove_reservation`]: temp file in the same directory, fsync, rename, fsync of the
+//! directory, all under the network's `lock`) and only read by the plugin:
 //!
 //! ```json
 //! {"version":1,"namespace":"db","pod":"postgres-0","ips":["10.244.1.17","fd00:10:244:1::11"],
@@ -26,7 +26,7 @@
 //! [`load_reservations_at`]: one file read, a validity check against the writer's generation
 //! counter and the stamps of `reserved/` and its namespace directories (so files put there by
 //! hand count at once), then binary searches. The writer keeps it current: after a batch of
-//! changes ([`apply_reservations`]) it patches the snapshot with them instead of rescanning the
+//! changes ([`writer`]) it patches the snapshot with them instead of rescanning the
 //! tree, after checking that the changed directories hold exactly what the patch predicts. `make bench`
 //! measures an ADD with 1 000 reservation files on the node against one with none.
 //!
@@ -71,12 +71,20 @@
 //! (0 to 86 400). Every decision note and every skipped garbage entry is one stderr line
 //! `ipkeep: <network>: …`.
 
+//!
+//! # Modules, bottom up
+//! [`schema`] and [`timestamp`] (the file's format) ← [`scan`] (the read side: the tree's
+//! layout, the full scan, one pod's file) ← [`index`] (the snapshot an ADD reads, built from the
+//! scan and patched by the writer) ← [`writer`] (the write side: the diff against disk, the
+//! batches, garbage). [`decision`] and [`wait`] serve the plugin's ADD.
+
 pub mod decision;
 pub mod index;
-pub mod reserved_dir;
+pub mod scan;
 pub mod schema;
 pub mod timestamp;
 pub mod wait;
+pub mod writer;
 
 pub use decision::{
     ActiveReservations, DEFAULT_GRACE, Decision, DecisionInput, Holder, MarkerAction, Note,
@@ -87,14 +95,17 @@ pub use index::{
     ReservationSnapshot, STALE_TEMP_AGE, SnapshotLookup, Source, load_reservations_at,
     load_reservations_cached,
 };
-pub use reserved_dir::{
-    ApplyFailure, ApplyReport, RESERVED_DIR, ReservationSet, ReservedDirError, Skipped, SyncReport,
-    apply_reservations, load_reservations, read_reservation, remove_reservation, sync_reservations,
-    write_reservation,
+pub use scan::{
+    GENERATION_NAME, RESERVED_DIR, ReservationSet, ReservedDirError, Skipped, load_reservations,
+    read_reservation,
 };
 pub use schema::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError};
 pub use timestamp::{CivilTime, Timestamp, TimestampError};
 pub use wait::{prune_wait_markers, read_wait_marker, remove_wait_marker, write_wait_marker};
+pub use writer::{
+    ApplyReport, Refused, ReservationWriter, Step, StepFailure, WRITE_BATCH, remove_reservation,
+    write_reservation,
+};
 
 #[cfg(test)]
 mod tests;

@@ -56,8 +56,8 @@ struct Deliberate {
 }
 
 /// Every difference between ipkeep and Debian's host-local 1.1.1 that is intended. Each row's
-/// `#N` is the item's number in README.md's "Deliberate differences from host-local", which is
-/// authoritative. The README items no row can confirm differentially ([`COVERED_ELSEWHERE`]):
+/// `#N` is the item's number in docs/plugin.md's "Deliberate differences from host-local", which is
+/// authoritative. The items no row can confirm differentially ([`COVERED_ELSEWHERE`]):
 ///
 /// - #7 killed processes: a kill lands at a random instant, so it cannot be replayed on both
 ///   sides; `system_crash.rs` SIGKILLs ipkeep mid-command and checks no empty file is left.
@@ -79,7 +79,7 @@ const DELIBERATE: &[Deliberate] = &[
     },
     Deliberate {
         case: "*",
-        difference: "ipkeep's private index directory (README: How it stays fast), left out of the file comparison",
+        difference: "ipkeep's private index directory (docs/plugin.md: How it stays fast), left out of the file comparison",
         expect: Expect::IgnoredName(".ipkeep"),
     },
     Deliberate {
@@ -372,7 +372,7 @@ const DELIBERATE: &[Deliberate] = &[
     },
 ];
 
-/// README differences that no case here can show against Debian's host-local, and where each is
+/// Differences (docs/plugin.md) that no case here can show against Debian's host-local, and where each is
 /// covered instead (see the doc of [`DELIBERATE`]).
 const COVERED_ELSEWHERE: [u32; 4] = [7, 10, 11, 12];
 
@@ -1477,13 +1477,13 @@ fn suite_is_complete() {
             );
         }
     }
-    // The rows and COVERED_ELSEWHERE account for every README difference, 1 to 12, once each.
+    // The rows and COVERED_ELSEWHERE account for every difference in docs/plugin.md, 1 to 12, once each.
     let mut numbers: BTreeSet<u32> = COVERED_ELSEWHERE.into_iter().collect();
     for row in DELIBERATE {
         let Some(rest) = row.difference.strip_prefix('#') else {
             assert!(
                 matches!(row.expect, Expect::IgnoredName(_)),
-                "row {} has no README number",
+                "row {} has no docs/plugin.md number",
                 row.case
             );
             continue;
@@ -1499,7 +1499,7 @@ fn suite_is_complete() {
     assert_eq!(
         numbers,
         (1..=12).collect(),
-        "README differences accounted for"
+        "docs/plugin.md differences accounted for"
     );
     let versions: BTreeSet<Option<String>> = all
         .iter()

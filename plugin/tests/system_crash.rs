@@ -568,7 +568,7 @@ fn check_reservation_disk(dir: &ipkeep_plugin::netdir::NetworkDir, pods: &[PodMo
 fn sigkill_during_reservation_adds_never_leaks_a_reserved_address_ipkeep() {
     use ipkeep_plugin::netdir::NetworkDir;
     use ipkeep_plugin::reservation::{
-        PodKey, TRY_AGAIN_LATER_CODE, read_wait_marker, sync_reservations, write_reservation,
+        PodKey, ReservationWriter, TRY_AGAIN_LATER_CODE, read_wait_marker, write_reservation,
     };
     let binary = common::ipkeep();
     let scratch = Scratch::new("crashres");
@@ -606,8 +606,8 @@ fn sigkill_during_reservation_adds_never_leaks_a_reserved_address_ipkeep() {
         .filter(|p| !p.reserved.is_empty())
         .map(|p| reservation_file(p, 0))
         .collect();
-    let report = sync_reservations(&dir, &files).unwrap();
-    assert_eq!(report.created.len(), RESERVED_PODS, "{report:?}");
+    let report = ReservationWriter::new().apply(&dir, &files).unwrap();
+    assert_eq!(report.written.len(), RESERVED_PODS, "{report:?}");
 
     let all_reserved: Vec<IpAddr> = files.iter().flat_map(|f| f.ips.clone()).collect();
     let mut rng = Rng::new(0xc4a5_0002);

@@ -58,8 +58,8 @@ use std::time::{Duration, Instant, SystemTime};
 use common::{CniCall, CniOutcome};
 use ipkeep_plugin::netdir::{NetworkDir, TEMP_PREFIX};
 use ipkeep_plugin::reservation::{
-    FORMAT_VERSION, PodKey, ReservationFile, Timestamp, load_reservations, remove_reservation,
-    sync_reservations, write_reservation,
+    FORMAT_VERSION, PodKey, ReservationFile, ReservationWriter, Timestamp, load_reservations,
+    remove_reservation, write_reservation,
 };
 use system_support::{
     Holder, Rng, Scratch, describe, finish, nested_ip_named, net_config, result_ips, spawn,
@@ -288,9 +288,10 @@ fn apply(dir: &NetworkDir, op: &WriterOp) {
             remove_reservation(dir, &key.namespace, &key.pod).unwrap();
         }
         WriterOp::Sync(desired) => {
-            let report = sync_reservations(dir, desired).unwrap();
+            // A writer that reads the tree, as the Write and Remove ops changed it behind its back.
+            let report = ReservationWriter::new().apply(dir, desired).unwrap();
             assert!(
-                report.failed.is_empty() && report.invalid.is_empty() && report.cleaned.is_empty(),
+                report.is_complete() && report.cleaned.is_empty(),
                 "sync must do exactly the planned changes: {report:?}"
             );
         }
@@ -325,7 +326,7 @@ fn reservation_writer_process() {
     let scratch = Scratch::new("resvwriter");
     let dir = NetworkDir::open(scratch.path(), NETWORK).unwrap();
     let initial: Vec<_> = initial_model().into_values().collect();
-    sync_reservations(&dir, &initial).unwrap();
+    ReservationWriter::new().apply(&dir, &initial).unwrap();
     let (mut writes, mut removes, mut syncs, mut expired) = (0, 0, 0, 0);
     for (k, planned) in plan.iter().enumerate() {
         apply(&dir, &planned.op);
@@ -703,9 +704,10 @@ fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations(
     let initial = initial_model();
     {
         let dir = NetworkDir::open(&data_dir, NETWORK).unwrap();
-        let report =
-            sync_reservations(&dir, &initial.values().cloned().collect::<Vec<_>>()).unwrap();
-        assert_eq!(report.created.len(), initial.len(), "{report:?}");
+        let report = ReservationWriter::new()
+            .apply(&dir, initial.values())
+            .unwrap();
+        assert_eq!(report.written.len(), initial.len(), "{report:?}");
     }
 
     let mut rng = Rng::new(LIFE_SEED);

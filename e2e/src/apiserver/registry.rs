@@ -71,6 +71,27 @@ impl ResourceType {
         }
     }
 
+    /// `plural.group` (`leases.coordination.k8s.io`, `pods`): what kube-apiserver names as the
+    /// kind of a 422 for a missing resourceVersion (the qualified resource, not the kind).
+    pub fn group_resource(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    /// Whether a PUT without `metadata.resourceVersion` is accepted: kube-apiserver's
+    /// `AllowUnconditionalUpdate` of each kind's strategy (v1.34), true for the core kinds and
+    /// StatefulSets, false for Leases, CustomResourceDefinitions and custom resources.
+    pub fn allows_unconditional_update(&self) -> bool {
+        self.crd_name.is_none()
+            && !matches!(
+                (self.group.as_str(), self.plural.as_str()),
+                ("coordination.k8s.io", "leases") | (CRD_GROUP, "customresourcedefinitions")
+            )
+    }
+
     /// The schema of one version, if this is a CRD with a schema.
     pub fn schema(&self, version: &str) -> Option<&Value> {
         self.schemas
@@ -609,6 +630,25 @@ mod tests {
         let mut bad = crd();
         bad["spec"]["scope"] = json!("Galaxy");
         assert!(from_crd(&bad).is_err());
+    }
+
+    #[test]
+    fn unconditional_updates_follow_each_kinds_strategy() {
+        let r = Registry::with_builtins();
+        let refused: Vec<String> = r
+            .all()
+            .iter()
+            .filter(|t| !t.allows_unconditional_update())
+            .map(|t| t.group_resource())
+            .collect();
+        assert_eq!(
+            refused,
+            [
+                "leases.coordination.k8s.io",
+                "customresourcedefinitions.apiextensions.k8s.io"
+            ]
+        );
+        assert!(!from_crd(&crd()).unwrap().allows_unconditional_update());
     }
 
     #[test]

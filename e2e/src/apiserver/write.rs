@@ -684,9 +684,11 @@ pub fn update(ctx: &Ctx, req: &Request, target: &Target) -> Result<Reply, ApiErr
         .cloned()
         .ok_or_else(|| ApiError::not_found(&target.rt.group, &target.rt.plural, &name))?;
     check_rv(target, &old, &obj, &name)?;
-    if target.rt.crd_name.is_some() && meta_str(&obj, "resourceVersion").is_none_or(str::is_empty) {
+    if !target.rt.allows_unconditional_update()
+        && meta_str(&obj, "resourceVersion").is_none_or(str::is_empty)
+    {
         return Err(ApiError::invalid(
-            &target.rt.group_kind(),
+            &target.rt.group_resource(),
             &name,
             "metadata.resourceVersion",
             "FieldValueInvalid",

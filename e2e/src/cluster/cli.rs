@@ -16,6 +16,7 @@ use super::{
     Cluster, ClusterError, ClusterOptions,
     plane::{kill_recorded_groups, process_alive},
     process::{LOG_TAIL_LINES, log_tail},
+    realnode::{self, RealCluster, RealClusterOptions, RealNodeError},
 };
 
 /// Failures of the command line, each with the command that fixes it.
@@ -24,6 +25,12 @@ pub enum CliError {
     /// The control plane itself failed.
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    /// The real nodes failed.
+    #[error(transparent)]
+    Nodes(#[from] RealNodeError),
+    /// `load-image` without running nodes.
+    #[error("no real nodes are running at {0}; run: ipkeep-e2e cluster up --nodes 2")]
+    NoNodes(PathBuf),
     /// Another supervisor owns the state directory.
     #[error(
         "a control plane is already running at {dir} (supervisor pid {pid}); run: ipkeep-e2e cluster down"
@@ -178,6 +185,40 @@ pub struct UpOptions {
     pub apiserver_port: Option<u16>,
     /// Turn on the audit log.
     pub audit_log: bool,
+    /// Real nodes to start with it (0: the control plane alone).
+    pub nodes: u8,
+}
+
+/// The file `up --nodes` writes once the nodes are Ready: which slot, how many nodes, and
+/// where their binaries are (what `load-image` needs).
+fn nodes_file(dir: &Path) -> PathBuf {
+    dir.join("nodes.json")
+}
+
+/// Either kind of cluster the supervisor runs.
+enum Supervised {
+    Plane(Box<Cluster>),
+    Nodes(Box<RealCluster>),
+}
+
+impl Supervised {
+    fn check(&self) -> Result<(), CliError> {
+        match self {
+            Supervised::Plane(c) => c.check().map_err(CliError::from),
+            Supervised::Nodes(c) => c.check().map_err(CliError::from),
+        }
+    }
+
+    fn stop(&self) {
+        match self {
+            Supervised::Plane(c) => c.stop(),
+            Supervised::Nodes(c) => {
+                for line in c.stop().unwrap_or_else(|e| vec![crate::error_chain(&e)]) {
+                    eprintln!("ipkeep-e2e cluster: {line}");
+                }
+            }
+        }
+    }
 }
 
 /// `cluster up --foreground`: runs the control plane in this process until SIGINT or SIGTERM,
@@ -187,24 +228,59 @@ pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
         eprintln!("ipkeep-e2e cluster: {line}");
     }
     let t0 = Instant::now();
-    let cluster = Cluster::start(ClusterOptions {
+    let plane = ClusterOptions {
         state_dir: Some(options.state_dir.clone()),
         state_parent: options.state_dir.parent().map(Path::to_owned),
         apiserver_port: options.apiserver_port,
         audit_log: options.audit_log,
         ..ClusterOptions::default()
-    })
-    .await?;
-    eprintln!(
-        "ipkeep-e2e cluster: ready in {:.1}s at {}; KUBECONFIG={}",
-        t0.elapsed().as_secs_f64(),
-        cluster.server(),
-        cluster.kubeconfig_path().display()
-    );
+    };
     let io = |what: &str| {
         let what = what.to_owned();
         move |source| CliError::Io { what, source }
     };
+    let cluster = if options.nodes == 0 {
+        Supervised::Plane(Box::new(Cluster::start(plane).await?))
+    } else {
+        let c = RealCluster::start(RealClusterOptions {
+            nodes: options.nodes,
+            plane,
+            ..RealClusterOptions::default()
+        })
+        .await?;
+        let info = serde_json::json!({
+            "slot": c.slot().number(),
+            "nodes": c.nodes().len(),
+            "binDir": c.bin_dir(),
+        });
+        let file = nodes_file(&options.state_dir);
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, info.to_string())
+            .and_then(|()| std::fs::rename(&tmp, &file))
+            .map_err(io("write the nodes file"))?;
+        for n in c.nodes() {
+            eprintln!(
+                "ipkeep-e2e cluster: node {} at {} (pods {}), network namespace {}",
+                n.name(),
+                n.ip(),
+                n.pod_cidr(),
+                n.layout().netns()
+            );
+        }
+        Supervised::Nodes(Box::new(c))
+    };
+    let (server, kubeconfig) = match &cluster {
+        Supervised::Plane(c) => (c.server().to_owned(), c.kubeconfig_path().to_owned()),
+        Supervised::Nodes(c) => (
+            c.plane().server().to_owned(),
+            c.plane().kubeconfig_path().to_owned(),
+        ),
+    };
+    eprintln!(
+        "ipkeep-e2e cluster: ready in {:.1}s at {server}; KUBECONFIG={}",
+        t0.elapsed().as_secs_f64(),
+        kubeconfig.display()
+    );
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).map_err(io("listen for SIGTERM"))?;
     let mut int = signal(SignalKind::interrupt()).map_err(io("listen for SIGINT"))?;
@@ -215,7 +291,7 @@ pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
             _ = int.recv() => break Ok(()),
             _ = tick.tick() => {
                 if let Err(e) = cluster.check() {
-                    break Err(CliError::Cluster(e));
+                    break Err(e);
                 }
             }
         }
@@ -260,6 +336,9 @@ pub async fn up(options: UpOptions) -> Result<(), CliError> {
     if options.audit_log {
         command.arg("--audit-log");
     }
+    if options.nodes > 0 {
+        command.arg("--nodes").arg(options.nodes.to_string());
+    }
     let mut child = command
         .stdin(Stdio::null())
         .stdout(log)
@@ -267,7 +346,12 @@ pub async fn up(options: UpOptions) -> Result<(), CliError> {
         .process_group(0)
         .spawn()
         .map_err(io("start the control plane supervisor".into()))?;
-    let ready = options.state_dir.join("ready");
+    // With nodes, the control plane is ready long before them: wait for the nodes' file.
+    let ready = if options.nodes > 0 {
+        nodes_file(&options.state_dir)
+    } else {
+        options.state_dir.join("ready")
+    };
     let mut interrupt = std::pin::pin!(tokio::signal::ctrl_c());
     loop {
         if ready.is_file() {
@@ -387,9 +471,42 @@ pub fn down(state_dir: &Path) -> Result<String, CliError> {
         }
     }
     let _ = std::fs::remove_file(&log);
+    // Real nodes whose owner is gone (this supervisor, or a crashed test) leave containers,
+    // namespaces, mounts and cgroups that only this removes.
+    for line in realnode::cleanup_stale() {
+        note.push_str(&format!("; {line}"));
+    }
     Ok(format!(
         "stopped the control plane at {} in {:.1}s{note}",
         state_dir.display(),
         t0.elapsed().as_secs_f64()
     ))
+}
+
+/// `cluster load-image ARCHIVE`: imports an OCI archive into every node of the running
+/// cluster; returns the image names it carries (`REPOSITORY:TAG`).
+pub fn load_image(state_dir: &Path, archive: &Path) -> Result<Vec<String>, CliError> {
+    let file = nodes_file(state_dir);
+    let text =
+        std::fs::read_to_string(&file).map_err(|_| CliError::NoNodes(state_dir.to_owned()))?;
+    let info: serde_json::Value = serde_json::from_str(&text).map_err(|e| CliError::Io {
+        what: format!("read {}", file.display()),
+        source: std::io::Error::other(e),
+    })?;
+    let not_ours = || CliError::NotOurs {
+        dir: state_dir.to_owned(),
+        why: "its nodes.json does not name a slot, a node count and a bin dir",
+    };
+    let slot = info["slot"]
+        .as_u64()
+        .and_then(|n| u8::try_from(n).ok())
+        .and_then(realnode::Slot::new)
+        .ok_or_else(not_ours)?;
+    let count = info["nodes"]
+        .as_u64()
+        .and_then(|n| u8::try_from(n).ok())
+        .ok_or_else(not_ours)?;
+    let bin_dir = PathBuf::from(info["binDir"].as_str().ok_or_else(not_ours)?);
+    let nodes: Vec<realnode::NodeLayout> = (0..count).filter_map(|i| slot.node(i)).collect();
+    Ok(realnode::load_image(&nodes, &bin_dir, archive)?)
 }

@@ -12,6 +12,7 @@ pub mod node;
 pub mod pki;
 pub mod plane;
 pub mod process;
+pub mod realnode;
 pub mod token;
 
 use std::{
@@ -23,7 +24,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use kube::{Api, api::PostParams};
 
 pub use node::NodeAgent;
-pub use plane::{Cluster, ClusterError, ClusterOptions, bin_dir};
+pub use plane::{Cluster, ClusterError, ClusterOptions, NodeAccess, bin_dir};
 
 static SHARED: tokio::sync::OnceCell<Result<Cluster, String>> = tokio::sync::OnceCell::const_new();
 

@@ -145,6 +145,12 @@ impl Pki {
     /// Generates a new CA, the serving and client certificates and the ServiceAccount key pair
     /// into `dir` (which must exist and be private to this run).
     pub fn generate(dir: &Path) -> Result<Pki, PkiError> {
+        Pki::generate_with_sans(dir, &[])
+    }
+
+    /// [`Pki::generate`] with more names and addresses on the serving certificate (an API
+    /// server that nodes and pods reach: its bridge address, its Service IP, `kubernetes.default.svc`).
+    pub fn generate_with_sans(dir: &Path, extra_sans: &[String]) -> Result<Pki, PkiError> {
         let ca_key = generate("CA key", KeyPair::generate())?;
         let mut ca_params = CertificateParams::default();
         ca_params.distinguished_name = name("ipkeep-e2e-ca", None);
@@ -169,7 +175,8 @@ impl Pki {
                     usage: ExtendedKeyUsagePurpose| {
             leaf(dir, &issuer, file, cn, org, sans, usage)
         };
-        let sans = ["127.0.0.1", "::1", "localhost"].map(String::from).to_vec();
+        let mut sans = ["127.0.0.1", "::1", "localhost"].map(String::from).to_vec();
+        sans.extend(extra_sans.iter().cloned());
         let serving = leaf(
             "serving",
             "127.0.0.1",
@@ -217,6 +224,25 @@ impl Pki {
             dir: dir.to_owned(),
             issuer,
         })
+    }
+
+    /// Signs a new serving certificate for `cn` with the names and addresses `sans` into
+    /// `<file>.crt`/`.key` in the PKI directory (a kubelet's; an existing file is an error).
+    pub fn serving_cert(
+        &self,
+        file: &str,
+        cn: &str,
+        sans: Vec<String>,
+    ) -> Result<ClientCert, PkiError> {
+        leaf(
+            &self.dir,
+            &self.issuer,
+            file,
+            cn,
+            None,
+            sans,
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )
     }
 
     /// Signs a new client certificate for user `cn` in group `org` into `<file>.crt`/`.key` in

@@ -222,7 +222,27 @@ pub struct ClusterOptions {
     pub audit_policy: Option<String>,
     /// Extra flags per component (`"kube-scheduler" => ["--v=4"]`), appended last.
     pub extra_args: BTreeMap<String, Vec<String>>,
+    /// Serve the API to real nodes on this address instead of loopback alone (see [`NodeAccess`]).
+    pub node_access: Option<NodeAccess>,
+    /// A command (program and arguments) the watchdog runs after the owner died and it stopped
+    /// the components (real nodes: `ipkeep-e2e cluster reap-nodes`); empty for none.
+    pub cleanup_command: Vec<String>,
 }
+
+/// How a control plane serves real nodes: the API server binds and advertises `address` (the
+/// host's address on the nodes' bridge, so the `kubernetes` Service has a usable endpoint), its
+/// certificate names that address, the Service IP and `kubernetes.default.svc`, and it reaches
+/// kubelets by their InternalIP with a client certificate, checking theirs against the run's CA.
+#[derive(Debug, Clone)]
+pub struct NodeAccess {
+    /// The address nodes reach the API server at.
+    pub address: Ipv4Addr,
+    /// The `kubernetes` Service's ClusterIP (the first address of [`SERVICE_CIDR`]).
+    pub service_ip: Ipv4Addr,
+}
+
+/// The Service range of every control plane (inside 198.18.0.0/15, never routed).
+pub const SERVICE_CIDR: &str = "198.18.128.0/20";
 
 /// The directory of the control plane binaries: `IPKEEP_CLUSTER_BIN_DIR`, else what
 /// `e2e/cluster/build.sh --print-bin-dir` names; checked to hold every binary.
@@ -265,6 +285,15 @@ fn check_bin_dir(dir: &Path) -> Result<(), ClusterError> {
         }
     }
     Ok(())
+}
+
+/// The API server's URL: on the nodes' address when it serves nodes, else on loopback.
+fn api_url(options: &ClusterOptions, ports: Ports) -> String {
+    let host = options
+        .node_access
+        .as_ref()
+        .map_or(Ipv4Addr::LOCALHOST, |a| a.address);
+    format!("https://{host}:{}", ports.apiserver)
 }
 
 fn free_port() -> Result<u16, ClusterError> {
@@ -400,7 +429,7 @@ pub struct Cluster {
     config: kube::Config,
     running: Mutex<Option<Running>>,
     // Dropped last: the parent-death signal of every component is tied to this thread.
-    _spawner: Spawner,
+    spawner: Spawner,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -500,7 +529,7 @@ impl Cluster {
             .map_err(state_err("write the owner file of", &state_dir))?;
         let spawner =
             Spawner::new().map_err(state_err("start the spawner thread for", &state_dir))?;
-        let watchdog = Watchdog::start(&spawner, &state_dir)?;
+        let watchdog = Watchdog::start(&spawner, &state_dir, &options.cleanup_command)?;
         let mut running = Running {
             components: Vec::new(),
             ready_after: Vec::new(),
@@ -512,7 +541,7 @@ impl Cluster {
                     c.announce_death();
                 }
                 let cluster = Cluster {
-                    server: format!("https://127.0.0.1:{}", ports.apiserver),
+                    server: api_url(options, ports),
                     ca: pki.ca_cert.clone(),
                     pki,
                     state_dir,
@@ -522,7 +551,7 @@ impl Cluster {
                     audit_log,
                     config,
                     running: Mutex::new(Some(running)),
-                    _spawner: spawner,
+                    spawner,
                 };
                 let ready = serde_json::json!({
                     "server": cluster.server,
@@ -561,8 +590,19 @@ impl Cluster {
         for d in [&pki_dir, &logs] {
             std::fs::create_dir(d).map_err(state_err("create a directory in", dir))?;
         }
-        let pki = Pki::generate(&pki_dir)?;
-        let server = format!("https://127.0.0.1:{}", ports.apiserver);
+        let extra_sans: Vec<String> = match &options.node_access {
+            Some(access) => vec![
+                access.address.to_string(),
+                access.service_ip.to_string(),
+                "kubernetes".into(),
+                "kubernetes.default".into(),
+                "kubernetes.default.svc".into(),
+                "kubernetes.default.svc.cluster.local".into(),
+            ],
+            None => Vec::new(),
+        };
+        let pki = Pki::generate_with_sans(&pki_dir, &extra_sans)?;
+        let server = api_url(options, ports);
         let write_kc = |file: &str, user: &str, cert: &super::pki::ClientCert| {
             let path = dir.join(file);
             let doc = kubeconfig(
@@ -646,8 +686,6 @@ impl Cluster {
         // kube-apiserver
         let mut args = vec![
             arg("etcd-servers", &etcd_client),
-            arg("bind-address", "127.0.0.1"),
-            arg("advertise-address", "127.0.0.1"),
             arg("secure-port", ports.apiserver),
             path_arg("tls-cert-file", &pki.serving.cert),
             path_arg("tls-private-key-file", &pki.serving.key),
@@ -660,13 +698,34 @@ impl Cluster {
             ),
             path_arg("service-account-key-file", &pki.sa_pub),
             path_arg("service-account-signing-key-file", &pki.sa_key),
-            arg("service-cluster-ip-range", "10.96.0.0/16"),
-            // The apiserver's own address is loopback: nothing in-cluster could use it.
-            arg("endpoint-reconciler-type", "none"),
+            arg("service-cluster-ip-range", SERVICE_CIDR),
             arg("allow-privileged", true),
             arg("profiling", false),
             path_arg("cert-dir", &dir.join("apiserver-certs")),
         ];
+        match &options.node_access {
+            Some(access) => {
+                let kubelet_client = pki.client_cert(
+                    "apiserver-kubelet-client",
+                    "kube-apiserver-kubelet-client",
+                    Some("system:masters"),
+                )?;
+                args.extend([
+                    arg("bind-address", access.address),
+                    arg("advertise-address", access.address),
+                    path_arg("kubelet-client-certificate", &kubelet_client.cert),
+                    path_arg("kubelet-client-key", &kubelet_client.key),
+                    path_arg("kubelet-certificate-authority", &pki.ca_cert),
+                    arg("kubelet-preferred-address-types", "InternalIP"),
+                ]);
+            }
+            None => args.extend([
+                arg("bind-address", "127.0.0.1"),
+                arg("advertise-address", "127.0.0.1"),
+                // The apiserver's own address is loopback: nothing in-cluster could use it.
+                arg("endpoint-reconciler-type", "none"),
+            ]),
+        }
         let audit_log = if options.audit_log {
             let policy = dir.join("audit-policy.yaml");
             std::fs::write(
@@ -734,7 +793,7 @@ impl Cluster {
             path_arg("root-ca-file", &pki.ca_cert),
             path_arg("cluster-signing-cert-file", &pki.ca_cert),
             path_arg("cluster-signing-key-file", &pki.ca_key),
-            arg("service-cluster-ip-range", "10.96.0.0/16"),
+            arg("service-cluster-ip-range", SERVICE_CIDR),
             // Notice a registered node's Ready condition (and lift its not-ready taint) sooner.
             arg("node-monitor-period", "1s"),
         ]);
@@ -872,19 +931,31 @@ impl Cluster {
         self.pids()
             .into_iter()
             .filter(|(name, _)| name != "watchdog")
-            .filter_map(|(name, pid)| {
-                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-                let kib = status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("VmRSS:"))?
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse()
-                    .ok()?;
-                Some((name, kib))
-            })
+            .filter_map(|(name, pid)| Some((name, super::process::rss_kib(pid)?)))
             .collect()
+    }
+
+    /// Starts another process under this control plane's supervision (a node's containerd,
+    /// kubelet, kube-proxy): in its own process group, dying with the owner like the
+    /// components, its group killed by the watchdog if the owner dies. `args` must name the
+    /// state directory (the watchdog kills only groups whose leader does). The caller stops it.
+    pub fn start_process(
+        &self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> Result<Component, ClusterError> {
+        let c = Component::start(
+            &self.spawner,
+            name,
+            program,
+            args,
+            log,
+            &self.state_dir.join("pgids"),
+        )?;
+        c.announce_death();
+        Ok(c)
     }
 
     /// Ok while every component runs; else which one died, how, and the end of its log.

@@ -11,8 +11,10 @@
 //!    the death signal follows the forking *thread*, and tokio retires idle threads;
 //! 3. a watchdog `sh` reads a pipe whose only writer is the owner: when the owner dies in any way,
 //!    the kernel closes the pipe, `read` sees end-of-file, and the watchdog kills every process group
-//!    listed in the state directory's `pgids` file whose leader still names the directory, and
-//!    removes the state directory.
+//!    listed in the state directory's `pgids` file whose leader still names the directory,
+//!    removes the state directory, and runs the owner's cleanup command if it gave one (real
+//!    nodes leave containers, namespaces and cgroups that only `ipkeep-e2e cluster reap-nodes`
+//!    removes).
 
 use std::{
     fs::{File, OpenOptions},
@@ -120,6 +122,19 @@ pub struct Component {
 /// must not start at all. `$0` is the owner's pid.
 const PARENT_CHECK: &str = r#"if [ "$PPID" != "$0" ]; then echo "ipkeep-e2e: the owner (pid $0) is gone; not starting $1" >&2; exit 125; fi
 exec "$@""#;
+
+/// The resident memory (`VmRSS`) of a running process, in KiB.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
 
 /// How many log lines an error shows.
 pub const LOG_TAIL_LINES: usize = 25;
@@ -305,6 +320,7 @@ pub struct Watchdog {
 }
 
 const WATCHDOG_SCRIPT: &str = r#"dir=$1
+shift
 while read -r _; do :; done
 if [ -f "$dir/pgids" ]; then
   for g in $(cat "$dir/pgids"); do
@@ -321,18 +337,25 @@ for _ in 1 2 3 4 5; do
   sleep 0.2
   [ -e "$dir" ] || break
 done
+if [ $# -gt 0 ]; then "$@" >/dev/null 2>&1; fi
 "#;
 
 impl Watchdog {
     /// Starts a watchdog for `state_dir` (its own process group, so Ctrl-C in a terminal does not
-    /// end it before the owner is gone).
-    pub fn start(spawner: &Spawner, state_dir: &Path) -> Result<Watchdog, ProcessError> {
+    /// end it before the owner is gone); `cleanup` (a program and its arguments, or empty) runs
+    /// last when it acts.
+    pub fn start(
+        spawner: &Spawner,
+        state_dir: &Path,
+        cleanup: &[String],
+    ) -> Result<Watchdog, ProcessError> {
         let mut command = Command::new("sh");
         command
             .arg("-c")
             .arg(WATCHDOG_SCRIPT)
             .arg("ipkeep-cluster-watchdog")
             .arg(state_dir)
+            .args(cleanup)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

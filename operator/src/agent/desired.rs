@@ -5,18 +5,14 @@
 //! * [`reservation_file`] turns one reservation into the file the plugin reads, or says why it
 //!   is not written (another node's, in conflict) or refused (a name or address the plugin could
 //!   never use).
-//! * [`desired_files`] does it for every reservation the agent holds.
-//! * [`plan`] compares the desired files with what was found and says what to create, rewrite,
-//!   remove and clean.
+//! * [`desired_files`] does it for every reservation the agent holds; the plugin library's
+//!   writer owns the diff against what is on disk.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use ipkeep_plugin::reservation::{
-    FORMAT_VERSION, PodKey, ReservationFile, ReservationSet, SchemaError, Timestamp,
-};
+use ipkeep_plugin::reservation::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError, Timestamp};
 
 use crate::key::Key;
 use crate::phase::Phase;
@@ -221,55 +217,6 @@ pub fn desired_files<'a>(
         }
     }
     desired
-}
-
-/// What must change on disk so the files equal the desired ones.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FilePlan {
-    /// Files to write because none exists.
-    pub create: Vec<ReservationFile>,
-    /// Files to rewrite because their content differs.
-    pub update: Vec<ReservationFile>,
-    /// Files to remove: no desired reservation (gone, moved to another node, in conflict).
-    pub remove: Vec<PodKey>,
-    /// Entries that are no reservation at all (leftover temporaries, symlinks, directories,
-    /// undecodable files) to delete.
-    pub garbage: Vec<PathBuf>,
-}
-
-impl FilePlan {
-    /// Whether nothing has to change.
-    pub fn is_empty(&self) -> bool {
-        self.create.is_empty()
-            && self.update.is_empty()
-            && self.remove.is_empty()
-            && self.garbage.is_empty()
-    }
-
-    /// How many files the plan touches.
-    pub fn len(&self) -> usize {
-        self.create.len() + self.update.len() + self.remove.len() + self.garbage.len()
-    }
-}
-
-/// Compares the desired files with the ones `found` (and its garbage).
-pub fn plan(desired: &BTreeMap<PodKey, ReservationFile>, found: &ReservationSet) -> FilePlan {
-    let mut out = FilePlan::default();
-    for (key, file) in desired {
-        match found.files.get(key) {
-            Some(existing) if existing == file => {}
-            Some(_) => out.update.push(file.clone()),
-            None => out.create.push(file.clone()),
-        }
-    }
-    out.remove = found
-        .files
-        .keys()
-        .filter(|key| !desired.contains_key(*key))
-        .cloned()
-        .collect();
-    out.garbage = found.skipped.iter().map(|s| s.path.clone()).collect();
-    out
 }
 
 #[cfg(test)]

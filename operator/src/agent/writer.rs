@@ -1,25 +1,15 @@
-//! The disk side of the agent: one [`NetworkWriter`] per configured network makes
-//! `<dataDir>/<network>/reserved/` equal to the desired files, only through the plugin library's
-//! writer ([`sync_reservations`] for a full resync, [`apply_reservations`] for the changes of a
-//! steady-state pass), so the format, the lock and the plugin's snapshot can never disagree with
-//! what the plugin reads.
+//! The disk side of the agent: one [`NetworkWriter`] per configured network hands the desired
+//! files to the plugin library's [`ReservationWriter`], which owns the diff against disk, the
+//! batches, the validation, the lock and the plugin's snapshot (so the files can never disagree
+//! with what the plugin reads), and turns its typed report into what the agent counts and logs.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ipkeep_plugin::netdir::{NetDirError, NetworkDir};
 use ipkeep_plugin::reservation::{
-    PodKey, ReservationFile, ReservationSet, ReservedDirError, apply_reservations,
-    sync_reservations,
+    ApplyReport, PodKey, ReservationFile, ReservationWriter, ReservedDirError,
 };
-
-use super::desired::{FilePlan, plan};
-
-/// How many changes one [`apply_reservations`] call of a steady-state pass carries: one hold of
-/// the lock, one generation bump, one fsync per file and per changed directory, the plugin's
-/// snapshot patched instead of rebuilt. More changes take several calls, releasing the lock in
-/// between, so an ADD never waits for hundreds of fsyncs (the same bound as a full sync's).
-const BATCH: usize = 64;
 
 /// Errors of one network's disk work.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +25,7 @@ pub enum WriterError {
         #[source]
         source: NetDirError,
     },
-    /// The full sync could not run at all (the lock could not be taken).
+    /// The pass could not run to its end (the lock, a directory's fsync or the snapshot failed).
     #[error("failed to sync the reservation files of network {network:?}")]
     Sync {
         /// The network.
@@ -55,8 +45,21 @@ pub struct PassReport {
     pub removed: Vec<PodKey>,
     /// Garbage entries deleted (leftover temporaries, symlinks, stray directories, bad files).
     pub cleaned: Vec<PathBuf>,
-    /// Steps that failed; the rest of the pass went on.
+    /// Refused files and failed steps, one log line each; the rest of the pass went on.
     pub failed: Vec<String>,
+}
+
+impl From<ApplyReport> for PassReport {
+    fn from(report: ApplyReport) -> Self {
+        let refused = report.refused.iter().map(|r| super::error_chain(r));
+        let failed = report.failed.iter().map(|f| super::error_chain(f));
+        Self {
+            written: report.written,
+            removed: report.removed,
+            cleaned: report.cleaned.into_iter().map(|s| s.path).collect(),
+            failed: refused.chain(failed).collect(),
+        }
+    }
 }
 
 /// Keeps one network's `reserved/` tree equal to the desired files.
@@ -64,11 +67,7 @@ pub struct PassReport {
 pub struct NetworkWriter {
     data_dir: PathBuf,
     network: String,
-    /// What the agent believes is on disk (exact after a full sync, then kept up to date by its
-    /// own writes; the agent is the only writer of `reserved/`).
-    on_disk: ReservationSet,
-    /// Whether `on_disk` can be trusted (false until a full sync succeeded, and after a failure).
-    trusted: bool,
+    writer: ReservationWriter,
 }
 
 impl NetworkWriter {
@@ -77,8 +76,7 @@ impl NetworkWriter {
         Self {
             data_dir: data_dir.to_owned(),
             network: network.to_owned(),
-            on_disk: ReservationSet::default(),
-            trusted: false,
+            writer: ReservationWriter::new(),
         }
     }
 
@@ -99,102 +97,31 @@ impl NetworkWriter {
 
     /// Reads the tree, then makes it equal to `desired`: writes missing and changed files,
     /// removes files without a desired reservation, and deletes garbage including the writer's
-    /// leftover temporaries. Afterwards the writer trusts what it read and wrote.
+    /// leftover temporaries.
     pub fn full_sync(
         &mut self,
         desired: &BTreeMap<PodKey, ReservationFile>,
     ) -> Result<PassReport, WriterError> {
-        self.trusted = false;
-        let dir = self.open()?;
-        let files: Vec<ReservationFile> = desired.values().cloned().collect();
-        let report = sync_reservations(&dir, &files).map_err(|source| WriterError::Sync {
-            network: self.network.clone(),
-            source,
-        })?;
-        if report.failed.is_empty() && report.invalid.is_empty() {
-            // Every step succeeded: the tree is exactly the desired files (no rescan needed).
-            self.on_disk = ReservationSet {
-                files: desired.clone(),
-                skipped: Vec::new(),
-            };
-            self.trusted = true;
-        } else {
-            // Failed steps leave files the agent cannot know: the next pass is a full sync,
-            // which reads the tree again.
-            self.on_disk = ReservationSet::default();
-            self.trusted = false;
-        }
-        Ok(PassReport {
-            written: report.created.into_iter().chain(report.updated).collect(),
-            removed: report.removed,
-            cleaned: report.cleaned.into_iter().map(|s| s.path).collect(),
-            failed: report.failed.into_iter().chain(report.invalid).collect(),
-        })
+        self.writer.forget();
+        self.apply(desired)
     }
 
     /// Brings the tree from what the writer last left to `desired`, touching only the files
-    /// that change; falls back to [`NetworkWriter::full_sync`] when the writer does not trust
-    /// its view (no full sync yet, or a step failed).
+    /// that change; the library reads the tree first (a full sync) when the writer knows
+    /// nothing (no pass yet, or a step of the last one failed).
     pub fn apply(
         &mut self,
         desired: &BTreeMap<PodKey, ReservationFile>,
     ) -> Result<PassReport, WriterError> {
-        if !self.trusted {
-            return self.full_sync(desired);
-        }
-        let changes = plan(desired, &self.on_disk);
-        if changes.is_empty() {
-            return Ok(PassReport::default());
-        }
         let dir = self.open()?;
-        Ok(self.apply_batch(&dir, changes))
-    }
-
-    fn apply_batch(&mut self, dir: &NetworkDir, changes: FilePlan) -> PassReport {
-        let mut report = PassReport::default();
-        if !changes.garbage.is_empty() {
-            // Only a full sync deletes garbage; the next pass will be one.
-            self.trusted = false;
-        }
-        let writes: Vec<ReservationFile> =
-            changes.create.into_iter().chain(changes.update).collect();
-        let mut pending_writes = writes.chunks(BATCH);
-        let mut pending_removes = changes.remove.chunks(BATCH);
-        loop {
-            let (w, r) = match (pending_writes.next(), pending_removes.next()) {
-                (None, None) => break,
-                (w, r) => (w.unwrap_or_default(), r.unwrap_or_default()),
-            };
-            let applied = match apply_reservations(dir, w, r) {
-                Ok(applied) => applied,
-                Err(e) => {
-                    report.failed.push(e.to_string());
-                    self.trusted = false;
-                    return report;
-                }
-            };
-            let failed: std::collections::BTreeSet<&PodKey> =
-                applied.failed.iter().map(|f| &f.key).collect();
-            for file in w {
-                if !failed.contains(&file.pod_key()) {
-                    self.on_disk.files.insert(file.pod_key(), file.clone());
-                }
-            }
-            for key in r {
-                if !failed.contains(key) {
-                    self.on_disk.files.remove(key);
-                }
-            }
-            if !applied.failed.is_empty() {
-                self.trusted = false;
-                report
-                    .failed
-                    .extend(applied.failed.iter().map(|f| f.to_string()));
-            }
-            report.written.extend(applied.written);
-            report.removed.extend(applied.removed);
-        }
-        report
+        let report = self
+            .writer
+            .apply(&dir, desired.values())
+            .map_err(|source| WriterError::Sync {
+                network: self.network.clone(),
+                source,
+            })?;
+        Ok(report.into())
     }
 }
 

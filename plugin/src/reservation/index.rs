@@ -40,11 +40,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
-pub use crate::disk_store::PRIVATE_DIR;
 use crate::netdir::{EntryKind, NetDirError, NetworkDir, NetworkLock};
+use crate::private_state::PRIVATE_DIR;
 
 use super::decision::ReservationLookup;
-use super::reserved_dir::{
+use super::scan::{
     DirStamp, GENERATION_NAME, RESERVED_DIR, ReservationSet, Scan, ScanStamp, Skipped, Watched,
     current_stamp_and_dir, scan_full,
 };

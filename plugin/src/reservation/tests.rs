@@ -308,12 +308,18 @@ fn sync_makes_the_tree_exactly_the_desired_set() {
         // Invalid: refused, not written.
         file("db", "Nope", &["10.1.0.13"], None),
     ];
-    let report = sync_reservations(&dir, &desired).unwrap();
+    let report = sync(&dir, &desired);
     let keys = |v: &[PodKey]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
-    assert_eq!(keys(&report.created), ["cache/redis-0", "db/adir"]);
-    assert_eq!(keys(&report.updated), ["db/web-1"]);
+    // New (in a new namespace, and where a directory squatted), then changed (released).
+    assert_eq!(
+        keys(&report.written),
+        ["cache/redis-0", "db/adir", "db/web-1"]
+    );
+    assert_eq!(report.unchanged, 1);
     assert_eq!(keys(&report.removed), ["gone/old-0"]);
-    assert_eq!(report.invalid.len(), 1, "{:?}", report.invalid);
+    assert_eq!(report.refused.len(), 1, "{:?}", report.refused);
+    assert_eq!(report.refused[0].key.to_string(), "db/Nope");
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
     assert_eq!(report.cleaned.len(), 11, "{:#?}", report.cleaned);
 
     let expected: BTreeSet<String> = [
@@ -339,11 +345,12 @@ fn sync_makes_the_tree_exactly_the_desired_set() {
     assert_eq!(got, want);
 
     // A second sync with the same input changes nothing.
-    let again = sync_reservations(&dir, &desired[..4]).unwrap();
-    assert_eq!(again, SyncReport::default());
+    let again = sync(&dir, &desired[..4]);
+    assert!(again.changed_nothing() && again.is_complete(), "{again:?}");
+    assert_eq!(again.unchanged, 4);
 
     // Syncing to nothing leaves an empty `reserved/`.
-    let empty = sync_reservations(&dir, &[]).unwrap();
+    let empty = sync(&dir, &[]);
     assert_eq!(empty.removed.len(), 4);
     assert!(reservation_tree(&s.reserved()).is_empty());
 }
@@ -356,8 +363,8 @@ fn sync_replaces_a_symlinked_reserved_dir() {
     std::fs::create_dir_all(outside.join("db")).unwrap();
     std::fs::write(outside.join("db/web-0"), b"precious").unwrap();
     symlink(&outside, s.reserved()).unwrap();
-    let report = sync_reservations(&dir, &[file("db", "web-0", &["10.1.0.7"], None)]).unwrap();
-    assert_eq!(report.created.len(), 1);
+    let report = sync(&dir, &[file("db", "web-0", &["10.1.0.7"], None)]);
+    assert_eq!(report.written.len(), 1);
     assert_eq!(report.cleaned.len(), 1);
     assert!(std::fs::symlink_metadata(s.reserved()).unwrap().is_dir());
     assert_eq!(
@@ -487,7 +494,7 @@ fn snapshot_is_used_when_valid_and_rebuilt_when_stale() {
     assert!(!s.0.join("elsewhere").exists());
 
     // Removing the whole tree.
-    sync_reservations(&dir, &[]).unwrap();
+    sync(&dir, &[]);
     std::fs::remove_dir_all(s.reserved()).unwrap();
     check(Source::NoReservations);
 }
@@ -504,7 +511,7 @@ fn snapshot_decoding_rejects_inconsistent_content() {
         }
         set
     };
-    let stamp = reserved_dir::ScanStamp {
+    let stamp = scan::ScanStamp {
         reserved: None,
         generation: Some(3),
     };
@@ -592,8 +599,8 @@ fn sync_writes_in_batches_and_leaves_a_valid_snapshot() {
             )
         })
         .collect();
-    let report = sync_reservations(&dir, &desired).unwrap();
-    assert_eq!(report.created.len(), 150);
+    let report = sync(&dir, &desired);
+    assert_eq!(report.written.len(), 150);
     let generation = |s: &Scratch| -> u64 {
         std::fs::read_to_string(s.reserved().join(".generation"))
             .unwrap()
@@ -632,13 +639,33 @@ fn sync_reports_what_it_cannot_fix_and_does_the_rest() {
         file("db", "web-0", &["10.1.0.7"], None),
         file("db", "web-1", &["10.1.0.8"], None),
     ];
-    let report = sync_reservations(&dir, &desired).unwrap();
+    let mut writer = ReservationWriter::new();
+    let report = writer.apply(&dir, &desired).unwrap();
     assert!(!report.failed.is_empty(), "{report:?}");
-    let created: Vec<String> = report.created.iter().map(ToString::to_string).collect();
-    assert_eq!(created, ["db/web-1"]);
+    let written: Vec<String> = report.written.iter().map(ToString::to_string).collect();
+    assert_eq!(written, ["db/web-1"]);
+    let web_0 = Step::Write(PodKey::new("db", "web-0").unwrap());
+    assert!(report.failed.iter().any(|f| f.step == web_0), "{report:?}");
     let set = load_reservations(&dir);
     assert_eq!(set.len(), 1);
     assert!(set.get("db", "web-1").is_some());
+
+    // A failed step makes the writer forget what it knew: its next call reads the tree again
+    // (and so finds the squatter gone, removed by hand meanwhile); after a clean call it reads
+    // nothing.
+    std::fs::remove_dir_all(&squat).unwrap();
+    let scans = full_scans();
+    let report = writer.apply(&dir, &desired).unwrap();
+    assert!(full_scans() > scans, "the tree was not read again");
+    assert!(report.is_complete(), "{report:?}");
+    assert_eq!(report.written, vec![PodKey::new("db", "web-0").unwrap()]);
+    let scans = full_scans();
+    let report = writer.apply(&dir, &desired).unwrap();
+    assert_eq!(full_scans(), scans, "a writer that knows the tree read it");
+    assert!(
+        report.changed_nothing() && report.unchanged == 2,
+        "{report:?}"
+    );
 }
 
 /// The integration recipe, end to end on real files: what an ADD will do with these pieces.
@@ -735,9 +762,14 @@ fn add_flow_on_real_files() {
     assert_eq!(read_wait_marker(&dir, &me, &mut Vec::new()), None);
 }
 
+/// A full sync by a writer that knows nothing (as after an agent's restart).
+fn sync(dir: &NetworkDir, desired: &[ReservationFile]) -> ApplyReport {
+    ReservationWriter::new().apply(dir, desired).unwrap()
+}
+
 /// Full scans this thread ran so far.
 fn full_scans() -> usize {
-    reserved_dir::FULL_SCANS.with(std::cell::Cell::get)
+    scan::FULL_SCANS.with(std::cell::Cell::get)
 }
 
 fn generation_of(s: &Scratch) -> u64 {
@@ -757,10 +789,10 @@ fn snapshot_source(dir: &NetworkDir) -> Source {
 }
 
 #[test]
-fn apply_patches_the_snapshot_without_a_rescan() {
+fn a_writer_that_knows_the_tree_patches_the_snapshot_without_reading_it() {
     let s = Scratch::new("apply");
     let dir = s.net();
-    let desired: Vec<ReservationFile> = (0..90)
+    let mut desired: Vec<ReservationFile> = (0..90)
         .map(|i| {
             file(
                 &format!("ns-{}", i % 3),
@@ -770,36 +802,39 @@ fn apply_patches_the_snapshot_without_a_rescan() {
             )
         })
         .collect();
-    sync_reservations(&dir, &desired).unwrap();
     // A lone pod in its own namespace, to be removed (its directory goes with it).
-    write_reservation(&dir, &file("lone", "only", &["10.3.1.1"], None)).unwrap();
+    desired.push(file("lone", "only", &["10.3.1.1"], None));
+    let mut writer = ReservationWriter::new();
+    writer.apply(&dir, &desired).unwrap();
     assert_eq!(snapshot_source(&dir), Source::Index);
     let generation = generation_of(&s);
 
     let scans = full_scans();
-    let writes = [
+    let mut next: Vec<ReservationFile> = desired
+        .iter()
+        .filter(|f| f.pod_key().to_string() != "ns-2/pod-2" && f.namespace != "lone")
+        .cloned()
+        .collect();
+    next.extend([
         // Rewritten (released), new in an existing namespace, new in a new namespace.
         file("ns-0", "pod-0", &["10.3.0.0"], Some(1_795_262_400)),
         file("ns-1", "pod-new", &["10.3.2.1", "fd00::3:201"], None),
         file("fresh", "r-0", &["10.3.0.5"], None),
-    ];
-    let removes = [
-        PodKey::new("ns-2", "pod-2").unwrap(),
-        PodKey::new("lone", "only").unwrap(),
-        PodKey::new("ns-2", "absent").unwrap(),
-        PodKey::new("nowhere", "absent").unwrap(),
-    ];
-    let report = apply_reservations(&dir, &writes, &removes).unwrap();
-    assert_eq!(full_scans(), scans, "the snapshot was rebuilt, not patched");
-    assert!(report.failed.is_empty(), "{:?}", report.failed);
-    assert_eq!(report.written.len(), 3);
+    ]);
+    let report = writer.apply(&dir, &next).unwrap();
     assert_eq!(
-        report.removed,
-        vec![
-            PodKey::new("lone", "only").unwrap(),
-            PodKey::new("ns-2", "pod-2").unwrap()
-        ]
+        full_scans(),
+        scans,
+        "the tree was read or the snapshot rebuilt, not patched"
     );
+    assert!(report.is_complete(), "{report:?}");
+    let keys = |v: &[PodKey]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+    assert_eq!(
+        keys(&report.written),
+        ["fresh/r-0", "ns-0/pod-0", "ns-1/pod-new"]
+    );
+    assert_eq!(keys(&report.removed), ["lone/only", "ns-2/pod-2"]);
+    assert_eq!(report.unchanged, 88);
     assert_eq!(generation_of(&s), generation + 1, "one bump per batch");
     assert!(
         !s.reserved().join("lone").exists(),
@@ -809,14 +844,19 @@ fn apply_patches_the_snapshot_without_a_rescan() {
     assert_eq!(snapshot_source(&dir), Source::Index);
     let set = load_reservations(&dir);
     assert_eq!(set.len(), 91);
-    assert_eq!(set.get("ns-0", "pod-0"), Some(&writes[0]));
+    assert_eq!(
+        set.get("ns-0", "pod-0"),
+        next.iter().rev().find(|f| f.pod == "pod-0")
+    );
     assert!(set.get("ns-2", "pod-2").is_none());
 
     // Nothing to do: no lock section at all, no bump.
-    let report = apply_reservations(&dir, &[], &[]).unwrap();
-    assert!(report.written.is_empty() && report.removed.is_empty());
-    let report = apply_reservations(&dir, &[], &[PodKey::new("ns-2", "absent").unwrap()]).unwrap();
-    assert!(report.removed.is_empty());
+    let report = writer.apply(&dir, &next).unwrap();
+    assert!(
+        report.changed_nothing() && report.is_complete(),
+        "{report:?}"
+    );
+    assert_eq!(report.unchanged, 91);
     assert_eq!(generation_of(&s), generation + 1, "no change, no bump");
     assert_eq!(snapshot_source(&dir), Source::Index);
 
@@ -824,16 +864,24 @@ fn apply_patches_the_snapshot_without_a_rescan() {
     let mut bad = file("ns-0", "pod-bad", &["10.3.3.1"], None);
     bad.ips.clear();
     let good = file("ns-0", "pod-good", &["10.3.3.2"], None);
-    let report = apply_reservations(&dir, &[bad, good.clone()], &[]).unwrap();
-    assert_eq!(report.failed.len(), 1);
+    next.extend([bad.clone(), good.clone()]);
+    let report = writer.apply(&dir, &next).unwrap();
+    assert_eq!(report.refused.len(), 1, "{report:?}");
+    assert_eq!(report.refused[0].key, bad.pod_key());
+    assert!(matches!(
+        report.refused[0].reason,
+        SchemaError::NoAddresses(_)
+    ));
+    assert!(report.failed.is_empty(), "{report:?}");
     assert_eq!(report.written, vec![good.pod_key()]);
     assert_eq!(snapshot_source(&dir), Source::Index);
 
-    // A sync that finds nothing to change keeps the counter and the snapshot.
-    let all: Vec<ReservationFile> = load_reservations(&dir).files.into_values().collect();
+    // A writer that knows nothing reads the tree, finds nothing to change, and keeps the counter
+    // and the snapshot.
     let generation = generation_of(&s);
-    let report = sync_reservations(&dir, &all).unwrap();
-    assert_eq!(report, SyncReport::default());
+    let report = sync(&dir, &next);
+    assert!(report.changed_nothing(), "{report:?}");
+    assert_eq!(report.unchanged, 92);
     assert_eq!(
         generation_of(&s),
         generation,
@@ -848,7 +896,7 @@ fn patching_falls_back_to_a_scan_when_the_tree_holds_more_than_expected() {
     let dir = s.net();
     let a = file("db", "a", &["10.4.0.1"], None);
     let b = file("db", "b", &["10.4.0.2"], None);
-    sync_reservations(&dir, &[a.clone(), b]).unwrap();
+    sync(&dir, &[a.clone(), b]);
     // Each case: the base snapshot is taken, then the "writer's" change and a hand-made one
     // land before the patch (as if made by hand during the writer's batch).
     let hand_cases: [(&str, &str); 3] = [
@@ -903,7 +951,7 @@ fn patching_falls_back_to_a_scan_when_the_tree_holds_more_than_expected() {
 
     // A hand-made change in a namespace the writer did not touch keeps that directory's old
     // stamp in the patched snapshot: the plugin's next read rescans.
-    sync_reservations(&dir, std::slice::from_ref(&a)).unwrap();
+    sync(&dir, std::slice::from_ref(&a));
     std::fs::create_dir(s.reserved().join("side")).unwrap();
     write_reservation(&dir, &file("side", "s-0", &["10.4.3.1"], None)).unwrap();
     assert_eq!(snapshot_source(&dir), Source::Index);

@@ -7,9 +7,9 @@ use crate::netdir::{NetDirError, NetworkDir};
 use crate::private_state::{self, Found};
 
 use super::decision::WaitMarker;
-use super::index::PRIVATE_DIR;
 use super::schema::PodKey;
 use super::timestamp::Timestamp;
+use crate::private_state::PRIVATE_DIR;
 
 /// The sub-directory of [`PRIVATE_DIR`] holding the wait markers.
 pub const WAIT_DIR: &str = "wait";

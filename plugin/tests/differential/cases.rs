@@ -136,7 +136,7 @@ impl Step {
     }
 }
 
-/// The most stdin ipkeep reads (README, deliberate difference 6).
+/// The most stdin ipkeep reads (docs/plugin.md, deliberate difference 6).
 pub const STDIN_LIMIT: usize = 1 << 20;
 
 /// A valid container ID (CNI's `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`) of exactly `len` bytes.
@@ -1747,7 +1747,7 @@ pub fn all() -> Vec<Case> {
         vec![add("c1", &subnet("1.0.0", "0.0.0.0/24"))],
     );
     c("net-zero-v6", vec![add("c1", &subnet("1.0.0", "::/120"))]);
-    // Hostile input (README difference 6): each limit exactly, where both agree, and one past it.
+    // Hostile input (docs/plugin.md difference 6): each limit exactly, where both agree, and one past it.
     c(
         "hostile-stdin-at-limit",
         vec![add("c1", &base).pad_stdin_to(STDIN_LIMIT)],
@@ -1769,7 +1769,7 @@ pub fn all() -> Vec<Case> {
         "hostile-container-id-too-long",
         vec![add(&container_id_of(LONGEST_ID + 1), &base)],
     );
-    // README difference 8: writing the round-robin cursor fails (a directory sits at its name).
+    // docs/plugin.md difference 8: writing the round-robin cursor fails (a directory sits at its name).
     c(
         "cursor-write-fails",
         vec![

@@ -1,0 +1,459 @@
+//! Where everything of a real-node cluster lives, as plain data: addresses, names, paths, and the
+//! configuration files of containerd, the kubelet, kube-proxy and the CNI network. No I/O here.
+//!
+//! A cluster takes a *slot* (0..[`MAX_SLOTS`]) so that several can run on one machine at once:
+//! slot `s` owns the bridge `ipk-nodes<s>` with the host at `198.18.<s>.1/24`, node `i` at
+//! `198.18.<s>.<10+i>` with the pod CIDR `198.19.<128+8s+i>.0/24`. The Service range is the same
+//! in every slot (it only exists inside the nodes' own network namespaces).
+
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+use serde_json::json;
+
+/// How many real-node clusters fit on one machine at once.
+pub const MAX_SLOTS: u8 = 16;
+/// How many nodes one cluster may have.
+pub const MAX_NODES: u8 = 8;
+/// The Service range of every real-node cluster.
+pub const SERVICE_CIDR: &str = "198.18.128.0/20";
+/// The `kubernetes` Service's ClusterIP (the first address of [`SERVICE_CIDR`]).
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 128, 1);
+/// The name of the CNI network on every node (flannel's and k3s's).
+pub const CNI_NETWORK: &str = "cbr0";
+/// The pod sandbox image every node's containerd uses (imported, never pulled).
+pub const PAUSE_IMAGE: &str = "localhost/ipkeep-e2e/pause:1";
+/// The workload image every node has after `cluster up`.
+pub const WORKLOAD_IMAGE: &str = "localhost/ipkeep-e2e/workload:1";
+/// The directory under `/var/lib` (disk) holding every slot's node data.
+pub const DATA_ROOT: &str = "/var/lib/ipkeep-e2e";
+/// The directory under `/run` holding every slot's namespace files.
+pub const RUN_ROOT: &str = "/run/ipkeep-e2e-nodes";
+/// The cgroup (in every v1 hierarchy) under which every slot's nodes live.
+pub const CGROUP_PARENT: &str = "ipkeep-e2e";
+
+/// The paths a node sees at their usual place, each backed by its own directory on the host.
+/// (`/run` is a fresh tmpfs per node instead, so sockets and pod namespaces are private too.)
+pub const NODE_PATHS: [&str; 8] = [
+    "/etc/cni/net.d",
+    "/opt/cni/bin",
+    "/var/lib/cni",
+    "/var/lib/kubelet",
+    "/var/log/pods",
+    "/var/log/containers",
+    "/var/lib/containerd",
+    "/var/lib/kube-proxy",
+];
+
+/// One cluster's place on the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot(u8);
+
+impl Slot {
+    /// Slot `n`, if below [`MAX_SLOTS`].
+    pub fn new(n: u8) -> Option<Slot> {
+        (n < MAX_SLOTS).then_some(Slot(n))
+    }
+
+    /// Its number.
+    pub fn number(self) -> u8 {
+        self.0
+    }
+
+    /// The slot's directory name (`slot3`).
+    pub fn dir_name(self) -> String {
+        format!("slot{}", self.0)
+    }
+
+    /// The slot a directory name names, if it is one.
+    pub fn parse_dir_name(name: &str) -> Option<Slot> {
+        let n = name.strip_prefix("slot")?;
+        if n.is_empty() || (n.len() > 1 && n.starts_with('0')) {
+            return None;
+        }
+        Slot::new(n.parse().ok()?)
+    }
+
+    /// The host bridge every node of the slot hangs on.
+    pub fn bridge(self) -> String {
+        format!("ipk-nodes{}", self.0)
+    }
+
+    /// The host's address on the bridge: where nodes reach the API server.
+    pub fn host_ip(self) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, self.0, 1)
+    }
+
+    /// The node network (`198.18.<s>.0/24`).
+    pub fn node_network(self) -> String {
+        format!("198.18.{}.0/24", self.0)
+    }
+
+    /// The range every node's pod CIDR comes from (`198.19.<128+8s>.0/21`).
+    pub fn cluster_cidr(self) -> String {
+        format!("198.19.{}.0/21", 128 + 8 * u16::from(self.0))
+    }
+
+    /// The slot's data directory on disk.
+    pub fn data_dir(self) -> PathBuf {
+        Path::new(DATA_ROOT).join("nodes").join(self.dir_name())
+    }
+
+    /// The slot's namespace-file directory (a private mount, so namespaces can be bound there).
+    pub fn run_dir(self) -> PathBuf {
+        Path::new(RUN_ROOT).join(self.dir_name())
+    }
+
+    /// The slot's cgroup, relative to a hierarchy's root.
+    pub fn cgroup(self) -> String {
+        format!("{CGROUP_PARENT}/{}", self.dir_name())
+    }
+
+    /// Node `index` of this slot, if below [`MAX_NODES`].
+    pub fn node(self, index: u8) -> Option<NodeLayout> {
+        (index < MAX_NODES).then_some(NodeLayout { slot: self, index })
+    }
+}
+
+/// Everything about one node that follows from its slot and index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeLayout {
+    slot: Slot,
+    index: u8,
+}
+
+impl NodeLayout {
+    /// Its slot.
+    pub fn slot(self) -> Slot {
+        self.slot
+    }
+
+    /// Its index in the cluster.
+    pub fn index(self) -> u8 {
+        self.index
+    }
+
+    /// The Kubernetes node name (`node-0`); unique within the cluster, which has its own API.
+    pub fn name(self) -> String {
+        format!("node-{}", self.index)
+    }
+
+    /// The node's address (`198.18.<s>.<10+i>`), on its `eth0`.
+    pub fn ip(self) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, self.slot.0, 10 + self.index)
+    }
+
+    /// The node's pod CIDR.
+    pub fn pod_cidr(self) -> String {
+        format!(
+            "198.19.{}.0/24",
+            128 + 8 * u16::from(self.slot.0) + u16::from(self.index)
+        )
+    }
+
+    /// The node's network namespace name (`ip netns`), unique on the machine.
+    pub fn netns(self) -> String {
+        format!("ipk-s{}-n{}", self.slot.0, self.index)
+    }
+
+    /// The host end of the node's veth, on the bridge.
+    pub fn host_veth(self) -> String {
+        format!("ipk{}n{}", self.slot.0, self.index)
+    }
+
+    /// The node's data directory on disk: its `/var/lib/...` views and its configuration.
+    pub fn data_dir(self) -> PathBuf {
+        self.slot.data_dir().join(self.name())
+    }
+
+    /// The host directory behind a path the node sees (one of [`NODE_PATHS`]).
+    pub fn host_dir(self, node_path: &str) -> PathBuf {
+        self.data_dir()
+            .join("root")
+            .join(node_path.trim_start_matches('/').replace('/', "-"))
+    }
+
+    /// The file its persistent mount namespace is bound to.
+    pub fn mount_ns_file(self) -> PathBuf {
+        self.slot.run_dir().join(format!("{}.mnt", self.name()))
+    }
+
+    /// The node's cgroup, relative to a hierarchy's root.
+    pub fn cgroup(self) -> String {
+        format!("{}/{}", self.slot.cgroup(), self.name())
+    }
+
+    /// Where containerd, the kubelet and kube-proxy (and containerd's shims) run.
+    pub fn daemons_cgroup(self) -> String {
+        format!("{}/daemons", self.cgroup())
+    }
+
+    /// The kubelet's `cgroupRoot`: it creates `kubepods` under it.
+    pub fn pods_cgroup(self) -> String {
+        format!("{}/pods", self.cgroup())
+    }
+}
+
+/// containerd's socket inside every node (its `/run` is private).
+pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+
+/// containerd's configuration (version 3, containerd 2.x). Defaults where they serve: root
+/// `/var/lib/containerd`, state and socket under `/run/containerd` (both private to the node).
+pub fn containerd_config(runc: &Path) -> String {
+    format!(
+        r#"version = 3
+
+[plugins]
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = 'overlayfs'
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = '{PAUSE_IMAGE}'
+  [plugins.'io.containerd.cri.v1.runtime']
+    # No CAP_SYS_RESOURCE on a test machine: runc cannot lower oom_score_adj below ours.
+    restrict_oom_score_adj = true
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+      BinaryName = '{runc}'
+      SystemdCgroup = false
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ['/opt/cni/bin']
+      conf_dir = '/etc/cni/net.d'
+  # NRI's socket would be shared by every node on the machine; nothing here uses NRI.
+  [plugins.'io.containerd.nri.v1.nri']
+    disable = true
+"#,
+        runc = runc.display()
+    )
+}
+
+/// Files the kubelet of a node reads.
+#[derive(Debug, Clone)]
+pub struct KubeletFiles {
+    /// The CA that signs API server clients (the API server's kubelet client among them).
+    pub client_ca: PathBuf,
+    /// The kubelet's serving certificate (SANs: its address and name).
+    pub tls_cert: PathBuf,
+    /// Its key.
+    pub tls_key: PathBuf,
+}
+
+/// The kubelet's configuration (JSON, which the kubelet reads as YAML).
+pub fn kubelet_config(node: NodeLayout, files: &KubeletFiles) -> serde_json::Value {
+    json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": node.ip().to_string(),
+        "port": 10250,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 10248,
+        "tlsCertFile": files.tls_cert,
+        "tlsPrivateKeyFile": files.tls_key,
+        "authentication": {
+            "anonymous": {"enabled": false},
+            "webhook": {"enabled": true},
+            "x509": {"clientCAFile": files.client_ca},
+        },
+        "authorization": {"mode": "Webhook"},
+        "containerRuntimeEndpoint": format!("unix://{CONTAINERD_SOCKET}"),
+        // cgroup v1 hosts; no systemd as PID 1, so no systemd driver.
+        "failCgroupV1": false,
+        "cgroupDriver": "cgroupfs",
+        "cgroupsPerQOS": true,
+        "cgroupRoot": format!("/{}", node.pods_cgroup()),
+        "failSwapOn": false,
+        "resolvConf": "/etc/resolv.conf",
+        "enforceNodeAllocatable": [],
+        "localStorageCapacityIsolation": false,
+        // A test machine's disk is shared and often full-ish: no eviction, no image GC.
+        "imageGCHighThresholdPercent": 100,
+        "evictionHard": {
+            "memory.available": "0%",
+            "nodefs.available": "0%",
+            "nodefs.inodesFree": "0%",
+            "imagefs.available": "0%",
+        },
+        "rotateCertificates": false,
+        "serializeImagePulls": false,
+    })
+}
+
+/// kube-proxy's configuration (iptables mode, inside the node's network namespace).
+pub fn kube_proxy_config(node: NodeLayout, kubeconfig: &Path) -> serde_json::Value {
+    json!({
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": kubeconfig},
+        "hostnameOverride": node.name(),
+        "bindAddress": node.ip().to_string(),
+        "healthzBindAddress": "127.0.0.1:10256",
+        "metricsBindAddress": "127.0.0.1:10249",
+        "mode": "iptables",
+        "clusterCIDR": node.slot().cluster_cidr(),
+        // Leave the machine's conntrack sysctls alone.
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+        "iptables": {"minSyncPeriod": "1s"},
+    })
+}
+
+/// The node's CNI network, as a flannel or k3s node has it: `bridge` on `cbr0` as the pods'
+/// gateway with host-local IPAM over the node's pod CIDR (default `dataDir`), then `portmap`.
+pub fn cni_conflist(node: NodeLayout) -> serde_json::Value {
+    json!({
+        "cniVersion": "1.0.0",
+        "name": CNI_NETWORK,
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "cbr0",
+                "isGateway": true,
+                "ipMasq": false,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": node.pod_cidr()}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}},
+        ],
+    })
+}
+
+/// The conflist's file name in `/etc/cni/net.d` (k3s's).
+pub const CNI_CONFLIST_FILE: &str = "10-cbr0.conflist";
+
+/// The routes a node's network namespace gets besides its own network: the Service range (so
+/// connections from the node itself reach kube-proxy's rules) and every other node's pod CIDR
+/// via that node. No default route: nothing leaves the machine.
+pub fn node_routes(node: NodeLayout, nodes: u8) -> Vec<(String, Option<Ipv4Addr>)> {
+    let mut routes = vec![(SERVICE_CIDR.to_owned(), None)];
+    for other in (0..nodes).filter_map(|i| node.slot().node(i)) {
+        if other != node {
+            routes.push((other.pod_cidr(), Some(other.ip())));
+        }
+    }
+    routes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_and_nodes_get_disjoint_names_and_addresses() {
+        let cases = [
+            (
+                0,
+                0,
+                "198.18.0.10",
+                "198.19.128.0/24",
+                "ipk-s0-n0",
+                "ipk0n0",
+            ),
+            (
+                0,
+                1,
+                "198.18.0.11",
+                "198.19.129.0/24",
+                "ipk-s0-n1",
+                "ipk0n1",
+            ),
+            (
+                3,
+                7,
+                "198.18.3.17",
+                "198.19.159.0/24",
+                "ipk-s3-n7",
+                "ipk3n7",
+            ),
+            (
+                15,
+                7,
+                "198.18.15.17",
+                "198.19.255.0/24",
+                "ipk-s15-n7",
+                "ipk15n7",
+            ),
+        ];
+        for (slot, index, ip, cidr, netns, veth) in cases {
+            let node = Slot::new(slot).and_then(|s| s.node(index)).unwrap();
+            assert_eq!(node.ip().to_string(), ip);
+            assert_eq!(node.pod_cidr(), cidr);
+            assert_eq!(node.netns(), netns);
+            assert_eq!(node.host_veth(), veth);
+            assert!(
+                node.host_veth().len() <= 15,
+                "interface names are at most 15 bytes"
+            );
+        }
+        assert!(Slot::new(MAX_SLOTS).is_none());
+        assert!(Slot::new(0).unwrap().node(MAX_NODES).is_none());
+        assert_eq!(Slot::new(2).unwrap().cluster_cidr(), "198.19.144.0/21");
+        assert!(Slot::new(15).unwrap().bridge().len() <= 15);
+    }
+
+    #[test]
+    fn slot_dir_names_round_trip_and_reject_the_rest() {
+        for (name, slot) in [
+            ("slot0", Some(0)),
+            ("slot15", Some(15)),
+            ("slot16", None),
+            ("slot01", None),
+            ("slot", None),
+            ("slot-1", None),
+            ("other", None),
+            ("slot1/..", None),
+        ] {
+            assert_eq!(Slot::parse_dir_name(name).map(Slot::number), slot, "{name}");
+        }
+    }
+
+    #[test]
+    fn node_paths_map_to_their_own_host_directories() {
+        let node = Slot::new(1).and_then(|s| s.node(2)).unwrap();
+        assert_eq!(
+            node.host_dir("/var/lib/cni"),
+            Path::new("/var/lib/ipkeep-e2e/nodes/slot1/node-2/root/var-lib-cni")
+        );
+        let dirs: std::collections::BTreeSet<_> =
+            NODE_PATHS.iter().map(|p| node.host_dir(p)).collect();
+        assert_eq!(dirs.len(), NODE_PATHS.len());
+    }
+
+    #[test]
+    fn routes_reach_other_nodes_pods_and_services_but_nothing_else() {
+        let slot = Slot::new(0).unwrap();
+        let node = slot.node(1).unwrap();
+        let routes = node_routes(node, 3);
+        assert_eq!(
+            routes,
+            vec![
+                (SERVICE_CIDR.to_owned(), None),
+                (
+                    "198.19.128.0/24".to_owned(),
+                    Some(Ipv4Addr::new(198, 18, 0, 10))
+                ),
+                (
+                    "198.19.130.0/24".to_owned(),
+                    Some(Ipv4Addr::new(198, 18, 0, 12))
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_conflist_is_a_flannel_style_bridge_with_host_local() {
+        let node = Slot::new(0).and_then(|s| s.node(0)).unwrap();
+        let c = cni_conflist(node);
+        assert_eq!(c["name"], "cbr0");
+        assert_eq!(c["plugins"][0]["type"], "bridge");
+        assert_eq!(c["plugins"][0]["ipam"]["type"], "host-local");
+        assert_eq!(
+            c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
+            "198.19.128.0/24"
+        );
+        assert!(c["plugins"][0]["ipam"].get("dataDir").is_none());
+    }
+}

@@ -1,0 +1,929 @@
+//! Real Kubernetes nodes on this machine: the control plane plus N nodes, each a kubelet,
+//! containerd (with Debian's runc) and kube-proxy in its own network namespace, mount namespace
+//! and cgroup, on a host bridge, with a flannel/k3s-style CNI network (`bridge` + `host-local`,
+//! network `cbr0`). See `docs/real-nodes.md` for the layout and what the real components did.
+//!
+//! Tests share one cluster per test binary ([`shared`]); [`RealCluster::start`] starts one of
+//! their own. Everything is removed when the cluster is dropped; after a crash, the next start
+//! (or `ipkeep-e2e cluster down`) removes what the crashed run left ([`cleanup_stale`]).
+
+pub mod host;
+pub mod layout;
+pub mod node;
+
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, api::PostParams};
+
+pub use host::HostError;
+pub use layout::{NodeLayout, Slot, WORKLOAD_IMAGE};
+pub use node::RealNode;
+
+use super::{Cluster, ClusterError, ClusterOptions, plane::NodeAccess};
+
+/// The binaries a node needs (`e2e/cluster/build.sh --node`).
+pub const NODE_BINARIES: [&str; 6] = [
+    "kubelet",
+    "kube-proxy",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "pause",
+];
+
+/// How long the nodes may take to become Ready.
+const NODES_READY: Duration = Duration::from_secs(180);
+
+/// Failures of the real nodes. Each says which node and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum RealNodeError {
+    /// The control plane failed.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// A host operation for a node failed.
+    #[error("node {node}: failed to {stage}")]
+    Host {
+        /// The node.
+        node: String,
+        /// What was being done.
+        stage: String,
+        /// Why.
+        #[source]
+        source: HostError,
+    },
+    /// A host operation for the whole cluster failed.
+    #[error("failed to {stage}")]
+    Machine {
+        /// What was being done.
+        stage: String,
+        /// Why.
+        #[source]
+        source: HostError,
+    },
+    /// A file of a node could not be written or read.
+    #[error("node {node}: failed to {what}")]
+    Io {
+        /// The node.
+        node: String,
+        /// What.
+        what: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A node's certificate could not be made.
+    #[error("node {node}: failed to make its certificates")]
+    Pki {
+        /// The node.
+        node: String,
+        /// Why.
+        #[source]
+        source: super::pki::PkiError,
+    },
+    /// A node daemon could not be started.
+    #[error("node {node}: failed to start {daemon}")]
+    Start {
+        /// The node.
+        node: String,
+        /// The daemon.
+        daemon: String,
+        /// Why.
+        #[source]
+        source: Box<ClusterError>,
+    },
+    /// A node daemon exited or never answered.
+    #[error("node {node}: {daemon} failed: {how}; last lines of {}:\n{tail}", log.display())]
+    Daemon {
+        /// The node.
+        node: String,
+        /// The daemon.
+        daemon: String,
+        /// What happened.
+        how: String,
+        /// Its log.
+        log: PathBuf,
+        /// The end of its log.
+        tail: String,
+    },
+    /// The node binaries are not built.
+    #[error(
+        "failed to find the node binaries: {dir} has no {missing}; run: make node-bins (or set IPKEEP_NODE_BIN_DIR)"
+    )]
+    BinariesMissing {
+        /// Where they were looked for.
+        dir: PathBuf,
+        /// The first missing one.
+        missing: String,
+    },
+    /// A helper script failed.
+    #[error("failed to run {script}: {why}")]
+    Script {
+        /// The script.
+        script: PathBuf,
+        /// What went wrong, with its output.
+        why: String,
+    },
+    /// Every slot is taken.
+    #[error(
+        "failed to start real nodes: all {} cluster slots under {} are in use by running clusters; stop one (ipkeep-e2e cluster down)",
+        layout::MAX_SLOTS,
+        layout::DATA_ROOT
+    )]
+    NoSlot,
+    /// An argument was not acceptable.
+    #[error("invalid {what}: {value:?} ({why})")]
+    Invalid {
+        /// Which argument.
+        what: &'static str,
+        /// Its value.
+        value: String,
+        /// The rule it breaks.
+        why: &'static str,
+    },
+    /// A condition did not come true.
+    #[error("failed to {what}: still not true after {}s ({last})", waited.as_secs())]
+    Timeout {
+        /// What was awaited.
+        what: String,
+        /// How long.
+        waited: Duration,
+        /// What was seen last.
+        last: String,
+    },
+    /// A Kubernetes API call failed.
+    #[error("failed to {what}")]
+    Api {
+        /// What.
+        what: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// The shared cluster of this test binary failed to start earlier.
+    #[error("the shared real-node cluster of this test binary failed to start: {0}")]
+    Shared(String),
+}
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct RealClusterOptions {
+    /// How many nodes (1..=8).
+    pub nodes: u8,
+    /// The control plane's options (`node_access` is set by [`RealCluster::start`]).
+    pub plane: ClusterOptions,
+    /// The node binaries; default: [`node_bin_dir`].
+    pub node_bin_dir: Option<PathBuf>,
+    /// The directory of `pause.oci.tar` and `workload.oci.tar`; default: [`node_image_dir`].
+    pub image_dir: Option<PathBuf>,
+}
+
+impl Default for RealClusterOptions {
+    fn default() -> Self {
+        RealClusterOptions {
+            nodes: 2,
+            plane: ClusterOptions::default(),
+            node_bin_dir: None,
+            image_dir: None,
+        }
+    }
+}
+
+/// Runs a script that prints a directory on its last stdout line.
+fn script_dir(script: &Path, args: &[&str]) -> Result<PathBuf, RealNodeError> {
+    let out = std::process::Command::new(script)
+        .args(args)
+        .output()
+        .map_err(|e| RealNodeError::Script {
+            script: script.to_owned(),
+            why: e.to_string(),
+        })?;
+    if !out.status.success() {
+        return Err(RealNodeError::Script {
+            script: script.to_owned(),
+            why: format!(
+                "it exited {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(PathBuf::from(
+        text.lines().last().unwrap_or_default().trim(),
+    ))
+}
+
+/// The directory of the node binaries: `IPKEEP_NODE_BIN_DIR`, else what
+/// `e2e/cluster/build.sh --print-node-bin-dir` names; checked to hold every binary.
+pub fn node_bin_dir() -> Result<PathBuf, RealNodeError> {
+    let dir = match std::env::var_os("IPKEEP_NODE_BIN_DIR").filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => script_dir(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/build.sh"),
+            &["--print-node-bin-dir"],
+        )?,
+    };
+    for b in NODE_BINARIES {
+        if !dir.join(b).is_file() {
+            return Err(RealNodeError::BinariesMissing {
+                dir,
+                missing: b.to_owned(),
+            });
+        }
+    }
+    Ok(dir)
+}
+
+/// The directory of the node images: `IPKEEP_NODE_IMAGE_DIR`, else built (or found in the
+/// cache) by `scripts/build-node-images.sh`.
+pub fn node_image_dir(node_bin_dir: &Path) -> Result<PathBuf, RealNodeError> {
+    match std::env::var_os("IPKEEP_NODE_IMAGE_DIR").filter(|v| !v.is_empty()) {
+        Some(dir) => Ok(PathBuf::from(dir)),
+        None => script_dir(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-node-images.sh"),
+            &[&node_bin_dir.to_string_lossy()],
+        ),
+    }
+}
+
+/// The `ipkeep-e2e` binary, which removes a crashed run's nodes (`cluster reap-nodes`):
+/// `IPKEEP_E2E_BIN`, else this very program if it is `ipkeep-e2e`, else the one Cargo builds
+/// beside a test binary (`target/<profile>/ipkeep-e2e` for `target/<profile>/deps/<test>`).
+pub fn e2e_exe() -> Result<PathBuf, RealNodeError> {
+    if let Some(bin) = std::env::var_os("IPKEEP_E2E_BIN").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(bin));
+    }
+    let exe = std::env::current_exe().map_err(|e| RealNodeError::Script {
+        script: PathBuf::from("ipkeep-e2e"),
+        why: format!("cannot find this program's path: {e}"),
+    })?;
+    if exe.file_name().is_some_and(|n| n == "ipkeep-e2e") {
+        return Ok(exe);
+    }
+    let beside = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("ipkeep-e2e"))
+        .filter(|p| p.is_file());
+    beside.ok_or_else(|| RealNodeError::Script {
+        script: PathBuf::from("ipkeep-e2e"),
+        why: format!(
+            "it is not beside {} (it removes the nodes of a crashed run): build it with `cargo build -p ipkeep-e2e --bin ipkeep-e2e`, or set IPKEEP_E2E_BIN",
+            exe.display()
+        ),
+    })
+}
+
+/// A control plane and its real nodes. Dropping it removes everything it made.
+#[derive(Debug)]
+pub struct RealCluster {
+    plane: Arc<Cluster>,
+    nodes: Vec<RealNode>,
+    slot: Slot,
+    bin_dir: PathBuf,
+}
+
+/// The slot's `owner` file: the pid of the process that runs it.
+fn owner_file(slot: Slot) -> PathBuf {
+    slot.data_dir().join("owner")
+}
+
+fn slot_owner(slot: Slot) -> Option<u32> {
+    std::fs::read_to_string(owner_file(slot))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Claims a free slot: removes the leftovers of crashed runs first, then takes the first slot
+/// whose directory it can create (the directory is the lock).
+fn claim_slot() -> Result<Slot, RealNodeError> {
+    for line in cleanup_stale() {
+        eprintln!("ipkeep-e2e nodes: {line}");
+    }
+    let parent = Path::new(layout::DATA_ROOT).join("nodes");
+    std::fs::create_dir_all(&parent).map_err(|source| RealNodeError::Io {
+        node: "-".into(),
+        what: format!("create {}", parent.display()),
+        source,
+    })?;
+    for n in 0..layout::MAX_SLOTS {
+        let Some(slot) = Slot::new(n) else { continue };
+        if std::fs::create_dir(slot.data_dir()).is_ok() {
+            std::fs::write(owner_file(slot), format!("{}\n", std::process::id())).map_err(
+                |source| RealNodeError::Io {
+                    node: "-".into(),
+                    what: format!("write {}", owner_file(slot).display()),
+                    source,
+                },
+            )?;
+            return Ok(slot);
+        }
+    }
+    Err(RealNodeError::NoSlot)
+}
+
+/// Removes everything a slot may hold, whatever state a crash left, in dependency order:
+/// every process in its cgroups (daemons, shims, containers), each node's mount namespace
+/// (and with it every mount inside) and network namespace (and its veths), the bridge (and the
+/// host routes through it), the namespace directory, the cgroups (depth-first, in every
+/// hierarchy), the data directory; and, when no other slot is in use, restores the sysctls.
+/// Returns what it changed, one line each.
+pub fn cleanup_slot(slot: Slot) -> Result<Vec<String>, RealNodeError> {
+    let machine = |stage: &str| {
+        let stage = format!("{stage} (cluster slot {})", slot.number());
+        move |source| RealNodeError::Machine { stage, source }
+    };
+    let mut done = Vec::new();
+    host::kill_cgroup(&slot.cgroup()).map_err(machine("kill the nodes' processes"))?;
+    for i in 0..layout::MAX_NODES {
+        let Some(node) = slot.node(i) else { continue };
+        host::delete_mount_ns(node).map_err(machine("remove a node's mount namespace"))?;
+        if host::netns_path(&node.netns()).exists() {
+            done.push(format!("removed network namespace {}", node.netns()));
+        }
+        host::delete_node_netns(node).map_err(machine("remove a node's network namespace"))?;
+    }
+    if host::link_exists(&slot.bridge()) {
+        done.push(format!("removed bridge {}", slot.bridge()));
+    }
+    host::delete_link(&slot.bridge()).map_err(machine("remove the bridge"))?;
+    let run_dir = slot.run_dir();
+    if host::is_mount_point(&run_dir) {
+        host::run("umount", &[&run_dir.to_string_lossy()]).map_err(machine("unmount"))?;
+    }
+    let _ = std::fs::remove_dir(&run_dir);
+    host::remove_cgroup(&slot.cgroup()).map_err(machine("remove the cgroups"))?;
+    let data = slot.data_dir();
+    if data.symlink_metadata().is_ok() {
+        std::fs::remove_dir_all(&data).map_err(|source| RealNodeError::Io {
+            node: "-".into(),
+            what: format!("remove {}", data.display()),
+            source,
+        })?;
+        done.push(format!("removed {}", data.display()));
+    }
+    if slots_in_use().is_empty() {
+        host::remove_cgroup_parent_if_empty();
+        let _ = std::fs::remove_dir(layout::RUN_ROOT);
+        let _ = std::fs::remove_dir(Path::new(layout::DATA_ROOT).join("nodes"));
+        for change in host::restore_sysctls().map_err(machine("restore the sysctls"))? {
+            done.push(format!("restored sysctl {change}"));
+        }
+        let _ = std::fs::remove_dir(layout::DATA_ROOT);
+    }
+    Ok(done)
+}
+
+/// What a slot still holds on this machine, read from the system itself (not from any record):
+/// processes in its cgroups, its cgroups, network namespaces, links, mounts, root-namespace
+/// firewall rules naming its bridge, its data directory. Empty once [`cleanup_slot`] ran.
+pub fn leftovers(slot: Slot) -> Vec<String> {
+    let mut left = Vec::new();
+    let pids = host::cgroup_pids(&slot.cgroup());
+    if !pids.is_empty() {
+        left.push(format!("processes {pids:?} in cgroup {}", slot.cgroup()));
+    }
+    for h in host::cgroup_hierarchies() {
+        if h.join(slot.cgroup()).exists() {
+            left.push(format!("cgroup {}", h.join(slot.cgroup()).display()));
+        }
+    }
+    for i in 0..layout::MAX_NODES {
+        let Some(node) = slot.node(i) else { continue };
+        if host::netns_path(&node.netns()).exists() {
+            left.push(format!("network namespace {}", node.netns()));
+        }
+        if host::link_exists(&node.host_veth()) {
+            left.push(format!("veth {}", node.host_veth()));
+        }
+    }
+    if host::link_exists(&slot.bridge()) {
+        left.push(format!("bridge {}", slot.bridge()));
+    }
+    for m in host::mount_points() {
+        if m.starts_with(slot.run_dir()) || m.starts_with(slot.data_dir()) {
+            left.push(format!("mount {}", m.display()));
+        }
+    }
+    for (tool, args) in [
+        ("iptables-save", &[][..]),
+        ("nft", &["list", "ruleset"][..]),
+    ] {
+        if let Ok(rules) = host::run(tool, args)
+            && rules.contains(&slot.bridge())
+        {
+            left.push(format!("{tool} rules naming {}", slot.bridge()));
+        }
+    }
+    if slot.data_dir().symlink_metadata().is_ok() {
+        left.push(format!("directory {}", slot.data_dir().display()));
+    }
+    left
+}
+
+/// The slots whose directory exists (clusters running, or crashed and not yet cleaned).
+pub fn slots_in_use() -> Vec<Slot> {
+    let parent = Path::new(layout::DATA_ROOT).join("nodes");
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| Slot::parse_dir_name(&e.file_name().to_string_lossy()))
+        .collect()
+}
+
+/// Cleans every slot whose owner process is gone (a crashed test or supervisor); returns
+/// what it did. Slots of running clusters are left alone.
+pub fn cleanup_stale() -> Vec<String> {
+    let mut lines = Vec::new();
+    for slot in slots_in_use() {
+        if slot_owner(slot).is_some_and(super::plane::process_alive) {
+            continue;
+        }
+        match cleanup_slot(slot) {
+            Ok(done) if !done.is_empty() => lines.push(format!(
+                "cleaned up after a crashed run in slot {}: {}",
+                slot.number(),
+                done.join(", ")
+            )),
+            Ok(_) => {}
+            Err(e) => lines.push(format!(
+                "could not clean up slot {}: {}",
+                slot.number(),
+                crate::error_chain(&e)
+            )),
+        }
+    }
+    lines
+}
+
+/// The name ctr and the kubelet resolve a short image reference to (`ipkeep:1` →
+/// `docker.io/library/ipkeep:1`); `None` when the reference is already fully qualified.
+pub fn normalized_image_name(name: &str) -> Option<String> {
+    let (first, rest) = match name.split_once('/') {
+        Some((first, rest)) => (first, Some(rest)),
+        None => (name, None),
+    };
+    let has_domain =
+        rest.is_some() && (first.contains('.') || first.contains(':') || first == "localhost");
+    if has_domain {
+        return None;
+    }
+    Some(match rest {
+        Some(_) => format!("docker.io/{name}"),
+        None => format!("docker.io/library/{name}"),
+    })
+}
+
+/// The image names an OCI archive carries (`org.opencontainers.image.ref.name` or
+/// `io.containerd.image.name` of each manifest in its `index.json`).
+pub fn archive_image_names(archive: &Path) -> Result<Vec<String>, RealNodeError> {
+    let out = host::run("tar", &["-xOf", &archive.to_string_lossy(), "index.json"]).map_err(
+        |source| RealNodeError::Machine {
+            stage: format!("read index.json of {} (an OCI archive?)", archive.display()),
+            source,
+        },
+    )?;
+    let index: serde_json::Value =
+        serde_json::from_str(&out).map_err(|e| RealNodeError::Invalid {
+            what: "OCI archive",
+            value: archive.display().to_string(),
+            why: if e.is_syntax() {
+                "its index.json is not JSON"
+            } else {
+                "its index.json is not an OCI index"
+            },
+        })?;
+    let names: Vec<String> = index["manifests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            let a = &m["annotations"];
+            a["io.containerd.image.name"]
+                .as_str()
+                .or(a["org.opencontainers.image.ref.name"].as_str())
+                .map(str::to_owned)
+        })
+        .collect();
+    if names.is_empty() {
+        return Err(RealNodeError::Invalid {
+            what: "OCI archive",
+            value: archive.display().to_string(),
+            why: "no manifest in its index.json carries an image name (build it with a name: buildah commit ... oci-archive:FILE:NAME:TAG)",
+        });
+    }
+    Ok(names)
+}
+
+impl RealCluster {
+    /// Starts the control plane and `options.nodes` real nodes, and returns once every node
+    /// is Ready with its images imported.
+    pub async fn start(options: RealClusterOptions) -> Result<RealCluster, RealNodeError> {
+        if options.nodes == 0 || options.nodes > layout::MAX_NODES {
+            return Err(RealNodeError::Invalid {
+                what: "number of nodes",
+                value: options.nodes.to_string(),
+                why: "1 to 8",
+            });
+        }
+        host::check_prerequisites().map_err(|source| RealNodeError::Machine {
+            stage: "check this machine".into(),
+            source,
+        })?;
+        let bin_dir = match &options.node_bin_dir {
+            Some(d) => d.clone(),
+            None => node_bin_dir()?,
+        };
+        let image_dir = match &options.image_dir {
+            Some(d) => d.clone(),
+            None => node_image_dir(&bin_dir)?,
+        };
+        let slot = claim_slot()?;
+        let started = Self::boot(&options, slot, &bin_dir, &image_dir).await;
+        if started.is_err() {
+            // Whatever was made goes; the error says why the start failed.
+            let _ = cleanup_slot(slot);
+        }
+        started
+    }
+
+    async fn boot(
+        options: &RealClusterOptions,
+        slot: Slot,
+        bin_dir: &Path,
+        image_dir: &Path,
+    ) -> Result<RealCluster, RealNodeError> {
+        let machine = |stage: &str| {
+            let stage = stage.to_owned();
+            move |source| RealNodeError::Machine { stage, source }
+        };
+        // Any leftovers of an earlier run in this slot (a deleted data directory) go first.
+        cleanup_slot_network(slot)?;
+        host::record_sysctls().map_err(machine("record the sysctls the kubelet changes"))?;
+        host::create_bridge(slot).map_err(machine("create the nodes' bridge"))?;
+        host::prepare_run_dir(slot).map_err(machine("prepare the namespace directory"))?;
+        let mut plane_options = options.plane.clone();
+        plane_options.cleanup_command = vec![
+            e2e_exe()?.to_string_lossy().into_owned(),
+            "cluster".into(),
+            "reap-nodes".into(),
+        ];
+        plane_options.node_access = Some(NodeAccess {
+            address: slot.host_ip(),
+            service_ip: layout::KUBERNETES_SERVICE_IP,
+        });
+        let plane = Arc::new(Cluster::start(plane_options).await?);
+        let mut cluster = RealCluster {
+            plane: Arc::clone(&plane),
+            nodes: Vec::new(),
+            slot,
+            bin_dir: bin_dir.to_owned(),
+        };
+        let client = plane.client()?;
+        let nodes_api: Api<Node> = Api::all(client.clone());
+        for i in 0..options.nodes {
+            let Some(layout) = slot.node(i) else { continue };
+            // Registered ahead with its pod CIDR, which the kubelet keeps when it registers.
+            let node: Node = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": layout.name()},
+                "spec": {"podCIDR": layout.pod_cidr(), "podCIDRs": [layout.pod_cidr()]},
+            }))
+            .map_err(|e| RealNodeError::Invalid {
+                what: "Node object",
+                value: e.to_string(),
+                why: "does not deserialize",
+            })?;
+            nodes_api
+                .create(&PostParams::default(), &node)
+                .await
+                .map_err(|source| RealNodeError::Api {
+                    what: format!("create Node {}", layout.name()),
+                    source,
+                })?;
+            let n = RealNode::prepare(layout, options.nodes, bin_dir, Arc::clone(&plane))?;
+            cluster.nodes.push(n);
+        }
+        let pause = image_dir.join("pause.oci.tar");
+        let workload = image_dir.join("workload.oci.tar");
+        for n in &cluster.nodes {
+            n.start_containerd()?;
+            n.import_image(&pause, true)?;
+            n.import_image(&workload, false)?;
+            n.start_kubelet()?;
+            n.start_kube_proxy()?;
+        }
+        cluster.wait_ready(&nodes_api).await?;
+        Ok(cluster)
+    }
+
+    async fn wait_ready(&self, nodes_api: &Api<Node>) -> Result<(), RealNodeError> {
+        let started = Instant::now();
+        loop {
+            let mut not_ready = Vec::new();
+            for n in &self.nodes {
+                n.check()?;
+                let node = nodes_api
+                    .get(&n.name())
+                    .await
+                    .map_err(|source| RealNodeError::Api {
+                        what: format!("read Node {}", n.name()),
+                        source,
+                    })?;
+                let ready = node
+                    .status
+                    .and_then(|s| s.conditions)
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c.type_ == "Ready");
+                match ready {
+                    Some(c) if c.status == "True" => {}
+                    Some(c) => not_ready.push(format!(
+                        "{}: {} {}",
+                        n.name(),
+                        c.reason.unwrap_or_default(),
+                        c.message.unwrap_or_default()
+                    )),
+                    None => not_ready.push(format!("{}: no Ready condition yet", n.name())),
+                }
+            }
+            self.plane.check()?;
+            if not_ready.is_empty() {
+                return Ok(());
+            }
+            if started.elapsed() > NODES_READY {
+                return Err(RealNodeError::Timeout {
+                    what: "wait for every node to be Ready".into(),
+                    waited: started.elapsed(),
+                    last: not_ready.join("; "),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// The control plane (kubectl, helm, clients, namespaces).
+    pub fn plane(&self) -> &Cluster {
+        &self.plane
+    }
+
+    /// The nodes, in index order.
+    pub fn nodes(&self) -> &[RealNode] {
+        &self.nodes
+    }
+
+    /// The node named `name`.
+    pub fn node(&self, name: &str) -> Option<&RealNode> {
+        self.nodes.iter().find(|n| n.name() == name)
+    }
+
+    /// Where this cluster lives on the machine.
+    pub fn slot(&self) -> Slot {
+        self.slot
+    }
+
+    /// The node binaries' directory.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
+    /// Imports an OCI archive into every node's containerd and returns the image names it
+    /// carries (`REPOSITORY:TAG`), each usable in a pod spec with `imagePullPolicy: Never`:
+    /// a short name (`ipkeep:1`) is also tagged as the kubelet resolves it
+    /// (`docker.io/library/ipkeep:1`).
+    pub fn load_image(&self, archive: &Path) -> Result<Vec<String>, RealNodeError> {
+        let layouts: Vec<NodeLayout> = self.nodes.iter().map(RealNode::layout).collect();
+        load_image(&layouts, &self.bin_dir, archive)
+    }
+
+    /// Runs the cluster's kubectl (admin) with `args`, `stdin` fed in; its stdout, or an error
+    /// with what it said.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, RealNodeError> {
+        use std::io::Write as _;
+        let mut command = self.plane.kubectl();
+        command
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let line = format!("kubectl {}", args.join(" "));
+        let io = |source| RealNodeError::Io {
+            node: "-".into(),
+            what: line.clone(),
+            source,
+        };
+        let mut child = command.spawn().map_err(io)?;
+        if let Some(mut pipe) = child.stdin.take() {
+            pipe.write_all(stdin.unwrap_or_default().as_bytes())
+                .map_err(io)?;
+        }
+        let out = child.wait_with_output().map_err(io)?;
+        if !out.status.success() {
+            return Err(RealNodeError::Machine {
+                stage: line.clone(),
+                source: HostError::Failed {
+                    command: line,
+                    status: out.status,
+                    stderr: format!(
+                        "{}{}",
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    )
+                    .trim()
+                    .to_owned(),
+                },
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Waits until pod `namespace/name` is Ready (with a deadline) and returns it; fails early
+    /// if it cannot start (its waiting reason says why).
+    pub async fn wait_pod_ready(
+        &self,
+        namespace: &str,
+        name: &str,
+        within: Duration,
+    ) -> Result<k8s_openapi::api::core::v1::Pod, RealNodeError> {
+        let pods: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.plane.client()?, namespace);
+        let started = Instant::now();
+        let mut last = String::from("not created yet");
+        loop {
+            self.check()?;
+            let pod = pods
+                .get_opt(name)
+                .await
+                .map_err(|source| RealNodeError::Api {
+                    what: format!("read pod {namespace}/{name}"),
+                    source,
+                })?;
+            if let Some(pod) = pod {
+                let status = pod.status.clone().unwrap_or_default();
+                let ready = status
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                if ready && pod.metadata.deletion_timestamp.is_none() {
+                    return Ok(pod);
+                }
+                let waiting: Vec<String> = status
+                    .container_statuses
+                    .iter()
+                    .chain(status.init_container_statuses.iter())
+                    .flatten()
+                    .filter_map(|c| {
+                        let w = c.state.as_ref()?.waiting.as_ref()?;
+                        Some(format!(
+                            "{}: {} {}",
+                            c.name,
+                            w.reason.clone().unwrap_or_default(),
+                            w.message.clone().unwrap_or_default()
+                        ))
+                    })
+                    .collect();
+                last = format!(
+                    "phase {}; {}",
+                    status.phase.unwrap_or_default(),
+                    waiting.join("; ")
+                );
+            }
+            if started.elapsed() > within {
+                return Err(RealNodeError::Timeout {
+                    what: format!("wait for pod {namespace}/{name} to be Ready"),
+                    waited: started.elapsed(),
+                    last,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Ok while the control plane and every node daemon run.
+    pub fn check(&self) -> Result<(), RealNodeError> {
+        self.plane.check()?;
+        self.nodes.iter().try_for_each(RealNode::check)
+    }
+
+    /// Stops everything and removes it (idempotent); returns what the cleanup did.
+    pub fn stop(&self) -> Result<Vec<String>, RealNodeError> {
+        for n in &self.nodes {
+            n.stop_daemons();
+        }
+        let done = cleanup_slot(self.slot);
+        self.plane.stop();
+        done
+    }
+}
+
+impl Drop for RealCluster {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            eprintln!(
+                "ipkeep-e2e nodes: cleanup incomplete: {}",
+                crate::error_chain(&e)
+            );
+        }
+    }
+}
+
+/// Removes a slot's network leftovers (bridge, namespaces) before the slot is set up again.
+fn cleanup_slot_network(slot: Slot) -> Result<(), RealNodeError> {
+    for i in 0..layout::MAX_NODES {
+        let Some(node) = slot.node(i) else { continue };
+        host::delete_node_netns(node).map_err(|source| RealNodeError::Machine {
+            stage: "remove a leftover network namespace".into(),
+            source,
+        })?;
+    }
+    host::delete_link(&slot.bridge()).map_err(|source| RealNodeError::Machine {
+        stage: "remove a leftover bridge".into(),
+        source,
+    })
+}
+
+/// [`RealCluster::load_image`] over any set of running nodes (`cluster load-image`).
+pub fn load_image(
+    nodes: &[NodeLayout],
+    bin_dir: &Path,
+    archive: &Path,
+) -> Result<Vec<String>, RealNodeError> {
+    let names = archive_image_names(archive)?;
+    for &n in nodes {
+        node::import_image(n, bin_dir, archive, false)?;
+        for name in &names {
+            if let Some(full) = normalized_image_name(name) {
+                node::tag_image(n, bin_dir, name, &full)?;
+            }
+        }
+    }
+    Ok(names)
+}
+
+static SHARED: tokio::sync::OnceCell<Result<RealCluster, String>> =
+    tokio::sync::OnceCell::const_new();
+
+/// The real-node cluster (two nodes) shared by every test of this test binary, started on first
+/// use and removed when the process exits: the control plane's watchdog stops the daemons, and
+/// the next start (or `cluster down`) removes what they left (see [`cleanup_stale`]).
+pub async fn shared() -> Result<&'static RealCluster, RealNodeError> {
+    let started = SHARED
+        .get_or_init(|| async {
+            let t0 = Instant::now();
+            match RealCluster::start(RealClusterOptions::default()).await {
+                Ok(c) => {
+                    eprintln!(
+                        "ipkeep-e2e nodes: shared cluster of {} real nodes ready in {:.1}s at {}",
+                        c.nodes().len(),
+                        t0.elapsed().as_secs_f64(),
+                        c.plane().server()
+                    );
+                    Ok(c)
+                }
+                Err(e) => Err(crate::error_chain(&e)),
+            }
+        })
+        .await;
+    match started {
+        Ok(cluster) => {
+            cluster.check()?;
+            Ok(cluster)
+        }
+        Err(e) => Err(RealNodeError::Shared(e.clone())),
+    }
+}
+
+/// The address nodes reach the API server at, for a slot.
+pub fn api_address(slot: Slot) -> Ipv4Addr {
+    slot.host_ip()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_image_names_are_normalized_as_the_kubelet_does() {
+        for (name, full) in [
+            ("ipkeep:0.1.0", Some("docker.io/library/ipkeep:0.1.0")),
+            ("team/ipkeep:1", Some("docker.io/team/ipkeep:1")),
+            ("localhost/ipkeep-e2e/workload:1", None),
+            ("registry.example.internal/ipkeep:1", None),
+            ("registry:5000/ipkeep:1", None),
+            ("docker.io/library/ipkeep:1", None),
+        ] {
+            assert_eq!(normalized_image_name(name).as_deref(), full, "{name}");
+        }
+    }
+}

@@ -1,0 +1,559 @@
+//! One real node: its files, its containerd, kubelet and kube-proxy in its own namespaces and
+//! cgroup, and what tests do to it (exec, restarts, a reboot).
+
+use std::{
+    io::Read as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use super::{
+    RealNodeError,
+    host::{self, HostError},
+    layout::{self, NodeLayout},
+};
+use crate::cluster::{
+    Cluster,
+    kubeconfig::{KubeUser, kubeconfig, write_kubeconfig},
+    process::{Component, LOG_TAIL_LINES, log_tail, rss_kib},
+};
+
+/// How long a node's containerd may take to answer.
+const CONTAINERD_READY: Duration = Duration::from_secs(60);
+
+/// The node's processes that run now.
+#[derive(Debug, Default)]
+struct Daemons {
+    containerd: Option<Component>,
+    kubelet: Option<Component>,
+    kube_proxy: Option<Component>,
+}
+
+/// A real node: containerd, kubelet and kube-proxy in the node's own network namespace, mount
+/// namespace and cgroup, registered with the control plane under [`RealNode::name`].
+#[derive(Debug)]
+pub struct RealNode {
+    layout: NodeLayout,
+    nodes_in_cluster: u8,
+    bin_dir: PathBuf,
+    config_dir: PathBuf,
+    logs: PathBuf,
+    plane: Arc<Cluster>,
+    daemons: Mutex<Daemons>,
+}
+
+/// Runs `stage` and wraps its error as the named node's.
+fn at<T>(node: &str, stage: &str, r: Result<T, HostError>) -> Result<T, RealNodeError> {
+    r.map_err(|source| RealNodeError::Host {
+        node: node.to_owned(),
+        stage: stage.to_owned(),
+        source,
+    })
+}
+
+/// The shell that puts a node's daemon into its cgroup in every hierarchy, then becomes it:
+/// `sh -c SCRIPT sh PROCS_FILE... -- PROGRAM ARGS...`.
+const JOIN_CGROUP: &str = r#"while [ "$1" != "--" ]; do echo $$ > "$1"; shift; done
+shift
+exec "$@""#;
+
+impl RealNode {
+    /// Writes the node's files (configuration, certificates, kubeconfigs, CNI plugins and
+    /// conflist) and creates its cgroups and namespaces. Starts nothing.
+    pub(super) fn prepare(
+        layout: NodeLayout,
+        nodes_in_cluster: u8,
+        bin_dir: &Path,
+        plane: Arc<Cluster>,
+    ) -> Result<RealNode, RealNodeError> {
+        let name = layout.name();
+        let config_dir = plane.state_dir().join("nodes").join(&name);
+        let logs = plane.state_dir().join("logs");
+        let io = |what: &str, path: &Path| {
+            let what = format!("{what} {}", path.display());
+            let node = name.clone();
+            move |source| RealNodeError::Io { node, what, source }
+        };
+        std::fs::create_dir_all(&config_dir).map_err(io("create", &config_dir))?;
+        std::fs::create_dir_all(&logs).map_err(io("create", &logs))?;
+        for p in layout::NODE_PATHS {
+            let dir = layout.host_dir(p);
+            std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
+        }
+        at(
+            &name,
+            "copy the CNI plugins",
+            host::copy_cni_plugins(&layout.host_dir("/opt/cni/bin")),
+        )?;
+        let conflist = layout
+            .host_dir("/etc/cni/net.d")
+            .join(layout::CNI_CONFLIST_FILE);
+        std::fs::write(
+            &conflist,
+            serde_json::to_string_pretty(&layout::cni_conflist(layout)).unwrap_or_default(),
+        )
+        .map_err(io("write", &conflist))?;
+
+        // Identities: the kubelet as system:node:<name> (Node authorizer), kube-proxy as
+        // system:kube-proxy (bootstrap role system:node-proxier), and the kubelet's serving
+        // certificate for the API server's exec/logs connections.
+        let pki = plane.pki();
+        let cert_err = |source| RealNodeError::Pki {
+            node: name.clone(),
+            source,
+        };
+        let kubelet_client = pki
+            .client_cert(
+                &format!("{name}-kubelet-client"),
+                &format!("system:node:{name}"),
+                Some("system:nodes"),
+            )
+            .map_err(cert_err)?;
+        let kubelet_serving = pki
+            .serving_cert(
+                &format!("{name}-kubelet-serving"),
+                &name,
+                vec![layout.ip().to_string(), name.clone()],
+            )
+            .map_err(cert_err)?;
+        let proxy_client = pki
+            .client_cert(&format!("{name}-kube-proxy"), "system:kube-proxy", None)
+            .map_err(cert_err)?;
+        let kc = |file: &str, user: &str, cert: &crate::cluster::pki::ClientCert| {
+            let path = config_dir.join(file);
+            let doc = kubeconfig(
+                plane.server(),
+                plane.ca_path(),
+                user,
+                &KubeUser::Cert {
+                    cert: cert.cert.clone(),
+                    key: cert.key.clone(),
+                },
+                None,
+            );
+            write_kubeconfig(&path, &doc)
+                .map(|()| path)
+                .map_err(|e| RealNodeError::Io {
+                    node: name.clone(),
+                    what: format!("write {}", e.path.display()),
+                    source: e.source,
+                })
+        };
+        let kubelet_kc = kc(
+            "kubelet.kubeconfig",
+            &format!("system:node:{name}"),
+            &kubelet_client,
+        )?;
+        let proxy_kc = kc("kube-proxy.kubeconfig", "system:kube-proxy", &proxy_client)?;
+        let files = layout::KubeletFiles {
+            client_ca: plane.ca_path().to_owned(),
+            tls_cert: kubelet_serving.cert,
+            tls_key: kubelet_serving.key,
+        };
+        let writes = [
+            (
+                "containerd.toml",
+                layout::containerd_config(Path::new(host::RUNC)),
+            ),
+            (
+                "kubelet.json",
+                layout::kubelet_config(layout, &files).to_string(),
+            ),
+            (
+                "kube-proxy.json",
+                layout::kube_proxy_config(layout, &proxy_kc).to_string(),
+            ),
+        ];
+        for (file, text) in writes {
+            let path = config_dir.join(file);
+            std::fs::write(&path, text).map_err(io("write", &path))?;
+        }
+        let _ = kubelet_kc;
+
+        let node = RealNode {
+            layout,
+            nodes_in_cluster,
+            bin_dir: bin_dir.to_owned(),
+            config_dir,
+            logs,
+            plane,
+            daemons: Mutex::new(Daemons::default()),
+        };
+        node.create_namespaces()?;
+        Ok(node)
+    }
+
+    fn create_namespaces(&self) -> Result<(), RealNodeError> {
+        let name = self.name();
+        at(
+            &name,
+            "create its cgroups",
+            host::create_cgroup(&self.layout.daemons_cgroup()),
+        )?;
+        at(
+            &name,
+            "create its cgroups",
+            host::create_cgroup(&self.layout.pods_cgroup()),
+        )?;
+        let routes = layout::node_routes(self.layout, self.nodes_in_cluster);
+        at(
+            &name,
+            "create its network namespace",
+            host::create_node_netns(self.layout, &routes),
+        )?;
+        at(
+            &name,
+            "create its mount namespace",
+            host::create_mount_ns(self.layout),
+        )
+    }
+
+    /// The Kubernetes node name.
+    pub fn name(&self) -> String {
+        self.layout.name()
+    }
+
+    /// Its address (the `InternalIP` the API server reaches its kubelet at).
+    pub fn ip(&self) -> std::net::Ipv4Addr {
+        self.layout.ip()
+    }
+
+    /// Its pod CIDR (`spec.podCIDR` of its Node, and the range of its CNI network).
+    pub fn pod_cidr(&self) -> String {
+        self.layout.pod_cidr()
+    }
+
+    /// Where everything about it is on the machine.
+    pub fn layout(&self) -> NodeLayout {
+        self.layout
+    }
+
+    /// The host directory behind a path the node sees (`/var/lib/cni`, `/opt/cni/bin`,
+    /// `/etc/cni/net.d`, `/var/lib/kubelet`, ...); `None` for a path not private to the node.
+    pub fn host_path(&self, node_path: &str) -> Option<PathBuf> {
+        let (base, rest) = layout::NODE_PATHS.iter().find_map(|p| {
+            let rest = node_path.strip_prefix(p)?;
+            (rest.is_empty() || rest.starts_with('/')).then_some((*p, rest))
+        })?;
+        let rest = rest.trim_start_matches('/');
+        // Nothing may climb out of the node's directory.
+        if rest.split('/').any(|c| c == "..") {
+            return None;
+        }
+        let dir = self.layout.host_dir(base);
+        Some(if rest.is_empty() { dir } else { dir.join(rest) })
+    }
+
+    /// A command that runs `program` inside the node (its network and mount namespaces, its
+    /// `PATH` with the node binaries first); the caller adds arguments and runs it.
+    pub fn command(&self, program: &str) -> Command {
+        host::node_command(self.layout, &self.bin_dir, program)
+    }
+
+    /// Runs `args` inside the node; its stdout, or an error with what it said.
+    pub fn exec(&self, args: &[&str]) -> Result<String, RealNodeError> {
+        let Some((program, rest)) = args.split_first() else {
+            return Err(RealNodeError::Invalid {
+                what: "command",
+                value: String::new(),
+                why: "empty",
+            });
+        };
+        let mut command = self.command(program);
+        command.args(rest);
+        at(
+            &self.name(),
+            "run a command in it",
+            host::output_of(command).map(|o| String::from_utf8_lossy(&o.stdout).into_owned()),
+        )
+    }
+
+    fn log(&self, daemon: &str) -> PathBuf {
+        self.logs.join(format!("{}-{daemon}.log", self.name()))
+    }
+
+    fn start_daemon(&self, daemon: &str, args: Vec<String>) -> Result<Component, RealNodeError> {
+        let mut full = vec!["-c".to_owned(), JOIN_CGROUP.to_owned(), "sh".to_owned()];
+        full.extend(
+            host::cgroup_procs_files(&self.layout.daemons_cgroup())
+                .into_iter()
+                .map(|p| p.to_string_lossy().into_owned()),
+        );
+        full.push("--".into());
+        full.extend(host::enter_args(self.layout));
+        full.extend([
+            "env".to_owned(),
+            format!("PATH={}", host::node_path_env(&self.bin_dir)),
+            self.bin_dir.join(daemon).to_string_lossy().into_owned(),
+        ]);
+        full.extend(args);
+        self.plane
+            .start_process(
+                &format!("{}/{daemon}", self.name()),
+                Path::new("/bin/sh"),
+                &full,
+                &self.log(daemon),
+            )
+            .map_err(|source| RealNodeError::Start {
+                node: self.name(),
+                daemon: daemon.to_owned(),
+                source: Box::new(source),
+            })
+    }
+
+    /// Starts containerd and waits until it answers.
+    pub(super) fn start_containerd(&self) -> Result<(), RealNodeError> {
+        let config = self.config_dir.join("containerd.toml");
+        let c = self.start_daemon(
+            "containerd",
+            vec!["--config".into(), config.to_string_lossy().into_owned()],
+        )?;
+        let started = Instant::now();
+        loop {
+            let mut probe = self.command("ctr");
+            probe.args(["--address", layout::CONTAINERD_SOCKET, "version"]);
+            if host::output_of(probe).is_ok() {
+                break;
+            }
+            if let Some(status) = c.exit_status() {
+                return Err(self.died("containerd", &c, &status.to_string()));
+            }
+            if started.elapsed() > CONTAINERD_READY {
+                return Err(self.died("containerd", &c, "it did not answer within 60 s"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.lock().containerd = Some(c);
+        Ok(())
+    }
+
+    fn died(&self, daemon: &str, c: &Component, how: &str) -> RealNodeError {
+        RealNodeError::Daemon {
+            node: self.name(),
+            daemon: daemon.to_owned(),
+            how: how.to_owned(),
+            log: c.log().to_owned(),
+            tail: log_tail(c.log(), LOG_TAIL_LINES),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Daemons> {
+        self.daemons.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts the kubelet.
+    pub(super) fn start_kubelet(&self) -> Result<(), RealNodeError> {
+        let c = self.start_daemon(
+            "kubelet",
+            vec![
+                format!(
+                    "--config={}",
+                    self.config_dir.join("kubelet.json").display()
+                ),
+                format!(
+                    "--kubeconfig={}",
+                    self.config_dir.join("kubelet.kubeconfig").display()
+                ),
+                format!("--hostname-override={}", self.name()),
+                format!("--node-ip={}", self.ip()),
+            ],
+        )?;
+        self.lock().kubelet = Some(c);
+        Ok(())
+    }
+
+    /// Starts kube-proxy.
+    pub(super) fn start_kube_proxy(&self) -> Result<(), RealNodeError> {
+        let c = self.start_daemon(
+            "kube-proxy",
+            vec![format!(
+                "--config={}",
+                self.config_dir.join("kube-proxy.json").display()
+            )],
+        )?;
+        self.lock().kube_proxy = Some(c);
+        Ok(())
+    }
+
+    /// Ok while its daemons run; else which one died, and the end of its log.
+    pub fn check(&self) -> Result<(), RealNodeError> {
+        let d = self.lock();
+        for (daemon, c) in [
+            ("containerd", &d.containerd),
+            ("kubelet", &d.kubelet),
+            ("kube-proxy", &d.kube_proxy),
+        ] {
+            if let Some(c) = c
+                && let Some(status) = c.exit_status()
+            {
+                return Err(self.died(daemon, c, &status.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Process ids of its daemons that run now.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        let d = self.lock();
+        [
+            ("containerd", &d.containerd),
+            ("kubelet", &d.kubelet),
+            ("kube-proxy", &d.kube_proxy),
+        ]
+        .into_iter()
+        .filter_map(|(n, c)| c.as_ref().map(|c| (n.to_owned(), c.pid())))
+        .collect()
+    }
+
+    /// Imports an OCI archive into the node's containerd (see [`import_image`]).
+    pub fn import_image(&self, archive: &Path, pinned: bool) -> Result<(), RealNodeError> {
+        import_image(self.layout, &self.bin_dir, archive, pinned)
+    }
+
+    /// Stops one daemon (SIGTERM, then SIGKILL after `grace`); containers keep running.
+    fn stop_daemon(&self, which: fn(&mut Daemons) -> &mut Option<Component>, grace: Duration) {
+        let c = which(&mut self.lock()).take();
+        if let Some(c) = c {
+            c.stop(grace);
+        }
+    }
+
+    /// Stops containerd and starts it again; the containers (their shims) keep running.
+    pub fn restart_containerd(&self) -> Result<(), RealNodeError> {
+        self.stop_daemon(|d| &mut d.containerd, Duration::from_secs(10));
+        self.start_containerd()
+    }
+
+    /// Stops the kubelet and starts it again; the pods keep running.
+    pub fn restart_kubelet(&self) -> Result<(), RealNodeError> {
+        self.stop_daemon(|d| &mut d.kubelet, Duration::from_secs(10));
+        self.start_kubelet()
+    }
+
+    /// Stops the daemons (kube-proxy, kubelet, containerd; containers keep running).
+    pub(super) fn stop_daemons(&self) {
+        self.stop_daemon(|d| &mut d.kube_proxy, Duration::from_secs(5));
+        self.stop_daemon(|d| &mut d.kubelet, Duration::from_secs(5));
+        self.stop_daemon(|d| &mut d.containerd, Duration::from_secs(5));
+    }
+
+    /// Powers the node off and on: its daemons stop, every container is killed, its network
+    /// namespace (pods' veths, kube-proxy's rules) and its `/run` go, `/var/lib` stays; then its
+    /// namespaces are made again and its daemons start, as after a real reboot.
+    pub fn reboot(&self) -> Result<(), RealNodeError> {
+        self.stop_daemons();
+        self.tear_down()?;
+        self.create_namespaces()?;
+        self.start_containerd()?;
+        self.start_kubelet()?;
+        self.start_kube_proxy()
+    }
+
+    /// Kills everything in the node's cgroups and removes its namespaces (not its data).
+    pub(super) fn tear_down(&self) -> Result<(), RealNodeError> {
+        let name = self.name();
+        at(
+            &name,
+            "kill its processes",
+            host::kill_cgroup(&self.layout.cgroup()),
+        )?;
+        at(
+            &name,
+            "remove its mount namespace",
+            host::delete_mount_ns(self.layout),
+        )?;
+        at(
+            &name,
+            "remove its network namespace",
+            host::delete_node_netns(self.layout),
+        )
+    }
+
+    /// Resident memory of its daemons (KiB), and of its containers (the pods' cgroups' usage).
+    pub fn memory_kib(&self) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = self
+            .pids()
+            .into_iter()
+            .filter_map(|(name, pid)| Some((name, rss_kib(pid)?)))
+            .collect();
+        let usage = Path::new("/sys/fs/cgroup/memory")
+            .join(self.layout.pods_cgroup())
+            .join("memory.usage_in_bytes");
+        if let Ok(mut f) = std::fs::File::open(&usage) {
+            let mut text = String::new();
+            if f.read_to_string(&mut text).is_ok()
+                && let Ok(bytes) = text.trim().parse::<u64>()
+            {
+                out.push(("pods".into(), bytes / 1024));
+            }
+        }
+        out
+    }
+}
+
+/// Imports an OCI archive into a node's containerd (namespace `k8s.io`), `pinned` ones labelled
+/// so the kubelet's image GC keeps them; the archive is read by us, so any path works.
+pub fn import_image(
+    node: NodeLayout,
+    bin_dir: &Path,
+    archive: &Path,
+    pinned: bool,
+) -> Result<(), RealNodeError> {
+    let name = node.name();
+    let file = std::fs::File::open(archive).map_err(|source| RealNodeError::Io {
+        node: name.clone(),
+        what: format!("open {}", archive.display()),
+        source,
+    })?;
+    let mut command = host::node_command(node, bin_dir, "ctr");
+    command.args(["--address", layout::CONTAINERD_SOCKET, "-n", "k8s.io"]);
+    command.args(["images", "import", "--digests"]);
+    if pinned {
+        command.args(["--label", "io.cri-containerd.pinned=pinned"]);
+    }
+    command.arg("-");
+    let line = format!("ctr images import {}", archive.display());
+    let output = command
+        .stdin(Stdio::from(file))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|child| child.wait_with_output())
+        .map_err(|source| RealNodeError::Io {
+            node: name.clone(),
+            what: line.clone(),
+            source,
+        })?;
+    if !output.status.success() {
+        return Err(RealNodeError::Host {
+            node: name,
+            stage: "import an image".into(),
+            source: HostError::Failed {
+                command: line,
+                status: output.status,
+                stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            },
+        });
+    }
+    Ok(())
+}
+
+/// Gives an image in a node's containerd a second name (`docker.io/library/ipkeep:1` for
+/// `ipkeep:1`, the name the kubelet resolves the short one to).
+pub fn tag_image(
+    node: NodeLayout,
+    bin_dir: &Path,
+    from: &str,
+    to: &str,
+) -> Result<(), RealNodeError> {
+    let mut command = host::node_command(node, bin_dir, "ctr");
+    command.args(["--address", layout::CONTAINERD_SOCKET, "-n", "k8s.io"]);
+    command.args(["images", "tag", "--force", from, to]);
+    at(
+        &node.name(),
+        "tag an image",
+        host::output_of(command).map(drop),
+    )
+}

@@ -1,0 +1,298 @@
+//! Real nodes: kubelet, containerd and runc run busybox pods on two nodes of this machine, each
+//! in its own network and mount namespace; the API server serves `kubectl exec` and `logs`
+//! through the kubelets; a pod reaches a pod on the other node and the `kubernetes` Service.
+//! `ipkeep-e2e cluster up --nodes` / `load-image` / `down` leave nothing behind and put the
+//! kubelet's sysctls back, also after the supervisor was killed (with or without its watchdog).
+//!
+//! The tests run one at a time (each starts its own cluster), so that "nothing left" and "the
+//! sysctls are back" are checked with no other cluster of this binary running.
+//!
+//! Needs root, the control plane binaries (`make cluster-bins`) and the node binaries
+//! (`make node-bins`); fails loudly, naming what to install, without them.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    time::{Duration, Instant},
+};
+
+use ipkeep_e2e::cluster::realnode::{
+    self, RealCluster, RealClusterOptions, Slot, WORKLOAD_IMAGE, host::KUBELET_SYSCTLS,
+};
+
+const POD_READY: Duration = Duration::from_secs(120);
+
+/// One test at a time in this binary (see the module docs).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A busybox pod pinned to `node` that says hello on stdout, then serves `/www` on port 8080.
+fn web_pod(name: &str, node: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "web",
+                "image": WORKLOAD_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", format!("echo hello from {name}; exec httpd -f -p 8080 -h /www")],
+                "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+            }],
+        },
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_on_two_real_nodes_talk_and_answer_exec_and_logs() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let t0 = Instant::now();
+    let c = match RealCluster::start(RealClusterOptions::default()).await {
+        Ok(c) => c,
+        Err(e) => panic!("{}", ipkeep_e2e::error_chain(&e)),
+    };
+    eprintln!("two real nodes Ready in {:.1}s", t0.elapsed().as_secs_f64());
+    assert_eq!(c.nodes().len(), 2);
+    let ns = c.plane().fresh_namespace("realnode").await.unwrap();
+    let [a, b] = [&c.nodes()[0], &c.nodes()[1]];
+    for (pod, node) in [("web-a", a), ("web-b", b)] {
+        c.kubectl(
+            &["-n", &ns, "apply", "-f", "-"],
+            Some(&web_pod(pod, &node.name())),
+        )
+        .unwrap();
+    }
+    let pa = c.wait_pod_ready(&ns, "web-a", POD_READY).await.unwrap();
+    let pb = c.wait_pod_ready(&ns, "web-b", POD_READY).await.unwrap();
+    let ip_of = |p: &k8s_openapi::api::core::v1::Pod| {
+        p.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap()
+    };
+    let (ip_a, ip_b) = (ip_of(&pa), ip_of(&pb));
+    let in_cidr = |ip: &str, node: &realnode::RealNode| {
+        let prefix = node.pod_cidr().rsplit_once('.').unwrap().0.to_owned();
+        ip.starts_with(&format!("{prefix}."))
+    };
+    assert!(in_cidr(&ip_a, a), "{ip_a} not in {}", a.pod_cidr());
+    assert!(in_cidr(&ip_b, b), "{ip_b} not in {}", b.pod_cidr());
+
+    // exec: the container's own eth0 holds the address the API reports.
+    let addr = c
+        .kubectl(
+            &[
+                "-n", &ns, "exec", "web-a", "--", "ip", "-4", "addr", "show", "eth0",
+            ],
+            None,
+        )
+        .unwrap();
+    assert!(addr.contains(&format!("inet {ip_a}/24")), "{addr}");
+    // logs: the kubelet serves the container's stdout.
+    let logs = c.kubectl(&["-n", &ns, "logs", "web-b"], None).unwrap();
+    assert!(logs.contains("hello from web-b"), "{logs}");
+
+    // Pod to pod across nodes: web-a fetches web-b's page through both nodes and the bridge.
+    let page = c
+        .kubectl(
+            &[
+                "-n",
+                &ns,
+                "exec",
+                "web-a",
+                "--",
+                "wget",
+                "-qO-",
+                &format!("http://{ip_b}:8080/"),
+            ],
+            None,
+        )
+        .unwrap();
+    assert_eq!(page.trim(), "ipkeep-e2e workload");
+
+    // The kubernetes Service: kube-proxy's rules on node b take web-b to the API server.
+    let version = c
+        .kubectl(
+            &[
+                "-n",
+                &ns,
+                "exec",
+                "web-b",
+                "--",
+                "wget",
+                "-qO-",
+                "--no-check-certificate",
+                &format!(
+                    "https://{}/version",
+                    realnode::layout::KUBERNETES_SERVICE_IP
+                ),
+            ],
+            None,
+        )
+        .unwrap();
+    assert!(version.contains("\"gitVersion\": \"v1.34"), "{version}");
+
+    for n in c.nodes() {
+        eprintln!("memory of {} (KiB): {:?}", n.name(), n.memory_kib());
+    }
+}
+
+fn e2e(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ipkeep-e2e"))
+        .args(args)
+        .output()
+        .expect("run ipkeep-e2e")
+}
+
+fn e2e_ok(args: &[&str]) -> String {
+    let out = e2e(args);
+    assert!(
+        out.status.success(),
+        "ipkeep-e2e {args:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn sysctls() -> Vec<(String, String)> {
+    KUBELET_SYSCTLS
+        .iter()
+        .map(|k| {
+            let v = std::fs::read_to_string(Path::new("/proc/sys").join(k)).unwrap();
+            (k.to_string(), v.trim().to_owned())
+        })
+        .collect()
+}
+
+fn state_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("ipkeep-cluster-{name}-{}", std::process::id()))
+}
+
+/// `cluster up --nodes 1` in `dir`; the slot it took.
+fn up_one_node(dir: &Path) -> Slot {
+    let d = dir.to_str().unwrap();
+    e2e_ok(&["cluster", "up", "--nodes", "1", "--state-dir", d]);
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("nodes.json")).unwrap()).unwrap();
+    let slot = Slot::new(u8::try_from(info["slot"].as_u64().unwrap()).unwrap()).unwrap();
+    let left = realnode::leftovers(slot);
+    for thing in [
+        "network namespace",
+        "bridge",
+        "cgroup",
+        "processes",
+        "mount",
+    ] {
+        assert!(
+            left.iter().any(|l| l.starts_with(thing)),
+            "a running node should have a {thing}: {left:?}"
+        );
+    }
+    slot
+}
+
+/// Waits until the slot holds nothing.
+fn wait_gone(slot: Slot, after: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = realnode::leftovers(slot);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{after}, slot {} still holds {left:?}",
+            slot.number()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// With no other real-node cluster on the machine, the sysctls are the machine's own again;
+/// with one, their record is kept for the last cluster's cleanup to restore.
+fn assert_sysctls_restored(machine: &[(String, String)]) {
+    if realnode::slots_in_use().is_empty() {
+        assert_eq!(
+            sysctls(),
+            machine,
+            "the kubelet's sysctls were not put back"
+        );
+        assert!(!realnode::host::sysctl_record().exists());
+    } else {
+        eprintln!(
+            "another real-node cluster runs on this machine: its cleanup restores the sysctls"
+        );
+        assert!(realnode::host::sysctl_record().exists());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_up_nodes_load_image_and_down_leave_nothing_and_restore_sysctls() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let machine = sysctls();
+    let dir = state_dir("rn-down");
+    let slot = up_one_node(&dir);
+    let images = realnode::node_image_dir(&realnode::node_bin_dir().unwrap()).unwrap();
+    let printed = e2e_ok(&[
+        "cluster",
+        "load-image",
+        images.join("workload.oci.tar").to_str().unwrap(),
+        "--state-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(printed, format!("{WORKLOAD_IMAGE}\n"));
+    e2e_ok(&["cluster", "down", "--state-dir", dir.to_str().unwrap()]);
+    assert_eq!(realnode::leftovers(slot), Vec::<String>::new());
+    assert!(!dir.exists());
+    assert_sysctls_restored(&machine);
+}
+
+fn kill(pid: u32) {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+}
+
+fn supervisor_and_watchdog(dir: &Path) -> (u32, u32) {
+    let owner = std::fs::read_to_string(dir.join("owner")).unwrap();
+    let ready: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("ready")).unwrap()).unwrap();
+    let watchdog = ready["pids"]["watchdog"].as_u64().unwrap();
+    (
+        owner.trim().parse().unwrap(),
+        u32::try_from(watchdog).unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_supervisor_leaves_nothing_once_its_watchdog_or_cluster_down_ran() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let machine = sysctls();
+
+    // SIGKILL of the supervisor: its watchdog stops the daemons and reaps the nodes.
+    let dir = state_dir("rn-crash");
+    let slot = up_one_node(&dir);
+    let (supervisor, _) = supervisor_and_watchdog(&dir);
+    kill(supervisor);
+    wait_gone(slot, "after the supervisor was killed");
+    e2e_ok(&["cluster", "down", "--state-dir", dir.to_str().unwrap()]);
+    assert_sysctls_restored(&machine);
+
+    // SIGKILL of the supervisor and its watchdog at once: containers, namespaces, mounts and
+    // cgroups stay until `cluster down` removes them.
+    let dir = state_dir("rn-crash-hard");
+    let slot = up_one_node(&dir);
+    let (supervisor, watchdog) = supervisor_and_watchdog(&dir);
+    kill(watchdog);
+    kill(supervisor);
+    let left = realnode::leftovers(slot);
+    assert!(
+        left.iter().any(|l| l.starts_with("network namespace")),
+        "a hard crash should leave the node behind: {left:?}"
+    );
+    e2e_ok(&["cluster", "down", "--state-dir", dir.to_str().unwrap()]);
+    assert_eq!(realnode::leftovers(slot), Vec::<String>::new());
+    assert_sysctls_restored(&machine);
+}
