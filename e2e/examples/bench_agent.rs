@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use ipkeep_e2e::apiserver::{ServerOptions, TestServer};
-use ipkeep_operator::agent::desired::desired_files;
 use ipkeep_operator::agent::writer::NetworkWriter;
+use ipkeep_operator::agent::{desired::desired_files, view};
 use ipkeep_operator::crd::{IPReservation, IPReservationSpec, IpString};
 use ipkeep_plugin::reservation::{ReservationFile, Timestamp};
 use k8s_openapi::api::core::v1::Namespace;
@@ -142,7 +142,12 @@ async fn main() {
 
     // The disk side alone.
     let listed = api.list(&ListParams::default()).await.unwrap().items;
-    let desired = desired_files(NODE, &listed, Duration::from_secs(86_400)).files;
+    let desired = desired_files(
+        NODE,
+        &view::reservations(&listed),
+        Duration::from_secs(86_400),
+    )
+    .files;
     let disk = scratch("disk");
     let mut writer = NetworkWriter::new(&disk, NETWORK);
     let t = Instant::now();

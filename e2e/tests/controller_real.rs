@@ -116,7 +116,7 @@ fn assert_invalid<T: std::fmt::Debug>(result: Result<T, kube::Error>, case: &str
 }
 
 /// The CRD's validation as the real API server enforces it (CEL and OpenAPI): every address
-/// valid, at most one per family, no duplicates, a positive retention of at most 366 days, a
+/// valid and one a pod can hold, at most one per family, no duplicates, a positive retention of at most 366 days, a
 /// valid node name — on create and on update — while the good shapes are accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cel_rules_reject_bad_reservations_with_422() {
@@ -136,6 +136,46 @@ async fn cel_rules_reject_bad_reservations_with_422() {
             "a-name",
             json!({"ips": ["db.example"], "nodeName": "node-a"}),
             "every entry of ips must be an IP address",
+        ),
+        (
+            "unspecified-v4",
+            json!({"ips": ["0.0.0.0"], "nodeName": "node-a"}),
+            "ips must be addresses a pod can hold",
+        ),
+        (
+            "broadcast",
+            json!({"ips": ["255.255.255.255"], "nodeName": "node-a"}),
+            "ips must be addresses a pod can hold",
+        ),
+        (
+            "multicast-v4",
+            json!({"ips": ["224.0.0.1"], "nodeName": "node-a"}),
+            "ips must be addresses a pod can hold",
+        ),
+        (
+            "loopback-v4",
+            json!({"ips": ["127.0.0.1"], "nodeName": "node-a"}),
+            "ips must be addresses a pod can hold",
+        ),
+        (
+            "unspecified-v6",
+            json!({"ips": ["::"], "nodeName": "node-a"}),
+            "ips must be addresses a pod can hold",
+        ),
+        (
+            "loopback-v6",
+            json!({"ips": ["::1"], "nodeName": "node-a"}),
+            "ips must be addresses a pod can hold",
+        ),
+        (
+            "multicast-v6",
+            json!({"ips": ["ff02::1"], "nodeName": "node-a"}),
+            "ips must be addresses a pod can hold",
+        ),
+        (
+            "loopback-beside-a-good-one",
+            json!({"ips": ["10.0.0.1", "::1"], "nodeName": "node-a"}),
+            "ips must be addresses a pod can hold",
         ),
         (
             "two-v4",
@@ -222,6 +262,10 @@ async fn cel_rules_reject_bad_reservations_with_422() {
             json!({"ips": ["fd00::2"], "nodeName": "node-a.example.org", "retainFor": "8784h"}),
         ),
         ("defaults", json!({"ips": ["10.0.0.2"], "nodeName": "n1"})),
+        (
+            "link-local",
+            json!({"ips": ["169.254.0.5", "fe80::5"], "nodeName": "node-a"}),
+        ),
     ];
     for (case, spec) in accepted {
         api.create(&pp, &reservation(case, spec.clone()))

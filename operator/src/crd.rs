@@ -3,9 +3,16 @@
 //! `crds/ipreservations.ipkeep.dev.yaml`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use kube::{
+    CustomResource, CustomResourceExt, KubeSchema,
+    core::{Message, Rule},
+};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::key::Key;
+pub use crate::phase::Phase;
+use crate::retention::RetainFor;
 
 /// The API group of ipkeep's resources.
 pub const GROUP: &str = "ipkeep.dev";
@@ -84,6 +91,10 @@ pub struct IPReservationSpec {
     /// The reserved addresses, at most one per address family.
     #[schemars(length(min = 1, max = 2))]
     #[x_kube(validation = Rule::new("self.all(ip, isIP(ip))").message("every entry of ips must be an IP address"))]
+    // What the plugin can never hand out to a pod (kube-apiserver's IP library: isGlobalUnicast
+    // is false for unspecified, loopback, multicast and 255.255.255.255); link-local unicast
+    // stays allowed, as a host-local range may use it.
+    #[x_kube(validation = Rule::new("self.all(ip, !isIP(ip) || ip(ip).isGlobalUnicast() || ip(ip).isLinkLocalUnicast())").message("ips must be addresses a pod can hold: not unspecified (0.0.0.0, ::), loopback, multicast or broadcast (255.255.255.255)"))]
     #[x_kube(validation = Rule::new("self.all(ip, !isIP(ip) || self.exists_one(o, isIP(o) && ip(o).family() == ip(ip).family()))").message("ips holds at most one address per family"))]
     // No `reason`: the API server turns FieldValueDuplicate into `Duplicate value: "array"` and
     // drops the message.
@@ -97,13 +108,18 @@ pub struct IPReservationSpec {
     /// the controller's default applies when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // The grammar as an OpenAPI pattern (checked by every API server, cheaply); the maximum
-    // needs arithmetic, so it is a CEL rule.
-    #[schemars(
-        length(min = 2, max = 7),
-        regex(pattern = r"^[1-9][0-9]{0,5}(s|m|h|d)$")
-    )]
-    #[x_kube(validation = Rule::new("!self.matches('^[1-9][0-9]{0,5}(s|m|h|d)$') || int(self.substring(0, self.size() - 1)) * (self.endsWith('d') ? 86400 : self.endsWith('h') ? 3600 : self.endsWith('m') ? 60 : 1) <= 31622400").message("retainFor must be at most 366d"))]
+    // needs arithmetic, so it is a CEL rule. Both come from `RetainFor`, as the parsers do.
+    #[schemars(length(min = 2, max = 7), regex(pattern = RetainFor::PATTERN))]
+    #[x_kube(validation = retain_for_cap())]
     pub retain_for: Option<String>,
+}
+
+/// The CEL rule capping `spec.retainFor` at [`RetainFor::MAX`].
+fn retain_for_cap() -> Rule {
+    Rule::new(RetainFor::cel_cap()).message(Message::Message(format!(
+        "retainFor must be at most {}",
+        RetainFor::MAX
+    )))
 }
 
 /// One reserved address, as text (`10.244.1.17`, `fd00:10:244:1::11`).
@@ -130,19 +146,25 @@ pub struct IPReservationStatus {
     /// The generation of the spec this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Set while an older reservation on the same node holds one of the addresses: which address
+    /// and which reservation. The `Conflict` condition says the same for people; the agent
+    /// writes no file for such a reservation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conflict: Option<ConflictStatus>,
     /// Standard conditions, e.g. `Conflict` when an older reservation holds the same address.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
 
-/// The two phases of a reservation.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum Phase {
-    /// A pod with the reservation's namespace and name holds the addresses.
-    Bound,
-    /// No such pod; the addresses are held until `releaseTime`.
-    Released,
+/// An address of this reservation that an older reservation on the same node holds.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConflictStatus {
+    /// The address both reservations claim.
+    pub ip: IpString,
+    /// The older reservation holding it.
+    pub held_by: Key,
 }
 
 impl IPReservation {

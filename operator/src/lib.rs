@@ -3,9 +3,14 @@
 //! its node's reservations to the files the plugin reads ([`agent`]).
 
 pub mod agent;
+pub mod backoff;
 pub mod controller;
 pub mod crd;
+pub mod events;
 pub mod install_cni;
+pub mod key;
 pub mod logging;
+pub mod phase;
 pub mod probes;
+pub mod retention;
 pub mod shutdown;

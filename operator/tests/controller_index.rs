@@ -2,17 +2,11 @@
 //! changes report which other reservations must be looked at again.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_operator::{
-    controller::{Key, index::AddressIndex},
-    crd::IPReservation,
-};
+use ipkeep_operator::{controller::index::AddressIndex, crd::IPReservation, key::Key};
 use serde_json::json;
 
 fn key(name: &str) -> Key {
-    Key {
-        namespace: "ns".into(),
-        name: name.into(),
-    }
+    Key::new("ns", name)
 }
 
 fn reservation(name: &str, node: &str, ips: &[&str], created: &str) -> IPReservation {
@@ -48,7 +42,7 @@ fn the_older_claim_holds_and_changes_touch_the_other_claimants() {
     assert_eq!(index.conflict(&key("a")), None);
     assert_eq!(
         index.conflict(&key("b")),
-        Some(("10.0.0.1".parse().unwrap(), "ns/a".to_string()))
+        Some(("10.0.0.1".parse().unwrap(), key("a")))
     );
     assert_eq!(index.conflict(&key("c")), None);
     // Unchanged: nothing to look at again.

@@ -9,7 +9,10 @@ use ipkeep_operator::controller::{
         ReservationView, StatusView, Subject, decide, reason,
     },
     optin::{self, OptIn, Retain},
-    retention::{MAX_RETAIN_FOR, RetainForError, parse_retain_for},
+};
+use ipkeep_operator::{
+    key::Key,
+    retention::{FoundRetainFor, RetainFor},
 };
 use jiff::Timestamp;
 
@@ -26,6 +29,11 @@ fn now() -> Timestamp {
 
 fn defaults() -> Defaults {
     Defaults { retain_for: DAY }
+}
+
+/// A `spec.retainFor` as the view reads it.
+fn rf(text: &str) -> Option<FoundRetainFor> {
+    Some(RetainFor::parse(text))
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -106,36 +114,6 @@ fn reasons(plan: &Plan) -> Vec<(&'static str, bool, Subject)> {
 }
 
 #[test]
-fn retention_grammar() {
-    let cases: &[(&str, Result<Duration, ()>)] = &[
-        ("90s", Ok(Duration::from_secs(90))),
-        ("30m", Ok(Duration::from_secs(1800))),
-        ("24h", Ok(DAY)),
-        ("7d", Ok(7 * DAY)),
-        ("366d", Ok(MAX_RETAIN_FOR)),
-        ("367d", Err(())),
-        ("0s", Err(())),
-        ("05m", Err(())),
-        ("-1h", Err(())),
-        ("1.5h", Err(())),
-        ("1w", Err(())),
-        ("h", Err(())),
-        ("", Err(())),
-        ("1000000s", Err(())),
-        ("24H", Err(())),
-        (" 1h", Err(())),
-    ];
-    for (text, want) in cases {
-        let got = parse_retain_for(text).map_err(|_| ());
-        assert_eq!(&got, want, "parse_retain_for({text:?})");
-    }
-    assert!(matches!(
-        parse_retain_for("400d"),
-        Err(RetainForError::TooLong(_))
-    ));
-}
-
-#[test]
 fn annotations_on_the_pod_win_over_the_statefulsets() {
     let sts = annotations(&[
         (optin::RETAIN, "true"),
@@ -144,16 +122,13 @@ fn annotations_on_the_pod_win_over_the_statefulsets() {
     ]);
     let from_owner = optin::opt_in(&BTreeMap::new(), Some(&sts));
     assert_eq!(from_owner.retain, Retain::Yes);
-    assert_eq!(from_owner.retain_for, Some(("7d".into(), 7 * DAY)));
+    assert_eq!(from_owner.retain_for, Some(RetainFor::parse("7d").unwrap()));
     assert!(from_owner.release_with_owner);
 
     let pod = annotations(&[(optin::RETAIN, "false"), (optin::RETAIN_FOR, "1h")]);
     let mixed = optin::opt_in(&pod, Some(&sts));
     assert_eq!(mixed.retain, Retain::No, "the pod's own retain wins");
-    assert_eq!(
-        mixed.retain_for,
-        Some(("1h".into(), Duration::from_secs(3600)))
-    );
+    assert_eq!(mixed.retain_for, Some(RetainFor::parse("1h").unwrap()));
     assert!(
         mixed.release_with_owner,
         "unset on the pod: the StatefulSet's applies"
@@ -216,10 +191,7 @@ fn retain_for_annotation_is_written_to_the_spec_and_a_change_applies() {
     );
     let r = bound();
     let plan = decide_now(&input(Some(&p), Some(&r)));
-    assert_eq!(
-        plan.spec.expect("spec update").retain_for.as_deref(),
-        Some("3s")
-    );
+    assert_eq!(plan.spec.expect("spec update").retain_for, rf("3s"));
     assert_eq!(plan.status, None, "status already right");
 }
 
@@ -231,7 +203,7 @@ fn deleted_pod_releases_with_the_release_time_from_retain_for() {
         (Some("3s"), "2026-01-10T12:00:03Z"),
     ] {
         let mut r = bound();
-        r.retain_for = retain_for.map(String::from);
+        r.retain_for = retain_for.map(RetainFor::parse);
         let plan = decide_now(&input(None, Some(&r)));
         let status = plan.status.clone().expect("status written");
         assert_eq!(status.phase, Some(Phase::Released), "{retain_for:?}");
@@ -256,6 +228,28 @@ fn deleted_pod_releases_with_the_release_time_from_retain_for() {
 }
 
 #[test]
+fn a_spec_retain_for_over_the_maximum_warns_and_the_default_applies() {
+    // Only an API server that skips the CRD's CEL rules lets 400d through.
+    let mut r = bound();
+    r.retain_for = rf("400d");
+    let plan = decide_now(&input(None, Some(&r)));
+    let status = plan.status.clone().expect("status written");
+    assert_eq!(status.release_time, Some(t("2026-01-11T12:00:00Z")));
+    assert_eq!(
+        reasons(&plan),
+        vec![
+            (reason::INVALID_ANNOTATION, true, Subject::Reservation),
+            (reason::RELEASED, false, Subject::Reservation)
+        ]
+    );
+    assert!(
+        plan.notices[0].message.contains("\"400d\""),
+        "{:?}",
+        plan.notices[0]
+    );
+}
+
+#[test]
 fn finished_pods_release_like_deleted_ones() {
     let mut p = pod();
     p.finished = true;
@@ -276,7 +270,7 @@ fn a_terminating_pod_still_holds_its_addresses() {
 #[test]
 fn a_released_reservation_waits_until_its_release_time() {
     let mut r = released("2026-01-10T11:00:00Z", "2026-01-10T12:00:01Z");
-    r.retain_for = Some("3601s".into());
+    r.retain_for = rf("3601s");
     let plan = decide_now(&input(None, Some(&r)));
     assert!(plan.writes_nothing(), "{plan:?}");
     assert_eq!(plan.requeue_at, Some(t("2026-01-10T12:00:01Z")));
@@ -288,14 +282,11 @@ fn release_time_reached_without_a_pod_deletes() {
     for until in ["2026-01-10T12:00:00Z", "2026-01-10T11:59:00Z"] {
         let mut r = released("2026-01-09T12:00:00Z", until);
         // The stored release time is derived again from releasedAt + retainFor.
-        r.retain_for = Some(
-            if until.ends_with("12:00:00Z") {
-                "1d"
-            } else {
-                "1439m"
-            }
-            .into(),
-        );
+        r.retain_for = rf(if until.ends_with("12:00:00Z") {
+            "1d"
+        } else {
+            "1439m"
+        });
         let plan = decide_now(&input(None, Some(&r)));
         assert_eq!(
             plan.delete,
@@ -461,7 +452,7 @@ fn malformed_annotations_warn_and_change_nothing() {
         None,
     );
     let mut r = bound();
-    r.retain_for = Some("2h".into());
+    r.retain_for = rf("2h");
     let plan = decide_now(&input(Some(&p), Some(&r)));
     assert!(plan.writes_nothing(), "{plan:?}");
     assert_eq!(
@@ -474,7 +465,7 @@ fn malformed_annotations_warn_and_change_nothing() {
 fn a_hand_made_reservation_is_honoured_from_its_creation_until_its_release_time() {
     let mut r = bound();
     r.managed = false;
-    r.retain_for = Some("1d".into());
+    r.retain_for = rf("1d");
     r.created = t("2026-01-10T06:00:00Z");
     r.status = StatusView::default();
     let plan = decide_now(&input(None, Some(&r)));
@@ -510,10 +501,11 @@ fn a_hand_made_reservation_is_honoured_from_its_creation_until_its_release_time(
 
 #[test]
 fn the_younger_of_two_reservations_claiming_an_address_gets_a_conflict() {
+    let holder = Key::new("other", "db-0");
     let p = pod();
     let r = bound();
     let mut i = input(Some(&p), Some(&r));
-    i.conflict = Some((ip("10.244.1.17"), "other/db-0"));
+    i.conflict = Some((ip("10.244.1.17"), &holder));
     let plan = decide_now(&i);
     let conflict = plan
         .status
@@ -525,7 +517,7 @@ fn the_younger_of_two_reservations_claiming_an_address_gets_a_conflict() {
         conflict,
         Conflict {
             ip: ip("10.244.1.17"),
-            holder: "other/db-0".into(),
+            holder: holder.clone(),
             since: now()
         }
     );
@@ -542,7 +534,7 @@ fn the_younger_of_two_reservations_claiming_an_address_gets_a_conflict() {
         ..conflict
     });
     let mut i = input(Some(&p), Some(&r2));
-    i.conflict = Some((ip("10.244.1.17"), "other/db-0"));
+    i.conflict = Some((ip("10.244.1.17"), &holder));
     let plan = decide_now(&i);
     assert!(plan.writes_nothing(), "{plan:?}");
     assert!(plan.notices.is_empty());
@@ -556,21 +548,24 @@ fn the_younger_of_two_reservations_claiming_an_address_gets_a_conflict() {
 fn conflict_holder_is_the_oldest_claim() {
     use ipkeep_operator::controller::lifecycle::{Claim, holder};
     let a = Claim {
-        key: "ns/a".into(),
+        key: Key::new("ns", "a"),
         created: t("2026-01-01T00:00:00Z"),
     };
     let b = Claim {
-        key: "ns/b".into(),
+        key: Key::new("ns", "b"),
         created: t("2026-01-02T00:00:00Z"),
     };
     let c = Claim {
-        key: "ns/c".into(),
+        key: Key::new("ns", "c"),
         created: t("2026-01-02T00:00:00Z"),
     };
     let all = [a.clone(), b.clone(), c.clone()];
     assert_eq!(holder(&a, &all), None, "the oldest holds");
     assert_eq!(holder(&b, &all), Some(&a));
-    assert_eq!(holder(&c, &all).map(|h| h.key.as_str()), Some("ns/a"));
+    assert_eq!(
+        holder(&c, &all).map(|h| h.key.to_string()).as_deref(),
+        Some("ns/a")
+    );
     assert_eq!(
         holder(&c, &[b.clone(), c.clone()]),
         Some(&b),
@@ -685,7 +680,7 @@ fn a_live_pod_whose_statefulset_was_deleted_keeps_what_the_statefulset_said() {
     p.owner_statefulset = Some("db".into());
     let mut r = bound();
     r.owner_statefulset = Some("db".into());
-    r.retain_for = Some("1h".into());
+    r.retain_for = rf("1h");
     r.release_with_owner = true;
     let mut i = input(Some(&p), Some(&r));
     i.owner = OwnerState::Gone;

@@ -1,39 +1,57 @@
-//! Which reservation files should exist on this node: pure functions of the node's
-//! IPReservations and the files found on disk, with no Kubernetes client, disk or clock.
+//! Which reservation files should exist on this node: pure functions over plain data (the
+//! [`Reservation`]s that [`super::view`] makes of the node's IPReservations, and the files found on
+//! disk), with no Kubernetes type, client, disk or clock.
 //!
-//! * [`reservation_file`] turns one IPReservation into the file the plugin reads, or says why it
+//! * [`reservation_file`] turns one reservation into the file the plugin reads, or says why it
 //!   is not written (another node's, in conflict) or refused (a name or address the plugin could
 //!   never use).
-//! * [`desired_files`] does it for every reservation the agent holds.
-//! * [`plan`] compares the desired files with what was found and says what to create, rewrite,
-//!   remove and clean.
+//! * [`desired_files`] does it for every reservation the agent holds; the plugin library's
+//!   writer owns the diff against what is on disk.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use ipkeep_plugin::reservation::{
-    FORMAT_VERSION, PodKey, ReservationFile, ReservationSet, SchemaError, Timestamp,
-};
-use kube::ResourceExt;
+use ipkeep_plugin::reservation::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError, Timestamp};
 
-use crate::crd::{IPReservation, Phase};
+use crate::key::Key;
+use crate::phase::Phase;
+use crate::retention::{FoundRetainFor, RetainForError, release_time};
 
-/// Longest `retainFor` the CRD accepts (366 days), also the cap for the agent's default.
-pub const MAX_RETAIN_FOR: Duration = Duration::from_secs(366 * 86_400);
+/// What planning reads of one IPReservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// Its namespace and name (the pod's).
+    pub key: Key,
+    /// `metadata.uid`.
+    pub uid: Option<String>,
+    /// `metadata.creationTimestamp`.
+    pub created: Option<jiff::Timestamp>,
+    /// `spec.nodeName`.
+    pub node_name: String,
+    /// `spec.ips`, as written.
+    pub ips: Vec<String>,
+    /// `spec.retainFor`, parsed.
+    pub retain_for: Option<FoundRetainFor>,
+    /// `status.phase`.
+    pub phase: Option<Phase>,
+    /// `status.releasedAt`.
+    pub released_at: Option<jiff::Timestamp>,
+    /// `status.releaseTime`.
+    pub release_time: Option<jiff::Timestamp>,
+    /// The controller found an older reservation holding one of its addresses.
+    pub in_conflict: bool,
+}
 
 /// Why a reservation cannot be written (reported as a Warning Event and a log line, never turned
 /// into a path).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     /// The namespace or name is not a valid Kubernetes namespace/pod name.
-    #[error("failed to use reservation {namespace}/{name} as a file name: {source}")]
+    #[error("failed to use reservation {key} as a file name")]
     InvalidName {
-        /// The reservation's namespace as found.
-        namespace: String,
-        /// The reservation's name as found.
-        name: String,
+        /// The reservation's namespace and name as found.
+        key: Key,
         /// Which rule it breaks.
         #[source]
         source: SchemaError,
@@ -46,15 +64,15 @@ pub enum Refusal {
         /// The entry as found.
         ip: String,
     },
-    /// `spec.retainFor` is not a duration the CRD allows.
-    #[error(
-        "failed to parse retainFor {value:?} of reservation {pod}: expected a positive whole number of s, m, h or d (e.g. 24h)"
-    )]
+    /// The release time must be computed (no `status.releaseTime`) and `spec.retainFor` is
+    /// not a duration the CRD allows.
+    #[error("failed to compute the release time of reservation {pod} from spec.retainFor")]
     InvalidRetainFor {
         /// Whose reservation.
         pod: PodKey,
-        /// The value as found.
-        value: String,
+        /// Why the value was refused.
+        #[source]
+        source: RetainForError,
     },
     /// The reservation has no `metadata.uid` or `metadata.creationTimestamp` (never from a real
     /// API server).
@@ -88,93 +106,73 @@ pub enum FileDecision {
     Conflict,
 }
 
-/// Parses a `retainFor` value as the CRD allows it: `^[1-9][0-9]{0,5}(s|m|h|d)$`.
-pub fn parse_retain_for(text: &str) -> Option<Duration> {
-    let (digits, unit) = text.split_at_checked(text.len().checked_sub(1)?)?;
-    let unit_secs = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        _ => return None,
-    };
-    if digits.is_empty()
-        || digits.len() > 6
-        || digits.starts_with('0')
-        || !digits.bytes().all(|b| b.is_ascii_digit())
-    {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    Some(Duration::from_secs(n.checked_mul(unit_secs)?))
-}
-
-fn timestamp_of(time: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Timestamp {
-    let secs = time.0.as_second();
-    let nanos = u32::try_from(time.0.subsec_nanosecond()).unwrap_or(0);
+fn timestamp_of(time: jiff::Timestamp) -> Timestamp {
+    let secs = time.as_second();
+    let nanos = u32::try_from(time.subsec_nanosecond()).unwrap_or(0);
     // A negative sub-second part (before the epoch) is folded into the seconds.
     Timestamp::new(secs, nanos).unwrap_or(Timestamp::from_unix_secs(secs))
 }
 
-/// The file for `ipr` on `node`, or why there is none.
+/// The file for `r` on `node`, or why there is none.
 ///
 /// `releaseTime` in the file:
 /// * `Bound` → `null` (the pod holds the addresses);
-/// * `Released` → `status.releaseTime` exactly as the controller set it (even if it has passed:
-///   the plugin ignores an expired file by itself); when the controller left it out,
-///   `status.releasedAt + retainFor`;
-/// * no status or no phase (a reservation made by hand, or one the controller has only just
-///   created) → `creationTimestamp + retainFor`: the design treats a hand-made reservation as
-///   `Released` from its creation until its pod appears.
-///
-/// `retainFor` is the reservation's own, else `default_retain_for` (the chart passes the
-/// controller's default).
+/// * `status.releaseTime` when the controller set it, exactly (even if it has passed: the
+///   plugin ignores an expired file by itself);
+/// * otherwise (a reservation made by hand, or one the controller has only just created) the
+///   controller's rule, [`release_time`], from `status.releasedAt`, else `creationTimestamp`:
+///   the design treats a hand-made reservation as `Released` from its creation until its pod
+///   appears. `retainFor` is the reservation's own, else `default_retain_for` (the chart passes
+///   the controller's default).
 pub fn reservation_file(
-    ipr: &IPReservation,
+    r: &Reservation,
     node: &str,
     default_retain_for: Duration,
 ) -> Result<FileDecision, Refusal> {
-    if ipr.spec.node_name != node {
+    if r.node_name != node {
         return Ok(FileDecision::OtherNode);
     }
-    if ipr.in_conflict() {
+    if r.in_conflict {
         return Ok(FileDecision::Conflict);
     }
-    let namespace = ipr.namespace().unwrap_or_default();
-    let name = ipr.name_any();
-    let pod = PodKey::new(&namespace, &name).map_err(|source| Refusal::InvalidName {
-        namespace: namespace.clone(),
-        name: name.clone(),
-        source,
-    })?;
-    let mut ips = Vec::with_capacity(ipr.spec.ips.len());
-    for ip in &ipr.spec.ips {
-        let parsed: IpAddr = ip.0.parse().map_err(|_| Refusal::InvalidAddress {
+    let pod =
+        PodKey::new(&r.key.namespace, &r.key.name).map_err(|source| Refusal::InvalidName {
+            key: r.key.clone(),
+            source,
+        })?;
+    let mut ips = Vec::with_capacity(r.ips.len());
+    for ip in &r.ips {
+        let parsed: IpAddr = ip.parse().map_err(|_| Refusal::InvalidAddress {
             pod: pod.clone(),
-            ip: ip.0.clone(),
+            ip: ip.clone(),
         })?;
         ips.push(parsed.to_canonical());
     }
-    let Some(uid) = ipr.metadata.uid.clone() else {
+    let Some(uid) = r.uid.clone() else {
         return Err(Refusal::MissingMetadata { pod, field: "uid" });
     };
-    let retain_for = match &ipr.spec.retain_for {
-        Some(text) => parse_retain_for(text).ok_or_else(|| Refusal::InvalidRetainFor {
-            pod: pod.clone(),
-            value: text.clone(),
-        })?,
-        None => default_retain_for,
-    };
-    let release_time = match ipr.status.as_ref() {
-        Some(status) if status.phase == Some(Phase::Bound) => None,
-        Some(status) if status.phase == Some(Phase::Released) => {
-            match (&status.release_time, &status.released_at) {
-                (Some(at), _) => Some(timestamp_of(at)),
-                (None, Some(released)) => Some(timestamp_of(released).saturating_add(retain_for)),
-                (None, None) => Some(created_plus(ipr, &pod, retain_for)?),
-            }
+    let release_time = match (r.phase, r.release_time) {
+        (Some(Phase::Bound), _) => None,
+        (_, Some(at)) => Some(timestamp_of(at)),
+        (_, None) => {
+            let retain_for = match &r.retain_for {
+                Some(Ok(retain_for)) => retain_for.duration(),
+                Some(Err(e)) => {
+                    return Err(Refusal::InvalidRetainFor {
+                        pod,
+                        source: e.clone(),
+                    });
+                }
+                None => default_retain_for,
+            };
+            let Some(released_at) = r.released_at.or(r.created) else {
+                return Err(Refusal::MissingMetadata {
+                    pod,
+                    field: "creationTimestamp",
+                });
+            };
+            Some(timestamp_of(release_time(released_at, retain_for)))
         }
-        _ => Some(created_plus(ipr, &pod, retain_for)?),
     };
     let file = ReservationFile {
         version: FORMAT_VERSION,
@@ -190,104 +188,35 @@ pub fn reservation_file(
     Ok(FileDecision::Write(file))
 }
 
-fn created_plus(
-    ipr: &IPReservation,
-    pod: &PodKey,
-    retain_for: Duration,
-) -> Result<Timestamp, Refusal> {
-    match &ipr.metadata.creation_timestamp {
-        Some(created) => Ok(timestamp_of(created).saturating_add(retain_for)),
-        None => Err(Refusal::MissingMetadata {
-            pod: pod.clone(),
-            field: "creationTimestamp",
-        }),
-    }
-}
-
 /// The files every reservation the agent holds calls for on `node`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Desired {
     /// The files that must exist, by pod.
     pub files: BTreeMap<PodKey, ReservationFile>,
     /// Reservations not written because the controller marked them `Conflict`.
-    pub conflicts: Vec<PodKey>,
-    /// Reservations refused, each with the reservation's `namespace/name` for reporting.
-    pub refused: Vec<(String, Refusal)>,
+    pub conflicts: Vec<Key>,
+    /// Reservations refused, and why.
+    pub refused: Vec<(Key, Refusal)>,
 }
 
 /// Applies [`reservation_file`] to every reservation.
 pub fn desired_files<'a>(
     node: &str,
-    reservations: impl IntoIterator<Item = &'a IPReservation>,
+    reservations: impl IntoIterator<Item = &'a Reservation>,
     default_retain_for: Duration,
 ) -> Desired {
     let mut desired = Desired::default();
-    for ipr in reservations {
-        match reservation_file(ipr, node, default_retain_for) {
+    for r in reservations {
+        match reservation_file(r, node, default_retain_for) {
             Ok(FileDecision::Write(file)) => {
                 desired.files.insert(file.pod_key(), file);
             }
             Ok(FileDecision::OtherNode) => {}
-            Ok(FileDecision::Conflict) => desired.conflicts.push(PodKey {
-                namespace: ipr.namespace().unwrap_or_default(),
-                pod: ipr.name_any(),
-            }),
-            Err(refusal) => desired.refused.push((
-                format!("{}/{}", ipr.namespace().unwrap_or_default(), ipr.name_any()),
-                refusal,
-            )),
+            Ok(FileDecision::Conflict) => desired.conflicts.push(r.key.clone()),
+            Err(refusal) => desired.refused.push((r.key.clone(), refusal)),
         }
     }
     desired
-}
-
-/// What must change on disk so the files equal the desired ones.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FilePlan {
-    /// Files to write because none exists.
-    pub create: Vec<ReservationFile>,
-    /// Files to rewrite because their content differs.
-    pub update: Vec<ReservationFile>,
-    /// Files to remove: no desired reservation (gone, moved to another node, in conflict).
-    pub remove: Vec<PodKey>,
-    /// Entries that are no reservation at all (leftover temporaries, symlinks, directories,
-    /// undecodable files) to delete.
-    pub garbage: Vec<PathBuf>,
-}
-
-impl FilePlan {
-    /// Whether nothing has to change.
-    pub fn is_empty(&self) -> bool {
-        self.create.is_empty()
-            && self.update.is_empty()
-            && self.remove.is_empty()
-            && self.garbage.is_empty()
-    }
-
-    /// How many files the plan touches.
-    pub fn len(&self) -> usize {
-        self.create.len() + self.update.len() + self.remove.len() + self.garbage.len()
-    }
-}
-
-/// Compares the desired files with the ones `found` (and its garbage).
-pub fn plan(desired: &BTreeMap<PodKey, ReservationFile>, found: &ReservationSet) -> FilePlan {
-    let mut out = FilePlan::default();
-    for (key, file) in desired {
-        match found.files.get(key) {
-            Some(existing) if existing == file => {}
-            Some(_) => out.update.push(file.clone()),
-            None => out.create.push(file.clone()),
-        }
-    }
-    out.remove = found
-        .files
-        .keys()
-        .filter(|key| !desired.contains_key(*key))
-        .cloned()
-        .collect();
-    out.garbage = found.skipped.iter().map(|s| s.path.clone()).collect();
-    out
 }
 
 #[cfg(test)]

@@ -4,19 +4,23 @@
 //!
 //! * The decision "which files should exist" is pure ([`desired`]); the disk work goes only
 //!   through the plugin library's writer ([`writer`]).
-//! * The watch (field selector `spec.nodeName=<node>`, all namespaces) feeds an in-memory view.
-//!   Every relist (start, and after any watch gap: a 410, a dropped connection that cannot
-//!   resume) makes the next pass a full resync, which also deletes stale files and leftover
-//!   temporaries; other passes touch only the files that change.
-//! * It reads reservations and creates Events, nothing else; it never writes status.
+//! * Built like the controller: the watch (field selector `spec.nodeName=<node>`, all
+//!   namespaces) fills kube's reflector store; [`view`] turns what the store holds into the
+//!   plain [`desired::Reservation`]s that planning reads. Every relist (start, and after any
+//!   watch gap: a 410, a dropped connection that cannot resume) makes the next pass a full
+//!   resync, which also deletes stale files and leftover temporaries; other passes touch only
+//!   the files that change.
+//! * It reads reservations and creates Events (through [`crate::events`], as the controller
+//!   does), nothing else; it never writes status.
 //! * When the agent is down the files stay as they were: the plugin keeps honouring them, and
 //!   stops honouring each at its `releaseTime` by itself.
 
 pub mod desired;
 pub mod metrics;
+pub mod view;
 pub mod writer;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,29 +28,28 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, reflector::store::Writer};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::backoff::Backoff;
 use crate::crd::IPReservation;
-use crate::logging::{self, LogArgs};
+use crate::events::{EventType, Notice, Publisher};
+use crate::key::Key;
+use crate::logging::{self, LogArgs, error_chain};
 use crate::probes::{ProbeServer, Readiness};
+use crate::retention::{RetainFor, RetainForError};
 use crate::shutdown;
 
-use self::desired::{Refusal, desired_files, parse_retain_for};
+use self::desired::{Refusal, desired_files};
 pub use self::metrics::AgentMetrics;
 use self::writer::{NetworkWriter, PassReport};
 
 /// The Event reporter name (`reportingController`).
 pub const REPORTER: &str = "ipkeep-agent";
-
-/// First wait after a failed pass; it doubles up to [`MAX_RETRY`].
-const FIRST_RETRY: Duration = Duration::from_millis(500);
-/// Longest wait between retries of a failed pass.
-const MAX_RETRY: Duration = Duration::from_secs(30);
 
 /// Command-line flags of `ipkeep-operator agent`.
 #[derive(Debug, clap::Args)]
@@ -81,9 +84,8 @@ pub struct Args {
     pub log: LogArgs,
 }
 
-fn retain_for_arg(text: &str) -> Result<Duration, String> {
-    parse_retain_for(text)
-        .ok_or_else(|| format!("{text:?} is not a whole number of s, m, h or d (e.g. 24h)"))
+fn retain_for_arg(text: &str) -> Result<Duration, RetainForError> {
+    RetainFor::parse(text).map(RetainFor::duration)
 }
 
 /// What the agent needs to run, independent of the command line (tests build it directly).
@@ -145,23 +147,16 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     })
 }
 
-/// The view the watch feeds and the writer reads.
+/// What changed since the last pass, as the watch tells it; the reservations themselves are in
+/// the reflector store.
 #[derive(Debug, Default)]
-struct View {
-    /// The node's reservations by namespace/name, once the first list completed.
-    reservations: HashMap<(String, String), Arc<IPReservation>>,
-    /// Objects of a relist in progress (`Init` … `InitDone`).
-    relisting: Option<HashMap<(String, String), Arc<IPReservation>>>,
+struct Pending {
     /// Whether a list has completed at least once.
     listed: bool,
     /// Whether the next pass must be a full resync (after every relist).
     full_needed: bool,
     /// When each change not yet on disk arrived.
     arrivals: Vec<Instant>,
-}
-
-fn key_of(ipr: &IPReservation) -> (String, String) {
-    (ipr.namespace().unwrap_or_default(), ipr.name_any())
 }
 
 /// Runs the agent's watch and writer until `shutdown` completes; the pass in progress finishes
@@ -181,12 +176,14 @@ pub async fn run(
             return Err(AgentError::InvalidNetwork(network.clone()));
         }
     }
-    let view = Arc::new(Mutex::new(View::default()));
+    let (store, writer) = reflector::store::<IPReservation>();
+    let pending = Arc::new(Mutex::new(Pending::default()));
     let changed = Arc::new(Notify::new());
     let watch = tokio::spawn(watch_reservations(
         client.clone(),
         config.node_name.clone(),
-        view.clone(),
+        writer,
+        pending.clone(),
         changed.clone(),
         metrics.clone(),
     ));
@@ -196,17 +193,13 @@ pub async fn run(
         networks = ?config.networks,
         "agent started"
     );
-    let recorder = Recorder::new(
-        client,
-        Reporter {
-            controller: REPORTER.into(),
-            instance: Some(config.node_name.clone()),
-        },
-    );
-    write_loop(
-        &config, &view, &changed, &metrics, &readiness, &recorder, shutdown,
-    )
-    .await;
+    let events = Publisher::new(client, REPORTER, &config.node_name);
+    let state = State {
+        store: &store,
+        pending: &pending,
+        changed: &changed,
+    };
+    write_loop(&config, state, &metrics, &readiness, &events, shutdown).await;
     watch.abort();
     tracing::info!("agent stopped");
     Ok(())
@@ -215,42 +208,36 @@ pub async fn run(
 async fn watch_reservations(
     client: Client,
     node: String,
-    view: Arc<Mutex<View>>,
+    writer: Writer<IPReservation>,
+    pending: Arc<Mutex<Pending>>,
     changed: Arc<Notify>,
     metrics: AgentMetrics,
 ) {
     let api: Api<IPReservation> = Api::all(client);
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+    let mut stream = std::pin::pin!(
+        watcher::watcher(api, cfg)
+            .default_backoff()
+            .modify(view::trim)
+            .reflect(writer)
+    );
     while let Some(event) = stream.next().await {
         let now = Instant::now();
-        let Ok(mut v) = view.lock() else {
+        let Ok(mut p) = pending.lock() else {
             return;
         };
         match event {
-            Ok(Event::Init) => v.relisting = Some(HashMap::new()),
-            Ok(Event::InitApply(obj)) => {
-                let key = key_of(&obj);
-                v.relisting
-                    .get_or_insert_with(HashMap::new)
-                    .insert(key, Arc::new(obj));
-            }
+            // The store swaps in the relisted objects at InitDone: nothing to do before.
+            Ok(Event::Init | Event::InitApply(_)) => {}
             Ok(Event::InitDone) => {
-                v.reservations = v.relisting.take().unwrap_or_default();
-                v.listed = true;
-                v.full_needed = true;
-                v.arrivals.push(now);
-                tracing::info!(reservations = v.reservations.len(), "reservations listed");
+                p.listed = true;
+                p.full_needed = true;
+                p.arrivals.push(now);
+                tracing::info!("reservations listed");
                 changed.notify_one();
             }
-            Ok(Event::Apply(obj)) => {
-                v.reservations.insert(key_of(&obj), Arc::new(obj));
-                v.arrivals.push(now);
-                changed.notify_one();
-            }
-            Ok(Event::Delete(obj)) => {
-                v.reservations.remove(&key_of(&obj));
-                v.arrivals.push(now);
+            Ok(Event::Apply(_) | Event::Delete(_)) => {
+                p.arrivals.push(now);
                 changed.notify_one();
             }
             Err(e) => {
@@ -261,7 +248,15 @@ async fn watch_reservations(
     }
 }
 
-/// One pass's input, taken from the view under its lock.
+/// What the watch fills and the write loop reads.
+#[derive(Clone, Copy)]
+struct State<'a> {
+    store: &'a Store<IPReservation>,
+    pending: &'a Mutex<Pending>,
+    changed: &'a Notify,
+}
+
+/// One pass's input: the store's objects and what the watch said since the last pass.
 struct PassInput {
     reservations: Vec<Arc<IPReservation>>,
     full: bool,
@@ -277,11 +272,10 @@ fn unix_now() -> i64 {
 
 async fn write_loop(
     config: &AgentConfig,
-    view: &Mutex<View>,
-    changed: &Notify,
+    state: State<'_>,
     metrics: &AgentMetrics,
     readiness: &Readiness,
-    recorder: &Recorder,
+    events: &Publisher,
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
@@ -291,8 +285,14 @@ async fn write_loop(
         .map(|n| NetworkWriter::new(&config.data_dir, n))
         .collect();
     let mut last_full: Option<Instant> = None;
-    let mut retry: Option<(Instant, Duration)> = None;
+    // When the next try of a failed pass is due, and how many passes failed in a row.
+    let mut retry: Option<(Instant, u32)> = None;
     let mut reported: HashSet<(String, String)> = HashSet::new();
+    let State {
+        store,
+        pending,
+        changed,
+    } = state;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         let wake_for_retry = async {
@@ -311,12 +311,12 @@ async fn write_loop(
                         .seconds_since_full_sync
                         .set(i64::try_from(at.elapsed().as_secs()).unwrap_or(i64::MAX));
                     if at.elapsed() >= config.resync_interval
-                        && let Ok(mut v) = view.lock()
+                        && let Ok(mut p) = pending.lock()
                     {
-                        v.full_needed = true;
+                        p.full_needed = true;
                     }
                 }
-                let due = view.lock().map(|v| v.full_needed && v.listed).unwrap_or(false);
+                let due = pending.lock().map(|p| p.full_needed && p.listed).unwrap_or(false);
                 if !due {
                     continue;
                 }
@@ -325,12 +325,12 @@ async fn write_loop(
         if retry.is_some_and(|(at, _)| Instant::now() < at) {
             continue;
         }
-        let Some(input) = take_pass_input(view, retry.is_some()) else {
+        let Some(input) = take_pass_input(store, pending, retry.is_some()) else {
             continue;
         };
         let desired = desired_files(
             &config.node_name,
-            input.reservations.iter().map(|r| r.as_ref()),
+            &view::reservations(input.reservations.iter().map(AsRef::as_ref)),
             config.default_retain_for,
         );
         metrics
@@ -339,13 +339,7 @@ async fn write_loop(
         metrics
             .refused
             .set(i64::try_from(desired.refused.len()).unwrap_or(i64::MAX));
-        report_refusals(
-            &input.reservations,
-            &desired.refused,
-            &mut reported,
-            recorder,
-        )
-        .await;
+        report_refusals(store, &desired.refused, &mut reported, events).await;
         let full = input.full;
         let files = desired.files;
         let moved = std::mem::take(&mut writers);
@@ -376,7 +370,7 @@ async fn write_loop(
                     .iter()
                     .map(|n| NetworkWriter::new(&config.data_dir, n))
                     .collect();
-                requeue(view, input.arrivals, &mut retry);
+                requeue(pending, input.arrivals, &mut retry);
                 continue;
             }
         };
@@ -393,7 +387,7 @@ async fn write_loop(
             }
         }
         if !ok {
-            requeue(view, input.arrivals, &mut retry);
+            requeue(pending, input.arrivals, &mut retry);
             continue;
         }
         retry = None;
@@ -415,30 +409,34 @@ async fn write_loop(
 
 /// Takes what the next pass needs; `None` before the first list completed. A retry after a
 /// failure is always a full resync.
-fn take_pass_input(view: &Mutex<View>, retrying: bool) -> Option<PassInput> {
-    let mut v = view.lock().ok()?;
-    if !v.listed {
+fn take_pass_input(
+    store: &Store<IPReservation>,
+    pending: &Mutex<Pending>,
+    retrying: bool,
+) -> Option<PassInput> {
+    let mut p = pending.lock().ok()?;
+    if !p.listed {
         return None;
     }
-    let full = std::mem::take(&mut v.full_needed) || retrying;
+    let full = std::mem::take(&mut p.full_needed) || retrying;
     Some(PassInput {
-        reservations: v.reservations.values().cloned().collect(),
+        reservations: store.state(),
         full,
-        arrivals: std::mem::take(&mut v.arrivals),
+        arrivals: std::mem::take(&mut p.arrivals),
     })
 }
 
 /// Puts a failed pass back: its changes are still pending and the next try is a full resync
 /// after a growing pause.
-fn requeue(view: &Mutex<View>, arrivals: Vec<Instant>, retry: &mut Option<(Instant, Duration)>) {
-    if let Ok(mut v) = view.lock() {
-        let mut pending = arrivals;
-        pending.append(&mut v.arrivals);
-        v.arrivals = pending;
-        v.full_needed = true;
+fn requeue(pending: &Mutex<Pending>, arrivals: Vec<Instant>, retry: &mut Option<(Instant, u32)>) {
+    if let Ok(mut p) = pending.lock() {
+        let mut waiting = arrivals;
+        waiting.append(&mut p.arrivals);
+        p.arrivals = waiting;
+        p.full_needed = true;
     }
-    let wait = retry.map_or(FIRST_RETRY, |(_, w)| (w * 2).min(MAX_RETRY));
-    *retry = Some((Instant::now() + wait, wait));
+    let failures = retry.map_or(1, |(_, n)| n.saturating_add(1));
+    *retry = Some((Instant::now() + Backoff::PASS.delay(failures), failures));
 }
 
 /// Counts and logs one network's pass; `false` if a step failed.
@@ -474,20 +472,20 @@ fn account(network: &str, report: &PassReport, full: bool, metrics: &AgentMetric
 
 /// Logs each refused reservation and publishes one Warning Event per object version.
 async fn report_refusals(
-    reservations: &[Arc<IPReservation>],
-    refused: &[(String, Refusal)],
+    store: &Store<IPReservation>,
+    refused: &[(Key, Refusal)],
     reported: &mut HashSet<(String, String)>,
-    recorder: &Recorder,
+    events: &Publisher,
 ) {
     if refused.is_empty() {
         reported.clear();
         return;
     }
-    let by_name: HashMap<String, &Arc<IPReservation>> = reservations
+    let refused: Vec<(&Key, &Refusal, Arc<IPReservation>)> = refused
         .iter()
-        .map(|r| {
-            let (ns, name) = key_of(r);
-            (format!("{ns}/{name}"), r)
+        .filter_map(|(key, refusal)| {
+            let obj = store.get(&ObjectRef::new(&key.name).within(&key.namespace))?;
+            Some((key, refusal, obj))
         })
         .collect();
     let version_of = |obj: &IPReservation| {
@@ -497,41 +495,23 @@ async fn report_refusals(
         )
     };
     // Forget versions no longer refused, so the set stays as small as the refusals.
-    let current: HashSet<(String, String)> = refused
-        .iter()
-        .filter_map(|(name, _)| by_name.get(name).map(|obj| version_of(obj)))
-        .collect();
+    let current: HashSet<(String, String)> =
+        refused.iter().map(|(_, _, obj)| version_of(obj)).collect();
     reported.retain(|v| current.contains(v));
-    for (name, refusal) in refused {
-        let Some(obj) = by_name.get(name) else {
-            continue;
-        };
-        if !reported.insert(version_of(obj)) {
+    for (key, refusal, obj) in refused {
+        if !reported.insert(version_of(&obj)) {
             continue;
         }
         let note = error_chain(refusal);
-        tracing::warn!(reservation = %name, error = %note, "reservation refused: no file written");
-        let event = KubeEvent {
-            type_: EventType::Warning,
-            reason: "InvalidReservation".into(),
-            note: Some(note.chars().take(1000).collect()),
-            action: "WriteReservationFile".into(),
-            secondary: None,
-        };
-        if let Err(e) = recorder.publish(&event, &obj.object_ref(&())).await {
-            tracing::warn!(reservation = %name, error = %e, "failed to publish the Warning Event");
-        }
+        tracing::warn!(reservation = %key, error = %note, "reservation refused: no file written");
+        events
+            .publish(Notice {
+                regarding: obj.object_ref(&()),
+                type_: EventType::Warning,
+                reason: "InvalidReservation",
+                action: "WriteReservationFile",
+                note: &note,
+            })
+            .await;
     }
-}
-
-/// An error and its sources on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }

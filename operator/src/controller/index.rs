@@ -9,8 +9,9 @@ use std::{
 
 use jiff::Timestamp;
 
-use super::{Key, lifecycle::Claim};
+use super::lifecycle::Claim;
 use crate::crd::IPReservation;
+use crate::key::Key;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
@@ -97,11 +98,11 @@ impl AddressIndex {
     }
 
     /// The older reservation holding one of `key`'s addresses, if any: `(address, holder)`.
-    pub fn conflict(&self, key: &Key) -> Option<(IpAddr, String)> {
+    pub fn conflict(&self, key: &Key) -> Option<(IpAddr, Key)> {
         let inner = self.lock();
         let me = inner.by_key.get(key)?;
         let my_claim = Claim {
-            key: key.to_string(),
+            key: key.clone(),
             created: me.created,
         };
         for ip in &me.ips {
@@ -112,7 +113,7 @@ impl AddressIndex {
                 .iter()
                 .filter_map(|k| {
                     inner.by_key.get(k).map(|e| Claim {
-                        key: k.to_string(),
+                        key: k.clone(),
                         created: e.created,
                     })
                 })

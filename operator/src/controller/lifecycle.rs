@@ -7,19 +7,13 @@ use std::{collections::BTreeSet, fmt::Write as _, net::IpAddr, time::Duration};
 use ipnet::IpNet;
 use jiff::Timestamp;
 
-use super::{
-    optin::{OptIn, Retain},
-    retention::parse_retain_for,
+use super::optin::{OptIn, Retain};
+use crate::{
+    key::Key,
+    retention::{self, FoundRetainFor, written},
 };
 
-/// The two phases of a reservation (the CRD's `status.phase`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// A pod with the reservation's name holds the addresses.
-    Bound,
-    /// No such pod; the addresses are held until the release time.
-    Released,
-}
+pub use crate::phase::Phase;
 
 /// What the lifecycle needs to know about a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,8 +41,8 @@ pub struct PodView {
 pub struct Conflict {
     /// The address both claim.
     pub ip: IpAddr,
-    /// The older reservation holding it, `namespace/name`.
-    pub holder: String,
+    /// The older reservation holding it.
+    pub holder: Key,
     /// When the condition became true (kept while it stays true).
     pub since: Timestamp,
 }
@@ -75,8 +69,8 @@ pub struct ReservationView {
     pub ips: Vec<String>,
     /// `spec.nodeName`.
     pub node_name: String,
-    /// `spec.retainFor`, as written.
-    pub retain_for: Option<String>,
+    /// `spec.retainFor`, parsed.
+    pub retain_for: Option<FoundRetainFor>,
     /// Created by the controller (label `app.kubernetes.io/managed-by=ipkeep`), not by hand.
     pub managed: bool,
     /// `metadata.creationTimestamp`.
@@ -110,7 +104,7 @@ pub struct Input<'a> {
     /// The owning StatefulSet's state.
     pub owner: OwnerState,
     /// An older reservation on the same node claiming one of this one's addresses.
-    pub conflict: Option<(IpAddr, &'a str)>,
+    pub conflict: Option<(IpAddr, &'a Key)>,
     /// The `spec.podCIDRs` of the pod's node, when known (to explain changed addresses).
     pub node_pod_cidrs: Option<&'a [IpNet]>,
 }
@@ -130,7 +124,7 @@ pub struct DesiredSpec {
     /// `spec.nodeName`.
     pub node_name: String,
     /// `spec.retainFor`.
-    pub retain_for: Option<String>,
+    pub retain_for: Option<FoundRetainFor>,
     /// The owning StatefulSet to record.
     pub owner_statefulset: Option<String>,
     /// Whether to record `release-with-owner`.
@@ -324,8 +318,8 @@ fn live(
     };
     let retain_for = if owner_gone {
         r.and_then(|r| r.retain_for.clone())
-    } else if let Some((text, _)) = &pod.opt_in.retain_for {
-        Some(text.clone())
+    } else if let Some(retain_for) = pod.opt_in.retain_for {
+        Some(Ok(retain_for))
     } else if pod.opt_in.retain_for_malformed || r.is_some_and(|r| !r.managed) {
         r.and_then(|r| r.retain_for.clone())
     } else {
@@ -360,8 +354,8 @@ fn live(
                     desired.ips.join(", "),
                     desired
                         .retain_for
-                        .as_deref()
-                        .unwrap_or("the default retention")
+                        .as_ref()
+                        .map_or_else(|| "the default retention".into(), written)
                 ),
             );
             plan.spec = Some(desired);
@@ -403,8 +397,8 @@ fn released(
     now: Timestamp,
     defaults: &Defaults,
 ) {
-    let mut retain = match r.retain_for.as_deref().map(parse_retain_for) {
-        Some(Ok(d)) => d,
+    let mut retain = match &r.retain_for {
+        Some(Ok(retain_for)) => retain_for.duration(),
         Some(Err(e)) => {
             plan.notice(
                 Subject::Reservation,
@@ -426,7 +420,7 @@ fn released(
         (None, _) if !r.managed => (r.created, true),
         _ => (now, true),
     };
-    let release_time = released_at.checked_add(retain).unwrap_or(Timestamp::MAX);
+    let release_time = retention::release_time(released_at, retain);
     let status = StatusView {
         phase: Some(Phase::Released),
         pod_uid: r.status.pod_uid.clone(),
@@ -473,11 +467,11 @@ fn conflict(input: &Input<'_>, r: Option<&ReservationView>, now: Timestamp) -> O
     let (ip, holder) = input.conflict?;
     let since = r
         .and_then(|r| r.status.conflict.as_ref())
-        .filter(|c| c.ip == ip && c.holder == holder)
+        .filter(|c| c.ip == ip && c.holder == *holder)
         .map_or(now, |c| c.since);
     Some(Conflict {
         ip,
-        holder: holder.to_string(),
+        holder: holder.clone(),
         since,
     })
 }
@@ -575,8 +569,8 @@ fn parsed_set(ips: &[String]) -> BTreeSet<IpAddr> {
 /// One reservation's claim on addresses of a node, for conflict detection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
-    /// `namespace/name`.
-    pub key: String,
+    /// The reservation.
+    pub key: Key,
     /// `metadata.creationTimestamp`.
     pub created: Timestamp,
 }

@@ -5,14 +5,27 @@
 //! metadata, nodes' pod CIDRs) fill caches and enqueue the pod names they touch; sharded workers
 //! (a name always lands on the same shard, so one name is never reconciled twice at once) take
 //! names from a scheduler that also holds each reservation's release time. Only the leader runs
-//! the workers; a standby keeps its caches warm and takes over when the lease is free.
+//! the workers; a standby keeps its caches warm and takes over when the lease is free. A failed
+//! reconcile is tried again after [`Backoff::RECONCILE`] (the `error_policy` of kube's shape).
+//!
+//! Why not kube-runtime's `Controller`: its unit of work is one object of one root kind, and it
+//! reconciles only what its root store holds (a queued reference whose object is not in the
+//! store is dropped as `ObjectNotFound`). Ours is a *name* that a pod and its reservation share,
+//! and either may be missing: rooted at IPReservation, a newly annotated pod (no reservation yet)
+//! would never be reconciled; rooted at Pod, a deleted pod's reservation would never be released
+//! or expired. Bridging that needs a synthetic root store or a finalizer on every pod (a write
+//! per pod). Its other gifts we have from the same crate: each shard is kube-runtime's
+//! `scheduler` (the queue `Controller` is built on: one run per key at a time, runs scheduled at
+//! an instant, so a release time is a scheduled run), a name always hashes to the same shard,
+//! and the caches are its reflector stores. Leader election also fits better: the watches and
+//! caches run on every replica, and only the shards wait for the lease, where `Controller` owns
+//! its watches (sharing them needs the `unstable-runtime` streams API).
 
 pub mod index;
 pub mod lifecycle;
 pub mod metrics;
 pub mod optin;
 pub mod reconcile;
-pub mod retention;
 pub mod view;
 
 use std::{
@@ -49,9 +62,13 @@ use self::{
     reconcile::{Context, Next},
 };
 use crate::{
+    backoff::Backoff,
     crd::IPReservation,
-    logging::{self, LogArgs},
+    events::Publisher,
+    key::Key,
+    logging::{self, LogArgs, error_chain},
     probes::{ProbeServer, Readiness},
+    retention::RetainFor,
 };
 
 /// Command-line flags of `ipkeep-operator controller` (each also read from the environment).
@@ -62,8 +79,8 @@ pub struct Args {
     pub log: LogArgs,
     /// Retention after a pod is gone when neither its `ipkeep.dev/retain-for` annotation nor the
     /// reservation's `spec.retainFor` says (a positive number followed by s, m, h or d; at most 366d).
-    #[arg(long, env = "IPKEEP_DEFAULT_RETAIN_FOR", default_value = "24h", value_parser = parse_retention)]
-    pub default_retain_for: Duration,
+    #[arg(long, env = "IPKEEP_DEFAULT_RETAIN_FOR", default_value = "24h", value_parser = RetainFor::parse)]
+    pub default_retain_for: RetainFor,
     /// Watch pods and reservations of this namespace only (default: every namespace).
     #[arg(long, env = "IPKEEP_NAMESPACE")]
     pub namespace: Option<String>,
@@ -94,10 +111,6 @@ pub struct Args {
     /// Reconcile workers (each pod name always goes to the same one).
     #[arg(long, env = "IPKEEP_WORKERS", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub workers: u16,
-}
-
-fn parse_retention(text: &str) -> Result<Duration, String> {
-    retention::parse_retain_for(text).map_err(|e| e.to_string())
 }
 
 /// Leader election settings.
@@ -199,7 +212,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         let identity = args.identity.clone().unwrap_or_else(default_identity);
         let settings = Settings {
             defaults: Defaults {
-                retain_for: args.default_retain_for,
+                retain_for: args.default_retain_for.duration(),
             },
             namespace: args.namespace.clone(),
             pod_selector: args.pod_selector.clone(),
@@ -222,30 +235,6 @@ fn default_identity() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "ipkeep-controller".into());
     format!("{host}-{}", std::process::id())
-}
-
-/// A pod name: the key of both the pod and its reservation.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-}
-
-impl std::fmt::Display for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-impl Key {
-    fn of<K: ResourceExt>(obj: &K) -> Key {
-        Key {
-            namespace: obj.namespace().unwrap_or_default(),
-            name: obj.name_any(),
-        }
-    }
 }
 
 /// The work queue: one scheduler per shard, fed only while this replica leads.
@@ -315,7 +304,7 @@ pub async fn run(
         statefulsets: statefulsets.clone(),
         nodes: nodes.clone(),
         index: AddressIndex::default(),
-        reporting_instance: identity,
+        events: Publisher::new(client.clone(), reconcile::FIELD_MANAGER, &identity),
         metrics: metrics.clone(),
         defaults: settings.defaults.clone(),
     });
@@ -577,9 +566,7 @@ async fn shard(
             Err(e) => {
                 let n = failures.entry(key.clone()).or_insert(0);
                 *n = n.saturating_add(1);
-                // 250 ms doubling to at most a minute: no hot loop against a failing API server.
-                let delay = Duration::from_millis(250u64.saturating_mul(1 << (*n).min(8)))
-                    .min(Duration::from_secs(60));
+                let delay = Backoff::RECONCILE.delay(*n);
                 ctx.metrics
                     .reconcile_errors
                     .with_label_values(&[e.kind()])
@@ -589,17 +576,6 @@ async fn shard(
             }
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 fn enqueue_everything(ctx: &Context, queue: &Queue) {

@@ -1,9 +1,9 @@
 //! Contract 2: the annotations users write, on a pod or on its owning StatefulSet's own metadata
 //! (the pod's own annotation wins where both are set).
 
-use std::{collections::BTreeMap, time::Duration};
+use std::collections::BTreeMap;
 
-use super::retention::parse_retain_for;
+use crate::retention::RetainFor;
 
 /// `ipkeep.dev/retain: "true"` keeps a pod's addresses after it is gone.
 pub const RETAIN: &str = "ipkeep.dev/retain";
@@ -31,8 +31,8 @@ pub enum Retain {
 pub struct OptIn {
     /// Whether the pod asks for its addresses to be kept.
     pub retain: Retain,
-    /// `ipkeep.dev/retain-for` as written and parsed; `None` when absent or malformed.
-    pub retain_for: Option<(String, Duration)>,
+    /// `ipkeep.dev/retain-for`, parsed; `None` when absent or malformed.
+    pub retain_for: Option<RetainFor>,
     /// Whether `ipkeep.dev/retain-for` was set but malformed (the current value is kept).
     pub retain_for_malformed: bool,
     /// `ipkeep.dev/release-with-owner: "true"`.
@@ -77,8 +77,8 @@ pub fn opt_in(pod: &BTreeMap<String, String>, owner: Option<&BTreeMap<String, St
         };
     }
     if let Some((value, on)) = get(RETAIN_FOR) {
-        match parse_retain_for(value) {
-            Ok(d) => out.retain_for = Some((value.to_string(), d)),
+        match RetainFor::parse(value) {
+            Ok(retain_for) => out.retain_for = Some(retain_for),
             Err(e) => {
                 out.retain_for_malformed = true;
                 out.problems.push(format!(

@@ -16,13 +16,17 @@ use kube::{
 use serde_json::json;
 
 use super::{
-    Key,
     index::AddressIndex,
     lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, decide},
     metrics::Metrics,
     optin, view,
 };
-use crate::crd::{self, IPReservation};
+use crate::{
+    crd::{self, IPReservation},
+    events::{EventType, Notice, Publisher},
+    key::Key,
+    retention,
+};
 
 /// The field manager of every write the controller makes (spec and status).
 pub const FIELD_MANAGER: &str = "ipkeep-controller";
@@ -41,8 +45,8 @@ pub struct Context {
     pub nodes: Store<Node>,
     /// Which reservations claim each node's addresses.
     pub index: AddressIndex,
-    /// This replica's name in the Events it publishes (`reportingInstance`).
-    pub reporting_instance: String,
+    /// Publishes Events as `ipkeep-controller` from this replica.
+    pub events: Publisher,
     /// The controller's metrics.
     pub metrics: Metrics,
     /// Defaults from the flags.
@@ -163,7 +167,7 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
         pod: pod_view.as_ref(),
         reservation: reservation_view.as_ref(),
         owner: owner_state,
-        conflict: conflict.as_ref().map(|(ip, h)| (*ip, h.as_str())),
+        conflict: conflict.as_ref().map(|(ip, holder)| (*ip, holder)),
         node_pod_cidrs: cidrs.as_deref(),
     };
     let plan = decide(&input, now, &ctx.defaults);
@@ -208,7 +212,7 @@ async fn execute(
         }
         let mut body_spec = json!({"ips": spec.ips, "nodeName": spec.node_name});
         if let Some(retain_for) = &spec.retain_for {
-            body_spec["retainFor"] = json!(retain_for);
+            body_spec["retainFor"] = json!(retention::written(retain_for));
         }
         let body = json!({
             "apiVersion": "ipkeep.dev/v1alpha1",
@@ -363,46 +367,27 @@ async fn publish(ctx: &Context, plan: &Plan, pod: Option<&Pod>, r: Option<&IPRes
 
 async fn emit(
     ctx: &Context,
-    reference: k8s_openapi::api::core::v1::ObjectReference,
+    regarding: k8s_openapi::api::core::v1::ObjectReference,
     warning: bool,
     reason: &str,
     note: String,
 ) {
-    let type_label = if warning { "Warning" } else { "Normal" };
+    let type_ = if warning {
+        EventType::Warning
+    } else {
+        EventType::Normal
+    };
     ctx.metrics
         .events
-        .with_label_values(&[reason, type_label])
+        .with_label_values(&[reason, type_.as_str()])
         .inc();
-    // Published directly rather than through kube's Recorder: it caches every event it sent for
-    // six minutes (to build series), which for 10 000 newly reserved pods is tens of MiB; the
-    // controller publishes only on transitions anyway.
-    let namespace = reference
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".into());
-    let name = reference.name.clone().unwrap_or_default();
-    let now = Timestamp::now();
-    let event = k8s_openapi::api::events::v1::Event {
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-            name: Some(format!("{name}.{:x}", now.as_nanosecond())),
-            namespace: Some(namespace.clone()),
-            ..Default::default()
-        },
-        event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-            now,
-        )),
-        action: Some("Reconcile".into()),
-        reason: Some(reason.into()),
-        note: Some(note.chars().take(1024).collect()),
-        type_: Some(type_label.into()),
-        regarding: Some(reference),
-        reporting_controller: Some(FIELD_MANAGER.into()),
-        reporting_instance: Some(ctx.reporting_instance.chars().take(128).collect()),
-        ..Default::default()
-    };
-    let api: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(ctx.client.clone(), &namespace);
-    if let Err(e) = api.create(&kube::api::PostParams::default(), &event).await {
-        tracing::warn!(error = %e, reason, object = %name, "failed to publish an Event");
-    }
+    ctx.events
+        .publish(Notice {
+            regarding,
+            type_,
+            reason,
+            action: "Reconcile",
+            note: &note,
+        })
+        .await;
 }

@@ -15,10 +15,13 @@ use k8s_openapi::{
 use kube::core::PartialObjectMeta;
 
 use super::{
-    lifecycle::{Conflict, Phase, PodView, ReservationView, StatusView},
+    lifecycle::{Conflict, PodView, ReservationView, StatusView},
     optin,
 };
-use crate::crd::{self, CONDITION_CONFLICT, IPReservation, IPReservationStatus};
+use crate::{
+    crd::{self, CONDITION_CONFLICT, ConflictStatus, IPReservation, IPReservationStatus, IpString},
+    retention::RetainFor,
+};
 
 /// Keeps only what the controller reads from a pod, so 10 000 pods cost little memory.
 pub fn trim_pod(pod: &mut Pod) {
@@ -130,22 +133,11 @@ pub fn pod_opted_in(pod: &Pod, owner_annotations: Option<&BTreeMap<String, Strin
 pub fn reservation_view(r: &IPReservation) -> ReservationView {
     let meta = &r.metadata;
     let status = r.status.clone().unwrap_or_default();
-    let conflict = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == CONDITION_CONFLICT && c.status == "True")
-        .and_then(|c| {
-            let (ip, holder) = parse_conflict_message(&c.message)?;
-            Some(Conflict {
-                ip,
-                holder,
-                since: c.last_transition_time.0,
-            })
-        });
+    let conflict = recorded_conflict(&status);
     ReservationView {
         ips: r.spec.ips.iter().map(|ip| ip.0.clone()).collect(),
         node_name: r.spec.node_name.clone(),
-        retain_for: r.spec.retain_for.clone(),
+        retain_for: r.spec.retain_for.as_deref().map(RetainFor::parse),
         managed: meta
             .labels
             .as_ref()
@@ -166,10 +158,7 @@ pub fn reservation_view(r: &IPReservation) -> ReservationView {
             .and_then(|a| a.get(optin::RELEASE_WITH_OWNER))
             .is_some_and(|v| v == "true"),
         status: StatusView {
-            phase: status.phase.map(|p| match p {
-                crd::Phase::Bound => Phase::Bound,
-                crd::Phase::Released => Phase::Released,
-            }),
+            phase: status.phase,
             pod_uid: status.pod_uid,
             released_at: status.released_at.map(|t| t.0),
             release_time: status.release_time.map(|t| t.0),
@@ -178,30 +167,42 @@ pub fn reservation_view(r: &IPReservation) -> ReservationView {
     }
 }
 
-const CONFLICT_PREFIX: &str = "address ";
-const CONFLICT_MIDDLE: &str = " is held by the older reservation ";
-
-fn conflict_message(c: &Conflict) -> String {
-    format!("{CONFLICT_PREFIX}{}{CONFLICT_MIDDLE}{}", c.ip, c.holder)
+/// The conflict the controller recorded: the typed `status.conflict`, with the time the
+/// `Conflict` condition turned true. Without the condition (removed by hand) it counts as not
+/// recorded, so the next reconcile writes both again.
+fn recorded_conflict(status: &IPReservationStatus) -> Option<Conflict> {
+    let recorded = status.conflict.as_ref()?;
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_CONFLICT && c.status == "True")?;
+    Some(Conflict {
+        ip: recorded.ip.0.parse().ok()?,
+        holder: recorded.held_by.clone(),
+        since: condition.last_transition_time.0,
+    })
 }
 
-fn parse_conflict_message(message: &str) -> Option<(IpAddr, String)> {
-    let rest = message.strip_prefix(CONFLICT_PREFIX)?;
-    let (ip, holder) = rest.split_once(CONFLICT_MIDDLE)?;
-    Some((ip.parse().ok()?, holder.to_string()))
+/// The `Conflict` condition's message, for people.
+fn conflict_message(c: &Conflict) -> String {
+    format!(
+        "address {} is held by the older reservation {}",
+        c.ip, c.holder
+    )
 }
 
 /// The CRD status the controller writes for a lifecycle status.
 pub fn status_object(view: &StatusView, observed_generation: Option<i64>) -> IPReservationStatus {
     IPReservationStatus {
-        phase: view.phase.map(|p| match p {
-            Phase::Bound => crd::Phase::Bound,
-            Phase::Released => crd::Phase::Released,
-        }),
+        phase: view.phase,
         pod_uid: view.pod_uid.clone(),
         released_at: view.released_at.map(Time),
         release_time: view.release_time.map(Time),
         observed_generation,
+        conflict: view.conflict.as_ref().map(|c| ConflictStatus {
+            ip: IpString(c.ip.to_string()),
+            held_by: c.holder.clone(),
+        }),
         conditions: view
             .conflict
             .iter()

@@ -1,14 +1,11 @@
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use ipkeep_plugin::reservation::{
-    FORMAT_VERSION, PodKey, ReservationFile, ReservationSet, Skipped, Timestamp,
-};
+use ipkeep_plugin::reservation::{PodKey, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::*;
-use crate::crd::{IPReservationSpec, IPReservationStatus, IpString, Phase};
+use crate::agent::view;
+use crate::crd::{IPReservation, IPReservationSpec, IPReservationStatus, IpString};
 
 const DAY: Duration = Duration::from_secs(86_400);
 /// 2026-11-21T12:00:00Z
@@ -62,18 +59,6 @@ fn conflicted(mut r: IPReservation, status: &str) -> IPReservation {
         observed_generation: None,
     });
     r
-}
-
-fn file(ns: &str, pod: &str, ips: &[&str], release: Option<i64>) -> ReservationFile {
-    ReservationFile {
-        version: FORMAT_VERSION,
-        namespace: ns.into(),
-        pod: pod.into(),
-        ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
-        release_time: release.map(Timestamp::from_unix_secs),
-        uid: format!("uid-{pod}"),
-        node_name: Some("node-a".into()),
-    }
 }
 
 fn key(ns: &str, pod: &str) -> PodKey {
@@ -130,7 +115,7 @@ fn release_time_rules() {
         ),
     ];
     for (what, r, want) in cases {
-        let got = reservation_file(&r, "node-a", DAY).unwrap();
+        let got = reservation_file(&view::reservation(&r), "node-a", DAY).unwrap();
         let FileDecision::Write(f) = got else {
             panic!("{what}: expected a file, got {got:?}");
         };
@@ -218,30 +203,39 @@ fn decisions_and_refusals() {
             "no metadata.creationTimestamp",
         ),
         (
-            "bad retainFor",
-            bad_retain,
-            "failed to parse retainFor \"05m\"",
+            "bad retainFor when the release time must be computed",
+            bad_retain.clone(),
+            "failed to parse retention \"05m\"",
+        ),
+        (
+            "bad retainFor is not read once the controller set the status",
+            released(bad_retain, Some(CREATED + 100), Some(CREATED)),
+            "write",
         ),
     ];
     for (what, r, want) in cases {
-        match (reservation_file(&r, "node-a", DAY), want) {
+        match (
+            reservation_file(&view::reservation(&r), "node-a", DAY),
+            want,
+        ) {
             (Ok(FileDecision::OtherNode), "other")
             | (Ok(FileDecision::Conflict), "conflict")
             | (Ok(FileDecision::Write(_)), "write") => {}
             (Err(e), _) if !["other", "conflict", "write"].contains(&want) => {
-                let text = format!(
-                    "{e}: {}",
-                    std::error::Error::source(&e)
-                        .map(|s| s.to_string())
-                        .unwrap_or_default()
-                );
+                let text = crate::logging::error_chain(&e);
                 assert!(text.contains(want), "{what}: {text:?} lacks {want:?}");
+                if let Some(source) = std::error::Error::source(&e) {
+                    assert!(
+                        !e.to_string().contains(&source.to_string()),
+                        "{what}: {e} repeats its source"
+                    );
+                }
             }
             (got, _) => panic!("{what}: got {got:?}, wanted {want}"),
         }
     }
     let FileDecision::Write(f) = reservation_file(
-        &bound(ipr("db", "v6", "node-a", &["::ffff:10.0.0.9"])),
+        &view::reservation(&bound(ipr("db", "v6", "node-a", &["::ffff:10.0.0.9"]))),
         "node-a",
         DAY,
     )
@@ -249,34 +243,6 @@ fn decisions_and_refusals() {
         panic!("expected a file");
     };
     assert_eq!(f.ips, vec!["10.0.0.9".parse::<std::net::IpAddr>().unwrap()]);
-}
-
-#[test]
-fn retain_for_parsing() {
-    let cases: &[(&str, Option<u64>)] = &[
-        ("30m", Some(1_800)),
-        ("24h", Some(86_400)),
-        ("7d", Some(604_800)),
-        ("1s", Some(1)),
-        ("999999s", Some(999_999)),
-        ("1000000s", None),
-        ("0s", None),
-        ("05m", None),
-        ("1w", None),
-        ("h", None),
-        ("", None),
-        ("-1h", None),
-        ("1.5h", None),
-        ("1H", None),
-        ("é", None),
-    ];
-    for &(text, want) in cases {
-        assert_eq!(
-            parse_retain_for(text).map(|d| d.as_secs()),
-            want,
-            "{text:?}"
-        );
-    }
 }
 
 #[test]
@@ -288,203 +254,12 @@ fn desired_files_of_a_node() {
         bound(ipr("db", "D", "node-a", &["10.0.0.4"])),
         bound(ipr("web", "a", "node-a", &["10.0.0.5"])),
     ];
-    let d = desired_files("node-a", &reservations, DAY);
+    let d = desired_files("node-a", &view::reservations(&reservations), DAY);
     assert_eq!(
         d.files.keys().cloned().collect::<Vec<_>>(),
         vec![key("db", "a"), key("web", "a")]
     );
-    assert_eq!(d.conflicts, vec![key("db", "c")]);
+    assert_eq!(d.conflicts, vec![Key::new("db", "c")]);
     assert_eq!(d.refused.len(), 1);
-    assert_eq!(d.refused[0].0, "db/D");
-}
-
-fn found(files: &[ReservationFile], skipped: &[&str]) -> ReservationSet {
-    ReservationSet {
-        files: files.iter().map(|f| (f.pod_key(), f.clone())).collect(),
-        skipped: skipped
-            .iter()
-            .map(|p| Skipped {
-                path: PathBuf::from(p),
-                reason: "garbage".into(),
-            })
-            .collect(),
-    }
-}
-
-/// The file-set decision, one row per situation the issue names.
-#[test]
-fn plan_table() {
-    let a = file("db", "a", &["10.0.0.1"], None);
-    let a_released = file("db", "a", &["10.0.0.1"], Some(CREATED));
-    let a_moved_ip = file("db", "a", &["10.0.0.7"], None);
-    let b = file("db", "b", &["10.0.0.2"], None);
-    let mut a_new_uid = a.clone();
-    a_new_uid.uid = "uid-recreated".into();
-
-    struct Row {
-        what: &'static str,
-        desired: Vec<ReservationFile>,
-        found: ReservationSet,
-        create: Vec<PodKey>,
-        update: Vec<PodKey>,
-        remove: Vec<PodKey>,
-        garbage: Vec<&'static str>,
-    }
-    let rows = vec![
-        Row {
-            what: "create: a new reservation, no file",
-            desired: vec![a.clone()],
-            found: found(&[], &[]),
-            create: vec![key("db", "a")],
-            update: vec![],
-            remove: vec![],
-            garbage: vec![],
-        },
-        Row {
-            what: "unchanged: nothing to touch",
-            desired: vec![a.clone(), b.clone()],
-            found: found(&[a.clone(), b.clone()], &[]),
-            create: vec![],
-            update: vec![],
-            remove: vec![],
-            garbage: vec![],
-        },
-        Row {
-            what: "update: released",
-            desired: vec![a_released.clone()],
-            found: found(std::slice::from_ref(&a), &[]),
-            create: vec![],
-            update: vec![key("db", "a")],
-            remove: vec![],
-            garbage: vec![],
-        },
-        Row {
-            what: "update: other address",
-            desired: vec![a_moved_ip.clone()],
-            found: found(std::slice::from_ref(&a), &[]),
-            create: vec![],
-            update: vec![key("db", "a")],
-            remove: vec![],
-            garbage: vec![],
-        },
-        Row {
-            what: "update: re-created reservation (new uid)",
-            desired: vec![a_new_uid.clone()],
-            found: found(std::slice::from_ref(&a), &[]),
-            create: vec![],
-            update: vec![key("db", "a")],
-            remove: vec![],
-            garbage: vec![],
-        },
-        Row {
-            what: "move away / delete / conflict: the file without a desired reservation goes",
-            desired: vec![b.clone()],
-            found: found(&[a.clone(), b.clone()], &[]),
-            create: vec![],
-            update: vec![],
-            remove: vec![key("db", "a")],
-            garbage: vec![],
-        },
-        Row {
-            what: "everything deleted",
-            desired: vec![],
-            found: found(&[a.clone(), b.clone()], &[]),
-            create: vec![],
-            update: vec![],
-            remove: vec![key("db", "a"), key("db", "b")],
-            garbage: vec![],
-        },
-        Row {
-            what: "stale leftovers and garbage are cleaned, valid files kept",
-            desired: vec![a.clone()],
-            found: found(
-                std::slice::from_ref(&a),
-                &[
-                    "/d/net/reserved/db/.ipkeep-tmp-12-0",
-                    "/d/net/reserved/db/Bad_Name",
-                    "/d/net/reserved/link",
-                ],
-            ),
-            create: vec![],
-            update: vec![],
-            remove: vec![],
-            garbage: vec![
-                "/d/net/reserved/db/.ipkeep-tmp-12-0",
-                "/d/net/reserved/db/Bad_Name",
-                "/d/net/reserved/link",
-            ],
-        },
-        Row {
-            what: "garbage squatting where a wanted file belongs: cleaned and the file created",
-            desired: vec![a.clone()],
-            found: found(&[], &["/d/net/reserved/db/a"]),
-            create: vec![key("db", "a")],
-            update: vec![],
-            remove: vec![],
-            garbage: vec!["/d/net/reserved/db/a"],
-        },
-    ];
-    for row in rows {
-        let desired: BTreeMap<_, _> = row
-            .desired
-            .iter()
-            .map(|f| (f.pod_key(), f.clone()))
-            .collect();
-        let p = plan(&desired, &row.found);
-        let keys =
-            |v: &[ReservationFile]| v.iter().map(ReservationFile::pod_key).collect::<Vec<_>>();
-        assert_eq!(keys(&p.create), row.create, "{}: create", row.what);
-        assert_eq!(keys(&p.update), row.update, "{}: update", row.what);
-        assert_eq!(p.remove, row.remove, "{}: remove", row.what);
-        assert_eq!(
-            p.garbage,
-            row.garbage.iter().map(PathBuf::from).collect::<Vec<_>>(),
-            "{}: garbage",
-            row.what
-        );
-        let touched = row.create.len() + row.update.len() + row.remove.len() + row.garbage.len();
-        assert_eq!(p.len(), touched, "{}", row.what);
-        // The written content is the desired one.
-        for f in p.create.iter().chain(&p.update) {
-            assert_eq!(Some(f), desired.get(&f.pod_key()), "{}", row.what);
-        }
-    }
-}
-
-/// From IPReservations to the plan in one go: the conflicting and moved reservations' files go.
-#[test]
-fn reservations_to_plan() {
-    let on_disk = found(
-        &[
-            file("db", "a", &["10.0.0.1"], None),
-            file("db", "moved", &["10.0.0.2"], None),
-            file("db", "c", &["10.0.0.3"], None),
-        ],
-        &[],
-    );
-    let reservations = vec![
-        released(
-            ipr("db", "a", "node-a", &["10.0.0.1"]),
-            Some(CREATED + 5),
-            Some(CREATED),
-        ),
-        bound(ipr("db", "moved", "node-b", &["10.0.0.2"])),
-        conflicted(bound(ipr("db", "c", "node-a", &["10.0.0.3"])), "True"),
-        bound(ipr("db", "new", "node-a", &["10.0.0.4"])),
-    ];
-    let d = desired_files("node-a", &reservations, DAY);
-    let p = plan(&d.files, &on_disk);
-    assert_eq!(
-        p.create.iter().map(|f| f.pod.as_str()).collect::<Vec<_>>(),
-        ["new"]
-    );
-    assert_eq!(
-        p.update.iter().map(|f| f.pod.as_str()).collect::<Vec<_>>(),
-        ["a"]
-    );
-    assert_eq!(
-        p.update[0].release_time,
-        Some(Timestamp::from_unix_secs(CREATED + 5))
-    );
-    assert_eq!(p.remove, vec![key("db", "c"), key("db", "moved")]);
+    assert_eq!(d.refused[0].0, Key::new("db", "D"));
 }

@@ -1,0 +1,36 @@
+//! The boundary between the agent's Kubernetes objects and its planning's plain data: what the
+//! store keeps of an IPReservation ([`trim`]) and the [`Reservation`] that
+//! [`super::desired`] plans over ([`reservation`]), as `controller/view.rs` does for the
+//! controller's lifecycle.
+
+use kube::ResourceExt;
+
+use super::desired::Reservation;
+use crate::{crd::IPReservation, key::Key, retention::RetainFor};
+
+/// Drops what the agent never reads (`managedFields` is most of an object's size).
+pub fn trim(ipr: &mut IPReservation) {
+    ipr.metadata.managed_fields = None;
+}
+
+/// Planning's view of one IPReservation.
+pub fn reservation(ipr: &IPReservation) -> Reservation {
+    let status = ipr.status.as_ref();
+    Reservation {
+        key: Key::of(ipr),
+        uid: ipr.uid(),
+        created: ipr.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        node_name: ipr.spec.node_name.clone(),
+        ips: ipr.spec.ips.iter().map(|ip| ip.0.clone()).collect(),
+        retain_for: ipr.spec.retain_for.as_deref().map(RetainFor::parse),
+        phase: status.and_then(|s| s.phase),
+        released_at: status.and_then(|s| s.released_at.as_ref()).map(|t| t.0),
+        release_time: status.and_then(|s| s.release_time.as_ref()).map(|t| t.0),
+        in_conflict: ipr.in_conflict(),
+    }
+}
+
+/// Planning's view of every reservation given.
+pub fn reservations<'a>(all: impl IntoIterator<Item = &'a IPReservation>) -> Vec<Reservation> {
+    all.into_iter().map(reservation).collect()
+}
