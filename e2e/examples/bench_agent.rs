@@ -469,7 +469,7 @@ async fn many_agents(plane: &Plane, admin: &Client, args: &Args) {
         start_cpu / n
     );
     println!(
-        "    idle: {:.3} cores without agents, {:.3} with → {:+.4} cores per agent, {:+.2} cores projected for 5 000 nodes",
+        "    idle: {:.3} cores without agents, {:.3} with → {:+.4} cores per agent, {:+.2} cores projected for 5 000 nodes (a difference under 0.01 cores is noise here)",
         idle_before,
         idle_after,
         added_idle / n,

@@ -65,6 +65,7 @@ async fn main() {
     let admin = plane.admin();
     let ns = plane.namespace("bench-cost").await;
 
+    let before_start = support::audit_mark(&log);
     let controller_probe = support::free_addr();
     let controller = plane
         .operator(
@@ -107,7 +108,7 @@ async fn main() {
     agent.ready(agent_probe).await;
     let controller_user = plane.account_user(real::CONTROLLER_ACCOUNT).await;
     let agent_user = plane.account_user(real::AGENT_ACCOUNT).await;
-    let start = support::audit_settled(&log, support::audit_mark(&log), &controller_user).await;
+    let start = support::audit_settled(&log, before_start, &controller_user).await;
 
     let n = args.pods;
     let mut phases = PhaseWatch::start(admin.clone(), &ns, None);
@@ -180,6 +181,15 @@ async fn main() {
             verdict(r <= WRITE_GOAL)
         );
     }
+    let start_up = support::audited_between(&log, before_start, Some(start));
+    for (who, user) in [("controller", &controller_user), ("agent", &agent_user)] {
+        let requests: Vec<String> = start_up
+            .iter()
+            .filter(|(k, _)| &k.user == user)
+            .map(|(k, v)| format!("{v} {} {}", k.verb, k.resource))
+            .collect();
+        println!("  {who} start-up: {}", requests.join(", "));
+    }
     let everything = support::audited_between(&log, start, marks.last().copied());
     for (who, user) in [("controller", &controller_user), ("agent", &agent_user)] {
         report(who, user, &everything, n);
@@ -240,8 +250,8 @@ impl Cost {
             counts
                 .iter()
                 .filter(|(k, _)| k.user == user && keep(k))
-                .map(|(_, v)| *v as f64)
-                .sum::<f64>()
+                .map(|(_, v)| *v)
+                .sum::<usize>() as f64
                 / pods as f64
         };
         Cost {
