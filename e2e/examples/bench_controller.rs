@@ -1,240 +1,357 @@
-//! `make bench-controller`: the controller (the release binary, as a separate process) against the
-//! API test server with 10 000 annotated running pods: time until every reservation is Bound,
-//! the controller's peak RSS, and how late the expiries of 1 000 reservations due within the same
-//! second fire (p50/p99/max). Not a test: it prints figures.
+//! `make bench-controller`: the controller binary, run as the chart's controller ServiceAccount,
+//! against the real kube-apiserver (default) or the API test server (`--server test`).
 //!
-//! Environment: `IPKEEP_OPERATOR_BIN` (the binary; default target/release/ipkeep-operator),
-//! `BENCH_PODS` (10000), `BENCH_EXPIRIES` (1000).
+//! For each size (`--sizes`, default 1000,10000): that many annotated running pods on a handful
+//! of stand-in nodes → time from the controller's start until every reservation is Bound; every
+//! pod deleted → time until every reservation is Released; the controller's peak RSS. Then
+//! `--expiries` reservations due in the same second → how late each expiry fires (p50/p99/max).
+//!
+//! Beside each figure, its ceiling, measured in the same run: the same writes of the same
+//! objects made by a plain client of the controller's identity with as many in flight as the
+//! controller has workers (server-side apply of spec and status; delete), so each figure also
+//! reads "the controller is at N % of what this API server allows". Not a test: it prints figures.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{
-    collections::HashMap,
-    path::PathBuf,
-    process::{Command, Stdio},
-    time::{Duration, Instant},
-};
+#[path = "../tests/real_support/mod.rs"]
+mod real;
+#[path = "../tests/fixtures/shared.rs"]
+mod shared;
 
-use futures::{StreamExt, TryStreamExt};
-use ipkeep_e2e::apiserver::{ServerOptions, TestServer};
-use ipkeep_operator::crd::{IPReservation, Phase};
-use jiff::Timestamp;
+#[path = "bench_support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures::TryStreamExt;
+use ipkeep_operator::crd::IPReservation;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
-    Api, Client, ResourceExt,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    Api, Client,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
+use support::{Ceiling, Operator, PhaseWatch, Plane, ServerKind, percent, percentile, test_ip};
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// How many pod writes the bench makes at once while setting a size up (admin, exempt from APF).
+const SETUP_IN_FLIGHT: usize = 32;
+
+/// The longest any single wait may take before the bench gives up.
+const PATIENCE: Duration = Duration::from_secs(1_800);
+
+#[derive(Debug, Parser)]
+#[command(about = "ipkeep's controller measured against a Kubernetes API server")]
+struct Args {
+    /// Which API server.
+    #[arg(long, value_enum, default_value = "real")]
+    server: ServerKind,
+    /// Numbers of annotated running pods, one run each (e.g. 1000,10000,30000).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    sizes: Vec<usize>,
+    /// Reservations due in the same second, for the expiry lateness.
+    #[arg(long, default_value_t = 1_000)]
+    expiries: usize,
+    /// Stand-in nodes the pods are spread over.
+    #[arg(long, default_value_t = 5)]
+    nodes: usize,
 }
 
-async fn create_pod(client: Client, i: usize) {
-    let pods: Api<Pod> = Api::namespaced(client, "default");
-    let name = format!("bench-{i}");
-    let node = format!("node-{}", i / 200);
-    let ip = format!("10.{}.{}.{}", 100 + i / 65_536, (i / 256) % 256, i % 256);
+/// The figures of one size.
+struct Row {
+    pods: usize,
+    bind: Duration,
+    release: Duration,
+    deletes: Duration,
+    peak_rss_kib: u64,
+    ceiling: Ceiling,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = Args::parse();
+    let started = Instant::now();
+    let mut plane = Plane::start(args.server).await;
+    let nodes: Vec<String> = (0..args.nodes.max(1))
+        .map(|i| format!("node-{i}"))
+        .collect();
+    plane.add_nodes(&nodes).await;
+    let admin = plane.admin();
+    let as_controller = plane.account_client(real::CONTROLLER_ACCOUNT).await;
+    eprintln!("bench: measuring {}", plane.describe());
+
+    let mut rows = Vec::new();
+    for &pods in &args.sizes {
+        rows.push(one_size(&plane, &admin, &as_controller, &nodes, pods).await);
+    }
+    let expiry = expiries(&plane, &admin, &as_controller, args.expiries).await;
+
+    println!("controller bench on {}", plane.describe());
+    println!(
+        "  pods on {} nodes ({}), controller with its default {} workers, no leader election; load average now {}",
+        nodes.len(),
+        if plane.is_real() {
+            "stand-ins, Ready"
+        } else {
+            "names only"
+        },
+        support::CONTROLLER_WORKERS,
+        support::load_average()
+    );
+    for r in &rows {
+        print_row(r);
+    }
+    print_memory(&rows);
+    expiry.print();
+    println!("  whole run: {:.0} s", started.elapsed().as_secs_f64());
+    plane.finish();
+}
+
+async fn one_size(
+    plane: &Plane,
+    admin: &Client,
+    as_controller: &Client,
+    nodes: &[String],
+    pods: usize,
+) -> Row {
+    let ceiling_ns = plane.namespace("ceiling").await;
+    let ceiling = Ceiling::measure(as_controller, &ceiling_ns, pods).await;
+    eprintln!(
+        "bench: ceiling for {pods}: bind {:.1} s, release {:.1} s, delete {:.1} s",
+        ceiling.bind.as_secs_f64(),
+        ceiling.release.as_secs_f64(),
+        ceiling.delete.as_secs_f64()
+    );
+
+    let ns = plane.namespace("bench-pods").await;
+    let made = support::run_all(0..pods, SETUP_IN_FLIGHT, |i| {
+        create_running_pod(admin.clone(), ns.clone(), i, nodes[i % nodes.len()].clone())
+    })
+    .await;
+    eprintln!(
+        "bench: {pods} annotated running pods created in {:.1} s",
+        made.as_secs_f64()
+    );
+    let mut phases = PhaseWatch::start(admin.clone(), &ns, None);
+    let controller = start_controller(plane, &ns, &format!("controller-{pods}")).await;
+    let bind = phases
+        .until("every reservation Bound", PATIENCE, |c| c.bound >= pods)
+        .await;
+    controller.check();
+    eprintln!(
+        "bench: all {pods} Bound {:.1} s after the controller started",
+        bind.as_secs_f64()
+    );
+
+    let t = Instant::now();
+    let pod_api: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    let deletes = support::run_all(0..pods, SETUP_IN_FLIGHT, |i| {
+        let pod_api = pod_api.clone();
+        async move {
+            pod_api
+                .delete(
+                    &format!("pod-{i}"),
+                    &DeleteParams::default().grace_period(0),
+                )
+                .await
+                .expect("pod delete");
+        }
+    })
+    .await;
+    phases
+        .until("every reservation Released", PATIENCE, |c| {
+            c.released >= pods
+        })
+        .await;
+    let release = t.elapsed();
+    controller.check();
+    let peak_rss_kib = controller.peak_rss_kib();
+    controller.stop();
+    Row {
+        pods,
+        bind,
+        release,
+        deletes,
+        peak_rss_kib,
+        ceiling,
+    }
+}
+
+async fn create_running_pod(client: Client, ns: String, i: usize, node: String) {
+    let pods: Api<Pod> = Api::namespaced(client, &ns);
+    let name = format!("pod-{i}");
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "annotations": {"ipkeep.dev/retain": "true"}},
         "spec": {"nodeName": node, "containers": [{"name": "app", "image": "app"}]},
     }))
     .unwrap();
-    pods.create(&PostParams::default(), &pod).await.unwrap();
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("pod create");
+    let ip = test_ip(i);
     let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
     pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
         .await
-        .unwrap();
+        .expect("pod status");
 }
 
-fn peak_rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+async fn start_controller(plane: &Plane, ns: &str, name: &str) -> Operator {
+    let args: Vec<String> = [
+        "controller",
+        "--namespace",
+        ns,
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--leader-elect=false",
+        "--log-level",
+        "warn",
+    ]
+    .map(String::from)
+    .to_vec();
+    plane.operator(name, real::CONTROLLER_ACCOUNT, &args).await
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let pods_n = env_usize("BENCH_PODS", 10_000);
-    let expiries_n = env_usize("BENCH_EXPIRIES", 1_000);
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let bin = std::env::var_os("IPKEEP_OPERATOR_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target/release/ipkeep-operator"));
-    assert!(
-        bin.is_file(),
-        "no controller binary at {} (make bench-controller builds it)",
-        bin.display()
+fn print_row(r: &Row) {
+    let c = &r.ceiling;
+    println!("  {} pods:", r.pods);
+    println!(
+        "    all Bound       {:>7.1} s after the controller started (ceiling: 2 applies each in {:>6.1} s, {:.0} writes/s) → {:.0} %",
+        r.bind.as_secs_f64(),
+        c.bind.as_secs_f64(),
+        c.bind_writes_per_sec(),
+        percent(c.bind.as_secs_f64(), r.bind.as_secs_f64())
     );
-
-    let server = TestServer::start(ServerOptions {
-        crd_dirs: vec![root.join("crds")],
-        ..ServerOptions::default()
-    })
-    .await
-    .unwrap();
-    let client = server.client();
-    let dir = std::env::temp_dir().join(format!("ipkeep-bench-controller-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-
-    let started = Instant::now();
-    futures::stream::iter(0..pods_n)
-        .map(|i| create_pod(client.clone(), i))
-        .buffer_unordered(32)
-        .collect::<Vec<()>>()
-        .await;
-    eprintln!(
-        "bench: {pods_n} annotated running pods created in {:.1} s",
-        started.elapsed().as_secs_f64()
+    println!(
+        "    all Released    {:>7.1} s after the first pod delete (deletes took {:.1} s; ceiling: 1 status apply each in {:.1} s) → {:.0} %",
+        r.release.as_secs_f64(),
+        r.deletes.as_secs_f64(),
+        c.release.as_secs_f64(),
+        percent(c.release.as_secs_f64(), r.release.as_secs_f64())
     );
+    println!(
+        "    controller peak RSS {:.1} MiB",
+        r.peak_rss_kib as f64 / 1024.0
+    );
+}
 
-    let mut child = Command::new(&bin)
-        .args([
-            "controller",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--leader-elect=false",
-            "--log-level",
-            "warn",
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let controller_start = Instant::now();
-    let iprs: Api<IPReservation> = Api::namespaced(client.clone(), "default");
-    let converge = loop {
-        let list = iprs.list(&ListParams::default()).await.unwrap();
-        let bound = list
-            .items
-            .iter()
-            .filter(|r| r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Bound))
-            .count();
-        if bound >= pods_n {
-            break controller_start.elapsed();
-        }
-        assert!(
-            controller_start.elapsed() < Duration::from_secs(600),
-            "gave up after 600 s: {bound} of {pods_n} Bound"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+/// RSS per 1 000 pods from the smallest and largest sizes, and a 150 000-pod projection.
+fn print_memory(rows: &[Row]) {
+    let (Some(small), Some(large)) = (
+        rows.iter().min_by_key(|r| r.pods),
+        rows.iter().max_by_key(|r| r.pods),
+    ) else {
+        return;
     };
-    eprintln!(
-        "bench: all {pods_n} reservations Bound {:.1} s after the controller started",
-        converge.as_secs_f64()
+    if large.pods == small.pods {
+        println!("  RSS per 1 000 pods: needs two sizes (--sizes 1000,10000)");
+        return;
+    }
+    let per_pod =
+        (large.peak_rss_kib as f64 - small.peak_rss_kib as f64) / (large.pods - small.pods) as f64;
+    let base = small.peak_rss_kib as f64 - per_pod * small.pods as f64;
+    println!(
+        "  controller RSS: {:.2} MiB per 1 000 pods above a {:.1} MiB base → {:.0} MiB projected for 150 000 pods",
+        per_pod * 1_000.0 / 1024.0,
+        base / 1024.0,
+        (base + per_pod * 150_000.0) / 1024.0
     );
+}
 
-    // Expiries: hand-made reservations created within about a second, all with the same release
-    // time (creation second + 15 s). Deletions are observed through a watch.
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Timestamp)>();
-    let watch_api: Api<IPReservation> = Api::namespaced(client.clone(), "default");
-    let watch = tokio::spawn(async move {
-        let mut release: HashMap<String, Timestamp> = HashMap::new();
-        let mut events = std::pin::pin!(
-            watcher(watch_api, watcher::Config::default().labels("bench=expiry")).default_backoff()
+/// How late the expiries fired.
+struct Expiry {
+    n: usize,
+    lateness: Vec<f64>,
+    ceiling: Ceiling,
+    slack: f64,
+}
+
+impl Expiry {
+    fn print(&self) {
+        let l = &self.lateness;
+        println!(
+            "  {} expiries due in the same second: late by p50 {:.3} s, p99 {:.3} s, max {:.3} s (ceiling: {} deletes take {:.2} s at 8 in flight) → {:.0} %",
+            self.n,
+            percentile(l, 50.0),
+            percentile(l, 99.0),
+            l.last().copied().unwrap_or(f64::NAN),
+            self.ceiling.n,
+            self.ceiling.delete.as_secs_f64(),
+            percent(
+                self.ceiling.delete.as_secs_f64(),
+                l.last().copied().unwrap_or(f64::NAN)
+            )
         );
-        while let Some(ev) = events.try_next().await.ok().flatten() {
-            match ev {
-                watcher::Event::Apply(r) | watcher::Event::InitApply(r) => {
-                    if let Some(t) = r.status.as_ref().and_then(|s| s.release_time.as_ref()) {
-                        release.insert(r.name_any(), t.0);
-                    }
-                }
-                watcher::Event::Delete(r) => {
-                    let due = r
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.release_time.as_ref())
-                        .map(|t| t.0)
-                        .or_else(|| release.get(&r.name_any()).copied());
-                    if let Some(due) = due {
-                        let _ = tx.send((r.name_any(), due));
-                    }
-                }
-                _ => {}
+        if self.slack < 2.0 {
+            println!(
+                "    (setting them up ended only {:.1} s before they were due: the figure includes the controller's start-up)",
+                self.slack
+            );
+        }
+    }
+}
+
+/// `n` hand-made reservations, all Released with the same release time, then a controller of
+/// their own: lateness of each delete (seen through a watch) after that time.
+async fn expiries(plane: &Plane, admin: &Client, as_controller: &Client, n: usize) -> Expiry {
+    let ceiling_ns = plane.namespace("ceiling").await;
+    let ceiling = Ceiling::measure(as_controller, &ceiling_ns, n).await;
+    let ns = plane.namespace("bench-expiry").await;
+    // Due well after the set-up and the controller's start; released 90 s before, so whatever a
+    // reconcile computes, the release time is this one second.
+    let retain = SignedDuration::from_secs(90);
+    let due = Timestamp::from_second(Timestamp::now().as_second() + 40).unwrap();
+    let released_at = due - retain;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Timestamp>();
+    let watch_api: Api<IPReservation> = Api::namespaced(admin.clone(), &ns);
+    let watch = tokio::spawn(async move {
+        let mut events =
+            std::pin::pin!(watcher(watch_api, watcher::Config::default()).default_backoff());
+        while let Ok(Some(ev)) = events.try_next().await {
+            if let watcher::Event::Delete(_) = ev {
+                let _ = tx.send(Timestamp::now());
             }
         }
     });
-    let made = Instant::now();
-    futures::stream::iter(0..expiries_n)
-        .map(|i| {
-            let iprs = iprs.clone();
-            async move {
-                let r: IPReservation = serde_json::from_value(json!({
-                    "apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation",
-                    "metadata": {"name": format!("expire-{i}"), "labels": {"bench": "expiry"}},
-                    "spec": {"ips": [format!("10.200.{}.{}", i / 256, i % 256)], "nodeName": "node-x", "retainFor": "15s"},
-                }))
-                .unwrap();
-                iprs.create(&PostParams::default(), &r).await.unwrap();
-            }
-        })
-        .buffer_unordered(32)
-        .collect::<Vec<()>>()
-        .await;
-    eprintln!(
-        "bench: {expiries_n} expiring reservations created in {:.2} s",
-        made.elapsed().as_secs_f64()
-    );
-    let mut lateness = Vec::with_capacity(expiries_n);
-    let mut due_seconds = std::collections::BTreeSet::new();
-    while lateness.len() < expiries_n {
-        let (_, due) = tokio::time::timeout(Duration::from_secs(120), rx.recv())
+    let api: Api<IPReservation> = Api::namespaced(admin.clone(), &ns);
+    let apply = PatchParams::apply(support::BENCH_MANAGER).force();
+    support::run_all(0..n, SETUP_IN_FLIGHT, |i| {
+        let (api, apply) = (api.clone(), apply.clone());
+        async move {
+            let name = format!("expire-{i}");
+            let spec = support::reservation_spec(&name, &test_ip(100_000 + i), "node-0", "90s");
+            api.patch(&name, &apply, &Patch::Apply(&spec))
+                .await
+                .expect("expiring reservation");
+            let status = support::reservation_status(json!({
+                "phase": "Released", "releasedAt": released_at.to_string(), "releaseTime": due.to_string(),
+            }));
+            api.patch_status(&name, &apply, &Patch::Apply(&status))
+                .await
+                .expect("expiring reservation's status");
+        }
+    })
+    .await;
+    let controller = start_controller(plane, &ns, "controller-expiry").await;
+    let slack = due.duration_since(Timestamp::now()).as_secs_f64();
+    eprintln!("bench: {n} reservations due at {due} ({slack:.1} s from now)");
+    let mut lateness = Vec::with_capacity(n);
+    while lateness.len() < n {
+        let deleted = tokio::time::timeout(PATIENCE, rx.recv())
             .await
-            .expect("every expiry within 120 s")
+            .expect("every expiry fires")
             .expect("the watch runs");
-        let late = Timestamp::now().duration_since(due).as_secs_f64();
-        due_seconds.insert(due.as_second());
-        lateness.push(late);
+        lateness.push(deleted.duration_since(due).as_secs_f64());
     }
     watch.abort();
-    lateness.sort_by(|a, b| a.total_cmp(b));
-    let rss = peak_rss_kib(pid);
-    let _ = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status();
-    let _ = child.wait();
-    println!(
-        "controller bench ({pods_n} pods, {expiries_n} expiries, API test server in-process, {} distinct due seconds)",
-        due_seconds.len()
-    );
-    println!(
-        "  converge: all {pods_n} Bound {:.1} s after the controller started (target 60 s)",
-        converge.as_secs_f64()
-    );
-    match rss {
-        Some(kib) => println!(
-            "  peak RSS of the controller: {:.1} MiB (target 100 MiB)",
-            kib as f64 / 1024.0
-        ),
-        None => {
-            println!("  peak RSS of the controller: unavailable (/proc/{pid}/status unreadable)")
-        }
+    controller.check();
+    controller.stop();
+    lateness.sort_by(f64::total_cmp);
+    Expiry {
+        n,
+        lateness,
+        ceiling,
+        slack,
     }
-    println!(
-        "  expiry lateness: p50 {:.3} s, p99 {:.3} s, max {:.3} s, min {:.3} s (target: every one within 1 s)",
-        percentile(&lateness, 50.0),
-        percentile(&lateness, 99.0),
-        lateness.last().copied().unwrap_or(f64::NAN),
-        lateness.first().copied().unwrap_or(f64::NAN),
-    );
-    let _ = std::fs::remove_dir_all(&dir);
 }

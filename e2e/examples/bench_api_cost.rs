@@ -1,0 +1,357 @@
+//! `make bench-api-cost`: what one pod's lifecycle costs the real kube-apiserver, read back from
+//! its audit log, for the controller and the agent separately (each runs as its own chart
+//! ServiceAccount, so the audit log's `user.username` tells them apart).
+//!
+//! The story, for `--pods` annotated pods at once (`ipkeep.dev/retain-for` short, so it ends
+//! within a minute): created and running → Bound; deleted → Released; re-created under the same
+//! names → Bound again; deleted → Released; the retention passes → the reservation expires. The
+//! controller and one agent (for the pods' node) start before it and are ready (their caches
+//! filled, their start-up LISTs done) before the audit log is marked.
+//!
+//! Goals, each printed with whether it holds: at most 4 writes per pod lifecycle, and no LIST after
+//! start-up (a LIST then would be a relist). Not a test: it prints figures.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../tests/real_support/mod.rs"]
+mod real;
+#[path = "../tests/fixtures/shared.rs"]
+mod shared;
+
+#[path = "bench_support/mod.rs"]
+mod support;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use clap::Parser;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api, Client,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use support::{Audited, PhaseWatch, Plane, ServerKind, is_write};
+
+/// The most writes one pod's lifecycle may cost (issue 17).
+const WRITE_GOAL: f64 = 4.0;
+/// The node the story's pods run on.
+const NODE: &str = "cost-node";
+const PATIENCE: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Parser)]
+#[command(about = "what one pod's lifecycle costs the real kube-apiserver, from its audit log")]
+struct Args {
+    /// Which API server (only the real one keeps an audit log).
+    #[arg(long, value_enum, default_value = "real")]
+    server: ServerKind,
+    /// Pods going through the story at once (the figures are per pod).
+    #[arg(long, default_value_t = 100)]
+    pods: usize,
+    /// Their retention after they are gone (`ipkeep.dev/retain-for`).
+    #[arg(long, default_value = "20s")]
+    retain_for: String,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = Args::parse();
+    let mut plane = Plane::start(args.server).await;
+    let Some(log) = plane.audit_log() else {
+        println!(
+            "api cost bench: {} keeps no audit log; run it with --server real",
+            plane.describe()
+        );
+        plane.finish();
+        return;
+    };
+    plane.add_nodes(&[NODE.to_owned()]).await;
+    let admin = plane.admin();
+    let ns = plane.namespace("bench-cost").await;
+
+    let before_start = support::audit_mark(&log);
+    let controller_probe = support::free_addr();
+    let controller = plane
+        .operator(
+            "controller-cost",
+            real::CONTROLLER_ACCOUNT,
+            &[
+                "controller".into(),
+                "--namespace".into(),
+                ns.clone(),
+                "--metrics-addr".into(),
+                controller_probe.to_string(),
+                "--leader-elect=false".into(),
+                "--log-level".into(),
+                "warn".into(),
+            ],
+        )
+        .await;
+    let agent_probe = support::free_addr();
+    let data_dir = plane.scratch("agent-cost");
+    let agent = plane
+        .operator(
+            "agent-cost",
+            real::AGENT_ACCOUNT,
+            &[
+                "agent".into(),
+                "--node-name".into(),
+                NODE.into(),
+                "--network".into(),
+                "cbr0".into(),
+                "--data-dir".into(),
+                data_dir.display().to_string(),
+                "--probe-addr".into(),
+                agent_probe.to_string(),
+                "--log-level".into(),
+                "warn".into(),
+            ],
+        )
+        .await;
+    controller.ready(controller_probe).await;
+    agent.ready(agent_probe).await;
+    let controller_user = plane.account_user(real::CONTROLLER_ACCOUNT).await;
+    let agent_user = plane.account_user(real::AGENT_ACCOUNT).await;
+    let start = support::audit_settled(&log, before_start, &controller_user).await;
+
+    let n = args.pods;
+    let mut phases = PhaseWatch::start(admin.clone(), &ns, None);
+    let mut marks = vec![start];
+    for step in STEPS {
+        match step {
+            Step::Create | Step::Recreate => create_pods(&admin, &ns, n, &args.retain_for).await,
+            Step::Delete | Step::DeleteAgain => delete_pods(&admin, &ns, n).await,
+            Step::Expire => {}
+        }
+        phases
+            .until(step.awaits(), PATIENCE, |c| step.done(c, n))
+            .await;
+        let from = *marks.last().unwrap();
+        marks.push(support::audit_settled(&log, from, &controller_user).await);
+    }
+    controller.check();
+    agent.check();
+    controller.stop();
+    agent.stop();
+
+    println!(
+        "api cost bench on {}: {n} pods, each created → deleted → re-created → deleted → expired (retain-for {})",
+        plane.describe(),
+        args.retain_for
+    );
+    let steps: Vec<BTreeMap<Audited, usize>> = marks
+        .windows(2)
+        .map(|w| support::audited_between(&log, w[0], Some(w[1])))
+        .collect();
+    println!("  controller ({controller_user}), per pod:");
+    println!(
+        "    {:<34} {:>14} {:>7} {:>7} {:>7}",
+        "step", "reservations", "Events", "reads", "LISTs"
+    );
+    let mut lifecycle = Vec::new();
+    for (step, counts) in STEPS.iter().zip(&steps) {
+        let c = Cost::of(counts, &controller_user, n);
+        println!(
+            "    {:<34} {:>14.2} {:>7.2} {:>7.2} {:>7.2}",
+            step.awaits(),
+            c.reservation_writes,
+            c.event_writes,
+            c.reads,
+            c.lists
+        );
+        lifecycle.push((*step, c));
+    }
+    let total = |steps: &[Step]| -> (f64, f64) {
+        lifecycle
+            .iter()
+            .filter(|(s, _)| steps.contains(s))
+            .fold((0.0, 0.0), |(r, e), (_, c)| {
+                (r + c.reservation_writes, e + c.event_writes)
+            })
+    };
+    let verdict = |ok: bool| if ok { "holds" } else { "does NOT hold" };
+    for (name, steps) in [
+        (
+            "create → delete → expire",
+            &[Step::Create, Step::Delete, Step::Expire][..],
+        ),
+        ("create → delete → re-create → delete → expire", &STEPS[..]),
+    ] {
+        let (r, e) = total(steps);
+        println!(
+            "    writes per lifecycle {name}: {:.2} ({r:.2} to reservations, {e:.2} Events) — goal ≤ {WRITE_GOAL}: {}; without Normal Events: {}",
+            r + e,
+            verdict(r + e <= WRITE_GOAL),
+            verdict(r <= WRITE_GOAL)
+        );
+    }
+    let start_up = support::audited_between(&log, before_start, Some(start));
+    for (who, user) in [("controller", &controller_user), ("agent", &agent_user)] {
+        let requests: Vec<String> = start_up
+            .iter()
+            .filter(|(k, _)| &k.user == user)
+            .map(|(k, v)| format!("{v} {} {}", k.verb, k.resource))
+            .collect();
+        println!("  {who} start-up: {}", requests.join(", "));
+    }
+    let everything = support::audited_between(&log, start, marks.last().copied());
+    for (who, user) in [("controller", &controller_user), ("agent", &agent_user)] {
+        report(who, user, &everything, n);
+    }
+    plane.finish();
+}
+
+/// The story's steps, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Create,
+    Delete,
+    Recreate,
+    DeleteAgain,
+    Expire,
+}
+
+const STEPS: [Step; 5] = [
+    Step::Create,
+    Step::Delete,
+    Step::Recreate,
+    Step::DeleteAgain,
+    Step::Expire,
+];
+
+impl Step {
+    /// What the step waits for.
+    fn awaits(self) -> &'static str {
+        match self {
+            Step::Create => "created → Bound",
+            Step::Delete => "deleted → Released",
+            Step::Recreate => "re-created → Bound again",
+            Step::DeleteAgain => "deleted again → Released",
+            Step::Expire => "retention over → expired (deleted)",
+        }
+    }
+
+    fn done(self, c: &support::PhaseCount, n: usize) -> bool {
+        match self {
+            Step::Create | Step::Recreate => c.bound >= n,
+            Step::Delete | Step::DeleteAgain => c.released >= n,
+            Step::Expire => c.deleted >= n,
+        }
+    }
+}
+
+/// One user's requests in one step, per pod.
+struct Cost {
+    reservation_writes: f64,
+    event_writes: f64,
+    reads: f64,
+    lists: f64,
+}
+
+impl Cost {
+    fn of(counts: &BTreeMap<Audited, usize>, user: &str, pods: usize) -> Cost {
+        let sum = |keep: &dyn Fn(&Audited) -> bool| -> f64 {
+            counts
+                .iter()
+                .filter(|(k, _)| k.user == user && keep(k))
+                .map(|(_, v)| *v)
+                .sum::<usize>() as f64
+                / pods as f64
+        };
+        Cost {
+            reservation_writes: sum(&|k| {
+                is_write(&k.verb) && k.resource.starts_with("ipreservations")
+            }),
+            event_writes: sum(&|k| is_write(&k.verb) && k.resource == "events"),
+            reads: sum(&|k| k.verb == "get"),
+            lists: sum(&|k| k.verb == "list"),
+        }
+    }
+}
+
+async fn create_pods(admin: &Client, ns: &str, n: usize, retain_for: &str) {
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    support::run_all(0..n, 16, |i| {
+        let pods = pods.clone();
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("pod-{i}"), "annotations": {
+                "ipkeep.dev/retain": "true", "ipkeep.dev/retain-for": retain_for,
+            }},
+            "spec": {"nodeName": NODE, "containers": [{"name": "app", "image": "app"}]},
+        }))
+        .unwrap();
+        async move {
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .expect("pod create");
+            let ip = support::test_ip(i);
+            let status =
+                json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
+            pods.patch_status(
+                &format!("pod-{i}"),
+                &PatchParams::default(),
+                &Patch::Merge(&status),
+            )
+            .await
+            .expect("pod status");
+        }
+    })
+    .await;
+}
+
+async fn delete_pods(admin: &Client, ns: &str, n: usize) {
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    support::run_all(0..n, 16, |i| {
+        let pods = pods.clone();
+        async move {
+            pods.delete(
+                &format!("pod-{i}"),
+                &DeleteParams::default().grace_period(0),
+            )
+            .await
+            .expect("pod delete");
+        }
+    })
+    .await;
+}
+
+/// Prints `user`'s requests per pod by verb and resource, and whether the goals hold.
+fn report(who: &str, user: &str, counts: &BTreeMap<Audited, usize>, pods: usize) {
+    let mine: Vec<(&Audited, usize)> = counts
+        .iter()
+        .filter(|(k, _)| k.user == user)
+        .map(|(k, v)| (k, *v))
+        .collect();
+    let per_pod = |v: usize| v as f64 / pods as f64;
+    println!("  {who}, every request of the whole story per pod (verb, resource):");
+    if mine.is_empty() {
+        println!("    none");
+    }
+    for (k, v) in &mine {
+        println!(
+            "    {:<7} {:<28} {:>6.2}  ({v} in all)",
+            k.verb,
+            k.resource,
+            per_pod(*v)
+        );
+    }
+    let writes: usize = mine
+        .iter()
+        .filter(|(k, _)| is_write(&k.verb))
+        .map(|(_, v)| v)
+        .sum();
+    let lists: usize = mine
+        .iter()
+        .filter(|(k, _)| k.verb == "list")
+        .map(|(_, v)| v)
+        .sum();
+    let verdict = |ok: bool| if ok { "holds" } else { "does NOT hold" };
+    println!(
+        "    writes per pod lifecycle: {:.2} (goal ≤ {WRITE_GOAL}: {})",
+        per_pod(writes),
+        verdict(per_pod(writes) <= WRITE_GOAL)
+    );
+    println!(
+        "    LISTs after start-up: {lists} (goal 0 except on relist: {})",
+        verdict(lists == 0)
+    );
+}
