@@ -10,23 +10,19 @@
 //! `IPKEEP_IMAGE_ARCHIVE`); fails loudly, naming what to run, without them.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{path::PathBuf, time::Duration};
+use std::path::PathBuf;
 
 use ipkeep_e2e::cluster::realnode::{self, RealCluster, RealNode};
-use k8s_openapi::api::core::v1::Pod;
-use kube::{Api, api::ListParams};
 
 use crate::system::{
-    ChartCluster, Options, RunningPod, System, kubectl, run_ok, run_on_chart_cluster, wait_for,
+    ChartCluster, Options, RunningPod, System, kubectl, kubectl_ok, run_ok, run_on_chart_cluster,
+    wait_for,
 };
 
 /// The chart's release name and namespace, as in the README.
 pub const RELEASE: &str = "ipkeep";
 /// The release's namespace.
 pub const RELEASE_NS: &str = "ipkeep-system";
-
-/// How long a pod of the chart may take to be Ready (image import, init container, probes).
-const COMPONENT_READY: Duration = Duration::from_secs(180);
 
 /// The image archive `make image` writes (`IPKEEP_IMAGE_ARCHIVE` overrides it).
 pub fn image_archive() -> PathBuf {
@@ -104,21 +100,22 @@ pub async fn install(c: &RealCluster, values: &[String], extra: &[&str]) {
     release_ready(c).await;
 }
 
-/// Waits until every pod of the release (controllers and an agent per node) is Ready.
+/// Waits until the release's controller Deployment and agent DaemonSet have rolled out: every
+/// replica updated and Ready, an agent on every node.
 pub async fn release_ready(c: &RealCluster) {
-    let pods: Api<Pod> = Api::namespaced(c.plane().client().expect("a client"), RELEASE_NS);
-    let list = pods
-        .list(&ListParams::default())
-        .await
-        .expect("list the release's pods");
-    for p in list.items {
-        if p.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let name = p.metadata.name.unwrap_or_default();
-        c.wait_pod_ready(RELEASE_NS, &name, COMPONENT_READY)
-            .await
-            .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
+    for workload in ["daemonset/ipkeep-agent", "deployment/ipkeep-controller"] {
+        kubectl_ok(
+            c.plane(),
+            &[
+                "-n",
+                RELEASE_NS,
+                "rollout",
+                "status",
+                workload,
+                "--timeout=180s",
+            ],
+            None,
+        );
     }
 }
 
