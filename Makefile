@@ -54,8 +54,9 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## test: every test CI runs (needs root for the network-namespace tests); the plugin's suites run
-## twice, against the debug build and against the static release binary that ships.
+## test: every test CI runs (needs root for the network-namespace tests and the real nodes); the
+## plugin's suites run twice, against the debug build and against the static release binary that
+## ships. The image archive (`make image`) is what the chart test installs on the real nodes.
 # build.sh prints the bin dir last: the real-control-plane suites and the kubectl tests use the
 # binaries there (kubectl of the same version as the API server), never the machine's own.
 test:
@@ -68,7 +69,7 @@ test:
 	  echo "make test: control plane binaries and kubectl from $$bin_dir, node binaries from $$node_bin_dir" && \
 	  $(MAKE) --no-print-directory lint && \
 	  $(MAKE) --no-print-directory plugin && \
-	  $(MAKE) --no-print-directory operator-static && ./scripts/install-packaging-deps.sh && \
+	  $(MAKE) --no-print-directory image && \
 	  $(CARGO) test --workspace 2>&1 | tee target/test.log && \
 	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \
 	  IPKEEP_TEST_BIN=$(CURDIR)/$(PLUGIN_BIN) $(CARGO) test -p ipkeep-plugin --tests 2>&1 | tee -a target/test.log

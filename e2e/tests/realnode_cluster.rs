@@ -136,6 +136,53 @@ async fn pods_on_two_real_nodes_talk_and_answer_exec_and_logs() {
     for n in c.nodes() {
         eprintln!("memory of {} (KiB): {:?}", n.name(), n.memory_kib());
     }
+
+    // containerd and the kubelet restarted alone: web-b's container runs on, same sandbox.
+    let sandbox_pid = |n: &realnode::RealNode| {
+        n.exec(&[
+            "sh",
+            "-c",
+            "ls /run/containerd/io.containerd.runtime.v2.task/k8s.io | sort",
+        ])
+        .unwrap()
+    };
+    let sandboxes = sandbox_pid(b);
+    b.restart_containerd().unwrap();
+    b.restart_kubelet().unwrap();
+    let still = c.wait_pod_ready(&ns, "web-b", POD_READY).await.unwrap();
+    assert_eq!(ip_of(&still), ip_b);
+    assert_eq!(
+        sandbox_pid(b),
+        sandboxes,
+        "a restart replaced web-b's containers"
+    );
+
+    // A reboot: every container goes with the node's /run and network namespace; the kubelet
+    // starts web-b again in a new sandbox on a new veth.
+    b.reboot().unwrap();
+    let t0 = Instant::now();
+    let deadline = t0 + POD_READY;
+    loop {
+        let now = sandbox_pid(b);
+        if !now.is_empty() && now != sandboxes {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "web-b never got a new sandbox after the reboot"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let back = c.wait_pod_ready(&ns, "web-b", POD_READY).await.unwrap();
+    assert!(in_cidr(&ip_of(&back), b), "{}", ip_of(&back));
+    let logs = c.kubectl(&["-n", &ns, "logs", "web-b"], None).unwrap();
+    assert!(logs.contains("hello from web-b"), "{logs}");
+    eprintln!(
+        "web-b Ready again {:.1}s after {} rebooted: {} (was {ip_b}; host-local's files survive the reboot)",
+        t0.elapsed().as_secs_f64(),
+        b.name(),
+        ip_of(&back)
+    );
 }
 
 fn e2e(args: &[&str]) -> Output {
@@ -155,6 +202,21 @@ fn e2e_ok(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The machine's own values: the record of a cluster still running or being cleaned up (its
+/// kubelets' values are live now), else the live ones.
+fn machine_sysctls() -> Vec<(String, String)> {
+    match std::fs::read_to_string(realnode::host::sysctl_record()) {
+        Ok(text) => {
+            let record: serde_json::Value = serde_json::from_str(&text).unwrap();
+            KUBELET_SYSCTLS
+                .iter()
+                .map(|k| (k.to_string(), record[k].as_str().unwrap().to_owned()))
+                .collect()
+        }
+        Err(_) => sysctls(),
+    }
 }
 
 fn sysctls() -> Vec<(String, String)> {
@@ -232,7 +294,7 @@ fn assert_sysctls_restored(machine: &[(String, String)]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_up_nodes_load_image_and_down_leave_nothing_and_restore_sysctls() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let machine = sysctls();
+    let machine = machine_sysctls();
     let dir = state_dir("rn-down");
     let slot = up_one_node(&dir);
     let images = realnode::node_image_dir(&realnode::node_bin_dir().unwrap()).unwrap();
@@ -269,7 +331,7 @@ fn supervisor_and_watchdog(dir: &Path) -> (u32, u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_supervisor_leaves_nothing_once_its_watchdog_or_cluster_down_ran() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let machine = sysctls();
+    let machine = machine_sysctls();
 
     // SIGKILL of the supervisor: its watchdog stops the daemons and reaps the nodes.
     let dir = state_dir("rn-crash");
@@ -295,4 +357,33 @@ async fn a_killed_supervisor_leaves_nothing_once_its_watchdog_or_cluster_down_ra
     e2e_ok(&["cluster", "down", "--state-dir", dir.to_str().unwrap()]);
     assert_eq!(realnode::leftovers(slot), Vec::<String>::new());
     assert_sysctls_restored(&machine);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_node_binaries_or_a_bad_node_count_fail_saying_what_to_do() {
+    let empty = state_dir("rn-nobins");
+    std::fs::create_dir_all(&empty).unwrap();
+    let options = RealClusterOptions {
+        node_bin_dir: Some(empty.clone()),
+        ..RealClusterOptions::default()
+    };
+    let e = RealCluster::start(options).await.unwrap_err();
+    let text = ipkeep_e2e::error_chain(&e);
+    assert!(
+        text.contains("has no kubelet") && text.contains("make node-bins"),
+        "{text}"
+    );
+    std::fs::remove_dir(&empty).unwrap();
+
+    for nodes in [0, 9] {
+        let options = RealClusterOptions {
+            nodes,
+            ..RealClusterOptions::default()
+        };
+        let text = ipkeep_e2e::error_chain(&RealCluster::start(options).await.unwrap_err());
+        assert!(
+            text.contains("invalid number of nodes") && text.contains("1 to 8"),
+            "{text}"
+        );
+    }
 }

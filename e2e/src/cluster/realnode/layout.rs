@@ -175,6 +175,25 @@ impl NodeLayout {
             .join(node_path.trim_start_matches('/').replace('/', "-"))
     }
 
+    /// The host path behind any path the node sees under one of [`NODE_PATHS`]
+    /// (`/var/lib/cni/networks/cbr0` → `<data>/root/var-lib-cni/networks/cbr0`); `None` for a
+    /// path outside them or one that climbs (`..`) or is not absolute, so nothing outside the
+    /// node's directory is ever named.
+    pub fn host_path(self, node_path: &str) -> Option<PathBuf> {
+        let (base, rest) = NODE_PATHS.iter().find_map(|p| {
+            let rest = node_path.strip_prefix(p)?;
+            (rest.is_empty() || rest.starts_with('/')).then_some((*p, rest))
+        })?;
+        let mut out = self.host_dir(base);
+        for part in rest.split('/').filter(|c| !c.is_empty()) {
+            if part == ".." || part == "." {
+                return None;
+            }
+            out.push(part);
+        }
+        Some(out)
+    }
+
     /// The file its persistent mount namespace is bound to.
     pub fn mount_ns_file(self) -> PathBuf {
         self.slot.run_dir().join(format!("{}.mnt", self.name()))
@@ -294,6 +313,8 @@ pub fn kube_proxy_config(node: NodeLayout, kubeconfig: &Path) -> serde_json::Val
         // Leave the machine's conntrack sysctls alone.
         "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
         "iptables": {"minSyncPeriod": "1s"},
+        // NodePorts on the node's own address only (kube-proxy warns when this is unset).
+        "nodePortAddresses": ["primary"],
     })
 }
 
@@ -420,6 +441,28 @@ mod tests {
         let dirs: std::collections::BTreeSet<_> =
             NODE_PATHS.iter().map(|p| node.host_dir(p)).collect();
         assert_eq!(dirs.len(), NODE_PATHS.len());
+    }
+
+    #[test]
+    fn host_paths_stay_inside_the_node_directory() {
+        let node = Slot::new(0).and_then(|s| s.node(1)).unwrap();
+        let root = "/var/lib/ipkeep-e2e/nodes/slot0/node-1/root";
+        for (path, want) in [
+            ("/var/lib/cni", Some(format!("{root}/var-lib-cni"))),
+            (
+                "/var/lib/cni/networks/cbr0/reserved",
+                Some(format!("{root}/var-lib-cni/networks/cbr0/reserved")),
+            ),
+            ("/opt/cni/bin/", Some(format!("{root}/opt-cni-bin"))),
+            ("/var/lib/cni/../../../etc", None),
+            ("/var/lib/cni/./x", None),
+            ("/var/lib/cnix", None),
+            ("/etc/passwd", None),
+            ("var/lib/cni", None),
+            ("", None),
+        ] {
+            assert_eq!(node.host_path(path), want.map(PathBuf::from), "{path}");
+        }
     }
 
     #[test]

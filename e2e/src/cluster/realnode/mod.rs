@@ -12,7 +12,6 @@ pub mod layout;
 pub mod node;
 
 use std::{
-    net::Ipv4Addr,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
@@ -229,15 +228,19 @@ pub fn node_bin_dir() -> Result<PathBuf, RealNodeError> {
             &["--print-node-bin-dir"],
         )?,
     };
-    for b in NODE_BINARIES {
-        if !dir.join(b).is_file() {
-            return Err(RealNodeError::BinariesMissing {
-                dir,
-                missing: b.to_owned(),
-            });
-        }
-    }
+    check_node_bin_dir(&dir)?;
     Ok(dir)
+}
+
+/// Fails naming the first node binary `dir` lacks, and how to build it.
+fn check_node_bin_dir(dir: &Path) -> Result<(), RealNodeError> {
+    match NODE_BINARIES.iter().find(|b| !dir.join(b).is_file()) {
+        Some(b) => Err(RealNodeError::BinariesMissing {
+            dir: dir.to_owned(),
+            missing: (*b).to_owned(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The directory of the node images: `IPKEEP_NODE_IMAGE_DIR`, else built (or found in the
@@ -287,6 +290,30 @@ pub struct RealCluster {
     nodes: Vec<RealNode>,
     slot: Slot,
     bin_dir: PathBuf,
+    /// Set by the first [`RealCluster::stop`]: the slot may be someone else's after that.
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+/// The lock every claim of a slot and every "last one out restores the sysctls" takes (a file
+/// in `/run`, so a reboot clears it; `flock`, so a killed holder releases it).
+fn machine_lock() -> Result<std::fs::File, RealNodeError> {
+    let path = Path::new("/run/ipkeep-e2e-nodes.lock");
+    let io = |what: &str| {
+        let what = format!("{what} {}", path.display());
+        move |source| RealNodeError::Io {
+            node: "-".into(),
+            what,
+            source,
+        }
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(io("open"))?;
+    file.lock().map_err(io("lock"))?;
+    Ok(file)
 }
 
 /// The slot's `owner` file: the pid of the process that runs it.
@@ -303,30 +330,43 @@ fn slot_owner(slot: Slot) -> Option<u32> {
 }
 
 /// Claims a free slot: removes the leftovers of crashed runs first, then takes the first slot
-/// whose directory it can create (the directory is the lock).
+/// whose directory does not exist. The directory is the lock, and it appears whole, with its
+/// `owner` file, by a rename: a concurrent [`cleanup_stale`] never sees it without an owner.
 fn claim_slot() -> Result<Slot, RealNodeError> {
     for line in cleanup_stale() {
         eprintln!("ipkeep-e2e nodes: {line}");
     }
     let parent = Path::new(layout::DATA_ROOT).join("nodes");
-    std::fs::create_dir_all(&parent).map_err(|source| RealNodeError::Io {
-        node: "-".into(),
-        what: format!("create {}", parent.display()),
+    let io = |what: String| {
+        move |source| RealNodeError::Io {
+            node: "-".into(),
+            what,
+            source,
+        }
+    };
+    std::fs::create_dir_all(&parent).map_err(io(format!("create {}", parent.display())))?;
+    // Under the machine lock: a cleanup that finds no slot in use and restores the sysctls
+    // never runs between our claim and our record of them.
+    let _lock = machine_lock()?;
+    host::record_sysctls().map_err(|source| RealNodeError::Machine {
+        stage: "record the sysctls the kubelet changes".into(),
         source,
     })?;
+    let claim = parent.join(format!(".claim-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&claim);
+    std::fs::create_dir(&claim).map_err(io(format!("create {}", claim.display())))?;
+    std::fs::write(claim.join("owner"), format!("{}\n", std::process::id()))
+        .map_err(io(format!("write the owner file in {}", claim.display())))?;
     for n in 0..layout::MAX_SLOTS {
         let Some(slot) = Slot::new(n) else { continue };
-        if std::fs::create_dir(slot.data_dir()).is_ok() {
-            std::fs::write(owner_file(slot), format!("{}\n", std::process::id())).map_err(
-                |source| RealNodeError::Io {
-                    node: "-".into(),
-                    what: format!("write {}", owner_file(slot).display()),
-                    source,
-                },
-            )?;
+        // rename(2) onto an existing non-empty directory fails: the slot is someone's.
+        if slot.data_dir().symlink_metadata().is_err()
+            && std::fs::rename(&claim, slot.data_dir()).is_ok()
+        {
             return Ok(slot);
         }
     }
+    let _ = std::fs::remove_dir_all(&claim);
     Err(RealNodeError::NoSlot)
 }
 
@@ -370,6 +410,7 @@ pub fn cleanup_slot(slot: Slot) -> Result<Vec<String>, RealNodeError> {
         })?;
         done.push(format!("removed {}", data.display()));
     }
+    let _lock = machine_lock()?;
     if slots_in_use().is_empty() {
         host::remove_cgroup_parent_if_empty();
         let _ = std::fs::remove_dir(layout::RUN_ROOT);
@@ -446,6 +487,19 @@ pub fn slots_in_use() -> Vec<Slot> {
 /// what it did. Slots of running clusters are left alone.
 pub fn cleanup_stale() -> Vec<String> {
     let mut lines = Vec::new();
+    // A claim directory of a process that died between creating and renaming it.
+    if let Ok(entries) = std::fs::read_dir(Path::new(layout::DATA_ROOT).join("nodes")) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let dead = name
+                .strip_prefix(".claim-")
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| !super::plane::process_alive(pid));
+            if dead && e.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
     for slot in slots_in_use() {
         if slot_owner(slot).is_some_and(super::plane::process_alive) {
             continue;
@@ -542,7 +596,10 @@ impl RealCluster {
             source,
         })?;
         let bin_dir = match &options.node_bin_dir {
-            Some(d) => d.clone(),
+            Some(d) => {
+                check_node_bin_dir(d)?;
+                d.clone()
+            }
             None => node_bin_dir()?,
         };
         let image_dir = match &options.image_dir {
@@ -570,7 +627,6 @@ impl RealCluster {
         };
         // Any leftovers of an earlier run in this slot (a deleted data directory) go first.
         cleanup_slot_network(slot)?;
-        host::record_sysctls().map_err(machine("record the sysctls the kubelet changes"))?;
         host::create_bridge(slot).map_err(machine("create the nodes' bridge"))?;
         host::prepare_run_dir(slot).map_err(machine("prepare the namespace directory"))?;
         let mut plane_options = options.plane.clone();
@@ -589,6 +645,7 @@ impl RealCluster {
             nodes: Vec::new(),
             slot,
             bin_dir: bin_dir.to_owned(),
+            stopped: std::sync::atomic::AtomicBool::new(false),
         };
         let client = plane.client()?;
         let nodes_api: Api<Node> = Api::all(client.clone());
@@ -818,6 +875,9 @@ impl RealCluster {
 
     /// Stops everything and removes it (idempotent); returns what the cleanup did.
     pub fn stop(&self) -> Result<Vec<String>, RealNodeError> {
+        if self.stopped.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Ok(Vec::new());
+        }
         for n in &self.nodes {
             n.stop_daemons();
         }
@@ -902,11 +962,6 @@ pub async fn shared() -> Result<&'static RealCluster, RealNodeError> {
         }
         Err(e) => Err(RealNodeError::Shared(e.clone())),
     }
-}
-
-/// The address nodes reach the API server at, for a slot.
-pub fn api_address(slot: Slot) -> Ipv4Addr {
-    slot.host_ip()
 }
 
 #[cfg(test)]

@@ -141,7 +141,7 @@ impl RealNode {
                     source: e.source,
                 })
         };
-        let kubelet_kc = kc(
+        kc(
             "kubelet.kubeconfig",
             &format!("system:node:{name}"),
             &kubelet_client,
@@ -170,7 +170,6 @@ impl RealNode {
             let path = config_dir.join(file);
             std::fs::write(&path, text).map_err(io("write", &path))?;
         }
-        let _ = kubelet_kc;
 
         let node = RealNode {
             layout,
@@ -233,17 +232,7 @@ impl RealNode {
     /// The host directory behind a path the node sees (`/var/lib/cni`, `/opt/cni/bin`,
     /// `/etc/cni/net.d`, `/var/lib/kubelet`, ...); `None` for a path not private to the node.
     pub fn host_path(&self, node_path: &str) -> Option<PathBuf> {
-        let (base, rest) = layout::NODE_PATHS.iter().find_map(|p| {
-            let rest = node_path.strip_prefix(p)?;
-            (rest.is_empty() || rest.starts_with('/')).then_some((*p, rest))
-        })?;
-        let rest = rest.trim_start_matches('/');
-        // Nothing may climb out of the node's directory.
-        if rest.split('/').any(|c| c == "..") {
-            return None;
-        }
-        let dir = self.layout.host_dir(base);
-        Some(if rest.is_empty() { dir } else { dir.join(rest) })
+        self.layout.host_path(node_path)
     }
 
     /// A command that runs `program` inside the node (its network and mount namespaces, its
@@ -270,7 +259,9 @@ impl RealNode {
         )
     }
 
-    fn log(&self, daemon: &str) -> PathBuf {
+    /// The log file of one of its daemons (`containerd`, `kubelet`, `kube-proxy`); containerd's
+    /// holds what CNI plugins write to stderr.
+    pub fn log(&self, daemon: &str) -> PathBuf {
         self.logs.join(format!("{}-{daemon}.log", self.name()))
     }
 
