@@ -162,30 +162,25 @@ pub fn node<'a>(c: &'a RealCluster, name: &str) -> &'a RealNode {
         .unwrap_or_else(|| panic!("no real node {name}"))
 }
 
-/// What `ip -o addr show eth0` says inside the pod's container (retried until the kubelet
-/// serves exec again: it may just have been restarted).
-pub async fn eth0(sys: &System, pod: &str) -> String {
-    let args = [
-        "-n",
-        sys.ns.as_str(),
-        "exec",
-        pod,
-        "--",
-        "ip",
-        "-o",
-        "addr",
-        "show",
-        "eth0",
-    ];
-    wait_for(&format!("kubectl exec into {pod}"), || {
+/// What `command` prints in `pod`'s container (`kubectl exec`), retried until it succeeds: the
+/// kubelet may just have been restarted, a server in another pod may not listen yet.
+pub async fn exec_until_it_works(sys: &System, pod: &str, command: &[&str]) -> String {
+    let mut args = vec!["-n", sys.ns.as_str(), "exec", pod, "--"];
+    args.extend_from_slice(command);
+    wait_for(&format!("`{}` to work in {pod}", command.join(" ")), || {
         let out = kubectl(&sys.target, &args, None);
-        let shown = out
+        let printed = out
             .status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).into_owned());
-        async move { shown }
+        async move { printed }
     })
     .await
+}
+
+/// What `ip -o addr show eth0` says inside the pod's container.
+pub async fn eth0(sys: &System, pod: &str) -> String {
+    exec_until_it_works(sys, pod, &["ip", "-o", "addr", "show", "eth0"]).await
 }
 
 /// Asserts the container of `pod` holds each of its addresses on `eth0`.
@@ -200,22 +195,10 @@ pub async fn assert_on_eth0(sys: &System, pod: &RunningPod) {
     }
 }
 
-/// The page `from` fetches from `to`'s busybox httpd (port 8080) over the pod network (retried
-/// until the server answers: a container just started may not listen yet).
+/// The page `from` fetches from `to`'s busybox httpd (port 8080) over the pod network.
 pub async fn fetch(sys: &System, from: &str, to: &RunningPod) -> String {
     let url = format!("http://{}:8080/", to.ips[0]);
-    let args = ["exec", from, "--", "wget", "-qO-", url.as_str()];
-    wait_for(&format!("{from} to fetch {url}"), || {
-        let mut all = vec!["-n", sys.ns.as_str()];
-        all.extend_from_slice(&args);
-        let out = kubectl(&sys.target, &all, None);
-        let page = out
-            .status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).into_owned());
-        async move { page }
-    })
-    .await
+    exec_until_it_works(sys, from, &["wget", "-qO-", &url]).await
 }
 
 /// What the workload image's httpd serves.
