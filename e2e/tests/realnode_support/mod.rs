@@ -10,23 +10,19 @@
 //! `IPKEEP_IMAGE_ARCHIVE`); fails loudly, naming what to run, without them.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{path::PathBuf, time::Duration};
+use std::path::PathBuf;
 
 use ipkeep_e2e::cluster::realnode::{self, RealCluster, RealNode};
-use k8s_openapi::api::core::v1::Pod;
-use kube::{Api, api::ListParams};
 
 use crate::system::{
-    ChartCluster, Options, RunningPod, System, kubectl, run_ok, run_on_chart_cluster, wait_for,
+    ChartCluster, Options, RunningPod, System, kubectl, kubectl_ok, run_ok, run_on_chart_cluster,
+    wait_for,
 };
 
 /// The chart's release name and namespace, as in the README.
 pub const RELEASE: &str = "ipkeep";
 /// The release's namespace.
 pub const RELEASE_NS: &str = "ipkeep-system";
-
-/// How long a pod of the chart may take to be Ready (image import, init container, probes).
-const COMPONENT_READY: Duration = Duration::from_secs(180);
 
 /// The image archive `make image` writes (`IPKEEP_IMAGE_ARCHIVE` overrides it).
 pub fn image_archive() -> PathBuf {
@@ -104,21 +100,22 @@ pub async fn install(c: &RealCluster, values: &[String], extra: &[&str]) {
     release_ready(c).await;
 }
 
-/// Waits until every pod of the release (controllers and an agent per node) is Ready.
+/// Waits until the release's controller Deployment and agent DaemonSet have rolled out: every
+/// replica updated and Ready, an agent on every node.
 pub async fn release_ready(c: &RealCluster) {
-    let pods: Api<Pod> = Api::namespaced(c.plane().client().expect("a client"), RELEASE_NS);
-    let list = pods
-        .list(&ListParams::default())
-        .await
-        .expect("list the release's pods");
-    for p in list.items {
-        if p.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let name = p.metadata.name.unwrap_or_default();
-        c.wait_pod_ready(RELEASE_NS, &name, COMPONENT_READY)
-            .await
-            .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
+    for workload in ["daemonset/ipkeep-agent", "deployment/ipkeep-controller"] {
+        kubectl_ok(
+            c.plane(),
+            &[
+                "-n",
+                RELEASE_NS,
+                "rollout",
+                "status",
+                workload,
+                "--timeout=180s",
+            ],
+            None,
+        );
     }
 }
 
@@ -165,30 +162,25 @@ pub fn node<'a>(c: &'a RealCluster, name: &str) -> &'a RealNode {
         .unwrap_or_else(|| panic!("no real node {name}"))
 }
 
-/// What `ip -o addr show eth0` says inside the pod's container (retried until the kubelet
-/// serves exec again: it may just have been restarted).
-pub async fn eth0(sys: &System, pod: &str) -> String {
-    let args = [
-        "-n",
-        sys.ns.as_str(),
-        "exec",
-        pod,
-        "--",
-        "ip",
-        "-o",
-        "addr",
-        "show",
-        "eth0",
-    ];
-    wait_for(&format!("kubectl exec into {pod}"), || {
+/// What `command` prints in `pod`'s container (`kubectl exec`), retried until it succeeds: the
+/// kubelet may just have been restarted, a server in another pod may not listen yet.
+pub async fn exec_until_it_works(sys: &System, pod: &str, command: &[&str]) -> String {
+    let mut args = vec!["-n", sys.ns.as_str(), "exec", pod, "--"];
+    args.extend_from_slice(command);
+    wait_for(&format!("`{}` to work in {pod}", command.join(" ")), || {
         let out = kubectl(&sys.target, &args, None);
-        let shown = out
+        let printed = out
             .status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).into_owned());
-        async move { shown }
+        async move { printed }
     })
     .await
+}
+
+/// What `ip -o addr show eth0` says inside the pod's container.
+pub async fn eth0(sys: &System, pod: &str) -> String {
+    exec_until_it_works(sys, pod, &["ip", "-o", "addr", "show", "eth0"]).await
 }
 
 /// Asserts the container of `pod` holds each of its addresses on `eth0`.
@@ -203,22 +195,10 @@ pub async fn assert_on_eth0(sys: &System, pod: &RunningPod) {
     }
 }
 
-/// The page `from` fetches from `to`'s busybox httpd (port 8080) over the pod network (retried
-/// until the server answers: a container just started may not listen yet).
+/// The page `from` fetches from `to`'s busybox httpd (port 8080) over the pod network.
 pub async fn fetch(sys: &System, from: &str, to: &RunningPod) -> String {
     let url = format!("http://{}:8080/", to.ips[0]);
-    let args = ["exec", from, "--", "wget", "-qO-", url.as_str()];
-    wait_for(&format!("{from} to fetch {url}"), || {
-        let mut all = vec!["-n", sys.ns.as_str()];
-        all.extend_from_slice(&args);
-        let out = kubectl(&sys.target, &all, None);
-        let page = out
-            .status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).into_owned());
-        async move { page }
-    })
-    .await
+    exec_until_it_works(sys, from, &["wget", "-qO-", &url]).await
 }
 
 /// What the workload image's httpd serves.
