@@ -24,9 +24,14 @@ use kube::{
 };
 
 use crate::{
-    cluster::{Cluster, ClusterError, ClusterOptions},
+    cluster::{
+        Cluster, ClusterError, ClusterOptions,
+        realnode::{RealCluster, RealNodeError},
+    },
     node::{AgentConfig, NodeConfig, host},
 };
+
+mod nodes;
 
 /// What the demo runs with.
 #[derive(Debug, Clone)]
@@ -39,6 +44,10 @@ pub struct DemoOptions {
     pub bridge_bin: PathBuf,
     /// The IPReservation CRD manifest.
     pub crd: PathBuf,
+    /// `make image`'s archive, loaded into every real node.
+    pub image_archive: PathBuf,
+    /// The Helm chart installed on the real nodes.
+    pub chart: PathBuf,
     /// Keep everything running after the story until Ctrl-C.
     pub keep: bool,
     /// Run on the in-memory API test server (with a StatefulSet stand-in, no scheduler, no
@@ -67,6 +76,9 @@ pub enum DemoError {
     /// The control plane failed.
     #[error("failed to run the control plane")]
     Cluster(#[from] ClusterError),
+    /// The real nodes failed.
+    #[error("failed to run the real nodes")]
+    RealNodes(#[from] RealNodeError),
     /// A command failed.
     #[error("failed to run `{command}`: {detail}")]
     Command {
@@ -129,9 +141,16 @@ pub async fn run(options: DemoOptions) -> Result<(), DemoError> {
     let t0 = Instant::now();
     let work = std::env::temp_dir().join(format!("ipkeep-demo-{}", std::process::id()));
     let mut stack = Stack::default();
+    let mut real: Option<RealCluster> = None;
     let mut told = false;
     let result = {
-        let story = story(&options, &work, &mut stack, &mut told, t0);
+        let story = async {
+            if options.fast {
+                story(&options, &work, &mut stack, &mut told, t0).await
+            } else {
+                nodes::story(&options, &work, &mut real, &mut told, t0).await
+            }
+        };
         tokio::pin!(story);
         tokio::select! {
             r = &mut story => r,
@@ -143,10 +162,21 @@ pub async fn run(options: DemoOptions) -> Result<(), DemoError> {
         Err(DemoError::Interrupted) if told && options.keep => Ok(()),
         other => other,
     };
-    say(
-        "Cleaning up: nodes (sandboxes, network namespaces, bridges, agents), controller, control plane",
-    );
-    stack.stop().await;
+    if options.fast {
+        say(
+            "Cleaning up: nodes (sandboxes, network namespaces, bridges, agents), controller, control plane",
+        );
+        stack.stop().await;
+    } else {
+        say(
+            "Cleaning up: pods, containers, node daemons, their namespaces, mounts, cgroups and firewall rules, the control plane",
+        );
+        if let Some(cluster) = real.take()
+            && let Err(e) = cluster.stop()
+        {
+            eprintln!("demo: cleanup incomplete: {}", crate::error_chain(&e));
+        }
+    }
     let _ = std::fs::remove_dir_all(&work);
     if result.is_ok() {
         say(&format!(
@@ -160,6 +190,9 @@ pub async fn run(options: DemoOptions) -> Result<(), DemoError> {
 fn preflight(options: &DemoOptions) -> Result<(), DemoError> {
     if !host::is_root() {
         return Err(DemoError::NotRoot);
+    }
+    if !options.fast {
+        return preflight_real(options);
     }
     let checks = [
         (
@@ -191,6 +224,24 @@ fn preflight(options: &DemoOptions) -> Result<(), DemoError> {
                 hint,
             });
         }
+    }
+    Ok(())
+}
+
+fn preflight_real(options: &DemoOptions) -> Result<(), DemoError> {
+    if !options.image_archive.is_file() {
+        return Err(DemoError::Missing {
+            what: "the ipkeep image archive",
+            path: options.image_archive.clone(),
+            hint: "run: make image",
+        });
+    }
+    if !options.chart.join("Chart.yaml").is_file() {
+        return Err(DemoError::Missing {
+            what: "the Helm chart",
+            path: options.chart.clone(),
+            hint: "run from the repository root",
+        });
     }
     Ok(())
 }
