@@ -12,7 +12,7 @@ use kube::{Api, api::DynamicObject};
 
 use super::{
     DemoError, DemoOptions, Kubectl, STEP_DEADLINE, ipr_resource, note, reservation_phase, say,
-    show, wait_for,
+    show, statefulset, wait_for,
 };
 use crate::cluster::realnode::{RealCluster, RealClusterOptions, WORKLOAD_IMAGE};
 
@@ -22,32 +22,10 @@ const NS: &str = "demo";
 /// The namespace the chart is installed in.
 const SYSTEM_NS: &str = "ipkeep-system";
 
-/// A StatefulSet of the busybox workload serving HTTP on port 8080, pinned to `node` (a pod keeps
-/// its address on its node) and annotated to keep its addresses for `retain_for`.
-fn statefulset(name: &str, replicas: u32, retain_for: &str, node: &str) -> String {
+/// The story's container: the busybox workload serving HTTP on port 8080.
+fn web_container() -> String {
     format!(
-        r#"apiVersion: apps/v1
-kind: StatefulSet
-metadata:
-  name: {name}
-spec:
-  serviceName: {name}
-  replicas: {replicas}
-  podManagementPolicy: Parallel
-  selector:
-    matchLabels: {{app: {name}}}
-  template:
-    metadata:
-      labels: {{app: {name}}}
-      annotations:
-        ipkeep.dev/retain: "true"        # keep this pod's IP when it is deleted
-        ipkeep.dev/retain-for: "{retain_for}"      # ... for this long after it is gone
-    spec:
-      nodeSelector:
-        kubernetes.io/hostname: {node}   # addresses are node-local: a pod keeps its IP on its node
-      terminationGracePeriodSeconds: 1
-      containers:
-      - name: web
+        r#"      - name: web
         image: {WORKLOAD_IMAGE}   # busybox, imported into every node (no registry)
         imagePullPolicy: Never
         command: [httpd, -f, -p, "8080", -h, /www]
@@ -158,7 +136,7 @@ pub(super) async fn story(
         &k,
         work,
         "web.yaml",
-        &statefulset("web", 3, "10m", &server_node),
+        &statefulset("web", 3, "10m", &server_node, &web_container()),
     )?;
     apply(&k, work, "client.yaml", &client_pod(&client_node))?;
     for name in ["web-0", "web-1", "web-2"] {
@@ -234,7 +212,7 @@ pub(super) async fn story(
         &k,
         work,
         "cache.yaml",
-        &statefulset("cache", 1, "5s", &client_node),
+        &statefulset("cache", 1, "5s", &client_node, &web_container()),
     )?;
     let cache = c.wait_pod_ready(NS, "cache-0", STEP_DEADLINE).await?;
     wait_for("cache-0's reservation Bound", || {
