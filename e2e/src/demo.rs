@@ -1,14 +1,14 @@
 //! `ipkeep-e2e demo`: the whole system on this machine, and the story told in plain output.
 //!
-//! It starts the real control plane (etcd, kube-apiserver, kube-controller-manager,
-//! kube-scheduler on 127.0.0.1), installs the IPReservation CRD, starts two simulated nodes (the
-//! kubelet stand-in running Debian's `bridge` with `ipkeep` in network namespaces, each with its
-//! ipkeep agent) and the ipkeep controller, then walks through: an annotated 3-replica
-//! StatefulSet, its pods and addresses, `web-1` deleted and back with the same address, `kubectl
-//! get ipr -A`, and one reservation expiring. With `--keep` it then waits for Ctrl-C, printing
-//! the `KUBECONFIG` to explore with. Whatever happens (an error, Ctrl-C, SIGTERM) everything it
-//! started is stopped and removed: sandboxes, namespaces, bridges, agents, the controller and the
-//! control plane with its state directory.
+//! By default on real nodes ([`nodes`]): the control plane and two nodes running kubelet,
+//! containerd, runc and kube-proxy, ipkeep installed with `helm install` from the chart and
+//! `make image`'s archive, and a busybox StatefulSet: its pods and addresses, `web-1` deleted and
+//! back with the same address (on `eth0` inside the pod, answering a pod on the other node),
+//! `kubectl get ipr -A`, and one reservation expiring. With `--fast` the same story on the API
+//! test server, with two simulated nodes (the kubelet stand-in running Debian's `bridge` with
+//! `ipkeep` in network namespaces, each with its agent) and the controller process. With
+//! `--keep` it then waits for Ctrl-C, printing the `KUBECONFIG` to explore with. Whatever
+//! happens (an error, Ctrl-C, SIGTERM) everything it started is stopped and removed.
 
 use std::{
     future::Future,
@@ -24,9 +24,14 @@ use kube::{
 };
 
 use crate::{
-    cluster::{Cluster, ClusterError, ClusterOptions},
+    cluster::{
+        ClusterError,
+        realnode::{RealCluster, RealNodeError},
+    },
     node::{AgentConfig, NodeConfig, host},
 };
+
+mod nodes;
 
 /// What the demo runs with.
 #[derive(Debug, Clone)]
@@ -39,6 +44,10 @@ pub struct DemoOptions {
     pub bridge_bin: PathBuf,
     /// The IPReservation CRD manifest.
     pub crd: PathBuf,
+    /// `make image`'s archive, loaded into every real node.
+    pub image_archive: PathBuf,
+    /// The Helm chart installed on the real nodes.
+    pub chart: PathBuf,
     /// Keep everything running after the story until Ctrl-C.
     pub keep: bool,
     /// Run on the in-memory API test server (with a StatefulSet stand-in, no scheduler, no
@@ -67,6 +76,9 @@ pub enum DemoError {
     /// The control plane failed.
     #[error("failed to run the control plane")]
     Cluster(#[from] ClusterError),
+    /// The real nodes failed.
+    #[error("failed to run the real nodes")]
+    RealNodes(#[from] RealNodeError),
     /// A command failed.
     #[error("failed to run `{command}`: {detail}")]
     Command {
@@ -120,18 +132,22 @@ const STEP_DEADLINE: Duration = Duration::from_secs(120);
 /// The two simulated nodes: name and pod CIDR.
 const NODES: [(&str, &str); 2] = [("node-a", "10.244.1.0/24"), ("node-b", "10.244.2.0/24")];
 
-/// The namespace of the story.
-const NS: &str = "demo";
-
 /// Runs the demo; everything it started is gone when it returns, whatever it returns.
 pub async fn run(options: DemoOptions) -> Result<(), DemoError> {
     preflight(&options)?;
     let t0 = Instant::now();
     let work = std::env::temp_dir().join(format!("ipkeep-demo-{}", std::process::id()));
     let mut stack = Stack::default();
+    let mut real: Option<RealCluster> = None;
     let mut told = false;
     let result = {
-        let story = story(&options, &work, &mut stack, &mut told, t0);
+        let story = async {
+            if options.fast {
+                story(&options, &work, &mut stack, &mut told, t0).await
+            } else {
+                nodes::story(&options, &work, &mut real, &mut told, t0).await
+            }
+        };
         tokio::pin!(story);
         tokio::select! {
             r = &mut story => r,
@@ -143,10 +159,21 @@ pub async fn run(options: DemoOptions) -> Result<(), DemoError> {
         Err(DemoError::Interrupted) if told && options.keep => Ok(()),
         other => other,
     };
-    say(
-        "Cleaning up: nodes (sandboxes, network namespaces, bridges, agents), controller, control plane",
-    );
-    stack.stop().await;
+    if options.fast {
+        say(
+            "Cleaning up: nodes (sandboxes, network namespaces, bridges, agents), controller, control plane",
+        );
+        stack.stop().await;
+    } else {
+        say(
+            "Cleaning up: pods, containers, node daemons, their namespaces, mounts, cgroups and firewall rules, the control plane",
+        );
+        if let Some(cluster) = real.take()
+            && let Err(e) = cluster.stop()
+        {
+            eprintln!("demo: cleanup incomplete: {}", crate::error_chain(&e));
+        }
+    }
     let _ = std::fs::remove_dir_all(&work);
     if result.is_ok() {
         say(&format!(
@@ -160,6 +187,9 @@ pub async fn run(options: DemoOptions) -> Result<(), DemoError> {
 fn preflight(options: &DemoOptions) -> Result<(), DemoError> {
     if !host::is_root() {
         return Err(DemoError::NotRoot);
+    }
+    if !options.fast {
+        return preflight_real(options);
     }
     let checks = [
         (
@@ -195,6 +225,24 @@ fn preflight(options: &DemoOptions) -> Result<(), DemoError> {
     Ok(())
 }
 
+fn preflight_real(options: &DemoOptions) -> Result<(), DemoError> {
+    if !options.image_archive.is_file() {
+        return Err(DemoError::Missing {
+            what: "the ipkeep image archive",
+            path: options.image_archive.clone(),
+            hint: "run: make image",
+        });
+    }
+    if !options.chart.join("Chart.yaml").is_file() {
+        return Err(DemoError::Missing {
+            what: "the Helm chart",
+            path: options.chart.clone(),
+            hint: "run from the repository root",
+        });
+    }
+    Ok(())
+}
+
 async fn interrupted() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
@@ -219,7 +267,6 @@ type RunningNode = (
 /// What has been started, stopped in reverse order.
 #[derive(Default)]
 struct Stack {
-    cluster: Option<Cluster>,
     server: Option<crate::apiserver::TestServer>,
     standin: Option<tokio::task::JoinHandle<()>>,
     nodes: Vec<RunningNode>,
@@ -242,9 +289,6 @@ impl Stack {
         }
         if let Some(task) = self.standin.take() {
             task.abort();
-        }
-        if let Some(cluster) = self.cluster.take() {
-            cluster.stop();
         }
         if let Some(server) = self.server.take() {
             server.shutdown().await;
@@ -352,7 +396,14 @@ async fn reservation_phase(api: &Api<DynamicObject>, name: &str) -> Option<Strin
     r.data["status"]["phase"].as_str().map(str::to_owned)
 }
 
-fn statefulset(name: &str, replicas: u32, retain_for: &str, node: &str) -> String {
+/// The FAST story's container: nothing runs it, the stand-in only does networking.
+const STANDIN_CONTAINER: &str = "      - name: app
+        image: registry.invalid/demo:1   # no container runs: the stand-in only does networking
+";
+
+/// The story's StatefulSet: `replicas` pods on `node`, annotated to keep their addresses for
+/// `retain_for`, with the container list items `container` (YAML at six spaces).
+fn statefulset(name: &str, replicas: u32, retain_for: &str, node: &str, container: &str) -> String {
     format!(
         r#"apiVersion: apps/v1
 kind: StatefulSet
@@ -375,9 +426,7 @@ spec:
         kubernetes.io/hostname: {node}   # addresses are node-local: a pod keeps its IP on its node
       terminationGracePeriodSeconds: 1
       containers:
-      - name: app
-        image: registry.invalid/demo:1   # no container runs: the stand-in only does networking
-"#
+{container}"#
     )
 }
 
@@ -449,6 +498,7 @@ fn start_controller(
     Ok(log)
 }
 
+/// The FAST story: the API test server, simulated nodes and the controller process.
 async fn story(
     options: &DemoOptions,
     work: &Path,
@@ -458,36 +508,24 @@ async fn story(
 ) -> Result<(), DemoError> {
     let _ = std::fs::remove_dir_all(work);
     std::fs::create_dir_all(work).map_err(io_error(format!("create {}", work.display())))?;
-    let (plane, client, kubeconfig) = if options.fast {
-        fast::start(options, work, stack, t0).await?
-    } else {
-        real::start(options, work, stack, t0).await?
-    };
+    let (sets, client, kubeconfig) = fast::start(options, work, stack, t0).await?;
     start_nodes(options, work, stack, &client, &kubeconfig)?;
-    if !options.fast {
-        wait_nodes_schedulable(&client, stack).await?;
-    }
-    plane.show_nodes()?;
-    if options.fast {
-        say("Starting the ipkeep controller");
-        start_controller(options, work, stack, &kubeconfig)?;
-    } else {
-        say("Starting the ipkeep controller (leader-elected through a Lease)");
-        let log = start_controller(options, work, stack, &kubeconfig)?;
-        note(&format!("its log: {}", log.display()));
-    }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), plane.namespace());
+    say("Starting the ipkeep controller");
+    start_controller(options, work, stack, &kubeconfig)?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), fast::FAST_NS);
     let iprs: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), plane.namespace(), &ipr_resource());
+        Api::namespaced_with(client.clone(), fast::FAST_NS, &ipr_resource());
     let bound = |name: String| {
         let iprs = iprs.clone();
         async move { (reservation_phase(&iprs, &name).await.as_deref() == Some("Bound")).then_some(()) }
     };
 
     say("1. An annotated StatefulSet with 3 replicas");
-    plane
-        .apply_set("web.yaml", &statefulset("web", 3, "10m", "node-a"))
-        .await?;
+    fast::create_set(
+        &sets,
+        &statefulset("web", 3, "10m", "node-a", STANDIN_CONTAINER),
+    )
+    .await?;
     for i in 0..3 {
         let name = format!("web-{i}");
         wait_for(&format!("{name} Running with an IP"), || async {
@@ -499,9 +537,10 @@ async fn story(
         })
         .await?;
     }
-    plane.show_pods_and_reservations(&pods, &iprs).await?;
+    fast::show_pods(&pods).await?;
+    fast::show_iprs(&iprs).await?;
 
-    plane.say_delete_web1();
+    say("2. Delete web-1: it is re-created, and ipkeep gives it its address back");
     let Some((old_uid, old_ips)) = pods
         .get_opt("web-1")
         .await
@@ -515,13 +554,13 @@ async fn story(
             secs: 0,
         });
     };
-    if !options.fast {
-        note(&format!(
-            "web-1 now: uid {old_uid}, IP {}",
-            old_ips.join(", ")
-        ));
-    }
-    plane.delete_pod(&pods, "web-1").await?;
+    println!("\n~ kubectl delete pod web-1");
+    pods.delete("web-1", &kube::api::DeleteParams::default())
+        .await
+        .map_err(|source| DemoError::Api {
+            what: "delete web-1".into(),
+            source,
+        })?;
     let (new_uid, new_ips) = wait_for("web-1 back and Running", || async {
         let got = running(&pods.get_opt("web-1").await.ok()??)?;
         (got.0 != old_uid).then_some(got)
@@ -540,7 +579,7 @@ async fn story(
             "A DIFFERENT ADDRESS (this is a bug)"
         }
     ));
-    plane.show_after_return(&iprs).await?;
+    fast::show_iprs(&iprs).await?;
     if new_ips != old_ips {
         return Err(DemoError::Command {
             command: "the demo's check".into(),
@@ -549,10 +588,12 @@ async fn story(
     }
 
     say("3. A reservation expires: a StatefulSet `cache` with retain-for 5s, scaled to 0");
-    plane
-        .apply_set("cache.yaml", &statefulset("cache", 1, "5s", "node-b"))
-        .await?;
-    let (_, cache_ips) = wait_for("cache-0 Running", || async {
+    fast::create_set(
+        &sets,
+        &statefulset("cache", 1, "5s", "node-b", STANDIN_CONTAINER),
+    )
+    .await?;
+    wait_for("cache-0 Running", || async {
         running(&pods.get_opt("cache-0").await.ok()??)
     })
     .await?;
@@ -560,305 +601,31 @@ async fn story(
         bound("cache-0".to_owned())
     })
     .await?;
-    plane.scale("cache", 0).await?;
+    fast::scale(&sets, "cache", 0).await?;
     wait_for("cache-0's reservation Released", || async {
         (reservation_phase(&iprs, "cache-0").await.as_deref() == Some("Released")).then_some(())
     })
     .await?;
-    if !options.fast {
-        note(&format!(
-            "cache-0 is gone; its address {} stays reserved (nobody else gets it) until RELEASE-TIME:",
-            cache_ips.join(", ")
-        ));
-    }
-    plane.show_reservation(&iprs, "cache-0").await?;
+    fast::show_iprs(&iprs).await?;
     wait_for(
         "cache-0's reservation deleted at its release time",
         || async { iprs.get_opt("cache-0").await.ok()?.is_none().then_some(()) },
     )
     .await?;
-    plane.show_after_expiry(&iprs).await?;
+    note("At its release time the controller deleted it and the address is free again:");
+    fast::show_iprs(&iprs).await?;
 
-    let listed = pods
-        .list(&ListParams::default())
-        .await
-        .map_err(|source| DemoError::Api {
-            what: "list the demo's pods".into(),
-            source,
-        })?;
-    say(&plane.closing(t0, listed.items.len()));
+    say(&format!(
+        "The story took {:.0} s from nothing.",
+        t0.elapsed().as_secs_f64()
+    ));
     *told = true;
     if options.keep {
         say("Everything keeps running until you press Ctrl-C. In another terminal:");
-        println!("{}", plane.explore(&kubeconfig));
+        println!("\n    export KUBECONFIG={}\n", kubeconfig.display());
         std::future::pending::<()>().await;
     }
     Ok(())
-}
-
-/// Waits until both nodes are Ready and untainted, and fails if a stand-in stopped.
-async fn wait_nodes_schedulable(client: &kube::Client, stack: &Stack) -> Result<(), DemoError> {
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    for (name, _) in NODES {
-        wait_for(&format!("node {name} Ready and schedulable"), || {
-            let nodes = nodes.clone();
-            async move {
-                let n = nodes.get_opt(name).await.ok()??;
-                let ready = n
-                    .status
-                    .as_ref()?
-                    .conditions
-                    .as_ref()?
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True");
-                let tainted = n
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.taints.as_ref())
-                    .is_some_and(|t| !t.is_empty());
-                (ready && !tainted).then_some(())
-            }
-        })
-        .await?;
-    }
-    for (name, task) in stack.nodes.iter().map(|(n, _, t)| (n, t)) {
-        if task.is_finished() {
-            return Err(DemoError::Node {
-                node: name.clone(),
-                detail: "its stand-in stopped (see the lines above)".into(),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Where the story runs, and how each of its steps is done and shown there.
-enum Plane {
-    /// The real control plane: each step is a kubectl command, printed with its output.
-    Real {
-        /// Its kubectl.
-        cluster: Kubectl,
-        /// Where the manifests are written.
-        work: PathBuf,
-    },
-    /// The API test server: each step goes through the API, printed like kubectl's.
-    Fast {
-        /// The StatefulSets of the story's namespace.
-        sets: Api<k8s_openapi::api::apps::v1::StatefulSet>,
-    },
-}
-
-impl Plane {
-    fn namespace(&self) -> &'static str {
-        match self {
-            Plane::Real { .. } => NS,
-            Plane::Fast { .. } => fast::FAST_NS,
-        }
-    }
-
-    fn show_nodes(&self) -> Result<(), DemoError> {
-        if let Plane::Real { cluster, .. } = self {
-            show(cluster, &["get", "nodes", "-o", "wide"])?;
-        }
-        Ok(())
-    }
-
-    async fn apply_set(&self, file: &str, yaml: &str) -> Result<(), DemoError> {
-        match self {
-            Plane::Real { cluster, work } => {
-                let path = work.join(file);
-                std::fs::write(&path, yaml)
-                    .map_err(io_error(format!("write {}", path.display())))?;
-                println!("\n$ cat {file}\n{yaml}");
-                let p = path.display().to_string();
-                show(cluster, &["-n", NS, "apply", "-f", &p]).map(|_| ())
-            }
-            Plane::Fast { sets } => fast::create_set(sets, yaml).await,
-        }
-    }
-
-    async fn show_pods_and_reservations(
-        &self,
-        pods: &Api<Pod>,
-        iprs: &Api<DynamicObject>,
-    ) -> Result<(), DemoError> {
-        match self {
-            Plane::Real { cluster, .. } => {
-                note(
-                    "The scheduler placed the pods; each node's CNI chain gave them addresses from that node's range:",
-                );
-                show(cluster, &["-n", NS, "get", "pods", "-o", "wide"])?;
-                note(
-                    "ipkeep's controller made one IPReservation per pod, named like the pod; the agents wrote them to each node's disk:",
-                );
-                show(cluster, &["-n", NS, "get", "ipr"]).map(|_| ())
-            }
-            Plane::Fast { .. } => {
-                fast::show_pods(pods).await?;
-                fast::show_iprs(iprs).await
-            }
-        }
-    }
-
-    fn say_delete_web1(&self) {
-        say(match self {
-            Plane::Real { .. } => {
-                "2. Delete web-1: the StatefulSet re-creates it, and ipkeep gives it its address back"
-            }
-            Plane::Fast { .. } => {
-                "2. Delete web-1: it is re-created, and ipkeep gives it its address back"
-            }
-        });
-    }
-
-    async fn delete_pod(&self, pods: &Api<Pod>, name: &str) -> Result<(), DemoError> {
-        match self {
-            Plane::Real { cluster, .. } => {
-                show(cluster, &["-n", NS, "delete", "pod", name]).map(|_| ())
-            }
-            Plane::Fast { .. } => {
-                println!("\n~ kubectl delete pod {name}");
-                pods.delete(name, &kube::api::DeleteParams::default())
-                    .await
-                    .map(|_| ())
-                    .map_err(|source| DemoError::Api {
-                        what: format!("delete {name}"),
-                        source,
-                    })
-            }
-        }
-    }
-
-    async fn show_after_return(&self, iprs: &Api<DynamicObject>) -> Result<(), DemoError> {
-        match self {
-            Plane::Real { cluster, .. } => {
-                show(cluster, &["-n", NS, "get", "pods", "-o", "wide"])?;
-                show(cluster, &["get", "ipr", "-A", "-o", "wide"]).map(|_| ())
-            }
-            Plane::Fast { .. } => fast::show_iprs(iprs).await,
-        }
-    }
-
-    async fn scale(&self, set: &str, replicas: u32) -> Result<(), DemoError> {
-        match self {
-            Plane::Real { cluster, .. } => {
-                let to = format!("--replicas={replicas}");
-                show(cluster, &["-n", NS, "scale", "statefulset", set, &to]).map(|_| ())
-            }
-            Plane::Fast { sets } => fast::scale(sets, set, replicas).await,
-        }
-    }
-
-    async fn show_reservation(
-        &self,
-        iprs: &Api<DynamicObject>,
-        name: &str,
-    ) -> Result<(), DemoError> {
-        match self {
-            Plane::Real { cluster, .. } => {
-                show(cluster, &["-n", NS, "get", "ipr", name]).map(|_| ())
-            }
-            Plane::Fast { .. } => fast::show_iprs(iprs).await,
-        }
-    }
-
-    async fn show_after_expiry(&self, iprs: &Api<DynamicObject>) -> Result<(), DemoError> {
-        match self {
-            Plane::Real { cluster, .. } => {
-                note(
-                    "Five seconds later the controller deleted it, the agent removed the node's file, and the address is free again:",
-                );
-                show(cluster, &["get", "ipr", "-A"]).map(|_| ())
-            }
-            Plane::Fast { .. } => {
-                note(
-                    "At its release time the controller deleted it and the address is free again:",
-                );
-                fast::show_iprs(iprs).await
-            }
-        }
-    }
-
-    fn closing(&self, t0: Instant, pods: usize) -> String {
-        match self {
-            Plane::Real { .. } => format!(
-                "The story took {:.0} s from nothing; {pods} pods are running.",
-                t0.elapsed().as_secs_f64()
-            ),
-            Plane::Fast { .. } => format!(
-                "The story took {:.0} s from nothing.",
-                t0.elapsed().as_secs_f64()
-            ),
-        }
-    }
-
-    fn explore(&self, kubeconfig: &Path) -> String {
-        match self {
-            Plane::Real { cluster, .. } => format!(
-                "\n    export KUBECONFIG={}\n    export PATH={}:$PATH   # the kubectl of this control plane\n    kubectl -n {NS} get pods,ipr -o wide\n    kubectl -n {NS} delete pod web-0   # and watch it come back with its IP\n",
-                kubeconfig.display(),
-                cluster
-                    .bin
-                    .parent()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default()
-            ),
-            Plane::Fast { .. } => format!("\n    export KUBECONFIG={}\n", kubeconfig.display()),
-        }
-    }
-}
-
-/// The real control plane.
-mod real {
-    use super::*;
-
-    /// Starts the control plane, installs the CRD, makes the namespace and starts the nodes.
-    pub(super) async fn start(
-        options: &DemoOptions,
-        work: &Path,
-        stack: &mut Stack,
-        t0: Instant,
-    ) -> Result<(Plane, kube::Client, PathBuf), DemoError> {
-        say(
-            "Starting a real Kubernetes control plane on 127.0.0.1 (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)",
-        );
-        let cluster = Cluster::start(ClusterOptions::default()).await?;
-        note(&format!(
-            "ready after {:.1} s; API server {}",
-            t0.elapsed().as_secs_f64(),
-            cluster.server()
-        ));
-        let client = cluster.client()?;
-        let kubeconfig = cluster.kubeconfig_path().to_path_buf();
-        let cluster = Kubectl {
-            bin: stack.cluster.insert(cluster).bin("kubectl"),
-            kubeconfig: kubeconfig.clone(),
-        };
-        let crd = options.crd.display().to_string();
-        say("Installing the IPReservation custom resource (kubectl get ipr)");
-        show(&cluster, &["apply", "-f", &crd])?;
-        kubectl(
-            &cluster,
-            &[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd/ipreservations.ipkeep.dev",
-            ],
-        )?;
-        kubectl(&cluster, &["create", "namespace", NS])?;
-        say(
-            "Starting two simulated nodes: each is a kubelet stand-in that gives pods real network namespaces through the CNI bridge plugin with ipkeep as its IPAM, plus the ipkeep agent of that node",
-        );
-        Ok((
-            Plane::Real {
-                cluster,
-                work: work.to_path_buf(),
-            },
-            client,
-            kubeconfig,
-        ))
-    }
 }
 
 /// `--fast`: the same story on the API test server, with a StatefulSet stand-in.
@@ -1037,7 +804,7 @@ mod fast {
         work: &Path,
         stack: &mut Stack,
         t0: Instant,
-    ) -> Result<(Plane, kube::Client, PathBuf), DemoError> {
+    ) -> Result<(Api<StatefulSet>, kube::Client, PathBuf), DemoError> {
         say(
             "Starting the API test server (in memory, plain HTTP on 127.0.0.1). FAST mode: a small StatefulSet stand-in replaces the StatefulSet controller and the scheduler, and there is no kubectl: lines starting with `~ kubectl` are done through the API, their output printed like kubectl's",
         );
@@ -1074,6 +841,6 @@ mod fast {
             "Starting two simulated nodes (kubelet stand-ins running the CNI bridge plugin with ipkeep in network namespaces, each with its ipkeep agent)",
         );
         let sets = Api::namespaced(client.clone(), FAST_NS);
-        Ok((Plane::Fast { sets }, client, kubeconfig))
+        Ok((sets, client, kubeconfig))
     }
 }

@@ -62,7 +62,7 @@ struct DemoArgs {
     #[arg(long)]
     keep: bool,
     /// On the in-memory API test server (a StatefulSet stand-in, no scheduler, no kubectl)
-    /// instead of the real control plane: no Go build needed.
+    /// instead of the real control plane and real nodes: no Go build needed.
     #[arg(long)]
     fast: bool,
     /// The `ipkeep` plugin binary (default: next to this binary).
@@ -77,6 +77,12 @@ struct DemoArgs {
     /// The IPReservation CRD manifest.
     #[arg(long, default_value = "crds/ipreservations.ipkeep.dev.yaml")]
     crd: PathBuf,
+    /// `make image`'s archive, loaded into the real nodes.
+    #[arg(long, default_value = "target/image/ipkeep.oci.tar")]
+    image_archive: PathBuf,
+    /// The Helm chart installed on the real nodes.
+    #[arg(long, default_value = "charts/ipkeep")]
+    chart: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -219,6 +225,8 @@ fn main() -> ExitCode {
                     .unwrap_or_else(|| here.join("ipkeep-operator")),
                 bridge_bin: args.bridge_bin,
                 crd: args.crd,
+                image_archive: args.image_archive,
+                chart: args.chart,
                 keep: args.keep,
                 fast: args.fast,
             };

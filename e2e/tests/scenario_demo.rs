@@ -1,8 +1,14 @@
-//! `make demo`'s program, `ipkeep-e2e demo`, run as a newcomer runs it: the story is told and
-//! checked (web-1 back with the same address, a reservation expiring), it exits 0 and leaves
-//! nothing behind — no network namespace, bridge, process, state or work directory; interrupted
-//! with Ctrl-C (SIGINT) in the middle it cleans up just as well and exits 130, and the next run
-//! works; `--fast` (`make demo FAST=1`) tells the same story on the API test server.
+//! `make demo`'s program, `ipkeep-e2e demo`, run as a newcomer runs it, on real nodes (kubelet,
+//! containerd, runc; the chart installed with helm from `make image`'s archive): the story is told
+//! and checked (web-1 back with the same address, on its eth0 and answering a pod on the other
+//! node; a reservation expiring), it exits 0 and leaves nothing behind — nothing of its nodes'
+//! slot (processes, cgroups, namespaces, veths, bridge, mounts, firewall rules, data directory),
+//! no process, state or work directory; interrupted with Ctrl-C (SIGINT) in the middle it cleans
+//! up just as well and exits 130, and the next run works; `--fast` (`make demo FAST=1`) tells the
+//! same story on the API test server with simulated nodes.
+//!
+//! Needs root, `make cluster-bins`, `make node-bins` and `make image` (the archive
+//! `target/image/ipkeep.oci.tar`, or `IPKEEP_IMAGE_ARCHIVE`); fails loudly without them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "fixtures/shared.rs"]
@@ -17,8 +23,25 @@ use std::{
     time::Instant,
 };
 
-use ipkeep_e2e::node::{host, names};
+use ipkeep_e2e::{
+    cluster::realnode::{self, Slot},
+    node::{host, names},
+};
 use system::*;
+
+fn image_archive() -> std::path::PathBuf {
+    let path = std::env::var_os("IPKEEP_IMAGE_ARCHIVE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/image/ipkeep.oci.tar")
+        });
+    assert!(
+        path.is_file(),
+        "{} is missing: run `make image` (or set IPKEEP_IMAGE_ARCHIVE)",
+        path.display()
+    );
+    path
+}
 
 fn demo(extra: &[&str]) -> Child {
     let (plugin, operator) = (plugin_binary(), operator_binary());
@@ -33,12 +56,33 @@ fn demo(extra: &[&str]) -> Child {
         .arg(operator)
         .arg("--crd")
         .arg(crd_file())
+        .arg("--image-archive")
+        .arg(image_archive())
+        .arg("--chart")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/ipkeep"))
         .env("IPKEEP_CLUSTER_BIN_DIR", bin_dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("start ipkeep-e2e demo")
+}
+
+/// The real nodes' slot the demo names in its output (`(slot N)`).
+fn slot_of(text: &str) -> Slot {
+    let n = text
+        .split("(slot ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the demo named no slot:\n{text}"));
+    Slot::new(n).unwrap_or_else(|| panic!("slot {n} out of range"))
+}
+
+/// Fails if anything of the real nodes' slot is left.
+fn assert_slot_empty(slot: Slot) {
+    let left = realnode::leftovers(slot);
+    assert!(left.is_empty(), "the demo's nodes left: {left:?}");
 }
 
 /// Fails if anything of a demo run with that pid is left.
@@ -123,6 +167,7 @@ fn make_demo_tells_the_story_cleans_up_after_itself_and_after_ctrl_c() {
         "interrupted demo: {status}\n{rest}"
     );
     assert!(rest.contains("Cleaning up"), "{rest}");
+    assert_slot_empty(slot_of(&seen));
     assert_nothing_left(pid);
     eprintln!("interrupted demo took {:.1}s", t0.elapsed().as_secs_f64());
 
@@ -139,9 +184,12 @@ fn make_demo_tells_the_story_cleans_up_after_itself_and_after_ctrl_c() {
     );
     for step in [
         "1. An annotated StatefulSet with 3 replicas",
+        "$ helm install ipkeep",
         "$ kubectl -n demo get pods -o wide",
         "2. Delete web-1",
         "the same address",
+        "$ kubectl -n demo exec web-1 -- ip -4 addr show eth0",
+        "ipkeep-e2e workload",
         "$ kubectl get ipr -A -o wide",
         "3. A reservation expires",
         "Released",
@@ -153,6 +201,17 @@ fn make_demo_tells_the_story_cleans_up_after_itself_and_after_ctrl_c() {
     // The last `kubectl get ipr -A` no longer lists the expired cache-0.
     let last = text.rsplit("$ kubectl get ipr -A\n").next().unwrap();
     assert!(!last.contains("cache-0"), "cache-0 did not expire:\n{last}");
+    // The kept address is the one on eth0 inside the new pod.
+    let kept = text
+        .split("(a new pod), IP ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address of the new web-1:\n{text}"));
+    assert!(
+        text.contains(&format!("inet {kept}/")),
+        "{kept} is not on web-1's eth0:\n{text}"
+    );
+    assert_slot_empty(slot_of(&text));
     assert_nothing_left(pid);
     eprintln!("demo took {:.1}s", t0.elapsed().as_secs_f64());
 
