@@ -23,7 +23,7 @@ IMAGE_ARCHIVE := target/image/ipkeep.oci.tar
 DOCKER_BIN := target/$(HOST_TRIPLE)/release/ipkeep-docker
 DOCKER_PLUGIN_DIR := target/docker-plugin
 
-.PHONY: all build plugin test lint deps demo bench bench-controller bench-agent bench-api-cost fmt crds operator-static image chart-test cluster-bins node-bins docker-plugin bench-docker
+.PHONY: all build plugin test lint deps demo bench bench-controller bench-agent bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins docker-plugin bench-docker
 
 all: build
 
@@ -174,3 +174,17 @@ bench-docker: docker-plugin
 	@./scripts/install-docker-deps.sh
 	IPKEEP_DOCKER_BIN=$(CURDIR)/$(DOCKER_BIN) $(CARGO) run --release -p ipkeep-docker --example bench_docker \
 	  --config 'profile.release.lto="thin"' --config 'profile.release.codegen-units=16'
+
+## bench-e2e: figures on two real nodes (docs/real-nodes.md) with the chart installed from
+## `make image`'s archive: `kubectl delete pod` to the successor Ready for a retained StatefulSet
+## pod beside an unannotated one (p50/p99, 20 each), the plugin's ADD as containerd logs it, and
+## the controller's and agents' pod cgroup memory. Needs root; prints figures, asserts none.
+bench-e2e: image
+	@./scripts/install-deps.sh && \
+	  bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
+	  node_bin_dir=$$(e2e/cluster/build.sh --node | tail -n 1) && \
+	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
+	  $(CARGO) build -q -p ipkeep-e2e --bin ipkeep-e2e --example bench_e2e && \
+	  IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" KUBECTL="$$bin_dir/kubectl" \
+	  IPKEEP_NODE_BIN_DIR="$$node_bin_dir" IPKEEP_NODE_IMAGE_DIR="$$node_image_dir" \
+	  IPKEEP_IMAGE_ARCHIVE=$(CURDIR)/$(IMAGE_ARCHIVE) target/debug/examples/bench_e2e
