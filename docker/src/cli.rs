@@ -70,7 +70,9 @@ pub struct ListArgs {
 }
 
 fn parse_retain_for(text: &str) -> Result<Duration, String> {
-    ipkeep_plugin::retain_for::parse(text).map_err(|e| e.to_string())
+    ipkeep_plugin::retain_for::RetainFor::parse(text)
+        .map(|r| r.duration())
+        .map_err(|e| e.to_string())
 }
 
 /// Why a command failed.

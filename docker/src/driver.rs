@@ -19,7 +19,7 @@ use ipkeep_plugin::allocator::{self, AllocError};
 use ipkeep_plugin::disk_store::{DiskStore, Occupant};
 use ipkeep_plugin::netdir::{EntryKind, NetDirError, NetworkDir};
 use ipkeep_plugin::range::{RangeError, RangeSet};
-use ipkeep_plugin::retain_for::{self, RetainForError};
+use ipkeep_plugin::retain_for::{RetainFor, RetainForError};
 use ipkeep_plugin::store::{Store, StoreError};
 
 use crate::decide::{
@@ -190,7 +190,9 @@ impl Driver {
     /// `RequestPool`: the subnet asked for, or the first candidate no network holds.
     pub fn request_pool(&self, req: &RequestPoolRequest) -> Result<(String, String), DriverError> {
         let retain_for = match req.options.as_ref().and_then(|o| o.get(RETAIN_FOR_OPTION)) {
-            Some(text) => retain_for::parse(text).map_err(DriverError::RetainFor)?,
+            Some(text) => RetainFor::parse(text)
+                .map_err(DriverError::RetainFor)?
+                .duration(),
             None => self.config.default_retain_for,
         };
         let state_dir = self.state_dir()?;

@@ -79,17 +79,7 @@ impl From<DriverError> for CallError {
     }
 }
 
-/// The error and its sources, `: `-separated (the engine shows one line).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
+pub use ipkeep_plugin::error_chain;
 
 fn json<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec())

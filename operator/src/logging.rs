@@ -54,15 +54,4 @@ pub fn init(args: &LogArgs) -> Result<(), LoggingError> {
     .map_err(LoggingError::Install)
 }
 
-/// An error and its sources on one line (`failed to …: because …: because …`), for log lines and
-/// Events; each layer's message says only its own part, so nothing is said twice.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
+pub use ipkeep_plugin::error_chain;

@@ -21,3 +21,16 @@ mod scratch_dir;
 pub mod skel;
 pub mod store;
 pub mod version;
+
+/// An error and its sources on one line (`failed to …: because …: because …`), for log lines,
+/// Events and answers; each layer's message says only its own part, so nothing is said twice.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

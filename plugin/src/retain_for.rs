@@ -1,13 +1,51 @@
-//! The retention duration grammar (`30m`, `24h`, `7d`) as a library item, for crates that must not
-//! depend on the operator (the Docker driver): a positive whole number of at most six digits
-//! followed by `s`, `m`, `h` or `d`, at most 366 days — the operator's `retainFor` grammar.
+//! The retention grammar, said once for every part of ipkeep: a positive whole number of
+//! seconds, minutes, hours or days (`90s`, `30m`, `24h`, `7d`), at most 366 days. The operator's
+//! `ipkeep.dev/retain-for` annotation, the CRD's `spec.retainFor` (its OpenAPI pattern and CEL cap
+//! are generated from [`RetainFor`]), the operator's flags and the Docker driver's
+//! `ipkeep.dev/retain-for` network option all parse with [`RetainFor::parse`].
 
-use std::time::Duration;
+use std::{fmt, str::FromStr, time::Duration};
 
-/// The longest retention accepted: 366 days.
-pub const MAX_RETAIN_FOR: Duration = Duration::from_secs(366 * 86_400);
+/// A retention as written: a positive whole number of seconds, minutes, hours or days (`90s`,
+/// `30m`, `24h`, `7d`), at most [`RetainFor::MAX`]. Displays exactly as it was written, so a
+/// value read from an annotation is written to `spec.retainFor` unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RetainFor {
+    count: u32,
+    unit: Unit,
+}
 
-/// Why a retention duration was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Unit {
+    Seconds,
+    Minutes,
+    Hours,
+    Days,
+}
+
+impl Unit {
+    const ALL: [Unit; 4] = [Unit::Seconds, Unit::Minutes, Unit::Hours, Unit::Days];
+
+    fn suffix(self) -> char {
+        match self {
+            Unit::Seconds => 's',
+            Unit::Minutes => 'm',
+            Unit::Hours => 'h',
+            Unit::Days => 'd',
+        }
+    }
+
+    fn seconds(self) -> u64 {
+        match self {
+            Unit::Seconds => 1,
+            Unit::Minutes => 60,
+            Unit::Hours => 3_600,
+            Unit::Days => 86_400,
+        }
+    }
+}
+
+/// Why a retention was refused; each variant keeps the text as written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RetainForError {
     /// The text does not follow the grammar.
@@ -15,69 +53,145 @@ pub enum RetainForError {
         "failed to parse retention {0:?}: expected a positive whole number followed by s, m, h or d (e.g. 30m, 24h, 7d)"
     )]
     Syntax(String),
-    /// The duration is longer than [`MAX_RETAIN_FOR`].
-    #[error("failed to accept retention {0:?}: the maximum is 366d")]
+    /// The duration is longer than [`RetainFor::MAX`].
+    #[error("failed to accept retention {0:?}: the maximum is {max}", max = RetainFor::MAX)]
     TooLong(String),
 }
 
-/// Parses `90s`, `30m`, `24h`, `7d`.
-pub fn parse(text: &str) -> Result<Duration, RetainForError> {
-    let syntax = || RetainForError::Syntax(text.to_owned());
-    let (digits, unit) = text
-        .split_at_checked(text.len().checked_sub(1).ok_or_else(syntax)?)
-        .ok_or_else(syntax)?;
-    let unit_secs: u64 = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        _ => return Err(syntax()),
-    };
-    let well_formed = (1..=6).contains(&digits.len())
-        && !digits.starts_with('0')
-        && digits.bytes().all(|b| b.is_ascii_digit());
-    let count: u64 = match well_formed {
-        true => digits.parse().map_err(|_| syntax())?,
-        false => return Err(syntax()),
-    };
-    let duration = Duration::from_secs(count.saturating_mul(unit_secs));
-    if duration > MAX_RETAIN_FOR {
-        return Err(RetainForError::TooLong(text.to_owned()));
+impl RetainForError {
+    /// The refused text, as written.
+    pub fn written(&self) -> &str {
+        match self {
+            RetainForError::Syntax(text) | RetainForError::TooLong(text) => text,
+        }
     }
-    Ok(duration)
+}
+
+impl RetainFor {
+    /// The longest retention accepted: 366 days.
+    pub const MAX: RetainFor = RetainFor {
+        count: 366,
+        unit: Unit::Days,
+    };
+
+    /// The grammar as a regular expression (the CRD's OpenAPI `pattern`): 1 to 6 digits without a
+    /// leading zero, then the unit.
+    pub const PATTERN: &str = "^[1-9][0-9]{0,5}(s|m|h|d)$";
+
+    /// Parses `90s`, `30m`, `24h`, `7d`.
+    pub fn parse(text: &str) -> Result<RetainFor, RetainForError> {
+        let syntax = || RetainForError::Syntax(text.to_string());
+        let (digits, suffix) = text
+            .char_indices()
+            .last()
+            .map(|(at, _)| text.split_at(at))
+            .ok_or_else(syntax)?;
+        let unit = Unit::ALL
+            .into_iter()
+            .find(|u| suffix.len() == 1 && suffix.starts_with(u.suffix()))
+            .ok_or_else(syntax)?;
+        if digits.is_empty()
+            || digits.len() > 6
+            || digits.starts_with('0')
+            || !digits.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Err(syntax());
+        }
+        let count: u32 = digits.parse().map_err(|_| syntax())?;
+        let parsed = RetainFor { count, unit };
+        if parsed.duration() > RetainFor::MAX.duration() {
+            return Err(RetainForError::TooLong(text.to_string()));
+        }
+        Ok(parsed)
+    }
+
+    /// How long this is.
+    pub fn duration(self) -> Duration {
+        Duration::from_secs(u64::from(self.count) * self.unit.seconds())
+    }
+
+    /// The CEL expression that caps a value matching [`RetainFor::PATTERN`] at
+    /// [`RetainFor::MAX`] (the pattern cannot do arithmetic).
+    pub fn cel_cap() -> String {
+        let seconds_of_unit = Unit::ALL[1..]
+            .iter()
+            .rev()
+            .map(|u| format!("self.endsWith('{}') ? {} : ", u.suffix(), u.seconds()))
+            .collect::<String>();
+        format!(
+            "!self.matches('{pattern}') || int(self.substring(0, self.size() - 1)) * ({seconds_of_unit}1) <= {max}",
+            pattern = RetainFor::PATTERN,
+            max = RetainFor::MAX.duration().as_secs(),
+        )
+    }
+}
+
+impl fmt::Display for RetainFor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.count, self.unit.suffix())
+    }
+}
+
+impl FromStr for RetainFor {
+    type Err = RetainForError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        RetainFor::parse(text)
+    }
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::panic)]
 mod tests {
     use super::*;
 
     #[test]
-    fn grammar_table() {
-        let cases: &[(&str, Option<u64>)] = &[
-            ("90s", Some(90)),
-            ("30m", Some(1_800)),
-            ("24h", Some(86_400)),
-            ("7d", Some(604_800)),
-            ("366d", Some(366 * 86_400)),
-            ("367d", None),
-            ("0s", None),
-            ("024h", None),
-            ("1234567s", None),
-            ("-1h", None),
-            ("1.5h", None),
-            ("h", None),
-            ("", None),
-            ("24", None),
-            ("24H", None),
-            ("1hé", None),
+    fn grammar() {
+        let cases: &[(&str, Result<u64, &str>)] = &[
+            ("90s", Ok(90)),
+            ("1s", Ok(1)),
+            ("30m", Ok(1_800)),
+            ("24h", Ok(86_400)),
+            ("7d", Ok(604_800)),
+            ("366d", Ok(31_622_400)),
+            ("999999s", Ok(999_999)),
+            ("367d", Err("maximum is 366d")),
+            ("8785h", Err("maximum is 366d")),
+            ("1000000s", Err("positive whole number")),
+            ("0s", Err("positive whole number")),
+            ("05m", Err("positive whole number")),
+            ("-1h", Err("positive whole number")),
+            ("+1h", Err("positive whole number")),
+            ("1.5h", Err("positive whole number")),
+            ("1w", Err("positive whole number")),
+            ("h", Err("positive whole number")),
+            ("", Err("positive whole number")),
+            ("24H", Err("positive whole number")),
+            (" 1h", Err("positive whole number")),
+            ("1hé", Err("positive whole number")),
+            ("é", Err("positive whole number")),
         ];
         for (text, want) in cases {
-            assert_eq!(parse(text).ok().map(|d| d.as_secs()), *want, "{text:?}");
+            match (RetainFor::parse(text), want) {
+                (Ok(got), Ok(secs)) => {
+                    assert_eq!(got.duration().as_secs(), *secs, "{text:?}");
+                    assert_eq!(got.to_string(), *text, "{text:?} displays as written");
+                }
+                (Err(e), Err(says)) => {
+                    assert!(e.to_string().contains(says), "{text:?}: {e}");
+                    assert_eq!(e.written(), *text);
+                }
+                (got, _) => panic!("{text:?}: got {got:?}, wanted {want:?}"),
+            }
         }
+    }
+
+    #[test]
+    fn the_cel_cap_says_what_the_parser_says() {
         assert_eq!(
-            parse("367d").unwrap_err(),
-            RetainForError::TooLong("367d".into())
+            RetainFor::cel_cap(),
+            "!self.matches('^[1-9][0-9]{0,5}(s|m|h|d)$') || int(self.substring(0, self.size() - 1)) * (self.endsWith('d') ? 86400 : self.endsWith('h') ? 3600 : self.endsWith('m') ? 60 : 1) <= 31622400"
         );
+        assert_eq!(RetainFor::MAX.to_string(), "366d");
     }
 }
