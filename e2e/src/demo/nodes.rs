@@ -110,6 +110,19 @@ pub(super) async fn story(
     })?;
     let (repository, tag) = image.rsplit_once(':').unwrap_or((image.as_str(), "latest"));
     helm_install(c, options, repository, tag)?;
+    // helm's --wait counts a DaemonSet's pods once Running; the story shows them Ready.
+    super::kubectl(
+        &k,
+        &[
+            "-n",
+            SYSTEM_NS,
+            "wait",
+            "--for=condition=Ready",
+            "pods",
+            "--all",
+            "--timeout=120s",
+        ],
+    )?;
     show(&k, &["-n", SYSTEM_NS, "get", "pods", "-o", "wide"])?;
 
     let (server_node, client_node) = match c.nodes() {
