@@ -212,7 +212,8 @@ pub struct FileStamp {
 }
 
 impl FileStamp {
-    fn from_stat(st: &rustix::fs::Stat) -> Self {
+    /// The stamp of an `lstat`/`fstat` result.
+    pub fn from_stat(st: &rustix::fs::Stat) -> Self {
         let kind = kind_of(FileType::from_raw_mode(st.st_mode as _));
         #[allow(clippy::unnecessary_cast)]
         Self {

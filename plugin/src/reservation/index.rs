@@ -258,13 +258,7 @@ fn patched(
             .entry(&file.namespace)
             .or_default()
             .insert(&file.pod);
-        let at = owners.len();
-        owners.push_str(&file.namespace);
-        owners.push('/');
-        owners.push_str(&file.pod);
-        for ip in &file.ips {
-            records.push((key_of(*ip), file.release_time, at, owners.len() - at));
-        }
+        push_file(file, &mut owners, &mut records);
     }
     // Same order as a full scan's: by address, then by owner (the first owner of an address
     // held twice is the one a lookup names).
@@ -417,6 +411,17 @@ fn key_of(ip: IpAddr) -> u128 {
     }
 }
 
+/// Appends `file`'s owner (`namespace/pod`) to `owners` and one record per address of it.
+fn push_file(file: &ReservationFile, owners: &mut String, records: &mut Vec<RecordParts>) {
+    let at = owners.len();
+    owners.push_str(&file.namespace);
+    owners.push('/');
+    owners.push_str(&file.pod);
+    for ip in &file.ips {
+        records.push((key_of(*ip), file.release_time, at, owners.len() - at));
+    }
+}
+
 fn len_u32(len: usize) -> [u8; 4] {
     u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes()
 }
@@ -441,13 +446,7 @@ impl ReservationSnapshot {
         let mut owners = String::new();
         let mut records: Vec<RecordParts> = Vec::new();
         for file in set.files.values() {
-            let at = owners.len();
-            owners.push_str(&file.namespace);
-            owners.push('/');
-            owners.push_str(&file.pod);
-            for ip in &file.ips {
-                records.push((key_of(*ip), file.release_time, at, owners.len() - at));
-            }
+            push_file(file, &mut owners, &mut records);
         }
         records.sort_by_key(|r| r.0);
         let skipped = serde_json::to_vec(&set.skipped).unwrap_or_else(|_| b"[]".to_vec());
@@ -567,16 +566,7 @@ impl ReservationSnapshot {
         self.watched().all(|(name, recorded)| {
             rustix::fs::statat(reserved.fd(), name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
                 .is_ok_and(|st| {
-                    #[allow(clippy::unnecessary_cast)]
-                    let now = DirStamp {
-                        dev: st.st_dev as u64,
-                        ino: st.st_ino as u64,
-                        mtime_ns: i128::from(st.st_mtime as i64) * 1_000_000_000
-                            + i128::from(st.st_mtime_nsec as i64),
-                        ctime_ns: i128::from(st.st_ctime as i64) * 1_000_000_000
-                            + i128::from(st.st_ctime_nsec as i64),
-                    };
-                    now == recorded
+                    DirStamp::from(crate::netdir::FileStamp::from_stat(&st)) == recorded
                 })
         })
     }
