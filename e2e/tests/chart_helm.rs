@@ -562,7 +562,7 @@ fn rbac_grants_each_component_only_what_it_uses() {
         rules(find(&docs, "ClusterRole", "ipkeep-agent")),
         rule_set(&[
             ("ipkeep.dev", "ipreservations", "list,watch", ""),
-            ("events.k8s.io", "events", "create,patch", ""),
+            ("events.k8s.io", "events", "create", ""),
         ])
     );
     // Each role is bound to its own component's ServiceAccount, and to nothing else.
