@@ -74,7 +74,7 @@ test:
 	  $(MAKE) --no-print-directory plugin && \
 	  $(MAKE) --no-print-directory image && \
 	  $(MAKE) --no-print-directory docker-plugin && ./scripts/install-docker-deps.sh && \
-	  $(CARGO) test --workspace 2>&1 | tee target/test.log && \
+	  $(CARGO) test --workspace --no-fail-fast 2>&1 | tee target/test.log && \
 	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \
 	  IPKEEP_TEST_BIN=$(CURDIR)/$(PLUGIN_BIN) $(CARGO) test -p ipkeep-plugin --tests 2>&1 | tee -a target/test.log
 	@# One closing line for the whole run: cargo prints one per test binary, the last often "0 passed".
