@@ -321,10 +321,15 @@ fn show(k: &Kubectl, args: &[&str]) -> Result<String, DemoError> {
 }
 
 fn kubectl(k: &Kubectl, args: &[&str]) -> Result<String, DemoError> {
-    let command = format!("kubectl {}", args.join(" "));
-    let out = Command::new(&k.bin)
-        .env("KUBECONFIG", &k.kubeconfig)
-        .args(args)
+    let mut cmd = Command::new(&k.bin);
+    cmd.env("KUBECONFIG", &k.kubeconfig).args(args);
+    run_command(format!("kubectl {}", args.join(" ")), &mut cmd)
+}
+
+/// Runs `cmd` (named `command` in errors) without input and returns its stdout; a failure to
+/// start or a non-zero exit is a [`DemoError::Command`] carrying its output.
+fn run_command(command: String, cmd: &mut Command) -> Result<String, DemoError> {
+    let out = cmd
         .stdin(Stdio::null())
         .output()
         .map_err(|e| DemoError::Command {

@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, api::DynamicObject};
 
 use super::{
-    DemoError, DemoOptions, Kubectl, STEP_DEADLINE, ipr_resource, note, reservation_phase, say,
-    show, statefulset, wait_for,
+    DemoError, DemoOptions, Kubectl, STEP_DEADLINE, ipr_resource, note, reservation_phase,
+    run_command, say, show, statefulset, wait_for,
 };
 use crate::cluster::realnode::{RealCluster, RealClusterOptions, WORKLOAD_IMAGE};
 
@@ -304,27 +304,11 @@ fn helm_install(
     }
     args.extend(["--wait".into(), "--timeout".into(), "3m".into()]);
     println!("\n$ helm {}", args.join(" "));
-    let command = format!("helm {}", args.join(" "));
-    let out = c
-        .plane()
-        .helm()
-        .args(&args)
-        .output()
-        .map_err(|e| DemoError::Command {
-            command: command.clone(),
-            detail: e.to_string(),
-        })?;
-    if !out.status.success() {
-        return Err(DemoError::Command {
-            command,
-            detail: format!(
-                "{}: {}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        });
-    }
-    print!("{}", String::from_utf8_lossy(&out.stdout));
+    let mut helm = c.plane().helm();
+    helm.args(&args);
+    print!(
+        "{}",
+        run_command(format!("helm {}", args.join(" ")), &mut helm)?
+    );
     Ok(())
 }
