@@ -344,10 +344,12 @@ fn claim_slot() -> Result<Slot, RealNodeError> {
             source,
         }
     };
-    std::fs::create_dir_all(&parent).map_err(io(format!("create {}", parent.display())))?;
     // Under the machine lock: a cleanup that finds no slot in use and restores the sysctls
-    // never runs between our claim and our record of them.
+    // never runs between our claim and our record of them, and the last cleanup's removal of
+    // the empty parent never runs between our creating it and our claim inside it (the race
+    // a test binary starting while the previous one's watchdog cleaned up once lost).
     let _lock = machine_lock()?;
+    std::fs::create_dir_all(&parent).map_err(io(format!("create {}", parent.display())))?;
     host::record_sysctls().map_err(|source| RealNodeError::Machine {
         stage: "record the sysctls the kubelet changes".into(),
         source,
