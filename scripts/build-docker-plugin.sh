@@ -14,7 +14,7 @@ bin=$1
 out=$2
 [ -x "$bin" ] || die "$bin is missing: run 'make docker-plugin' (it builds the static binary first)"
 # The rootfs has no dynamic loader: refuse a binary that asks for one.
-if LC_ALL=C readelf -lW "$bin" | grep -q 'Requesting program interpreter'; then
+if LC_ALL=C readelf -lW "$bin" | grep 'Requesting program interpreter' >/dev/null; then
   die "$bin is dynamically linked; build it with RUSTFLAGS='-C target-feature=+crt-static' (make docker-plugin does)"
 fi
 rm -rf "$out"

@@ -25,7 +25,7 @@ command -v buildah >/dev/null 2>&1 \
 for b in ipkeep ipkeep-operator; do
   [ -x "$bin_dir/$b" ] || die "$bin_dir/$b is missing: run 'make image' (it builds the static binaries first)"
   # A FROM scratch image has no dynamic loader: refuse a binary that asks for one.
-  if LC_ALL=C readelf -lW "$bin_dir/$b" | grep -q 'Requesting program interpreter'; then
+  if LC_ALL=C readelf -lW "$bin_dir/$b" | grep 'Requesting program interpreter' >/dev/null; then
     die "$bin_dir/$b is dynamically linked; build it with RUSTFLAGS='-C target-feature=+crt-static' (make image does)"
   fi
 done

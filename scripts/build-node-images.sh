@@ -17,7 +17,7 @@ die() { echo "node-images: error: $*" >&2; exit 1; }
 pause_bin=$1/pause
 busybox=/bin/busybox
 [ -x "$pause_bin" ] || die "$pause_bin is missing: run e2e/cluster/build.sh --node"
-[ -x "$busybox" ] && "$busybox" --list 2>/dev/null | grep -qx httpd \
+[ -x "$busybox" ] && "$busybox" --list 2>/dev/null | grep -x httpd >/dev/null \
   || die "$busybox (a static busybox with httpd) is missing: apt-get install busybox-static (scripts/install-deps.sh does)"
 command -v buildah >/dev/null 2>&1 || die "buildah is not installed: run scripts/install-packaging-deps.sh (Debian package buildah)"
 

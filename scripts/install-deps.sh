@@ -34,7 +34,7 @@ command -v promtool >/dev/null 2>&1 || need_pkgs+=(prometheus)   # promtool chec
 # workload image (static, with httpd/wget/nc), nsenter/unshare.
 [ -x /usr/sbin/runc ] || need_pkgs+=(runc)
 [ -x /usr/sbin/iptables ] || need_pkgs+=(iptables)
-dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || need_pkgs+=(busybox-static)
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep 'ok installed' >/dev/null || need_pkgs+=(busybox-static)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "install-deps: installing ${need_pkgs[*]}" >&2
   apt_install "${need_pkgs[@]}"

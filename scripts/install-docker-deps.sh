@@ -9,7 +9,7 @@ set -euo pipefail
 need_pkgs=()
 [ -x /usr/sbin/dockerd ] && [ -x /usr/bin/docker ] || need_pkgs+=(docker.io)
 command -v docker-compose >/dev/null 2>&1 || need_pkgs+=(docker-compose)
-[ -x /bin/busybox ] && file -L /bin/busybox 2>/dev/null | grep -q 'statically linked' || need_pkgs+=(busybox-static)
+[ -x /bin/busybox ] && file -L /bin/busybox 2>/dev/null | grep 'statically linked' >/dev/null || need_pkgs+=(busybox-static)
 command -v file >/dev/null 2>&1 || need_pkgs+=(file)
 if [ ${#need_pkgs[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then

@@ -15,6 +15,9 @@
 # versions in versions.env: a second run costs a second. A finished build is renamed into place
 # whole, so an interrupted build never looks complete.
 set -euo pipefail
+# A pipe into `grep -q` fails at random under pipefail: grep exits at the first match and the
+# writer dies of SIGPIPE (a cold build lost 43 minutes to "kubectl does not report v1.34.4").
+# Every pipe here ends in `grep ... >/dev/null`, which reads its input to the end.
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
 . "$here/versions.env"
@@ -43,7 +46,7 @@ check_modules() {
   local sv; sv=$(staging_version)
   grep -Eq "^\s*(require )?k8s\.io/kubernetes $KUBERNETES_VERSION\b" "$here/k8s/go.mod" \
     || die "e2e/cluster/k8s/go.mod does not require k8s.io/kubernetes $KUBERNETES_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
-  if grep -E '^\s+k8s\.io/[a-z-]+ => k8s\.io/[a-z-]+ v' "$here/k8s/go.mod" | grep -vq " $sv\$"; then
+  if grep -E '^\s+k8s\.io/[a-z-]+ => k8s\.io/[a-z-]+ v' "$here/k8s/go.mod" | grep -v " $sv\$" >/dev/null; then
     die "e2e/cluster/k8s/go.mod pins a staging module at a version other than $sv; run e2e/cluster/build.sh --update-modules"
   fi
   grep -Eq "^\s*go\.etcd\.io/etcd/server/v3 $ETCD_VERSION\b" "$here/etcd/go.mod" \
@@ -141,9 +144,9 @@ if [ "$mode" = node ]; then
   done && step containerd-shim-runc-v2 go build -tags "$ctags no_grpc" -ldflags "-s -w $cver" \
     -o "$stage/bin/containerd-shim-runc-v2" github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2)
   (cd "$here/pause" && step pause go build -ldflags "-s -w" -o "$stage/bin/pause" .)
-  "$stage/bin/kubelet" --version 2>/dev/null | grep -q "$KUBERNETES_VERSION" \
+  "$stage/bin/kubelet" --version 2>/dev/null | grep "$KUBERNETES_VERSION" >/dev/null \
     || die "the built kubelet does not report $KUBERNETES_VERSION: the version stamps did not take"
-  "$stage/bin/containerd" --version 2>/dev/null | grep -q "$CONTAINERD_VERSION" \
+  "$stage/bin/containerd" --version 2>/dev/null | grep "$CONTAINERD_VERSION" >/dev/null \
     || die "the built containerd does not report $CONTAINERD_VERSION: the version stamps did not take"
   finish
   exit 0
@@ -156,6 +159,6 @@ fi
 done)
 (cd "$here/helm" && step helm go build -ldflags "-s -w $hver" -o "$stage/bin/helm" helm.sh/helm/v3/cmd/helm)
 
-"$stage/bin/kubectl" version --client 2>/dev/null | grep -q "$KUBERNETES_VERSION" \
+"$stage/bin/kubectl" version --client 2>/dev/null | grep "$KUBERNETES_VERSION" >/dev/null \
   || die "the built kubectl does not report $KUBERNETES_VERSION: the version stamps did not take"
 finish
