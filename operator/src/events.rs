@@ -218,14 +218,18 @@ impl Publisher {
                 Outcome::Queued
             }
             Err(e) => {
-                if let Some(dropped) = &self.dropped {
-                    dropped.inc();
-                }
                 let why = match e {
                     mpsc::error::TrySendError::Full(_) => "the queue is full",
                     mpsc::error::TrySendError::Closed(_) => "the component is stopping",
                 };
-                tracing::debug!(reason, why, "Event dropped");
+                // Counted where a metric exports it, else each drop is a log line.
+                match &self.dropped {
+                    Some(dropped) => {
+                        dropped.inc();
+                        tracing::debug!(reason, why, "Event dropped");
+                    }
+                    None => tracing::warn!(reason, why, "Event dropped"),
+                }
                 Outcome::Dropped
             }
         }
