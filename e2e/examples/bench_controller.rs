@@ -56,6 +56,9 @@ struct Args {
     /// Stand-in nodes the pods are spread over.
     #[arg(long, default_value_t = 5)]
     nodes: usize,
+    /// Run the controller with `--normal-events=true` (one more Event write per transition).
+    #[arg(long)]
+    normal_events: bool,
 }
 
 /// The figures of one size.
@@ -83,13 +86,30 @@ async fn main() {
 
     let mut rows = Vec::new();
     for &pods in &args.sizes {
-        rows.push(one_size(&plane, &admin, &as_controller, &nodes, pods).await);
+        rows.push(
+            one_size(
+                &plane,
+                &admin,
+                &as_controller,
+                &nodes,
+                pods,
+                args.normal_events,
+            )
+            .await,
+        );
     }
-    let expiry = expiries(&plane, &admin, &as_controller, args.expiries).await;
+    let expiry = expiries(
+        &plane,
+        &admin,
+        &as_controller,
+        args.expiries,
+        args.normal_events,
+    )
+    .await;
 
     println!("controller bench on {}", plane.describe());
     println!(
-        "  pods on {} nodes ({}), controller with its default {} workers, no leader election; load average now {}",
+        "  pods on {} nodes ({}), controller with its default {} workers, no leader election, Normal Events {}; load average now {}",
         nodes.len(),
         if plane.is_real() {
             "stand-ins, Ready"
@@ -97,6 +117,11 @@ async fn main() {
             "names only"
         },
         support::CONTROLLER_WORKERS,
+        if args.normal_events {
+            "on"
+        } else {
+            "off (the default)"
+        },
         support::load_average()
     );
     for r in &rows {
@@ -114,6 +139,7 @@ async fn one_size(
     as_controller: &Client,
     nodes: &[String],
     pods: usize,
+    normal_events: bool,
 ) -> Row {
     let ceiling_ns = plane.namespace("ceiling").await;
     let ceiling = Ceiling::measure(as_controller, &ceiling_ns, pods).await;
@@ -134,7 +160,8 @@ async fn one_size(
         made.as_secs_f64()
     );
     let mut phases = PhaseWatch::start(admin.clone(), &ns, None);
-    let controller = start_controller(plane, &ns, &format!("controller-{pods}")).await;
+    let controller =
+        start_controller(plane, &ns, &format!("controller-{pods}"), normal_events).await;
     let bind = phases
         .until("every reservation Bound", PATIENCE, |c| c.bound >= pods)
         .await;
@@ -197,7 +224,7 @@ async fn create_running_pod(client: Client, ns: String, i: usize, node: String) 
         .expect("pod status");
 }
 
-async fn start_controller(plane: &Plane, ns: &str, name: &str) -> Operator {
+async fn start_controller(plane: &Plane, ns: &str, name: &str, normal_events: bool) -> Operator {
     let args: Vec<String> = [
         "controller",
         "--namespace",
@@ -205,6 +232,7 @@ async fn start_controller(plane: &Plane, ns: &str, name: &str) -> Operator {
         "--metrics-addr",
         "127.0.0.1:0",
         "--leader-elect=false",
+        &format!("--normal-events={normal_events}"),
         "--log-level",
         "warn",
     ]
@@ -294,7 +322,13 @@ impl Expiry {
 
 /// `n` hand-made reservations, all Released with the same release time, then a controller of
 /// their own: lateness of each delete (seen through a watch) after that time.
-async fn expiries(plane: &Plane, admin: &Client, as_controller: &Client, n: usize) -> Expiry {
+async fn expiries(
+    plane: &Plane,
+    admin: &Client,
+    as_controller: &Client,
+    n: usize,
+    normal_events: bool,
+) -> Expiry {
     let ceiling_ns = plane.namespace("ceiling").await;
     let ceiling = Ceiling::measure(as_controller, &ceiling_ns, n).await;
     let ns = plane.namespace("bench-expiry").await;
@@ -333,7 +367,7 @@ async fn expiries(plane: &Plane, admin: &Client, as_controller: &Client, n: usiz
         }
     })
     .await;
-    let controller = start_controller(plane, &ns, "controller-expiry").await;
+    let controller = start_controller(plane, &ns, "controller-expiry", normal_events).await;
     let slack = due.duration_since(Timestamp::now()).as_secs_f64();
     eprintln!("bench: {n} reservations due at {due} ({slack:.1} s from now)");
     let mut lateness = Vec::with_capacity(n);

@@ -384,6 +384,7 @@ fn the_controller_is_two_hardened_leader_elected_replicas() {
             "controller",
             "--default-retain-for=24h",
             "--metrics-addr=0.0.0.0:8080",
+            "--normal-events=false",
             "--lease-name=ipkeep-controller",
             "--lease-namespace=$(POD_NAMESPACE)",
             "--identity=$(POD_NAME)",

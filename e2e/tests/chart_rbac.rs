@@ -1,12 +1,13 @@
 //! Least privilege, proven both ways against the real API server's audit log.
 //!
 //! The chart is installed with `helm` (with `cni.replaceHostLocal=true`, so every command line of
-//! the DaemonSet is exercised). Then the real `ipkeep-operator` runs the containers **as the
-//! chart's ServiceAccounts** (tokens minted for them), with the command lines and environment
-//! read from the Deployment and DaemonSet the API server holds: a flag renamed in the code but
-//! not in the chart makes a component exit and the test fail. Only values that name the pod's
-//! world are mapped: absolute paths under a scratch root, listen addresses to `127.0.0.1:0`,
-//! downward-API fields to this run's names.
+//! the DaemonSet is exercised, and `controller.normalEvents=true`, so the controller's Normal
+//! Events, off by default, prove the value reaches the binary). Then the real `ipkeep-operator`
+//! runs the containers **as the chart's ServiceAccounts** (tokens minted for them), with the
+//! command lines and environment read from the Deployment and DaemonSet the API server holds: a
+//! flag renamed in the code but not in the chart makes a component exit and the test fail. Only
+//! values that name the pod's world are mapped: absolute paths under a scratch root, listen
+//! addresses to `127.0.0.1:0`, downward-API fields to this run's names.
 //!
 //! Scenario 1, simplified (no kubelet; the admin sets the pod's status as a kubelet would): an
 //! annotated pod runs with an IP, is deleted (its reservation is Released, the agent's file keeps
@@ -372,6 +373,7 @@ async fn the_chart_grants_exactly_what_the_components_use() {
             .args(["install", release])
             .arg(chart_dir())
             .args(["-n", &ns, "--set", "cni.replaceHostLocal=true"])
+            .args(["--set", "controller.normalEvents=true"])
             .output()
             .unwrap(),
     );

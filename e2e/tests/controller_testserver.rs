@@ -257,10 +257,15 @@ async fn metrics_pass_promtool() {
         "ipkeep_controller_reconcile_duration_seconds_count",
         "ipkeep_controller_next_expiry_seconds",
         "ipkeep_controller_leader 1",
-        "ipkeep_controller_events_total{reason=\"Expired\",type=\"Normal\"} 1",
+        "ipkeep_controller_events_dropped_total 0",
     ] {
         assert!(text.contains(name), "/metrics lacks {name}:\n{text}");
     }
+    // Normal Events are off by default: the lifecycle queued none.
+    assert!(
+        !text.contains("type=\"Normal\""),
+        "Normal Events were queued by default:\n{text}"
+    );
     let promtool = which("promtool").unwrap_or_else(|| {
         panic!("promtool is not installed: install Debian's `prometheus` package (make deps does) to check /metrics")
     });

@@ -504,14 +504,12 @@ async fn report_refusals(
         }
         let note = error_chain(refusal);
         tracing::warn!(reservation = %key, error = %note, "reservation refused: no file written");
-        events
-            .publish(Notice {
-                regarding: obj.object_ref(&()),
-                type_: EventType::Warning,
-                reason: "InvalidReservation",
-                action: "WriteReservationFile",
-                note: &note,
-            })
-            .await;
+        events.publish(Notice {
+            regarding: obj.object_ref(&()),
+            type_: EventType::Warning,
+            reason: "InvalidReservation",
+            action: "WriteReservationFile",
+            note: &note,
+        });
     }
 }

@@ -26,8 +26,10 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     /// 1 while this replica is the leader, else 0.
     pub leader: IntGauge,
-    /// Events, by reason and type.
+    /// Events queued for posting, by reason and type.
     pub events: IntCounterVec,
+    /// Events dropped because the queue was full (or the controller was stopping).
+    pub events_dropped: IntCounter,
 }
 
 /// Errors of registering metrics.
@@ -49,6 +51,7 @@ impl Metrics {
             Box::new(m.reconcile_duration.clone()),
             Box::new(m.leader.clone()),
             Box::new(m.events.clone()),
+            Box::new(m.events_dropped.clone()),
             Box::new(CacheCollector::new(reservations).map_err(MetricsError)?),
         ];
         for c in collectors {
@@ -91,9 +94,13 @@ impl Metrics {
             events: IntCounterVec::new(
                 Opts::new(
                     "ipkeep_controller_events_total",
-                    "Kubernetes Events published, by reason and type.",
+                    "Kubernetes Events queued for posting, by reason and type (Normal ones only with --normal-events).",
                 ),
                 &["reason", "type"],
+            )?,
+            events_dropped: IntCounter::new(
+                "ipkeep_controller_events_dropped_total",
+                "Kubernetes Events not posted because their queue was full or the controller was stopping.",
             )?,
         })
     }

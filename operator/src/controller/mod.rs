@@ -21,6 +21,7 @@
 //! caches run on every replica, and only the shards wait for the lease, where `Controller` owns
 //! its watches (sharing them needs the `unstable-runtime` streams API).
 
+pub mod expectations;
 pub mod index;
 pub mod lifecycle;
 pub mod metrics;
@@ -56,6 +57,7 @@ use prometheus::Registry;
 use tokio::{task::JoinSet, time::Instant};
 
 use self::{
+    expectations::Expectations,
     index::AddressIndex,
     lifecycle::Defaults,
     metrics::Metrics,
@@ -64,7 +66,7 @@ use self::{
 use crate::{
     backoff::Backoff,
     crd::IPReservation,
-    events::Publisher,
+    events::{Policy, Publisher},
     key::Key,
     logging::{self, LogArgs, error_chain},
     probes::{ProbeServer, Readiness},
@@ -111,6 +113,10 @@ pub struct Args {
     /// Reconcile workers (each pod name always goes to the same one).
     #[arg(long, env = "IPKEEP_WORKERS", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub workers: u16,
+    /// Also post Normal Events (`Reserved`, `Released`, `Rebound`, `Expired`, …), one write to the
+    /// API server per transition the reservation's status already shows; Warnings are always posted.
+    #[arg(long, env = "IPKEEP_NORMAL_EVENTS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub normal_events: bool,
 }
 
 /// Leader election settings.
@@ -141,6 +147,8 @@ pub struct Settings {
     pub lease: Option<LeaseSettings>,
     /// Number of reconcile shards.
     pub workers: usize,
+    /// Which Events are posted.
+    pub events: Policy,
 }
 
 impl Settings {
@@ -155,6 +163,7 @@ impl Settings {
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             lease: None,
             workers: 4,
+            events: Policy::default(),
         }
     }
 }
@@ -224,6 +233,9 @@ pub fn main(args: Args) -> anyhow::Result<()> {
                 duration_secs: args.lease_duration,
             }),
             workers: usize::from(args.workers),
+            events: Policy {
+                normal: args.normal_events,
+            },
         };
         run(client, settings, crate::shutdown::signal(), |_| {}).await?;
         Ok(())
@@ -278,6 +290,10 @@ pub struct Started {
     pub probe_addr: Option<SocketAddr>,
 }
 
+/// How long a stopping controller keeps posting the Events still queued (a Pod's default grace
+/// period is 30 s; the lease is released before this).
+const EVENT_FLUSH: Duration = Duration::from_secs(5);
+
 /// Runs the controller with `client` until `shutdown` completes; `on_start` is told the probe
 /// address once bound.
 pub async fn run(
@@ -297,6 +313,13 @@ pub async fn run(
         .lease
         .as_ref()
         .map_or_else(default_identity, |l| l.identity.clone());
+    let (events, drain) = Publisher::start(
+        client.clone(),
+        reconcile::FIELD_MANAGER,
+        &identity,
+        settings.events,
+        Some(metrics.events_dropped.clone()),
+    );
     let ctx = Arc::new(Context {
         client: client.clone(),
         pods: pods.clone(),
@@ -304,7 +327,8 @@ pub async fn run(
         statefulsets: statefulsets.clone(),
         nodes: nodes.clone(),
         index: AddressIndex::default(),
-        events: Publisher::new(client.clone(), reconcile::FIELD_MANAGER, &identity),
+        expectations: Expectations::default(),
+        events,
         metrics: metrics.clone(),
         defaults: settings.defaults.clone(),
     });
@@ -374,6 +398,12 @@ pub async fn run(
     let _ = stop_tx.send(true);
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
+    let flushed = drain.flush(EVENT_FLUSH).await;
+    tracing::debug!(
+        posted = flushed.posted,
+        unsent = flushed.unsent,
+        "Events flushed"
+    );
     result
 }
 
@@ -631,6 +661,8 @@ async fn watch_reservations(
         match event {
             Ok(watcher::Event::Apply(r)) => {
                 let key = Key::of(&r);
+                ctx.expectations
+                    .observed(&key, r.metadata.resource_version.as_deref());
                 for other in ctx.index.upsert(key.clone(), &r) {
                     queue.enqueue(other);
                 }
@@ -638,12 +670,14 @@ async fn watch_reservations(
             }
             Ok(watcher::Event::Delete(r)) => {
                 let key = Key::of(&r);
+                ctx.expectations.observed(&key, None);
                 for other in ctx.index.remove(&key) {
                     queue.enqueue(other);
                 }
                 queue.enqueue(key);
             }
             Ok(watcher::Event::InitDone) => {
+                ctx.expectations.clear();
                 let all = ctx.reservations.state();
                 ctx.index
                     .rebuild(all.iter().map(|r| (Key::of(r.as_ref()), r.as_ref())));

@@ -8,7 +8,7 @@ use k8s_openapi::api::{
     core::v1::{Node, Pod},
 };
 use kube::{
-    Api, Client, Resource,
+    Api, Client, Resource, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, Preconditions},
     core::PartialObjectMeta,
     runtime::reflector::{ObjectRef, Store},
@@ -16,6 +16,7 @@ use kube::{
 use serde_json::json;
 
 use super::{
+    expectations::Expectations,
     index::AddressIndex,
     lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, decide},
     metrics::Metrics,
@@ -23,7 +24,7 @@ use super::{
 };
 use crate::{
     crd::{self, IPReservation},
-    events::{EventType, Notice, Publisher},
+    events::{EventType, Notice, Outcome, Publisher},
     key::Key,
     retention,
 };
@@ -45,8 +46,10 @@ pub struct Context {
     pub nodes: Store<Node>,
     /// Which reservations claim each node's addresses.
     pub index: AddressIndex,
-    /// Publishes Events as `ipkeep-controller` from this replica.
+    /// Queues Events (as `ipkeep-controller` from this replica) for their own task to post.
     pub events: Publisher,
+    /// The controller's writes the reservation cache has not shown yet.
+    pub expectations: Expectations,
     /// The controller's metrics.
     pub metrics: Metrics,
     /// Defaults from the flags.
@@ -121,12 +124,20 @@ pub enum Next {
     AwaitChange,
     /// At this instant (a release time).
     At(Timestamp),
-    /// Soon: a delete was held back or raced; re-check after this many milliseconds.
+    /// Soon: a delete was held back or raced, or the cache has not shown this controller's last
+    /// write yet; re-check after this many milliseconds (a change still enqueues it sooner).
     RetryMs(u64),
 }
 
 /// Reconciles the reservation of the pod name `key`.
 pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError> {
+    let started = std::time::Instant::now();
+    if let Some(until) = ctx.expectations.awaited(key, started) {
+        // The watch event carrying the last write enqueues the name again.
+        tracing::trace!(%key, "waiting for the cache to show the last write");
+        let wait = until.duration_since(started).as_millis();
+        return Ok(Next::RetryMs(u64::try_from(wait).unwrap_or(u64::MAX)));
+    }
     let now = Timestamp::now();
     let pod = ctx
         .pods
@@ -189,11 +200,12 @@ async fn execute(
     if let (Some(reason), Some(r)) = (plan.delete, reservation.as_deref()) {
         let next = delete(key, ctx, &api, r, reason, owner_annotations.as_ref()).await?;
         if next == Next::AwaitChange {
-            publish(ctx, &plan, pod.as_deref(), Some(r)).await;
+            publish(ctx, &plan, pod.as_deref(), Some(r));
         }
         return Ok(next);
     }
     let mut current = reservation.as_deref().cloned();
+    let mut wrote = false;
     if let Some(spec) = &plan.spec {
         let managed = current
             .as_ref()
@@ -232,6 +244,7 @@ async fn execute(
                 source,
             })?;
         current = Some(written);
+        wrote = true;
     }
     if let Some(r) = &current {
         let generation = r.metadata.generation;
@@ -259,9 +272,19 @@ async fn execute(
                     source,
                 })?,
             );
+            wrote = true;
         }
     }
-    publish(ctx, &plan, pod.as_deref(), current.as_ref()).await;
+    if wrote && let Some(version) = current.as_ref().and_then(|r| r.resource_version()) {
+        let cached = || {
+            ctx.reservations
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .and_then(|r| r.resource_version())
+        };
+        ctx.expectations
+            .expect(key.clone(), version, cached, std::time::Instant::now());
+    }
+    publish(ctx, &plan, pod.as_deref(), current.as_ref());
     Ok(plan.requeue_at.map_or(Next::AwaitChange, Next::At))
 }
 
@@ -321,8 +344,7 @@ async fn delete(
                     false,
                     lifecycle::reason::EXPIRED,
                     note,
-                )
-                .await;
+                );
             } else {
                 tracing::info!(%key, "reservation ended: the pod no longer asks for it");
             }
@@ -338,7 +360,7 @@ async fn delete(
     }
 }
 
-async fn publish(ctx: &Context, plan: &Plan, pod: Option<&Pod>, r: Option<&IPReservation>) {
+fn publish(ctx: &Context, plan: &Plan, pod: Option<&Pod>, r: Option<&IPReservation>) {
     for notice in &plan.notices {
         let on_pod = matches!(notice.subject, Subject::Pod | Subject::Both);
         let on_reservation = matches!(notice.subject, Subject::Reservation | Subject::Both);
@@ -349,8 +371,7 @@ async fn publish(ctx: &Context, plan: &Plan, pod: Option<&Pod>, r: Option<&IPRes
                 notice.warning,
                 notice.reason,
                 notice.message.clone(),
-            )
-            .await;
+            );
         }
         if on_reservation && let Some(r) = r {
             emit(
@@ -359,13 +380,12 @@ async fn publish(ctx: &Context, plan: &Plan, pod: Option<&Pod>, r: Option<&IPRes
                 notice.warning,
                 notice.reason,
                 notice.message.clone(),
-            )
-            .await;
+            );
         }
     }
 }
 
-async fn emit(
+fn emit(
     ctx: &Context,
     regarding: k8s_openapi::api::core::v1::ObjectReference,
     warning: bool,
@@ -377,17 +397,17 @@ async fn emit(
     } else {
         EventType::Normal
     };
-    ctx.metrics
-        .events
-        .with_label_values(&[reason, type_.as_str()])
-        .inc();
-    ctx.events
-        .publish(Notice {
-            regarding,
-            type_,
-            reason,
-            action: "Reconcile",
-            note: &note,
-        })
-        .await;
+    let outcome = ctx.events.publish(Notice {
+        regarding,
+        type_,
+        reason,
+        action: "Reconcile",
+        note: &note,
+    });
+    if outcome == Outcome::Queued {
+        ctx.metrics
+            .events
+            .with_label_values(&[reason, type_.as_str()])
+            .inc();
+    }
 }
