@@ -4,9 +4,13 @@
 //!
 //! * `kubectl delete pod` (the pod's own grace period) of a StatefulSet pod → its successor
 //!   Ready, p50/p99 over [`ROUNDS`] re-creations, for a StatefulSet that keeps its address
-//!   (`ipkeep.dev/retain`) and, alternating with it in the same run, for one without the
-//!   annotation (host-local's allocation, which ipkeep gives unannotated pods); the ratio is
-//!   what keeping the address costs;
+//!   (`ipkeep.dev/retain`, on `node-1`) and, alternating with it in the same run, for one
+//!   without the annotation (host-local's allocation, which ipkeep gives unannotated pods) on
+//!   `node-0`, where nothing else allocates, so round robin gives each successor the next,
+//!   never-used address (on one node the retained pod's re-creation puts the round-robin
+//!   cursor back on its address, and the unannotated successor then found its own freed address
+//!   again); the ratio is what keeping the address costs against a fresh one, and the address
+//!   each successor got is printed;
 //! * the plugin's ADD as containerd runs it: the plugin logs no timing of its own and containerd
 //!   copies its stderr into the log without a timestamp, so the bound is the two timestamped
 //!   containerd lines around each decision line; beside it, the whole `RunPodSandbox` (network
@@ -125,8 +129,16 @@ struct Recreation {
     running: Duration,
     /// Ready (its readiness probe answered: the node reaches it at its address).
     ready: Duration,
-    /// It has the address its predecessor had.
-    same_address: bool,
+    /// The predecessor's address.
+    before: String,
+    /// The successor's address.
+    after: String,
+}
+
+impl Recreation {
+    fn same_address(&self) -> bool {
+        self.before == self.after
+    }
 }
 
 /// One re-creation: `kubectl delete pod` (default grace, kubectl waits for the deletion as a
@@ -149,7 +161,8 @@ async fn recreate(c: &RealCluster, pods: &Api<Pod>, ns: &str, name: &str) -> Rec
                 return Recreation {
                     running: running.unwrap_or(ready),
                     ready,
-                    same_address: pod_ip(&p) == pod_ip(&before),
+                    before: pod_ip(&before),
+                    after: pod_ip(&p),
                 };
             }
         }
@@ -327,7 +340,7 @@ type Stage = fn(&Recreation) -> Duration;
 /// The re-creation figures: running and Ready, retained beside unannotated, and their ratios.
 fn print_recreations(rounds: &[(Recreation, Recreation)]) {
     let same = |pick: fn(&(Recreation, Recreation)) -> &Recreation| {
-        rounds.iter().filter(|r| pick(r).same_address).count()
+        rounds.iter().filter(|r| pick(r).same_address()).count()
     };
     let secs = |pick: fn(&(Recreation, Recreation)) -> &Recreation, at: Stage| {
         rounds
@@ -336,6 +349,19 @@ fn print_recreations(rounds: &[(Recreation, Recreation)]) {
             .collect::<Vec<f64>>()
     };
     let n = rounds.len();
+    println!("the successors' addresses (predecessor → successor) and Ready after the delete:");
+    for (i, (kept, plain)) in rounds.iter().enumerate() {
+        println!(
+            "  {:>2}: retained {} → {} {:.1} s; unannotated {} → {} {:.1} s",
+            i + 1,
+            kept.before,
+            kept.after,
+            kept.ready.as_secs_f64(),
+            plain.before,
+            plain.after,
+            plain.ready.as_secs_f64()
+        );
+    }
     println!(
         "kubectl delete pod (default grace) → successor, {n} re-creations each, alternating \
          (same address: retained {}/{n}, unannotated {}/{n}):",
@@ -374,12 +400,13 @@ async fn main() {
     println!("helm install --wait: {:.1} s", t.elapsed().as_secs_f64());
 
     let ns = c.plane().fresh_namespace("bench").await.unwrap();
-    let node = &c.nodes()[1];
+    // The retained pod on node-1, the unannotated one alone on node-0 (see the module's text).
+    let (node, plain_node) = (&c.nodes()[1], &c.nodes()[0]);
     let pods: Api<Pod> = Api::namespaced(c.plane().client().unwrap(), &ns);
-    for (set, retained) in [("kept", true), ("plain", false)] {
+    for (set, on, retained) in [("kept", node, true), ("plain", plain_node, false)] {
         c.kubectl(
             &["-n", &ns, "apply", "-f", "-"],
-            Some(&statefulset(set, &node.name(), retained)),
+            Some(&statefulset(set, &on.name(), retained)),
         )
         .unwrap();
     }
@@ -420,13 +447,26 @@ async fn main() {
         "timestamped lines around ipkeep's decision line (an upper bound on ADD)",
         &mut bracket_secs(&log, &needle),
     );
+    let removed = log
+        .iter()
+        .filter(|l| l.contains("ipkeep: cbr0: removed the neighbour entry"))
+        .count();
+    println!(
+        "  stale neighbour entries ipkeep removed on {}: {removed}",
+        node.name()
+    );
     print_line(
         "RunPodSandbox of the retained pod",
         &mut sandbox_secs(&log, &ns, "kept-0"),
     );
+    let plain_text = std::fs::read_to_string(plain_node.log("containerd")).unwrap_or_default();
+    let plain_log: Vec<&str> = plain_text.lines().collect();
     print_line(
-        "RunPodSandbox of the unannotated pod",
-        &mut sandbox_secs(&log, &ns, "plain-0"),
+        &format!(
+            "RunPodSandbox of the unannotated pod ({})",
+            plain_node.name()
+        ),
+        &mut sandbox_secs(&plain_log, &ns, "plain-0"),
     );
 
     print_memory(&c).await;

@@ -13,6 +13,7 @@ use crate::candidates::Candidates;
 use crate::config::{self, IpamConfig};
 use crate::disk_store::DiskStore;
 use crate::gojson::Value;
+use crate::neighbour::NeighbourTable;
 use crate::netdir::NetworkDir;
 use crate::reservation::{DEFAULT_GRACE, Timestamp};
 use crate::result::{CniResult, result_json};
@@ -98,8 +99,14 @@ fn pod_of(conf: &IpamConfig) -> Option<PodRef> {
 
 /// ADD: one address per range set (requested ones where asked), printed for the config's version.
 /// A pod with an active reservation gets its reserved addresses; nobody else ever gets them
-/// (see [`crate::reservation`]).
-pub fn add(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failure> {
+/// (see [`crate::reservation`]). The host's neighbour entries for the addresses handed out are
+/// removed ([`clear_neighbours`]).
+pub fn add(
+    doc: &Value,
+    args: &CmdArgs,
+    now: SystemTime,
+    neighbours: &dyn NeighbourTable,
+) -> Result<Output, Failure> {
     let conf = load(doc, args)?;
     let grace = config::reservation_grace(doc)
         .map_err(|e| (CniError::internal(e), Vec::new()))?
@@ -187,10 +194,53 @@ pub fn add(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failu
         ));
     }
     result.routes = conf.routes.clone();
+    // After the lock is released: the flush concerns no other ADD.
+    let mut log = store.finish();
+    clear_neighbours(neighbours, &reserved, &mut rlog);
+    log.extend(rlog.into_lines());
     Ok(Output {
         stdout: result_json(&result, &conf.cni_version),
-        log: with_store_log(store, rlog),
+        log,
     })
+}
+
+/// Removes the host's neighbour entries for `ips`, which change hands: an address ADD hands out
+/// is free, so an entry for it names a previous holder's MAC (the reason is in
+/// [`crate::neighbour`]), and one DEL frees names a MAC that is going away. Best effort: every
+/// entry removed and every failure is one log line, never the command's error.
+fn clear_neighbours(table: &dyn NeighbourTable, ips: &[IpAddr], log: &mut ReservationLog) {
+    use crate::neighbour::{lladdr_text, state_name};
+    let removals = match table.flush(ips) {
+        Ok(removals) => removals,
+        Err(e) => {
+            let list: Vec<String> = ips.iter().map(ToString::to_string).collect();
+            log.line(format_args!(
+                "failed to remove the host's neighbour entries for {}: {}; until they expire the host may send their traffic to their previous holders",
+                list.join(", "),
+                crate::error_chain(&e)
+            ));
+            return;
+        }
+    };
+    for r in removals {
+        let entry = &r.entry;
+        let interface = r
+            .interface
+            .unwrap_or_else(|| format!("interface index {}", entry.ifindex));
+        let what = format!(
+            "the neighbour entry {} lladdr {} {} on {interface}",
+            entry.dst,
+            lladdr_text(&entry.lladdr),
+            state_name(entry.state)
+        );
+        match r.outcome {
+            Ok(()) => log.line(format_args!("removed {what}")),
+            Err(e) => log.line(format_args!(
+                "failed to remove {what}: {e}; until it expires the host may send {}'s traffic there",
+                entry.dst
+            )),
+        }
+    }
 }
 
 /// Ends the store (sealing its index) and appends the reservation lines to its log.
@@ -208,8 +258,14 @@ fn release_all(store: &mut DiskStore<'_>, reserved: &[IpAddr], args: &CmdArgs) {
     }
 }
 
-/// DEL: frees the container's addresses with host-local's rule for legacy files.
-pub fn del(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failure> {
+/// DEL: frees the container's addresses with host-local's rule for legacy files, and removes the
+/// host's neighbour entries for them ([`clear_neighbours`]).
+pub fn del(
+    doc: &Value,
+    args: &CmdArgs,
+    now: SystemTime,
+    neighbours: &dyn NeighbourTable,
+) -> Result<Output, Failure> {
     let conf = load(doc, args)?;
     let dir = open_dir(&conf)?;
     let mut store = open_store(&dir, now)?;
@@ -219,12 +275,17 @@ pub fn del(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failu
         LegacyRelease::IfNoneMatched
     };
     let released = store.release_by_id(&args.container_id, &args.ifname, legacy);
-    let log = store.finish();
+    let mut log = store.finish();
     match released {
-        Ok(_) => Ok(Output {
-            stdout: String::new(),
-            log,
-        }),
+        Ok(freed) => {
+            let mut nlog = ReservationLog::new(&conf.name);
+            clear_neighbours(neighbours, &freed, &mut nlog);
+            log.extend(nlog.into_lines());
+            Ok(Output {
+                stdout: String::new(),
+                log,
+            })
+        }
         Err(e) => Err((CniError::internal(e), log)),
     }
 }
@@ -353,4 +414,150 @@ pub fn status(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Fa
         stdout: String::new(),
         log: with_store_log(store, rlog),
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::neighbour::{FlushError, Neighbour, Recorder, Removal};
+    use crate::scratch_dir::ScratchDir;
+    use rustix::io::Errno;
+
+    fn doc(data_dir: &Path) -> Value {
+        let json = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "neighnet",
+            "type": "bridge",
+            "ipam": {
+                "type": "ipkeep",
+                "ranges": [[{ "subnet": "198.18.7.0/24" }], [{ "subnet": "2001:db8:7::/64" }]],
+                "dataDir": data_dir,
+            },
+        });
+        crate::gojson::parse(json.to_string().as_bytes()).unwrap()
+    }
+
+    fn args(container: &str) -> CmdArgs {
+        CmdArgs {
+            container_id: container.to_owned(),
+            ifname: "eth0".to_owned(),
+            args: String::new(),
+        }
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    fn entry(dst: &str) -> Neighbour {
+        Neighbour {
+            ifindex: 7,
+            state: 0x02,
+            flags: 0,
+            dst: ip(dst),
+            lladdr: vec![0xaa, 0x5d, 0x8b, 0x7d, 0x61, 0x18],
+        }
+    }
+
+    #[test]
+    fn add_and_del_flush_exactly_the_addresses_they_hand_out_and_free() {
+        let scratch = ScratchDir::new("neigh-flush");
+        let (doc, now) = (doc(&scratch.0), SystemTime::UNIX_EPOCH);
+        let table = Recorder::empty();
+        let added = add(&doc, &args("c1"), now, &table).unwrap();
+        let both = vec![ip("198.18.7.2"), ip("2001:db8:7::2")];
+        assert_eq!(*table.asked.borrow(), vec![both.clone()]);
+        assert!(
+            added.log.is_empty(),
+            "no entry, nothing to say: {:?}",
+            added.log
+        );
+        del(&doc, &args("c1"), now, &table).unwrap();
+        assert_eq!(*table.asked.borrow(), vec![both.clone(), both]);
+        // A DEL that frees nothing asks for nothing to be flushed.
+        del(&doc, &args("c1"), now, &table).unwrap();
+        assert_eq!(table.asked.borrow().last(), Some(&Vec::new()));
+    }
+
+    #[test]
+    fn a_failed_add_flushes_nothing() {
+        let scratch = ScratchDir::new("neigh-failed");
+        let json = serde_json::json!({
+            "cniVersion": "1.0.0", "name": "neighnet", "type": "bridge",
+            "ipam": { "type": "ipkeep", "dataDir": scratch.0,
+                "ranges": [[{ "subnet": "198.18.7.0/30" }]] },
+        });
+        let table = Recorder::empty();
+        let d = |j: &serde_json::Value| crate::gojson::parse(j.to_string().as_bytes()).unwrap();
+        // A /30 has one address to hand out (.1 is the gateway).
+        add(&d(&json), &args("c1"), SystemTime::UNIX_EPOCH, &table).unwrap();
+        let (e, _) = add(&d(&json), &args("c2"), SystemTime::UNIX_EPOCH, &table).unwrap_err();
+        assert!(e.msg.contains("no IP addresses available"), "{}", e.msg);
+        assert_eq!(
+            table.asked.borrow().len(),
+            1,
+            "only the successful ADD flushes"
+        );
+    }
+
+    #[test]
+    fn what_the_flush_removed_or_failed_to_remove_is_logged_and_never_fails_the_command() {
+        type Answer = fn(&[IpAddr]) -> Result<Vec<Removal>, FlushError>;
+        let cases: [(Answer, Vec<String>); 3] = [
+            (
+                |ips| {
+                    Ok(vec![Removal {
+                        entry: entry(&ips[0].to_string()),
+                        interface: Some("cbr0".to_owned()),
+                        outcome: Ok(()),
+                    }])
+                },
+                vec!["ipkeep: neighnet: removed the neighbour entry 198.18.7.2 lladdr aa:5d:8b:7d:61:18 REACHABLE on cbr0".to_owned()],
+            ),
+            (
+                |ips| {
+                    Ok(vec![Removal {
+                        entry: entry(&ips[1].to_string()),
+                        interface: None,
+                        outcome: Err(Errno::PERM),
+                    }])
+                },
+                vec![format!(
+                    "ipkeep: neighnet: failed to remove the neighbour entry 2001:db8:7::2 lladdr aa:5d:8b:7d:61:18 REACHABLE on interface index 7: {}; until it expires the host may send 2001:db8:7::2's traffic there",
+                    Errno::PERM
+                )],
+            ),
+            (
+                |_| Err(FlushError::Open(Errno::ACCESS)),
+                vec![format!(
+                    "ipkeep: neighnet: failed to remove the host's neighbour entries for 198.18.7.2, 2001:db8:7::2: failed to open a netlink socket: {}; until they expire the host may send their traffic to their previous holders",
+                    Errno::ACCESS
+                )],
+            ),
+        ];
+        let reference = {
+            let scratch = ScratchDir::new("neigh-ref");
+            add(
+                &doc(&scratch.0),
+                &args("c1"),
+                SystemTime::UNIX_EPOCH,
+                &Recorder::empty(),
+            )
+            .unwrap()
+            .stdout
+        };
+        for (answer, lines) in cases {
+            let scratch = ScratchDir::new("neigh-log");
+            let (d, table) = (doc(&scratch.0), Recorder::answering(answer));
+            let added = add(&d, &args("c1"), SystemTime::UNIX_EPOCH, &table).unwrap();
+            assert_eq!(
+                added.stdout, reference,
+                "the result does not depend on the flush"
+            );
+            assert_eq!(added.log, lines);
+            let deleted = del(&d, &args("c1"), SystemTime::UNIX_EPOCH, &table).unwrap();
+            assert_eq!(deleted.log, lines);
+        }
+    }
 }

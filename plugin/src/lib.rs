@@ -9,6 +9,7 @@ pub mod commands;
 pub mod config;
 pub mod disk_store;
 pub mod gojson;
+pub mod neighbour;
 pub mod netdir;
 pub mod private_state;
 pub mod range;

@@ -8,6 +8,7 @@ fn main() {
         &getenv,
         &mut std::io::stdin().lock(),
         std::time::SystemTime::now(),
+        &ipkeep_plugin::neighbour::Kernel,
     );
     // Nothing useful can be done if the runtime closed our output pipes.
     let _ = std::io::stdout().lock().write_all(reply.stdout.as_bytes());

@@ -8,6 +8,7 @@ use std::time::SystemTime;
 
 use crate::commands::{self, CmdArgs, CniError, Failure, Output};
 use crate::gojson::{self, Decoder, Value};
+use crate::neighbour::NeighbourTable;
 use crate::store::is_valid_container_id;
 use crate::version;
 
@@ -154,11 +155,14 @@ fn validate_ifname(ifname: &str) -> Result<(), CniError> {
     Ok(())
 }
 
-/// Runs one plugin invocation: `getenv` gives the environment, `stdin` the configuration.
+/// Runs one plugin invocation: `getenv` gives the environment, `stdin` the configuration,
+/// `neighbours` the host's neighbour tables (which ADD and DEL clear of the addresses they hand
+/// out and free).
 pub fn run(
     getenv: &dyn Fn(&str) -> Option<String>,
     stdin: &mut dyn Read,
     now: SystemTime,
+    neighbours: &dyn NeighbourTable,
 ) -> Reply {
     let value = |name: &str| getenv(name).unwrap_or_default();
     let cmd = value("CNI_COMMAND");
@@ -214,7 +218,7 @@ pub fn run(
         ifname: value("CNI_IFNAME"),
         args: value("CNI_ARGS"),
     };
-    match dispatch(&cmd, &bytes, &args, now) {
+    match dispatch(&cmd, &bytes, &args, now, neighbours) {
         Ok(out) => Reply {
             stdout: out.stdout,
             stderr: log_text(&out.log),
@@ -258,7 +262,13 @@ fn validate(
     validate_ifname(&args.ifname)
 }
 
-fn dispatch(cmd: &str, bytes: &[u8], args: &CmdArgs, now: SystemTime) -> Result<Output, Failure> {
+fn dispatch(
+    cmd: &str,
+    bytes: &[u8],
+    args: &CmdArgs,
+    now: SystemTime,
+    neighbours: &dyn NeighbourTable,
+) -> Result<Output, Failure> {
     let parsed = gojson::parse(bytes);
     validate(cmd, parsed.as_ref(), args).map_err(|e| (e, Vec::new()))?;
     let Ok(doc) = parsed else {
@@ -271,11 +281,11 @@ fn dispatch(cmd: &str, bytes: &[u8], args: &CmdArgs, now: SystemTime) -> Result<
     match cmd {
         "ADD" => {
             gated(check_version(&doc))?;
-            commands::add(&doc, args, now)
+            commands::add(&doc, args, now, neighbours)
         }
         "DEL" => {
             gated(check_version(&doc))?;
-            commands::del(&doc, args, now)
+            commands::del(&doc, args, now, neighbours)
         }
         "CHECK" => {
             gated(gate(&doc, "0.4.0", "CHECK"))?;
@@ -326,6 +336,7 @@ mod tests {
             &|k| map.get(k).cloned(),
             &mut stdin.as_bytes(),
             SystemTime::UNIX_EPOCH,
+            &crate::neighbour::Recorder::empty(),
         )
     }
 

@@ -7,7 +7,9 @@
 //! gets exactly its old IPv4 and IPv6 addresses; no other pod ever gets them, not even as the
 //! next round-robin candidate or as the last free address; and when the new sandbox's ADD comes
 //! before the old sandbox's DEL (a force-deleted pod), `bridge` passes ipkeep's CNI error 11
-//! ("try again later") through unchanged, and the ADD succeeds once the old DEL has run.
+//! ("try again later") through unchanged, and the ADD succeeds once the old DEL has run. The
+//! host's neighbour entries for an address naming another MAC are removed when the address
+//! changes hands (ADD and DEL), and a failure to remove one does not fail the ADD.
 //!
 //! Needs root (CI runs as root): without it, or when namespaces cannot be made, these tests FAIL
 //! with a message saying so. The bridge gets no address and no uplink, and the subnets are from
@@ -24,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use chain_support::{
-    BRIDGE_PLUGIN, Cleanup, addresses_in, require_root_and_bridge, result_cidrs, try_ip, unique,
+    BRIDGE_PLUGIN, Cleanup, addresses_in, ip, require_root_and_bridge, result_cidrs, try_ip, unique,
 };
 use common::{CniCall, CniOutcome};
 use ipkeep_plugin::netdir::NetworkDir;
@@ -42,6 +44,8 @@ struct Chain {
     /// Dropped first: the namespaces and the bridge go before the scratch directory.
     cleanup: Cleanup,
     _scratch: Scratch,
+    /// The bridge's name.
+    bridge: String,
     config: String,
     cni_dir: PathBuf,
     data_dir: PathBuf,
@@ -69,7 +73,7 @@ impl Chain {
             "cniVersion": "1.0.0",
             "name": NETWORK,
             "type": "bridge",
-            "bridge": bridge,
+            "bridge": &bridge,
             "isGateway": false,
             "ipMasq": false,
             "ipam": { "type": "ipkeep", "ranges": ranges, "dataDir": data_dir },
@@ -81,6 +85,7 @@ impl Chain {
         Self {
             cleanup,
             _scratch: scratch,
+            bridge,
             config,
             cni_dir,
             data_dir,
@@ -481,4 +486,170 @@ fn reasons_for_not_using_a_reservation_reach_the_runtime_through_bridge() {
         chain.del(container, ns, pod);
     }
     assert!(allocations(&chain.net_dir()).is_empty());
+}
+
+/// A MAC no sandbox has (the documentation range of RFC 7042): a previous holder's, long gone.
+const GONE_MAC: &str = "00:00:5e:00:53:01";
+
+/// Plants the neighbour entry `dst lladdr mac nud state` on `dev`, as a previous holder's
+/// traffic leaves it in the host's table.
+fn plant(dst: IpAddr, dev: &str, mac: &str, state: &str) {
+    ip(&[
+        "neigh",
+        "replace",
+        &dst.to_string(),
+        "lladdr",
+        mac,
+        "dev",
+        dev,
+        "nud",
+        state,
+    ]);
+}
+
+/// Gives `bridge` a MAC of its own. A bridge otherwise takes the lowest MAC of its ports, and the
+/// kernel empties a link's neighbour table when its MAC changes: a sandbox's random veth MAC
+/// coming or going would remove the planted entries instead of ipkeep.
+fn pin_mac(bridge: &str) {
+    ip(&["link", "set", "dev", bridge, "address", "02:00:5e:00:53:fe"]);
+}
+
+/// The host's neighbour entries for `dst`: `(device, lladdr)`.
+fn neighbours(dst: IpAddr) -> Vec<(String, String)> {
+    let json: serde_json::Value =
+        serde_json::from_str(&ip(&["-j", "neigh", "show", "to", &dst.to_string()])).unwrap();
+    json.as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["dev"].as_str().unwrap_or_default().to_owned(),
+                n["lladdr"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_host_forgets_the_previous_holders_mac_when_an_address_changes_hands() {
+    let mut chain = Chain::new("neigh", tiny_dual_stack(16));
+    let (ns_old, ns_new, ns_by) = (chain.netns("old"), chain.netns("new"), chain.netns("by"));
+    let (v4, v6) = (addr("198.18.16.10"), addr("2001:db8:16::10"));
+    let bridge = chain.bridge.clone();
+    // A second link on the host with entries for the same addresses.
+    let other = format!("ikn{}-{}", std::process::id() % 1_000_000, unique());
+    chain.cleanup.links.push(other.clone());
+    ip(&["link", "add", &other, "type", "bridge"]);
+    ip(&["link", "set", &other, "up"]);
+    let gone = |dev: &str| (dev.to_owned(), GONE_MAC.to_owned());
+
+    assert_eq!(
+        chain.add("web0-old", &ns_old, OWNER),
+        vec![(v4, 24), (v6, 64)]
+    );
+    chain.reserve(&[v4, v6], Some(released_now()));
+    let bystander = ("db", "bystander-0");
+    chain.add("by", &ns_by, bystander);
+    pin_mac(&bridge);
+
+    // DEL: the addresses leave the pod; entries naming a MAC for them go with it. (The bystander
+    // keeps the bridge's carrier up: a bridge whose last port goes flushes its whole table.)
+    plant(v4, &bridge, GONE_MAC, "reachable");
+    plant(v6, &bridge, GONE_MAC, "reachable");
+    let deleted = chain.bridge("DEL", "web0-old", &ns_old, OWNER);
+    deleted.ok();
+    for dst in [v4, v6] {
+        assert_eq!(neighbours(dst), vec![], "DEL leaves no entry for {dst}");
+        assert!(
+            deleted.stderr_str().contains(&format!(
+                "ipkeep: {NETWORK}: removed the neighbour entry {dst} lladdr {GONE_MAC} REACHABLE on {bridge}"
+            )),
+            "DEL says which entry it removed: {}",
+            describe(&deleted)
+        );
+    }
+
+    // ADD of the returning pod: stale entries for its addresses (left because a DEL never ran,
+    // or by another plugin) on every link go; a permanent one, and other addresses', stay.
+    let neighbour_address = addr("198.18.16.12");
+    plant(v4, &bridge, GONE_MAC, "reachable");
+    plant(v6, &bridge, GONE_MAC, "stale");
+    plant(v4, &other, GONE_MAC, "stale");
+    plant(v6, &other, GONE_MAC, "permanent");
+    plant(neighbour_address, &bridge, GONE_MAC, "reachable");
+    let (added, back) = chain.add_outcome("web0-new", &ns_new, OWNER);
+    assert_eq!(back, vec![(v4, 24), (v6, 64)]);
+    assert_eq!(neighbours(v4), vec![], "no entry for {v4} is left");
+    assert_eq!(
+        neighbours(v6),
+        vec![gone(&other)],
+        "the permanent entry for {v6} stays, the stale one goes"
+    );
+    assert_eq!(
+        neighbours(neighbour_address),
+        vec![gone(&bridge)],
+        "another address's entry stays"
+    );
+    let removed = added
+        .stderr_str()
+        .lines()
+        .filter(|l| l.starts_with(&format!("ipkeep: {NETWORK}: removed the neighbour entry ")))
+        .count();
+    assert_eq!(
+        removed,
+        3,
+        "one line per entry removed: {}",
+        describe(&added)
+    );
+    chain.del("web0-new", &ns_new, OWNER);
+    chain.del("by", &ns_by, bystander);
+}
+
+#[test]
+fn a_neighbour_entry_that_cannot_be_removed_does_not_fail_the_add() {
+    let mut chain = Chain::new("neighfail", tiny_dual_stack(17));
+    let (ns, ns_by) = (chain.netns("pod"), chain.netns("by"));
+    let (v4, v6) = (addr("198.18.17.10"), addr("2001:db8:17::10"));
+    let bridge = chain.bridge.clone();
+    assert_eq!(chain.add("web0-old", &ns, OWNER), vec![(v4, 24), (v6, 64)]);
+    let bystander = ("db", "bystander-0");
+    chain.add("by", &ns_by, bystander);
+    pin_mac(&bridge);
+    chain.reserve(&[v4, v6], Some(released_now()));
+    chain.del("web0-old", &ns, OWNER);
+    plant(v4, &bridge, GONE_MAC, "reachable");
+
+    // ipkeep as the bridge plugin runs it, in the host's namespace, but without CAP_NET_ADMIN:
+    // the kernel lists the entry and refuses to delete it.
+    let mut call = CniCall::new("ADD", "web0-new", &chain.config).args(&format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={}",
+        OWNER.0, OWNER.1
+    ));
+    call.netns = Some(format!("/var/run/netns/{ns}"));
+    call.path = Some(chain.cni_dir.to_str().unwrap().to_owned());
+    let mut cmd = call.command(Path::new("/usr/bin/setpriv"));
+    cmd.args(["--inh-caps=-net_admin", "--bounding-set=-net_admin"])
+        .arg(common::ipkeep());
+    let outcome = call.run_command(cmd);
+    let result = outcome.ok();
+    assert_eq!(result_cidrs(&result), vec![(v4, 24), (v6, 64)]);
+    assert!(
+        outcome.stderr_str().lines().any(|l| l.starts_with(&format!(
+            "ipkeep: {NETWORK}: failed to remove the neighbour entry {v4} lladdr {GONE_MAC} REACHABLE on {bridge}: "
+        ))),
+        "the failure is one log line: {}",
+        describe(&outcome)
+    );
+    assert_eq!(
+        neighbours(v4),
+        vec![(bridge.clone(), GONE_MAC.to_owned())],
+        "premise: the kernel refused the delete"
+    );
+
+    // With the capability back, DEL removes it.
+    let mut del = call.clone();
+    del.command = Some("DEL".to_owned());
+    del.run(&common::ipkeep()).ok();
+    assert_eq!(neighbours(v4), vec![]);
+    chain.del("by", &ns_by, bystander);
 }

@@ -104,24 +104,35 @@ impl CniCall {
     /// without writing its stdin yet: the plugin blocks reading it, so a batch of processes started
     /// this way can be released together.
     pub fn spawn_held(&self, binary: &Path) -> Child {
-        self.command(binary)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("failed to start {}: {e}", binary.display()))
+        spawn_piped(self.command(binary))
     }
 
     /// Runs `binary` with exactly these variables and returns its output.
     pub fn run(&self, binary: &Path) -> CniOutcome {
-        let mut child = self.spawn_held(binary);
+        self.run_command(self.command(binary))
+    }
+
+    /// Runs `cmd` (made by [`CniCall::command`], perhaps for a wrapper such as `setpriv` that
+    /// takes the plugin as an argument) with this call's stdin and returns its output.
+    pub fn run_command(&self, cmd: Command) -> CniOutcome {
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        let mut child = spawn_piped(cmd);
         // A plugin may exit before reading stdin (VERSION): a broken pipe is not an error here.
         let _ = child.stdin.take().map(|mut s| s.write_all(&self.stdin));
         let out = child
             .wait_with_output()
-            .unwrap_or_else(|e| panic!("failed to wait for {}: {e}", binary.display()));
+            .unwrap_or_else(|e| panic!("failed to wait for {program}: {e}"));
         CniOutcome::from(out)
     }
+}
+
+/// Starts `cmd` with all three standard streams piped.
+fn spawn_piped(mut cmd: Command) -> Child {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("failed to start {}: {e}", cmd.get_program().display()))
 }
 
 /// What a plugin process did: exit code, stdout, stderr.
