@@ -1,11 +1,13 @@
 //! ipkeep's end-to-end test infrastructure: the Kubernetes API test server and the real control
-//! plane harness, the kubelet stand-in that runs the real CNI chain for simulated nodes, and the
-//! local demo (`ipkeep-e2e demo`, `make demo`) that puts them together with ipkeep.
+//! plane harness with the fault proxy that injects API faults in front of it, the kubelet stand-in
+//! that runs the real CNI chain for simulated nodes, and the local demo (`ipkeep-e2e demo`,
+//! `make demo`) that puts them together with ipkeep.
 
 pub mod apiserver;
 pub mod cluster;
 pub mod demo;
 pub mod node;
+pub mod proxy;
 pub mod wait;
 
 /// An error and its sources on one line, `: `-separated, for messages to people.

@@ -1,7 +1,8 @@
 //! `ipkeep-e2e`: command-line entry to the end-to-end infrastructure.
 //!
 //! `ipkeep-e2e apiserver --listen 127.0.0.1:PORT --crds crds/` runs the Kubernetes API test server
-//! until interrupted; `ipkeep-e2e cluster up|down|env` manages a real control plane.
+//! until interrupted; `ipkeep-e2e cluster up|down|env` manages a real control plane, and
+//! `ipkeep-e2e cluster fault-proxy` serves a fault-injecting proxy in front of its API server.
 //!
 //! `ipkeep-e2e node --name N --pod-cidr CIDR --data-dir DIR --cni-bin-dir DIR` runs a kubelet
 //! stand-in (see `ipkeep_e2e::node`) until SIGINT/SIGTERM.
@@ -114,6 +115,24 @@ enum ClusterAction {
     ReapNodes,
     /// Print the shell lines (KUBECONFIG, PATH) that point clients at it.
     Env,
+    /// Serve a fault-injecting proxy in front of its API server until Ctrl-C: prints the
+    /// proxy's URL, then its control endpoint's (`POST /rules` with a JSON rule; see
+    /// `ipkeep_e2e::proxy`).
+    FaultProxy {
+        /// Where the proxy listens.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// Where its control endpoint (plain HTTP) listens.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        admin: SocketAddr,
+        /// A kubeconfig (a ServiceAccount token's: the proxy passes tokens on) to rewrite so
+        /// that it points through the proxy...
+        #[arg(long, requires = "kubeconfig_out")]
+        kubeconfig: Option<PathBuf>,
+        /// ...written here.
+        #[arg(long, requires = "kubeconfig")]
+        kubeconfig_out: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -164,6 +183,19 @@ fn main() -> ExitCode {
                     cli::down(&state_dir).map(|line| eprintln!("ipkeep-e2e cluster: {line}"))
                 }
                 ClusterAction::Env => cli::env(&state_dir).map(|text| print!("{text}")),
+                ClusterAction::FaultProxy {
+                    listen,
+                    admin,
+                    kubeconfig,
+                    kubeconfig_out,
+                } => runtime.block_on(cli::fault_proxy(
+                    &state_dir,
+                    cli::FaultProxyOptions {
+                        listen,
+                        admin,
+                        kubeconfig: kubeconfig.zip(kubeconfig_out),
+                    },
+                )),
                 ClusterAction::LoadImage { archive } => cli::load_image(&state_dir, &archive)
                     .map(|names| names.iter().for_each(|n| println!("{n}"))),
                 ClusterAction::ReapNodes => {
