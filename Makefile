@@ -85,9 +85,9 @@ test:
 bench: deps plugin
 	IPKEEP_BIN=$(CURDIR)/$(PLUGIN_BIN) $(CARGO) run --release -p ipkeep-plugin --example bench
 
-# The benches measure the real control plane by default (ARGS="--server test": the API test
-# server instead); each prints its figures with the ceiling measured in the same run. See
-# docs/benchmarks.md. BENCH_ENV exports the built control plane binaries and the release operator.
+# The benches measure the real control plane; each prints its figures with the ceiling measured
+# in the same run. See docs/benchmarks.md. BENCH_ENV exports the built control plane binaries
+# and the release operator.
 BENCH_ENV = bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
 	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" KUBECTL="$$bin_dir/kubectl" \
 	    IPKEEP_OPERATOR_BIN=$(CURDIR)/target/release/ipkeep-operator && \

@@ -18,8 +18,12 @@ use ipkeep_e2e::cluster::{Cluster, NodeAgent};
 /// orphans and the scheduler can bind StatefulSet pods to it.
 pub const NODE: &str = "node-a";
 
+/// The node a returning pod moves to (`fixtures/controller.rs`).
+pub const NODE_B: &str = "node-b";
+
 static RBAC: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
 static NODE_A: tokio::sync::OnceCell<NodeAgent> = tokio::sync::OnceCell::const_new();
+static NODE_B_AGENT: tokio::sync::OnceCell<NodeAgent> = tokio::sync::OnceCell::const_new();
 
 /// The stand-in node [`NODE`], registered once per test binary; it lives (on its own thread)
 /// until the process exits.
@@ -29,6 +33,17 @@ pub async fn node_a(cluster: &'static Cluster) -> &'static NodeAgent {
             NodeAgent::start(cluster, NODE)
                 .await
                 .unwrap_or_else(|e| panic!("failed to register the stand-in node {NODE}: {e}"))
+        })
+        .await
+}
+
+/// The stand-in node [`NODE_B`], as [`node_a`].
+pub async fn node_b(cluster: &'static Cluster) -> &'static NodeAgent {
+    NODE_B_AGENT
+        .get_or_init(|| async {
+            NodeAgent::start(cluster, NODE_B)
+                .await
+                .unwrap_or_else(|e| panic!("failed to register the stand-in node {NODE_B}: {e}"))
         })
         .await
 }
@@ -90,6 +105,24 @@ pub async fn chart_rbac(cluster: &'static Cluster) -> &'static str {
         ns
     })
     .await
+}
+
+/// A client configuration of the controller's ServiceAccount (to point through a fault proxy).
+pub async fn controller_config(cluster: &'static Cluster) -> kube::Config {
+    let ns = chart_rbac(cluster).await;
+    cluster
+        .service_account_config(ns, CONTROLLER_ACCOUNT)
+        .await
+        .expect("a client configuration of the controller's ServiceAccount")
+}
+
+/// A client configuration of the agent's ServiceAccount (to point through a fault proxy).
+pub async fn agent_config(cluster: &'static Cluster) -> kube::Config {
+    let ns = chart_rbac(cluster).await;
+    cluster
+        .service_account_config(ns, AGENT_ACCOUNT)
+        .await
+        .expect("a client configuration of the agent's ServiceAccount")
 }
 
 /// A client of the controller's ServiceAccount (exactly the chart's RBAC).
