@@ -81,7 +81,7 @@ async fn proxied_agent_client(
     let proxy = FaultProxy::in_front_of(cluster)
         .await
         .expect("a fault proxy");
-    let config = proxy.config_through(real::agent_config(cluster).await);
+    let config = proxy.config_through(real::account_config(cluster, real::AGENT_ACCOUNT).await);
     (
         kube::Client::try_from(config).expect("a client through the proxy"),
         proxy,

@@ -624,7 +624,8 @@ async fn start_proxied_controller(
     let proxy = FaultProxy::in_front_of(cluster)
         .await
         .expect("a fault proxy");
-    let config = proxy.config_through(real::controller_config(cluster).await);
+    let config =
+        proxy.config_through(real::account_config(cluster, real::CONTROLLER_ACCOUNT).await);
     let client = Client::try_from(config).expect("a client through the proxy");
     (start_controller_in(client, Some(ns)).await, proxy)
 }

@@ -397,16 +397,21 @@ fn shell_quote(p: &Path) -> String {
     format!("'{}'", p.to_string_lossy().replace('\'', r"'\''"))
 }
 
-/// `cluster env`: the shell lines that point kubectl, helm and the tests at the running control
-/// plane.
-pub fn env(state_dir: &Path) -> Result<String, CliError> {
+/// The `ready` file of the control plane running at `state_dir` (server, kubeconfig, ports, ...).
+fn read_ready(state_dir: &Path) -> Result<serde_json::Value, CliError> {
     let ready = state_dir.join("ready");
     let text =
         std::fs::read_to_string(&ready).map_err(|_| CliError::NotRunning(state_dir.to_owned()))?;
-    let info: serde_json::Value = serde_json::from_str(&text).map_err(|e| CliError::Io {
+    serde_json::from_str(&text).map_err(|e| CliError::Io {
         what: format!("read {}", ready.display()),
         source: std::io::Error::other(e),
-    })?;
+    })
+}
+
+/// `cluster env`: the shell lines that point kubectl, helm and the tests at the running control
+/// plane.
+pub fn env(state_dir: &Path) -> Result<String, CliError> {
+    let info = read_ready(state_dir)?;
     // The binaries this control plane runs, whatever the environment of this call says.
     let bins = match info["binDir"].as_str() {
         Some(dir) => PathBuf::from(dir),
@@ -436,13 +441,7 @@ pub struct FaultProxyOptions {
 /// (its CA, its serving certificate shown to clients) with its control endpoint; prints both
 /// URLs and serves until Ctrl-C or SIGTERM.
 pub async fn fault_proxy(state_dir: &Path, options: FaultProxyOptions) -> Result<(), CliError> {
-    let ready = state_dir.join("ready");
-    let text =
-        std::fs::read_to_string(&ready).map_err(|_| CliError::NotRunning(state_dir.to_owned()))?;
-    let info: serde_json::Value = serde_json::from_str(&text).map_err(|e| CliError::Io {
-        what: format!("read {}", ready.display()),
-        source: std::io::Error::other(e),
-    })?;
+    let info = read_ready(state_dir)?;
     let pki = state_dir.join("pki");
     let proxy = crate::proxy::FaultProxy::start(crate::proxy::ProxyOptions {
         listen: options.listen,

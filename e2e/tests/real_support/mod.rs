@@ -25,27 +25,29 @@ static RBAC: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
 static NODE_A: tokio::sync::OnceCell<NodeAgent> = tokio::sync::OnceCell::const_new();
 static NODE_B_AGENT: tokio::sync::OnceCell<NodeAgent> = tokio::sync::OnceCell::const_new();
 
-/// The stand-in node [`NODE`], registered once per test binary; it lives (on its own thread)
-/// until the process exits.
-pub async fn node_a(cluster: &'static Cluster) -> &'static NodeAgent {
-    NODE_A
-        .get_or_init(|| async {
-            NodeAgent::start(cluster, NODE)
-                .await
-                .unwrap_or_else(|e| panic!("failed to register the stand-in node {NODE}: {e}"))
-        })
-        .await
+/// The stand-in node `name` held in `cell`, registered once per test binary; it lives (on its
+/// own thread) until the process exits.
+async fn stand_in(
+    cell: &'static tokio::sync::OnceCell<NodeAgent>,
+    cluster: &'static Cluster,
+    name: &str,
+) -> &'static NodeAgent {
+    cell.get_or_init(|| async {
+        NodeAgent::start(cluster, name)
+            .await
+            .unwrap_or_else(|e| panic!("failed to register the stand-in node {name}: {e}"))
+    })
+    .await
 }
 
-/// The stand-in node [`NODE_B`], as [`node_a`].
+/// The stand-in node [`NODE`].
+pub async fn node_a(cluster: &'static Cluster) -> &'static NodeAgent {
+    stand_in(&NODE_A, cluster, NODE).await
+}
+
+/// The stand-in node [`NODE_B`].
 pub async fn node_b(cluster: &'static Cluster) -> &'static NodeAgent {
-    NODE_B_AGENT
-        .get_or_init(|| async {
-            NodeAgent::start(cluster, NODE_B)
-                .await
-                .unwrap_or_else(|e| panic!("failed to register the stand-in node {NODE_B}: {e}"))
-        })
-        .await
+    stand_in(&NODE_B_AGENT, cluster, NODE_B).await
 }
 
 /// The audit log lines (JSON events) of the shared control plane whose request URI contains
@@ -107,22 +109,14 @@ pub async fn chart_rbac(cluster: &'static Cluster) -> &'static str {
     .await
 }
 
-/// A client configuration of the controller's ServiceAccount (to point through a fault proxy).
-pub async fn controller_config(cluster: &'static Cluster) -> kube::Config {
+/// A client configuration of the chart's ServiceAccount `account` (to point through a fault
+/// proxy).
+pub async fn account_config(cluster: &'static Cluster, account: &str) -> kube::Config {
     let ns = chart_rbac(cluster).await;
     cluster
-        .service_account_config(ns, CONTROLLER_ACCOUNT)
+        .service_account_config(ns, account)
         .await
-        .expect("a client configuration of the controller's ServiceAccount")
-}
-
-/// A client configuration of the agent's ServiceAccount (to point through a fault proxy).
-pub async fn agent_config(cluster: &'static Cluster) -> kube::Config {
-    let ns = chart_rbac(cluster).await;
-    cluster
-        .service_account_config(ns, AGENT_ACCOUNT)
-        .await
-        .expect("a client configuration of the agent's ServiceAccount")
+        .unwrap_or_else(|e| panic!("failed to configure a client of {ns}/{account}: {e}"))
 }
 
 /// A client of the controller's ServiceAccount (exactly the chart's RBAC).
