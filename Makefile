@@ -85,9 +85,9 @@ test:
 bench: deps plugin
 	IPKEEP_BIN=$(CURDIR)/$(PLUGIN_BIN) $(CARGO) run --release -p ipkeep-plugin --example bench
 
-# The benches measure the real control plane by default (ARGS="--server test": the API test
-# server instead); each prints its figures with the ceiling measured in the same run. See
-# docs/benchmarks.md. BENCH_ENV exports the built control plane binaries and the release operator.
+# The benches measure the real control plane; each prints its figures with the ceiling measured
+# in the same run. See docs/benchmarks.md. BENCH_ENV exports the built control plane binaries
+# and the release operator.
 BENCH_ENV = bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
 	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" KUBECTL="$$bin_dir/kubectl" \
 	    IPKEEP_OPERATOR_BIN=$(CURDIR)/target/release/ipkeep-operator && \
@@ -116,16 +116,15 @@ bench-api-cost:
 ## kubelet, containerd, runc and kube-proxy, ipkeep installed with `helm install` from charts/ipkeep
 ## and `make image`'s archive, and the story of a busybox StatefulSet pod keeping its IP, told step
 ## by step with kubectl. Builds what it needs first (cluster-bins, node-bins, image; all cached).
-## KEEP=1 keeps it running after the story (until Ctrl-C) and prints the KUBECONFIG; FAST=1 runs it
-## on the API test server with simulated nodes (no Go build, a few seconds). Needs root.
+## KEEP=1 keeps it running after the story (until Ctrl-C) and prints the KUBECONFIG. Needs root.
 ## Everything it starts is stopped and removed when it ends or is interrupted.
-demo: $(if $(FAST),,cluster-bins node-bins image)
+demo: cluster-bins node-bins image
 	@./scripts/install-deps.sh && \
-	  bin_dir=$(if $(FAST),,$$(e2e/cluster/build.sh | tail -n 1)) && \
+	  bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
 	  $(CARGO) build -q -p ipkeep-plugin -p ipkeep-operator -p ipkeep-e2e --bins && \
 	  target_dir=$$($(CARGO) metadata --format-version 1 --no-deps | sed 's/.*"target_directory":"\([^"]*\)".*/\1/') && \
 	  log="$$target_dir/demo.log" && echo "make demo: the components' own logs go to $$log" && \
-	  IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" "$$target_dir/debug/ipkeep-e2e" demo $(if $(KEEP),--keep) $(if $(FAST),--fast) \
+	  IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" "$$target_dir/debug/ipkeep-e2e" demo $(if $(KEEP),--keep) \
 	    --image-archive $(IMAGE_ARCHIVE) 2>"$$log" || \
 	  { status=$$?; [ $$status -eq 130 ] && echo "make demo: interrupted; everything it started is gone" && exit 130; \
 	    echo "make demo: failed; the end of $$log:"; tail -n 25 "$$log"; exit $$status; }

@@ -1,5 +1,5 @@
-//! `make bench-agent`: the node agent against the real kube-apiserver (default) or the API test
-//! server (`--server test`), run as the chart's agent ServiceAccount.
+//! `make bench-agent`: the node agent against the real kube-apiserver, run as the chart's agent
+//! ServiceAccount.
 //!
 //! * The agent's disk side alone, 5 000 reservations: a full resync into an empty directory, one
 //!   finding nothing to change, and steady passes writing one and forty changed files.

@@ -1,5 +1,5 @@
 //! `make bench-controller`: the controller binary, run as the chart's controller ServiceAccount,
-//! against the real kube-apiserver (default) or the API test server (`--server test`).
+//! against the real kube-apiserver.
 //!
 //! For each size (`--sizes`, default 1000,10000): that many annotated running pods on a handful
 //! of stand-in nodes → time from the controller's start until every reservation is Bound; every

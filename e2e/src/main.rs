@@ -1,7 +1,7 @@
 //! `ipkeep-e2e`: command-line entry to the end-to-end infrastructure.
 //!
-//! `ipkeep-e2e apiserver --listen 127.0.0.1:PORT --crds crds/` runs the Kubernetes API test server
-//! until interrupted; `ipkeep-e2e cluster up|down|env` manages a real control plane.
+//! `ipkeep-e2e cluster up|down|env` manages a real control plane, and `ipkeep-e2e cluster
+//! fault-proxy` serves a fault-injecting proxy in front of its API server.
 //!
 //! `ipkeep-e2e node --name N --pod-cidr CIDR --data-dir DIR --cni-bin-dir DIR` runs a kubelet
 //! stand-in (see `ipkeep_e2e::node`) until SIGINT/SIGTERM.
@@ -13,7 +13,6 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 use ipkeep_e2e::{
-    apiserver::{ServerOptions, TestServer},
     cluster::cli::{self, UpOptions},
     error_chain,
 };
@@ -27,18 +26,6 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the in-memory Kubernetes API test server (plain HTTP) until Ctrl-C.
-    Apiserver {
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:8080")]
-        listen: SocketAddr,
-        /// Directory of CustomResourceDefinition YAML files to load (repeatable).
-        #[arg(long = "crds")]
-        crds: Vec<PathBuf>,
-        /// Also write a kubeconfig for this server to this file.
-        #[arg(long)]
-        kubeconfig: Option<PathBuf>,
-    },
     /// The whole system on this machine and the story of a pod keeping its IP, told step by step
     /// (root; cleans up after itself, also on Ctrl-C).
     Demo(DemoArgs),
@@ -61,22 +48,6 @@ struct DemoArgs {
     /// Keep everything running after the story, until Ctrl-C, and print the KUBECONFIG.
     #[arg(long)]
     keep: bool,
-    /// On the in-memory API test server (a StatefulSet stand-in, no scheduler, no kubectl)
-    /// instead of the real control plane and real nodes: no Go build needed.
-    #[arg(long)]
-    fast: bool,
-    /// The `ipkeep` plugin binary (default: next to this binary).
-    #[arg(long)]
-    plugin_bin: Option<PathBuf>,
-    /// The `ipkeep-operator` binary (default: next to this binary).
-    #[arg(long)]
-    operator_bin: Option<PathBuf>,
-    /// Debian's `bridge` CNI plugin.
-    #[arg(long, default_value = "/usr/lib/cni/bridge")]
-    bridge_bin: PathBuf,
-    /// The IPReservation CRD manifest.
-    #[arg(long, default_value = "crds/ipreservations.ipkeep.dev.yaml")]
-    crd: PathBuf,
     /// `make image`'s archive, loaded into the real nodes.
     #[arg(long, default_value = "target/image/ipkeep.oci.tar")]
     image_archive: PathBuf,
@@ -114,6 +85,24 @@ enum ClusterAction {
     ReapNodes,
     /// Print the shell lines (KUBECONFIG, PATH) that point clients at it.
     Env,
+    /// Serve a fault-injecting proxy in front of its API server until Ctrl-C: prints the
+    /// proxy's URL, then its control endpoint's (`POST /rules` with a JSON rule; see
+    /// `ipkeep_e2e::proxy`).
+    FaultProxy {
+        /// Where the proxy listens.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// Where its control endpoint (plain HTTP) listens.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        admin: SocketAddr,
+        /// A kubeconfig (a ServiceAccount token's: the proxy passes tokens on) to rewrite so
+        /// that it points through the proxy...
+        #[arg(long, requires = "kubeconfig_out")]
+        kubeconfig: Option<PathBuf>,
+        /// ...written here.
+        #[arg(long, requires = "kubeconfig")]
+        kubeconfig_out: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -164,6 +153,19 @@ fn main() -> ExitCode {
                     cli::down(&state_dir).map(|line| eprintln!("ipkeep-e2e cluster: {line}"))
                 }
                 ClusterAction::Env => cli::env(&state_dir).map(|text| print!("{text}")),
+                ClusterAction::FaultProxy {
+                    listen,
+                    admin,
+                    kubeconfig,
+                    kubeconfig_out,
+                } => runtime.block_on(cli::fault_proxy(
+                    &state_dir,
+                    cli::FaultProxyOptions {
+                        listen,
+                        admin,
+                        kubeconfig: kubeconfig.zip(kubeconfig_out),
+                    },
+                )),
                 ClusterAction::LoadImage { archive } => cli::load_image(&state_dir, &archive)
                     .map(|names| names.iter().for_each(|n| println!("{n}"))),
                 ClusterAction::ReapNodes => {
@@ -181,54 +183,12 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Apiserver {
-            listen,
-            crds,
-            kubeconfig,
-        } => runtime.block_on(async move {
-            let server = match TestServer::start(ServerOptions {
-                listen,
-                crd_dirs: crds,
-                ..ServerOptions::default()
-            })
-            .await
-            {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("ipkeep-e2e: {}", error_chain(&e));
-                    return ExitCode::FAILURE;
-                }
-            };
-            if let Some(path) = kubeconfig
-                && let Err(e) = server.write_kubeconfig(&path)
-            {
-                eprintln!("ipkeep-e2e: {}", error_chain(&e));
-                return ExitCode::FAILURE;
-            }
-            println!("{}", server.url());
-            if let Err(e) = tokio::signal::ctrl_c().await {
-                eprintln!("ipkeep-e2e: failed to wait for Ctrl-C: {e}");
-            }
-            server.shutdown().await;
-            ExitCode::SUCCESS
-        }),
         Command::Node(args) => runtime.block_on(ipkeep_e2e::node::cli::main(args)),
         Command::Demo(args) => {
-            let here = std::env::current_exe()
-                .ok()
-                .and_then(|p| p.parent().map(std::path::Path::to_path_buf))
-                .unwrap_or_default();
             let options = ipkeep_e2e::demo::DemoOptions {
-                plugin_bin: args.plugin_bin.unwrap_or_else(|| here.join("ipkeep")),
-                operator_bin: args
-                    .operator_bin
-                    .unwrap_or_else(|| here.join("ipkeep-operator")),
-                bridge_bin: args.bridge_bin,
-                crd: args.crd,
                 image_archive: args.image_archive,
                 chart: args.chart,
                 keep: args.keep,
-                fast: args.fast,
             };
             match runtime.block_on(ipkeep_e2e::demo::run(options)) {
                 Ok(()) => ExitCode::SUCCESS,

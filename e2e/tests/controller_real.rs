@@ -1,23 +1,24 @@
 //! The controller against the REAL control plane (kube-apiserver, controller-manager and
-//! scheduler v1.34, `make cluster-bins`): the scenarios of `fixtures/controller.rs` unchanged, and
-//! what only a real API server can prove — the CRD's CEL rules refusing bad reservations with
-//! 422, leader election through a real Lease with the built binary run twice, and the real
+//! scheduler v1.34, `make cluster-bins`): the scenarios of `fixtures/controller.rs`; API faults —
+//! dropped watches, 500s, 409s, `410 Expired` watches, an outage of the API server's address —
+//! injected by a fault proxy (`ipkeep_e2e::proxy`) between the controller and kube-apiserver;
+//! and what only a real API server can prove — the CRD's CEL rules refusing bad reservations
+//! with 422, leader election through a real Lease with the built binary run twice, and the real
 //! StatefulSet controller and garbage collector deleting a StatefulSet's pods without touching
 //! their reservations.
 //!
 //! The controllers run as the chart's controller ServiceAccount (the chart's RBAC rendered with
-//! the built helm and applied), so they are held to exactly the rights the chart grants.
+//! the built helm and applied), so they are held to exactly the rights the chart grants; each
+//! test has its own namespace, and a fault test its own proxy, on the control plane the tests of
+//! this binary share.
 //!
-//! There is no kubelet: pods bind to the stand-in node `node-a` (`NodeAgent`, which also
-//! finishes their deletion as a kubelet would), and the test writes the status a kubelet would
-//! report (`phase: Running`, `podIPs`) through `pods/status` as admin.
+//! There is no kubelet: pods bind to the stand-in nodes `node-a` and `node-b` (`NodeAgent`, which
+//! also finishes their deletion as a kubelet would), and the test writes the status a kubelet
+//! would report (`phase: Running`, `podIPs`) through `pods/status` as admin.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "fixtures/shared.rs"]
 mod shared;
-
-#[path = "fixtures/harness.rs"]
-mod harness;
 
 #[path = "fixtures/controller.rs"]
 mod controller;
@@ -28,6 +29,7 @@ mod real;
 use std::{collections::BTreeMap, time::Duration};
 
 use controller::*;
+use ipkeep_e2e::proxy::{Fault, FaultProxy, Rule, Verb};
 use ipkeep_operator::crd::{IPReservation, Phase};
 use k8s_openapi::api::{apps::v1::StatefulSet, coordination::v1::Lease, core::v1::Pod};
 use kube::{
@@ -102,7 +104,10 @@ fn reservation(name: &str, spec: serde_json::Value) -> IPReservation {
 
 /// The 422 of a refused write, with the message that must name the broken rule.
 fn assert_invalid<T: std::fmt::Debug>(result: Result<T, kube::Error>, case: &str, want: &str) {
-    let status = harness::api_error(result);
+    let status = match result {
+        Err(kube::Error::Api(status)) => *status,
+        other => panic!("{case}: expected an API error status, got {other:?}"),
+    };
     assert_eq!(
         status.code, 422,
         "{case}: expected 422 Invalid, got {status:?}"
@@ -354,7 +359,7 @@ async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
             spawn_replica(&kubeconfig, &ns, release_ns, "replica-b"),
         ),
     ];
-    let leader = harness::wait_for("a replica to hold the Lease", || {
+    let leader = shared::wait_for("a replica to hold the Lease", || {
         let client = client.clone();
         async move { holder(&client, release_ns).await }
     })
@@ -455,7 +460,7 @@ fn statefulset(name: &str, replicas: i32, annotations: serde_json::Value) -> Sta
 /// Waits for the StatefulSet's pods `<set>-0..n` (not being deleted) bound to [`NODE`], and
 /// returns their UIDs by name.
 async fn scheduled_pods(pods: &Api<Pod>, set: &str, n: usize) -> BTreeMap<String, String> {
-    harness::wait_for(
+    shared::wait_for(
         &format!("{n} pods of StatefulSet {set} bound to {NODE} by the scheduler"),
         || async {
             let list = pods
@@ -550,7 +555,7 @@ async fn the_garbage_collector_deleting_statefulset_pods_keeps_their_reservation
         for set in ["keep", "cascade"] {
             sets.delete(set, &DeleteParams::background()).await.unwrap();
         }
-        harness::wait_for(
+        shared::wait_for(
             "the garbage collector to delete every pod of both StatefulSets",
             || async {
                 let left = pods.list(&ListParams::default()).await.ok()?;
@@ -608,4 +613,397 @@ async fn the_garbage_collector_deleting_statefulset_pods_keeps_their_reservation
             .unwrap();
     })
     .await;
+}
+
+/// A controller of the controller's ServiceAccount watching only `ns`, its requests going
+/// through a fault proxy of its own (the test's own requests go straight to the API server).
+async fn start_proxied_controller(
+    cluster: &'static ipkeep_e2e::cluster::Cluster,
+    ns: &str,
+) -> (RunningController, FaultProxy) {
+    let proxy = FaultProxy::in_front_of(cluster)
+        .await
+        .expect("a fault proxy");
+    let config =
+        proxy.config_through(real::account_config(cluster, real::CONTROLLER_ACCOUNT).await);
+    let client = Client::try_from(config).expect("a client through the proxy");
+    (start_controller_in(client, Some(ns)).await, proxy)
+}
+
+/// Dropped watches, 500s on writes and reads, 409s on deletes, watches answered `410 Expired`
+/// (what a compaction does to a resumed watch) and an outage of the API server's address while
+/// pods come and go: the controller converges, and no reservation is ever deleted before its
+/// release time or while its pod lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converges_through_api_faults_and_deletes_nothing_early() {
+    let cluster = real::cluster().await;
+    real::node_a(cluster).await;
+    let ns = cluster
+        .fresh_namespace("ctl-faults")
+        .await
+        .expect("namespace");
+    let client = cluster.client().expect("client");
+    let (deletions, watch_task) = DeletionLog::watch(&client, &ns);
+    let (running, proxy) = start_proxied_controller(cluster, &ns).await;
+    let ns = ns.as_str();
+
+    // Twelve long-lived pods, six short-lived ones (2 s after they go).
+    let mut long = Vec::new();
+    for i in 0..12 {
+        let name = format!("long-{i}");
+        let ip = format!("10.244.1.{}", 100 + i);
+        create_running_pod(&client, ns, &name, NODE, &[&ip], &retain(Some("1h"))).await;
+        long.push(name);
+    }
+    let mut short = Vec::new();
+    for i in 0..6 {
+        let name = format!("short-{i}");
+        let ip = format!("10.244.1.{}", 150 + i);
+        create_running_pod(&client, ns, &name, NODE, &[&ip], &retain(Some("2s"))).await;
+        short.push(name);
+    }
+    for name in long.iter().chain(&short) {
+        wait_reservation(&client, ns, name, "Bound", |r| {
+            phase(r) == Some(Phase::Bound)
+        })
+        .await;
+    }
+
+    let patch_500 = proxy.add(
+        Rule::new(Fault::status(500))
+            .verb(Verb::Patch)
+            .resource("ipreservations")
+            .times(4),
+    );
+    let delete_409 = proxy.add(
+        Rule::new(Fault::status(409))
+            .verb(Verb::Delete)
+            .resource("ipreservations")
+            .times(2),
+    );
+    proxy.add(
+        Rule::new(Fault::status(500))
+            .verb(Verb::Get)
+            .resource("pods")
+            .times(2),
+    );
+    proxy.close_watches();
+    // Half the long-lived pods go, and all the short-lived ones, around an outage and expired
+    // watches: some deletions happen while the controller cannot watch.
+    for name in long.iter().take(6) {
+        delete_pod(&client, ns, name).await;
+    }
+    // What the controller sees of an API server restart: every connection dropped, the
+    // address refusing connections for 800 ms; its watches and writes fail meanwhile and back off.
+    proxy.outage(Duration::from_millis(800)).await;
+    // Its watches resume from a resourceVersion the API server no longer has (a compaction).
+    let expired = proxy.add(Rule::new(Fault::Expired).verb(Verb::Watch).times(2));
+    proxy.close_watches();
+    for name in &short {
+        delete_pod(&client, ns, name).await;
+    }
+    proxy.close_watches();
+    proxy.add(
+        Rule::new(Fault::status(500))
+            .verb(Verb::Patch)
+            .resource("ipreservations")
+            .times(3),
+    );
+
+    for name in long.iter().take(6) {
+        wait_reservation(&client, ns, name, "Released after the faults", |r| {
+            phase(r) == Some(Phase::Released)
+        })
+        .await;
+    }
+    for name in long.iter().skip(6) {
+        wait_reservation(&client, ns, name, "still Bound after the faults", |r| {
+            phase(r) == Some(Phase::Bound)
+        })
+        .await;
+    }
+    for name in &short {
+        wait_reservation_gone(&client, ns, name).await;
+    }
+    // A re-created pod after all this is bound again.
+    let again = create_running_pod(
+        &client,
+        ns,
+        &long[0],
+        NODE,
+        &["10.244.1.100"],
+        &retain(Some("1h")),
+    )
+    .await;
+    let uid = again.uid().unwrap();
+    wait_reservation(&client, ns, &long[0], "Bound again", |r| bound_to(r, &uid)).await;
+    // Each fault reached the controller.
+    for (what, id, want) in [
+        ("500 on a patch", patch_500, 4),
+        ("409 on a delete", delete_409, 2),
+        ("410 on a watch", expired, 2),
+    ] {
+        assert_eq!(
+            proxy.hits(id),
+            want,
+            "the controller met {what} {want} times"
+        );
+    }
+
+    let seen = deletions.entries();
+    let short_keys: Vec<String> = short.iter().map(|n| format!("{ns}/{n}")).collect();
+    for (key, when, release) in &seen {
+        assert!(
+            short_keys.contains(key),
+            "{key} was deleted but its pod's retention is 1h"
+        );
+        let release = release.unwrap_or_else(|| panic!("{key} was deleted without a release time"));
+        assert!(
+            *when >= release,
+            "{key} deleted at {when}, before its release time {release}"
+        );
+    }
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), ns);
+    let left = api.list(&Default::default()).await.unwrap();
+    assert_eq!(
+        left.items.len(),
+        long.len(),
+        "every long-lived reservation is still there"
+    );
+    watch_task.abort();
+    running.stop().await;
+}
+
+/// A pod deleted and re-created while the controller is stopped, its reservation's 1 s retention
+/// long past by the time the controller starts again: the reservation is re-bound, never deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_controller_never_deletes_the_reservation_of_a_live_pod() {
+    let cluster = real::cluster().await;
+    real::node_a(cluster).await;
+    let ns = cluster
+        .fresh_namespace("ctl-sticky")
+        .await
+        .expect("namespace");
+    let client = cluster.client().expect("client");
+    let (deletions, watch_task) = DeletionLog::watch(&client, &ns);
+    let controller =
+        || async { start_controller_in(real::controller_client(cluster).await, Some(&ns)).await };
+    let running = controller().await;
+    create_running_pod(
+        &client,
+        &ns,
+        "sticky-0",
+        NODE,
+        &["10.244.1.77"],
+        &retain(Some("1s")),
+    )
+    .await;
+    wait_reservation(&client, &ns, "sticky-0", "Bound", |r| {
+        phase(r) == Some(Phase::Bound)
+    })
+    .await;
+    running.stop().await;
+    // Controller down: the pod goes and returns.
+    delete_pod(&client, &ns, "sticky-0").await;
+    let again = create_running_pod(
+        &client,
+        &ns,
+        "sticky-0",
+        NODE,
+        &["10.244.1.77"],
+        &retain(Some("1s")),
+    )
+    .await;
+    let running = controller().await;
+    let uid = again.uid().unwrap();
+    wait_reservation(&client, &ns, "sticky-0", "Bound to the returned pod", |r| {
+        bound_to(r, &uid)
+    })
+    .await;
+    running.stop().await;
+    watch_task.abort();
+    assert_eq!(deletions.entries(), Vec::new(), "a reservation was deleted");
+}
+
+/// A fresh namespace with a controller of its own (the chart's controller ServiceAccount), and
+/// an admin client.
+async fn controller_in(prefix: &str) -> (Client, String, RunningController) {
+    let cluster = real::cluster().await;
+    real::node_a(cluster).await;
+    let ns = cluster.fresh_namespace(prefix).await.expect("namespace");
+    let running = start_controller_in(real::controller_client(cluster).await, Some(&ns)).await;
+    (cluster.client().expect("client"), ns, running)
+}
+
+/// `/metrics` passes `promtool check metrics` (Debian package `prometheus`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_pass_promtool() {
+    let (client, ns, running) = controller_in("ctl-metrics").await;
+    create_running_pod(
+        &client,
+        &ns,
+        "m-0",
+        NODE,
+        &["10.244.1.90"],
+        &retain(Some("1s")),
+    )
+    .await;
+    wait_reservation(&client, &ns, "m-0", "Bound", |r| {
+        phase(r) == Some(Phase::Bound)
+    })
+    .await;
+    delete_pod(&client, &ns, "m-0").await;
+    wait_reservation_gone(&client, &ns, "m-0").await;
+    let text = wait_for_metric(running.probe_addr, "ipkeep_controller_expirations_total 1").await;
+    for name in [
+        "ipkeep_controller_reservations{phase=\"Bound\"}",
+        "ipkeep_controller_expiry_lateness_seconds_count 1",
+        "ipkeep_controller_reconcile_duration_seconds_count",
+        "ipkeep_controller_next_expiry_seconds",
+        "ipkeep_controller_leader 1",
+        "ipkeep_controller_events_dropped_total 0",
+    ] {
+        assert!(text.contains(name), "/metrics lacks {name}:\n{text}");
+    }
+    // Normal Events are off by default: the lifecycle queued none.
+    assert!(
+        !text.contains("type=\"Normal\""),
+        "Normal Events were queued by default:\n{text}"
+    );
+    let promtool = which("promtool").unwrap_or_else(|| {
+        panic!("promtool is not installed: install Debian's `prometheus` package (make deps does) to check /metrics")
+    });
+    let mut child = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    running.stop().await;
+}
+
+async fn wait_for_metric(addr: std::net::SocketAddr, line: &str) -> String {
+    shared::wait_for(&format!("/metrics to show {line}"), || async move {
+        let text = scrape(addr).await;
+        text.contains(line).then_some(text)
+    })
+    .await
+}
+
+fn which(program: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+/// A reconcile that finds the reservation as it should be writes nothing: after a pod change that
+/// does not matter (a label), the reservation's resourceVersion is unchanged once the controller
+/// has looked at the pod again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_with_nothing_to_change_writes_nothing() {
+    let (client, ns, running) = controller_in("ctl-quiet").await;
+    let ns = ns.as_str();
+    let pod = create_running_pod(
+        &client,
+        ns,
+        "quiet-0",
+        NODE,
+        &["10.244.1.33"],
+        &retain(None),
+    )
+    .await;
+    let uid = pod.uid().unwrap();
+    let before = wait_reservation(&client, ns, "quiet-0", "Bound", |r| bound_to(r, &uid)).await;
+    let reconciles = |text: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("ipkeep_controller_reconcile_duration_seconds_count "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    // Let the reconciles caused by the controller's own writes settle: the count stops moving
+    // once a scrape sees the reservation's latest version reconciled.
+    let settled = reconciles(&scrape(running.probe_addr).await);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.patch(
+        "quiet-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+    )
+    .await
+    .unwrap();
+    shared::wait_for("a reconcile after the label change", || async {
+        (reconciles(&scrape(running.probe_addr).await) > settled).then_some(())
+    })
+    .await;
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), ns);
+    let after = api.get("quiet-0").await.unwrap();
+    assert_eq!(
+        after.resource_version(),
+        before.resource_version(),
+        "a reconcile with nothing to change wrote to the reservation"
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_returning_on_another_node_moves_its_reservation_with_a_warning() {
+    let cluster = real::cluster().await;
+    real::node_b(cluster).await;
+    with_controller("ctl-roam", |c, ns| async move {
+        returning_pod_on_another_node(&c, &ns).await
+    })
+    .await;
+}
+
+/// `/healthz` answers at once; `/readyz` once the caches are filled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_readiness_endpoints() {
+    let (_, _, running) = controller_in("ctl-probes").await;
+    let get = |path: &'static str| {
+        let addr = running.probe_addr;
+        async move {
+            tokio::task::spawn_blocking(move || {
+                use std::io::{Read, Write};
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                write!(
+                    s,
+                    "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                )
+                .unwrap();
+                let mut text = String::new();
+                s.read_to_string(&mut text).unwrap();
+                text
+            })
+            .await
+            .unwrap()
+        }
+    };
+    assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+    shared::wait_for("/readyz to answer 200", || async {
+        get("/readyz")
+            .await
+            .starts_with("HTTP/1.1 200")
+            .then_some(())
+    })
+    .await;
+    running.stop().await;
 }

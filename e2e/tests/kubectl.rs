@@ -1,28 +1,17 @@
-//! The real `kubectl` against the API test server: discovery, `get` (tables, `-o json|yaml|name|wide`),
-//! `describe`, `apply -f` (create, update, no-op), `delete`, printer columns of the CRD, categories,
-//! `kubectl get crd`, pods selected by `--field-selector spec.nodeName=…`, and the clear 415 that
-//! imperative `kubectl create` (protobuf bodies) gets.
-//!
-//! Every test but the last runs twice from one body (`both!`): against the API test server and
-//! against the real control plane (with the kubectl `make cluster-bins` built next to it), each in
-//! a namespace of its own. `kubectl_imperative_create_gets_a_clear_415_and_apply_works` is for the
-//! test server alone: it checks this server's JSON-only refusal, which kube-apiserver (speaking
-//! protobuf) has no reason to give.
-//!
-//! For the test server kubectl is found through `KUBECTL` or on `PATH` (`make test` sets `KUBECTL` to the one `make cluster-bins` builds); these
-//! tests fail, never skip, when it is missing.
+//! The real `kubectl` (the one `make cluster-bins` builds) against the real control plane with
+//! the repository's IPReservation CRD: discovery, `get` (the CRD's printer columns,
+//! `-o json|yaml|name|wide`), its short name and category, `describe`, `apply -f` (create, update,
+//! no-op), `delete`, and pods selected by `--field-selector spec.nodeName=…` — each test in a
+//! namespace of its own on the control plane the tests of this binary share.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "fixtures/shared.rs"]
 mod shared;
 
-#[path = "fixtures/harness.rs"]
-mod harness;
-
 use std::{path::PathBuf, process::Command};
 
-use harness::{Backend, iprs, start};
-use ipkeep_e2e::apiserver::TestServer;
+use ipkeep_e2e::cluster::Cluster;
+use ipkeep_operator::crd::IPReservation;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api,
@@ -30,26 +19,10 @@ use kube::{
 };
 use serde_json::{Value, json};
 
-fn kubectl_binary() -> PathBuf {
-    if let Some(explicit) = std::env::var_os("KUBECTL").filter(|v| !v.is_empty()) {
-        return PathBuf::from(explicit);
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("kubectl"))
-        .find(|candidate| candidate.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "kubectl not found: set KUBECTL or put kubectl on PATH (`make cluster-bins` builds it); \
-                 these tests drive the real kubectl and cannot run without it"
-            )
-        })
-}
-
-/// kubectl bound to one test server through its own kubeconfig and discovery cache.
+/// kubectl bound to the shared control plane through its own kubeconfig and discovery cache.
 struct Kubectl {
     bin: PathBuf,
-    dir: harness::Scratch,
+    dir: shared::Scratch,
     namespace: String,
 }
 
@@ -60,38 +33,15 @@ struct Run {
 }
 
 impl Kubectl {
-    fn new(server: &TestServer, test: &str) -> Self {
-        let dir = Self::dir(test, "test-server");
-        server.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
+    /// kubectl as admin, working in namespace `ns`.
+    fn new(cluster: &Cluster, test: &str, ns: &str) -> Self {
+        let dir = shared::Scratch::new(&format!("kubectl-{test}"));
+        std::fs::copy(cluster.kubeconfig_path(), dir.join("kubeconfig")).unwrap();
         Self {
-            bin: kubectl_binary(),
+            bin: cluster.bin("kubectl"),
             dir,
-            namespace: "default".into(),
+            namespace: ns.to_owned(),
         }
-    }
-
-    /// kubectl against either server, working in namespace `ns`.
-    fn for_backend(b: &Backend, test: &str, ns: &str) -> Self {
-        match b {
-            Backend::TestServer(server) => {
-                let mut k = Self::new(server, test);
-                k.namespace = ns.to_owned();
-                k
-            }
-            Backend::Real(cluster) => {
-                let dir = Self::dir(test, "real");
-                std::fs::copy(cluster.kubeconfig_path(), dir.join("kubeconfig")).unwrap();
-                Self {
-                    bin: cluster.bin("kubectl"),
-                    dir,
-                    namespace: ns.to_owned(),
-                }
-            }
-        }
-    }
-
-    fn dir(test: &str, server: &str) -> harness::Scratch {
-        harness::Scratch::new(&format!("kubectl-{test}-{server}"))
     }
 
     fn file(&self, name: &str, text: &str) -> PathBuf {
@@ -100,7 +50,7 @@ impl Kubectl {
         path
     }
 
-    /// Runs kubectl off the async runtime (the server runs on it).
+    /// Runs kubectl off the async runtime.
     async fn run(&self, args: &[&str]) -> Run {
         let mut cmd = Command::new(&self.bin);
         cmd.arg("--kubeconfig")
@@ -137,6 +87,17 @@ impl Kubectl {
     }
 }
 
+/// The shared control plane with the CRD, a fresh namespace `<prefix>-<n>` and kubectl in it.
+async fn setup(prefix: &str) -> (&'static Cluster, String, Kubectl) {
+    let cluster = shared::cluster().await;
+    let ns = cluster
+        .fresh_namespace(prefix)
+        .await
+        .expect("a fresh namespace");
+    let k = Kubectl::new(cluster, prefix, &ns);
+    (cluster, ns, k)
+}
+
 fn header(out: &str) -> Vec<&str> {
     out.lines()
         .next()
@@ -160,14 +121,13 @@ fn reservation_yaml(ns: &str, node: &str) -> String {
     )
 }
 
-async fn kubectl_discovers_crds_and_builtins(b: &Backend) {
-    let ns = b.namespace("kubectl-discovery").await;
-    let k = Kubectl::for_backend(b, "discovery", &ns);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_discovers_crds_and_builtins() {
+    let (_, _, k) = setup("kubectl-discovery").await;
 
     let crds = k.ok(&["get", "crd"]).await;
     assert_eq!(header(&crds), ["NAME", "CREATED", "AT"], "{crds}");
     row(&crds, "ipreservations.ipkeep.dev");
-    row(&crds, "ippools.test.ipkeep.dev");
 
     let resources = k.ok(&["api-resources"]).await;
     let ipr_row = row(&resources, "ipreservations");
@@ -189,7 +149,6 @@ async fn kubectl_discovers_crds_and_builtins(b: &Backend) {
         "Lease",
         "Event",
         "CustomResourceDefinition",
-        "IPPool",
     ] {
         assert!(
             resources
@@ -204,10 +163,9 @@ async fn kubectl_discovers_crds_and_builtins(b: &Backend) {
     assert_eq!(row(&namespaces, "default")[1], "Active");
 }
 
-async fn kubectl_applies_gets_describes_and_deletes_a_reservation(b: &Backend) {
-    let ns = b.namespace("kubectl-ipr").await;
-    let server = b;
-    let k = Kubectl::for_backend(b, "ipr", &ns);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
+    let (cluster, ns, k) = setup("kubectl-ipr").await;
     let manifest = k.file("web-0.yaml", &reservation_yaml(&ns, "node-a"));
     let manifest = manifest.to_str().unwrap();
 
@@ -224,7 +182,7 @@ async fn kubectl_applies_gets_describes_and_deletes_a_reservation(b: &Backend) {
 
     // A status written by the controller shows in the PHASE column.
     let status = json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation", "status": {"phase": "Bound"}});
-    iprs(&server.client(), &ns)
+    Api::<IPReservation>::namespaced(cluster.client().expect("client"), &ns)
         .patch_status(
             "web-0",
             &PatchParams::apply("ipkeep-controller").force(),
@@ -302,11 +260,10 @@ async fn kubectl_applies_gets_describes_and_deletes_a_reservation(b: &Backend) {
     );
 }
 
-async fn kubectl_lists_pods_by_node(b: &Backend) {
-    let ns = b.namespace("kubectl-pods").await;
-    let server = b;
-    let k = Kubectl::for_backend(b, "pods", &ns);
-    let pods: Api<Pod> = Api::namespaced(server.client(), &ns);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_lists_pods_by_node() {
+    let (cluster, ns, k) = setup("kubectl-pods").await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client().expect("client"), &ns);
     for (name, node, ip) in [
         ("p-a", "node-a", "10.244.1.5"),
         ("p-b", "node-b", "10.244.2.5"),
@@ -373,58 +330,3 @@ async fn kubectl_lists_pods_by_node(b: &Backend) {
         unsupported.stderr
     );
 }
-
-/// kubectl's imperative `create` sends protobuf for built-in kinds and does not retry in JSON: it
-/// must fail with the server's clear 415, create nothing, and the JSON route (`--dry-run=client -o
-/// yaml` then `apply -f`) must work.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_imperative_create_gets_a_clear_415_and_apply_works() {
-    let server = start().await;
-    let k = Kubectl::new(&server, "imperative");
-    for args in [
-        &["create", "namespace", "x"][..],
-        &["create", "configmap", "c", "--from-literal=a=b"][..],
-    ] {
-        let r = k.run(args).await;
-        assert!(!r.ok, "kubectl {} succeeded: {}", args.join(" "), r.stdout);
-        for expected in [
-            "the body of the request was in an unknown format",
-            "this test server speaks JSON only",
-            "application/vnd.kubernetes.protobuf",
-        ] {
-            assert!(
-                r.stderr.contains(expected),
-                "kubectl {}: stderr lacks {expected:?}:\n{}",
-                args.join(" "),
-                r.stderr
-            );
-        }
-    }
-    let missing = k.run(&["get", "namespace", "x"]).await;
-    assert!(!missing.ok, "namespace x exists: {}", missing.stdout);
-
-    let manifest = k
-        .ok(&["create", "namespace", "x", "--dry-run=client", "-o", "yaml"])
-        .await;
-    let file = k.file("ns.yaml", &manifest);
-    let applied = k.ok(&["apply", "-f", file.to_str().unwrap()]).await;
-    assert_eq!(applied.trim(), "namespace/x created");
-    assert_eq!(
-        k.ok(&["get", "namespace", "x", "-o", "name"]).await.trim(),
-        "namespace/x"
-    );
-    server.shutdown().await;
-}
-
-both!(
-    kubectl_discovers_crds_and_builtins,
-    super::kubectl_discovers_crds_and_builtins
-);
-both!(
-    kubectl_applies_gets_describes_and_deletes_a_reservation,
-    super::kubectl_applies_gets_describes_and_deletes_a_reservation
-);
-both!(
-    kubectl_lists_pods_by_node,
-    super::kubectl_lists_pods_by_node
-);

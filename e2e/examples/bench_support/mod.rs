@@ -1,5 +1,5 @@
 //! Shared by the benches (`bench_controller.rs`, `bench_agent.rs`, `bench_api_cost.rs`; included
-//! with `#[path]`): which API server to measure against, the operator started as a separate
+//! with `#[path]`): the real control plane they measure, the operator started as a separate
 //! process under the chart's ServiceAccounts, what `/proc` says about a process, the reference
 //! writes that give each figure its ceiling, a phase counter fed by a watch, and the audit log
 //! read back by user and verb.
@@ -16,18 +16,14 @@ use std::{
 };
 
 use futures::{StreamExt, TryStreamExt};
-use ipkeep_e2e::{
-    apiserver::{ServerOptions, TestServer},
-    cluster::{
-        Cluster, NodeAgent,
-        process::{Component, Spawner},
-    },
+use ipkeep_e2e::cluster::{
+    Cluster, NodeAgent,
+    process::{Component, Spawner},
 };
 use ipkeep_operator::crd::{IPReservation, Phase};
-use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams},
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
@@ -41,52 +37,36 @@ pub const BENCH_MANAGER: &str = "ipkeep-bench";
 /// as many in flight, and, like the controller, no client-side rate limit (kube-rs has none).
 pub const CONTROLLER_WORKERS: usize = 8;
 
-/// Which API server a bench measures.
+/// Which API server a bench measures: kube-apiserver v1.34 with etcd, controller-manager and
+/// scheduler (`make cluster-bins`), the only one there is (`--server real`, the default, kept so
+/// that existing command lines still work).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ServerKind {
-    /// kube-apiserver v1.34 with etcd, controller-manager and scheduler (`make cluster-bins`).
+    /// The real control plane.
     Real,
-    /// The in-memory API test server of `ipkeep_e2e::apiserver` (no etcd, admission, watch cache).
-    Test,
 }
 
 /// The API server under measurement, and what the benches need from it.
 pub struct Plane {
-    real: Option<&'static Cluster>,
-    test: Option<TestServer>,
+    cluster: &'static Cluster,
     nodes: Vec<NodeAgent>,
     scratch: PathBuf,
     spawner: Spawner,
 }
 
 impl Plane {
-    /// Starts (or joins) the API server of `kind`, with the IPReservation CRD installed and, on
-    /// the real one, the chart's RBAC applied.
+    /// Starts (or joins) the real control plane, with the IPReservation CRD installed and the
+    /// chart's RBAC applied.
     pub async fn start(kind: ServerKind) -> Plane {
-        let crds = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../crds");
-        let (real, test, scratch) = match kind {
-            ServerKind::Real => {
-                let cluster = real::cluster().await;
-                real::chart_rbac(cluster).await;
-                // Inside the state directory: the control plane's watchdog removes it however
-                // the bench ends.
-                (Some(cluster), None, cluster.state_dir().join("bench"))
-            }
-            ServerKind::Test => {
-                let server = TestServer::start(ServerOptions {
-                    crd_dirs: vec![crds],
-                    ..ServerOptions::default()
-                })
-                .await
-                .expect("failed to start the API test server");
-                let dir = std::env::temp_dir().join(format!("ipkeep-bench-{}", std::process::id()));
-                (None, Some(server), dir)
-            }
-        };
+        let ServerKind::Real = kind;
+        let cluster = real::cluster().await;
+        real::chart_rbac(cluster).await;
+        // Inside the state directory: the control plane's watchdog removes it however the bench
+        // ends.
+        let scratch = cluster.state_dir().join("bench");
         std::fs::create_dir_all(&scratch).expect("failed to create the bench's scratch directory");
         Plane {
-            real,
-            test,
+            cluster,
             nodes: Vec::new(),
             scratch,
             spawner: Spawner::new().expect("failed to start the spawner thread"),
@@ -95,117 +75,73 @@ impl Plane {
 
     /// One line saying what is measured.
     pub fn describe(&self) -> String {
-        match (self.real, &self.test) {
-            (Some(c), _) => format!(
-                "real kube-apiserver v1.34 at {} (etcd without fsync, audit log on, APF on)",
-                c.server()
-            ),
-            _ => "the in-memory API test server (no etcd, admission, watch cache or APF)".into(),
-        }
+        format!(
+            "real kube-apiserver v1.34 at {} (etcd without fsync, audit log on, APF on)",
+            self.cluster.server()
+        )
     }
 
-    /// Whether this is the real control plane.
+    /// Whether this is the real control plane (always: the benches' reports still ask).
     pub fn is_real(&self) -> bool {
-        self.real.is_some()
+        true
     }
 
-    /// An admin client (on the real server: `system:masters`, exempt from APF).
+    /// An admin client (`system:masters`, exempt from APF).
     pub fn admin(&self) -> Client {
-        match (self.real, &self.test) {
-            (Some(c), _) => c.client().expect("an admin client"),
-            (_, Some(t)) => t.client(),
-            _ => unreachable!("a plane is real or a test server"),
-        }
+        self.cluster.client().expect("an admin client")
     }
 
-    /// A client of the chart's ServiceAccount `account` (the test server has no identities: admin).
+    /// A client of the chart's ServiceAccount `account`.
     pub async fn account_client(&self, account: &str) -> Client {
-        match self.real {
-            Some(c) => {
-                let ns = real::chart_rbac(c).await;
-                c.service_account_client(ns, account)
-                    .await
-                    .unwrap_or_else(|e| panic!("failed to get a client of {account}: {e}"))
-            }
-            None => self.admin(),
-        }
+        let ns = real::chart_rbac(self.cluster).await;
+        self.cluster
+            .service_account_client(ns, account)
+            .await
+            .unwrap_or_else(|e| panic!("failed to get a client of {account}: {e}"))
     }
 
     /// The audit log's name for the chart's ServiceAccount `account`.
     pub async fn account_user(&self, account: &str) -> String {
-        match self.real {
-            Some(c) => format!(
-                "system:serviceaccount:{}:{account}",
-                real::chart_rbac(c).await
-            ),
-            None => account.to_owned(),
-        }
+        format!(
+            "system:serviceaccount:{}:{account}",
+            real::chart_rbac(self.cluster).await
+        )
     }
 
     /// A kubeconfig of the chart's ServiceAccount `account` (a one-hour token).
     pub async fn account_kubeconfig(&self, account: &str) -> PathBuf {
         let path = self.scratch.join(format!("kubeconfig-{account}"));
-        match (self.real, &self.test) {
-            (Some(c), _) => real::account_kubeconfig(c, account, &path).await,
-            (_, Some(t)) => t
-                .write_kubeconfig(&path)
-                .expect("failed to write a kubeconfig"),
-            _ => unreachable!("a plane is real or a test server"),
-        }
+        real::account_kubeconfig(self.cluster, account, &path).await;
         path
     }
 
     /// A new namespace `<prefix>-<n>`, ready for pods.
     pub async fn namespace(&self, prefix: &str) -> String {
-        if let Some(c) = self.real {
-            return c
-                .fresh_namespace(prefix)
-                .await
-                .unwrap_or_else(|e| panic!("failed to create a namespace: {e}"));
-        }
-        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let name = format!(
-            "{prefix}-{}",
-            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
-        Api::<Namespace>::all(self.admin())
-            .create(
-                &PostParams::default(),
-                &Namespace {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        ..ObjectMeta::default()
-                    },
-                    ..Namespace::default()
-                },
-            )
+        self.cluster
+            .fresh_namespace(prefix)
             .await
-            .expect("failed to create a namespace");
-        name
+            .unwrap_or_else(|e| panic!("failed to create a namespace: {e}"))
     }
 
-    /// Registers stand-in nodes `names` (real server only: the pod garbage collector deletes pods
-    /// bound to nodes that do not exist). They stay Ready until the plane is dropped.
+    /// Registers stand-in nodes `names` (the pod garbage collector deletes pods bound to nodes
+    /// that do not exist). They stay Ready until the plane is dropped.
     pub async fn add_nodes(&mut self, names: &[String]) {
-        let Some(c) = self.real else { return };
         for name in names {
-            let node = NodeAgent::start(c, name)
+            let node = NodeAgent::start(self.cluster, name)
                 .await
                 .unwrap_or_else(|e| panic!("failed to register the stand-in node {name}: {e}"));
             self.nodes.push(node);
         }
     }
 
-    /// The kube-apiserver's process id (real server only).
+    /// The kube-apiserver's process id.
     pub fn apiserver_pid(&self) -> Option<u32> {
-        self.real
-            .and_then(|c| c.pids().get("kube-apiserver").copied())
+        self.cluster.pids().get("kube-apiserver").copied()
     }
 
-    /// The audit log (real server only).
+    /// The audit log.
     pub fn audit_log(&self) -> Option<PathBuf> {
-        self.real
-            .and_then(|c| c.audit_log_path().map(Path::to_path_buf))
+        self.cluster.audit_log_path().map(Path::to_path_buf)
     }
 
     /// A scratch directory `name` of this run (removed with the control plane's state, or by

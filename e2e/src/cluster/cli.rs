@@ -4,6 +4,7 @@
 //! directory) and returns once the control plane is ready; the supervisor owns the components,
 //! so if it is killed they die with it (see [`super::process`]). `down` stops the supervisor and
 //! removes whatever is left, even after a crash. `env` prints the shell lines to use it.
+//! `fault-proxy` serves a [`crate::proxy::FaultProxy`] in front of its API server.
 
 use std::{
     os::unix::process::CommandExt,
@@ -74,6 +75,9 @@ pub enum CliError {
     /// Interrupted while waiting.
     #[error("interrupted: the control plane was stopped again")]
     Interrupted,
+    /// The fault proxy.
+    #[error(transparent)]
+    Proxy(#[from] crate::proxy::ProxyError),
 }
 
 /// The state directory the command line uses unless told otherwise.
@@ -393,16 +397,21 @@ fn shell_quote(p: &Path) -> String {
     format!("'{}'", p.to_string_lossy().replace('\'', r"'\''"))
 }
 
-/// `cluster env`: the shell lines that point kubectl, helm and the tests at the running control
-/// plane.
-pub fn env(state_dir: &Path) -> Result<String, CliError> {
+/// The `ready` file of the control plane running at `state_dir` (server, kubeconfig, ports, ...).
+fn read_ready(state_dir: &Path) -> Result<serde_json::Value, CliError> {
     let ready = state_dir.join("ready");
     let text =
         std::fs::read_to_string(&ready).map_err(|_| CliError::NotRunning(state_dir.to_owned()))?;
-    let info: serde_json::Value = serde_json::from_str(&text).map_err(|e| CliError::Io {
+    serde_json::from_str(&text).map_err(|e| CliError::Io {
         what: format!("read {}", ready.display()),
         source: std::io::Error::other(e),
-    })?;
+    })
+}
+
+/// `cluster env`: the shell lines that point kubectl, helm and the tests at the running control
+/// plane.
+pub fn env(state_dir: &Path) -> Result<String, CliError> {
+    let info = read_ready(state_dir)?;
     // The binaries this control plane runs, whatever the environment of this call says.
     let bins = match info["binDir"].as_str() {
         Some(dir) => PathBuf::from(dir),
@@ -415,6 +424,50 @@ pub fn env(state_dir: &Path) -> Result<String, CliError> {
         shell_quote(&bins),
         info["server"].as_str().unwrap_or("?"),
     ))
+}
+
+/// Flags of `cluster fault-proxy`.
+#[derive(Debug, Clone)]
+pub struct FaultProxyOptions {
+    /// Where the proxy listens.
+    pub listen: std::net::SocketAddr,
+    /// Where its control endpoint listens.
+    pub admin: std::net::SocketAddr,
+    /// A kubeconfig to rewrite through the proxy, and where to write the result.
+    pub kubeconfig: Option<(PathBuf, PathBuf)>,
+}
+
+/// `cluster fault-proxy`: a fault proxy in front of the running control plane's API server
+/// (its CA, its serving certificate shown to clients) with its control endpoint; prints both
+/// URLs and serves until Ctrl-C or SIGTERM.
+pub async fn fault_proxy(state_dir: &Path, options: FaultProxyOptions) -> Result<(), CliError> {
+    let info = read_ready(state_dir)?;
+    let pki = state_dir.join("pki");
+    let proxy = crate::proxy::FaultProxy::start(crate::proxy::ProxyOptions {
+        listen: options.listen,
+        upstream: info["server"].as_str().unwrap_or_default().to_owned(),
+        upstream_ca: pki.join("ca.crt"),
+        cert: pki.join("serving.crt"),
+        key: pki.join("serving.key"),
+    })
+    .await?;
+    if let Some((from, to)) = &options.kubeconfig {
+        proxy.kubeconfig_through(from, to)?;
+    }
+    let proxy = std::sync::Arc::new(proxy);
+    let admin =
+        crate::proxy::AdminServer::start(std::sync::Arc::clone(&proxy), options.admin).await?;
+    println!("{}\nhttp://{}", proxy.url(), admin.addr());
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|source| CliError::Io {
+            what: "wait for SIGTERM".into(),
+            source,
+        })?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    Ok(())
 }
 
 /// `cluster down`: stops the supervisor (SIGTERM, then SIGKILL after 30 s), then kills any

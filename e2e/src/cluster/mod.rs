@@ -3,8 +3,9 @@
 //! with fresh state, generated certificates and real RBAC.
 //!
 //! Tests share one control plane per test binary ([`shared`]) and isolate themselves with
-//! namespaces ([`Cluster::fresh_namespace`]); a test that needs its own (fault tests) starts one
-//! with [`Cluster::start`]. Nothing outlives the process that started it: see [`process`].
+//! namespaces ([`Cluster::fresh_namespace`]) and inject API faults through a
+//! [`crate::proxy::FaultProxy`] of their own. Nothing outlives the process that started it: see
+//! [`process`].
 
 pub mod cli;
 pub mod kubeconfig;
@@ -59,35 +60,6 @@ pub async fn shared() -> Result<&'static Cluster, ClusterError> {
             Ok(cluster)
         }
         Err(e) => Err(ClusterError::Shared(e.clone())),
-    }
-}
-
-/// What a test needs from a Kubernetes API, whichever server provides it — the in-memory API
-/// test server or the real control plane — so one test body can be held against both.
-pub trait KubeApi {
-    /// An admin client bound to the calling tokio runtime.
-    fn kube_client(&self) -> Result<kube::Client, ClusterError>;
-    /// The server's base URL.
-    fn server_url(&self) -> String;
-}
-
-impl KubeApi for Cluster {
-    fn kube_client(&self) -> Result<kube::Client, ClusterError> {
-        self.client()
-    }
-
-    fn server_url(&self) -> String {
-        self.server().to_owned()
-    }
-}
-
-impl KubeApi for crate::apiserver::TestServer {
-    fn kube_client(&self) -> Result<kube::Client, ClusterError> {
-        Ok(self.client())
-    }
-
-    fn server_url(&self) -> String {
-        self.url()
     }
 }
 

@@ -7,7 +7,7 @@ use std::{
     path::{Path, PathBuf},
     process::ExitStatus,
     sync::{
-        Mutex,
+        Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant},
@@ -408,8 +408,19 @@ pub fn reap_stale(parent: &Path) -> Vec<String> {
     removed
 }
 
+/// How a component was started and is probed, so it can be started again the same way.
+struct Launch {
+    program: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    /// The readiness probe: a client configuration and the path that answers `ok`.
+    probe: Option<(kube::Config, &'static str)>,
+}
+
 struct Running {
-    components: Vec<Component>,
+    components: Vec<Arc<Component>>,
+    /// By component name.
+    launches: BTreeMap<String, Launch>,
     /// Seconds from the first process start to each component's readiness.
     ready_after: Vec<(String, f64)>,
     watchdog: Watchdog,
@@ -532,6 +543,7 @@ impl Cluster {
         let watchdog = Watchdog::start(&spawner, &state_dir, &options.cleanup_command)?;
         let mut running = Running {
             components: Vec::new(),
+            launches: BTreeMap::new(),
             ready_after: Vec::new(),
             watchdog,
         };
@@ -641,15 +653,22 @@ impl Cluster {
         let pgids = dir.join("pgids");
         let extra = |name: &str| options.extra_args.get(name).cloned().unwrap_or_default();
         let start = |name: &str, args: Vec<String>, running: &mut Running| {
+            let launch = Launch {
+                program: bin_dir.join(name),
+                args,
+                log: logs.join(format!("{name}.log")),
+                probe: None,
+            };
             let c = Component::start(
                 spawner,
                 name,
-                &bin_dir.join(name),
-                &args,
-                &logs.join(format!("{name}.log")),
+                &launch.program,
+                &launch.args,
+                &launch.log,
                 &pgids,
             )?;
-            running.components.push(c);
+            running.components.push(Arc::new(c));
+            running.launches.insert(name.to_owned(), launch);
             Ok::<(), ClusterError>(())
         };
 
@@ -976,6 +995,62 @@ impl Cluster {
         Ok(())
     }
 
+    /// Kills component `name` (`etcd`, `kube-apiserver`, ...) with SIGKILL as a crash would,
+    /// leaves it down for `down`, starts it again with the same flags, state and port, and
+    /// returns once it is ready again. The others keep running (and reconnect on their own).
+    pub async fn restart_component(&self, name: &str, down: Duration) -> Result<(), ClusterError> {
+        let not_running = || ClusterError::Invalid {
+            what: "component to restart",
+            value: name.to_owned(),
+            why: "not a running component of this control plane",
+        };
+        let (old, program, args, log, probe) = {
+            let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            let r = running.as_ref().ok_or_else(not_running)?;
+            let old = r
+                .components
+                .iter()
+                .find(|c| c.name() == name)
+                .cloned()
+                .ok_or_else(not_running)?;
+            let launch = r.launches.get(name).ok_or_else(not_running)?;
+            (
+                old,
+                launch.program.clone(),
+                launch.args.clone(),
+                launch.log.clone(),
+                launch.probe.clone(),
+            )
+        };
+        // Zero grace: SIGTERM and SIGKILL at once, no graceful shutdown.
+        let stopping = Arc::clone(&old);
+        let _ = tokio::task::spawn_blocking(move || stopping.stop(Duration::ZERO)).await;
+        tokio::time::sleep(down).await;
+        let new = {
+            let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            let r = running.as_mut().ok_or_else(not_running)?;
+            let new = Arc::new(Component::start(
+                &self.spawner,
+                name,
+                &program,
+                &args,
+                &log,
+                &self.state_dir.join("pgids"),
+            )?);
+            for c in r.components.iter_mut() {
+                if Arc::ptr_eq(c, &old) {
+                    *c = Arc::clone(&new);
+                }
+            }
+            new
+        };
+        if let Some((config, path)) = probe {
+            probe_ready(&new, config, path).await?;
+        }
+        new.announce_death();
+        Ok(())
+    }
+
     /// Stops every component (scheduler and controller-manager first, etcd last), then removes
     /// the state directory. Idempotent; blocks for up to a few seconds.
     pub fn stop(&self) {
@@ -1002,11 +1077,13 @@ impl Drop for Cluster {
     }
 }
 
+/// Waits until component `name` answers `path` on `config`'s URL, and keeps that probe for a
+/// restart.
 async fn wait_ready(
-    running: &Running,
+    running: &mut Running,
     name: &str,
-    mut config: kube::Config,
-    path: &str,
+    config: kube::Config,
+    path: &'static str,
 ) -> Result<(), ClusterError> {
     let Some(component) = running.components.iter().find(|c| c.name() == name) else {
         return Err(ClusterError::Invalid {
@@ -1015,6 +1092,19 @@ async fn wait_ready(
             why: "not started",
         });
     };
+    let component = Arc::clone(component);
+    if let Some(launch) = running.launches.get_mut(name) {
+        launch.probe = Some((config.clone(), path));
+    }
+    probe_ready(&component, config, path).await
+}
+
+async fn probe_ready(
+    component: &Component,
+    mut config: kube::Config,
+    path: &str,
+) -> Result<(), ClusterError> {
+    let name = component.name();
     config.connect_timeout = Some(Duration::from_secs(2));
     config.read_timeout = Some(Duration::from_secs(5));
     let url = format!(

@@ -70,12 +70,13 @@ impl Cluster {
         Ok(())
     }
 
-    /// A client that authenticates as ServiceAccount `namespace/name` with a fresh token.
-    pub async fn service_account_client(
+    /// A client configuration that authenticates as ServiceAccount `namespace/name` with a
+    /// fresh one-hour token (point it through a fault proxy with `FaultProxy::config_through`).
+    pub async fn service_account_config(
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<kube::Client, ClusterError> {
+    ) -> Result<kube::Config, ClusterError> {
         let admin = self.client()?;
         let token = service_account_token(&admin, namespace, name, 3600).await?;
         let mut config = self.config();
@@ -84,6 +85,16 @@ impl Cluster {
             ..Default::default()
         };
         config.default_namespace = namespace.to_owned();
+        Ok(config)
+    }
+
+    /// A client that authenticates as ServiceAccount `namespace/name` with a fresh token.
+    pub async fn service_account_client(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<kube::Client, ClusterError> {
+        let config = self.service_account_config(namespace, name).await?;
         kube::Client::try_from(config).map_err(|source| ClusterError::Api {
             what: format!("build a client for ServiceAccount {namespace}/{name}"),
             source,

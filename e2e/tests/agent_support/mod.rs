@@ -2,8 +2,8 @@
 //! with its own temporary data directory), unique names, reading the files the agent wrote, and
 //! waiting on conditions with a deadline.
 //!
-//! Every scenario is an `async fn(kube::Client, …)` so it runs unchanged against the API test
-//! server (the `#[tokio::test]` wrappers in each file) and against a real control plane.
+//! Every scenario is an `async fn(kube::Client, …)`: the admin client writes, the agents use
+//! theirs (the chart's agent ServiceAccount, perhaps through a fault proxy).
 #![allow(dead_code)]
 
 pub mod scenarios;
@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use ipkeep_e2e::apiserver::{ServerOptions, TestServer};
 use ipkeep_operator::agent::{AgentConfig, AgentMetrics, run};
 use ipkeep_operator::crd::{IPReservation, IPReservationSpec, IpString};
 use ipkeep_operator::probes::Readiness;
@@ -29,17 +28,6 @@ use tokio::task::JoinHandle;
 
 /// The networks every test node keeps (two, so the agent is seen to keep each).
 pub const NETWORKS: [&str; 2] = ["cbr0", "second"];
-
-/// Starts an API test server with the real IPReservation CRD.
-pub async fn start_server() -> TestServer {
-    let opts = ServerOptions {
-        crd_dirs: vec![repo_crds()],
-        ..ServerOptions::default()
-    };
-    TestServer::start(opts)
-        .await
-        .expect("failed to start the API test server")
-}
 
 /// A name unique in this process and across runs (`prefix-<pid>-<n>`).
 pub fn unique(prefix: &str) -> String {

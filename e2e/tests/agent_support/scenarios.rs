@@ -1,7 +1,5 @@
 //! The agent's end-to-end scenarios, each an `async fn` taking a `kube::Client` (and, for the
-//! one running the agent binary, a kubeconfig path), so the same scenario runs against the API
-//! test server (the `#[tokio::test]` wrappers in `agent_*.rs`) and against a real control plane
-//! with a one-line wrapper.
+//! one running the agent binary, a kubeconfig path), run by one-line wrappers in `agent_real.rs`.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

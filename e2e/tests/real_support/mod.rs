@@ -18,19 +18,36 @@ use ipkeep_e2e::cluster::{Cluster, NodeAgent};
 /// orphans and the scheduler can bind StatefulSet pods to it.
 pub const NODE: &str = "node-a";
 
+/// The node a returning pod moves to (`fixtures/controller.rs`).
+pub const NODE_B: &str = "node-b";
+
 static RBAC: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
 static NODE_A: tokio::sync::OnceCell<NodeAgent> = tokio::sync::OnceCell::const_new();
+static NODE_B_AGENT: tokio::sync::OnceCell<NodeAgent> = tokio::sync::OnceCell::const_new();
 
-/// The stand-in node [`NODE`], registered once per test binary; it lives (on its own thread)
-/// until the process exits.
+/// The stand-in node `name` held in `cell`, registered once per test binary; it lives (on its
+/// own thread) until the process exits.
+async fn stand_in(
+    cell: &'static tokio::sync::OnceCell<NodeAgent>,
+    cluster: &'static Cluster,
+    name: &str,
+) -> &'static NodeAgent {
+    cell.get_or_init(|| async {
+        NodeAgent::start(cluster, name)
+            .await
+            .unwrap_or_else(|e| panic!("failed to register the stand-in node {name}: {e}"))
+    })
+    .await
+}
+
+/// The stand-in node [`NODE`].
 pub async fn node_a(cluster: &'static Cluster) -> &'static NodeAgent {
-    NODE_A
-        .get_or_init(|| async {
-            NodeAgent::start(cluster, NODE)
-                .await
-                .unwrap_or_else(|e| panic!("failed to register the stand-in node {NODE}: {e}"))
-        })
-        .await
+    stand_in(&NODE_A, cluster, NODE).await
+}
+
+/// The stand-in node [`NODE_B`].
+pub async fn node_b(cluster: &'static Cluster) -> &'static NodeAgent {
+    stand_in(&NODE_B_AGENT, cluster, NODE_B).await
 }
 
 /// The audit log lines (JSON events) of the shared control plane whose request URI contains
@@ -90,6 +107,16 @@ pub async fn chart_rbac(cluster: &'static Cluster) -> &'static str {
         ns
     })
     .await
+}
+
+/// A client configuration of the chart's ServiceAccount `account` (to point through a fault
+/// proxy).
+pub async fn account_config(cluster: &'static Cluster, account: &str) -> kube::Config {
+    let ns = chart_rbac(cluster).await;
+    cluster
+        .service_account_config(ns, account)
+        .await
+        .unwrap_or_else(|e| panic!("failed to configure a client of {ns}/{account}: {e}"))
 }
 
 /// A client of the controller's ServiceAccount (exactly the chart's RBAC).
