@@ -17,13 +17,13 @@
 //! writes ([`objects`]), what to do for which pod ([`plan`]) — takes `now` as an argument; the
 //! I/O ([`host`], [`records`], the kube client) is thin.
 //!
-//! Why it stays beside the real nodes (`ipkeep_e2e::cluster::realnode`): it needs no kubelet,
-//! containerd or image build, starts a node in milliseconds and as many as a test wants, each
-//! with its own CIDRs (a /29 to fill a range with five pods, dual-stack), data directory and
-//! agent process the test can kill; and it gives `make demo FAST=1` and the API-fault scenario
-//! (on the in-memory API test server, which no real kubelet can talk to) their nodes. The real
-//! nodes (`realnode_scenario_*.rs`) run every scenario a real node can: keep IP, unannotated
-//! pod, scale to 0 and back, drain, rolling restarts, and the node and operator faults.
+//! Why it stays beside the real nodes (`ipkeep_e2e::cluster::realnode`), which now run every
+//! end-to-end scenario (`realnode_scenario_*.rs`: 1 to 8, dual-stack, a /29 filled, the agent
+//! SIGKILLed, node and operator faults): its remaining users need what no real node gives. The
+//! API-fault scenario (`scenario_faults_apiserver.rs`, through `e2e/tests/system/mod.rs`) runs on
+//! the in-memory API test server, which no real kubelet can talk to; `make demo FAST=1`
+//! (`crate::demo`) tells the story in seconds without a Go build; `ipkeep-e2e node` is its command
+//! line, and `node_standin.rs` tests it for those users.
 
 pub mod agent;
 pub mod cli;

@@ -6,17 +6,27 @@
 //! test then works in a [`System`] of its own namespace on those nodes, with the chart's
 //! controller and agents.
 //!
+//! A binary may ask for other nodes first ([`choose`]: dual-stack, a tiny node). With
+//! `IPKEEP_E2E_KUBECONFIG` set, [`use_real_nodes`] starts nothing and the scenarios run on that
+//! cluster instead, each check of this binary's own nodes' disks skipped with one line.
+//!
 //! Needs root, `make cluster-bins`, `make node-bins` and `make image` (or
 //! `IPKEEP_IMAGE_ARCHIVE`); fails loudly, naming what to run, without them.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
+use std::{
+    net::IpAddr,
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
 
-use ipkeep_e2e::cluster::realnode::{self, RealCluster, RealNode};
+use ipkeep_e2e::cluster::realnode::{
+    self, PodNetwork, RealCluster, RealNode, TINY_TAINT, layout::CNI_NETWORK,
+};
 
 use crate::system::{
-    ChartCluster, Options, RunningPod, System, kubectl, kubectl_ok, run_ok, run_on_chart_cluster,
-    wait_for,
+    ChartCluster, Options, REAL_CLUSTER_ENV, RunningPod, System, kubectl, kubectl_ok, run_ok,
+    run_on_chart_cluster, wait_for,
 };
 
 /// The chart's release name and namespace, as in the README.
@@ -55,12 +65,26 @@ pub fn helm(c: &RealCluster, args: &[&str]) -> String {
     run_ok(c.plane().helm(), args, None)
 }
 
-static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+static INSTALLED: tokio::sync::OnceCell<&'static RealCluster> = tokio::sync::OnceCell::const_new();
+
+/// The nodes this binary's shared cluster has: how many, and their pods' network.
+static NODES_CHOSEN: OnceLock<(u8, PodNetwork)> = OnceLock::new();
+
+/// This binary's shared cluster gets `nodes` nodes with `network` instead of two plain ones;
+/// called by each of its tests before anything else (the first call decides; the cluster fails
+/// to come up for a test that asks for other nodes).
+pub fn choose(nodes: u8, network: PodNetwork) {
+    NODES_CHOSEN.get_or_init(|| (nodes, network));
+}
 
 /// The shared real-node cluster with the image loaded and the chart installed (once per test
 /// binary); every pod of the release Ready. Returns the cluster.
 pub async fn installed() -> &'static RealCluster {
-    let c = realnode::shared()
+    let (nodes, network) = NODES_CHOSEN
+        .get()
+        .copied()
+        .unwrap_or((2, PodNetwork::default()));
+    let c = realnode::shared_with(nodes, network)
         .await
         .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
     INSTALLED
@@ -71,9 +95,27 @@ pub async fn installed() -> &'static RealCluster {
             assert_eq!(names.len(), 1, "one image in the archive: {names:?}");
             let values = image_values(&names[0]);
             install(c, &values, &["--set", "cni.replaceHostLocal=true"]).await;
+            c
         })
-        .await;
-    c
+        .await
+}
+
+/// Whether the scenarios run on a cluster named by `IPKEEP_E2E_KUBECONFIG` rather than on this
+/// binary's own real nodes.
+pub fn on_users_cluster() -> bool {
+    std::env::var_os(REAL_CLUSTER_ENV).is_some_and(|v| !v.is_empty())
+}
+
+/// For a test that needs this binary's own nodes (their disks, a tiny node, the workload image):
+/// on a user's cluster says loudly that it is skipped and returns true (the test then returns).
+pub fn skipped_without_own_nodes(test: &str, needs: &str) -> bool {
+    if !on_users_cluster() {
+        return false;
+    }
+    eprintln!(
+        "SKIPPED on a user's cluster: {test} needs this binary's own real nodes ({needs}); ran 0 checks (it runs without {REAL_CLUSTER_ENV})"
+    );
+    true
 }
 
 /// `helm upgrade --install` of the chart with the image `values` and `extra` arguments, then
@@ -133,19 +175,144 @@ fn chart_cluster(c: &RealCluster) -> ChartCluster {
 static NODES: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// Makes [`System::start`] put this binary's tests on the installed real nodes (the shared
-/// scenarios of `scenarios/` run there unchanged, their simulator-only checks skipped); the nodes
-/// are shared with the other tests that hold the guard.
+/// scenarios of `scenarios/` run there); the nodes are shared with the other tests that hold
+/// the guard. On a user's cluster ([`on_users_cluster`]) it starts nothing: [`System::start`]
+/// goes there.
 pub async fn use_real_nodes() -> tokio::sync::RwLockReadGuard<'static, ()> {
-    let c = installed().await;
-    run_on_chart_cluster(chart_cluster(c));
+    if !on_users_cluster() {
+        run_on_chart_cluster(chart_cluster(installed().await));
+    }
     NODES.read().await
 }
 
 /// As [`use_real_nodes`], for a test that takes a node away: no other test runs meanwhile.
 pub async fn use_real_nodes_alone() -> tokio::sync::RwLockWriteGuard<'static, ()> {
-    let c = installed().await;
-    run_on_chart_cluster(chart_cluster(c));
+    if !on_users_cluster() {
+        run_on_chart_cluster(chart_cluster(installed().await));
+    }
     NODES.write().await
+}
+
+/// This binary's own installed nodes, once a test started them; `None` on a user's cluster.
+pub fn own() -> Option<&'static RealCluster> {
+    INSTALLED.get().copied()
+}
+
+/// host-local's data directory of the nodes' network on `node`, as the machine sees it.
+pub fn network_dir(node: &RealNode) -> PathBuf {
+    node.host_path(&format!("/var/lib/cni/networks/{CNI_NETWORK}"))
+        .expect("/var/lib/cni is private to the node")
+}
+
+/// The reservation file of `ns/pod` on `node`.
+pub fn reserved_file(node: &RealNode, ns: &str, pod: &str) -> PathBuf {
+    network_dir(node).join("reserved").join(ns).join(pod)
+}
+
+/// The data directory of the network on node `name` for the check `what`, when the test runs on
+/// this binary's own nodes (the check is recorded); on a user's cluster the check is recorded
+/// as skipped and there is none.
+pub fn node_dir(sys: &System, what: &str, name: &str) -> Option<PathBuf> {
+    match own() {
+        Some(c) => {
+            sys.check(what);
+            Some(network_dir(node(c, name)))
+        }
+        None => {
+            sys.hook(what, "own nodes' data directories on disk");
+            None
+        }
+    }
+}
+
+/// How many addresses the tiny node hands out: its /29 less the network address, the bridge's
+/// `.1` and the broadcast address.
+pub const TINY_ADDRESSES: u32 = 5;
+
+/// The tiny node: the one this binary's cluster gives a /29 and the [`TINY_TAINT`].
+pub fn tiny(c: &RealCluster) -> &RealNode {
+    let n = c.network().tiny_nodes;
+    assert!(n > 0, "this test binary's cluster has no tiny node");
+    &c.nodes()[c.nodes().len() - usize::from(n)]
+}
+
+/// The one test at a time that fills the tiny node's range.
+static TINY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The tiny node, for the calling test alone (while it holds the guard): returned once nothing
+/// of an earlier holder is left on it — no address allocated, no reservation file — so the test
+/// knows every address of the range is its own to fill.
+pub async fn tiny_alone() -> (tokio::sync::MutexGuard<'static, ()>, &'static RealNode) {
+    let guard = TINY.lock().await;
+    let node = tiny(installed().await);
+    let dir = network_dir(node);
+    wait_for(
+        &format!(
+            "no allocation and no reservation file left on the tiny node {} ({})",
+            node.name(),
+            dir.display()
+        ),
+        || async { files_left(&dir).is_empty().then_some(()) },
+    )
+    .await;
+    (guard, node)
+}
+
+/// The allocation files (named by an address) and reservation files under `dir`.
+fn files_left(dir: &Path) -> Vec<PathBuf> {
+    let mut left: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<IpAddr>().is_ok())
+        .map(|e| e.path())
+        .collect();
+    let reserved = dir.join("reserved");
+    for ns in std::fs::read_dir(reserved).into_iter().flatten().flatten() {
+        left.extend(
+            std::fs::read_dir(ns.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path()),
+        );
+    }
+    left
+}
+
+/// Applies the StatefulSet `name` of `replicas` pods (`Parallel`, annotated with
+/// `annotations`) placed on the tiny node `node`, in the test's namespace.
+pub fn apply_on_tiny(
+    sys: &System,
+    node: &str,
+    name: &str,
+    replicas: u32,
+    annotations: &[(&str, &str)],
+) {
+    sys.apply(&tolerating_tiny(&crate::system::statefulset(
+        name,
+        replicas,
+        true,
+        &[node],
+        annotations,
+    )));
+}
+
+/// `yaml` (a pod template of `system::statefulset`) with a toleration of the tiny node's taint,
+/// so its pods may run there.
+pub fn tolerating_tiny(yaml: &str) -> String {
+    let anchor = "      terminationGracePeriodSeconds: 1\n";
+    assert!(
+        yaml.contains(anchor),
+        "no pod spec to add a toleration to:\n{yaml}"
+    );
+    yaml.replacen(
+        anchor,
+        &format!(
+            "{anchor}      tolerations:\n      - {{key: {TINY_TAINT}, operator: Exists, effect: NoSchedule}}\n"
+        ),
+        1,
+    )
 }
 
 /// A fresh [`System`] on the installed real nodes: a namespace of its own, the nodes, the chart's

@@ -1,7 +1,9 @@
-//! The scenarios of `scenario_keep_ip.rs`, one `pub async fn` each (included with `#[path]`): that file runs
-//! them on simulated nodes, `realnode_scenarios.rs` on real nodes with the chart installed.
+//! Scenarios 1 and 2, one `pub async fn` each (included with `#[path]` by
+//! `realnode_scenario_pods.rs`, which runs them on its real nodes with the chart installed, or on
+//! a user's cluster with `IPKEEP_E2E_KUBECONFIG`).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use crate::realnode;
 use crate::system::*;
 use ipkeep_operator::crd::Phase;
 
@@ -35,6 +37,7 @@ pub async fn statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addre
             "dual-stack nodes (the cluster's nodes have one pod CIDR)",
         );
     }
+    let dir = realnode::node_dir(&sys, "reservation files on the node", &node_a);
     for pod in pods.values() {
         assert_eq!(pod.node, node_a);
         if dual {
@@ -42,11 +45,8 @@ pub async fn statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addre
             assert!(pod.ips[0].is_ipv4() && pod.ips[1].is_ipv6(), "{pod:?}");
         }
         sys.wait_bound(pod).await;
-        if sys.hook(
-            "reservation files on the node",
-            "node data directory on disk",
-        ) {
-            sys.wait_file(&sys.nodes[0].reserved_file(&sys.ns, &pod.name), true)
+        if let Some(dir) = &dir {
+            sys.wait_file(&dir.join("reserved").join(&sys.ns).join(&pod.name), true)
                 .await;
         }
     }
@@ -108,18 +108,34 @@ pub async fn statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addre
 }
 
 pub async fn unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_pool() {
-    let sys = System::start(
-        "plain",
-        Options {
-            v4_prefix: 29,
-            ..Options::default()
-        },
-    )
-    .await;
-    let node_a = sys.node_name(0).to_owned();
+    // On this binary's own nodes the pods go to the tiny node, whose /29 the last step fills; on
+    // a user's cluster to its first node, and that step is skipped.
+    let tiny = match realnode::own() {
+        Some(_) => Some(realnode::tiny_alone().await),
+        None => None,
+    };
+    let sys = System::start("plain", Options::default()).await;
+    let node_a = match &tiny {
+        Some((_, node)) => node.name(),
+        None => sys.node_name(0).to_owned(),
+    };
+    let on_tiny = tiny.is_some();
+    let place = |yaml: String| {
+        if on_tiny {
+            realnode::tolerating_tiny(&yaml)
+        } else {
+            yaml
+        }
+    };
     // An annotated pod next to it proves the controller is at work in this namespace.
-    sys.apply(&statefulset("kept", 1, true, &[&node_a], &retain(None)));
-    sys.apply(&statefulset("plain", 1, true, &[&node_a], &[]));
+    sys.apply(&place(statefulset(
+        "kept",
+        1,
+        true,
+        &[&node_a],
+        &retain(None),
+    )));
+    sys.apply(&place(statefulset("plain", 1, true, &[&node_a], &[])));
     let kept = sys.wait_running("app=kept", &["kept-0"]).await;
     sys.wait_bound(&kept["kept-0"]).await;
     let plain = sys.wait_running("app=plain", &["plain-0"]).await["plain-0"].clone();
@@ -132,16 +148,9 @@ pub async fn unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_
         "an unannotated pod got a reservation"
     );
     sys.check("the annotated pod Bound, the unannotated one without a reservation");
-    let files = sys.hook(
-        "allocation and reservation files",
-        "node data directory on disk",
-    );
-    let allocation = sys
-        .nodes
-        .first()
-        .map(|n| n.config.network_dir().join(plain.ips[0].to_string()))
-        .unwrap_or_default();
-    if files {
+    let dir = realnode::node_dir(&sys, "allocation and reservation files", &node_a);
+    if let Some(dir) = &dir {
+        let allocation = dir.join(plain.ips[0].to_string());
         assert!(allocation.is_file(), "no allocation file {allocation:?}");
     }
 
@@ -156,10 +165,11 @@ pub async fn unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_
             .then_some(())
     })
     .await;
-    if files {
-        sys.wait_file(&allocation, false).await;
+    if let Some(dir) = &dir {
+        sys.wait_file(&dir.join(plain.ips[0].to_string()), false)
+            .await;
         assert!(
-            !sys.nodes[0].reserved_file(&sys.ns, "plain-0").exists(),
+            !dir.join("reserved").join(&sys.ns).join("plain-0").exists(),
             "a reservation file for an unannotated pod"
         );
     }
@@ -171,19 +181,21 @@ pub async fn unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_
             .is_none()
     );
     sys.check("deleted, still no reservation");
-    if !sys.hook(
-        "the address handed out again on a full /29",
-        "node CIDRs (a real node's range is not a /29)",
-    ) {
+    if !on_tiny {
+        sys.hook(
+            "the address handed out again on a full /29",
+            "own nodes (a tiny node with a /29)",
+        );
         return;
     }
 
-    // The address is handed out again: the /29 has five usable addresses; kept-0 holds one, so
-    // four pods fill the rest, and one of them must get plain-0's.
-    sys.apply(&statefulset("fill", 4, true, &[&node_a], &[]));
-    let fill = sys
-        .wait_running("app=fill", &["fill-0", "fill-1", "fill-2", "fill-3"])
-        .await;
+    // The address is handed out again: kept-0 holds one of the /29's addresses, so four pods
+    // fill the rest, and one of them must get plain-0's.
+    let fill = realnode::TINY_ADDRESSES - 1;
+    sys.apply(&place(statefulset("fill", fill, true, &[&node_a], &[])));
+    let names: Vec<String> = (0..fill).map(|i| format!("fill-{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let fill = sys.wait_running("app=fill", &names).await;
     assert!(
         fill.values().any(|p| p.ips[0] == plain.ips[0]),
         "plain-0's address {} was not handed out again: {fill:?}",

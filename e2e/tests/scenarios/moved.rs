@@ -1,9 +1,11 @@
-//! The scenarios of `scenario_move.rs`, one `pub async fn` each (included with `#[path]`): that file runs
-//! them on simulated nodes, `realnode_scenarios.rs` on real nodes with the chart installed.
+//! Scenarios 6 and 8, one `pub async fn` each (included with `#[path]` by
+//! `realnode_scenario_pods.rs`, which runs them on its real nodes with the chart installed, or on
+//! a user's cluster with `IPKEEP_E2E_KUBECONFIG`).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{net::IpAddr, path::PathBuf, time::Instant};
+use std::{net::IpAddr, time::Instant};
 
+use crate::realnode;
 use crate::system::*;
 use ipkeep_operator::crd::Phase;
 
@@ -52,31 +54,25 @@ pub async fn pod_drained_to_another_node_gets_its_address_and_the_reservation_fo
     sys.wait_bound(&before).await;
     sys.check("mv-0 Running and its reservation Bound");
     let to_name = names.iter().find(|n| **n != before.node).unwrap().clone();
-    let files = sys.hook(
-        "reservation files on both nodes",
-        "node data directories on disk",
-    );
-    let old_file = if files {
-        sys.node(&before.node).reserved_file(&sys.ns, "mv-0")
-    } else {
-        PathBuf::new()
+    let reserved = |node: &str| {
+        realnode::node_dir(&sys, "reservation files on both nodes", node)
+            .map(|d| d.join("reserved").join(&sys.ns).join("mv-0"))
     };
-    if files {
-        sys.wait_file(&old_file, true).await;
+    let old_file = reserved(&before.node);
+    if let Some(file) = &old_file {
+        sys.wait_file(file, true).await;
     }
 
-    let mut drain = vec![
+    // A real node runs other pods: evict only the test's.
+    let drain = [
         "drain",
         before.node.as_str(),
         "--ignore-daemonsets",
         "--delete-emptydir-data",
         "--force",
         "--timeout=120s",
+        "--pod-selector=app=mv",
     ];
-    if sys.real() {
-        // A real node runs other pods: evict only the test's.
-        drain.push("--pod-selector=app=mv");
-    }
     let out = kubectl_ok(&sys.target, &drain, None);
     eprintln!("kubectl drain:\n{out}");
     assert!(
@@ -97,10 +93,9 @@ pub async fn pod_drained_to_another_node_gets_its_address_and_the_reservation_fo
     let r = sys.wait_bound(&after).await;
     assert_eq!(r.spec.node_name, to_name);
     sys.check("the reservation followed (nodeName, ips, Bound)");
-    if files {
-        sys.wait_file(&sys.node(&to_name).reserved_file(&sys.ns, "mv-0"), true)
-            .await;
-        sys.wait_file(&old_file, false).await;
+    if let (Some(new_file), Some(old_file)) = (reserved(&to_name), &old_file) {
+        sys.wait_file(&new_file, true).await;
+        sys.wait_file(old_file, false).await;
     }
     for kind in ["Pod", "IPReservation"] {
         let event = wait_for(
@@ -120,7 +115,7 @@ pub async fn pod_drained_to_another_node_gets_its_address_and_the_reservation_fo
     kubectl_ok(&sys.target, &["uncordon", &before.node], None);
 }
 
-/// The first pod CIDR of node `name`, as the API server has it (the stand-in registers it).
+/// The first pod CIDR of node `name`, as the API server has it.
 async fn node_cidr(sys: &System, name: &str) -> String {
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(sys.client.clone());
     let node = nodes.get(name).await.expect("read the node");

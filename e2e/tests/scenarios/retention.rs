@@ -1,62 +1,51 @@
-//! The scenarios of `scenario_retention.rs`, one `pub async fn` each (included with `#[path]`): that file runs
-//! them on simulated nodes, `realnode_scenarios.rs` on real nodes with the chart installed.
+//! Scenarios 3, 4 and 5, one `pub async fn` each (included with `#[path]` by
+//! `realnode_scenario_pods.rs`, which runs them on its real nodes with the chart installed, or on
+//! a user's cluster with `IPKEEP_E2E_KUBECONFIG`). Scenarios 3 and 4 fill a range: they run on the
+//! tiny node (a /29) of this binary's own nodes, one at a time.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{collections::BTreeSet, time::SystemTime};
 
+use crate::realnode::{self, TINY_ADDRESSES, apply_on_tiny};
 use crate::system::*;
 use ipkeep_operator::crd::Phase;
 use kube::ResourceExt;
 
-/// A /29 has five addresses the plugin hands out (.2 to .6: the network address, the bridge's .1
-/// and the broadcast address are not).
-const TINY: u8 = 29;
-
 pub async fn released_address_is_never_handed_to_another_pod_even_when_the_range_is_full() {
-    if skipped_on_real_cluster(
+    if realnode::skipped_without_own_nodes(
         "released_address_is_never_handed_to_another_pod_even_when_the_range_is_full",
-        "/29 node CIDRs and node data directories (five pods cannot fill a real node range)",
+        "a node with a /29 and its data directory",
     ) {
         return;
     }
-    let sys = System::start(
-        "held",
-        Options {
-            v4_prefix: TINY,
-            ..Options::default()
-        },
-    )
-    .await;
-    let node_a = sys.node_name(0).to_owned();
-    sys.apply(&statefulset(
-        "held",
-        1,
-        true,
-        &[&node_a],
-        &retain(Some("1h")),
-    ));
+    let (_tiny, node) = realnode::tiny_alone().await;
+    let sys = System::start("held", Options::default()).await;
+    let node_a = node.name();
+    apply_on_tiny(&sys, &node_a, "held", 1, &retain(Some("1h")));
     let held = sys.wait_running("app=held", &["held-0"]).await["held-0"].clone();
     sys.wait_bound(&held).await;
     sys.kubectl(&["scale", "statefulset", "held", "--replicas=0"]);
     sys.wait_reservation("held-0", "Released", |r| phase(r) == Some(Phase::Released))
         .await;
-    sys.wait_file(&sys.nodes[0].reserved_file(&sys.ns, "held-0"), true)
+    sys.wait_file(&realnode::reserved_file(node, &sys.ns, "held-0"), true)
         .await;
+    sys.check("held-0 Released, its file on the node");
 
     // Five pods for the four addresses left: the held one is next in line for the round-robin
     // cursor at some point, and is skipped every time.
-    sys.apply(&statefulset("fill", 5, true, &[&node_a], &[]));
+    apply_on_tiny(&sys, &node_a, "fill", TINY_ADDRESSES, &[]);
     let fill = wait_for("four of the five fill pods Running", || async {
         let r = sys.running("app=fill").await;
-        (r.len() == 4).then_some(r)
+        (r.len() as u32 == TINY_ADDRESSES - 1).then_some(r)
     })
     .await;
     for pod in fill.values() {
         assert_ne!(pod.ips[0], held.ips[0], "{} got the held address", pod.name);
     }
     let distinct: BTreeSet<_> = fill.values().map(|p| p.ips[0]).collect();
-    assert_eq!(distinct.len(), 4);
-    let pending = (0..5)
+    assert_eq!(distinct.len() as u32, TINY_ADDRESSES - 1);
+    sys.check("four fill pods Running, none with the held address");
+    let pending = (0..TINY_ADDRESSES)
         .map(|i| format!("fill-{i}"))
         .find(|n| !fill.contains_key(n))
         .unwrap();
@@ -79,14 +68,9 @@ pub async fn released_address_is_never_handed_to_another_pod_even_when_the_range
         Some("Pending"),
         "{pending} is not Pending"
     );
+    sys.check("the fifth Pending with the plugin's error");
     // The held address's owner comes back and gets it, range full or not.
-    sys.apply(&statefulset(
-        "held",
-        1,
-        true,
-        &[&node_a],
-        &retain(Some("1h")),
-    ));
+    sys.kubectl(&["scale", "statefulset", "held", "--replicas=1"]);
     let back = sys.wait_recreated("held-0", &held.uid).await;
     assert_eq!(back.ips, held.ips, "held-0 did not get its address back");
     sys.wait_bound(&back).await;
@@ -94,34 +78,23 @@ pub async fn released_address_is_never_handed_to_another_pod_even_when_the_range
     let fill_now = sys.running("app=fill").await;
     assert!(fill_now.values().all(|p| p.ips[0] != held.ips[0]));
     assert!(!fill_now.contains_key(&pending));
+    sys.check("held-0 back with its address on the full range, the fifth still Pending");
 }
 
 pub async fn retain_for_3s_expires_at_its_release_time_and_the_address_is_allocated_again() {
-    if skipped_on_real_cluster(
+    if realnode::skipped_without_own_nodes(
         "retain_for_3s_expires_at_its_release_time_and_the_address_is_allocated_again",
-        "/29 node CIDRs and node data directories",
+        "a node with a /29 and its data directory",
     ) {
         return;
     }
-    let sys = System::start(
-        "expiry",
-        Options {
-            v4_prefix: TINY,
-            ..Options::default()
-        },
-    )
-    .await;
-    let node_a = sys.node_name(0).to_owned();
-    sys.apply(&statefulset(
-        "short",
-        1,
-        true,
-        &[&node_a],
-        &retain(Some("3s")),
-    ));
+    let (_tiny, node) = realnode::tiny_alone().await;
+    let sys = System::start("expiry", Options::default()).await;
+    let node_a = node.name();
+    apply_on_tiny(&sys, &node_a, "short", 1, &retain(Some("3s")));
     let short = sys.wait_running("app=short", &["short-0"]).await["short-0"].clone();
     sys.wait_bound(&short).await;
-    let file = sys.nodes[0].reserved_file(&sys.ns, "short-0");
+    let file = realnode::reserved_file(node, &sys.ns, "short-0");
     sys.wait_file(&file, true).await;
     let history = sys.record_reservations();
 
@@ -143,6 +116,7 @@ pub async fn retain_for_3s_expires_at_its_release_time_and_the_address_is_alloca
         3.0,
         "releaseTime is not releasedAt + 3s"
     );
+    sys.check("Released with releaseTime = releasedAt + 3s");
     let deleted_at = wait_for("short-0's reservation deleted", || async {
         history.changes().iter().find_map(|c| match c {
             (at, Change::Deleted(r)) if r.name_any() == "short-0" => Some(*at),
@@ -161,21 +135,21 @@ pub async fn retain_for_3s_expires_at_its_release_time_and_the_address_is_alloca
         "short-0 expired {:.3}s after its release time",
         late.as_secs_f64()
     );
+    sys.check("deleted at or after its release time");
     sys.wait_file(&file, false).await;
+    sys.check("its file gone from the node");
 
     // The address is allocated again: five pods fill the five addresses.
-    sys.apply(&statefulset("fill", 5, true, &[&node_a], &[]));
-    let fill = sys
-        .wait_running(
-            "app=fill",
-            &["fill-0", "fill-1", "fill-2", "fill-3", "fill-4"],
-        )
-        .await;
+    apply_on_tiny(&sys, &node_a, "fill", TINY_ADDRESSES, &[]);
+    let names: Vec<String> = (0..TINY_ADDRESSES).map(|i| format!("fill-{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let fill = sys.wait_running("app=fill", &names).await;
     assert!(
         fill.values().any(|p| p.ips[0] == short.ips[0]),
         "the expired address {} was not allocated again: {fill:?}",
         short.ips[0]
     );
+    sys.check("the address allocated again on the full range");
 }
 
 pub async fn scaled_to_zero_and_back_every_ordinal_gets_its_address_back() {

@@ -3,11 +3,13 @@
 //!
 //! A cluster takes a *slot* (0..[`MAX_SLOTS`]) so that several can run on one machine at once:
 //! slot `s` owns the bridge `ipk-nodes<s>` with the host at `198.18.<s>.1/24`, node `i` at
-//! `198.18.<s>.<10+i>` with the pod CIDR `198.19.<128+8s+i>.0/24`. The Service range is the same
-//! in every slot (it only exists inside the nodes' own network namespaces).
+//! `198.18.<s>.<10+i>` with the pod CIDR `198.19.<128+8s+i>.0/24` (a [`PodNetwork`] may make it
+//! a /29 inside that block, and add the IPv6 pod CIDR `fd19:198:<s>:<i>::/64`, node-local: the
+//! node network is IPv4 only). The Service range
+//! is the same in every slot (it only exists inside the nodes' own network namespaces).
 
 use std::{
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
 };
 
@@ -33,6 +35,56 @@ pub const DATA_ROOT: &str = "/var/lib/ipkeep-e2e";
 pub const RUN_ROOT: &str = "/run/ipkeep-e2e-nodes";
 /// The cgroup (in every v1 hierarchy) under which every slot's nodes live.
 pub const CGROUP_PARENT: &str = "ipkeep-e2e";
+
+/// The IPv4 prefix length of a tiny node's pod CIDR: five addresses for pods (`.2` to `.6`; the
+/// network address, the bridge's `.1` and the broadcast address are not handed out).
+pub const TINY_PREFIX: u8 = 29;
+/// The taint of a tiny node (effect `NoSchedule`): only pods that tolerate it run there, so a test
+/// that fills its range knows every pod on it (the chart's agent tolerates every taint).
+pub const TINY_TAINT: &str = "ipkeep-e2e/tiny-range";
+
+/// How a cluster's pods are addressed: which families, and which nodes get a tiny range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PodNetwork {
+    /// Every node also gets an IPv6 pod CIDR (dual-stack: each pod an IPv4 and an IPv6 address).
+    pub dual_stack: bool,
+    /// How many of the cluster's last nodes get a [`TINY_PREFIX`] IPv4 range and the
+    /// [`TINY_TAINT`].
+    pub tiny_nodes: u8,
+}
+
+impl PodNetwork {
+    /// Whether `node` of a cluster of `nodes` is one of the tiny ones.
+    pub fn is_tiny(self, node: NodeLayout, nodes: u8) -> bool {
+        u16::from(node.index()) + u16::from(self.tiny_nodes) >= u16::from(nodes)
+    }
+
+    /// The pod CIDRs of `node` in a cluster of `nodes`, IPv4 first (`spec.podCIDRs` of its Node,
+    /// and the ranges of its CNI network): its /24 block or a /29 at the start of it, then its
+    /// IPv6 /64 when dual-stack.
+    pub fn pod_cidrs(self, node: NodeLayout, nodes: u8) -> Vec<String> {
+        let block = node.pod_cidr();
+        let v4 = if self.is_tiny(node, nodes) {
+            block.replace("/24", &format!("/{TINY_PREFIX}"))
+        } else {
+            block
+        };
+        let mut cidrs = vec![v4];
+        if self.dual_stack {
+            cidrs.push(node.pod_cidr_v6());
+        }
+        cidrs
+    }
+
+    /// The taints `node` is registered with.
+    pub fn taints(self, node: NodeLayout, nodes: u8) -> serde_json::Value {
+        if self.is_tiny(node, nodes) {
+            json!([{"key": TINY_TAINT, "value": "true", "effect": "NoSchedule"}])
+        } else {
+            json!([])
+        }
+    }
+}
 
 /// The paths a node sees at their usual place, each backed by its own directory on the host.
 /// (`/run` is a fresh tmpfs per node instead, so sockets and pod namespaces are private too.)
@@ -145,12 +197,29 @@ impl NodeLayout {
         Ipv4Addr::new(198, 18, self.slot.0, 10 + self.index)
     }
 
-    /// The node's pod CIDR.
+    /// The node's IPv4 block (`/24`): its pod CIDR, or the one a tiny range lies at the start of
+    /// ([`PodNetwork::pod_cidrs`]); the other nodes route it to this node.
     pub fn pod_cidr(self) -> String {
         format!(
             "198.19.{}.0/24",
             128 + 8 * u16::from(self.slot.0) + u16::from(self.index)
         )
+    }
+
+    /// The node's IPv6 pod CIDR, when its cluster is dual-stack (`fd19:198:<s>:<i>::/64` in
+    /// canonical form, a unique local range no other slot or node uses).
+    pub fn pod_cidr_v6(self) -> String {
+        let net = Ipv6Addr::new(
+            0xfd19,
+            0x198,
+            u16::from(self.slot.0),
+            u16::from(self.index),
+            0,
+            0,
+            0,
+            0,
+        );
+        format!("{net}/64")
     }
 
     /// The node's network namespace name (`ip netns`), unique on the machine.
@@ -319,8 +388,14 @@ pub fn kube_proxy_config(node: NodeLayout, kubeconfig: &Path) -> serde_json::Val
 }
 
 /// The node's CNI network, as a flannel or k3s node has it: `bridge` on `cbr0` as the pods'
-/// gateway with host-local IPAM over the node's pod CIDR (default `dataDir`), then `portmap`.
-pub fn cni_conflist(node: NodeLayout) -> serde_json::Value {
+/// gateway with host-local IPAM over the node's pod CIDRs (`cidrs`, one range set each, so a
+/// dual-stack pod gets one address of each family; default `dataDir`), then `portmap`.
+pub fn cni_conflist(cidrs: &[String]) -> serde_json::Value {
+    let ranges: Vec<serde_json::Value> = cidrs.iter().map(|c| json!([{"subnet": c}])).collect();
+    let routes: Vec<serde_json::Value> = cidrs
+        .iter()
+        .map(|c| json!({"dst": if c.contains(':') { "::/0" } else { "0.0.0.0/0" }}))
+        .collect();
     json!({
         "cniVersion": "1.0.0",
         "name": CNI_NETWORK,
@@ -333,8 +408,8 @@ pub fn cni_conflist(node: NodeLayout) -> serde_json::Value {
                 "hairpinMode": true,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": node.pod_cidr()}]],
-                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "ranges": ranges,
+                    "routes": routes,
                 },
             },
             {"type": "portmap", "capabilities": {"portMappings": true}},
@@ -489,14 +564,85 @@ mod tests {
     #[test]
     fn the_conflist_is_a_flannel_style_bridge_with_host_local() {
         let node = Slot::new(0).and_then(|s| s.node(0)).unwrap();
-        let c = cni_conflist(node);
+        let c = cni_conflist(&PodNetwork::default().pod_cidrs(node, 2));
         assert_eq!(c["name"], "cbr0");
         assert_eq!(c["plugins"][0]["type"], "bridge");
         assert_eq!(c["plugins"][0]["ipam"]["type"], "host-local");
         assert_eq!(
-            c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
-            "198.19.128.0/24"
+            c["plugins"][0]["ipam"]["ranges"],
+            json!([[{"subnet": "198.19.128.0/24"}]])
+        );
+        assert_eq!(
+            c["plugins"][0]["ipam"]["routes"],
+            json!([{"dst": "0.0.0.0/0"}])
         );
         assert!(c["plugins"][0]["ipam"].get("dataDir").is_none());
+    }
+
+    #[test]
+    fn a_dual_stack_conflist_has_one_range_set_and_one_default_route_per_family() {
+        let c = cni_conflist(&["198.19.128.0/29".to_owned(), "fd19:198::/64".to_owned()]);
+        assert_eq!(
+            c["plugins"][0]["ipam"]["ranges"],
+            json!([[{"subnet": "198.19.128.0/29"}], [{"subnet": "fd19:198::/64"}]])
+        );
+        assert_eq!(
+            c["plugins"][0]["ipam"]["routes"],
+            json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}])
+        );
+    }
+
+    #[test]
+    fn pod_networks_give_each_node_its_cidrs_and_taints() {
+        let slot = Slot::new(3).unwrap();
+        let plain = PodNetwork::default();
+        let dual = PodNetwork {
+            dual_stack: true,
+            tiny_nodes: 0,
+        };
+        let tiny = PodNetwork {
+            dual_stack: true,
+            tiny_nodes: 1,
+        };
+        // (network, node index, nodes in the cluster, pod CIDRs, tainted)
+        let cases: [(PodNetwork, u8, u8, &[&str], bool); 7] = [
+            (plain, 0, 2, &["198.19.152.0/24"], false),
+            (plain, 1, 2, &["198.19.153.0/24"], false),
+            (dual, 1, 2, &["198.19.153.0/24", "fd19:198:3:1::/64"], false),
+            (tiny, 1, 3, &["198.19.153.0/24", "fd19:198:3:1::/64"], false),
+            (tiny, 2, 3, &["198.19.154.0/29", "fd19:198:3:2::/64"], true),
+            (dual, 0, 1, &["198.19.152.0/24", "fd19:198:3::/64"], false),
+            (
+                PodNetwork {
+                    dual_stack: false,
+                    tiny_nodes: 2,
+                },
+                1,
+                3,
+                &["198.19.153.0/29"],
+                true,
+            ),
+        ];
+        for (network, index, nodes, cidrs, tainted) in cases {
+            let node = slot.node(index).unwrap();
+            assert_eq!(
+                network.pod_cidrs(node, nodes),
+                cidrs,
+                "{network:?} node {index} of {nodes}"
+            );
+            let taints = network.taints(node, nodes);
+            assert_eq!(
+                taints.as_array().map(Vec::len),
+                Some(usize::from(tainted)),
+                "{network:?} node {index} of {nodes}: {taints}"
+            );
+            if tainted {
+                assert_eq!(taints[0]["key"], TINY_TAINT);
+                assert_eq!(taints[0]["effect"], "NoSchedule");
+            }
+        }
+        // A tiny range lies inside the node's own /24 block, which the other nodes route to it.
+        let node = slot.node(2).unwrap();
+        assert!(tiny.pod_cidrs(node, 3)[0].starts_with(node.pod_cidr().trim_end_matches("0/24")));
     }
 }

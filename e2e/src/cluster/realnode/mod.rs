@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::PostParams};
 
 pub use host::HostError;
-pub use layout::{NodeLayout, Slot, WORKLOAD_IMAGE};
+pub use layout::{NodeLayout, PodNetwork, Slot, TINY_TAINT, WORKLOAD_IMAGE};
 pub use node::RealNode;
 
 use super::{Cluster, ClusterError, ClusterOptions, plane::NodeAccess};
@@ -174,6 +174,8 @@ pub enum RealNodeError {
 pub struct RealClusterOptions {
     /// How many nodes (1..=8).
     pub nodes: u8,
+    /// The pods' addresses: dual-stack or not, how many tiny nodes.
+    pub network: PodNetwork,
     /// The control plane's options (`node_access` is set by [`RealCluster::start`]).
     pub plane: ClusterOptions,
     /// The node binaries; default: [`node_bin_dir`].
@@ -186,6 +188,7 @@ impl Default for RealClusterOptions {
     fn default() -> Self {
         RealClusterOptions {
             nodes: 2,
+            network: PodNetwork::default(),
             plane: ClusterOptions::default(),
             node_bin_dir: None,
             image_dir: None,
@@ -289,6 +292,7 @@ pub struct RealCluster {
     plane: Arc<Cluster>,
     nodes: Vec<RealNode>,
     slot: Slot,
+    network: PodNetwork,
     bin_dir: PathBuf,
     /// Set by the first [`RealCluster::stop`]: the slot may be someone else's after that.
     stopped: std::sync::atomic::AtomicBool,
@@ -593,6 +597,13 @@ impl RealCluster {
                 why: "1 to 8",
             });
         }
+        if options.network.tiny_nodes > options.nodes {
+            return Err(RealNodeError::Invalid {
+                what: "number of tiny nodes",
+                value: options.network.tiny_nodes.to_string(),
+                why: "at most the number of nodes",
+            });
+        }
         host::check_prerequisites().map_err(|source| RealNodeError::Machine {
             stage: "check this machine".into(),
             source,
@@ -646,6 +657,7 @@ impl RealCluster {
             plane: Arc::clone(&plane),
             nodes: Vec::new(),
             slot,
+            network: options.network,
             bin_dir: bin_dir.to_owned(),
             stopped: std::sync::atomic::AtomicBool::new(false),
         };
@@ -653,10 +665,16 @@ impl RealCluster {
         let nodes_api: Api<Node> = Api::all(client.clone());
         for i in 0..options.nodes {
             let Some(layout) = slot.node(i) else { continue };
-            // Registered ahead with its pod CIDR, which the kubelet keeps when it registers.
+            // Registered ahead with its pod CIDRs and taints, which the kubelet keeps when it
+            // registers.
+            let cidrs = options.network.pod_cidrs(layout, options.nodes);
             let node: Node = serde_json::from_value(serde_json::json!({
                 "metadata": {"name": layout.name()},
-                "spec": {"podCIDR": layout.pod_cidr(), "podCIDRs": [layout.pod_cidr()]},
+                "spec": {
+                    "podCIDR": cidrs[0],
+                    "podCIDRs": cidrs,
+                    "taints": options.network.taints(layout, options.nodes),
+                },
             }))
             .map_err(|e| RealNodeError::Invalid {
                 what: "Node object",
@@ -670,7 +688,7 @@ impl RealCluster {
                     what: format!("create Node {}", layout.name()),
                     source,
                 })?;
-            let n = RealNode::prepare(layout, options.nodes, bin_dir, Arc::clone(&plane))?;
+            let n = RealNode::prepare(layout, cidrs, options.nodes, bin_dir, Arc::clone(&plane))?;
             cluster.nodes.push(n);
         }
         let pause = image_dir.join("pause.oci.tar");
@@ -749,6 +767,11 @@ impl RealCluster {
     /// Where this cluster lives on the machine.
     pub fn slot(&self) -> Slot {
         self.slot
+    }
+
+    /// How its pods are addressed.
+    pub fn network(&self) -> PodNetwork {
+        self.network
     }
 
     /// The node binaries' directory.
@@ -940,10 +963,24 @@ static SHARED: tokio::sync::OnceCell<Result<RealCluster, String>> =
 /// use and removed when the process exits: the control plane's watchdog stops the daemons, and
 /// the next start (or `cluster down`) removes what they left (see [`cleanup_stale`]).
 pub async fn shared() -> Result<&'static RealCluster, RealNodeError> {
+    shared_with(2, PodNetwork::default()).await
+}
+
+/// As [`shared`], a cluster of `nodes` nodes with `network`: every test of the binary must ask
+/// for the same (the first one starts it; another wish fails, naming both).
+pub async fn shared_with(
+    nodes: u8,
+    network: PodNetwork,
+) -> Result<&'static RealCluster, RealNodeError> {
     let started = SHARED
         .get_or_init(|| async {
             let t0 = Instant::now();
-            match RealCluster::start(RealClusterOptions::default()).await {
+            let options = RealClusterOptions {
+                nodes,
+                network,
+                ..RealClusterOptions::default()
+            };
+            match RealCluster::start(options).await {
                 Ok(c) => {
                     eprintln!(
                         "ipkeep-e2e nodes: shared cluster of {} real nodes ready in {:.1}s at {}",
@@ -958,6 +995,13 @@ pub async fn shared() -> Result<&'static RealCluster, RealNodeError> {
         })
         .await;
     match started {
+        Ok(cluster) if cluster.nodes.len() != usize::from(nodes) || cluster.network != network => {
+            Err(RealNodeError::Invalid {
+                what: "shared cluster",
+                value: format!("{nodes} nodes, {network:?}"),
+                why: "this test binary's shared cluster was started with other nodes; its tests must all ask for the same",
+            })
+        }
         Ok(cluster) => {
             cluster.check()?;
             Ok(cluster)

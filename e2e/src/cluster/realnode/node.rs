@@ -36,6 +36,7 @@ struct Daemons {
 #[derive(Debug)]
 pub struct RealNode {
     layout: NodeLayout,
+    pod_cidrs: Vec<String>,
     nodes_in_cluster: u8,
     bin_dir: PathBuf,
     config_dir: PathBuf,
@@ -61,9 +62,10 @@ exec "$@""#;
 
 impl RealNode {
     /// Writes the node's files (configuration, certificates, kubeconfigs, CNI plugins and
-    /// conflist) and creates its cgroups and namespaces. Starts nothing.
+    /// conflist over `pod_cidrs`) and creates its cgroups and namespaces. Starts nothing.
     pub(super) fn prepare(
         layout: NodeLayout,
+        pod_cidrs: Vec<String>,
         nodes_in_cluster: u8,
         bin_dir: &Path,
         plane: Arc<Cluster>,
@@ -92,7 +94,7 @@ impl RealNode {
             .join(layout::CNI_CONFLIST_FILE);
         std::fs::write(
             &conflist,
-            serde_json::to_string_pretty(&layout::cni_conflist(layout)).unwrap_or_default(),
+            serde_json::to_string_pretty(&layout::cni_conflist(&pod_cidrs)).unwrap_or_default(),
         )
         .map_err(io("write", &conflist))?;
 
@@ -173,6 +175,7 @@ impl RealNode {
 
         let node = RealNode {
             layout,
+            pod_cidrs,
             nodes_in_cluster,
             bin_dir: bin_dir.to_owned(),
             config_dir,
@@ -219,9 +222,14 @@ impl RealNode {
         self.layout.ip()
     }
 
-    /// Its pod CIDR (`spec.podCIDR` of its Node, and the range of its CNI network).
+    /// Its IPv4 pod CIDR (`spec.podCIDR` of its Node, and the first range of its CNI network).
     pub fn pod_cidr(&self) -> String {
-        self.layout.pod_cidr()
+        self.pod_cidrs.first().cloned().unwrap_or_default()
+    }
+
+    /// Its pod CIDRs, IPv4 first (`spec.podCIDRs` of its Node, the ranges of its CNI network).
+    pub fn pod_cidrs(&self) -> &[String] {
+        &self.pod_cidrs
     }
 
     /// Where everything about it is on the machine.
