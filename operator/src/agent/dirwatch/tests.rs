@@ -10,7 +10,9 @@ fn nets() -> Vec<String> {
 fn which_events_ask_for_a_resync() {
     use ReadFlags as F;
     let dir = F::ISDIR;
-    let rows: [(Option<Watched>, ReadFlags, Option<&str>, Option<Trigger>); 18] = [
+    /// What is watched, the event, the entry it names, and what it asks for.
+    type Row<'a> = (Option<Watched>, ReadFlags, Option<&'a str>, Option<Trigger>);
+    let rows: [Row; 18] = [
         // The data directory: entries named after a network, and itself.
         (
             Some(Watched::DataDir),
