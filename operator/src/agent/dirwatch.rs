@@ -21,7 +21,7 @@
 //!   by the plugin's next ADD) is watched again.
 //! * Events alone miss a directory removed before it was watched (made by the agent's first pass
 //!   and removed within the [`REARM`] that follows). So once the agent has written its files
-//!   once, a watched directory found missing for a whole [`REARM`] asks for a resync too
+//!   once, a data or network directory found missing for a whole [`REARM`] asks for a resync too
 //!   ([`missing_trigger`]); a resync that cannot make it again is asked for at most once per
 //!   [`REARM`].
 //! * The data directory itself deleted while it is the agent's `hostPath` mount leaves the agent
@@ -160,14 +160,17 @@ pub fn classify(
     }
 }
 
-/// What a watched directory found missing means (the most severe of them).
+/// What a watched directory found missing means (the most severe of them). Only the data and
+/// network directories count: every pass makes them, while `reserved/` legitimately does not
+/// exist on a node without reservations (its removal is seen as an event of its network
+/// directory).
 pub fn missing_trigger(missing: &[Watched]) -> Option<Trigger> {
     missing
         .iter()
-        .map(|w| match w {
-            Watched::DataDir => Trigger::DataDirGone,
-            Watched::Network(_) => Trigger::NetworkGone,
-            Watched::Reserved(_) => Trigger::ReservedGone,
+        .filter_map(|w| match w {
+            Watched::DataDir => Some(Trigger::DataDirGone),
+            Watched::Network(_) => Some(Trigger::NetworkGone),
+            Watched::Reserved(_) => None,
         })
         .max()
 }

@@ -115,6 +115,9 @@ fn which_events_ask_for_a_resync() {
     }
     // Directories found missing.
     assert_eq!(missing_trigger(&[]), None);
+    // reserved/ does not exist on a node without reservations: found missing, it asks nothing
+    // (seen on real nodes: a resync every second on the node without pods).
+    assert_eq!(missing_trigger(&[Watched::Reserved(0)]), None);
     assert_eq!(
         missing_trigger(&[Watched::Reserved(1), Watched::Network(0)]),
         Some(Trigger::NetworkGone)
