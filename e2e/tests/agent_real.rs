@@ -439,6 +439,72 @@ async fn periodic_resync_repairs_hand_edits() {
     a.stop().await;
 }
 
+/// The data directory's watch: a network directory removed (`rm -rf`, as reset tools do), a
+/// `reserved/` moved away and the whole data directory removed are each repaired by a full resync
+/// at once, with the periodic resync an hour away; the metric counts each by its cause.
+#[tokio::test]
+async fn a_wiped_network_directory_is_restored_at_once() {
+    let cluster = real::cluster().await;
+    let client = cluster.client().expect("client");
+    let agent_client = real::agent_client(cluster).await;
+    let ns = namespace(&client, "agent-wipe").await;
+    let node = unique("node-w");
+    let scratch = Scratch::new(&node);
+    let data = scratch.join("data");
+    let a = Node::start_named(&agent_client, &node, &data);
+    a.ready().await;
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &reservation("w-0", &node, &["10.5.0.1"], None),
+    )
+    .await
+    .expect("failed to create");
+    let w0 = format!("{ns}/w-0");
+    wait_pods(&a, &[(&w0, "10.5.0.1")], "the file").await;
+    type Wipe = fn(&std::path::Path);
+    let wipes: [(&str, Wipe, &str); 3] = [
+        (
+            "a network directory removed",
+            |d| std::fs::remove_dir_all(d.join(NETWORKS[0])).unwrap(),
+            "network_dir_removed",
+        ),
+        (
+            "a reserved/ moved away",
+            |d| {
+                let net = d.join(NETWORKS[1]);
+                std::fs::rename(net.join("reserved"), net.join("reserved.old")).unwrap();
+            },
+            "reserved_removed",
+        ),
+        (
+            "the data directory removed",
+            |d| std::fs::remove_dir_all(d).unwrap(),
+            "data_dir_removed",
+        ),
+    ];
+    for (what, wipe, reason) in wipes {
+        let counted = a.metrics.directory_resyncs.with_label_values(&[reason]);
+        let before = counted.get();
+        wipe(&a.data_dir);
+        wait_pods(
+            &a,
+            &[(&w0, "10.5.0.1")],
+            &format!("the file back after {what}"),
+        )
+        .await;
+        wait_for(
+            &format!("the resync after {what} counted as {reason}"),
+            || {
+                let n = counted.get();
+                async move { (n > before).then_some(()) }
+            },
+        )
+        .await;
+    }
+    a.stop().await;
+}
+
 /// A data directory the agent cannot use (a file where it should be) keeps it unready and counts
 /// failed passes; once the directory is usable the retried full sync writes the files and the
 /// agent becomes ready, without any change in the API.

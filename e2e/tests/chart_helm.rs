@@ -592,6 +592,30 @@ fn rbac_grants_each_component_only_what_it_uses() {
         find(&docs, "Role", "ipkeep-controller-leader-election")["metadata"]["namespace"],
         NAMESPACE
     );
+    // The agent's Role (its preStop reads its own DaemonSet) only with cni.replaceHostLocal.
+    assert_eq!(
+        of_kind(&docs, "Role").len(),
+        1,
+        "only the leader-election Role"
+    );
+    let docs = render("rbac-replace", variant("replace-host-local"));
+    assert_eq!(
+        rules(find(&docs, "Role", "ipkeep-agent")),
+        rule_set(&[("apps", "daemonsets", "get", "ipkeep-agent")])
+    );
+    assert_eq!(
+        find(&docs, "Role", "ipkeep-agent")["metadata"]["namespace"],
+        NAMESPACE
+    );
+    let b = find(&docs, "RoleBinding", "ipkeep-agent");
+    assert_eq!(
+        b["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "ipkeep-agent"})
+    );
+    assert_eq!(
+        b["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "ipkeep-agent", "namespace": NAMESPACE}])
+    );
 }
 
 #[test]
@@ -613,8 +637,8 @@ fn each_variant_changes_what_it_says() {
     }
     assert_eq!(of_kind(&docs, "Service").len(), 2);
 
-    // replaceHostLocal: the init container replaces, the agent restores when it stops and so
-    // mounts the CNI bin directory too.
+    // replaceHostLocal: the init container replaces, the agent restores when it stops with its
+    // DaemonSet gone and so mounts the CNI bin directory too.
     let docs = render("replace", variant("replace-host-local"));
     let pod = &find(&docs, "DaemonSet", "ipkeep-agent")["spec"]["template"]["spec"];
     assert!(
@@ -628,6 +652,7 @@ fn each_variant_changes_what_it_says() {
             "/ipkeep-operator",
             "install-cni",
             "--restore-host-local",
+            format!("--if-daemonset-gone={NAMESPACE}/ipkeep-agent").as_str(),
             "--to=/host/opt/cni/bin"
         ]
     );

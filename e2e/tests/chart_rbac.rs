@@ -12,7 +12,8 @@
 //! Scenario 1, simplified (no kubelet; the admin sets the pod's status as a kubelet would): an
 //! annotated pod runs with an IP, is deleted (its reservation is Released, the agent's file keeps
 //! the IP for the plugin) and re-created with the same name (Rebound), deleted again and its
-//! reservation expires (deleted, the file removed). A reservation the agent refuses (the CRD's
+//! reservation expires (deleted, the file removed); the agent's preStop keeps ipkeep as host-local
+//! while its DaemonSet exists and restores the original once it is deleted. A reservation the agent refuses (the CRD's
 //! rule that would have refused it first is dropped) makes it publish a Warning Event for each
 //! refused version of it (two creates: the agent never patches an Event into a series).
 //!
@@ -645,12 +646,32 @@ async fn the_chart_grants_exactly_what_the_components_use() {
     controller.stop();
     agent.stop();
 
-    // The agent's preStop: the original host-local is back.
-    let out = Command::new(&pre_stop[0])
-        .args(&pre_stop[1..])
-        .output()
-        .unwrap();
-    ok(&format!("the agent's preStop {pre_stop:?}"), out);
+    // The agent's preStop, as the agent's account: while its DaemonSet exists (the pod is only
+    // replaced) host-local stays ipkeep; once the DaemonSet is deleted the original is back.
+    let run_pre_stop = || {
+        let out = Command::new(&pre_stop[0])
+            .args(&pre_stop[1..])
+            .envs(agent_run.env.iter().map(|(k, v)| (k, v)))
+            .env("KUBECONFIG", &agent_kc)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        ok(&format!("the agent's preStop {pre_stop:?}"), out);
+        stderr
+    };
+    let replaced = run_pre_stop();
+    assert!(replaced.contains("stays ipkeep"), "{replaced}");
+    assert_eq!(
+        std::fs::read(bin_dir.join("host-local")).unwrap(),
+        b"the plugin, from the image"
+    );
+    kubectl_ok(
+        cluster,
+        &["delete", "daemonset", &agent_sa, "-n", &ns],
+        None,
+    );
+    let removed = run_pre_stop();
+    assert!(removed.contains("it is gone"), "{removed}");
     assert_eq!(
         std::fs::read(bin_dir.join("host-local")).unwrap(),
         b"the real host-local"
@@ -671,7 +692,10 @@ async fn the_chart_grants_exactly_what_the_components_use() {
             ],
         ),
     ];
-    let agent_roles = vec![kubectl_json(cluster, &["get", "clusterrole", &agent_sa])];
+    let agent_roles = vec![
+        kubectl_json(cluster, &["get", "clusterrole", &agent_sa]),
+        kubectl_json(cluster, &["get", "role", &agent_sa, "-n", &ns]),
+    ];
     let mut report = String::new();
     let mut failures = Vec::new();
     for (sa, roles, template) in [

@@ -1,12 +1,12 @@
 //! ipkeep's own pods under fault on real nodes, the chart installed as the README says: the agent
 //! pod of the pods' node and the controller leader pod deleted with `kubectl delete pod` while
-//! pods come and go; then `helm uninstall` of the release installed with
-//! `cni.replaceHostLocal=true`: host-local is back in `/opt/cni/bin`, every allocation stays
-//! valid (the running pods keep their addresses, a new pod gets a free one).
+//! pods come and go; `helm upgrade` (every agent and controller pod replaced) while a pod returns:
+//! the node's `host-local` stays ipkeep throughout and the pod gets its address; then `helm
+//! uninstall` of the release installed with `cni.replaceHostLocal=true`: host-local is back in
+//! `/opt/cni/bin`, every allocation stays valid (the running pods keep their addresses, a new pod
+//! gets a free one).
 //!
-//! One test, its steps in order: they act on the release every test of a binary shares. `helm
-//! upgrade` while a pod returns is a test of its own, ignored for the bug it shows (run it alone
-//! with `--ignored`).
+//! One test, its steps in order: they act on the release every test of a binary shares.
 //! Needs root, `make cluster-bins`, `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -65,7 +65,7 @@ async fn churn_one(sys: &System, pods: &BTreeMap<String, RunningPod>, pod: &str,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agent_and_leader_pods_deleted_while_pods_churn_then_helm_uninstall() {
+async fn agent_and_leader_pods_deleted_and_helm_upgrade_while_pods_churn_then_helm_uninstall() {
     let (sys, c) = realnode::system("rn-operator").await;
     let node_a = sys.node_name(0).to_owned();
     let history = sys.record_reservations();
@@ -113,6 +113,58 @@ async fn agent_and_leader_pods_deleted_while_pods_churn_then_helm_uninstall() {
     }
     assert!(!history.any_deleted(), "a reservation was deleted");
 
+    // `helm upgrade` (new arguments: every agent and controller pod replaced) while web-0
+    // returns. The replaced agent's preStop finds its DaemonSet still there and leaves ipkeep
+    // as host-local: the kept original never goes back (watched every 10 ms, as a stand-in for
+    // an ADD at any instant), and web-0 gets its address.
+    let node = realnode::node(c, &node_a);
+    let bin = node.host_path("/opt/cni/bin").unwrap();
+    let kept = bin.join("host-local.ipkeep-orig");
+    assert!(kept.exists(), "{} before the upgrade", kept.display());
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = {
+        let watching = watching.clone();
+        let kept = kept.clone();
+        std::thread::spawn(move || {
+            let mut looks = 0_u64;
+            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                if !kept.exists() {
+                    return Err(looks);
+                }
+                looks += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Ok(looks)
+        })
+    };
+    sys.kubectl(&["delete", "pod", "web-0", "--wait=false"]);
+    realnode::helm(
+        c,
+        &[
+            "upgrade",
+            RELEASE,
+            shared::chart_dir().to_str().unwrap(),
+            "--namespace",
+            RELEASE_NS,
+            "--reuse-values",
+            "--set",
+            "logging.level=debug",
+        ],
+    );
+    churn_one(&sys, &pods, "web-0", "helm upgrade").await;
+    realnode::release_ready(c).await;
+    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let looks = watcher.join().unwrap().unwrap_or_else(|after| {
+        panic!(
+            "the original host-local was put back during helm upgrade ({} gone after {after} looks)",
+            kept.display()
+        )
+    });
+    eprintln!("helm upgrade: host-local stayed ipkeep through {looks} looks");
+    pods = sys
+        .wait_running("app=web", &["web-0", "web-1", "web-2"])
+        .await;
+
     // Uninstalled: host-local is back, the pods keep running on their addresses, and a new pod
     // gets an address none of them has.
     realnode::helm(
@@ -124,8 +176,6 @@ async fn agent_and_leader_pods_deleted_while_pods_churn_then_helm_uninstall() {
         left.trim().is_empty().then_some(())
     })
     .await;
-    let node = realnode::node(c, &node_a);
-    let bin = node.host_path("/opt/cni/bin").unwrap();
     let host_local = std::fs::read(bin.join("host-local")).unwrap();
     assert!(
         host_local == std::fs::read(DEBIAN_HOST_LOCAL).unwrap(),
@@ -150,30 +200,4 @@ async fn agent_and_leader_pods_deleted_while_pods_churn_then_helm_uninstall() {
         plain.ips[0]
     );
     assert_on_eth0(&sys, &plain).await;
-}
-
-/// `helm upgrade` (new arguments: every agent and controller pod replaced) while a pod returns.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "ipkeep bug, seen on real nodes: with cni.replaceHostLocal=true an agent pod replaced by helm upgrade restores the original host-local in its preStop until the new pod's init container installs ipkeep again; a pod returning in that window gets host-local's next address, not its reserved one (web-0: 198.19.136.3 -> .8)"]
-async fn helm_upgrade_while_a_pod_returns_keeps_its_address() {
-    let (sys, c) = realnode::system("rn-upgrade").await;
-    let node_a = sys.node_name(0).to_owned();
-    let pods = sys.run_retained("web", 1, &node_a).await;
-    let chart = shared::chart_dir();
-    sys.kubectl(&["delete", "pod", "web-0", "--wait=false"]);
-    realnode::helm(
-        c,
-        &[
-            "upgrade",
-            RELEASE,
-            chart.to_str().unwrap(),
-            "--namespace",
-            RELEASE_NS,
-            "--reuse-values",
-            "--set",
-            "logging.level=debug",
-        ],
-    );
-    churn_one(&sys, &pods, "web-0", "helm upgrade").await;
-    realnode::release_ready(c).await;
 }

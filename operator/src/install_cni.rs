@@ -11,8 +11,17 @@
 //! configuration cannot be edited) the plugin is also installed *as* `host-local`: the original
 //! is first kept as `host-local.ipkeep-orig` with a hard link (only if no original is kept yet,
 //! so re-running never keeps ipkeep as "the original"), then ipkeep is renamed over `host-local`.
-//! `--restore-host-local` (the agent's preStop) renames the original back. Every step is a
-//! link or a rename in one directory, so the node always has a working `host-local`.
+//! `--restore-host-local` renames the original back. Every step is a link or a rename in one
+//! directory, so the node always has a working `host-local`. Without `--replace-host-local` the
+//! init container puts a kept original back too, so `helm upgrade --set
+//! cni.replaceHostLocal=false` restores host-local on every node.
+//!
+//! The agent's preStop runs `--restore-host-local --if-daemonset-gone NAMESPACE/NAME`: it asks
+//! the API server for the agent's DaemonSet and restores only when ipkeep is leaving the node
+//! (the DaemonSet is gone or being deleted, or the release's credentials are already gone), never
+//! when the pod is only replaced (upgrade, rollout, eviction): a returning pod started in between
+//! would otherwise get plain host-local's next address instead of its reserved one. The decision
+//! over what the API server answered is [`DaemonSetSeen::restore`].
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -45,6 +54,11 @@ pub struct Args {
     /// installed. Does nothing when no original is kept.
     #[arg(long)]
     pub restore_host_local: bool,
+    /// With `--restore-host-local`: restore only if this DaemonSet (the agent's own) is gone or
+    /// being deleted, that is when ipkeep is being removed from the node; a pod replaced while
+    /// the DaemonSet stays (upgrade, rollout, eviction) leaves ipkeep in place.
+    #[arg(long, value_name = "NAMESPACE/NAME", requires = "restore_host_local")]
+    pub if_daemonset_gone: Option<String>,
 }
 
 /// The name of the binary `--replace-host-local` takes the place of.
@@ -86,6 +100,15 @@ pub enum InstallError {
     /// The target name is not a plain file name.
     #[error("failed to install as {0:?}: the name must be a single path component")]
     BadName(String),
+    /// `--if-daemonset-gone` is not `NAMESPACE/NAME`.
+    #[error("failed to use --if-daemonset-gone {0:?}: it must be NAMESPACE/NAME")]
+    BadDaemonSet(String),
+    /// No Kubernetes client could be built to look the DaemonSet up.
+    #[error("failed to build a Kubernetes client to look up the agent's DaemonSet")]
+    Client(#[source] kube::Error),
+    /// The async runtime for the look-up could not start.
+    #[error("failed to start the runtime for the DaemonSet look-up")]
+    Runtime(#[source] io::Error),
     /// A step in the target directory failed.
     #[error("failed to {step} {}", path.display())]
     Target {
@@ -128,10 +151,131 @@ pub enum Restore {
     NothingKept,
 }
 
+/// What the API server said about the agent's DaemonSet when its pod stops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DaemonSetSeen {
+    /// It exists and is not being deleted: this pod is being replaced.
+    Present,
+    /// It has a deletionTimestamp (a foreground delete): ipkeep is leaving.
+    Deleting,
+    /// 404: it was deleted (`helm uninstall`, `kubectl delete`).
+    Gone,
+    /// 401 or 403: the pod's ServiceAccount or its RBAC is already gone, which happens only
+    /// when the release itself is removed (Helm deletes them right after the DaemonSet).
+    CredentialsRevoked(u16),
+    /// No answer that says either (the API server unreachable, a 5xx, a timeout).
+    Unknown(String),
+}
+
+impl DaemonSetSeen {
+    /// Classifies the answer to a GET of the DaemonSet (`Ok`: whether it has a
+    /// deletionTimestamp).
+    pub fn from_get(answer: Result<bool, kube::Error>) -> Self {
+        match answer {
+            Ok(false) => Self::Present,
+            Ok(true) => Self::Deleting,
+            Err(kube::Error::Api(status)) if status.code == 404 => Self::Gone,
+            Err(kube::Error::Api(status)) if matches!(status.code, 401 | 403) => {
+                Self::CredentialsRevoked(status.code)
+            }
+            Err(e) => Self::Unknown(crate::logging::error_chain(&e)),
+        }
+    }
+
+    /// Whether to put the original host-local back. Only when ipkeep is leaving the node; when
+    /// the answer says nothing, ipkeep stays: a wrong restore silently hands reserved addresses
+    /// to other pods, a missed one leaves ipkeep standing in for host-local (a drop-in that
+    /// keeps working) until the next install or a manual `--restore-host-local`.
+    pub fn restore(&self) -> bool {
+        matches!(
+            self,
+            Self::Deleting | Self::Gone | Self::CredentialsRevoked(_)
+        )
+    }
+
+    /// Whether asking again may give an answer that decides.
+    pub fn worth_retrying(&self) -> bool {
+        matches!(self, Self::Unknown(_))
+    }
+}
+
+impl std::fmt::Display for DaemonSetSeen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Present => f.write_str("it exists: this pod is being replaced"),
+            Self::Deleting => f.write_str("it is being deleted"),
+            Self::Gone => f.write_str("it is gone"),
+            Self::CredentialsRevoked(code) => write!(
+                f,
+                "the API server refused the look-up ({code}): the release's account is gone"
+            ),
+            Self::Unknown(why) => write!(f, "no answer ({why})"),
+        }
+    }
+}
+
+/// How long the preStop asks the API server before it gives up (ipkeep then stays): well within
+/// the pod's default 30 s grace period, which also covers the agent's last pass.
+const LOOKUP_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Splits `NAMESPACE/NAME`.
+fn daemonset_ref(text: &str) -> Result<(&str, &str), InstallError> {
+    match text.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((ns, name))
+        }
+        _ => Err(InstallError::BadDaemonSet(text.to_owned())),
+    }
+}
+
+/// Asks the API server (in-cluster configuration, or `KUBECONFIG`) about the DaemonSet, again
+/// after a pause while the answer says nothing, for at most [`LOOKUP_BUDGET`].
+fn look_up_daemonset(namespace: &str, name: &str) -> Result<DaemonSetSeen, InstallError> {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(InstallError::Runtime)?;
+    runtime.block_on(async {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(InstallError::Client)?;
+        let api: kube::Api<DaemonSet> = kube::Api::namespaced(client, namespace);
+        let deadline = tokio::time::Instant::now() + LOOKUP_BUDGET;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let seen = match tokio::time::timeout(left, api.get(name)).await {
+                Ok(answer) => DaemonSetSeen::from_get(
+                    answer.map(|ds| ds.metadata.deletion_timestamp.is_some()),
+                ),
+                Err(_) => DaemonSetSeen::Unknown("timed out".to_owned()),
+            };
+            let pause = std::time::Duration::from_millis(500);
+            if !seen.worth_retrying() || left <= pause {
+                return Ok(seen);
+            }
+            eprintln!("install-cni: DaemonSet {namespace}/{name}: {seen}; asking again");
+            tokio::time::sleep(pause).await;
+        }
+    })
+}
+
 /// Runs the subcommand.
 pub fn main(args: Args) -> anyhow::Result<()> {
     if args.restore_host_local {
         let host_local = args.to.join(HOST_LOCAL);
+        if let Some(text) = &args.if_daemonset_gone {
+            let (namespace, name) = daemonset_ref(text)?;
+            let seen = look_up_daemonset(namespace, name)?;
+            if !seen.restore() {
+                eprintln!(
+                    "install-cni: DaemonSet {namespace}/{name}: {seen}; {} stays ipkeep",
+                    host_local.display()
+                );
+                return Ok(());
+            }
+            eprintln!("install-cni: DaemonSet {namespace}/{name}: {seen}; restoring host-local");
+        }
         match restore_host_local(&args.to)? {
             Restore::Restored => eprintln!(
                 "install-cni: restored the original {}",
@@ -156,6 +300,11 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             args.to.join(HOST_LOCAL).display(),
             done.installed,
             args.to.join(HOST_LOCAL_ORIG).display()
+        );
+    } else if restore_host_local(&args.to)? == Restore::Restored {
+        eprintln!(
+            "install-cni: restored the original {} (host-local is no longer replaced)",
+            args.to.join(HOST_LOCAL).display()
         );
     }
     let outcome = install(&args.from, &args.to, args.name.as_deref())?;
@@ -381,4 +530,73 @@ fn remove_leftovers(dir: &Path) -> Result<(), InstallError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(Status::failure("refused", "Reason").with_code(code).boxed())
+    }
+
+    #[test]
+    fn host_local_comes_back_only_when_ipkeep_leaves_the_node() {
+        let cases = [
+            (
+                DaemonSetSeen::from_get(Ok(false)),
+                DaemonSetSeen::Present,
+                false,
+            ),
+            (
+                DaemonSetSeen::from_get(Ok(true)),
+                DaemonSetSeen::Deleting,
+                true,
+            ),
+            (
+                DaemonSetSeen::from_get(Err(api_error(404))),
+                DaemonSetSeen::Gone,
+                true,
+            ),
+            (
+                DaemonSetSeen::from_get(Err(api_error(401))),
+                DaemonSetSeen::CredentialsRevoked(401),
+                true,
+            ),
+            (
+                DaemonSetSeen::from_get(Err(api_error(403))),
+                DaemonSetSeen::CredentialsRevoked(403),
+                true,
+            ),
+        ];
+        for (seen, expected, restore) in cases {
+            assert_eq!(seen, expected);
+            assert_eq!(seen.restore(), restore, "{seen}");
+            assert!(!seen.worth_retrying(), "{seen}");
+        }
+        for code in [500, 503, 429] {
+            let seen = DaemonSetSeen::from_get(Err(api_error(code)));
+            assert!(
+                matches!(seen, DaemonSetSeen::Unknown(_)),
+                "{code}: {seen:?}"
+            );
+            assert!(!seen.restore(), "{seen}");
+            assert!(seen.worth_retrying(), "{seen}");
+        }
+    }
+
+    #[test]
+    fn the_daemonset_is_named_namespace_slash_name() {
+        assert_eq!(
+            daemonset_ref("ipkeep-system/ipkeep-agent").unwrap(),
+            ("ipkeep-system", "ipkeep-agent")
+        );
+        for bad in ["ipkeep-agent", "/ipkeep-agent", "ns/", "ns/a/b", ""] {
+            assert!(
+                matches!(daemonset_ref(bad), Err(InstallError::BadDaemonSet(_))),
+                "{bad:?}"
+            );
+        }
+    }
 }

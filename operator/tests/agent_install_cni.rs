@@ -385,8 +385,9 @@ fn host_local_is_never_missing_during_replace_and_restore() {
     fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The chart's init container (`--replace-host-local`) and preStop (`--restore-host-local`)
-/// command lines, each run twice.
+/// The chart's init container (`--replace-host-local`, and without it) and `--restore-host-local`
+/// command lines, each run twice (the preStop's `--if-daemonset-gone` asks an API server:
+/// `e2e/tests/chart_rbac.rs` runs it).
 #[test]
 fn the_chart_command_lines_replace_and_restore() {
     let dir = scratch("cli-replace");
@@ -416,14 +417,27 @@ fn the_chart_command_lines_replace_and_restore() {
         fs::read(bin.join(HOST_LOCAL)).unwrap(),
         b"the real host-local"
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_ipkeep-operator"))
-        .args([
-            "install-cni",
-            "--replace-host-local",
-            "--restore-host-local",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "the two flags conflict");
+    // Replaced again, then installed without --replace-host-local (an upgrade setting
+    // cni.replaceHostLocal=false): the init container puts the original back.
+    run(&[&from, "--replace-host-local"]);
+    let plain = run(&[&from]);
+    assert!(plain.contains("no longer replaced"), "{plain}");
+    assert_eq!(names_in(&bin), [HOST_LOCAL, "ipkeep"]);
+    assert_eq!(
+        fs::read(bin.join(HOST_LOCAL)).unwrap(),
+        b"the real host-local"
+    );
+    assert!(!run(&[&from]).contains("no longer replaced"));
+    for refused in [
+        &["--replace-host-local", "--restore-host-local"][..],
+        &["--if-daemonset-gone=ns/ds"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ipkeep-operator"))
+            .arg("install-cni")
+            .args(refused)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{refused:?} is refused");
+    }
     fs::remove_dir_all(&dir).unwrap();
 }

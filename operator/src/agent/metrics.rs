@@ -23,6 +23,9 @@ pub struct AgentMetrics {
     pub watch_errors: IntCounter,
     /// `ipkeep_agent_full_syncs_total`: completed full resyncs.
     pub full_syncs: IntCounter,
+    /// `ipkeep_agent_directory_resyncs_total{reason}`: passes the data directory's watch asked
+    /// for (a network directory or `reserved/` removed or replaced), done.
+    pub directory_resyncs: IntCounterVec,
     /// `ipkeep_agent_last_full_sync_timestamp_seconds`: when the last full resync completed.
     pub last_full_sync: IntGauge,
     /// `ipkeep_agent_seconds_since_last_full_sync`: refreshed every second by the agent.
@@ -72,6 +75,14 @@ impl AgentMetrics {
                 "Completed full resyncs (start, watch gaps, periodic)",
             )
             .map_err(MetricsError)?,
+            directory_resyncs: IntCounterVec::new(
+                Opts::new(
+                    "ipkeep_agent_directory_resyncs_total",
+                    "Resyncs run at once because a network directory or its reserved/ was removed or replaced on the node, by cause",
+                ),
+                &["reason"],
+            )
+            .map_err(MetricsError)?,
             last_full_sync: IntGauge::new(
                 "ipkeep_agent_last_full_sync_timestamp_seconds",
                 "Unix time of the last completed full resync",
@@ -107,6 +118,11 @@ impl AgentMetrics {
         for kind in ["file", "pass"] {
             m.sync_errors.with_label_values(&[kind]).reset();
         }
+        for trigger in super::dirwatch::Trigger::ALL {
+            m.directory_resyncs
+                .with_label_values(&[trigger.label()])
+                .reset();
+        }
         for c in [
             Box::new(m.files_written.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(m.files_removed.clone()),
@@ -114,6 +130,7 @@ impl AgentMetrics {
             Box::new(m.sync_errors.clone()),
             Box::new(m.watch_errors.clone()),
             Box::new(m.full_syncs.clone()),
+            Box::new(m.directory_resyncs.clone()),
             Box::new(m.last_full_sync.clone()),
             Box::new(m.seconds_since_full_sync.clone()),
             Box::new(m.reservations.clone()),

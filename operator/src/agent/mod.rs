@@ -12,10 +12,15 @@
 //!   the files that change.
 //! * It reads reservations and creates Events (through [`crate::events`], as the controller
 //!   does), nothing else; it never writes status.
+//! * A network directory or its `reserved/` removed or replaced on the node (a reset tool's
+//!   `rm -rf`) makes the next pass a full resync at once ([`dirwatch`], inotify), not at the next
+//!   periodic one; the data directory deleted under the agent's mount makes it exit, to be
+//!   restarted on a fresh mount.
 //! * When the agent is down the files stay as they were: the plugin keeps honouring them, and
 //!   stops honouring each at its `releaseTime` by itself.
 
 pub mod desired;
+pub mod dirwatch;
 pub mod metrics;
 pub mod view;
 pub mod writer;
@@ -45,8 +50,12 @@ use crate::retention::{RetainFor, RetainForError};
 use crate::shutdown;
 
 use self::desired::{Refusal, desired_files};
+use self::dirwatch::{DirWatch, Trigger, Wake};
 pub use self::metrics::AgentMetrics;
 use self::writer::{NetworkWriter, PassReport};
+
+/// The pause before the data directory's watch is set up again after it failed.
+const WATCH_RETRY: Duration = Duration::from_secs(30);
 
 /// The Event reporter name (`reportingController`).
 pub const REPORTER: &str = "ipkeep-agent";
@@ -112,6 +121,12 @@ pub enum AgentError {
     /// The node name is empty.
     #[error("failed to start the agent: the node name is empty (set --node-name or NODE_NAME)")]
     NoNodeName,
+    /// The data directory was deleted on the node while the agent held it (its mount).
+    #[error(
+        "failed to keep the reservation files: the data directory {} was deleted on the node and this process can no longer reach the new one (exiting, to be restarted on a fresh mount)",
+        .0.display()
+    )]
+    DataDirOrphaned(PathBuf),
 }
 
 /// Runs the agent until shutdown: logging, the Kubernetes client, the probe server, the loop.
@@ -157,6 +172,10 @@ struct Pending {
     full_needed: bool,
     /// When each change not yet on disk arrived.
     arrivals: Vec<Instant>,
+    /// The directory watch asked for the next full resync: when, and its most severe cause.
+    dir_trigger: Option<(Instant, Trigger)>,
+    /// The data directory was deleted under the agent's mount: the agent must stop.
+    orphaned: Option<PathBuf>,
 }
 
 /// Runs the agent's watch and writer until `shutdown` completes; the pass in progress finishes
@@ -187,6 +206,13 @@ pub async fn run(
         changed.clone(),
         metrics.clone(),
     ));
+    let dirs = tokio::spawn(watch_directories(
+        config.data_dir.clone(),
+        config.networks.clone(),
+        pending.clone(),
+        changed.clone(),
+        readiness.clone(),
+    ));
     tracing::info!(
         node = %config.node_name,
         data_dir = %config.data_dir.display(),
@@ -199,10 +225,64 @@ pub async fn run(
         pending: &pending,
         changed: &changed,
     };
-    write_loop(&config, state, &metrics, &readiness, &events, shutdown).await;
+    let result = write_loop(&config, state, &metrics, &readiness, &events, shutdown).await;
     watch.abort();
-    tracing::info!("agent stopped");
-    Ok(())
+    dirs.abort();
+    match &result {
+        Ok(()) => tracing::info!("agent stopped"),
+        Err(e) => tracing::error!(error = %error_chain(e), "agent stopped"),
+    }
+    result
+}
+
+/// Runs the data directory's watch ([`dirwatch`]): each burst that asks for a resync makes the
+/// next pass a full one, at once; once the first full sync made every directory (the agent is
+/// ready), a directory found missing does too. Without inotify (or after a read error) the agent
+/// goes on with its periodic resync and sets the watch up again after a pause.
+async fn watch_directories(
+    data_dir: PathBuf,
+    networks: Vec<String>,
+    pending: Arc<Mutex<Pending>>,
+    changed: Arc<Notify>,
+    readiness: Arc<Readiness>,
+) {
+    loop {
+        let mut watch = match DirWatch::new(&data_dir, &networks) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %error_chain(&e), "cannot watch the data directory; only the periodic resync repairs it; retrying");
+                tokio::time::sleep(WATCH_RETRY).await;
+                continue;
+            }
+        };
+        loop {
+            match watch.next(|| readiness.is_ready()).await {
+                Ok(Wake::Resync(trigger)) => {
+                    let Ok(mut p) = pending.lock() else {
+                        return;
+                    };
+                    p.full_needed = true;
+                    let now = Instant::now();
+                    let (since, worst) = p.dir_trigger.unwrap_or((now, trigger));
+                    p.dir_trigger = Some((since, worst.max(trigger)));
+                    tracing::info!(reason = trigger.label(), "{trigger}: full resync now");
+                    changed.notify_one();
+                }
+                Ok(Wake::Orphaned(path)) => {
+                    if let Ok(mut p) = pending.lock() {
+                        p.orphaned = Some(path);
+                    }
+                    changed.notify_one();
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %error_chain(&e), "data directory watch failed; setting it up again");
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(dirwatch::REARM).await;
+    }
 }
 
 async fn watch_reservations(
@@ -261,6 +341,7 @@ struct PassInput {
     reservations: Vec<Arc<IPReservation>>,
     full: bool,
     arrivals: Vec<Instant>,
+    dir_trigger: Option<(Instant, Trigger)>,
 }
 
 fn unix_now() -> i64 {
@@ -277,7 +358,7 @@ async fn write_loop(
     readiness: &Readiness,
     events: &Publisher,
     shutdown: impl Future<Output = ()>,
-) {
+) -> Result<(), AgentError> {
     tokio::pin!(shutdown);
     let mut writers: Vec<NetworkWriter> = config
         .networks
@@ -302,8 +383,12 @@ async fn write_loop(
             }
         };
         tokio::select! {
-            () = &mut shutdown => return,
-            () = changed.notified() => {}
+            () = &mut shutdown => return Ok(()),
+            () = changed.notified() => {
+                if let Some(path) = pending.lock().ok().and_then(|mut p| p.orphaned.take()) {
+                    return Err(AgentError::DataDirOrphaned(path));
+                }
+            }
             () = wake_for_retry => {}
             _ = tick.tick() => {
                 if let Some(at) = last_full {
@@ -370,7 +455,7 @@ async fn write_loop(
                     .iter()
                     .map(|n| NetworkWriter::new(&config.data_dir, n))
                     .collect();
-                requeue(pending, input.arrivals, &mut retry);
+                requeue(pending, input.arrivals, input.dir_trigger, &mut retry);
                 continue;
             }
         };
@@ -387,12 +472,23 @@ async fn write_loop(
             }
         }
         if !ok {
-            requeue(pending, input.arrivals, &mut retry);
+            requeue(pending, input.arrivals, input.dir_trigger, &mut retry);
             continue;
         }
         retry = None;
         for at in input.arrivals {
             metrics.change_to_file.observe(at.elapsed().as_secs_f64());
+        }
+        if let Some((since, trigger)) = input.dir_trigger {
+            metrics
+                .directory_resyncs
+                .with_label_values(&[trigger.label()])
+                .inc();
+            tracing::info!(
+                reason = trigger.label(),
+                millis = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "reservation files restored after: {trigger}"
+            );
         }
         if full {
             last_full = Some(Instant::now());
@@ -423,17 +519,27 @@ fn take_pass_input(
         reservations: store.state(),
         full,
         arrivals: std::mem::take(&mut p.arrivals),
+        dir_trigger: p.dir_trigger.take(),
     })
 }
 
 /// Puts a failed pass back: its changes are still pending and the next try is a full resync
 /// after a growing pause.
-fn requeue(pending: &Mutex<Pending>, arrivals: Vec<Instant>, retry: &mut Option<(Instant, u32)>) {
+fn requeue(
+    pending: &Mutex<Pending>,
+    arrivals: Vec<Instant>,
+    dir_trigger: Option<(Instant, Trigger)>,
+    retry: &mut Option<(Instant, u32)>,
+) {
     if let Ok(mut p) = pending.lock() {
         let mut waiting = arrivals;
         waiting.append(&mut p.arrivals);
         p.arrivals = waiting;
         p.full_needed = true;
+        p.dir_trigger = match (dir_trigger, p.dir_trigger) {
+            (Some((at, a)), Some((_, b))) => Some((at, a.max(b))),
+            (earlier, later) => earlier.or(later),
+        };
     }
     let failures = retry.map_or(1, |(_, n)| n.saturating_add(1));
     *retry = Some((Instant::now() + Backoff::PASS.delay(failures), failures));
