@@ -67,7 +67,7 @@ test:
 	  bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
 	  node_bin_dir=$$(e2e/cluster/build.sh --node | tail -n 1) && \
 	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
-	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" KUBECTL="$$bin_dir/kubectl" && \
+	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" && \
 	  export IPKEEP_NODE_BIN_DIR="$$node_bin_dir" IPKEEP_NODE_IMAGE_DIR="$$node_image_dir" && \
 	  echo "make test: control plane binaries and kubectl from $$bin_dir, node binaries from $$node_bin_dir" && \
 	  $(MAKE) --no-print-directory lint && \
@@ -89,7 +89,7 @@ bench: deps plugin
 # in the same run. See docs/benchmarks.md. BENCH_ENV exports the built control plane binaries
 # and the release operator.
 BENCH_ENV = bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
-	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" KUBECTL="$$bin_dir/kubectl" \
+	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" \
 	    IPKEEP_OPERATOR_BIN=$(CURDIR)/target/release/ipkeep-operator && \
 	  $(CARGO) build --release -p ipkeep-operator --bin ipkeep-operator
 
@@ -184,6 +184,6 @@ bench-e2e: image
 	  node_bin_dir=$$(e2e/cluster/build.sh --node | tail -n 1) && \
 	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
 	  $(CARGO) build -q -p ipkeep-e2e --bin ipkeep-e2e --example bench_e2e && \
-	  IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" KUBECTL="$$bin_dir/kubectl" \
+	  IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" \
 	  IPKEEP_NODE_BIN_DIR="$$node_bin_dir" IPKEEP_NODE_IMAGE_DIR="$$node_image_dir" \
 	  IPKEEP_IMAGE_ARCHIVE=$(CURDIR)/$(IMAGE_ARCHIVE) target/debug/examples/bench_e2e
