@@ -873,23 +873,9 @@ async fn metrics_pass_promtool() {
     let promtool = which("promtool").unwrap_or_else(|| {
         panic!("promtool is not installed: install Debian's `prometheus` package (make deps does) to check /metrics")
     });
-    let mut child = std::process::Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
+    let mut check = std::process::Command::new(promtool);
+    check.args(["check", "metrics"]);
+    let out = shared::run(check, Some(&text));
     assert!(
         out.status.success(),
         "promtool check metrics failed:\n{}{}",
