@@ -1,13 +1,10 @@
-//! ipkeep's end-to-end test infrastructure: the real control plane harness and the fault proxy
-//! that injects API faults in front of it, the kubelet stand-in that runs the real CNI chain for
-//! simulated nodes, and the local demo (`ipkeep-e2e demo`, `make demo`) on real nodes.
-//! [`apiserver`], the former in-memory imitation of kube-apiserver, is left only for the kubelet
-//! stand-in's own tests (`tests/node_standin.rs`) until they go.
+//! ipkeep's end-to-end test infrastructure: the real control plane and real nodes (kubelet,
+//! containerd, runc, kube-proxy) built from their Go modules ([`cluster`]), the proxy that injects
+//! API faults in front of the real kube-apiserver ([`proxy`]), and the local demo
+//! (`ipkeep-e2e demo`, `make demo`) on real nodes ([`demo`]).
 
-pub mod apiserver;
 pub mod cluster;
 pub mod demo;
-pub mod node;
 pub mod proxy;
 pub mod wait;
 

@@ -3,9 +3,6 @@
 //! `ipkeep-e2e cluster up|down|env` manages a real control plane, and `ipkeep-e2e cluster
 //! fault-proxy` serves a fault-injecting proxy in front of its API server.
 //!
-//! `ipkeep-e2e node --name N --pod-cidr CIDR --data-dir DIR --cni-bin-dir DIR` runs a kubelet
-//! stand-in (see `ipkeep_e2e::node`) until SIGINT/SIGTERM.
-//!
 //! `ipkeep-e2e demo [--keep]` runs the whole system and tells the story (`make demo`; see
 //! `ipkeep_e2e::demo`).
 
@@ -29,8 +26,6 @@ enum Command {
     /// The whole system on this machine and the story of a pod keeping its IP, told step by step
     /// (root; cleans up after itself, also on Ctrl-C).
     Demo(DemoArgs),
-    /// Run a kubelet stand-in: one simulated node running the real CNI chain for its pods.
-    Node(ipkeep_e2e::node::cli::NodeArgs),
     /// A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)
     /// on 127.0.0.1, from the binaries `make cluster-bins` builds.
     Cluster {
@@ -183,7 +178,6 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Node(args) => runtime.block_on(ipkeep_e2e::node::cli::main(args)),
         Command::Demo(args) => {
             let options = ipkeep_e2e::demo::DemoOptions {
                 image_archive: args.image_archive,

@@ -98,7 +98,7 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_with_the_default_grace_or_forced_the_pod_returns_with_its_address_on_eth0_reachable_from_the_other_node()
  {
-    if realnode::skipped_without_own_nodes(
+    if skipped_on_users_cluster(
         "deleted_with_the_default_grace_or_forced_the_pod_returns_with_its_address_on_eth0_reachable_from_the_other_node",
         "the workload image",
     ) {
@@ -190,7 +190,7 @@ async fn agent_restarts(c: &ipkeep_e2e::cluster::realnode::RealCluster, node_nam
 /// and none is deleted on the way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_killed_while_pods_change_is_restarted_by_the_kubelet_and_converges() {
-    if realnode::skipped_without_own_nodes(
+    if skipped_on_users_cluster(
         "agent_killed_while_pods_change_is_restarted_by_the_kubelet_and_converges",
         "its nodes' processes and disks",
     ) {

@@ -104,13 +104,14 @@ fn assert_nothing_left(pid: u32) {
 
 #[test]
 fn make_demo_tells_the_story_cleans_up_after_itself_and_after_ctrl_c() {
-    if skipped_on_real_cluster(
+    if skipped_on_users_cluster(
         "make_demo_tells_the_story_cleans_up_after_itself_and_after_ctrl_c",
-        "demo binary (it starts its own control plane)",
+        "the demo starts its own control plane and nodes",
     ) {
         return;
     }
-    require_root_and_tools();
+    realnode::host::check_prerequisites()
+        .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
     // Interrupted once the StatefulSet is running.
     let t0 = Instant::now();
     let mut child = demo(&[]);

@@ -25,7 +25,7 @@ use ipkeep_e2e::cluster::realnode::{
 };
 
 use crate::system::{
-    ChartCluster, Options, REAL_CLUSTER_ENV, RunningPod, System, kubectl, kubectl_ok, run_ok,
+    ChartCluster, Options, RunningPod, System, kubectl, kubectl_ok, on_users_cluster, run_ok,
     run_on_chart_cluster, wait_for,
 };
 
@@ -98,24 +98,6 @@ pub async fn installed() -> &'static RealCluster {
             c
         })
         .await
-}
-
-/// Whether the scenarios run on a cluster named by `IPKEEP_E2E_KUBECONFIG` rather than on this
-/// binary's own real nodes.
-pub fn on_users_cluster() -> bool {
-    std::env::var_os(REAL_CLUSTER_ENV).is_some_and(|v| !v.is_empty())
-}
-
-/// For a test that needs this binary's own nodes (their disks, a tiny node, the workload image):
-/// on a user's cluster says loudly that it is skipped and returns true (the test then returns).
-pub fn skipped_without_own_nodes(test: &str, needs: &str) -> bool {
-    if !on_users_cluster() {
-        return false;
-    }
-    eprintln!(
-        "SKIPPED on a user's cluster: {test} needs this binary's own real nodes ({needs}); ran 0 checks (it runs without {REAL_CLUSTER_ENV})"
-    );
-    true
 }
 
 /// `helm upgrade --install` of the chart with the image `values` and `extra` arguments, then
@@ -219,7 +201,7 @@ pub fn node_dir(sys: &System, what: &str, name: &str) -> Option<PathBuf> {
             Some(network_dir(node(c, name)))
         }
         None => {
-            sys.hook(what, "own nodes' data directories on disk");
+            sys.skip(what, "own nodes' data directories on disk");
             None
         }
     }
@@ -319,7 +301,7 @@ pub fn tolerating_tiny(yaml: &str) -> String {
 /// controller and agents.
 pub async fn system(prefix: &str) -> (System, &'static RealCluster) {
     let c = installed().await;
-    let sys = System::on_chart_cluster(prefix, Options::default(), chart_cluster(c)).await;
+    let sys = System::on(prefix, Options::default(), chart_cluster(c)).await;
     (sys, c)
 }
 

@@ -12,7 +12,7 @@ use ipkeep_operator::crd::Phase;
 use kube::ResourceExt;
 
 pub async fn released_address_is_never_handed_to_another_pod_even_when_the_range_is_full() {
-    if realnode::skipped_without_own_nodes(
+    if skipped_on_users_cluster(
         "released_address_is_never_handed_to_another_pod_even_when_the_range_is_full",
         "a node with a /29 and its data directory",
     ) {
@@ -82,7 +82,7 @@ pub async fn released_address_is_never_handed_to_another_pod_even_when_the_range
 }
 
 pub async fn retain_for_3s_expires_at_its_release_time_and_the_address_is_allocated_again() {
-    if realnode::skipped_without_own_nodes(
+    if skipped_on_users_cluster(
         "retain_for_3s_expires_at_its_release_time_and_the_address_is_allocated_again",
         "a node with a /29 and its data directory",
     ) {

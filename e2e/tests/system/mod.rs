@@ -1,13 +1,12 @@
-//! The whole system for the end-to-end scenarios (included with `#[path]`): the real control plane
-//! (`ipkeep_e2e::cluster::shared()`), the IPReservation CRD, simulated nodes — each a kubelet
-//! stand-in running Debian's `bridge` with the built `ipkeep` in network namespaces and its own
-//! ipkeep agent (the built `ipkeep-operator agent`, supervised by the stand-in) — and the ipkeep
-//! controller (the built binary, leader-elected, one or more replicas).
+//! The whole system for the end-to-end scenarios (included with `#[path]`): a cluster with the
+//! chart installed — this test binary's own real nodes (`realnode_support`, which hands them over
+//! with [`run_on_chart_cluster`]) or a user's cluster named by `IPKEEP_E2E_KUBECONFIG` — and a
+//! [`System`] per test on it: a fresh namespace, the cluster's Ready untainted nodes, and the
+//! chart's controller and agents (the test starts none of its own).
 //!
-//! Each test starts its own [`System`] in a fresh namespace with its own node names, CIDRs,
-//! bridges and Lease, so the tests of one file run in parallel on one control plane. Dropping it
-//! stops the nodes (every sandbox torn down, bridge removed, agent stopped), the controllers and
-//! removes the directory, also when an assertion fails.
+//! Each test works in its own namespace, so the tests of one binary may share the nodes. Dropping
+//! a [`System`] deletes its namespace (and so its pods and reservations), also when an assertion
+//! failed; the nodes and the release stay for the binary's other tests.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub use crate::shared::*;
@@ -17,82 +16,14 @@ use std::{
     net::IpAddr,
     path::{Path, PathBuf},
     process::Command,
-    sync::{
-        Arc, Mutex, OnceLock,
-        atomic::{AtomicU32, Ordering},
-    },
+    sync::{Arc, Mutex, OnceLock},
     time::SystemTime,
 };
 
 use futures::StreamExt;
-use ipkeep_e2e::{
-    cluster::Cluster,
-    node::{NodeConfig, agent::AgentConfig, host},
-};
 use ipkeep_operator::crd::{IPReservation, Phase};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::{Api, Client, ResourceExt, api::ListParams, runtime::watcher};
-
-/// Debian's `bridge` plugin (package `containernetworking-plugins`).
-pub const BRIDGE: &str = "/usr/lib/cni/bridge";
-
-/// Fails the test, loudly, unless it runs as root with `ip`, `setpriv` and Debian's `bridge`.
-pub fn require_root_and_tools() {
-    assert!(
-        host::is_root(),
-        "the end-to-end scenarios create network namespaces and bridges: run them as root (CI does)"
-    );
-    assert!(
-        Path::new(BRIDGE).is_file(),
-        "{BRIDGE} is missing: install Debian's containernetworking-plugins (`make deps`)"
-    );
-    for tool in ["ip", "setpriv"] {
-        assert!(
-            Command::new(tool)
-                .arg("-V")
-                .output()
-                .is_ok_and(|o| o.status.success()),
-            "`{tool}` is missing: install iproute2 and util-linux (`make deps`)"
-        );
-    }
-}
-
-/// The CNI bin directory of a test's nodes, `<dir>/bin`: Debian's `bridge` and the built
-/// `ipkeep` linked in.
-pub fn cni_bin_dir(dir: &Path) -> PathBuf {
-    let bin_dir = dir.join("bin");
-    std::fs::create_dir_all(&bin_dir).unwrap();
-    host::link_cni_bin_dir(&bin_dir, Path::new(BRIDGE), &plugin_binary())
-        .expect("link the CNI bin dir");
-    bin_dir
-}
-
-/// A stand-in node `name` with `cidrs`, its data under `data`, the plugins of `bin_dir`, and its
-/// agent (the built `ipkeep-operator`, probes on a port of its own) talking to the API server of
-/// `kubeconfig`.
-pub fn node_config(
-    name: &str,
-    cidrs: Vec<String>,
-    data: &Path,
-    bin_dir: &Path,
-    kubeconfig: &Path,
-) -> NodeConfig {
-    let mut config = NodeConfig::new(name, cidrs, data.to_path_buf(), vec![bin_dir.to_path_buf()]);
-    config.agent = Some(AgentConfig::on_own_port(
-        operator_binary(),
-        kubeconfig.to_path_buf(),
-    ));
-    config
-}
-
-/// The cluster a [`System`] talks to.
-pub enum Target {
-    /// The control plane these tests start (`cluster::shared()`).
-    Sim(&'static Cluster),
-    /// A real cluster with the chart installed: one named by `IPKEEP_E2E_KUBECONFIG`, or this test
-    /// binary's real nodes (`realnode_scenarios.rs`).
-    Real(ChartCluster),
-}
 
 /// A cluster with the chart installed: its kubeconfig and the kubectl to use.
 #[derive(Debug, Clone)]
@@ -103,47 +34,59 @@ pub struct ChartCluster {
     pub kubectl: PathBuf,
 }
 
-impl KubectlTarget for Target {
+impl KubectlTarget for ChartCluster {
     fn kubectl_command(&self) -> Command {
-        match self {
-            Target::Sim(c) => c.kubectl(),
-            Target::Real(real) => {
-                let mut cmd = Command::new(&real.kubectl);
-                cmd.arg("--kubeconfig").arg(&real.kubeconfig);
-                cmd
-            }
-        }
+        let mut cmd = Command::new(&self.kubectl);
+        cmd.arg("--kubeconfig").arg(&self.kubeconfig);
+        cmd
     }
 }
 
-/// The variable that turns on real-cluster mode: the path of a kubeconfig of a cluster with the
-/// chart installed. Deliberately not `KUBECONFIG`, so a developer's everyday kubeconfig never
-/// makes `make test` touch their cluster.
+/// The variable that runs the scenarios on a user's cluster: the path of a kubeconfig of a
+/// cluster with the chart installed. Deliberately not `KUBECONFIG`, so a developer's everyday
+/// kubeconfig never makes `make test` touch their cluster.
 pub const REAL_CLUSTER_ENV: &str = "IPKEEP_E2E_KUBECONFIG";
 
-/// This test binary's own cluster with the chart installed, when it runs its scenarios on real
-/// nodes (set once by [`run_on_chart_cluster`]).
+/// This test binary's own cluster with the chart installed (set once by [`run_on_chart_cluster`]).
 static CHART_CLUSTER: OnceLock<ChartCluster> = OnceLock::new();
 
 /// From now on, [`System::start`] puts the tests of this binary on `cluster` (the chart
-/// installed on real nodes) as it does on a cluster named by `IPKEEP_E2E_KUBECONFIG`.
+/// installed on this binary's real nodes).
 pub fn run_on_chart_cluster(cluster: ChartCluster) {
     CHART_CLUSTER.get_or_init(|| cluster);
 }
 
-/// The cluster with the chart installed the scenarios run on, if any: this binary's real nodes,
-/// or a cluster named by `IPKEEP_E2E_KUBECONFIG` (with `IPKEEP_E2E_KUBECTL`, else `kubectl`).
-pub fn real_cluster() -> Option<ChartCluster> {
-    if let Some(c) = CHART_CLUSTER.get() {
-        return Some(c.clone());
+/// Whether the scenarios run on a user's cluster named by `IPKEEP_E2E_KUBECONFIG` rather than
+/// on this binary's own real nodes.
+pub fn on_users_cluster() -> bool {
+    std::env::var_os(REAL_CLUSTER_ENV).is_some_and(|v| !v.is_empty())
+}
+
+/// For a test that needs this machine's own nodes (their disks, a tiny node, its own control
+/// plane): on a user's cluster says loudly that it is skipped and returns true (the test then
+/// returns).
+pub fn skipped_on_users_cluster(test: &str, needs: &str) -> bool {
+    if !on_users_cluster() {
+        return false;
     }
-    std::env::var_os(REAL_CLUSTER_ENV)
-        .filter(|v| !v.is_empty())
-        .map(|kubeconfig| ChartCluster {
+    eprintln!(
+        "SKIPPED on a user's cluster: {test} needs this machine's own real nodes ({needs}); ran 0 checks (it runs without {REAL_CLUSTER_ENV})"
+    );
+    true
+}
+
+/// The cluster with the chart installed the scenarios run on: a user's cluster named by
+/// `IPKEEP_E2E_KUBECONFIG` (with `IPKEEP_E2E_KUBECTL`, else `kubectl`), or this binary's own real
+/// nodes once [`run_on_chart_cluster`] has named them; `None` before that.
+pub fn scenario_cluster() -> Option<ChartCluster> {
+    if let Some(kubeconfig) = std::env::var_os(REAL_CLUSTER_ENV).filter(|v| !v.is_empty()) {
+        return Some(ChartCluster {
             kubeconfig: PathBuf::from(kubeconfig),
             kubectl: std::env::var_os("IPKEEP_E2E_KUBECTL")
                 .map_or_else(|| PathBuf::from("kubectl"), PathBuf::from),
-        })
+        });
+    }
+    CHART_CLUSTER.get().cloned()
 }
 
 /// One `#[tokio::test]` per scenario `module::name` (an `async fn()`), each run where
@@ -170,315 +113,68 @@ macro_rules! scenario_tests {
     };
 }
 
-/// For a scenario made only of the simulator's hooks: in real-cluster mode, says loudly that it
-/// is skipped and why, and returns true (the test then returns).
-pub fn skipped_on_real_cluster(test: &str, hooks: &str) -> bool {
-    if real_cluster().is_none() {
-        return false;
-    }
-    eprintln!(
-        "SKIPPED on a real cluster: {test} needs the simulator's {hooks}; ran 0 checks (it runs without {REAL_CLUSTER_ENV})"
-    );
-    true
-}
-
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
-/// The third octet of the `seq`-th node CIDR of this process: 32 per process (by pid), so two
-/// test processes on one machine rarely collide.
-fn v4_third_octet(seq: u32) -> u32 {
-    (std::process::id() % 8) * 32 + seq % 32
-}
-
-/// The `seq`-th node CIDR of this process, in 198.19.0.0/16 (the benchmarking range, never routed;
-/// the stand-in's own tests use 198.18.0.0/16): `198.19.<n>.0/<prefix>`.
-pub fn v4_cidr(seq: u32, prefix: u8) -> String {
-    format!("198.19.{}.0/{prefix}", v4_third_octet(seq))
-}
-
-/// A node CIDR of this process no other [`System`] node has.
-pub fn next_v4_cidr() -> String {
-    v4_cidr(SEQ.fetch_add(1, Ordering::Relaxed), 24)
-}
-
-/// One simulated node: a stand-in with its agent, on its own thread and runtime so it can be
-/// stopped and started again (a node restart) independently of the test's runtime.
-pub struct SimNode {
-    /// Its configuration (name, CIDRs, data directory, network).
-    pub config: NodeConfig,
-    kube: kube::Config,
-    running: Option<Running>,
-}
-
-/// A running stand-in: its stop signal and its thread.
-type Running = (
-    tokio::sync::oneshot::Sender<()>,
-    std::thread::JoinHandle<Result<(), String>>,
-);
-
-impl SimNode {
-    /// A node of that configuration talking to the API server of `kube` (not started).
-    pub fn new(config: NodeConfig, kube: kube::Config) -> SimNode {
-        SimNode {
-            config,
-            kube,
-            running: None,
-        }
-    }
-
-    /// The node's name.
-    pub fn name(&self) -> &str {
-        &self.config.name
-    }
-
-    /// Starts the stand-in (registers the Node, starts the agent).
-    pub fn start(&mut self) {
-        assert!(self.running.is_none(), "node {} already runs", self.name());
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let config = self.config.clone();
-        let kube = self.kube.clone();
-        let name = self.config.name.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("node-{name}"))
-            .spawn(move || {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                    .map_err(|e| format!("runtime for node {name}: {e}"))?;
-                rt.block_on(async move {
-                    let client = Client::try_from(kube)
-                        .map_err(|e| format!("client for node {name}: {e}"))?;
-                    ipkeep_e2e::node::run(client, config, async {
-                        let _ = rx.await;
-                    })
-                    .await
-                    .map_err(|e| format!("node {name}: {}", ipkeep_e2e::error_chain(&e)))
-                })
-            })
-            .expect("spawn a node thread");
-        self.running = Some((tx, thread));
-    }
-
-    /// Stops the stand-in as SIGTERM would: every sandbox torn down, bridge removed, agent
-    /// stopped. Fails the test if the stand-in ended with an error.
-    pub fn stop(&mut self) {
-        if let Some(r) = self.stop_quietly() {
-            r.unwrap_or_else(|e| panic!("{e}"));
-        }
-    }
-
-    fn stop_quietly(&mut self) -> Option<Result<(), String>> {
-        let (tx, thread) = self.running.take()?;
-        let _ = tx.send(());
-        Some(
-            thread
-                .join()
-                .unwrap_or_else(|_| Err(format!("node {} panicked", self.config.name))),
-        )
-    }
-
-    /// The reservation file of `ns/pod` on this node.
-    pub fn reserved_file(&self, ns: &str, pod: &str) -> PathBuf {
-        self.config
-            .network_dir()
-            .join("reserved")
-            .join(ns)
-            .join(pod)
-    }
-
-    /// The pids of this node's agent processes (children of this test process running
-    /// `ipkeep-operator agent --node-name <name>`).
-    pub fn agent_pids(&self) -> Vec<u32> {
-        let me = std::process::id().to_string();
-        let mut pids = Vec::new();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .unwrap_or("");
-            if ppid != me {
-                continue;
-            }
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            let args: Vec<String> = cmdline
-                .split(|b| *b == 0)
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
-            if args.iter().any(|a| a == "agent")
-                && args
-                    .windows(2)
-                    .any(|w| w[0] == "--node-name" && w[1] == self.config.name)
-            {
-                pids.push(pid);
-            }
-        }
-        pids
-    }
-}
-
-impl Drop for SimNode {
-    fn drop(&mut self) {
-        if let Some(Err(e)) = self.stop_quietly() {
-            eprintln!("{e}");
-        }
-    }
-}
-
-/// Starts a controller replica (the built binary) watching `ns`, electing its leader through the
-/// Lease `ns/lease` (3 s), logging to `<dir>/<identity>.log`.
-pub fn spawn_controller(
-    kubeconfig: &Path,
-    ns: &str,
-    lease: &str,
-    identity: &str,
-    dir: &Path,
-) -> Replica {
-    let log = dir.join(format!("{identity}.log"));
-    Replica::spawn(
-        kubeconfig,
-        identity,
-        &[
-            "--namespace",
-            ns,
-            "--lease-name",
-            lease,
-            "--lease-namespace",
-            ns,
-        ],
-        Some(&log),
-    )
-}
-
 /// What a test asks of its system.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Number of nodes (each with its agent).
+    /// Number of nodes it places pods on.
     pub nodes: usize,
-    /// Controller replicas.
-    pub controllers: usize,
-    /// Dual-stack nodes (an IPv4 and an IPv6 CIDR each).
+    /// Whether it wants dual-stack nodes (it gets them if the cluster's nodes have two pod CIDRs).
     pub dual_stack: bool,
-    /// The IPv4 prefix length of each node's CIDR (24 by default; 29 for a tiny range).
-    pub v4_prefix: u8,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             nodes: 2,
-            controllers: 1,
             dual_stack: false,
-            v4_prefix: 24,
         }
     }
 }
 
-/// The whole system of one test.
+/// The whole system of one test: a namespace of its own on a cluster with the chart installed.
 pub struct System {
-    /// The cluster: the test's control plane, or a real one (`IPKEEP_E2E_KUBECONFIG`).
-    pub target: Target,
+    /// The cluster.
+    pub target: ChartCluster,
     /// An admin client (on the test's runtime).
     pub client: Client,
-    /// The test's namespace (the controllers watch only it).
+    /// The test's namespace.
     pub ns: String,
-    /// The simulated nodes (none on a real cluster).
-    pub nodes: Vec<SimNode>,
-    /// The names of the test's nodes: the simulated ones, or a real cluster's schedulable nodes.
+    /// The names of the cluster's Ready untainted nodes the test uses.
     pub node_names: Vec<String>,
-    /// Whether the test's nodes are dual-stack (asked for, or found on a real cluster).
+    /// Whether the test's nodes are dual-stack (asked for, and found on the cluster).
     pub dual_stack: bool,
-    /// The checks of the test: (what, the hook it needed when skipped).
+    /// The checks of the test: (what, why it was skipped, if it was).
     checks: Mutex<Vec<(String, Option<String>)>>,
-    /// The controller replicas.
-    pub controllers: Vec<Replica>,
-    /// The test's directory (node data, bin dir, logs), removed with it unless the test failed.
-    pub dir: Scratch,
-    lease: String,
-    replicas_started: u32,
     /// When it started, to print how long the test took.
     started: std::time::Instant,
 }
 
 impl System {
-    /// Starts the nodes (Ready and untainted) and the controllers in a fresh namespace.
+    /// A fresh system on the scenarios' cluster ([`scenario_cluster`]); see [`System::on`].
     pub async fn start(prefix: &str, options: Options) -> System {
-        if let Some(real) = real_cluster() {
-            return System::on_chart_cluster(prefix, options, real).await;
-        }
-        require_root_and_tools();
-        let cluster = cluster().await;
-        let client = cluster.client().expect("an admin client");
-        let ns = cluster
-            .fresh_namespace(prefix)
-            .await
-            .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
-        let pid = std::process::id();
-        let dir = Scratch::new(&format!("e2e-{ns}"));
-        let bin_dir = cni_bin_dir(dir.path());
-        let mut nodes = Vec::new();
-        for i in 0..options.nodes {
-            let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-            let mut cidrs = vec![v4_cidr(seq, options.v4_prefix)];
-            if options.dual_stack {
-                cidrs.push(format!("fd00:1:{}::/64", v4_third_octet(seq)));
-            }
-            let letter = (b'a' + i as u8) as char;
-            let name = format!("{ns}-{letter}-{pid}");
-            let config = node_config(
-                &name,
-                cidrs,
-                &dir.join(format!("node-{letter}")),
-                &bin_dir,
-                cluster.kubeconfig_path(),
-            );
-            let mut node = SimNode::new(config, cluster.config());
-            node.start();
-            nodes.push(node);
-        }
-        let node_names = nodes.iter().map(|n| n.name().to_owned()).collect();
-        let mut system = System {
-            target: Target::Sim(cluster),
-            client,
-            node_names,
-            dual_stack: options.dual_stack,
-            checks: Mutex::default(),
-            lease: format!("ipkeep-{ns}"),
-            ns,
-            nodes,
-            controllers: Vec::new(),
-            dir,
-            replicas_started: 0,
-            started: std::time::Instant::now(),
-        };
-        for i in 0..system.nodes.len() {
-            system.wait_node_schedulable(i).await;
-        }
-        for _ in 0..options.controllers {
-            system.start_controller();
-        }
-        system
+        let real = scenario_cluster().unwrap_or_else(|| {
+            panic!(
+                "no cluster with the chart installed: a scenario runs on this binary's real nodes (call realnode_support's use_real_nodes first) or on the cluster {REAL_CLUSTER_ENV} names"
+            )
+        });
+        System::on(prefix, options, real).await
     }
 
-    /// Real-cluster mode: a client from `kubeconfig`, the chart's CRD checked (not applied), the
-    /// cluster's Ready untainted nodes instead of simulated ones, no controller started (the
-    /// chart's runs), a fresh namespace.
-    pub async fn on_chart_cluster(prefix: &str, options: Options, real: ChartCluster) -> System {
+    /// A fresh namespace on `real`, a cluster with the chart installed: a client from its
+    /// kubeconfig, the chart's CRD checked (not applied), its first `options.nodes` Ready
+    /// untainted nodes. Starts no controller or agent: the chart's run.
+    pub async fn on(prefix: &str, options: Options, real: ChartCluster) -> System {
         let kubeconfig = real.kubeconfig.clone();
         let config = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap_or_else(|e| {
             panic!(
-                "{REAL_CLUSTER_ENV}={}: failed to read the kubeconfig: {e}",
+                "failed to read the kubeconfig {}: {e}",
                 kubeconfig.display()
             )
         });
         let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
             .await
             .unwrap_or_else(|e| panic!("failed to load {}: {e}", kubeconfig.display()));
-        let client = Client::try_from(config).expect("a client for the real cluster");
+        let client = Client::try_from(config).expect("a client for the cluster");
         let crds: Api<
             k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
         > = Api::all(client.clone());
@@ -488,7 +184,8 @@ impl System {
             .unwrap_or_else(|e| panic!("failed to read the IPReservation CRD: {e}"));
         assert!(
             crd.is_some(),
-            "{REAL_CLUSTER_ENV} is set but the cluster has no CRD ipreservations.ipkeep.dev: install the chart first: helm install ipkeep charts/ipkeep --namespace ipkeep-system --create-namespace"
+            "the cluster of {} has no CRD ipreservations.ipkeep.dev: install the chart first: helm install ipkeep charts/ipkeep --namespace ipkeep-system --create-namespace",
+            kubeconfig.display()
         );
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
         let mut usable: Vec<(String, usize)> = nodes
@@ -510,7 +207,7 @@ impl System {
         usable.sort();
         assert!(
             usable.len() >= options.nodes,
-            "the real cluster has {} Ready untainted nodes, this test needs {}",
+            "the cluster has {} Ready untainted nodes, this test needs {}",
             usable.len(),
             options.nodes
         );
@@ -524,30 +221,19 @@ impl System {
             .expect("create the test's namespace")
             .name_any();
         eprintln!(
-            "real-cluster mode ({REAL_CLUSTER_ENV}={}): namespace {ns}, nodes {:?}; no control plane, nodes, agents or controller started",
+            "{ns}: on the cluster of {}, nodes {:?}",
             kubeconfig.display(),
             usable.iter().map(|(n, _)| n).collect::<Vec<_>>()
         );
-        let dir = Scratch::new(&format!("e2e-{ns}"));
         System {
-            target: Target::Real(real),
+            target: real,
             client,
-            lease: format!("ipkeep-{ns}"),
             ns,
-            nodes: Vec::new(),
             dual_stack: options.dual_stack && usable.iter().all(|(_, c)| *c >= 2),
             node_names: usable.into_iter().map(|(n, _)| n).collect(),
             checks: Mutex::default(),
-            controllers: Vec::new(),
-            dir,
-            replicas_started: 0,
             started: std::time::Instant::now(),
         }
-    }
-
-    /// Whether this runs on a real cluster (`IPKEEP_E2E_KUBECONFIG`).
-    pub fn real(&self) -> bool {
-        matches!(self.target, Target::Real(_))
     }
 
     /// The name of the test's `i`-th node.
@@ -555,24 +241,19 @@ impl System {
         &self.node_names[i]
     }
 
-    /// Records an API-visible check (it runs in both modes).
+    /// Records a check the test made.
     pub fn check(&self, what: &str) {
         self.checks.lock().unwrap().push((what.to_owned(), None));
     }
 
-    /// A check that needs the simulator's `hook`: true on the simulator; on a real cluster it
-    /// says loudly (once per hook) that it is skipped and returns false.
-    pub fn hook(&self, what: &str, hook: &str) -> bool {
+    /// Records a check this cluster cannot make because it lacks `needs`, and says so loudly
+    /// (once per check); the summary lists it as skipped.
+    pub fn skip(&self, what: &str, needs: &str) {
         let mut checks = self.checks.lock().unwrap();
-        if !self.real() {
-            checks.push((what.to_owned(), None));
-            return true;
-        }
         if !checks.iter().any(|(w, h)| w == what && h.is_some()) {
-            eprintln!("skipped on a real cluster: {what} needs the simulator's {hook}");
-            checks.push((what.to_owned(), Some(hook.to_owned())));
+            eprintln!("{}: skipped: {what} needs {needs}", self.ns);
+            checks.push((what.to_owned(), Some(needs.to_owned())));
         }
-        false
     }
 
     /// The summary of the test's checks: "ran N of M checks; skipped: ...".
@@ -599,50 +280,6 @@ impl System {
                 skipped.join(", ")
             }
         )
-    }
-
-    /// Starts one more controller replica.
-    pub fn start_controller(&mut self) {
-        let Target::Sim(cluster) = self.target else {
-            panic!("a real cluster runs the chart's controller; the test cannot start one");
-        };
-        self.replicas_started += 1;
-        let identity = format!("{}-controller-{}", self.ns, self.replicas_started);
-        let c = spawn_controller(
-            cluster.kubeconfig_path(),
-            &self.ns,
-            &self.lease,
-            &identity,
-            self.dir.path(),
-        );
-        self.controllers.push(c);
-    }
-
-    /// The Lease's current holder.
-    pub async fn leader(&self) -> Option<String> {
-        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-            Api::namespaced(self.client.clone(), &self.ns);
-        leases
-            .get_opt(&self.lease)
-            .await
-            .ok()
-            .flatten()
-            .and_then(|l| l.spec)
-            .and_then(|s| s.holder_identity)
-    }
-
-    async fn wait_node_schedulable(&self, i: usize) {
-        let name = self.nodes[i].name().to_owned();
-        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
-        wait_for(&format!("node {name} Ready without taints"), || {
-            let nodes = nodes.clone();
-            let name = name.clone();
-            async move {
-                let node = nodes.get_opt(&name).await.ok()??;
-                schedulable(&node).then_some(())
-            }
-        })
-        .await;
     }
 
     /// kubectl in the test's namespace.
@@ -779,14 +416,6 @@ impl System {
         .await;
     }
 
-    /// The node of that name.
-    pub fn node(&self, name: &str) -> &SimNode {
-        self.nodes
-            .iter()
-            .find(|n| n.name() == name)
-            .unwrap_or_else(|| panic!("no node {name}"))
-    }
-
     /// Events of the namespace about `kind`/`name`.
     pub async fn events(&self, kind: &str, name: &str) -> Vec<Event> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
@@ -837,29 +466,18 @@ impl Drop for System {
         if !self.checks.lock().unwrap().is_empty() {
             eprintln!("{}: {}", self.ns, self.summary());
         }
-        if self.real() {
-            // The namespace and everything in it go; the chart's controller and agents stay.
-            let out = kubectl(
-                &self.target,
-                &["delete", "namespace", &self.ns, "--wait=false"],
-                None,
+        // The namespace and everything in it go; the chart's controller and agents stay.
+        let out = kubectl(
+            &self.target,
+            &["delete", "namespace", &self.ns, "--wait=false"],
+            None,
+        );
+        if !out.status.success() {
+            eprintln!(
+                "failed to delete namespace {}: {}",
+                self.ns,
+                String::from_utf8_lossy(&out.stderr)
             );
-            if !out.status.success() {
-                eprintln!(
-                    "failed to delete namespace {}: {}",
-                    self.ns,
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            return;
-        }
-        for c in &mut self.controllers {
-            c.kill();
-        }
-        for n in &mut self.nodes {
-            if let Some(Err(e)) = n.stop_quietly() {
-                eprintln!("{e}");
-            }
         }
     }
 }
@@ -1021,7 +639,7 @@ pub fn retain(retain_for: Option<&'static str>) -> Vec<(&'static str, &'static s
 }
 
 /// The workload image every real node has (`cluster up` imports it): busybox with `sh`, `ip`,
-/// `httpd`, `wget` and `sleep`. The stand-in runs no container and ignores it.
+/// `httpd`, `wget` and `sleep`.
 pub const WORKLOAD_IMAGE: &str = "localhost/ipkeep-e2e/workload:1";
 
 /// A StatefulSet `name` (label `app=<name>`), its template annotated with `annotations`, its pods
