@@ -31,9 +31,8 @@ mod shared;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::Write,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::Instant,
 };
 
@@ -747,7 +746,8 @@ async fn the_chart_grants_exactly_what_the_components_use() {
             "apiVersion: ipkeep.dev/v1alpha1\nkind: IPReservation\nmetadata: {{name: {name}, namespace: {work}}}\n\
              spec: {{ips: [\"10.244.1.50\"], nodeName: {node}}}\n"
         );
-        let mut child = Command::new(cluster.bin("kubectl"))
+        let mut kubectl = Command::new(cluster.bin("kubectl"));
+        kubectl
             .args([
                 "apply",
                 "--server-side",
@@ -755,19 +755,8 @@ async fn the_chart_grants_exactly_what_the_components_use() {
                 "-f",
                 "-",
             ])
-            .env("KUBECONFIG", &controller_kc)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(yaml.as_bytes())
-            .unwrap();
-        child.wait_with_output().unwrap()
+            .env("KUBECONFIG", &controller_kc);
+        shared::run(kubectl, Some(&yaml))
     };
     ok(
         "server-side apply of a new reservation as the controller",
