@@ -63,7 +63,7 @@ struct Args {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
-    let mut plane = Plane::start(args.server).await;
+    let plane = Plane::start(args.server).await;
     let Some(log) = plane.audit_log() else {
         println!(
             "api cost bench: {} keeps no audit log; run it with --server real",

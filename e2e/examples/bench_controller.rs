@@ -2,7 +2,8 @@
 //! against the real kube-apiserver.
 //!
 //! For each size (`--sizes`, default 1000,10000): that many annotated running pods on a handful
-//! of stand-in nodes → time from the controller's start until every reservation is Bound; every
+//! of Node objects (no kubelet: the bench writes the pods' status and deletes them with grace
+//! period 0) → time from the controller's start until every reservation is Bound; every
 //! pod deleted → time until every reservation is Released; the controller's peak RSS. Then
 //! `--expiries` reservations due in the same second → how late each expiry fires (p50/p99/max).
 //!
@@ -53,7 +54,7 @@ struct Args {
     /// Reservations due in the same second, for the expiry lateness.
     #[arg(long, default_value_t = 1_000)]
     expiries: usize,
-    /// Stand-in nodes the pods are spread over.
+    /// Node objects the pods are spread over.
     #[arg(long, default_value_t = 5)]
     nodes: usize,
     /// Run the controller with `--normal-events=true` (one more Event write per transition).
@@ -75,7 +76,7 @@ struct Row {
 async fn main() {
     let args = Args::parse();
     let started = Instant::now();
-    let mut plane = Plane::start(args.server).await;
+    let plane = Plane::start(args.server).await;
     let nodes: Vec<String> = (0..args.nodes.max(1))
         .map(|i| format!("node-{i}"))
         .collect();
@@ -112,7 +113,7 @@ async fn main() {
         "  pods on {} nodes ({}), controller with its default {} workers, no leader election, Normal Events {}; load average now {}",
         nodes.len(),
         if plane.is_real() {
-            "stand-ins, Ready"
+            "Node objects, Ready, no kubelet"
         } else {
             "names only"
         },

@@ -1,6 +1,6 @@
 //! The helpers other suites build on, against the real control plane: a ServiceAccount token
 //! and kubeconfig that carry exactly the RBAC granted to the account, the audit log that records
-//! who did what, a stand-in node's Lease, and the fault proxy (`ipkeep_e2e::proxy`) that the
+//! who did what, a node's own identity held to its own Node and Lease, and the fault proxy (`ipkeep_e2e::proxy`) that the
 //! component suites inject API faults with: each fault it injects, as a client sees it, with the
 //! client's identity passed through to the real API server.
 //!
@@ -13,15 +13,16 @@ mod shared;
 use std::time::{Duration, Instant};
 
 use ipkeep_e2e::{
-    cluster::{Cluster, NodeAgent},
+    cluster::Cluster,
     proxy::{Fault, FaultProxy, Rule, Verb},
 };
 use k8s_openapi::api::{
     authentication::v1::SelfSubjectReview,
     coordination::v1::Lease,
-    core::v1::{ConfigMap, Secret, ServiceAccount},
+    core::v1::{ConfigMap, Node, Secret, ServiceAccount},
     rbac::v1::{Role, RoleBinding},
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::{
     Api,
     api::{ListParams, PostParams},
@@ -147,46 +148,104 @@ async fn service_account_credentials_carry_exactly_their_rbac_and_are_audited() 
     }
 }
 
+/// The code of a refused request, or what happened instead.
+fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> Result<u16, String> {
+    match result {
+        Err(kube::Error::Api(s)) => Ok(s.code),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// A node's own identity (`system:node:<name>`, what a kubelet holds) under the Node authorizer
+/// and the NodeRestriction admission plugin: it registers its own Node and writes its own Lease,
+/// as a kubelet does, but may not create another Node, write another node's Lease, nor list
+/// secrets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stand_in_node_is_ready_and_holds_its_lease() {
+async fn a_node_identity_writes_its_own_node_and_lease_and_no_other() {
     let cluster = ipkeep_e2e::cluster::shared()
         .await
         .expect("the shared control plane");
-    let node = NodeAgent::start(cluster, "lease-node")
-        .await
-        .expect("stand-in node");
-    let leases: Api<Lease> = Api::namespaced(cluster.client().expect("client"), "kube-node-lease");
-    let lease = leases.get(node.name()).await.expect("the node's Lease");
-    let spec = lease.spec.expect("lease spec");
-    assert_eq!(spec.holder_identity.as_deref(), Some("lease-node"));
-    assert_eq!(spec.lease_duration_seconds, Some(40));
-    assert!(spec.renew_time.is_some());
-    let owner = &lease.metadata.owner_references.expect("owned by the Node")[0];
-    assert_eq!(
-        (owner.kind.as_str(), owner.name.as_str()),
-        ("Node", "lease-node")
-    );
-    assert!(NodeAgent::start(cluster, "Bad_Name").await.is_err());
-
-    // The agent acts as system:node:lease-node: it may not create another Node, nor list secrets.
+    assert!(cluster.node_config("Bad_Name").is_err());
     let as_node = kube::Client::try_from(cluster.node_config("lease-node").expect("node config"))
         .expect("node client");
-    let other: k8s_openapi::api::core::v1::Node =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "other-node"}})).unwrap();
-    match Api::<k8s_openapi::api::core::v1::Node>::all(as_node.clone())
-        .create(&PostParams::default(), &other)
+    let node_named = |name: &str| -> Node {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap()
+    };
+    let nodes = Api::<Node>::all(as_node.clone());
+    let pp = PostParams::default();
+    let own = nodes
+        .create(&pp, &node_named("lease-node"))
         .await
-    {
-        Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{s:?}"),
-        other => panic!("a node created another Node: {other:?}"),
-    }
-    match Api::<Secret>::all(as_node)
-        .list(&ListParams::default())
+        .expect("a node registers its own Node");
+    assert_eq!(
+        refused(nodes.create(&pp, &node_named("other-node")).await),
+        Ok(403),
+        "a node created another Node"
+    );
+
+    let lease = |name: &str| -> Lease {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name,
+                "ownerReferences": [{
+                    "apiVersion": "v1", "kind": "Node", "name": "lease-node",
+                    "uid": own.metadata.uid.clone().unwrap_or_default(),
+                }],
+            },
+            "spec": {
+                "holderIdentity": name, "leaseDurationSeconds": 40,
+                "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now()),
+            },
+        }))
+        .unwrap()
+    };
+    let leases: Api<Lease> = Api::namespaced(as_node.clone(), "kube-node-lease");
+    let written = leases
+        .create(&pp, &lease("lease-node"))
         .await
-    {
-        Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{s:?}"),
-        other => panic!("a node listed every secret: {other:?}"),
-    }
+        .expect("a node writes its own Lease");
+    let read: Api<Lease> = Api::namespaced(cluster.client().expect("client"), "kube-node-lease");
+    let stored = read.get("lease-node").await.expect("the node's Lease");
+    assert_eq!(stored.metadata.uid, written.metadata.uid);
+    let spec = stored.spec.expect("lease spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some("lease-node"));
+    assert_eq!(spec.lease_duration_seconds, Some(40));
+    // Renewed, as a kubelet renews it.
+    leases
+        .replace("lease-node", &pp, &written)
+        .await
+        .expect("a node renews its own Lease");
+
+    // Another node's Lease: neither created (NodeRestriction) nor, once there, written or read
+    // (the Node authorizer).
+    assert_eq!(
+        refused(leases.create(&pp, &lease("other-node")).await),
+        Ok(403),
+        "a node created another node's Lease"
+    );
+    let other = read
+        .create(&pp, &lease("other-node"))
+        .await
+        .expect("admin writes another node's Lease");
+    assert_eq!(
+        refused(leases.replace("other-node", &pp, &other).await),
+        Ok(403),
+        "a node renewed another node's Lease"
+    );
+    assert_eq!(
+        refused(leases.get("other-node").await),
+        Ok(403),
+        "a node read another node's Lease"
+    );
+    assert_eq!(
+        refused(
+            Api::<Secret>::all(as_node)
+                .list(&ListParams::default())
+                .await
+        ),
+        Ok(403),
+        "a node listed every secret"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,9 +12,11 @@
 //! test has its own namespace, and a fault test its own proxy, on the control plane the tests of
 //! this binary share.
 //!
-//! There is no kubelet: pods bind to the stand-in nodes `node-a` and `node-b` (`NodeAgent`, which
-//! also finishes their deletion as a kubelet would), and the test writes the status a kubelet
-//! would report (`phase: Running`, `podIPs`) through `pods/status` as admin.
+//! There is no kubelet, as in envtest: `node-a` and `node-b` are Node objects the tests write
+//! once (Ready, untainted; the control plane runs without its node lifecycle controller), pods
+//! bind to them, the test writes the status a kubelet would report (`phase: Running`, `podIPs`)
+//! through `pods/status` as admin, and it deletes pods with grace period 0 — or, where the
+//! garbage collector deleted them, finishes each Terminating pod's deletion as a kubelet would.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "fixtures/shared.rs"]
@@ -29,7 +31,10 @@ mod real;
 use std::{collections::BTreeMap, time::Duration};
 
 use controller::*;
-use ipkeep_e2e::proxy::{Fault, FaultProxy, Rule, Verb};
+use ipkeep_e2e::{
+    cluster::force_delete_pod,
+    proxy::{Fault, FaultProxy, Rule, Verb},
+};
 use ipkeep_operator::crd::{IPReservation, Phase};
 use k8s_openapi::api::{apps::v1::StatefulSet, coordination::v1::Lease, core::v1::Pod};
 use kube::{
@@ -424,8 +429,7 @@ async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
         "the Lease records its acquire and renew times: {spec:?}"
     );
 
-    // The control plane runs in other processes and the stand-in node on its own thread: a
-    // blocking wait here holds up nothing.
+    // The control plane runs in other processes: a blocking wait here holds up nothing.
     let exit = standby.terminate();
     assert!(
         exit.success(),
@@ -489,8 +493,9 @@ async fn report_running(pods: &Api<Pod>, name: &str, ip: &str) {
 }
 
 /// The real StatefulSet controller creates the pods, the real scheduler binds them, and deleting
-/// the StatefulSets lets the real garbage collector delete the pods: their reservations are
-/// Released with their release time kept (they have no ownerReference the collector could
+/// the StatefulSets lets the real garbage collector delete the pods: while they are Terminating
+/// their reservations stay Bound; once they are gone, the reservations are Released with their
+/// release time kept (they have no ownerReference the collector could
 /// follow) — except with `release-with-owner`, where they go at once. Re-creating the
 /// StatefulSet binds the same reservation objects to the new pods.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -550,18 +555,71 @@ async fn the_garbage_collector_deleting_statefulset_pods_keeps_their_reservation
             "the StatefulSet's retain-for applies"
         );
 
-        // Background cascading deletion: the garbage collector deletes the pods, the stand-in
-        // node finishes each deletion as a kubelet would.
+        // Background cascading deletion: the garbage collector deletes the pods. They are bound
+        // to a node, so the API server only marks them Terminating (a deletionTimestamp) and
+        // leaves the rest to their kubelet; there is none, so the test finishes each deletion
+        // as a kubelet would once the containers stopped — only of a pod the collector deleted.
         for set in ["keep", "cascade"] {
             sets.delete(set, &DeleteParams::background()).await.unwrap();
         }
-        shared::wait_for(
-            "the garbage collector to delete every pod of both StatefulSets",
+        let terminating = shared::wait_for(
+            "the garbage collector to delete every pod of both StatefulSets (all Terminating)",
             || async {
-                let left = pods.list(&ListParams::default()).await.ok()?;
-                left.items.is_empty().then_some(())
+                let list = pods.list(&ListParams::default()).await.ok()?;
+                let all = list.items.len() == pod_uids.len()
+                    && list
+                        .items
+                        .iter()
+                        .all(|p| p.metadata.deletion_timestamp.is_some());
+                all.then(|| {
+                    list.items
+                        .iter()
+                        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+                        .collect::<BTreeMap<_, _>>()
+                })
             },
         )
+        .await;
+        assert_eq!(
+            terminating, pod_uids,
+            "the Terminating pods are the StatefulSets' own"
+        );
+        // A Terminating pod still holds its addresses (its containers may still run): its
+        // reservation stays Bound, the release-with-owner one too, although its StatefulSet is
+        // gone. keep-0 goes first; once its reservation is Released, the controller has had the
+        // other pods' deletionTimestamps on its watch (they came before keep-0's deletion).
+        let finish = |name: &'static str| {
+            let (pods, uid) = (pods.clone(), pod_uids[name].clone());
+            async move {
+                let done = force_delete_pod(&pods, name, Some(&uid))
+                    .await
+                    .unwrap_or_else(|e| panic!("failed to finish deleting pod {name}: {e}"));
+                assert!(done, "pod {name} was still there to finish deleting");
+            }
+        };
+        finish("keep-0").await;
+        wait_reservation(
+            &client,
+            &ns,
+            "keep-0",
+            "Released once its pod is gone",
+            |r| phase(r) == Some(Phase::Released),
+        )
+        .await;
+        for name in ["keep-1", "cascade-0"] {
+            let r = iprs.get(name).await.unwrap();
+            assert!(
+                bound_to(&r, &pod_uids[name]),
+                "{name}: a Terminating pod keeps its reservation Bound: {:?}",
+                r.status
+            );
+        }
+        finish("keep-1").await;
+        finish("cascade-0").await;
+        shared::wait_for("every pod of both StatefulSets gone", || async {
+            let left = pods.list(&ListParams::default()).await.ok()?;
+            left.items.is_empty().then_some(())
+        })
         .await;
         wait_reservation_gone(&client, &ns, "cascade-0").await;
         for name in ["keep-0", "keep-1"] {

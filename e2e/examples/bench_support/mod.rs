@@ -17,7 +17,7 @@ use std::{
 
 use futures::{StreamExt, TryStreamExt};
 use ipkeep_e2e::cluster::{
-    Cluster, NodeAgent,
+    Cluster,
     process::{Component, Spawner},
 };
 use ipkeep_operator::crd::{IPReservation, Phase};
@@ -49,7 +49,6 @@ pub enum ServerKind {
 /// The API server under measurement, and what the benches need from it.
 pub struct Plane {
     cluster: &'static Cluster,
-    nodes: Vec<NodeAgent>,
     scratch: PathBuf,
     spawner: Spawner,
 }
@@ -67,7 +66,6 @@ impl Plane {
         std::fs::create_dir_all(&scratch).expect("failed to create the bench's scratch directory");
         Plane {
             cluster,
-            nodes: Vec::new(),
             scratch,
             spawner: Spawner::new().expect("failed to start the spawner thread"),
         }
@@ -123,14 +121,15 @@ impl Plane {
             .unwrap_or_else(|e| panic!("failed to create a namespace: {e}"))
     }
 
-    /// Registers stand-in nodes `names` (the pod garbage collector deletes pods bound to nodes
-    /// that do not exist). They stay Ready until the plane is dropped.
-    pub async fn add_nodes(&mut self, names: &[String]) {
+    /// Writes Node objects `names` (`Cluster::add_node`: Ready, untainted, no kubelet behind
+    /// them), so that the scheduler would bind pods to them and the pod garbage collector does
+    /// not delete the pods bound to them as orphans.
+    pub async fn add_nodes(&self, names: &[String]) {
         for name in names {
-            let node = NodeAgent::start(self.cluster, name)
+            self.cluster
+                .add_node(name)
                 .await
-                .unwrap_or_else(|e| panic!("failed to register the stand-in node {name}: {e}"));
-            self.nodes.push(node);
+                .unwrap_or_else(|e| panic!("failed to write the Node {name}: {e}"));
         }
     }
 

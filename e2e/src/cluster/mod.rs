@@ -4,12 +4,13 @@
 //!
 //! Tests share one control plane per test binary ([`shared`]) and isolate themselves with
 //! namespaces ([`Cluster::fresh_namespace`]) and inject API faults through a
-//! [`crate::proxy::FaultProxy`] of their own. Nothing outlives the process that started it: see
+//! [`crate::proxy::FaultProxy`] of their own. Its Nodes are objects the tests write
+//! ([`Cluster::add_node`]), with no kubelet behind them (see [`nodes`]). Nothing outlives the process that started it: see
 //! [`process`].
 
 pub mod cli;
 pub mod kubeconfig;
-pub mod node;
+pub mod nodes;
 pub mod pki;
 pub mod plane;
 pub mod process;
@@ -24,13 +25,13 @@ use std::{
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use kube::{Api, api::PostParams};
 
-pub use node::NodeAgent;
+pub use nodes::force_delete_pod;
 pub use plane::{Cluster, ClusterError, ClusterOptions, NodeAccess, bin_dir};
 
 static SHARED: tokio::sync::OnceCell<Result<Cluster, String>> = tokio::sync::OnceCell::const_new();
 
 /// The control plane shared by every test of this test binary, started on first use (with the
-/// audit log on) and stopped when the process exits, however it exits. Fails if it could not
+/// audit log on, for fixture Nodes: [`ClusterOptions::fixture_nodes`]) and stopped when the process exits, however it exits. Fails if it could not
 /// start, or if one of its components has died since (the error names it).
 pub async fn shared() -> Result<&'static Cluster, ClusterError> {
     let started = SHARED
@@ -38,6 +39,7 @@ pub async fn shared() -> Result<&'static Cluster, ClusterError> {
             let t0 = Instant::now();
             let options = ClusterOptions {
                 audit_log: true,
+                fixture_nodes: true,
                 ..ClusterOptions::default()
             };
             match Cluster::start(options).await {

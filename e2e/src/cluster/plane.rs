@@ -227,6 +227,11 @@ pub struct ClusterOptions {
     /// A command (program and arguments) the watchdog runs after the owner died and it stopped
     /// the components (real nodes: `ipkeep-e2e cluster reap-nodes`); empty for none.
     pub cleanup_command: Vec<String>,
+    /// The Nodes are fixtures with no kubelet behind them ([`Cluster::add_node`]): run
+    /// kube-controller-manager without its node lifecycle controller, which would judge them by
+    /// heartbeats nobody sends (NotReady after its grace period, tainted, their pods evicted).
+    /// Off for real nodes, whose faults it must notice.
+    pub fixture_nodes: bool,
 }
 
 /// How a control plane serves real nodes: the API server binds and advertises `address` (the
@@ -805,7 +810,14 @@ impl Cluster {
         args.extend([
             path_arg("kubeconfig", &kcm_kc),
             arg("leader-elect", false),
-            arg("controllers", "*"),
+            arg(
+                "controllers",
+                if options.fixture_nodes {
+                    "*,-node-lifecycle-controller"
+                } else {
+                    "*"
+                },
+            ),
             // Each controller acts as its own ServiceAccount with its bootstrap role.
             arg("use-service-account-credentials", true),
             path_arg("service-account-private-key-file", &pki.sa_key),

@@ -1,7 +1,9 @@
 //! Shared by the tests that run the controller and the agent against the REAL control plane
 //! (`controller_real.rs`, `agent_real.rs`; included with `#[path]`): the shared control plane with
-//! the repository's IPReservation CRD installed, the stand-in node `node-a` the controller
-//! scenarios bind their pods to, and the chart's RBAC with clients of its ServiceAccounts.
+//! the repository's IPReservation CRD installed, the Node objects `node-a` and `node-b` the
+//! controller scenarios bind their pods to (fixtures with no kubelet behind them, as in envtest:
+//! the tests write the pods' status and finish their deletion themselves), and the chart's RBAC
+//! with clients of its ServiceAccounts.
 //!
 //! Needs the control plane's binaries (`make cluster-bins`, or `IPKEEP_CLUSTER_BIN_DIR`); the
 //! tests fail loudly without them.
@@ -11,43 +13,39 @@ pub use crate::shared::*;
 
 use std::path::Path;
 
-use ipkeep_e2e::cluster::{Cluster, NodeAgent};
+use ipkeep_e2e::cluster::Cluster;
 
 /// The node every controller scenario binds its pods to (`fixtures/controller.rs` says
-/// `node-a`): registered and kept Ready, so the pod garbage collector never takes its pods for
-/// orphans and the scheduler can bind StatefulSet pods to it.
+/// `node-a`): a Node object, Ready and untainted, so that the pod garbage collector does not
+/// take its pods for orphans and the scheduler binds StatefulSet pods to it.
 pub const NODE: &str = "node-a";
 
 /// The node a returning pod moves to (`fixtures/controller.rs`).
 pub const NODE_B: &str = "node-b";
 
 static RBAC: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
-static NODE_A: tokio::sync::OnceCell<NodeAgent> = tokio::sync::OnceCell::const_new();
-static NODE_B_AGENT: tokio::sync::OnceCell<NodeAgent> = tokio::sync::OnceCell::const_new();
+static NODE_A: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+static NODE_B_OBJECT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
 
-/// The stand-in node `name` held in `cell`, registered once per test binary; it lives (on its
-/// own thread) until the process exits.
-async fn stand_in(
-    cell: &'static tokio::sync::OnceCell<NodeAgent>,
-    cluster: &'static Cluster,
-    name: &str,
-) -> &'static NodeAgent {
+/// The fixture Node `name` (`Cluster::add_node`), written once per test binary.
+async fn fixture_node(cell: &'static tokio::sync::OnceCell<()>, cluster: &Cluster, name: &str) {
     cell.get_or_init(|| async {
-        NodeAgent::start(cluster, name)
+        cluster
+            .add_node(name)
             .await
-            .unwrap_or_else(|e| panic!("failed to register the stand-in node {name}: {e}"))
+            .unwrap_or_else(|e| panic!("failed to write the Node {name}: {e}"));
     })
-    .await
+    .await;
 }
 
-/// The stand-in node [`NODE`].
-pub async fn node_a(cluster: &'static Cluster) -> &'static NodeAgent {
-    stand_in(&NODE_A, cluster, NODE).await
+/// The Node [`NODE`].
+pub async fn node_a(cluster: &Cluster) {
+    fixture_node(&NODE_A, cluster, NODE).await;
 }
 
-/// The stand-in node [`NODE_B`].
-pub async fn node_b(cluster: &'static Cluster) -> &'static NodeAgent {
-    stand_in(&NODE_B_AGENT, cluster, NODE_B).await
+/// The Node [`NODE_B`].
+pub async fn node_b(cluster: &Cluster) {
+    fixture_node(&NODE_B_OBJECT, cluster, NODE_B).await;
 }
 
 /// The audit log lines (JSON events) of the shared control plane whose request URI contains
