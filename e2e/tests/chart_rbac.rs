@@ -396,6 +396,9 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         agent_sa.as_str()
     );
     let node = "node-a";
+    // The pods of the story are bound to it: a Node that exists (a fixture, no kubelet), or the pod
+    // garbage collector would delete them as orphans.
+    cluster.add_node(node).await.expect("the fixture Node");
     let controller_fields = BTreeMap::from([
         ("metadata.name", format!("{controller_sa}-7d9f-x1")),
         ("metadata.namespace", ns.clone()),

@@ -268,6 +268,8 @@ async fn kubectl_lists_pods_by_node() {
         ("p-a", "node-a", "10.244.1.5"),
         ("p-b", "node-b", "10.244.2.5"),
     ] {
+        // A pod bound to a Node that does not exist is an orphan the pod garbage collector deletes.
+        cluster.add_node(node).await.expect("the fixture Node");
         let p: Pod = serde_json::from_value(json!({"metadata": {"name": name},
             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]}}))
         .unwrap();
