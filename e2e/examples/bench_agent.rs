@@ -7,7 +7,7 @@
 //!   at 100/s (the moment the status PATCH is sent) → the new content on disk, p50/p99/max. Its
 //!   ceiling: the same changes seen by a bare watch of ours with the agent's field selector and
 //!   identity — what the API server's watch alone takes.
-//! * `--agents` agents (default 50), one per simulated node, each watching its node's
+//! * `--agents` agents (default 50), each the agent of another node name, each watching its node's
 //!   reservations with a field selector: the kube-apiserver's CPU (from `/proc`) idle and under
 //!   100 changes/s, and its resident memory, before and after they start — projected to 5 000
 //!   nodes. Its reference: the CPU the same changes cost without any agent.
@@ -44,7 +44,7 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
-use support::{Operator, Plane, ServerKind, percent, percentile};
+use support::{Operator, Plane, percent, percentile};
 
 const NETWORK: &str = "cbr0";
 /// Release times written by the changes start here (2030), one second apart per change.
@@ -55,9 +55,6 @@ const SETUP_IN_FLIGHT: usize = 32;
 #[derive(Debug, Parser)]
 #[command(about = "ipkeep's node agent measured against a Kubernetes API server")]
 struct Args {
-    /// Which API server.
-    #[arg(long, value_enum, default_value = "real")]
-    server: ServerKind,
     /// Reservations on the one node of the latency figure.
     #[arg(long, default_value_t = 5_000)]
     reservations: usize,
@@ -67,10 +64,10 @@ struct Args {
     /// Changes per second.
     #[arg(long, default_value_t = 100)]
     rate: u64,
-    /// Agents (simulated nodes) for the API server's cost; 0 skips it.
+    /// Agents (each of another node name) for the API server's cost; 0 skips it.
     #[arg(long, default_value_t = 50)]
     agents: usize,
-    /// Reservations per simulated node.
+    /// Reservations per agent's node.
     #[arg(long, default_value_t = 100)]
     per_agent: usize,
     /// Seconds of each CPU measurement window.
@@ -81,7 +78,7 @@ struct Args {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
-    let plane = Plane::start(args.server).await;
+    let plane = Plane::start().await;
     println!("agent bench on {}", plane.describe());
     let admin = plane.admin();
     let ns = plane.namespace("bench-agent").await;
@@ -418,15 +415,9 @@ async fn cpu_window(
     (support::cpu_seconds(pid) - before) / t.elapsed().as_secs_f64()
 }
 
-/// `--agents` agents, one per simulated node: what they add to the API server.
+/// `--agents` agents, each of another node name: what they add to the API server.
 async fn many_agents(plane: &Plane, admin: &Client, args: &Args) {
-    let Some(pid) = plane.apiserver_pid() else {
-        println!(
-            "  {} agents: the API server's CPU and memory need the real API server (--server real)",
-            args.agents
-        );
-        return;
-    };
+    let pid = plane.apiserver_pid();
     let ns = plane.namespace("bench-agents").await;
     let total = args.agents * args.per_agent;
     create_reservations(admin, &ns, 0..total, |i| format!("sim-{}", i % args.agents)).await;

@@ -35,7 +35,7 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
-use support::{Audited, PhaseWatch, Plane, ServerKind, is_write};
+use support::{Audited, PhaseWatch, Plane, is_write};
 
 /// The most writes one pod's lifecycle may cost (issue 17).
 const WRITE_GOAL: f64 = 4.0;
@@ -46,9 +46,6 @@ const PATIENCE: Duration = Duration::from_secs(600);
 #[derive(Debug, Parser)]
 #[command(about = "what one pod's lifecycle costs the real kube-apiserver, from its audit log")]
 struct Args {
-    /// Which API server (only the real one keeps an audit log).
-    #[arg(long, value_enum, default_value = "real")]
-    server: ServerKind,
     /// Pods going through the story at once (the figures are per pod).
     #[arg(long, default_value_t = 100)]
     pods: usize,
@@ -63,15 +60,8 @@ struct Args {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
-    let plane = Plane::start(args.server).await;
-    let Some(log) = plane.audit_log() else {
-        println!(
-            "api cost bench: {} keeps no audit log; run it with --server real",
-            plane.describe()
-        );
-        plane.finish();
-        return;
-    };
+    let plane = Plane::start().await;
+    let log = plane.audit_log();
     plane.add_nodes(&[NODE.to_owned()]).await;
     let admin = plane.admin();
     let ns = plane.namespace("bench-cost").await;

@@ -34,7 +34,7 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
-use support::{Ceiling, Operator, PhaseWatch, Plane, ServerKind, percent, percentile, test_ip};
+use support::{Ceiling, Operator, PhaseWatch, Plane, percent, percentile, test_ip};
 
 /// How many pod writes the bench makes at once while setting a size up (admin, exempt from APF).
 const SETUP_IN_FLIGHT: usize = 32;
@@ -45,9 +45,6 @@ const PATIENCE: Duration = Duration::from_secs(1_800);
 #[derive(Debug, Parser)]
 #[command(about = "ipkeep's controller measured against a Kubernetes API server")]
 struct Args {
-    /// Which API server.
-    #[arg(long, value_enum, default_value = "real")]
-    server: ServerKind,
     /// Numbers of annotated running pods, one run each (e.g. 1000,10000,30000).
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     sizes: Vec<usize>,
@@ -76,7 +73,7 @@ struct Row {
 async fn main() {
     let args = Args::parse();
     let started = Instant::now();
-    let plane = Plane::start(args.server).await;
+    let plane = Plane::start().await;
     let nodes: Vec<String> = (0..args.nodes.max(1))
         .map(|i| format!("node-{i}"))
         .collect();
@@ -110,13 +107,8 @@ async fn main() {
 
     println!("controller bench on {}", plane.describe());
     println!(
-        "  pods on {} nodes ({}), controller with its default {} workers, no leader election, Normal Events {}; load average now {}",
+        "  pods on {} nodes (Node objects, Ready, no kubelet), controller with its default {} workers, no leader election, Normal Events {}; load average now {}",
         nodes.len(),
-        if plane.is_real() {
-            "Node objects, Ready, no kubelet"
-        } else {
-            "names only"
-        },
         support::CONTROLLER_WORKERS,
         if args.normal_events {
             "on"

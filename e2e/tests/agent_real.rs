@@ -74,20 +74,6 @@ async fn lifecycle_on_the_real_api_server_as_the_agent_service_account() {
     }
 }
 
-/// A client of the agent's ServiceAccount through a fault proxy of its own.
-async fn proxied_agent_client(
-    cluster: &'static ipkeep_e2e::cluster::Cluster,
-) -> (kube::Client, FaultProxy) {
-    let proxy = FaultProxy::in_front_of(cluster)
-        .await
-        .expect("a fault proxy");
-    let config = proxy.config_through(real::account_config(cluster, real::AGENT_ACCOUNT).await);
-    (
-        kube::Client::try_from(config).expect("a client through the proxy"),
-        proxy,
-    )
-}
-
 /// The pods and addresses of the files of every network, for comparing with what the API holds.
 fn pods_and_ips(node: &Node) -> Vec<BTreeMap<String, Vec<std::net::IpAddr>>> {
     NETWORKS
@@ -130,7 +116,7 @@ async fn wait_hits(proxy: &FaultProxy, id: ipkeep_e2e::proxy::RuleId, n: usize, 
 async fn converges_through_api_faults() {
     let cluster = real::cluster().await;
     let client = cluster.client().expect("client");
-    let (agent_client, proxy) = proxied_agent_client(cluster).await;
+    let (agent_client, proxy) = real::proxied_account_client(cluster, real::AGENT_ACCOUNT).await;
     let ns = namespace(&client, "agent-faults").await;
     let a = Node::start(&agent_client, "node-a");
     a.ready().await;
@@ -297,7 +283,7 @@ async fn converges_through_api_faults() {
 async fn probes_and_metrics() {
     let cluster = real::cluster().await;
     let client = cluster.client().expect("client");
-    let (agent_client, proxy) = proxied_agent_client(cluster).await;
+    let (agent_client, proxy) = real::proxied_account_client(cluster, real::AGENT_ACCOUNT).await;
     let ns = namespace(&client, "agent-probes").await;
     let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
     let node = unique("node-a");

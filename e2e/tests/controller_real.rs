@@ -679,12 +679,7 @@ async fn start_proxied_controller(
     cluster: &'static ipkeep_e2e::cluster::Cluster,
     ns: &str,
 ) -> (RunningController, FaultProxy) {
-    let proxy = FaultProxy::in_front_of(cluster)
-        .await
-        .expect("a fault proxy");
-    let config =
-        proxy.config_through(real::account_config(cluster, real::CONTROLLER_ACCOUNT).await);
-    let client = Client::try_from(config).expect("a client through the proxy");
+    let (client, proxy) = real::proxied_account_client(cluster, real::CONTROLLER_ACCOUNT).await;
     (start_controller_in(client, Some(ns)).await, proxy)
 }
 

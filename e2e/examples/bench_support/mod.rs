@@ -37,15 +37,6 @@ pub const BENCH_MANAGER: &str = "ipkeep-bench";
 /// as many in flight, and, like the controller, no client-side rate limit (kube-rs has none).
 pub const CONTROLLER_WORKERS: usize = 8;
 
-/// Which API server a bench measures: kube-apiserver v1.34 with etcd, controller-manager and
-/// scheduler (`make cluster-bins`), the only one there is (`--server real`, the default, kept so
-/// that existing command lines still work).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ServerKind {
-    /// The real control plane.
-    Real,
-}
-
 /// The API server under measurement, and what the benches need from it.
 pub struct Plane {
     cluster: &'static Cluster,
@@ -54,10 +45,10 @@ pub struct Plane {
 }
 
 impl Plane {
-    /// Starts (or joins) the real control plane, with the IPReservation CRD installed and the
-    /// chart's RBAC applied.
-    pub async fn start(kind: ServerKind) -> Plane {
-        let ServerKind::Real = kind;
+    /// Starts (or joins) the real control plane (kube-apiserver v1.34 with etcd,
+    /// controller-manager and scheduler, `make cluster-bins`), with the IPReservation CRD
+    /// installed and the chart's RBAC applied.
+    pub async fn start() -> Plane {
         let cluster = real::cluster().await;
         real::chart_rbac(cluster).await;
         // Inside the state directory: the control plane's watchdog removes it however the bench
@@ -77,11 +68,6 @@ impl Plane {
             "real kube-apiserver v1.34 at {} (etcd without fsync, audit log on, APF on)",
             self.cluster.server()
         )
-    }
-
-    /// Whether this is the real control plane (always: the benches' reports still ask).
-    pub fn is_real(&self) -> bool {
-        true
     }
 
     /// An admin client (`system:masters`, exempt from APF).
@@ -134,13 +120,20 @@ impl Plane {
     }
 
     /// The kube-apiserver's process id.
-    pub fn apiserver_pid(&self) -> Option<u32> {
-        self.cluster.pids().get("kube-apiserver").copied()
+    pub fn apiserver_pid(&self) -> u32 {
+        self.cluster
+            .pids()
+            .get("kube-apiserver")
+            .copied()
+            .expect("the control plane runs kube-apiserver")
     }
 
     /// The audit log.
-    pub fn audit_log(&self) -> Option<PathBuf> {
-        self.cluster.audit_log_path().map(Path::to_path_buf)
+    pub fn audit_log(&self) -> PathBuf {
+        self.cluster
+            .audit_log_path()
+            .expect("the shared control plane keeps an audit log")
+            .to_path_buf()
     }
 
     /// A scratch directory `name` of this run (removed with the control plane's state, or by

@@ -73,7 +73,7 @@ pub fn reservation(
     )
 }
 
-/// One simulated node: an agent running in this process on its own data directory.
+/// One node as its agent sees it: an agent running in this process on its own data directory.
 pub struct Node {
     /// The node's name.
     pub name: String,

@@ -13,7 +13,7 @@ pub use crate::shared::*;
 
 use std::path::Path;
 
-use ipkeep_e2e::cluster::Cluster;
+use ipkeep_e2e::{cluster::Cluster, proxy::FaultProxy};
 
 /// The node every controller scenario binds its pods to (`fixtures/controller.rs` says
 /// `node-a`): a Node object, Ready and untainted, so that the pod garbage collector does not
@@ -107,14 +107,23 @@ pub async fn chart_rbac(cluster: &'static Cluster) -> &'static str {
     .await
 }
 
-/// A client configuration of the chart's ServiceAccount `account` (to point through a fault
-/// proxy).
-pub async fn account_config(cluster: &'static Cluster, account: &str) -> kube::Config {
+/// A client of the chart's ServiceAccount `account` whose requests go through a fault proxy of
+/// its own (the test's own requests go straight to the API server), and that proxy.
+pub async fn proxied_account_client(
+    cluster: &'static Cluster,
+    account: &str,
+) -> (kube::Client, FaultProxy) {
     let ns = chart_rbac(cluster).await;
-    cluster
+    let config = cluster
         .service_account_config(ns, account)
         .await
-        .unwrap_or_else(|e| panic!("failed to configure a client of {ns}/{account}: {e}"))
+        .unwrap_or_else(|e| panic!("failed to configure a client of {ns}/{account}: {e}"));
+    let proxy = FaultProxy::in_front_of(cluster)
+        .await
+        .expect("a fault proxy");
+    let client =
+        kube::Client::try_from(proxy.config_through(config)).expect("a client through the proxy");
+    (client, proxy)
 }
 
 /// A client of the controller's ServiceAccount (exactly the chart's RBAC).
