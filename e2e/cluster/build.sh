@@ -74,7 +74,9 @@ update_modules() {
     "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" && go mod tidy)
 }
 
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=readonly -trimpath"
+# -trimpath and -buildvcs=false: the binaries depend on the sources and versions only, not on the
+# checkout path or the commit of this repository the wrapper modules sit in.
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=readonly -trimpath -buildvcs=false"
 
 mode=plane
 case "${1:-}" in
