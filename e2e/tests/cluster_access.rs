@@ -305,6 +305,20 @@ async fn proxied_client(cluster: &Cluster, proxy: &FaultProxy, ns: &str) -> kube
     kube::Client::try_from(proxy.config_through(config)).expect("a client through the proxy")
 }
 
+/// The shared control plane, a fresh namespace `prefix-…`, a fault proxy of the test's own, and a
+/// client of the ServiceAccount `proxied` of that namespace through it ([`proxied_client`]).
+async fn through_a_proxy(prefix: &str) -> (&'static Cluster, String, FaultProxy, kube::Client) {
+    let cluster = ipkeep_e2e::cluster::shared()
+        .await
+        .expect("the shared control plane");
+    let ns = cluster.fresh_namespace(prefix).await.expect("namespace");
+    let proxy = FaultProxy::in_front_of(cluster)
+        .await
+        .expect("a fault proxy");
+    let client = proxied_client(cluster, &proxy, &ns).await;
+    (cluster, ns, proxy, client)
+}
+
 fn config_map(name: &str) -> ConfigMap {
     serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "data": {"k": "v"}}))
         .unwrap()
@@ -321,17 +335,7 @@ fn api_code<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String)
 /// and each rule does what it says to exactly the requests it matches, for as many as it says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fault_proxy_keeps_the_identity_and_injects_http_errors() {
-    let cluster = ipkeep_e2e::cluster::shared()
-        .await
-        .expect("the shared control plane");
-    let ns = cluster
-        .fresh_namespace("proxy-http")
-        .await
-        .expect("namespace");
-    let proxy = FaultProxy::in_front_of(cluster)
-        .await
-        .expect("a fault proxy");
-    let client = proxied_client(cluster, &proxy, &ns).await;
+    let (cluster, ns, proxy, client) = through_a_proxy("proxy-http").await;
     let pp = PostParams::default();
 
     // Who the API server sees, through the proxy.
@@ -476,17 +480,7 @@ async fn the_fault_proxy_keeps_the_identity_and_injects_http_errors() {
 async fn the_fault_proxy_expires_cuts_and_closes_watches() {
     use futures::{StreamExt, TryStreamExt};
     use kube::api::{WatchEvent, WatchParams};
-    let cluster = ipkeep_e2e::cluster::shared()
-        .await
-        .expect("the shared control plane");
-    let ns = cluster
-        .fresh_namespace("proxy-watch")
-        .await
-        .expect("namespace");
-    let proxy = FaultProxy::in_front_of(cluster)
-        .await
-        .expect("a fault proxy");
-    let client = proxied_client(cluster, &proxy, &ns).await;
+    let (_, ns, proxy, client) = through_a_proxy("proxy-watch").await;
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     for name in ["w-0", "w-1", "w-2"] {
         maps.create(&PostParams::default(), &config_map(name))
@@ -577,17 +571,7 @@ async fn the_fault_proxy_expires_cuts_and_closes_watches() {
 /// Kubectl (Go's TLS and HTTP client) through a kubeconfig rewritten to point through the proxy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_runs_through_the_fault_proxy() {
-    let cluster = ipkeep_e2e::cluster::shared()
-        .await
-        .expect("the shared control plane");
-    let ns = cluster
-        .fresh_namespace("proxy-kubectl")
-        .await
-        .expect("namespace");
-    let proxy = FaultProxy::in_front_of(cluster)
-        .await
-        .expect("a fault proxy");
-    proxied_client(cluster, &proxy, &ns).await;
+    let (cluster, ns, proxy, _) = through_a_proxy("proxy-kubectl").await;
     let direct = cluster.state_dir().join(format!("proxied-{ns}.kubeconfig"));
     let through = cluster
         .state_dir()
@@ -634,22 +618,12 @@ async fn kubectl_runs_through_the_fault_proxy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fault_proxy_subcommand_takes_rules_over_http() {
     use std::io::{BufRead, BufReader, Read, Write};
-    let cluster = ipkeep_e2e::cluster::shared()
-        .await
-        .expect("the shared control plane");
-    let ns = cluster
-        .fresh_namespace("proxy-cli")
-        .await
-        .expect("namespace");
+    // The account and its token, made through a throwaway in-process proxy.
+    let (cluster, ns, _setup, _) = through_a_proxy("proxy-cli").await;
     let direct = cluster.state_dir().join(format!("proxied-{ns}.kubeconfig"));
     let through = cluster
         .state_dir()
         .join(format!("proxied-{ns}-through.kubeconfig"));
-    // The account and its token, made through a throwaway in-process proxy.
-    let setup = FaultProxy::in_front_of(cluster)
-        .await
-        .expect("a fault proxy");
-    proxied_client(cluster, &setup, &ns).await;
     cluster
         .write_service_account_kubeconfig(&ns, "proxied", &direct)
         .await
