@@ -1,5 +1,7 @@
-# ipkeep — the two commands a newcomer needs are `make test` and (later) `make demo`.
-# Every target installs what it needs and is safe to re-run.
+# ipkeep — the two commands a newcomer needs are `make demo` and `make test`.
+# Every target installs what it needs and is safe to re-run: what a target's recipe needs is one of
+# its own prerequisites (the install steps deps, packaging-deps and docker-deps included), so the
+# order holds under make -j too.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -22,14 +24,28 @@ IMAGE_ARCHIVE := target/image/ipkeep.oci.tar
 # The Docker driver, static like the others: it is the managed plugin bundle's whole rootfs.
 DOCKER_BIN := target/$(HOST_TRIPLE)/release/ipkeep-docker
 DOCKER_PLUGIN_DIR := target/docker-plugin
+# Announces a step and how long it took (a cold static release build takes minutes).
+STEP := scripts/step.sh
 
-.PHONY: all build plugin test lint deps demo bench bench-controller bench-agent bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins docker-plugin bench-docker
+.PHONY: all build plugin test lint deps packaging-deps docker-deps demo bench bench-controller bench-agent \
+  bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins docker-plugin \
+  bench-docker plan-demo plan-test
 
 all: build
 
-## deps: install the Debian packages the tests use (reference CNI plugins, iproute2).
+## deps: install the Debian packages the tests, the benches, the real nodes and the demo use (the
+## reference CNI plugins, runc, iptables, busybox-static, promtool, ...: scripts/debian-packages.sh).
 deps:
 	@./scripts/install-deps.sh
+
+## packaging-deps: install what the images and the chart tests use (buildah, readelf,
+## kubernetes-validate in .venv).
+packaging-deps:
+	@./scripts/install-packaging-deps.sh
+
+## docker-deps: install what the Docker driver's tests use (docker.io, docker-compose, busybox-static).
+docker-deps:
+	@./scripts/install-docker-deps.sh
 
 ## cluster-bins: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and helm,
 ## built from their Go modules (versions in e2e/cluster/versions.env) into a version-keyed cache
@@ -40,17 +56,20 @@ cluster-bins:
 
 ## node-bins: what the real test nodes run (kubelet, kube-proxy, containerd 2, its runc shim, ctr,
 ## the sandbox's pause program; versions in e2e/cluster/versions.env) into the same kind of cache,
-## and the node images (pause, busybox workload) as OCI archives; runc and the CNI plugins come
-## from Debian (make deps). See docs/real-nodes.md.
-node-bins:
-	@e2e/cluster/build.sh --node >/dev/null && scripts/build-node-images.sh "$$(e2e/cluster/build.sh --print-node-bin-dir)" >/dev/null
+## and the node images (pause, busybox workload) as OCI archives with buildah; runc and the CNI
+## plugins come from Debian (make deps). See docs/real-nodes.md.
+node-bins: deps packaging-deps
+	@e2e/cluster/build.sh --node >/dev/null
+	@$(STEP) node-bins "the node images (pause, busybox workload)" \
+	  scripts/build-node-images.sh "$$(e2e/cluster/build.sh --print-node-bin-dir)" >/dev/null
 
 build:
 	$(CARGO) build --workspace --all-targets
 
 ## plugin: the release `ipkeep` binary, statically linked, at $(PLUGIN_BIN).
 plugin:
-	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --release -p ipkeep-plugin --target $(HOST_TRIPLE)
+	@$(STEP) plugin "ipkeep, a static release build" env RUSTFLAGS="-C target-feature=+crt-static" \
+	  $(CARGO) build -q --release -p ipkeep-plugin --target $(HOST_TRIPLE)
 
 ## lint: formatting and clippy, warnings are errors.
 lint:
@@ -60,20 +79,16 @@ lint:
 ## test: every test CI runs (needs root for the network-namespace tests and the real nodes); the
 ## plugin's suites run twice, against the debug build and against the static release binary that
 ## ships. The image archive (`make image`) is what the chart test installs on the real nodes.
-# build.sh prints the bin dir last: the real-control-plane suites and the kubectl tests use the
-# binaries there (kubectl of the same version as the API server), never the machine's own.
-test:
-	@./scripts/install-deps.sh && ./scripts/install-packaging-deps.sh && \
-	  bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
-	  node_bin_dir=$$(e2e/cluster/build.sh --node | tail -n 1) && \
+# The real-control-plane suites and the kubectl tests use the binaries `make cluster-bins` built
+# (kubectl of the same version as the API server), never the machine's own. lint comes first: it
+# fails in minutes, before the long builds.
+test: plan-test lint deps packaging-deps docker-deps cluster-bins node-bins plugin image docker-plugin
+	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
+	  node_bin_dir=$$(e2e/cluster/build.sh --print-node-bin-dir) && \
 	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
 	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" && \
 	  export IPKEEP_NODE_BIN_DIR="$$node_bin_dir" IPKEEP_NODE_IMAGE_DIR="$$node_image_dir" && \
 	  echo "make test: control plane binaries and kubectl from $$bin_dir, node binaries from $$node_bin_dir" && \
-	  $(MAKE) --no-print-directory lint && \
-	  $(MAKE) --no-print-directory plugin && \
-	  $(MAKE) --no-print-directory image && \
-	  $(MAKE) --no-print-directory docker-plugin && ./scripts/install-docker-deps.sh && \
 	  $(CARGO) test --workspace --no-fail-fast 2>&1 | tee target/test.log && \
 	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \
 	  IPKEEP_TEST_BIN=$(CURDIR)/$(PLUGIN_BIN) $(CARGO) test -p ipkeep-plugin --tests 2>&1 | tee -a target/test.log
@@ -87,8 +102,8 @@ bench: deps plugin
 
 # The benches measure the real control plane; each prints its figures with the ceiling measured
 # in the same run. See docs/benchmarks.md. BENCH_ENV exports the built control plane binaries
-# and the release operator.
-BENCH_ENV = bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
+# (make cluster-bins, a prerequisite of each) and the release operator.
+BENCH_ENV = bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
 	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" \
 	    IPKEEP_OPERATOR_BIN=$(CURDIR)/target/release/ipkeep-operator && \
 	  $(CARGO) build --release -p ipkeep-operator --bin ipkeep-operator
@@ -97,37 +112,46 @@ BENCH_ENV = bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
 ## annotated pods (ARGS="--sizes 1000,10000,30000" for more): time until every reservation is
 ## Bound and Released, peak RSS, lateness of 1 000 expiries due in the same second, each beside
 ## the API server's ceiling for the same writes.
-bench-controller:
+bench-controller: deps cluster-bins
 	@$(BENCH_ENV) && $(CARGO) run --release -p ipkeep-e2e --example bench_controller -- $(ARGS)
 
 ## bench-agent: the node agent against the real API server: change → file latency with 5 000
 ## reservations at 100 changes/s beside a bare watch's, and what 50 agents add to the
 ## kube-apiserver's CPU and memory (projected to 5 000 nodes).
-bench-agent:
+bench-agent: deps cluster-bins
 	@$(BENCH_ENV) && $(CARGO) run --release -p ipkeep-e2e --example bench_agent -- $(ARGS)
 
 ## bench-api-cost: what one pod's lifecycle (create → delete → re-create → delete → expire) costs
 ## the real API server, per verb, for the controller and the agent, from the audit log; says
 ## whether "at most 4 writes per pod" and "no LIST after start-up" hold.
-bench-api-cost:
+bench-api-cost: deps cluster-bins
 	@$(BENCH_ENV) && $(CARGO) run --release -p ipkeep-e2e --example bench_api_cost -- $(ARGS)
 
 ## demo: the whole system on this machine, on real nodes: the control plane and two nodes running
 ## kubelet, containerd, runc and kube-proxy, ipkeep installed with `helm install` from charts/ipkeep
 ## and `make image`'s archive, and the story of a busybox StatefulSet pod keeping its IP, told step
-## by step with kubectl. Builds what it needs first (cluster-bins, node-bins, image; all cached).
+## by step with kubectl. Installs and builds what it needs first (deps, packaging-deps,
+## cluster-bins, node-bins, image; all cached), having said what and for how long (plan-demo).
 ## KEEP=1 keeps it running after the story (until Ctrl-C) and prints the KUBECONFIG. Needs root.
 ## Everything it starts is stopped and removed when it ends or is interrupted.
-demo: cluster-bins node-bins image
-	@./scripts/install-deps.sh && \
-	  bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
-	  $(CARGO) build -q -p ipkeep-plugin -p ipkeep-operator -p ipkeep-e2e --bins && \
+demo: plan-demo deps packaging-deps cluster-bins node-bins image
+	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
+	  $(STEP) demo "the demo program (ipkeep-e2e, ipkeep, ipkeep-operator; debug builds)" \
+	    $(CARGO) build -q -p ipkeep-plugin -p ipkeep-operator -p ipkeep-e2e --bins && \
 	  target_dir=$$($(CARGO) metadata --format-version 1 --no-deps | sed 's/.*"target_directory":"\([^"]*\)".*/\1/') && \
 	  log="$$target_dir/demo.log" && echo "make demo: the components' own logs go to $$log" && \
 	  IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" "$$target_dir/debug/ipkeep-e2e" demo $(if $(KEEP),--keep) \
 	    --image-archive $(IMAGE_ARCHIVE) 2>"$$log" || \
 	  { status=$$?; [ $$status -eq 130 ] && echo "make demo: interrupted; everything it started is gone" && exit 130; \
 	    echo "make demo: failed; the end of $$log:"; tail -n 25 "$$log"; exit $$status; }
+
+## plan-demo, plan-test: what a first `make demo` or `make test` on this machine is about to install
+## and build, and roughly how long each part takes (nothing once everything is cached).
+plan-demo:
+	@scripts/build-plan.sh demo
+
+plan-test:
+	@scripts/build-plan.sh test
 
 fmt:
 	$(CARGO) fmt --all
@@ -142,35 +166,36 @@ crds:
 # and every page it maps costs. The operator is a long-running daemon: thin LTO and 16 codegen units
 # build it several times faster on two cores for the same speed where it matters (the network).
 operator-static:
-	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --locked --release -p ipkeep-operator --target $(HOST_TRIPLE) \
+	@$(STEP) operator-static "ipkeep-operator, a static release build" env RUSTFLAGS="-C target-feature=+crt-static" \
+	  $(CARGO) build -q --locked --release -p ipkeep-operator --target $(HOST_TRIPLE) \
 	  --config 'profile.release.lto="thin"' --config 'profile.release.codegen-units=16'
 
 ## image: the runtime image (FROM scratch, both static binaries, user 65532) built offline with
 ## buildah into the OCI archive $(IMAGE_ARCHIVE), named ipkeep:<version>.
-image: plugin operator-static
-	@./scripts/install-packaging-deps.sh
-	./scripts/build-image.sh target/$(HOST_TRIPLE)/release $(IMAGE_ARCHIVE)
+image: packaging-deps plugin operator-static
+	@$(STEP) image "the image archive $(IMAGE_ARCHIVE) (buildah)" \
+	  ./scripts/build-image.sh target/$(HOST_TRIPLE)/release $(IMAGE_ARCHIVE)
 
 ## chart-test: the Helm chart and image tests alone (helm and the control plane from
 ## `make cluster-bins`; the components the chart runs are the static operator binary).
-chart-test: plugin operator-static
-	@./scripts/install-packaging-deps.sh
+chart-test: deps packaging-deps cluster-bins plugin operator-static
 	IPKEEP_OPERATOR_BIN=$(CURDIR)/$(OPERATOR_BIN) $(CARGO) test -p ipkeep-e2e \
 	  --test chart_helm --test image_build --test chart_install --test chart_rbac
 
 ## docker-plugin: the static `ipkeep-docker` at $(DOCKER_BIN) and the managed plugin bundle
 ## ($(DOCKER_PLUGIN_DIR): config.json + rootfs) that `docker plugin create ipkeep $(DOCKER_PLUGIN_DIR)`
 ## takes. A long-running daemon like the operator: built with the operator's thin LTO.
+# Its readelf check needs binutils, which no install step has to add: the C linker Rust uses needs it.
 docker-plugin:
-	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --locked --release -p ipkeep-docker --target $(HOST_TRIPLE) \
+	@$(STEP) docker-plugin "ipkeep-docker, a static release build" env RUSTFLAGS="-C target-feature=+crt-static" \
+	  $(CARGO) build -q --locked --release -p ipkeep-docker --target $(HOST_TRIPLE) \
 	  --config 'profile.release.lto="thin"' --config 'profile.release.codegen-units=16'
 	./scripts/build-docker-plugin.sh $(DOCKER_BIN) $(DOCKER_PLUGIN_DIR)
 
 ## bench-docker: RequestAddress latency through the driver's socket (p50/p99), and `docker run`
 ## on a network of the driver beside one of Docker's built-in IPAM, on a dockerd started for the
-## run (needs root and scripts/install-docker-deps.sh, which it runs).
-bench-docker: docker-plugin
-	@./scripts/install-docker-deps.sh
+## run (needs root; installs what it needs with make docker-deps).
+bench-docker: docker-deps docker-plugin
 	IPKEEP_DOCKER_BIN=$(CURDIR)/$(DOCKER_BIN) $(CARGO) run --release -p ipkeep-docker --example bench_docker \
 	  --config 'profile.release.lto="thin"' --config 'profile.release.codegen-units=16'
 
@@ -178,12 +203,12 @@ bench-docker: docker-plugin
 ## `make image`'s archive: `kubectl delete pod` to the successor Ready for a retained StatefulSet
 ## pod beside an unannotated one (p50/p99, 20 each), the plugin's ADD as containerd logs it, and
 ## the controller's and agents' pod cgroup memory. Needs root; prints figures, asserts none.
-bench-e2e: image
-	@./scripts/install-deps.sh && \
-	  bin_dir=$$(e2e/cluster/build.sh | tail -n 1) && \
-	  node_bin_dir=$$(e2e/cluster/build.sh --node | tail -n 1) && \
+bench-e2e: deps cluster-bins node-bins image
+	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
+	  node_bin_dir=$$(e2e/cluster/build.sh --print-node-bin-dir) && \
 	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
 	  $(CARGO) build -q -p ipkeep-e2e --bin ipkeep-e2e --example bench_e2e && \
 	  IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" \
 	  IPKEEP_NODE_BIN_DIR="$$node_bin_dir" IPKEEP_NODE_IMAGE_DIR="$$node_image_dir" \
 	  IPKEEP_IMAGE_ARCHIVE=$(CURDIR)/$(IMAGE_ARCHIVE) target/debug/examples/bench_e2e
+

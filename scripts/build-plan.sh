@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Says, before a first `make demo` or `make test` on a machine, what it is about to install and
+# build and roughly how long each part takes on two cores; says only that all is in place once
+# it is (every part is cached: the Go builds outside the tree, the Rust builds in target/).
+#
+#   scripts/build-plan.sh demo|test
+#
+# The figures are cold builds on the 2-core development machine; each part prints its own
+# progress and duration as it goes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/debian-packages.sh
+. scripts/debian-packages.sh
+
+die() { echo "build-plan: error: $*" >&2; exit 1; }
+
+[ $# -eq 1 ] || die "usage: $0 demo|test"
+goal=$1
+case $goal in
+  demo) steps=(deps packaging-deps) ;;
+  test) steps=(deps packaging-deps docker-deps) ;;
+  *) die "no plan for make $goal" ;;
+esac
+
+triple=$(rustc -vV | sed -n 's/^host: //p')
+target_dir=${CARGO_TARGET_DIR:-target}
+release=$target_dir/$triple/release
+
+parts=()
+minutes=0
+# part MINUTES WHAT: one line of the plan.
+part() {
+  minutes=$(( minutes + $1 ))
+  if [ "$1" -eq 0 ]; then parts+=("$2: seconds"); else parts+=("$2: about $1 min"); fi
+}
+
+mapfile -t missing < <(debian_packages_missing "${steps[@]}")
+[ ${#missing[@]} -eq 0 ] || part 2 "Debian packages ${missing[*]}"
+[ -x .venv/bin/kubernetes-validate ] || part 1 "kubernetes-validate into .venv (the chart tests)"
+[ -d "$(e2e/cluster/build.sh --print-bin-dir)" ] \
+  || part 9 "the control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm) from its Go modules, once per machine"
+[ -d "$(e2e/cluster/build.sh --print-node-bin-dir)" ] \
+  || part 2 "the node binaries (kubelet, kube-proxy, containerd, its runc shim, ctr, pause) from their Go modules, once per machine, and the node images"
+[ -x "$release/ipkeep" ] || part 1 "ipkeep (the CNI plugin), a static release build"
+[ -x "$release/ipkeep-operator" ] || part 3 "ipkeep-operator (controller, agent, install-cni), a static release build"
+part 0 "the image ipkeep:<version> (buildah) from those two"
+case $goal in
+  demo)
+    [ -x "$target_dir/debug/ipkeep-e2e" ] || part 3 "the demo program (ipkeep-e2e, a debug build)"
+    ;;
+  test)
+    [ -x "$release/ipkeep-docker" ] || part 2 "ipkeep-docker (the Docker IPAM driver), a static release build"
+    [ -x "$target_dir/debug/ipkeep-e2e" ] || part 8 "make lint (clippy) and the test binaries, debug builds"
+    ;;
+esac
+
+if [ ${#parts[@]} -eq 1 ]; then
+  echo "make $goal: everything it runs is built; checking it is up to date" >&2
+  exit 0
+fi
+echo "make $goal: a first run on this machine installs and builds what it needs (cached afterwards), about $minutes min on two cores:" >&2
+for p in "${parts[@]}"; do echo "  - $p" >&2; done
+case $goal in
+  demo) echo "  then the demo itself: about 2 min" >&2 ;;
+  test) echo "  then every suite, the real control plane and real nodes included" >&2 ;;
+esac
