@@ -29,7 +29,7 @@ STEP := scripts/step.sh
 
 .PHONY: all build plugin test lint deps packaging-deps docker-deps demo bench bench-controller bench-agent \
   bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins docker-plugin \
-  bench-docker plan-demo plan-test
+  bench-docker plan-demo plan-test check-fresh
 
 all: build
 
@@ -211,4 +211,13 @@ bench-e2e: deps cluster-bins node-bins image
 	  IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" \
 	  IPKEEP_NODE_BIN_DIR="$$node_bin_dir" IPKEEP_NODE_IMAGE_DIR="$$node_image_dir" \
 	  IPKEEP_IMAGE_ARCHIVE=$(CURDIR)/$(IMAGE_ARCHIVE) target/debug/examples/bench_e2e
+
+## check-fresh: the README's first commands on a machine without what the install steps install
+## (root, Debian; run it before resolving any change to an install step or a dependency): removes
+## those packages (never one the system needs) and .venv, clones HEAD into a temporary directory and
+## runs `make demo` then `make test` there, with each one's wall time and what each install step
+## installed. ARGS="--cold-go" also empties the Go-built binaries' cache and Go's own caches;
+## ARGS="--dry-run" only says what it would remove. See docs/testing.md.
+check-fresh:
+	@scripts/check-fresh.sh $(ARGS)
 

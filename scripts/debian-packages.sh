@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # The Debian packages ipkeep's make targets install, each named once: the install steps that need
 # it, the package, and a shell test that holds when what the project uses of it is already there.
-# Sourced by the three install scripts, each of which installs the missing packages of its step.
+# Sourced by the three install scripts (each installs the missing packages of its step) and by
+# scripts/check-fresh.sh (which removes them again, to prove the steps on a machine without them).
 #
 #   deps            scripts/install-deps.sh            the tests, the benches, the real nodes, the demo
 #   packaging-deps  scripts/install-packaging-deps.sh  the image, the node images, the chart tests
@@ -76,7 +77,7 @@ debian_packages_missing() {
 }
 
 # debian_install WHO STEP: installs the missing packages of STEP, as root, saying
-# "WHO: installing PACKAGE..." on stderr.
+# "WHO: installing PACKAGE..." on stderr (scripts/check-fresh.sh reports these lines).
 # Recommended packages are left out and no package's service is started: the tests use the
 # packages' programs and start every daemon they need themselves.
 debian_install() {
