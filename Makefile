@@ -29,7 +29,7 @@ STEP := scripts/step.sh
 
 .PHONY: all build plugin test lint deps packaging-deps docker-deps demo bench bench-controller bench-agent \
   bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins docker-plugin \
-  bench-docker plan-demo plan-test check-fresh
+  bench-docker plan-demo plan-test check-fresh release release-check
 
 all: build
 
@@ -71,8 +71,8 @@ plugin:
 	@$(STEP) plugin "ipkeep, a static release build" env RUSTFLAGS="-C target-feature=+crt-static" \
 	  $(CARGO) build -q --release -p ipkeep-plugin --target $(HOST_TRIPLE)
 
-## lint: formatting and clippy, warnings are errors.
-lint:
+## lint: the versions agree (make release-check), formatting, and clippy with warnings as errors.
+lint: release-check
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
@@ -221,3 +221,12 @@ bench-e2e: deps cluster-bins node-bins image
 check-fresh:
 	@scripts/check-fresh.sh $(ARGS)
 
+## release-check: Cargo.toml's version, Chart.yaml's version and appVersion and CHANGELOG.md's
+## newest release agree (and the release's tag, when there is one, is the commit it lists).
+release-check:
+	@scripts/release.sh --check
+
+## release: the release artifacts of the workspace version in target/release-artifacts/: the chart
+## (helm package) and the image archive ipkeep-<version>.oci.tar. See CHANGELOG.md.
+release: release-check cluster-bins image
+	@scripts/release.sh

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# One version names a release: the workspace's (Cargo.toml, [workspace.package] version). This
+# checks that everything else that says it agrees, and writes a release's artifacts.
+#
+#   scripts/release.sh --check   (make release-check, part of make lint) Chart.yaml's version and
+#                                appVersion and CHANGELOG.md's newest release are the workspace
+#                                version, and the tag v<version>, where it exists, is the commit
+#                                CHANGELOG.md lists for that release. Builds nothing.
+#   scripts/release.sh           (make release, which builds helm and the image first) the check,
+#                                then writes to target/release-artifacts/: ipkeep-<version>.tgz
+#                                (helm package of charts/ipkeep), ipkeep-<version>.oci.tar (make
+#                                image's archive, checked to be named ipkeep:<version>), SHA256SUMS.
+#
+# The image tag needs no check of its own: scripts/build-image.sh reads it from Cargo.toml.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { echo "release: $*" >&2; }
+die() { echo "release: error: $*" >&2; exit 1; }
+
+check_only=
+case ${1:-} in
+  --check) check_only=1 ;;
+  "") ;;
+  *) die "usage: $0 [--check]" ;;
+esac
+[ $# -le 1 ] || die "usage: $0 [--check]"
+
+chart=charts/ipkeep/Chart.yaml
+version=$(sed -n '/^\[workspace\.package\]/,/^\[/ s/^version = "\(.*\)"$/\1/p' Cargo.toml)
+[ -n "$version" ] || die "Cargo.toml has no [workspace.package] version"
+chart_version=$(sed -n -E 's/^version: *"?([^" ]*)"? *$/\1/p' "$chart")
+app_version=$(sed -n -E 's/^appVersion: *"?([^" ]*)"? *$/\1/p' "$chart")
+# The first "## [x.y.z]" heading; "## [Unreleased]" does not start with a digit.
+changelog_version=$(sed -n -E '/^## \[[0-9]/{s/^## \[([^]]*)\].*/\1/p;q}' CHANGELOG.md)
+
+problems=()
+[ "$chart_version" = "$version" ] \
+  || problems+=("$chart's version is '${chart_version}', the workspace version (Cargo.toml) is $version")
+[ "$app_version" = "$version" ] \
+  || problems+=("$chart's appVersion is '${app_version}', the workspace version (Cargo.toml) is $version")
+[ "$changelog_version" = "$version" ] \
+  || problems+=("CHANGELOG.md's newest release is '${changelog_version}', the workspace version (Cargo.toml) is $version: add its '## [$version] — <date>' section (moving what [Unreleased] lists), or set the version back")
+
+# The release's commit: listed in its changelog section once known ("Commit: `<40 hex>`").
+commit=$(sed -n -E "/^## \\[${version//./\\.}\\]/,/^## \\[/ s/^Commit: \`([0-9a-f]{40})\`.*/\\1/p" CHANGELOG.md)
+tag=v$version
+tag_commit=
+note=
+if git rev-parse --git-dir >/dev/null 2>&1; then
+  tag_commit=$(git rev-parse -q --verify "refs/tags/$tag^{commit}" || true)
+  # A copy with its history cut or rewritten lacks the commit: that is no disagreement.
+  if [ -n "$commit" ] && ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
+    note=" (not in this copy's history)"
+  fi
+  if [ -n "$tag_commit" ] && [ -n "$commit" ] && [ "$tag_commit" != "$commit" ]; then
+    problems+=("tag $tag is commit $tag_commit, but CHANGELOG.md lists $commit for $version")
+  fi
+fi
+
+if [ ${#problems[@]} -gt 0 ]; then
+  for p in "${problems[@]}"; do echo "release: error: $p" >&2; done
+  die "${#problems[@]} disagreement(s) about release $version (docs/testing.md#releases-make-release)"
+fi
+if [ -n "$check_only" ]; then
+  say "version $version in Cargo.toml, $chart and CHANGELOG.md${commit:+; released as commit ${commit:0:12}$note}${tag_commit:+ (tag $tag)}"
+  exit 0
+fi
+
+# ----- the artifacts -----
+
+helm=$(e2e/cluster/build.sh --print-bin-dir)/helm
+[ -x "$helm" ] || die "$helm is not built: run make cluster-bins (make release does)"
+image=target/image/ipkeep.oci.tar
+[ -s "$image" ] || die "$image is missing: run make image (make release does)"
+index=$(tar -xOf "$image" index.json) || die "$image is not an OCI archive (no index.json)"
+grep -E "\"org\\.opencontainers\\.image\\.ref\\.name\": *\"ipkeep:${version//./\\.}\"" <<<"$index" >/dev/null \
+  || die "$image is not named ipkeep:$version: run make image again"
+
+out=target/release-artifacts
+rm -rf "$out"
+mkdir -p "$out"
+helm_home=$(mktemp -d)
+trap 'rm -rf "$helm_home"' EXIT
+# helm's own configuration and caches stay out of the user's home.
+HELM_CONFIG_HOME=$helm_home/config HELM_CACHE_HOME=$helm_home/cache HELM_DATA_HOME=$helm_home/data \
+  "$helm" package charts/ipkeep --destination "$out" >/dev/null
+[ -s "$out/ipkeep-$version.tgz" ] || die "helm package wrote no $out/ipkeep-$version.tgz"
+cp "$image" "$out/ipkeep-$version.oci.tar"
+(cd "$out" && sha256sum "ipkeep-$version.tgz" "ipkeep-$version.oci.tar" >SHA256SUMS)
+
+head=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+dirty=
+[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || dirty=", with uncommitted changes"
+say "ipkeep $version from commit $head$dirty:"
+for f in "ipkeep-$version.tgz" "ipkeep-$version.oci.tar" SHA256SUMS; do
+  say "  $out/$f ($(du -h "$out/$f" | cut -f1))"
+done
+if [ -z "$tag_commit" ]; then
+  say "not tagged yet: once this commit is the release, git tag -a $tag $head -m 'ipkeep $version', and list the commit in CHANGELOG.md"
+fi
