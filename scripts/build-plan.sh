@@ -31,7 +31,7 @@ minutes=0
 # part MINUTES WHAT: one line of the plan.
 part() {
   minutes=$(( minutes + $1 ))
-  if [ "$1" -eq 0 ]; then parts+=("$2: seconds"); else parts+=("$2: about $1 min"); fi
+  if [ "$1" -eq 0 ]; then parts+=("$2: under a minute"); else parts+=("$2: about $1 min"); fi
 }
 
 mapfile -t missing < <(debian_packages_missing "${steps[@]}")
@@ -41,7 +41,7 @@ mapfile -t missing < <(debian_packages_missing "${steps[@]}")
   || part 9 "the control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm) from its Go modules, once per machine"
 [ -d "$(e2e/cluster/build.sh --print-node-bin-dir)" ] \
   || part 2 "the node binaries (kubelet, kube-proxy, containerd, its runc shim, ctr, pause) from their Go modules, once per machine, and the node images"
-[ -x "$release/ipkeep" ] || part 1 "ipkeep (the CNI plugin), a static release build"
+[ -x "$release/ipkeep" ] || part 0 "ipkeep (the CNI plugin), a static release build"
 [ -x "$release/ipkeep-operator" ] || part 3 "ipkeep-operator (controller, agent, install-cni), a static release build"
 part 0 "the image ipkeep:<version> (buildah) from those two"
 case $goal in
