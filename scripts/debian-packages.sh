@@ -11,6 +11,8 @@
 # Not here, because Debian 12 has no package at a version that works or because nothing builds
 # without them: Rust 1.89 or later with its C toolchain (gcc and libc6-dev: the static builds
 # link libc.a), Go 1.26 or later (e2e/cluster/build.sh says so when it is missing), make and git.
+# Nor what every Debian system has (Essential or priority required): coreutils, tar, mount,
+# e2fsprogs (chattr), dash, grep, sed, mawk.
 
 # STEPS|PACKAGE|TEST
 DEBIAN_PACKAGES=(
@@ -22,6 +24,10 @@ DEBIAN_PACKAGES=(
   'deps|time|[ -x /usr/bin/time ]'
   # setpriv (every control plane process dies with its owner), nsenter and unshare (real nodes).
   'deps|util-linux|command -v setpriv && command -v nsenter && command -v unshare'
+  # kill(1): the tests signal the processes they start (they exec it: bash's builtin is no help).
+  'deps|procps|[ -x /bin/kill ] || [ -x /usr/bin/kill ]'
+  # modprobe overlay, when the real nodes' overlay filesystem is a module not loaded yet.
+  'deps|kmod|[ -x /sbin/modprobe ] || [ -x /usr/sbin/modprobe ]'
   # promtool checks the controller's /metrics.
   'deps|prometheus|command -v promtool'
   # Under our containerd 2 on the real nodes (never Debian's containerd: 1.6 is too old for the
