@@ -35,7 +35,7 @@ part() {
 }
 
 mapfile -t missing < <(debian_packages_missing "${steps[@]}")
-[ ${#missing[@]} -eq 0 ] || part 2 "Debian packages ${missing[*]}"
+[ ${#missing[@]} -eq 0 ] || part 1 "Debian packages ${missing[*]}"
 [ -x .venv/bin/kubernetes-validate ] || part 1 "kubernetes-validate into .venv (the chart tests)"
 [ -d "$(e2e/cluster/build.sh --print-bin-dir)" ] \
   || part 9 "the control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm) from its Go modules, once per machine"
