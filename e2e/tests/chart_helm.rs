@@ -105,6 +105,9 @@ const VARIANTS: &[Variant] = &[
     Variant {
         name: "everything-changed",
     },
+    Variant {
+        name: "no-placement",
+    },
 ];
 
 impl Variant {
@@ -388,6 +391,11 @@ fn the_controller_is_two_hardened_leader_elected_replicas() {
             "--lease-name=ipkeep-controller",
             "--lease-namespace=$(POD_NAMESPACE)",
             "--identity=$(POD_NAME)",
+            "--default-placement=preferred",
+            "--webhook-addr=0.0.0.0:9443",
+            "--webhook-service=ipkeep-webhook",
+            "--webhook-secret=ipkeep-webhook-tls",
+            "--webhook-configuration=ipkeep-placement",
         ]
     );
     assert_eq!(env_value(c, "IPKEEP_LOG_LEVEL")["value"], "info");
@@ -399,6 +407,10 @@ fn the_controller_is_two_hardened_leader_elected_replicas() {
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(c["ports"][0]["containerPort"], 8080);
+    assert_eq!(
+        c["ports"][1],
+        json!({"name": "webhook", "containerPort": 9443, "protocol": "TCP"})
+    );
     // The standby replica is spread to another node where there is one.
     assert_eq!(
         pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
@@ -525,17 +537,22 @@ fn rbac_grants_each_component_only_what_it_uses() {
             "a wildcard in {}: {text}",
             role["metadata"]["name"]
         );
-        assert!(
-            !text.contains("secrets"),
-            "secrets in {}",
-            role["metadata"]["name"]
-        );
+        // The one Secret any role names is the webhook's own certificate, by name.
+        for rule in role["rules"].as_array().unwrap() {
+            if strings(&rule["resources"]).contains(&"secrets".to_owned()) {
+                assert_eq!(
+                    strings(&rule["resourceNames"]),
+                    ["ipkeep-webhook-tls"],
+                    "{rule}"
+                );
+            }
+        }
     }
     assert_eq!(
         rules(find(&docs, "ClusterRole", "ipkeep-controller")),
         rule_set(&[
             ("", "pods", "get,list,watch", ""),
-            ("", "nodes", "list,watch", ""),
+            ("", "nodes", "get,list,watch", ""),
             ("apps", "statefulsets", "list,watch", ""),
             (
                 "ipkeep.dev",
@@ -545,6 +562,12 @@ fn rbac_grants_each_component_only_what_it_uses() {
             ),
             ("ipkeep.dev", "ipreservations/status", "patch", ""),
             ("events.k8s.io", "events", "create", ""),
+            (
+                "admissionregistration.k8s.io",
+                "mutatingwebhookconfigurations",
+                "get,patch",
+                "ipkeep-placement"
+            ),
         ])
     );
     assert_eq!(
@@ -557,8 +580,21 @@ fn rbac_grants_each_component_only_what_it_uses() {
                 "get,patch",
                 "ipkeep-controller"
             ),
+            ("", "secrets", "get,update", "ipkeep-webhook-tls"),
         ])
     );
+    // Without placement, neither the Secret nor the webhook configuration is reachable.
+    let docs_off = render("rbac-no-placement", variant("no-placement"));
+    for role in of_kind(&docs_off, "ClusterRole")
+        .into_iter()
+        .chain(of_kind(&docs_off, "Role"))
+    {
+        let text = role["rules"].to_string();
+        assert!(
+            !text.contains("secrets") && !text.contains("webhook"),
+            "{text}"
+        );
+    }
     assert_eq!(
         rules(find(&docs, "ClusterRole", "ipkeep-agent")),
         rule_set(&[
@@ -632,10 +668,14 @@ fn each_variant_changes_what_it_says() {
         .filter(|a| a.starts_with("--network="))
         .collect();
     assert_eq!(networks, ["--network=cbr0", "--network=cbr0-v6"]);
-    for svc in of_kind(&docs, "Service") {
+    let metrics_services: Vec<&Value> = of_kind(&docs, "Service")
+        .into_iter()
+        .filter(|s| s["metadata"]["labels"]["ipkeep.dev/metrics"] == "true")
+        .collect();
+    for svc in &metrics_services {
         assert_eq!(svc["spec"]["ipFamilyPolicy"], "PreferDualStack");
     }
-    assert_eq!(of_kind(&docs, "Service").len(), 2);
+    assert_eq!(metrics_services.len(), 2);
 
     // replaceHostLocal: the init container replaces, the agent restores when it stops with its
     // DaemonSet gone and so mounts the CNI bin directory too.
@@ -764,7 +804,25 @@ fn each_variant_changes_what_it_says() {
         1
     );
     assert!(of_kind(&docs, "PodDisruptionBudget").is_empty());
-    assert!(of_kind(&docs, "Service").is_empty());
+    assert_eq!(
+        of_kind(&docs, "Service")
+            .iter()
+            .map(|s| s["metadata"]["name"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["ipkeep-webhook"],
+        "no metrics Services, the webhook's stays"
+    );
+    for expected in [
+        "--default-placement=required",
+        "--webhook-addr=0.0.0.0:19443",
+    ] {
+        assert!(
+            args.contains(&expected.to_owned()),
+            "{expected} not in {args:?}"
+        );
+    }
+    let hook = &find(&docs, "MutatingWebhookConfiguration", "ipkeep-placement")["webhooks"][0];
+    assert_eq!(hook["timeoutSeconds"], 5);
     let agent = container(
         &find(&docs, "DaemonSet", "ipkeep-agent")["spec"]["template"]["spec"],
         "containers",
@@ -1001,4 +1059,73 @@ fn notes_tell_the_user_what_to_do_next() {
 
     let dual = notes("notes-dual", variant("dual-stack"));
     assert!(dual.contains("(cbr0, cbr0-v6)"), "{dual}");
+}
+
+#[test]
+fn the_placement_webhook_is_registered_never_to_block_a_pod() {
+    let docs = render("placement", variant("default"));
+    let config = find(&docs, "MutatingWebhookConfiguration", "ipkeep-placement");
+    let hooks = config["webhooks"].as_array().unwrap();
+    assert_eq!(hooks.len(), 1);
+    let hook = &hooks[0];
+    assert_eq!(hook["name"], "placement.ipkeep.dev");
+    assert_eq!(
+        hook["failurePolicy"], "Ignore",
+        "ipkeep never blocks a pod's creation"
+    );
+    assert_eq!(hook["sideEffects"], "None");
+    assert_eq!(hook["timeoutSeconds"], 2);
+    assert_eq!(
+        hook["rules"],
+        json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                "resources": ["pods"], "scope": "Namespaced"}])
+    );
+    assert!(
+        hook["clientConfig"]["caBundle"].is_null(),
+        "the controller's to write"
+    );
+    assert_eq!(
+        hook["clientConfig"]["service"],
+        json!({"name": "ipkeep-webhook", "namespace": NAMESPACE, "path": "/mutate-pods", "port": 443})
+    );
+    let condition = hook["matchConditions"][0]["expression"].as_str().unwrap();
+    for needle in ["ipkeep.dev/retain", "StatefulSet", "object.metadata.name"] {
+        assert!(condition.contains(needle), "{needle} not in {condition}");
+    }
+    // The Service selects the controller's pods (every replica serves) on the named port.
+    let svc = find(&docs, "Service", "ipkeep-webhook");
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "webhook");
+    let labels =
+        &find(&docs, "Deployment", "ipkeep-controller")["spec"]["template"]["metadata"]["labels"];
+    assert!(
+        svc["spec"]["selector"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .all(|(k, v)| &labels[k] == v)
+    );
+    // The Secret is created empty: the controller fills it.
+    let secret = find(&docs, "Secret", "ipkeep-webhook-tls");
+    assert!(
+        secret["data"].is_null() && secret["stringData"].is_null(),
+        "{secret}"
+    );
+
+    let off = render("placement-off", variant("no-placement"));
+    for kind in ["MutatingWebhookConfiguration", "Secret"] {
+        assert!(
+            of_kind(&off, kind).is_empty(),
+            "{kind} rendered with placement off"
+        );
+    }
+    let c = container(
+        &find(&off, "Deployment", "ipkeep-controller")["spec"]["template"]["spec"],
+        "containers",
+        "controller",
+    );
+    assert!(
+        !strings(&c["args"])
+            .iter()
+            .any(|a| a.contains("webhook") || a.contains("placement"))
+    );
 }

@@ -644,6 +644,52 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         &["delete", "ipreservations", "bad-0", "-n", &work],
         None,
     );
+    // A reservation on a node that is gone: the controller reads the Node afresh (`get nodes`)
+    // before deleting it.
+    kubectl_ok(
+        cluster,
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: ipkeep.dev/v1alpha1\nkind: IPReservation\nmetadata:\n  name: orphan-0\n  \
+             namespace: {work}\nspec:\n  ips: [\"10.244.7.7\"]\n  nodeName: rbac-node-gone\n  retainFor: 1h\n"
+        )),
+    );
+    eventually(
+        "the controller to delete the reservation of a node that does not exist",
+        &mut [&mut agent, &mut controller],
+        || reservation(cluster, &work, "orphan-0").is_none(),
+    )
+    .await;
+    // The placement webhook's certificate: the controller filled the chart's Secret and put its
+    // CA in the webhook configuration (`get`/`update` on the one Secret, `get`/`patch` on the one
+    // configuration).
+    eventually(
+        "the controller to fill the webhook's Secret and caBundle",
+        &mut [&mut agent, &mut controller],
+        || {
+            let secret = kubectl_json(
+                cluster,
+                &[
+                    "get",
+                    "secret",
+                    &format!("{fullname}-webhook-tls"),
+                    "-n",
+                    &ns,
+                ],
+            );
+            let hook = kubectl_json(
+                cluster,
+                &[
+                    "get",
+                    "mutatingwebhookconfiguration",
+                    &format!("{fullname}-placement"),
+                ],
+            );
+            secret["data"]["ca.crt"].is_string()
+                && hook["webhooks"][0]["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+        },
+    )
+    .await;
     let scenario = scenario_started.elapsed();
     controller.stop();
     agent.stop();

@@ -98,6 +98,44 @@ async fn hand_made_reservations_are_honoured_and_conflicts_reported() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reservations_of_a_deleted_node_are_released() {
+    let cluster = real::cluster().await;
+    let node = "ctl-gone-node";
+    cluster.add_node(node).await.expect("the fixture Node");
+    with_controller("ctl-gone", |c, ns| async move {
+        let api: Api<IPReservation> = Api::namespaced(c.clone(), &ns);
+        let kept = reservation(
+            "kept-0",
+            json!({"ips": ["10.244.9.5"], "nodeName": NODE, "retainFor": "1h"}),
+        );
+        let gone = reservation(
+            "gone-0",
+            json!({"ips": ["10.244.9.6"], "nodeName": node, "retainFor": "1h"}),
+        );
+        for r in [&kept, &gone] {
+            api.create(&PostParams::default(), r).await.unwrap();
+        }
+        for name in ["kept-0", "gone-0"] {
+            wait_reservation(&c, &ns, name, "Released (honoured)", |r| {
+                r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Released)
+            })
+            .await;
+        }
+        // The node goes (a scale-in, a replaced machine): its reservation with it, and why.
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+        nodes.delete(node, &DeleteParams::default()).await.unwrap();
+        wait_reservation_gone(&c, &ns, "gone-0").await;
+        let note = wait_event(&c, &ns, "IPReservation", "gone-0", "NodeGone").await;
+        assert!(note.contains(node) && note.contains("10.244.9.6"), "{note}");
+        assert!(
+            api.get_opt("kept-0").await.unwrap().is_some(),
+            "a reservation on a node that exists is kept"
+        );
+    })
+    .await;
+}
+
 /// A reservation object with `spec`.
 fn reservation(name: &str, spec: serde_json::Value) -> IPReservation {
     serde_json::from_value(json!({

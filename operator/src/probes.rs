@@ -18,10 +18,23 @@ use hyper_util::rt::TokioIo;
 use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::net::TcpListener;
 
+/// Something else a component needs before it is ready (the controller's webhook certificate).
+pub trait Gate: Send + Sync + std::fmt::Debug {
+    /// Whether it is satisfied.
+    fn open(&self) -> bool;
+}
+
+impl Gate for crate::controller::webhook::CertSlot {
+    fn open(&self) -> bool {
+        self.is_loaded()
+    }
+}
+
 /// Readiness shared between a component and its `/readyz` endpoint.
 #[derive(Debug, Default)]
 pub struct Readiness {
     ready: AtomicBool,
+    gates: std::sync::RwLock<Vec<Arc<dyn Gate>>>,
 }
 
 impl Readiness {
@@ -30,9 +43,23 @@ impl Readiness {
         self.ready.store(ready, Ordering::Release);
     }
 
+    /// Makes readiness also wait for `gate`.
+    pub fn require(&self, gate: Arc<dyn Gate>) {
+        self.gates
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(gate);
+    }
+
     /// Whether the component is ready.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+            && self
+                .gates
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .all(|g| g.open())
     }
 }
 

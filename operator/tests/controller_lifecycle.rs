@@ -9,6 +9,7 @@ use ipkeep_operator::controller::{
         ReservationView, StatusView, Subject, decide, reason,
     },
     optin::{self, OptIn, Retain},
+    placement::{Mode, Placed},
 };
 use ipkeep_operator::{
     key::Key,
@@ -28,7 +29,10 @@ fn now() -> Timestamp {
 }
 
 fn defaults() -> Defaults {
-    Defaults { retain_for: DAY }
+    Defaults {
+        retain_for: DAY,
+        placement: Mode::Preferred,
+    }
 }
 
 /// A `spec.retainFor` as the view reads it.
@@ -62,6 +66,10 @@ fn pod() -> PodView {
         host_network: false,
         opt_in: retained(),
         owner_statefulset: None,
+        placed: Placed::On {
+            mode: Mode::Preferred,
+            node: "node-a".into(),
+        },
     }
 }
 
@@ -99,6 +107,7 @@ fn input<'a>(pod: Option<&'a PodView>, r: Option<&'a ReservationView>) -> Input<
         owner: OwnerState::None,
         conflict: None,
         node_pod_cidrs: None,
+        node_gone: false,
     }
 }
 
@@ -687,4 +696,136 @@ fn a_live_pod_whose_statefulset_was_deleted_keeps_what_the_statefulset_said() {
     let plan = decide_now(&i);
     assert!(plan.writes_nothing(), "{plan:?}");
     assert!(plan.notices.is_empty(), "{plan:?}");
+}
+
+/// A pod returning on node-b (new addresses) after the webhook recorded `placed`.
+fn returned_elsewhere(placed: Placed) -> PodView {
+    let mut p = pod();
+    p.uid = "uid-2".into();
+    p.node_name = Some("node-b".into());
+    p.ips = vec![ip("10.244.2.5")];
+    p.placed = placed;
+    p
+}
+
+#[test]
+fn a_returning_pod_the_webhook_never_saw_is_told_so_once() {
+    let r = released("2026-01-10T11:00:00Z", "2026-01-11T11:00:00Z");
+    let p = returned_elsewhere(Placed::Unseen);
+    let plan = decide_now(&input(Some(&p), Some(&r)));
+    assert_eq!(
+        reasons(&plan),
+        vec![
+            (reason::PLACEMENT_MISSED, true, Subject::Pod),
+            (reason::ADDRESSES_CHANGED, true, Subject::Both),
+        ]
+    );
+    assert!(
+        plan.notices[0].message.contains("node-a"),
+        "{}",
+        plan.notices[0].message
+    );
+
+    // Once bound to this pod, the same pod says nothing more.
+    let mut bound_now = bound();
+    bound_now.status.pod_uid = Some("uid-2".into());
+    bound_now.node_name = "node-b".into();
+    bound_now.ips = vec!["10.244.2.5".into()];
+    let plan = decide_now(&input(Some(&p), Some(&bound_now)));
+    assert!(reasons(&plan).is_empty(), "{:?}", plan.notices);
+}
+
+#[test]
+fn placement_notices_follow_what_the_webhook_recorded_and_what_the_pod_asked() {
+    let r = released("2026-01-10T11:00:00Z", "2026-01-11T11:00:00Z");
+    let cases: &[(&str, Placed, Option<&str>, Option<&str>)] = &[
+        (
+            "placed: nothing to say",
+            Placed::On {
+                mode: Mode::Preferred,
+                node: "node-a".into(),
+            },
+            None,
+            None,
+        ),
+        (
+            "skipped: why",
+            Placed::Skipped("the pod's nodeSelector excludes node node-a".into()),
+            None,
+            Some(reason::PLACEMENT_SKIPPED),
+        ),
+        (
+            "unseen",
+            Placed::Unseen,
+            None,
+            Some(reason::PLACEMENT_MISSED),
+        ),
+        (
+            "unseen but placement none",
+            Placed::Unseen,
+            Some("none"),
+            None,
+        ),
+        (
+            "unseen, required",
+            Placed::Unseen,
+            Some("required"),
+            Some(reason::PLACEMENT_MISSED),
+        ),
+    ];
+    for (name, placed, mode, want) in cases {
+        let mut p = returned_elsewhere(placed.clone());
+        let mut a = vec![(optin::RETAIN, "true")];
+        if let Some(m) = mode {
+            a.push(("ipkeep.dev/placement", m));
+        }
+        p.opt_in = optin::opt_in(&annotations(&a), None);
+        let plan = decide_now(&input(Some(&p), Some(&r)));
+        let got: Vec<&str> = plan
+            .notices
+            .iter()
+            .map(|n| n.reason)
+            .filter(|r| r.starts_with("Placement"))
+            .collect();
+        assert_eq!(got, want.iter().copied().collect::<Vec<_>>(), "{name}");
+    }
+}
+
+#[test]
+fn a_released_reservation_on_a_deleted_node_is_deleted_with_a_warning() {
+    let r = released("2026-01-10T11:00:00Z", "2026-01-11T11:00:00Z");
+    let mut i = input(None, Some(&r));
+    i.node_gone = true;
+    let plan = decide_now(&i);
+    assert_eq!(plan.delete, Some(DeleteReason::NodeGone));
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::NODE_GONE, true, Subject::Reservation)]
+    );
+
+    // While a pod of that name lives (on the deleted node, until the pod garbage collector
+    // removes it) nothing is deleted.
+    let b = bound();
+    let p = pod();
+    let mut i = input(Some(&p), Some(&b));
+    i.node_gone = true;
+    assert_eq!(decide_now(&i).delete, None);
+}
+
+#[test]
+fn the_placement_annotation_is_read_from_the_pod_then_its_statefulset() {
+    let sts = annotations(&[
+        (optin::RETAIN, "true"),
+        ("ipkeep.dev/placement", "required"),
+    ]);
+    assert_eq!(
+        optin::opt_in(&BTreeMap::new(), Some(&sts)).placement,
+        Some(Mode::Required)
+    );
+    let pod = annotations(&[("ipkeep.dev/placement", "None")]);
+    assert_eq!(optin::opt_in(&pod, Some(&sts)).placement, Some(Mode::None));
+    let bad = optin::opt_in(&annotations(&[("ipkeep.dev/placement", "sometimes")]), None);
+    assert_eq!(bad.placement, None);
+    assert_eq!(bad.placement_or(Mode::Preferred), Mode::Preferred);
+    assert!(bad.problems[0].contains("sometimes"), "{:?}", bad.problems);
 }

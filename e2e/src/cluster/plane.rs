@@ -726,6 +726,11 @@ impl Cluster {
             arg("allow-privileged", true),
             arg("profiling", false),
             path_arg("cert-dir", &dir.join("apiserver-certs")),
+            // The API server reaches admission webhooks (ipkeep's placement webhook) at their
+            // Service's endpoints, not its ClusterIP: this host is the control plane and runs no
+            // kube-proxy, as on clusters whose control plane is not a node. Without endpoints (a
+            // chart installed on a plane without nodes) a call fails at once, never dials out.
+            arg("enable-aggregator-routing", true),
         ];
         match &options.node_access {
             Some(access) => {

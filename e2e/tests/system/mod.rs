@@ -331,13 +331,21 @@ impl System {
         replicas: u32,
         node: &str,
     ) -> BTreeMap<String, RunningPod> {
-        self.apply(&statefulset(
-            name,
-            replicas,
-            true,
-            &[node],
-            &retain(Some("1h")),
-        ));
+        self.run_annotated(name, replicas, &[node], &[]).await
+    }
+
+    /// As [`System::run_retained`], on `nodes` (none: where the scheduler puts them), with the
+    /// `extra` annotations beside the retention.
+    pub async fn run_annotated(
+        &self,
+        name: &str,
+        replicas: u32,
+        nodes: &[&str],
+        extra: &[(&str, &str)],
+    ) -> BTreeMap<String, RunningPod> {
+        let mut annotations = retain(Some("1h"));
+        annotations.extend_from_slice(extra);
+        self.apply(&statefulset(name, replicas, true, nodes, &annotations));
         let names: Vec<String> = (0..replicas).map(|i| format!("{name}-{i}")).collect();
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let pods = self.wait_running(&format!("app={name}"), &names).await;
@@ -643,7 +651,8 @@ pub fn retain(retain_for: Option<&'static str>) -> Vec<(&'static str, &'static s
 pub const WORKLOAD_IMAGE: &str = "localhost/ipkeep-e2e/workload:1";
 
 /// A StatefulSet `name` (label `app=<name>`), its template annotated with `annotations`, its pods
-/// placed on `nodes` only; each pod serves the workload's page with busybox `httpd` on port 8080.
+/// placed on `nodes` only (none: wherever the scheduler puts them); each pod serves the workload's
+/// page with busybox `httpd` on port 8080.
 pub fn statefulset(
     name: &str,
     replicas: u32,
@@ -662,6 +671,14 @@ pub fn statefulset(
         .map(|(k, v)| format!("\"{k}\": \"{v}\""))
         .collect::<Vec<_>>()
         .join(", ");
+    // No nodes: the scheduler chooses (and the placement webhook brings a returning pod back).
+    let affinity = if nodes.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "      affinity:\n        nodeAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            nodeSelectorTerms:\n            - matchExpressions:\n              - {{key: kubernetes.io/hostname, operator: In, values: [{nodes}]}}\n"
+        )
+    };
     format!(
         r#"apiVersion: apps/v1
 kind: StatefulSet
@@ -679,13 +696,7 @@ spec:
       annotations: {{{annotations}}}
     spec:
       terminationGracePeriodSeconds: 1
-      affinity:
-        nodeAffinity:
-          requiredDuringSchedulingIgnoredDuringExecution:
-            nodeSelectorTerms:
-            - matchExpressions:
-              - {{key: kubernetes.io/hostname, operator: In, values: [{nodes}]}}
-      containers:
+{affinity}      containers:
       - name: app
         image: {WORKLOAD_IMAGE}
         imagePullPolicy: Never

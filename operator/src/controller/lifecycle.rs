@@ -7,7 +7,10 @@ use std::{collections::BTreeSet, fmt::Write as _, net::IpAddr, time::Duration};
 use ipnet::IpNet;
 use jiff::Timestamp;
 
-use super::optin::{OptIn, Retain};
+use super::{
+    optin::{OptIn, Retain},
+    placement::{Mode, Placed},
+};
 use crate::{
     key::Key,
     retention::{self, FoundRetainFor, written},
@@ -34,6 +37,8 @@ pub struct PodView {
     pub opt_in: OptIn,
     /// The name of the StatefulSet owning the pod, if one does.
     pub owner_statefulset: Option<String>,
+    /// What the placement webhook recorded on the pod when it was created.
+    pub placed: Placed,
 }
 
 /// A `Conflict` condition: another, older reservation on the same node claims an address.
@@ -107,6 +112,8 @@ pub struct Input<'a> {
     pub conflict: Option<(IpAddr, &'a Key)>,
     /// The `spec.podCIDRs` of the pod's node, when known (to explain changed addresses).
     pub node_pod_cidrs: Option<&'a [IpNet]>,
+    /// The reservation's node is known not to exist (the node cache is filled and lacks it).
+    pub node_gone: bool,
 }
 
 /// Controller-wide defaults.
@@ -114,6 +121,8 @@ pub struct Input<'a> {
 pub struct Defaults {
     /// Retention when neither the annotation nor `spec.retainFor` says (`--default-retain-for`).
     pub retain_for: Duration,
+    /// Placement when neither the pod nor its StatefulSet says (`--default-placement`).
+    pub placement: Mode,
 }
 
 /// The spec (and recorded owner) a reservation must have; written when it differs.
@@ -141,6 +150,9 @@ pub enum DeleteReason {
     },
     /// The live pod no longer asks for a reservation.
     OptedOut,
+    /// The reservation's node was deleted and no pod of that name is alive: its range is gone,
+    /// and a required placement on it would strand the pod.
+    NodeGone,
 }
 
 /// Who an Event is about.
@@ -220,6 +232,12 @@ pub mod reason {
     pub const INVALID_ANNOTATION: &str = "InvalidAnnotation";
     /// An older reservation on the node claims the same address.
     pub const CONFLICT: &str = "Conflict";
+    /// The reservation's node was deleted; the reservation is deleted with it.
+    pub const NODE_GONE: &str = "NodeGone";
+    /// A returning pod asked for placement but the webhook never saw it (unreachable, not registered).
+    pub const PLACEMENT_MISSED: &str = "PlacementMissed";
+    /// A returning pod asked for placement but its own constraints rule the reservation's node out.
+    pub const PLACEMENT_SKIPPED: &str = "PlacementSkipped";
 }
 
 /// Decides what the reservation of one pod name must become.
@@ -362,6 +380,7 @@ fn live(
             plan.status = Some(status);
         }
         Some(r) => {
+            placement_notice(plan, pod, r, defaults);
             let same_addresses = parsed_set(&r.ips) == ips.iter().copied().collect::<BTreeSet<_>>()
                 && r.node_name == node;
             if !same_addresses {
@@ -421,6 +440,20 @@ fn released(
         _ => (now, true),
     };
     let release_time = retention::release_time(released_at, retain);
+    if input.node_gone {
+        plan.delete = Some(DeleteReason::NodeGone);
+        plan.notice(
+            Subject::Reservation,
+            true,
+            reason::NODE_GONE,
+            format!(
+                "node {} was deleted: its pod range is gone, {} released now (the pod of this name, if it returns, gets new addresses wherever it lands)",
+                r.node_name,
+                r.ips.join(", ")
+            ),
+        );
+        return;
+    }
     let status = StatusView {
         phase: Some(Phase::Released),
         pod_uid: r.status.pod_uid.clone(),
@@ -461,6 +494,38 @@ fn released(
         plan.status = Some(status);
     }
     plan.requeue_at = Some(release_time);
+}
+
+/// Once per returning pod (the reservation still names the previous pod): says when the pod asked
+/// to be placed on the reservation's node and was not.
+fn placement_notice(plan: &mut Plan, pod: &PodView, r: &ReservationView, defaults: &Defaults) {
+    let returning = r
+        .status
+        .pod_uid
+        .as_deref()
+        .is_some_and(|uid| uid != pod.uid);
+    if !returning || pod.opt_in.placement_or(defaults.placement) == Mode::None {
+        return;
+    }
+    match &pod.placed {
+        Placed::On { .. } => {}
+        Placed::Unseen => plan.notice(
+            Subject::Pod,
+            true,
+            reason::PLACEMENT_MISSED,
+            format!(
+                "the placement webhook did not see this pod when it was created (unreachable or not registered): it was scheduled without a preference for node {}, where {} is reserved",
+                r.node_name,
+                r.ips.join(", ")
+            ),
+        ),
+        Placed::Skipped(why) => plan.notice(
+            Subject::Pod,
+            true,
+            reason::PLACEMENT_SKIPPED,
+            format!("no placement on node {} was added: {why}", r.node_name),
+        ),
+    }
 }
 
 fn conflict(input: &Input<'_>, r: Option<&ReservationView>, now: Timestamp) -> Option<Conflict> {

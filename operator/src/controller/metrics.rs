@@ -35,7 +35,7 @@ pub struct Metrics {
 /// Errors of registering metrics.
 #[derive(Debug, thiserror::Error)]
 #[error("failed to register the controller's metrics")]
-pub struct MetricsError(#[source] prometheus::Error);
+pub struct MetricsError(#[source] pub prometheus::Error);
 
 impl Metrics {
     /// Creates the metrics and registers them, plus the cache-derived ones, in `registry`.

@@ -26,8 +26,11 @@ pub mod index;
 pub mod lifecycle;
 pub mod metrics;
 pub mod optin;
+pub mod placement;
 pub mod reconcile;
 pub mod view;
+pub mod webhook;
+pub mod webhook_tls;
 
 use std::{
     collections::hash_map::DefaultHasher,
@@ -117,6 +120,53 @@ pub struct Args {
     /// API server per transition the reservation's status already shows; Warnings are always posted.
     #[arg(long, env = "IPKEEP_NORMAL_EVENTS", default_value_t = false, action = clap::ArgAction::Set)]
     pub normal_events: bool,
+    /// Where a returning pod goes when neither it nor its StatefulSet says (annotation
+    /// `ipkeep.dev/placement`): `preferred` (its reservation's node when that node can take it),
+    /// `required` (only that node: the pod waits for it) or `none` (the scheduler decides alone).
+    #[arg(long, env = "IPKEEP_DEFAULT_PLACEMENT", default_value = "preferred", value_parser = parse_mode)]
+    pub default_placement: placement::Mode,
+    /// Serve the placement webhook (HTTPS, POST /mutate-pods) on this address; without it no
+    /// webhook is served.
+    #[arg(long, env = "IPKEEP_WEBHOOK_ADDR")]
+    pub webhook_addr: Option<SocketAddr>,
+    /// The Service the API server reaches the webhook through (its DNS names go on the serving
+    /// certificate), in the controller's namespace.
+    #[arg(long, env = "IPKEEP_WEBHOOK_SERVICE", default_value = "ipkeep-webhook")]
+    pub webhook_service: String,
+    /// The Secret (in the controller's namespace) where the controller keeps the webhook's CA and
+    /// serving certificate.
+    #[arg(
+        long,
+        env = "IPKEEP_WEBHOOK_SECRET",
+        default_value = "ipkeep-webhook-tls"
+    )]
+    pub webhook_secret: String,
+    /// The MutatingWebhookConfiguration whose `caBundle` the controller keeps (empty: someone
+    /// else keeps it).
+    #[arg(
+        long,
+        env = "IPKEEP_WEBHOOK_CONFIGURATION",
+        default_value = "ipkeep-placement"
+    )]
+    pub webhook_configuration: String,
+    /// Serve `tls.crt` and `tls.key` from this directory (cert-manager's Secret, mounted) instead
+    /// of keeping a certificate in the Secret.
+    #[arg(long, env = "IPKEEP_WEBHOOK_CERT_DIR")]
+    pub webhook_cert_dir: Option<std::path::PathBuf>,
+}
+
+fn parse_mode(text: &str) -> Result<placement::Mode, String> {
+    placement::Mode::parse(text)
+        .ok_or_else(|| format!("{text:?} is none of preferred, required, none"))
+}
+
+/// The placement webhook's settings.
+#[derive(Debug, Clone)]
+pub struct WebhookSettings {
+    /// Where to serve it (port 0 picks one).
+    pub addr: SocketAddr,
+    /// Where its certificate comes from.
+    pub tls: webhook_tls::TlsSource,
 }
 
 /// Leader election settings.
@@ -149,6 +199,8 @@ pub struct Settings {
     pub workers: usize,
     /// Which Events are posted.
     pub events: Policy,
+    /// The placement webhook, if served.
+    pub webhook: Option<WebhookSettings>,
 }
 
 impl Settings {
@@ -157,6 +209,7 @@ impl Settings {
         Settings {
             defaults: Defaults {
                 retain_for: default_retain_for,
+                placement: placement::Mode::Preferred,
             },
             namespace: None,
             pod_selector: None,
@@ -164,6 +217,7 @@ impl Settings {
             lease: None,
             workers: 4,
             events: Policy::default(),
+            webhook: None,
         }
     }
 }
@@ -186,6 +240,9 @@ pub enum ControllerError {
     /// The probe server could not bind.
     #[error(transparent)]
     Probes(#[from] crate::probes::ProbeError),
+    /// The placement webhook could not be served.
+    #[error(transparent)]
+    Webhook(#[from] webhook::WebhookError),
     /// The lease could not be set up.
     #[error("failed to set up leader election on Lease {namespace}/{name}")]
     Lease {
@@ -222,6 +279,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         let settings = Settings {
             defaults: Defaults {
                 retain_for: args.default_retain_for.duration(),
+                placement: args.default_placement,
             },
             namespace: args.namespace.clone(),
             pod_selector: args.pod_selector.clone(),
@@ -236,6 +294,22 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             events: Policy {
                 normal: args.normal_events,
             },
+            webhook: args.webhook_addr.map(|addr| WebhookSettings {
+                addr,
+                tls: match &args.webhook_cert_dir {
+                    Some(dir) => webhook_tls::TlsSource::Files(dir.clone()),
+                    None => webhook_tls::TlsSource::Managed {
+                        namespace: args.lease_namespace.clone(),
+                        secret: args.webhook_secret.clone(),
+                        configuration: Some(args.webhook_configuration.clone())
+                            .filter(|c| !c.is_empty()),
+                        dns_names: webhook_tls::service_dns_names(
+                            &args.webhook_service,
+                            &args.lease_namespace,
+                        ),
+                    },
+                },
+            }),
         };
         run(client, settings, crate::shutdown::signal(), |_| {}).await?;
         Ok(())
@@ -288,6 +362,8 @@ impl Queue {
 pub struct Started {
     /// Where /metrics, /healthz and /readyz are served.
     pub probe_addr: Option<SocketAddr>,
+    /// Where the placement webhook is served, when it is.
+    pub webhook_addr: Option<SocketAddr>,
 }
 
 /// How long a stopping controller keeps posting the Events still queued (a Pod's default grace
@@ -334,12 +410,39 @@ pub async fn run(
     });
     let queue = Arc::new(Queue::default());
 
+    let webhook = match &settings.webhook {
+        Some(w) => {
+            let slot = Arc::new(webhook::CertSlot::default());
+            let server = webhook::WebhookServer::bind(w.addr, slot.clone()).await?;
+            let webhook_metrics =
+                webhook::WebhookMetrics::register(&registry).map_err(metrics::MetricsError)?;
+            readiness.require(slot.clone());
+            Some((server, slot, webhook_metrics, w.tls.clone()))
+        }
+        None => None,
+    };
     let probes = ProbeServer::bind(settings.metrics_addr, registry, readiness.clone()).await?;
     on_start(Started {
         probe_addr: probes.local_addr(),
+        webhook_addr: webhook.as_ref().and_then(|(s, ..)| s.local_addr()),
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = JoinSet::new();
+    if let Some((server, slot, webhook_metrics, tls)) = webhook {
+        let caches = webhook::Caches {
+            reservations: reservations.clone(),
+            statefulsets: statefulsets.clone(),
+            nodes: nodes.clone(),
+            default_mode: settings.defaults.placement,
+        };
+        tasks.spawn(server.run(caches, webhook_metrics, stopped(stop_rx.clone())));
+        tasks.spawn(webhook_tls::keep(
+            client.clone(),
+            tls,
+            slot,
+            stopped(stop_rx.clone()),
+        ));
+    }
     {
         let mut stop = stop_rx.clone();
         tasks.spawn(probes.run(async move {
@@ -370,7 +473,12 @@ pub async fn run(
         ctx.clone(),
         queue.clone(),
     ));
-    tasks.spawn(watch_nodes(Api::all(client.clone()), node_writer));
+    tasks.spawn(watch_nodes(
+        Api::all(client.clone()),
+        node_writer,
+        ctx.clone(),
+        queue.clone(),
+    ));
 
     let result = {
         let leading = lead(
@@ -734,7 +842,12 @@ async fn watch_statefulsets(
     }
 }
 
-async fn watch_nodes(api: Api<Node>, writer: reflector::store::Writer<Node>) {
+async fn watch_nodes(
+    api: Api<Node>,
+    writer: reflector::store::Writer<Node>,
+    ctx: Arc<Context>,
+    queue: Arc<Queue>,
+) {
     let mut events = std::pin::pin!(
         watcher(api, watcher::Config::default())
             .default_backoff()
@@ -742,8 +855,19 @@ async fn watch_nodes(api: Api<Node>, writer: reflector::store::Writer<Node>) {
             .reflect(writer)
     );
     while let Some(event) = events.next().await {
-        if let Err(e) = event {
-            tracing::warn!(error = %e, "node watch failed; retrying with backoff");
+        match event {
+            // A deleted node's reservations are released (nothing can be honoured there).
+            Ok(watcher::Event::Delete(n)) => {
+                let name = n.name_any();
+                for r in ctx.reservations.state() {
+                    if r.spec.node_name == name {
+                        queue.enqueue(Key::of(r.as_ref()));
+                    }
+                }
+            }
+            Ok(watcher::Event::InitDone) => enqueue_everything(&ctx, &queue),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "node watch failed; retrying with backoff"),
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use super::placement::{self, Mode};
 use crate::retention::RetainFor;
 
 /// `ipkeep.dev/retain: "true"` keeps a pod's addresses after it is gone.
@@ -37,6 +38,9 @@ pub struct OptIn {
     pub retain_for_malformed: bool,
     /// `ipkeep.dev/release-with-owner: "true"`.
     pub release_with_owner: bool,
+    /// `ipkeep.dev/placement`, parsed; `None` when absent or malformed (the controller's default
+    /// applies).
+    pub placement: Option<Mode>,
     /// One message per malformed annotation, for a Warning Event on the pod.
     pub problems: Vec<String>,
 }
@@ -49,12 +53,18 @@ impl OptIn {
             retain_for: None,
             retain_for_malformed: false,
             release_with_owner: false,
+            placement: None,
             problems: Vec::new(),
         }
     }
+
+    /// The placement this pod gets: its own (or its StatefulSet's) choice, else `default`.
+    pub fn placement_or(&self, default: Mode) -> Mode {
+        self.placement.unwrap_or(default)
+    }
 }
 
-/// Reads the three annotations from a pod, falling back to its owning StatefulSet's metadata.
+/// Reads the four annotations from a pod, falling back to its owning StatefulSet's metadata.
 pub fn opt_in(pod: &BTreeMap<String, String>, owner: Option<&BTreeMap<String, String>>) -> OptIn {
     let get = |key: &str| -> Option<(&str, &'static str)> {
         pod.get(key).map(|v| (v.as_str(), "pod")).or_else(|| {
@@ -92,6 +102,15 @@ pub fn opt_in(pod: &BTreeMap<String, String>, owner: Option<&BTreeMap<String, St
             Some(b) => out.release_with_owner = b,
             None => out.problems.push(format!(
                 "annotation {RELEASE_WITH_OWNER}={value:?} on the {on} is neither \"true\" nor \"false\": taken as \"false\""
+            )),
+        }
+    }
+    if let Some((value, on)) = get(placement::PLACEMENT) {
+        match Mode::parse(value) {
+            Some(mode) => out.placement = Some(mode),
+            None => out.problems.push(format!(
+                "annotation {}={value:?} on the {on} is none of \"preferred\", \"required\" or \"none\": the default placement applies",
+                placement::PLACEMENT
             )),
         }
     }

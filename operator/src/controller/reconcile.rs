@@ -42,7 +42,7 @@ pub struct Context {
     pub reservations: Store<IPReservation>,
     /// StatefulSets' metadata (their own ipkeep annotations).
     pub statefulsets: Store<PartialObjectMeta<StatefulSet>>,
-    /// Nodes, trimmed to their pod CIDRs.
+    /// Nodes, trimmed to their labels and pod CIDRs.
     pub nodes: Store<Node>,
     /// Which reservations claim each node's addresses.
     pub index: AddressIndex,
@@ -94,6 +94,15 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
+    /// Reading the reservation's node from the API server before a delete failed.
+    #[error("failed to read node {node} from the API server before deleting its reservations")]
+    RecheckNode {
+        /// The node.
+        node: String,
+        /// kube's error.
+        #[source]
+        source: kube::Error,
+    },
     /// Deleting the reservation failed.
     #[error("failed to delete IPReservation {key}")]
     Delete {
@@ -112,6 +121,7 @@ impl ReconcileError {
             ReconcileError::ApplySpec { .. } => "apply_spec",
             ReconcileError::ApplyStatus { .. } => "apply_status",
             ReconcileError::RecheckPod { .. } => "recheck_pod",
+            ReconcileError::RecheckNode { .. } => "recheck_node",
             ReconcileError::Delete { .. } => "delete",
         }
     }
@@ -180,6 +190,10 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
         owner: owner_state,
         conflict: conflict.as_ref().map(|(ip, holder)| (*ip, holder)),
         node_pod_cidrs: cidrs.as_deref(),
+        // Reconciles run only once every cache was filled: a node missing here is gone.
+        node_gone: reservation_view
+            .as_ref()
+            .is_some_and(|r| ctx.nodes.get(&ObjectRef::new(&r.node_name)).is_none()),
     };
     let plan = decide(&input, now, &ctx.defaults);
     if !plan.writes_nothing() {
@@ -307,13 +321,29 @@ async fn delete(
             source,
         })?;
     let hold = match (reason, &fresh) {
-        (DeleteReason::Expired { .. }, Some(p)) => !view::pod_finished(p),
+        (DeleteReason::Expired { .. } | DeleteReason::NodeGone, Some(p)) => !view::pod_finished(p),
         (DeleteReason::OptedOut, Some(p)) => view::pod_opted_in(p, owner_annotations),
         (_, None) => false,
     };
     if hold {
         tracing::info!(%key, ?reason, "not deleting the reservation: the API server has a live pod of that name the cache had not shown yet");
         return Ok(Next::RetryMs(1_000));
+    }
+    if reason == DeleteReason::NodeGone {
+        let node = &r.spec.node_name;
+        let nodes: Api<Node> = Api::all(ctx.client.clone());
+        let exists = nodes
+            .get_metadata_opt(node)
+            .await
+            .map_err(|source| ReconcileError::RecheckNode {
+                node: node.clone(),
+                source,
+            })?
+            .is_some();
+        if exists {
+            tracing::info!(%key, %node, "not deleting the reservation: the API server has its node, which the cache had not shown yet");
+            return Ok(Next::RetryMs(1_000));
+        }
     }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
@@ -345,6 +375,8 @@ async fn delete(
                     lifecycle::reason::EXPIRED,
                     note,
                 );
+            } else if reason == DeleteReason::NodeGone {
+                tracing::info!(%key, node = %r.spec.node_name, "reservation deleted: its node is gone");
             } else {
                 tracing::info!(%key, "reservation ended: the pod no longer asks for it");
             }

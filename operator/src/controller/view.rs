@@ -17,6 +17,7 @@ use kube::core::PartialObjectMeta;
 use super::{
     lifecycle::{Conflict, PodView, ReservationView, StatusView},
     optin,
+    placement::{self, Placed},
 };
 use crate::{
     crd::{self, CONDITION_CONFLICT, ConflictStatus, IPReservation, IPReservationStatus, IpString},
@@ -42,9 +43,13 @@ pub fn trim_pod(pod: &mut Pod) {
     });
 }
 
-/// Keeps only a node's pod CIDRs.
+/// Keeps only a node's labels (the placement webhook checks a pod's own node affinity against
+/// them) and pod CIDRs.
 pub fn trim_node(node: &mut Node) {
+    let labels = node.metadata.labels.take();
     trim_meta(&mut node.metadata);
+    node.metadata.labels = labels;
+    node.metadata.annotations = None;
     node.metadata.owner_references = None;
     node.spec = node.spec.take().map(|s| NodeSpec {
         pod_cidr: s.pod_cidr,
@@ -120,6 +125,7 @@ pub fn pod_view(pod: &Pod, owner_annotations: Option<&BTreeMap<String, String>>)
         host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
         opt_in: optin::opt_in(annotations, owner_annotations),
         owner_statefulset: pod_owner_statefulset(pod),
+        placed: Placed::parse(annotations.get(placement::PLACED).map(String::as_str)),
     }
 }
 

@@ -1,0 +1,533 @@
+//! Placement, rule by rule: which pods get a node affinity term for their reservation's node,
+//! which term, what the webhook records, and the admission review it answers.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+
+use ipkeep_operator::{
+    controller::{
+        optin::Retain,
+        placement::{
+            self, Decision, Mode, NodeFacts, PLACED, Placed, PodScheduling, Request, decide,
+            term_matches,
+        },
+        webhook::{self, Caches},
+    },
+    crd::IPReservation,
+};
+use k8s_openapi::api::{
+    apps::v1::StatefulSet,
+    core::v1::{Affinity, Node, NodeSelectorTerm},
+};
+use kube::{
+    core::PartialObjectMeta,
+    runtime::{reflector, watcher},
+};
+use serde_json::{Value, json};
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn affinity(v: Value) -> Affinity {
+    serde_json::from_value(v).expect("an Affinity")
+}
+
+fn term(v: Value) -> NodeSelectorTerm {
+    serde_json::from_value(v).expect("a NodeSelectorTerm")
+}
+
+fn request<'a>(
+    node_labels: &'a BTreeMap<String, String>,
+    pod: PodScheduling<'a>,
+    mode: Mode,
+) -> Request<'a> {
+    Request {
+        retain: Retain::Yes,
+        mode,
+        reservation_node: Some("node-1"),
+        reservation_by_hand: false,
+        node: Some(NodeFacts {
+            name: "node-1",
+            labels: node_labels,
+        }),
+        pod,
+    }
+}
+
+#[test]
+fn modes_parse_as_written_and_the_record_reads_back() {
+    for (text, want) in [
+        ("preferred", Some(Mode::Preferred)),
+        ("Required", Some(Mode::Required)),
+        (" none ", Some(Mode::None)),
+        ("always", None),
+        ("", None),
+    ] {
+        assert_eq!(Mode::parse(text), want, "{text:?}");
+    }
+    for placed in [
+        Placed::On {
+            mode: Mode::Preferred,
+            node: "node-1".into(),
+        },
+        Placed::On {
+            mode: Mode::Required,
+            node: "n".into(),
+        },
+        Placed::Skipped("node node-1 no longer exists".into()),
+    ] {
+        assert_eq!(Placed::parse(Some(&placed.to_string())), placed);
+    }
+    assert_eq!(Placed::parse(None), Placed::Unseen);
+    assert!(matches!(
+        Placed::parse(Some("none node-1")),
+        Placed::Skipped(_)
+    ));
+}
+
+#[test]
+fn node_selector_terms_match_as_the_scheduler_reads_them() {
+    let node_labels = labels(&[
+        ("zone", "a"),
+        ("gen", "5"),
+        ("kubernetes.io/hostname", "host-1"),
+    ]);
+    let node = NodeFacts {
+        name: "node-1",
+        labels: &node_labels,
+    };
+    let cases = [
+        (
+            json!({"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}),
+            true,
+        ),
+        (
+            json!({"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}),
+            false,
+        ),
+        (
+            json!({"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["b"]}]}),
+            true,
+        ),
+        (
+            json!({"matchExpressions": [{"key": "absent", "operator": "NotIn", "values": ["b"]}]}),
+            true,
+        ),
+        (
+            json!({"matchExpressions": [{"key": "zone", "operator": "Exists"}]}),
+            true,
+        ),
+        (
+            json!({"matchExpressions": [{"key": "zone", "operator": "DoesNotExist"}]}),
+            false,
+        ),
+        (
+            json!({"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["4"]}]}),
+            true,
+        ),
+        (
+            json!({"matchExpressions": [{"key": "gen", "operator": "Lt", "values": ["4"]}]}),
+            false,
+        ),
+        (
+            json!({"matchExpressions": [{"key": "zone", "operator": "Gt", "values": ["4"]}]}),
+            false,
+        ),
+        (
+            json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}),
+            true,
+        ),
+        (
+            json!({"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-1"]}]}),
+            false,
+        ),
+        // Requirements in one term are ANDed.
+        (
+            json!({"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}],
+                "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-2"]}]}),
+            false,
+        ),
+        // An empty term selects nothing.
+        (json!({}), false),
+        (json!({"matchExpressions": []}), false),
+    ];
+    for (t, want) in cases {
+        assert_eq!(term_matches(&term(t.clone()), &node), want, "{t}");
+    }
+}
+
+#[test]
+fn who_gets_what() {
+    let node_labels = labels(&[("zone", "a")]);
+    let no_constraints = PodScheduling::default();
+    let cases: Vec<(&str, Request<'_>, &str)> = vec![
+        (
+            "preferred by default",
+            request(&node_labels, no_constraints, Mode::Preferred),
+            "preferred",
+        ),
+        (
+            "required when asked",
+            request(&node_labels, no_constraints, Mode::Required),
+            "required",
+        ),
+        (
+            "none when asked",
+            request(&node_labels, no_constraints, Mode::None),
+            "pass",
+        ),
+        (
+            "not opted in",
+            Request {
+                retain: Retain::No,
+                ..request(&node_labels, no_constraints, Mode::Preferred)
+            },
+            "pass",
+        ),
+        (
+            "a hand-made reservation opts its pod in",
+            Request {
+                retain: Retain::No,
+                reservation_by_hand: true,
+                ..request(&node_labels, no_constraints, Mode::Preferred)
+            },
+            "preferred",
+        ),
+        (
+            "no reservation: a first pod",
+            Request {
+                reservation_node: None,
+                ..request(&node_labels, no_constraints, Mode::Preferred)
+            },
+            "pass",
+        ),
+        (
+            "the reservation's node is gone",
+            Request {
+                node: None,
+                ..request(&node_labels, no_constraints, Mode::Required)
+            },
+            "skip: no longer exists",
+        ),
+        (
+            "already bound to that node",
+            request(
+                &node_labels,
+                PodScheduling {
+                    node_name: Some("node-1"),
+                    ..no_constraints
+                },
+                Mode::Required,
+            ),
+            "pass",
+        ),
+        (
+            "bound to another node",
+            request(
+                &node_labels,
+                PodScheduling {
+                    node_name: Some("node-2"),
+                    ..no_constraints
+                },
+                Mode::Preferred,
+            ),
+            "skip: spec.nodeName",
+        ),
+    ];
+    for (name, req, want) in cases {
+        let got = match decide(&req) {
+            Decision::Pass => "pass".to_string(),
+            Decision::Place { mode, node, .. } => {
+                assert_eq!(node, "node-1", "{name}");
+                mode.to_string()
+            }
+            Decision::Skip(why) => format!("skip: {why}"),
+        };
+        let want_prefix = want.split(": ").next().unwrap_or(want);
+        assert!(
+            got.starts_with(want_prefix),
+            "{name}: got {got:?}, want {want:?}"
+        );
+        if let Some(fragment) = want.strip_prefix("skip: ") {
+            assert!(
+                got.contains(fragment),
+                "{name}: {got:?} should say {fragment:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_pods_own_constraints_are_kept_and_one_that_excludes_the_node_gets_nothing() {
+    let node_labels = labels(&[("zone", "a")]);
+    // Excluded by its own nodeSelector or required affinity: nothing added, and why.
+    let selector = labels(&[("zone", "b")]);
+    let by_selector = PodScheduling {
+        node_selector: Some(&selector),
+        ..PodScheduling::default()
+    };
+    let Decision::Skip(why) = decide(&request(&node_labels, by_selector, Mode::Preferred)) else {
+        panic!("a nodeSelector excluding the node must skip");
+    };
+    assert!(why.contains("nodeSelector"), "{why}");
+    let excluding = affinity(
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}}),
+    );
+    let by_affinity = PodScheduling {
+        affinity: Some(&excluding),
+        ..PodScheduling::default()
+    };
+    let Decision::Skip(why) = decide(&request(&node_labels, by_affinity, Mode::Required)) else {
+        panic!("a required affinity excluding the node must skip");
+    };
+    assert!(why.contains("required node affinity"), "{why}");
+
+    // Admitting: preferred appends a weight-100 term beside the pod's own; everything else kept.
+    let own = affinity(json!({
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["c"]}]},
+                {}
+            ]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 5, "preference": {"matchExpressions": [{"key": "disk", "operator": "Exists"}]}}
+            ]
+        },
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}
+        ]}
+    }));
+    let with_own = PodScheduling {
+        affinity: Some(&own),
+        ..PodScheduling::default()
+    };
+    let name_term =
+        json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]});
+    let Decision::Place { affinity: got, .. } =
+        decide(&request(&node_labels, with_own, Mode::Preferred))
+    else {
+        panic!("must place");
+    };
+    let got = serde_json::to_value(&got).unwrap();
+    let mut want = serde_json::to_value(&own).unwrap();
+    want["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"weight": placement::PREFERRED_WEIGHT, "preference": name_term}));
+    assert_eq!(
+        got, want,
+        "preferred: one term appended, the rest as it was"
+    );
+
+    // Required narrows every term that can match (ANDed), leaves an empty term empty.
+    let Decision::Place { affinity: got, .. } =
+        decide(&request(&node_labels, with_own, Mode::Required))
+    else {
+        panic!("must place");
+    };
+    let terms = serde_json::to_value(&got).unwrap()["nodeAffinity"]
+        ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        .clone();
+    assert_eq!(
+        terms,
+        json!([
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}],
+             "matchFields": name_term["matchFields"]},
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["c"]}],
+             "matchFields": name_term["matchFields"]},
+            {}
+        ])
+    );
+    // Without terms of its own, required is exactly one term for the node.
+    let Decision::Place { affinity: got, .. } = decide(&request(
+        &node_labels,
+        PodScheduling::default(),
+        Mode::Required,
+    )) else {
+        panic!("must place");
+    };
+    assert_eq!(
+        serde_json::to_value(&got).unwrap(),
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [name_term]}}})
+    );
+}
+
+#[test]
+fn the_patch_sets_the_affinity_and_records_what_was_done() {
+    let node_labels = labels(&[]);
+    let d = decide(&request(
+        &node_labels,
+        PodScheduling::default(),
+        Mode::Preferred,
+    ));
+    let with = placement::patch(&d, true);
+    assert_eq!(with.len(), 2);
+    assert_eq!(with[0]["path"], "/spec/affinity");
+    assert_eq!(
+        with[1],
+        json!({"op": "add", "path": "/metadata/annotations/ipkeep.dev~1placed", "value": "preferred node-1"})
+    );
+    let without = placement::patch(&d, false);
+    assert_eq!(
+        without[1],
+        json!({"op": "add", "path": "/metadata/annotations", "value": {PLACED: "preferred node-1"}})
+    );
+    let skip = Decision::Skip("why".into());
+    assert_eq!(
+        placement::patch(&skip, true).len(),
+        1,
+        "a skip is recorded, no affinity"
+    );
+    assert!(placement::patch(&Decision::Pass, true).is_empty());
+}
+
+/// Caches filled as the controller's watches fill them.
+fn caches(reservations: &[Value], statefulsets: &[Value], nodes: &[Value]) -> Caches {
+    fn fill<K>(objects: &[Value]) -> reflector::Store<K>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + 'static,
+        K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    {
+        let (store, mut writer) = reflector::store::<K>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for o in objects {
+            writer.apply_watcher_event(&watcher::Event::InitApply(
+                serde_json::from_value(o.clone()).expect("an object"),
+            ));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        store
+    }
+    Caches {
+        reservations: fill::<IPReservation>(reservations),
+        statefulsets: fill::<PartialObjectMeta<StatefulSet>>(statefulsets),
+        nodes: fill::<Node>(nodes),
+        default_mode: Mode::Preferred,
+    }
+}
+
+/// An AdmissionReview as kube-apiserver sends it for a pod CREATE (name set, no uid yet).
+fn admission(pod: Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": pod["metadata"]["name"].as_str().unwrap_or(""),
+            "namespace": "apps",
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:statefulset-controller"},
+            "object": pod,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
+        }
+    }))
+    .unwrap()
+}
+
+fn sts_pod(name: &str, annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": "apps", "annotations": annotations,
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+                                 "uid": "u-sts", "controller": true}]
+        },
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+    })
+}
+
+fn reservation(name: &str, node: &str) -> Value {
+    json!({
+        "apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation",
+        "metadata": {"name": name, "namespace": "apps", "uid": format!("u-{name}"),
+                     "labels": {"app.kubernetes.io/managed-by": "ipkeep"}},
+        "spec": {"ips": ["10.244.1.7"], "nodeName": node}
+    })
+}
+
+fn node(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"zone": "a"}}})
+}
+
+/// The response's JSON patch, decoded (none: empty).
+fn answered_patch(
+    review: &kube::core::admission::AdmissionReview<kube::core::DynamicObject>,
+) -> Vec<Value> {
+    let response = review.response.as_ref().expect("a response");
+    assert!(response.allowed, "the webhook never refuses a pod");
+    response
+        .patch
+        .as_ref()
+        .map(|p| serde_json::from_slice(p).expect("a JSON patch"))
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_webhook_answers_a_review_from_its_caches() {
+    let caches = caches(
+        &[
+            reservation("db-0", "node-1"),
+            reservation("db-1", "node-gone"),
+        ],
+        &[json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                  "metadata": {"name": "db", "namespace": "apps",
+                               "annotations": {"ipkeep.dev/retain": "true"}}})],
+        &[node("node-1")],
+    );
+    // Opted in through its StatefulSet, with a reservation on node-1: a preferred term.
+    let (review, result) = webhook::review(&admission(sts_pod("db-0", json!({}))), &caches);
+    assert_eq!(result, "preferred");
+    let patch = answered_patch(&review);
+    assert_eq!(
+        patch[0]["value"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]
+            ["matchFields"][0]["values"],
+        json!(["node-1"])
+    );
+    assert_eq!(
+        review.response.as_ref().unwrap().uid,
+        "705ab4f5-6393-11e8-b7cc-42010a800002"
+    );
+
+    // The pod's own annotation wins: required.
+    let (_, result) = webhook::review(
+        &admission(sts_pod("db-0", json!({"ipkeep.dev/placement": "required"}))),
+        &caches,
+    );
+    assert_eq!(result, "required");
+    // Its reservation's node is gone: recorded as skipped, no affinity.
+    let (review, result) = webhook::review(&admission(sts_pod("db-1", json!({}))), &caches);
+    assert_eq!(result, "skipped");
+    let patch = answered_patch(&review);
+    assert_eq!(patch.len(), 1);
+    assert_eq!(patch[0]["path"], "/metadata/annotations/ipkeep.dev~1placed");
+    assert!(
+        patch[0]["value"]
+            .as_str()
+            .unwrap()
+            .contains("no longer exists"),
+        "{patch:?}"
+    );
+    // No reservation (a first pod), or a generated name: nothing.
+    let (review, result) = webhook::review(&admission(sts_pod("db-2", json!({}))), &caches);
+    assert_eq!((result, answered_patch(&review).len()), ("pass", 0));
+    let mut generated = sts_pod("", json!({}));
+    generated["metadata"]["generateName"] = json!("db-");
+    let (_, result) = webhook::review(&admission(generated), &caches);
+    assert_eq!(result, "pass");
+    // Garbage is answered "invalid", never a crash.
+    let (review, result) = webhook::review(b"{not json", &caches);
+    assert_eq!(result, "error");
+    assert!(!review.response.unwrap().allowed);
+}
