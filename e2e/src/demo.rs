@@ -272,9 +272,10 @@ async fn reservation_phase(api: &Api<DynamicObject>, name: &str) -> Option<Strin
     r.data["status"]["phase"].as_str().map(str::to_owned)
 }
 
-/// The story's StatefulSet: `replicas` pods on `node`, annotated to keep their addresses for
-/// `retain_for`, with the container list items `container` (YAML at six spaces).
-fn statefulset(name: &str, replicas: u32, retain_for: &str, node: &str, container: &str) -> String {
+/// The story's StatefulSet: `replicas` pods wherever the scheduler puts them, annotated to keep
+/// their addresses for `retain_for`, with the container list items `container` (YAML at six
+/// spaces).
+fn statefulset(name: &str, replicas: u32, retain_for: &str, container: &str) -> String {
     format!(
         r#"apiVersion: apps/v1
 kind: StatefulSet
@@ -293,8 +294,8 @@ spec:
         ipkeep.dev/retain: "true"        # keep this pod's IP when it is deleted
         ipkeep.dev/retain-for: "{retain_for}"      # ... for this long after it is gone
     spec:
-      nodeSelector:
-        kubernetes.io/hostname: {node}   # addresses are node-local: a pod keeps its IP on its node
+      # No node named: addresses are node-local, and ipkeep's placement webhook brings a
+      # returning pod back to the node that holds its address.
       terminationGracePeriodSeconds: 1
       containers:
 {container}"#

@@ -59,6 +59,14 @@ fn pod_ip(pod: &Pod) -> Option<String> {
     pod.status.as_ref()?.pod_ip.clone()
 }
 
+/// The node a pod runs on.
+fn pod_node(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
+}
+
 /// Writes `yaml` to `work/file`, prints it, and applies it.
 fn apply(k: &Kubectl, work: &Path, file: &str, yaml: &str) -> Result<(), DemoError> {
     let path = work.join(file);
@@ -125,8 +133,8 @@ pub(super) async fn story(
     )?;
     show(&k, &["-n", SYSTEM_NS, "get", "pods", "-o", "wide"])?;
 
-    let (server_node, client_node) = match c.nodes() {
-        [a, b, ..] => (b.name(), a.name()),
+    let client_node = match c.nodes() {
+        [a, _, ..] => a.name(),
         _ => {
             return Err(DemoError::Node {
                 node: "-".into(),
@@ -143,13 +151,13 @@ pub(super) async fn story(
     super::kubectl(&k, &["create", "namespace", NS])?;
 
     say(&format!(
-        "1. An annotated StatefulSet with 3 replicas of busybox httpd on {server_node}, and a client pod on {client_node}"
+        "1. An annotated StatefulSet with 3 replicas of busybox httpd, placed by the scheduler, and a client pod on {client_node}"
     ));
     apply(
         &k,
         work,
         "web.yaml",
-        &statefulset("web", 3, "10m", &server_node, &web_container()),
+        &statefulset("web", 3, "10m", &web_container()),
     )?;
     apply(&k, work, "client.yaml", &client_pod(&client_node))?;
     for name in ["web-0", "web-1", "web-2"] {
@@ -173,7 +181,10 @@ pub(super) async fn story(
     let before = c.wait_pod_ready(NS, "web-1", STEP_DEADLINE).await?;
     let old_uid = before.metadata.uid.clone().unwrap_or_default();
     let old_ip = pod_ip(&before).unwrap_or_default();
-    note(&format!("web-1 now: uid {old_uid}, IP {old_ip}"));
+    let old_node = pod_node(&before);
+    note(&format!(
+        "web-1 now: uid {old_uid}, IP {old_ip}, on {old_node}"
+    ));
     show(&k, &["-n", NS, "delete", "pod", "web-1"])?;
     let pods: Api<Pod> = Api::namespaced(client, NS);
     wait_for("web-1 re-created", || async {
@@ -183,6 +194,22 @@ pub(super) async fn story(
     .await?;
     let after = c.wait_pod_ready(NS, "web-1", STEP_DEADLINE).await?;
     let new_ip = pod_ip(&after).unwrap_or_default();
+    note(&format!(
+        "The scheduler put it back on {} because ipkeep's placement webhook told it where the address lives:",
+        pod_node(&after)
+    ));
+    show(
+        &k,
+        &[
+            "-n",
+            NS,
+            "get",
+            "pod",
+            "web-1",
+            "-o",
+            "jsonpath={.metadata.annotations.ipkeep\\.dev/placed}{\"\\n\"}{.spec.affinity.nodeAffinity}{\"\\n\"}",
+        ],
+    )?;
     wait_for("web-1's reservation Bound again", || {
         bound("web-1".to_owned())
     })
@@ -225,7 +252,7 @@ pub(super) async fn story(
         &k,
         work,
         "cache.yaml",
-        &statefulset("cache", 1, "5s", &client_node, &web_container()),
+        &statefulset("cache", 1, "5s", &web_container()),
     )?;
     let cache = c.wait_pod_ready(NS, "cache-0", STEP_DEADLINE).await?;
     wait_for("cache-0's reservation Bound", || {
