@@ -108,6 +108,9 @@ const VARIANTS: &[Variant] = &[
     Variant {
         name: "no-placement",
     },
+    Variant {
+        name: "cert-manager",
+    },
 ];
 
 impl Variant {
@@ -338,10 +341,14 @@ fn every_variant_validates_against_the_kubernetes_schemas() {
             v.name
         );
         // Every manifest of a built-in kind was checked against its schema; only the Prometheus
-        // Operator's ServiceMonitor has none there (its shape is checked below).
+        // Operator's ServiceMonitor and cert-manager's Issuer and Certificate have none there
+        // (their shapes are checked below).
         let checked: Vec<&Value> = docs
             .iter()
-            .filter(|d| d["apiVersion"] != "monitoring.coreos.com/v1")
+            .filter(|d| {
+                d["apiVersion"] != "monitoring.coreos.com/v1"
+                    && d["apiVersion"] != "cert-manager.io/v1"
+            })
             .collect();
         let passed = stdout
             .lines()
@@ -1127,5 +1134,87 @@ fn the_placement_webhook_is_registered_never_to_block_a_pod() {
         !strings(&c["args"])
             .iter()
             .any(|a| a.contains("webhook") || a.contains("placement"))
+    );
+}
+
+#[test]
+fn with_cert_manager_the_controller_serves_its_certificate_and_keeps_no_secret() {
+    let docs = render("cert-manager", variant("cert-manager"));
+    let cert = find(&docs, "Certificate", "ipkeep-webhook");
+    assert_eq!(cert["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(cert["spec"]["secretName"], "ipkeep-webhook-tls");
+    assert_eq!(
+        cert["spec"]["dnsNames"],
+        json!([
+            format!("ipkeep-webhook.{NAMESPACE}.svc"),
+            format!("ipkeep-webhook.{NAMESPACE}.svc.cluster.local")
+        ])
+    );
+    assert_eq!(
+        cert["spec"]["issuerRef"],
+        json!({"kind": "Issuer", "name": "ipkeep-webhook-selfsigned"})
+    );
+    assert_eq!(
+        find(&docs, "Issuer", "ipkeep-webhook-selfsigned")["spec"],
+        json!({"selfSigned": {}})
+    );
+    assert_eq!(
+        find(&docs, "MutatingWebhookConfiguration", "ipkeep-placement")["metadata"]["annotations"]
+            ["cert-manager.io/inject-ca-from"],
+        format!("{NAMESPACE}/ipkeep-webhook")
+    );
+    assert!(
+        of_kind(&docs, "Secret").is_empty(),
+        "cert-manager writes the Secret"
+    );
+    let pod = &find(&docs, "Deployment", "ipkeep-controller")["spec"]["template"]["spec"];
+    let c = container(pod, "containers", "controller");
+    let args = strings(&c["args"]);
+    assert!(
+        args.contains(&"--webhook-cert-dir=/tls".to_owned()),
+        "{args:?}"
+    );
+    assert!(
+        !args
+            .iter()
+            .any(|a| a.starts_with("--webhook-secret") || a.starts_with("--webhook-configuration")),
+        "{args:?}"
+    );
+    assert_eq!(
+        c["volumeMounts"],
+        json!([{"name": "webhook-tls", "mountPath": "/tls", "readOnly": true}])
+    );
+    assert_eq!(
+        pod["volumes"],
+        json!([{"name": "webhook-tls", "secret": {"secretName": "ipkeep-webhook-tls"}}])
+    );
+    // The controller touches neither Secrets nor webhook configurations.
+    for role in of_kind(&docs, "ClusterRole")
+        .into_iter()
+        .chain(of_kind(&docs, "Role"))
+    {
+        let text = role["rules"].to_string();
+        assert!(
+            !text.contains("secrets") && !text.contains("mutatingwebhook"),
+            "{text}"
+        );
+    }
+    // An issuer of the user's replaces the self-signed one.
+    let scratch = Scratch::new("chart-cert-manager-issuer");
+    let yaml = template(
+        scratch.path(),
+        &set_args(&[
+            "placement.certManager.enabled=true",
+            "placement.certManager.issuerRef.kind=ClusterIssuer",
+            "placement.certManager.issuerRef.name=corp-ca",
+        ]),
+        &[],
+    )
+    .unwrap();
+    let docs = documents(&yaml);
+    assert!(of_kind(&docs, "Issuer").is_empty());
+    assert_eq!(
+        find(&docs, "Certificate", "ipkeep-webhook")["spec"]["issuerRef"],
+        json!({"kind": "ClusterIssuer", "name": "corp-ca"})
     );
 }

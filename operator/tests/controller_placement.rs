@@ -531,3 +531,157 @@ fn the_webhook_answers_a_review_from_its_caches() {
     assert_eq!(result, "error");
     assert!(!review.response.unwrap().allowed);
 }
+
+/// Sends `body` to the webhook at `addr` over TLS as the API server would (trusting `ca`, naming
+/// the Service), and returns the served certificate and the response's JSON body.
+async fn post_review(addr: std::net::SocketAddr, ca: &str, body: &[u8]) -> (Vec<u8>, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::{
+        TlsConnector,
+        rustls::{
+            ClientConfig, RootCertStore,
+            pki_types::{CertificateDer, ServerName, pem::PemObject},
+        },
+    };
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let config = ClientConfig::builder_with_provider(std::sync::Arc::new(
+        tokio_rustls::rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("ipkeep-webhook.ipkeep-system.svc").unwrap();
+    let mut tls = TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("the TLS handshake with the webhook");
+    let served = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: ipkeep-webhook.ipkeep-system.svc\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        webhook::PATH,
+        body.len()
+    );
+    tls.write_all(head.as_bytes()).await.unwrap();
+    tls.write_all(body).await.unwrap();
+    let mut response = Vec::new();
+    let _ = tls.read_to_end(&mut response).await;
+    let text = String::from_utf8_lossy(&response);
+    let (status, json) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    (
+        served,
+        serde_json::from_str(json).expect("a JSON AdmissionReview"),
+    )
+}
+
+#[tokio::test]
+async fn the_webhook_serves_reviews_over_tls_and_takes_a_renewed_certificate_without_a_restart() {
+    use ipkeep_operator::controller::webhook_tls::{
+        Lifetimes, Renewal, TlsSource, certified_key, issue, keep, service_dns_names,
+    };
+    let names = service_dns_names("ipkeep-webhook", "ipkeep-system");
+    let now = jiff::Timestamp::now();
+    let life = Lifetimes::standard();
+    let first = issue(Renewal::Fresh, &BTreeMap::new(), None, &names, now, &life).unwrap();
+    // Served from files, as with cert-manager's Secret mounted (`--webhook-cert-dir`).
+    let dir = std::env::temp_dir().join(format!("ipkeep-webhook-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tls.crt"), &first.cert).unwrap();
+    std::fs::write(dir.join("tls.key"), &first.key).unwrap();
+    let slot = std::sync::Arc::new(webhook::CertSlot::default());
+    let server = webhook::WebhookServer::bind("127.0.0.1:0".parse().unwrap(), slot.clone())
+        .await
+        .unwrap();
+    let addr = server.local_addr().unwrap();
+    let registry = prometheus::Registry::new();
+    let metrics = webhook::WebhookMetrics::register(&registry).unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let stopped = async move {
+        let _ = stop_rx.await;
+    };
+    let caches = caches(&[reservation("db-0", "node-1")], &[], &[node("node-1")]);
+    let serving = tokio::spawn(server.run(caches, metrics.clone(), stopped));
+    // A client that cannot build a connection: the files need none.
+    let client =
+        kube::Client::try_from(kube::Config::new("https://127.0.0.1:1".parse().unwrap())).unwrap();
+    let loader = tokio::spawn(keep(
+        client,
+        TlsSource::Files(dir.clone()),
+        slot.clone(),
+        std::future::pending(),
+    ));
+    for _ in 0..200 {
+        if slot.is_loaded() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(slot.is_loaded(), "the certificate files were not loaded");
+
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "db-0", "namespace": "apps", "annotations": {"ipkeep.dev/retain": "true"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+    });
+    let (served, review) = post_review(addr, &first.ca_bundle, &admission(pod.clone())).await;
+    assert_eq!(review["kind"], "AdmissionReview");
+    assert_eq!(review["response"]["allowed"], true);
+    assert_eq!(review["response"]["patchType"], "JSONPatch");
+    assert_eq!(served, first_der(&first.cert));
+
+    // A renewed serving certificate is swapped in: the next connection gets it, no restart.
+    let renewed = issue(
+        Renewal::Serving,
+        &[
+            ("tls.crt", &first.cert),
+            ("tls.key", &first.key),
+            ("ca.crt", &first.ca_bundle),
+            ("ca.key", &first.ca_key),
+        ]
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                k8s_openapi::ByteString(v.clone().into_bytes()),
+            )
+        })
+        .collect(),
+        Some(first.ca_not_after),
+        &names,
+        now,
+        &life,
+    )
+    .unwrap();
+    slot.set(certified_key(renewed.cert.as_bytes(), renewed.key.as_bytes()).unwrap());
+    let (served, review) = post_review(addr, &first.ca_bundle, &admission(pod)).await;
+    assert_eq!(
+        served,
+        first_der(&renewed.cert),
+        "the renewed certificate is served"
+    );
+    assert_eq!(review["response"]["allowed"], true);
+    assert_eq!(
+        metrics.admissions.with_label_values(&["preferred"]).get(),
+        2,
+        "both reviews counted"
+    );
+    loader.abort();
+    let _ = stop_tx.send(());
+    serving.await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The DER of the first certificate of a PEM chain.
+fn first_der(pem: &str) -> Vec<u8> {
+    use tokio_rustls::rustls::pki_types::{CertificateDer, pem::PemObject};
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .next()
+        .unwrap()
+        .unwrap()
+        .to_vec()
+}
