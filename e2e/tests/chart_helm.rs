@@ -693,6 +693,10 @@ fn each_variant_changes_what_it_says() {
             .contains(&"--replace-host-local".to_owned())
     );
     let agent = container(pod, "containers", "agent");
+    assert!(
+        strings(&agent["args"]).contains(&"--guard-host-local=/host/opt/cni/bin".to_owned()),
+        "the agent keeps the replaced host-local replaced"
+    );
     assert_eq!(
         strings(&agent["lifecycle"]["preStop"]["exec"]["command"]),
         [

@@ -1,7 +1,9 @@
 //! ipkeep's own pods under fault on real nodes, the chart installed as the README says: the agent
 //! pod of the pods' node and the controller leader pod deleted with `kubectl delete pod` while
 //! pods come and go; `helm upgrade` (every agent and controller pod replaced) while a pod returns:
-//! the node's `host-local` stays ipkeep throughout and the pod gets its address; then `helm
+//! the node's `host-local` stays ipkeep throughout and the pod gets its address; Debian's
+//! host-local written over it (`install -m 755`) and then a k3s-style symlink: the agent puts
+//! ipkeep back at once each time (the window is printed) and keeps the newest original; then `helm
 //! uninstall` of the release installed with `cni.replaceHostLocal=true`: host-local is back in
 //! `/opt/cni/bin`, every allocation stays valid (the running pods keep their addresses, a new pod
 //! gets a free one).
@@ -165,8 +167,78 @@ async fn agent_and_leader_pods_deleted_and_helm_upgrade_while_pods_churn_then_he
         .wait_running("app=web", &["web-0", "web-1", "web-2"])
         .await;
 
-    // Uninstalled: host-local is back, the pods keep running on their addresses, and a new pod
-    // gets an address none of them has.
+    // A package upgrade writes Debian's host-local over ipkeep (`install -m 755`, as dpkg and
+    // `make install` do), then k3s-style a symlink to a multi-call binary replaces it: the agent
+    // installs ipkeep again at once each time, keeps what was written as the new original, and
+    // says so on the Node. The window is how long the other host-local stood there.
+    let ipkeep_bytes = std::fs::read(bin.join("ipkeep")).unwrap();
+    let is_ipkeep = |p: &std::path::Path| std::fs::read(p).is_ok_and(|b| b == ipkeep_bytes);
+    let host_local_path = bin.join("host-local");
+    let replaced_windows = [
+        ("a package upgrade (install -m 755)", vec!["install", "-m", "755", DEBIAN_HOST_LOCAL, "/opt/cni/bin/host-local"]),
+        ("a k3s-style re-link (a symlink to a multi-call binary)", vec!["sh", "-c", "cp /usr/lib/cni/host-local /opt/cni/bin/cni && ln -sfn cni /opt/cni/bin/host-local"]),
+    ]
+    .into_iter()
+    .map(|(what, command)| {
+        assert!(is_ipkeep(&host_local_path), "host-local is ipkeep before {what}");
+        node.exec(&command).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let written = std::time::Instant::now();
+        let stood = {
+            let mut looks = 0_u32;
+            while !is_ipkeep(&host_local_path) {
+                looks += 1;
+                assert!(looks < 60_000, "host-local was not ipkeep again 60 s after {what}");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            written.elapsed()
+        };
+        eprintln!("{what}: host-local was ipkeep again {:.1} ms after the command returned", stood.as_secs_f64() * 1000.0);
+        (what, stood)
+    })
+    .collect::<Vec<_>>();
+    assert_eq!(
+        std::fs::read_link(&kept).unwrap(),
+        std::path::Path::new("cni"),
+        "the newest original (the symlink) is the one kept"
+    );
+    let nodes_events = wait_for("the Warnings HostLocalReplaced on the node", || async {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(c.plane().client().unwrap(), "default");
+        let notes: Vec<String> = events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("HostLocalReplaced")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node_a.as_str())
+            })
+            .filter_map(|e| e.note)
+            .collect();
+        (notes.len() >= 2).then_some(notes)
+    })
+    .await;
+    assert!(
+        nodes_events.iter().any(|n| n.contains("overwritten")),
+        "{nodes_events:?}"
+    );
+    assert!(
+        nodes_events.iter().any(|n| n.contains("symlink")),
+        "{nodes_events:?}"
+    );
+    sys.check("host-local written over ipkeep: ipkeep again at once, the newest original kept, a Warning on the Node");
+    eprintln!("host-local guard windows: {replaced_windows:?}");
+    // The re-created pods still get their addresses through the reclaimed host-local.
+    sys.kubectl(&["delete", "pod", "web-1", "--wait=false"]);
+    churn_one(&sys, &pods, "web-1", "the reclaimed host-local").await;
+    pods = sys
+        .wait_running("app=web", &["web-0", "web-1", "web-2"])
+        .await;
+
+    // Uninstalled: host-local is back (the newest original: the symlink to the multi-call
+    // binary), the pods keep running on their addresses, and a new pod gets an address none of
+    // them has.
     realnode::helm(
         c,
         &["uninstall", RELEASE, "--namespace", RELEASE_NS, "--wait"],
@@ -181,6 +253,11 @@ async fn agent_and_leader_pods_deleted_and_helm_upgrade_while_pods_churn_then_he
         host_local == std::fs::read(DEBIAN_HOST_LOCAL).unwrap(),
         "{}/host-local is not the original host-local again",
         bin.display()
+    );
+    assert_eq!(
+        std::fs::read_link(bin.join("host-local")).unwrap(),
+        std::path::Path::new("cni"),
+        "the newest original, the symlink, is what came back"
     );
     assert!(
         !bin.join("host-local.ipkeep-orig").exists(),

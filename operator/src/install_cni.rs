@@ -395,6 +395,89 @@ pub fn replace_host_local(from: &Path, to: &Path) -> Result<Replacement, Install
     })
 }
 
+/// What [`reclaim_host_local`] found in place of ipkeep as `host-local`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reclaim {
+    /// `host-local` is ipkeep: nothing was done.
+    Intact,
+    /// Another file was written as `host-local` (a package upgrade, an admin's `cp`): kept as
+    /// the new original, ipkeep installed again.
+    Overwritten,
+    /// `host-local` became a symlink (k3s re-linking its multi-call binary): the link itself kept
+    /// as the new original (never followed), ipkeep installed again.
+    Relinked,
+    /// `host-local` was removed: ipkeep installed again (the kept original stays).
+    Removed,
+}
+
+impl Reclaim {
+    /// A label for metrics and logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Intact => "intact",
+            Self::Overwritten => "overwritten",
+            Self::Relinked => "relinked",
+            Self::Removed => "removed",
+        }
+    }
+}
+
+/// Makes `<to>/host-local` ipkeep (`from`) again when something else took its place, keeping
+/// what was written there as the new `host-local.ipkeep-orig`, so that `--restore-host-local`
+/// (the chart's uninstall) puts back the newest original, not the one kept at install time.
+///
+/// The same rules as [`replace_host_local`]: every step is a link or a rename in the directory,
+/// so `host-local` is never missing (it is the new file until the instant ipkeep is renamed over
+/// it); a symlink is kept as a symlink (link(2) does not follow it), never followed out of the
+/// directory; what is left over by a killed run is a hidden temporary the next install removes.
+pub fn reclaim_host_local(from: &Path, to: &Path) -> Result<Reclaim, InstallError> {
+    let host_local = to.join(HOST_LOCAL);
+    let orig = to.join(HOST_LOCAL_ORIG);
+    let target = |step, path: &Path| {
+        let path = path.to_owned();
+        move |source| InstallError::Target { step, path, source }
+    };
+    let ours = fs::read(from).map_err(|source| InstallError::Source {
+        path: from.to_owned(),
+        source,
+    })?;
+    let found = match fs::symlink_metadata(&host_local) {
+        Ok(meta) if meta.file_type().is_symlink() => Reclaim::Relinked,
+        Ok(meta) if meta.is_dir() => {
+            return Err(target("reclaim", &host_local)(io::Error::other(
+                "host-local is a directory",
+            )));
+        }
+        Ok(meta) => {
+            let same = meta.len() == ours.len() as u64
+                && meta.permissions().mode() & 0o777 == BINARY_MODE
+                && fs::read(&host_local).map_err(target("read", &host_local))? == ours;
+            if same {
+                return Ok(Reclaim::Intact);
+            }
+            Reclaim::Overwritten
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Reclaim::Removed,
+        Err(e) => return Err(target("inspect", &host_local)(e)),
+    };
+    if found != Reclaim::Removed {
+        // The newcomer becomes the original: a second link to it under a temporary name, renamed
+        // over the kept original in one step.
+        let tmp = to.join(format!("{TEMP_PREFIX}{}-orig", std::process::id()));
+        let _ = fs::remove_file(&tmp);
+        fs::hard_link(&host_local, &tmp).map_err(target("keep the new original", &tmp))?;
+        if let Err(e) = fs::rename(&tmp, &orig) {
+            let _ = fs::remove_file(&tmp);
+            return Err(target("keep the new original", &orig)(e));
+        }
+        File::open(to)
+            .and_then(|d| d.sync_all())
+            .map_err(target("sync directory", to))?;
+    }
+    install(from, to, Some(HOST_LOCAL))?;
+    Ok(found)
+}
+
 /// Renames `<to>/host-local.ipkeep-orig` back over `<to>/host-local` (one rename: `host-local`
 /// is ipkeep until the instant it is the original again). Idempotent: without a kept original
 /// nothing is changed.

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ipkeep_operator::install_cni::{
-    HOST_LOCAL, HOST_LOCAL_ORIG, InstallError, Outcome, Replacement, Restore, TEMP_PREFIX, install,
-    replace_host_local, restore_host_local,
+    HOST_LOCAL, HOST_LOCAL_ORIG, InstallError, Outcome, Reclaim, Replacement, Restore, TEMP_PREFIX,
+    install, reclaim_host_local, replace_host_local, restore_host_local,
 };
 
 fn scratch(name: &str) -> PathBuf {
@@ -440,4 +440,88 @@ fn the_chart_command_lines_replace_and_restore() {
         assert!(!out.status.success(), "{refused:?} is refused");
     }
     fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_host_local_written_over_ipkeep_is_reclaimed_and_kept_as_the_newest_original() {
+    let dir = scratch("reclaim");
+    let bin = host_local_dir(&dir, b"host-local 1.4");
+    let src = write_source(&dir, b"ipkeep");
+    replace_host_local(&src, &bin).unwrap();
+    assert_eq!(reclaim_host_local(&src, &bin).unwrap(), Reclaim::Intact);
+
+    // A package upgrade writes host-local 1.5 over ipkeep (a new file renamed into place).
+    let upgrade = dir.join("host-local-1.5");
+    fs::write(&upgrade, b"host-local 1.5").unwrap();
+    fs::set_permissions(&upgrade, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::rename(&upgrade, bin.join(HOST_LOCAL)).unwrap();
+    assert_eq!(
+        reclaim_host_local(&src, &bin).unwrap(),
+        Reclaim::Overwritten
+    );
+    assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), b"ipkeep");
+    assert_eq!(
+        fs::read(bin.join(HOST_LOCAL_ORIG)).unwrap(),
+        b"host-local 1.5",
+        "the newest original"
+    );
+    // An admin's `cp` writes in place: the same.
+    fs::write(bin.join(HOST_LOCAL), b"host-local 1.6").unwrap();
+    assert_eq!(
+        reclaim_host_local(&src, &bin).unwrap(),
+        Reclaim::Overwritten
+    );
+    assert_eq!(
+        fs::read(bin.join(HOST_LOCAL_ORIG)).unwrap(),
+        b"host-local 1.6"
+    );
+    // Removed: ipkeep again, the kept original stays.
+    fs::remove_file(bin.join(HOST_LOCAL)).unwrap();
+    assert_eq!(reclaim_host_local(&src, &bin).unwrap(), Reclaim::Removed);
+    assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), b"ipkeep");
+    assert_eq!(
+        fs::read(bin.join(HOST_LOCAL_ORIG)).unwrap(),
+        b"host-local 1.6"
+    );
+    // Uninstalling puts back the newest original.
+    assert_eq!(restore_host_local(&bin).unwrap(), Restore::Restored);
+    assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), b"host-local 1.6");
+    assert_eq!(names_in(&bin), [HOST_LOCAL], "no temporary left");
+}
+
+#[test]
+fn a_relinked_host_local_is_kept_as_the_symlink_never_followed() {
+    let dir = scratch("relink");
+    let bin = host_local_dir(&dir, b"host-local");
+    let src = write_source(&dir, b"ipkeep");
+    replace_host_local(&src, &bin).unwrap();
+    // k3s re-links its multi-call binary: host-local becomes a symlink to `cni`.
+    fs::write(bin.join("cni"), b"multi-call cni").unwrap();
+    fs::remove_file(bin.join(HOST_LOCAL)).unwrap();
+    std::os::unix::fs::symlink("cni", bin.join(HOST_LOCAL)).unwrap();
+    assert_eq!(reclaim_host_local(&src, &bin).unwrap(), Reclaim::Relinked);
+    assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), b"ipkeep");
+    assert!(
+        !fs::symlink_metadata(bin.join(HOST_LOCAL))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(
+        fs::read_link(bin.join(HOST_LOCAL_ORIG)).unwrap(),
+        Path::new("cni")
+    );
+    assert_eq!(
+        fs::read(bin.join("cni")).unwrap(),
+        b"multi-call cni",
+        "its target untouched"
+    );
+    // A symlink pointing out of the directory is kept as a link too, its target never written.
+    let outside = dir.join("outside");
+    fs::write(&outside, b"not ours").unwrap();
+    fs::remove_file(bin.join(HOST_LOCAL)).unwrap();
+    std::os::unix::fs::symlink(&outside, bin.join(HOST_LOCAL)).unwrap();
+    assert_eq!(reclaim_host_local(&src, &bin).unwrap(), Reclaim::Relinked);
+    assert_eq!(fs::read(&outside).unwrap(), b"not ours");
+    assert_eq!(fs::read_link(bin.join(HOST_LOCAL_ORIG)).unwrap(), outside);
 }

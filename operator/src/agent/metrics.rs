@@ -36,6 +36,9 @@ pub struct AgentMetrics {
     pub refused: IntGauge,
     /// `ipkeep_agent_change_to_file_seconds`: from the watch event's arrival to the file on disk.
     pub change_to_file: Histogram,
+    /// `ipkeep_agent_host_local_reclaimed_total{how}`: times `host-local` was found not to be ipkeep
+    /// (`overwritten`, `relinked`, `removed`) and ipkeep was installed again (`--guard-host-local`).
+    pub host_local_reclaimed: IntCounterVec,
 }
 
 impl AgentMetrics {
@@ -113,6 +116,14 @@ impl AgentMetrics {
                 ]),
             )
             .map_err(MetricsError)?,
+            host_local_reclaimed: IntCounterVec::new(
+                Opts::new(
+                    "ipkeep_agent_host_local_reclaimed_total",
+                    "Times host-local in the guarded CNI bin directory was not ipkeep and ipkeep was installed again, by what was found",
+                ),
+                &["how"],
+            )
+            .map_err(MetricsError)?,
         };
         m.seconds_since_full_sync.set(-1);
         for kind in ["file", "pass"] {
@@ -136,6 +147,7 @@ impl AgentMetrics {
             Box::new(m.reservations.clone()),
             Box::new(m.refused.clone()),
             Box::new(m.change_to_file.clone()),
+            Box::new(m.host_local_reclaimed.clone()),
         ] {
             registry.register(c).map_err(MetricsError)?;
         }

@@ -21,6 +21,7 @@
 
 pub mod desired;
 pub mod dirwatch;
+pub mod hostlocal;
 pub mod metrics;
 pub mod view;
 pub mod writer;
@@ -88,6 +89,14 @@ pub struct Args {
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     #[arg(long, env = "IPKEEP_PROBE_ADDR", default_value = "0.0.0.0:9102")]
     pub probe_addr: SocketAddr,
+    /// Keep `host-local` in this CNI bin directory ipkeep: when something writes it again (a
+    /// package or k3s upgrade), install ipkeep again at once, keeping what was written as the new
+    /// `host-local.ipkeep-orig` (the chart passes it with `cni.replaceHostLocal`).
+    #[arg(long, env = "IPKEEP_GUARD_HOST_LOCAL", value_name = "DIR")]
+    pub guard_host_local: Option<PathBuf>,
+    /// The plugin binary `--guard-host-local` installs (inside the image).
+    #[arg(long, env = "IPKEEP_PLUGIN_BINARY", default_value = "/ipkeep")]
+    pub plugin_binary: PathBuf,
     /// Logging.
     #[command(flatten)]
     pub log: LogArgs,
@@ -147,6 +156,19 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         let probe_task = tokio::spawn(probes.run(async move {
             let _ = probe_stop.wait_for(|s| *s).await;
         }));
+        if let Some(dir) = args.guard_host_local.clone() {
+            let guard = hostlocal::Guard {
+                dir,
+                plugin: args.plugin_binary.clone(),
+                node: args.node_name.clone(),
+            };
+            let events = Publisher::new(client.clone(), REPORTER, &args.node_name);
+            tokio::spawn(hostlocal::run(
+                guard,
+                events,
+                metrics.host_local_reclaimed.clone(),
+            ));
+        }
         let config = AgentConfig {
             node_name: args.node_name,
             data_dir: args.data_dir,
