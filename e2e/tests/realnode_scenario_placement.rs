@@ -29,7 +29,7 @@ mod system;
 #[path = "realnode_support/mod.rs"]
 mod realnode;
 
-use std::{collections::BTreeMap, time::Instant};
+use std::time::Instant;
 
 use ipkeep_e2e::cluster::realnode::PodNetwork;
 use k8s_openapi::api::core::v1::Pod;
@@ -88,17 +88,6 @@ impl std::fmt::Display for Tally {
             self.returned, self.deletes
         )
     }
-}
-
-/// Applies an annotated StatefulSet of `replicas` (the scheduler places them) and waits until every
-/// pod runs with its reservation Bound.
-async fn run_unpinned(
-    sys: &System,
-    name: &str,
-    replicas: u32,
-    extra: &[(&str, &str)],
-) -> BTreeMap<String, RunningPod> {
-    sys.run_annotated(name, replicas, &[], extra).await
 }
 
 /// Deletes one pod of each StatefulSet in `sets` at once (the same kind of delete for all: graceful
@@ -286,24 +275,18 @@ async fn another_workload_on_the_node_pulls_pods_away_unless_placed() {
     eprintln!("{}", sys.summary());
 }
 
-/// The node of the running pod `pod`.
-async fn node_of(sys: &System, pod: &str) -> RunningPod {
-    sys.wait_running(&format!("app={}", pod.rsplit_once('-').unwrap().0), &[pod])
-        .await
-        .remove(pod)
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cordoned_node_makes_required_wait_and_preferred_move() {
     let _alone = nodes_alone().await;
     let (sys, _c) = realnode::system("placecord").await;
-    run_unpinned(&sys, "must", 1, &[("ipkeep.dev/placement", "required")]).await;
-    run_unpinned(&sys, "may", 1, &[]).await;
+    let must = sys
+        .run_annotated("must", 1, &[], &[("ipkeep.dev/placement", "required")])
+        .await;
+    let may = sys.run_annotated("may", 1, &[], &[]).await;
 
     // required: Pending while the node is cordoned, with the scheduler's reason; back with its
     // address once the node takes pods again.
-    let before = node_of(&sys, "must-0").await;
+    let before = must["must-0"].clone();
     sys.kubectl(&["cordon", &before.node]);
     sys.kubectl(&["delete", "pod", "must-0", "--wait=false"]);
     let reason = wait_for("must-0 re-created and unschedulable", || async {
@@ -338,7 +321,7 @@ async fn a_cordoned_node_makes_required_wait_and_preferred_move() {
     sys.check("after uncordon the required pod runs on its node with its address");
 
     // preferred: placed elsewhere, with new addresses and the Warning that says so.
-    let before = node_of(&sys, "may-0").await;
+    let before = may["may-0"].clone();
     sys.kubectl(&["cordon", &before.node]);
     sys.kubectl(&["delete", "pod", "may-0", "--wait=false"]);
     let after = sys.wait_recreated("may-0", &before.uid).await;
@@ -373,8 +356,7 @@ async fn a_cordoned_node_makes_required_wait_and_preferred_move() {
 async fn with_the_webhook_down_pods_are_still_created_and_the_miss_is_reported() {
     let _alone = nodes_alone().await;
     let (sys, c) = realnode::system("placedown").await;
-    run_unpinned(&sys, "db", 1, &[]).await;
-    let before = node_of(&sys, "db-0").await;
+    let before = sys.run_annotated("db", 1, &[], &[]).await["db-0"].clone();
     let scale = |n: &str| {
         kubectl_ok(
             c.plane(),

@@ -384,9 +384,7 @@ pub fn replace_host_local(from: &Path, to: &Path) -> Result<Replacement, Install
         Err(e) => return Err(target("inspect", &orig)(e)),
     };
     if kept_original {
-        File::open(to)
-            .and_then(|d| d.sync_all())
-            .map_err(target("sync directory", to))?;
+        sync_dir(to)?;
     }
     let installed = install(from, to, Some(HOST_LOCAL))?;
     Ok(Replacement {
@@ -449,10 +447,7 @@ pub fn reclaim_host_local(from: &Path, to: &Path) -> Result<Reclaim, InstallErro
             )));
         }
         Ok(meta) => {
-            let same = meta.len() == ours.len() as u64
-                && meta.permissions().mode() & 0o777 == BINARY_MODE
-                && fs::read(&host_local).map_err(target("read", &host_local))? == ours;
-            if same {
+            if is_installed(&meta, &host_local, &ours)? {
                 return Ok(Reclaim::Intact);
             }
             Reclaim::Overwritten
@@ -470,9 +465,7 @@ pub fn reclaim_host_local(from: &Path, to: &Path) -> Result<Reclaim, InstallErro
             let _ = fs::remove_file(&tmp);
             return Err(target("keep the new original", &orig)(e));
         }
-        File::open(to)
-            .and_then(|d| d.sync_all())
-            .map_err(target("sync directory", to))?;
+        sync_dir(to)?;
     }
     install(from, to, Some(HOST_LOCAL))?;
     Ok(found)
@@ -502,9 +495,7 @@ pub fn restore_host_local(to: &Path) -> Result<Restore, InstallError> {
             } else {
                 fs::rename(&orig, &host_local).map_err(target("restore", &host_local))?;
             }
-            File::open(to)
-                .and_then(|d| d.sync_all())
-                .map_err(target("sync directory", to))?;
+            sync_dir(to)?;
             Ok(Restore::Restored)
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Restore::NothingKept),
@@ -539,10 +530,7 @@ pub fn install(from: &Path, to: &Path, name: Option<&str>) -> Result<Outcome, In
         Err(e) => return Err(target("inspect", &dest)(e)),
     };
     if let Some(meta) = &existing
-        && meta.is_file()
-        && meta.len() == bytes.len() as u64
-        && meta.permissions().mode() & 0o777 == BINARY_MODE
-        && fs::read(&dest).map_err(target("read", &dest))? == bytes
+        && is_installed(meta, &dest, &bytes)?
     {
         return Ok(Outcome::Unchanged);
     }
@@ -562,14 +550,36 @@ pub fn install(from: &Path, to: &Path, name: Option<&str>) -> Result<Outcome, In
         let _ = fs::remove_file(&tmp);
         return Err(target("rename into place", &dest)(e));
     }
-    File::open(to)
-        .and_then(|d| d.sync_all())
-        .map_err(target("sync directory", to))?;
+    sync_dir(to)?;
     Ok(if existing.is_some() {
         Outcome::Replaced
     } else {
         Outcome::Installed
     })
+}
+
+/// Whether `path` (whose `symlink_metadata` is `meta`) is already the binary `bytes`, installed:
+/// a regular file of the same bytes with the binary's mode.
+fn is_installed(meta: &fs::Metadata, path: &Path, bytes: &[u8]) -> Result<bool, InstallError> {
+    Ok(meta.is_file()
+        && meta.len() == bytes.len() as u64
+        && meta.permissions().mode() & 0o777 == BINARY_MODE
+        && fs::read(path).map_err(|source| InstallError::Target {
+            step: "read",
+            path: path.to_owned(),
+            source,
+        })? == bytes)
+}
+
+/// fsyncs the directory `dir`, so a rename or link in it is durable.
+fn sync_dir(dir: &Path) -> Result<(), InstallError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| InstallError::Target {
+            step: "sync directory",
+            path: dir.to_owned(),
+            source,
+        })
 }
 
 fn write_temp(tmp: &Path, bytes: &[u8]) -> Result<(), InstallError> {

@@ -16,18 +16,12 @@ use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
 use hyper_util::rt::TokioIo;
 use prometheus::{Encoder, Registry, TextEncoder};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 /// Something else a component needs before it is ready (the controller's webhook certificate).
 pub trait Gate: Send + Sync + std::fmt::Debug {
     /// Whether it is satisfied.
     fn open(&self) -> bool;
-}
-
-impl Gate for crate::controller::webhook::CertSlot {
-    fn open(&self) -> bool {
-        self.is_loaded()
-    }
 }
 
 /// Readiness shared between a component and its `/readyz` endpoint.
@@ -110,22 +104,11 @@ impl ProbeServer {
     /// Serves requests until `shutdown` completes; connection errors are logged, never fatal.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let registry = Arc::new(self.registry);
-        tokio::pin!(shutdown);
-        loop {
-            let accepted = tokio::select! {
-                () = &mut shutdown => return,
-                accepted = self.listener.accept() => accepted,
-            };
-            let stream = match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    tracing::warn!(error = %e, "probe server failed to accept a connection");
-                    continue;
-                }
-            };
+        let readiness = self.readiness;
+        accept_until(&self.listener, "probe server", shutdown, |stream| {
             let registry = registry.clone();
-            let readiness = self.readiness.clone();
-            tokio::spawn(async move {
+            let readiness = readiness.clone();
+            async move {
                 let service = service_fn(move |req: Request<Incoming>| {
                     let reply = answer(&req, &registry, &readiness);
                     async move { Ok::<_, Infallible>(reply) }
@@ -136,7 +119,35 @@ impl ProbeServer {
                 {
                     tracing::debug!(error = %e, "probe connection ended with an error");
                 }
-            });
+            }
+        })
+        .await;
+    }
+}
+
+/// Accepts connections on `listener` until `shutdown` completes, each served by `serve` in a task
+/// of its own; a failed accept is logged (as `what`'s), never fatal. The probe server's and the
+/// placement webhook's loop.
+pub(crate) async fn accept_until<F, Fut>(
+    listener: &TcpListener,
+    what: &'static str,
+    shutdown: impl Future<Output = ()>,
+    mut serve: F,
+) where
+    F: FnMut(TcpStream) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                tokio::spawn(serve(stream));
+            }
+            Err(e) => tracing::warn!(error = %e, "{what} failed to accept a connection"),
         }
     }
 }
@@ -180,7 +191,12 @@ fn answer(
     }
 }
 
-fn reply(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Full<Bytes>> {
+/// A response with `status`, `content_type` and `body`.
+pub(crate) fn reply(
+    status: StatusCode,
+    content_type: &str,
+    body: Vec<u8>,
+) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {

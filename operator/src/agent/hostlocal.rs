@@ -97,10 +97,11 @@ pub async fn run(guard: Guard, events: Publisher, reclaimed: IntCounterVec) {
 
 fn check(guard: &Guard, events: &Publisher, reclaimed: &IntCounterVec) {
     match install_cni::reclaim_host_local(&guard.plugin, &guard.dir) {
-        Ok(Reclaim::Intact) => {}
         Ok(how) => {
+            let Some(note) = describe(how, &guard.dir) else {
+                return;
+            };
             reclaimed.with_label_values(&[how.label()]).inc();
-            let note = describe(how, &guard.dir).unwrap_or_default();
             tracing::warn!(how = how.label(), "{note}");
             events.publish(Notice {
                 regarding: ObjectReference {

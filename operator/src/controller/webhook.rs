@@ -46,7 +46,10 @@ use super::{
     placement::{self, Decision, Mode, NodeFacts, PodScheduling, Request as PlacementRequest},
     view,
 };
-use crate::crd::IPReservation;
+use crate::{
+    crd::IPReservation,
+    probes::{Gate, accept_until, reply},
+};
 
 /// The path the chart registers.
 pub const PATH: &str = "/mutate-pods";
@@ -110,6 +113,13 @@ impl CertSlot {
     /// Whether a certificate is loaded.
     pub fn is_loaded(&self) -> bool {
         self.0.read().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+}
+
+/// The controller is Ready only once the webhook can answer.
+impl Gate for CertSlot {
+    fn open(&self) -> bool {
+        self.is_loaded()
     }
 }
 
@@ -185,22 +195,11 @@ impl WebhookServer {
         shutdown: impl Future<Output = ()>,
     ) {
         let shared = Arc::new((caches, metrics));
-        tokio::pin!(shutdown);
-        loop {
-            let accepted = tokio::select! {
-                () = &mut shutdown => return,
-                accepted = self.listener.accept() => accepted,
-            };
-            let stream = match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    tracing::warn!(error = %e, "webhook failed to accept a connection");
-                    continue;
-                }
-            };
-            let acceptor = self.acceptor.clone();
+        let acceptor = self.acceptor;
+        accept_until(&self.listener, "webhook", shutdown, |stream| {
+            let acceptor = acceptor.clone();
             let shared = shared.clone();
-            tokio::spawn(async move {
+            async move {
                 let tls = match acceptor.accept(stream).await {
                     Ok(tls) => tls,
                     Err(e) => {
@@ -218,8 +217,9 @@ impl WebhookServer {
                 {
                     tracing::debug!(error = %e, "webhook connection ended with an error");
                 }
-            });
-        }
+            }
+        })
+        .await;
     }
 }
 
@@ -231,11 +231,16 @@ async fn serve(
     if req.uri().path() != PATH {
         return reply(
             StatusCode::NOT_FOUND,
+            TEXT,
             b"not found: the webhook serves POST /mutate-pods\n".to_vec(),
         );
     }
     if req.method() != Method::POST {
-        return reply(StatusCode::METHOD_NOT_ALLOWED, b"only POST\n".to_vec());
+        return reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            TEXT,
+            b"only POST\n".to_vec(),
+        );
     }
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
@@ -243,6 +248,7 @@ async fn serve(
             metrics.admissions.with_label_values(&["error"]).inc();
             return reply(
                 StatusCode::BAD_REQUEST,
+                TEXT,
                 format!("failed to read the body: {e}\n").into_bytes(),
             );
         }
@@ -250,26 +256,16 @@ async fn serve(
     let (answer, result) = review(&body, caches);
     metrics.admissions.with_label_values(&[result]).inc();
     match serde_json::to_vec(&answer) {
-        Ok(json) => {
-            let mut r = reply(StatusCode::OK, json);
-            r.headers_mut().insert(
-                hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static("application/json"),
-            );
-            r
-        }
+        Ok(json) => reply(StatusCode::OK, "application/json", json),
         Err(e) => reply(
             StatusCode::INTERNAL_SERVER_ERROR,
+            TEXT,
             format!("failed to encode the review: {e}\n").into_bytes(),
         ),
     }
 }
 
-fn reply(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response
-}
+const TEXT: &str = "text/plain";
 
 /// Answers one AdmissionReview (JSON) and says which result it counts as.
 pub fn review(
