@@ -398,6 +398,9 @@ pub fn replace_host_local(from: &Path, to: &Path) -> Result<Replacement, Install
 pub enum Reclaim {
     /// `host-local` is ipkeep: nothing was done.
     Intact,
+    /// No original is kept: ipkeep does not stand in for `host-local` (never installed so, or
+    /// put back by `--restore-host-local` as ipkeep leaves the node): nothing was done.
+    NotReplaced,
     /// Another file was written as `host-local` (a package upgrade, an admin's `cp`): kept as
     /// the new original, ipkeep installed again.
     Overwritten,
@@ -413,6 +416,7 @@ impl Reclaim {
     pub fn label(self) -> &'static str {
         match self {
             Self::Intact => "intact",
+            Self::NotReplaced => "not-replaced",
             Self::Overwritten => "overwritten",
             Self::Relinked => "relinked",
             Self::Removed => "removed",
@@ -423,6 +427,10 @@ impl Reclaim {
 /// Makes `<to>/host-local` ipkeep (`from`) again when something else took its place, keeping
 /// what was written there as the new `host-local.ipkeep-orig`, so that `--restore-host-local`
 /// (the chart's uninstall) puts back the newest original, not the one kept at install time.
+///
+/// Only while an original is kept: without `host-local.ipkeep-orig`, ipkeep is not standing in for
+/// `host-local` (the agent's `preStop` has just renamed the original back because ipkeep is leaving
+/// the node, or it was never replaced), and `host-local` is left as it is.
 ///
 /// The same rules as [`replace_host_local`]: every step is a link or a rename in the directory,
 /// so `host-local` is never missing (it is the new file until the instant ipkeep is renamed over
@@ -435,6 +443,11 @@ pub fn reclaim_host_local(from: &Path, to: &Path) -> Result<Reclaim, InstallErro
         let path = path.to_owned();
         move |source| InstallError::Target { step, path, source }
     };
+    match fs::symlink_metadata(&orig) {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Reclaim::NotReplaced),
+        Err(e) => return Err(target("inspect", &orig)(e)),
+    }
     let ours = fs::read(from).map_err(|source| InstallError::Source {
         path: from.to_owned(),
         source,

@@ -483,8 +483,14 @@ fn a_host_local_written_over_ipkeep_is_reclaimed_and_kept_as_the_newest_original
         fs::read(bin.join(HOST_LOCAL_ORIG)).unwrap(),
         b"host-local 1.6"
     );
-    // Uninstalling puts back the newest original.
+    // Uninstalling puts back the newest original, and the guard, still running during the
+    // agent's preStop, leaves it there: no original is kept any more.
     assert_eq!(restore_host_local(&bin).unwrap(), Restore::Restored);
+    assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), b"host-local 1.6");
+    assert_eq!(
+        reclaim_host_local(&src, &bin).unwrap(),
+        Reclaim::NotReplaced
+    );
     assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), b"host-local 1.6");
     assert_eq!(names_in(&bin), [HOST_LOCAL], "no temporary left");
 }

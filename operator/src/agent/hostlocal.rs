@@ -9,7 +9,9 @@
 //! and every [`CHECK_EVERY`] as a safety net, runs [`install_cni::reclaim_host_local`]: what was
 //! written becomes the new `host-local.ipkeep-orig` (so an uninstall puts back the newest
 //! original) and ipkeep is renamed over `host-local` again, each step a link or a rename, never a
-//! moment without a working `host-local`, never following a symlink. Each reclaim is a Warning
+//! moment without a working `host-local`, never following a symlink. Only while an original is kept:
+//! the agent's own `preStop` renaming the original back as ipkeep leaves the node (the guard still
+//! runs then) is never undone. Each reclaim is a Warning
 //! Event `HostLocalReplaced` on the Node and counted in
 //! `ipkeep_agent_host_local_reclaimed_total{how}`.
 //!
@@ -50,7 +52,7 @@ pub struct Guard {
 /// What a reclaim is told as, for people.
 pub fn describe(how: Reclaim, dir: &Path) -> Option<String> {
     let what = match how {
-        Reclaim::Intact => return None,
+        Reclaim::Intact | Reclaim::NotReplaced => return None,
         Reclaim::Overwritten => "was overwritten by another binary (a package upgrade or a copy?)",
         Reclaim::Relinked => {
             "was replaced by a symlink (k3s re-linking its CNI binaries on an upgrade?)"
