@@ -28,7 +28,7 @@ DOCKER_PLUGIN_DIR := target/docker-plugin
 STEP := scripts/step.sh
 
 .PHONY: all build plugin test lint deps packaging-deps docker-deps demo bench bench-controller bench-agent \
-  bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins docker-plugin \
+  bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins flannel-bins docker-plugin \
   bench-docker plan-demo plan-test check-fresh release release-check
 
 all: build
@@ -63,6 +63,12 @@ node-bins: deps packaging-deps
 	@$(STEP) node-bins "the node images (pause, busybox workload)" \
 	  scripts/build-node-images.sh "$$(e2e/cluster/build.sh --print-node-bin-dir)" >/dev/null
 
+## flannel-bins: flanneld and flannel's CNI plugin (versions in e2e/cluster/versions.env), the
+## real nodes' network with `ipkeep-e2e cluster up --cni flannel` and the flannel suites; the same
+## kind of cache. flanneld needs cgo (its UDP backend is C): the C toolchain Rust needs.
+flannel-bins: deps
+	@e2e/cluster/build.sh --flannel >/dev/null
+
 build:
 	$(CARGO) build --workspace --all-targets
 
@@ -82,12 +88,13 @@ lint: release-check
 # The real-control-plane suites and the kubectl tests use the binaries `make cluster-bins` built
 # (kubectl of the same version as the API server), never the machine's own. lint comes first: it
 # fails in minutes, before the long builds.
-test: plan-test lint deps packaging-deps docker-deps cluster-bins node-bins plugin image docker-plugin
+test: plan-test lint deps packaging-deps docker-deps cluster-bins node-bins flannel-bins plugin image docker-plugin
 	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
 	  node_bin_dir=$$(e2e/cluster/build.sh --print-node-bin-dir) && \
 	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
 	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" && \
 	  export IPKEEP_NODE_BIN_DIR="$$node_bin_dir" IPKEEP_NODE_IMAGE_DIR="$$node_image_dir" && \
+	  export IPKEEP_FLANNEL_BIN_DIR="$$(e2e/cluster/build.sh --print-flannel-bin-dir)" && \
 	  echo "make test: control plane binaries and kubectl from $$bin_dir, node binaries from $$node_bin_dir" && \
 	  $(CARGO) test --workspace --no-fail-fast 2>&1 | tee target/test.log && \
 	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \

@@ -49,6 +49,8 @@ case $goal in
     [ -x "$target_dir/debug/ipkeep-e2e" ] || part 3 "the demo program (ipkeep-e2e, a debug build)"
     ;;
   test)
+    [ -d "$(e2e/cluster/build.sh --print-flannel-bin-dir)" ] \
+      || part 2 "flanneld and flannel's CNI plugin from their Go modules, once per machine"
     [ -x "$release/ipkeep-docker" ] || part 2 "ipkeep-docker (the Docker IPAM driver), a static release build"
     [ -x "$target_dir/debug/ipkeep-e2e" ] || part 8 "make lint (clippy) and the test binaries, debug builds"
     ;;

@@ -8,10 +8,13 @@
 #   e2e/cluster/build.sh --print-bin-dir        print the bin dir the current versions build into, build nothing
 #   e2e/cluster/build.sh --node                 the node binaries, the same way; print their bin dir last
 #   e2e/cluster/build.sh --print-node-bin-dir   print the node bin dir, build nothing
+#   e2e/cluster/build.sh --flannel              flanneld and flannel's CNI plugin (cluster up --cni flannel)
+#   e2e/cluster/build.sh --print-flannel-bin-dir  print their bin dir, build nothing
 #   e2e/cluster/build.sh --update-modules       rewrite the wrapper go.mod/go.sum files to versions.env
 #
 # The binaries go to $IPKEEP_CACHE_DIR (default ~/.cache/ipkeep)/k8s-<k8s>-etcd-<etcd>-helm-<helm>/bin
-# (the node's to node-k8s-<k8s>-containerd-<containerd>/bin), outside the work tree, keyed by the
+# (the node's to node-k8s-<k8s>-containerd-<containerd>/bin, flannel's to
+# flannel-<flannel>-cni-<plugin>/bin), outside the work tree, keyed by the
 # versions in versions.env: a second run costs a second. A finished build is renamed into place
 # whole, so an interrupted build never looks complete.
 set -euo pipefail
@@ -29,6 +32,9 @@ bins=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl helm)
 node_key="node-k8s-${KUBERNETES_VERSION}-containerd-${CONTAINERD_VERSION}"
 node_out="$cache_root/$node_key"
 node_bins=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr pause)
+flannel_key="flannel-${FLANNEL_VERSION}-cni-${FLANNEL_CNI_VERSION}"
+flannel_out="$cache_root/$flannel_key"
+flannel_bins=(flanneld flannel)
 
 say() { echo "cluster-bins: $*" >&2; }
 die() { echo "cluster-bins: error: $*" >&2; exit 1; }
@@ -55,6 +61,10 @@ check_modules() {
     || die "e2e/cluster/helm/go.mod does not require helm.sh/helm/v3 $HELM_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
   grep -Eq "^\s*github\.com/containerd/containerd/v2 $CONTAINERD_VERSION\b" "$here/containerd/go.mod" \
     || die "e2e/cluster/containerd/go.mod does not require github.com/containerd/containerd/v2 $CONTAINERD_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
+  grep -Eq "^\s*github\.com/flannel-io/flannel $FLANNEL_VERSION\b" "$here/flannel/go.mod" \
+    || die "e2e/cluster/flannel/go.mod does not require github.com/flannel-io/flannel $FLANNEL_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
+  grep -Eq "^\s*github\.com/containernetworking/plugins $FLANNEL_CNI_VERSION\b" "$here/flannel-cni/go.mod" \
+    || die "e2e/cluster/flannel-cni/go.mod does not require github.com/containernetworking/plugins $FLANNEL_CNI_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
 }
 
 need_go() {
@@ -72,6 +82,9 @@ update_modules() {
   (cd "$here/containerd" && go get -tool "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
     "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
     "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" && go mod tidy)
+  (cd "$here/flannel" && go get -tool "github.com/flannel-io/flannel@$FLANNEL_VERSION" && go mod tidy)
+  (cd "$here/flannel-cni" && go get -tool "github.com/containernetworking/plugins/plugins/meta/flannel@$FLANNEL_CNI_VERSION" \
+    && go get github.com/containernetworking/cni@v1.1.2 && go mod tidy -e)
 }
 
 # -trimpath and -buildvcs=false: the binaries depend on the sources and versions only, not on the
@@ -82,8 +95,10 @@ mode=plane
 case "${1:-}" in
   --print-bin-dir) echo "$out/bin"; exit 0 ;;
   --print-node-bin-dir) echo "$node_out/bin"; exit 0 ;;
+  --print-flannel-bin-dir) echo "$flannel_out/bin"; exit 0 ;;
   --update-modules) need_go; update_modules; check_modules; say "go.mod files follow versions.env"; exit 0 ;;
   --node) mode=node; key=$node_key; out=$node_out; bins=("${node_bins[@]}") ;;
+  --flannel) mode=flannel; key=$flannel_key; out=$flannel_out; bins=("${flannel_bins[@]}") ;;
   "") ;;
   *) die "unknown argument $1 (see the header of $0)" ;;
 esac
@@ -150,6 +165,20 @@ if [ "$mode" = node ]; then
     || die "the built kubelet does not report $KUBERNETES_VERSION: the version stamps did not take"
   "$stage/bin/containerd" --version 2>/dev/null | grep "$CONTAINERD_VERSION" >/dev/null \
     || die "the built containerd does not report $CONTAINERD_VERSION: the version stamps did not take"
+  finish
+  exit 0
+fi
+
+if [ "$mode" = flannel ]; then
+  # flannel's Makefile builds flanneld with cgo on amd64 (its UDP backend is C) and stamps the
+  # version; the plugin is pure Go. Both run on this machine, so cgo's libc is the one they find.
+  (cd "$here/flannel" && CGO_ENABLED=1 step flanneld go build \
+    -ldflags "-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$FLANNEL_VERSION" \
+    -o "$stage/bin/flanneld" github.com/flannel-io/flannel)
+  (cd "$here/flannel-cni" && step flannel go build -ldflags "-s -w" -o "$stage/bin/flannel" \
+    github.com/containernetworking/plugins/plugins/meta/flannel)
+  "$stage/bin/flanneld" --version 2>&1 | grep "$FLANNEL_VERSION" >/dev/null \
+    || die "the built flanneld does not report $FLANNEL_VERSION: the version stamp did not take"
   finish
   exit 0
 fi

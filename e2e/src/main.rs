@@ -10,7 +10,10 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 use ipkeep_e2e::{
-    cluster::cli::{self, UpOptions},
+    cluster::{
+        cli::{self, UpOptions},
+        realnode::NodeCni,
+    },
     error_chain,
 };
 
@@ -68,6 +71,28 @@ enum ClusterAction {
         /// docs/real-nodes.md); 0 for the control plane alone.
         #[arg(long, default_value_t = 0)]
         nodes: u8,
+        /// The nodes' CNI network: bridge or flannel.
+        ///
+        /// `bridge`: a conflist with bridge + host-local over each node's pod CIDR, routes
+        /// between the nodes set by us. `flannel`: real flanneld
+        /// with the Kubernetes subnet manager and the vxlan backend on every node, flannel's CNI
+        /// plugin under kube-flannel's own conflist (`make flannel-bins` builds them).
+        #[arg(long, default_value = "bridge")]
+        cni: NodeCni,
+    },
+    /// Run a command inside a real node, as `docker exec` reaches into a kind node.
+    ///
+    /// It runs in the node's network namespace (its eth0, routes, iptables, the pods' bridge) and mount
+    /// namespace (its own /etc/cni/net.d, /opt/cni/bin, /var/lib/cni, /var/lib/kubelet, /run),
+    /// with the node binaries first on PATH. Not its PID, UTS or cgroup namespaces: a node
+    /// has none of its own (`ps` shows every process of the machine). Exits with the command's
+    /// status.
+    Exec {
+        /// The node (`node-0`, as `kubectl get nodes` names it).
+        node: String,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
     },
     /// Stop it and remove its state, whatever state a crash left it in (real nodes included).
     Down,
@@ -131,12 +156,14 @@ fn main() -> ExitCode {
                     apiserver_port,
                     audit_log,
                     nodes,
+                    cni,
                 } => {
                     let options = UpOptions {
                         state_dir,
                         apiserver_port,
                         audit_log,
                         nodes,
+                        cni,
                     };
                     if foreground {
                         runtime.block_on(cli::run_foreground(options))
@@ -161,6 +188,19 @@ fn main() -> ExitCode {
                         kubeconfig: kubeconfig.zip(kubeconfig_out),
                     },
                 )),
+                ClusterAction::Exec { node, command } => {
+                    match cli::exec(&state_dir, &node, &command) {
+                        Ok(status) => {
+                            return ExitCode::from(
+                                status
+                                    .code()
+                                    .and_then(|c| u8::try_from(c).ok())
+                                    .unwrap_or(1),
+                            );
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
                 ClusterAction::LoadImage { archive } => cli::load_image(&state_dir, &archive)
                     .map(|names| names.iter().for_each(|n| println!("{n}"))),
                 ClusterAction::ReapNodes => {

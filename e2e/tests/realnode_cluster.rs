@@ -2,13 +2,14 @@
 //! in its own network and mount namespace; the API server serves `kubectl exec` and `logs`
 //! through the kubelets; a pod reaches a pod on the other node and the `kubernetes` Service.
 //! `ipkeep-e2e cluster up --nodes` / `load-image` / `down` leave nothing behind and put the
-//! kubelet's sysctls back, also after the supervisor was killed (with or without its watchdog).
+//! kubelet's sysctls back, also after the supervisor was killed (with or without its watchdog);
+//! `cluster up --cni flannel` runs flanneld on each node, which `cluster exec` looks into.
 //!
 //! The tests run one at a time (each starts its own cluster), so that "nothing left" and "the
 //! sysctls are back" are checked with no other cluster of this binary running.
 //!
-//! Needs root, the control plane binaries (`make cluster-bins`) and the node binaries
-//! (`make node-bins`); fails loudly, naming what to install, without them.
+//! Needs root, the control plane binaries (`make cluster-bins`), the node binaries
+//! (`make node-bins`) and flannel's (`make flannel-bins`); fails loudly, naming what to install, without them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::{
@@ -18,7 +19,7 @@ use std::{
 };
 
 use ipkeep_e2e::cluster::realnode::{
-    self, RealCluster, RealClusterOptions, Slot, WORKLOAD_IMAGE, host::KUBELET_SYSCTLS,
+    self, RealCluster, RealClusterOptions, Slot, WORKLOAD_IMAGE, flannel, host::KUBELET_SYSCTLS,
 };
 
 const POD_READY: Duration = Duration::from_secs(120);
@@ -235,8 +236,15 @@ fn state_dir(name: &str) -> PathBuf {
 
 /// `cluster up --nodes 1` in `dir`; the slot it took.
 fn up_one_node(dir: &Path) -> Slot {
+    up_nodes(dir, &["--nodes", "1"])
+}
+
+/// `cluster up` with `args` in `dir`; the slot it took.
+fn up_nodes(dir: &Path, args: &[&str]) -> Slot {
     let d = dir.to_str().unwrap();
-    e2e_ok(&["cluster", "up", "--nodes", "1", "--state-dir", d]);
+    let mut up = vec!["cluster", "up", "--state-dir", d];
+    up.extend_from_slice(args);
+    e2e_ok(&up);
     let info: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("nodes.json")).unwrap()).unwrap();
     let slot = Slot::new(u8::try_from(info["slot"].as_u64().unwrap()).unwrap()).unwrap();
@@ -307,6 +315,83 @@ async fn cluster_up_nodes_load_image_and_down_leave_nothing_and_restore_sysctls(
     ]);
     assert_eq!(printed, format!("{WORKLOAD_IMAGE}\n"));
     e2e_ok(&["cluster", "down", "--state-dir", dir.to_str().unwrap()]);
+    assert_eq!(realnode::leftovers(slot), Vec::<String>::new());
+    assert!(!dir.exists());
+    assert_sysctls_restored(&machine);
+}
+
+/// `cluster up --cni flannel`: each node runs flanneld, whose lease and vxlan route `cluster
+/// exec` shows from inside the node; `exec` passes the command's exit status on and names the
+/// nodes when asked for one that is not there; `down` leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_up_with_flannel_answers_exec_inside_each_node_and_down_leaves_nothing() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let machine = machine_sysctls();
+    let dir = state_dir("rn-flannel");
+    let d = dir.to_str().unwrap();
+    let slot = up_nodes(&dir, &["--nodes", "2", "--cni", "flannel"]);
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("nodes.json")).unwrap()).unwrap();
+    assert_eq!(info["cni"], "flannel");
+    for (i, other) in [(0, 1), (1, 0)] {
+        let node = slot.node(i).unwrap();
+        let lease = e2e_ok(&[
+            "cluster",
+            "exec",
+            &node.name(),
+            "--state-dir",
+            d,
+            "--",
+            "cat",
+            flannel::SUBNET_FILE,
+        ]);
+        let own_first = node.pod_cidr().replace(".0/24", ".1/24");
+        assert_eq!(
+            flannel::leased_subnet(&lease),
+            Some(own_first.as_str()),
+            "{lease}"
+        );
+        let routes = e2e_ok(&[
+            "cluster",
+            "exec",
+            &node.name(),
+            "--state-dir",
+            d,
+            "--",
+            "ip",
+            "route",
+        ]);
+        let other = slot.node(other).unwrap();
+        assert!(
+            routes
+                .lines()
+                .any(|l| l.starts_with(&other.pod_cidr()) && l.contains(flannel::VXLAN_DEVICE)),
+            "{}: no route to {} through {}:\n{routes}",
+            node.name(),
+            other.pod_cidr(),
+            flannel::VXLAN_DEVICE
+        );
+    }
+    let status = e2e(&[
+        "cluster",
+        "exec",
+        "node-0",
+        "--state-dir",
+        d,
+        "--",
+        "sh",
+        "-c",
+        "exit 3",
+    ]);
+    assert_eq!(status.status.code(), Some(3), "{status:?}");
+    let missing = e2e(&["cluster", "exec", "node-7", "--state-dir", d, "--", "true"]);
+    assert!(!missing.status.success());
+    let said = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        said.contains("no node node-7") && said.contains("node-0, node-1"),
+        "{said}"
+    );
+    e2e_ok(&["cluster", "down", "--state-dir", d]);
     assert_eq!(realnode::leftovers(slot), Vec::<String>::new());
     assert!(!dir.exists());
     assert_sysctls_restored(&machine);

@@ -36,8 +36,8 @@ mod moved;
 #[path = "scenarios/retention.rs"]
 mod retention;
 
-use ipkeep_e2e::cluster::realnode::PodNetwork;
-use realnode::{PAGE, assert_on_eth0, fetch};
+use ipkeep_e2e::cluster::realnode::{NodeCni, PodNetwork};
+use realnode::assert_on_eth0;
 use system::*;
 
 /// This binary's nodes: two for the scenarios, the tiny one for filling a range; all dual-stack.
@@ -46,6 +46,7 @@ const NODES: u8 = 3;
 const NETWORK: PodNetwork = PodNetwork {
     dual_stack: true,
     tiny_nodes: 1,
+    cni: NodeCni::Bridge,
 };
 
 /// Every test's setup: this binary's nodes, shared with the other tests.
@@ -76,25 +77,6 @@ scenario_tests!(shared_nodes(); retention:
     scaled_to_zero_and_back_every_ordinal_gets_its_address_back,
 );
 
-/// A pod on `node` that only waits, to fetch pages from the others.
-fn client_pod(node: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: client
-spec:
-  nodeSelector: {{kubernetes.io/hostname: {node}}}
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: client
-    image: {WORKLOAD_IMAGE}
-    imagePullPolicy: Never
-    command: [sleep, "3600"]
-"#
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_with_the_default_grace_or_forced_the_pod_returns_with_its_address_on_eth0_reachable_from_the_other_node()
  {
@@ -105,40 +87,7 @@ async fn deleted_with_the_default_grace_or_forced_the_pod_returns_with_its_addre
         return;
     }
     let _nodes = shared_nodes().await;
-    let (sys, _) = realnode::system("rn-delete").await;
-    let (node_a, node_b) = (sys.node_name(0).to_owned(), sys.node_name(1).to_owned());
-    let history = sys.record_reservations();
-    sys.apply(&client_pod(&node_b));
-    let before = sys.run_retained("web", 2, &node_a).await;
-    sys.wait_running("", &["client", "web-0", "web-1"]).await;
-    for p in before.values() {
-        assert_on_eth0(&sys, p).await;
-        assert_eq!(fetch(&sys, "client", p).await.trim(), PAGE);
-    }
-    // Each way a user deletes a pod, row by row: the pod, then kubectl's arguments.
-    let deletions: [(&str, &[&str]); 2] = [
-        ("web-0", &["delete", "pod", "web-0"]),
-        (
-            "web-1",
-            &["delete", "pod", "web-1", "--force", "--grace-period=0"],
-        ),
-    ];
-    for (pod, args) in deletions {
-        sys.kubectl(args);
-        let back = sys.wait_recreated(pod, &before[pod].uid).await;
-        assert_eq!(
-            back.ips, before[pod].ips,
-            "{pod} came back with another address after kubectl {args:?}"
-        );
-        sys.wait_bound(&back).await;
-        assert_on_eth0(&sys, &back).await;
-        assert_eq!(
-            fetch(&sys, "client", &back).await.trim(),
-            PAGE,
-            "{pod} is not reachable at its kept address from {node_b}"
-        );
-    }
-    assert!(!history.any_deleted(), "a reservation was deleted");
+    realnode::deleted_graceful_or_forced_returns_reachable("rn-delete").await;
 }
 
 /// The pids of the agent processes (`ipkeep-operator agent`) running in `node`'s cgroup.

@@ -29,7 +29,15 @@ pub enum CliError {
     /// The real nodes failed.
     #[error(transparent)]
     Nodes(#[from] RealNodeError),
-    /// `load-image` without running nodes.
+    /// `exec` naming a node the running cluster does not have.
+    #[error("no node {node} in the running cluster (its nodes: {nodes})")]
+    NoSuchNode {
+        /// The name given.
+        node: String,
+        /// The cluster's nodes.
+        nodes: String,
+    },
+    /// `load-image` or `exec` without running nodes.
     #[error("no real nodes are running at {0}; run: ipkeep-e2e cluster up --nodes 2")]
     NoNodes(PathBuf),
     /// Another supervisor owns the state directory.
@@ -191,6 +199,8 @@ pub struct UpOptions {
     pub audit_log: bool,
     /// Real nodes to start with it (0: the control plane alone).
     pub nodes: u8,
+    /// Their CNI network.
+    pub cni: realnode::NodeCni,
 }
 
 /// The file `up --nodes` writes once the nodes are Ready: which slot, how many nodes, and
@@ -248,6 +258,10 @@ pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
     } else {
         let c = RealCluster::start(RealClusterOptions {
             nodes: options.nodes,
+            network: realnode::PodNetwork {
+                cni: options.cni,
+                ..realnode::PodNetwork::default()
+            },
             plane,
             ..RealClusterOptions::default()
         })
@@ -256,6 +270,7 @@ pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
             "slot": c.slot().number(),
             "nodes": c.nodes().len(),
             "binDir": c.bin_dir(),
+            "cni": options.cni.name(),
         });
         let file = nodes_file(&options.state_dir);
         let tmp = file.with_extension("tmp");
@@ -264,10 +279,11 @@ pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
             .map_err(io("write the nodes file"))?;
         for n in c.nodes() {
             eprintln!(
-                "ipkeep-e2e cluster: node {} at {} (pods {}), network namespace {}",
+                "ipkeep-e2e cluster: node {} at {} (pods {}, {}), network namespace {}",
                 n.name(),
                 n.ip(),
                 n.pod_cidr(),
+                n.cni().name(),
                 n.layout().netns()
             );
         }
@@ -342,6 +358,7 @@ pub async fn up(options: UpOptions) -> Result<(), CliError> {
     }
     if options.nodes > 0 {
         command.arg("--nodes").arg(options.nodes.to_string());
+        command.arg("--cni").arg(options.cni.name());
     }
     let mut child = command
         .stdin(Stdio::null())
@@ -539,6 +556,46 @@ pub fn down(state_dir: &Path) -> Result<String, CliError> {
 /// `cluster load-image ARCHIVE`: imports an OCI archive into every node of the running
 /// cluster; returns the image names it carries (`REPOSITORY:TAG`).
 pub fn load_image(state_dir: &Path, archive: &Path) -> Result<Vec<String>, CliError> {
+    let (nodes, bin_dir) = running_nodes(state_dir)?;
+    Ok(realnode::load_image(&nodes, &bin_dir, archive)?)
+}
+
+/// `cluster exec NODE -- COMMAND...`: runs the command inside that node of the running cluster
+/// (its network and mount namespaces), its stdio the caller's; returns how it exited.
+pub fn exec(
+    state_dir: &Path,
+    node: &str,
+    command: &[String],
+) -> Result<std::process::ExitStatus, CliError> {
+    let (nodes, bin_dir) = running_nodes(state_dir)?;
+    let Some(layout) = nodes.iter().find(|n| n.name() == node) else {
+        return Err(CliError::NoSuchNode {
+            node: node.to_owned(),
+            nodes: nodes
+                .iter()
+                .map(|n| n.name())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    };
+    let Some((program, args)) = command.split_first() else {
+        return Err(CliError::Io {
+            what: "run a command in a node".into(),
+            source: std::io::Error::other("no command given after --"),
+        });
+    };
+    realnode::host::node_command(*layout, &bin_dir, program)
+        .args(args)
+        .status()
+        .map_err(|source| CliError::Io {
+            what: format!("run {program} in node {node}"),
+            source,
+        })
+}
+
+/// The nodes of the cluster running at `state_dir` and their binaries' directory, from the
+/// `nodes.json` its supervisor wrote.
+fn running_nodes(state_dir: &Path) -> Result<(Vec<realnode::NodeLayout>, PathBuf), CliError> {
     let file = nodes_file(state_dir);
     let text =
         std::fs::read_to_string(&file).map_err(|_| CliError::NoNodes(state_dir.to_owned()))?;
@@ -560,6 +617,6 @@ pub fn load_image(state_dir: &Path, archive: &Path) -> Result<Vec<String>, CliEr
         .and_then(|n| u8::try_from(n).ok())
         .ok_or_else(not_ours)?;
     let bin_dir = PathBuf::from(info["binDir"].as_str().ok_or_else(not_ours)?);
-    let nodes: Vec<realnode::NodeLayout> = (0..count).filter_map(|i| slot.node(i)).collect();
-    Ok(realnode::load_image(&nodes, &bin_dir, archive)?)
+    let nodes = (0..count).filter_map(|i| slot.node(i)).collect();
+    Ok((nodes, bin_dir))
 }

@@ -34,26 +34,6 @@ fn web_container() -> String {
     )
 }
 
-/// A busybox pod on `node` that waits, to reach the others from.
-fn client_pod(node: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: client
-spec:
-  nodeSelector:
-    kubernetes.io/hostname: {node}
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: client
-    image: {WORKLOAD_IMAGE}
-    imagePullPolicy: Never
-    command: [sleep, "36000"]
-"#
-    )
-}
-
 /// The first address of a pod.
 fn pod_ip(pod: &Pod) -> Option<String> {
     pod.status.as_ref()?.pod_ip.clone()
@@ -159,7 +139,12 @@ pub(super) async fn story(
         "web.yaml",
         &statefulset("web", 3, "10m", &web_container()),
     )?;
-    apply(&k, work, "client.yaml", &client_pod(&client_node))?;
+    apply(
+        &k,
+        work,
+        "client.yaml",
+        &crate::cluster::realnode::layout::client_pod(&client_node),
+    )?;
     for name in ["web-0", "web-1", "web-2"] {
         c.wait_pod_ready(NS, name, STEP_DEADLINE).await?;
         wait_for(&format!("the reservation of {name} Bound"), || {

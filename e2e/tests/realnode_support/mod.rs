@@ -70,6 +70,19 @@ static INSTALLED: tokio::sync::OnceCell<&'static RealCluster> = tokio::sync::Onc
 /// The nodes this binary's shared cluster has: how many, and their pods' network.
 static NODES_CHOSEN: OnceLock<(u8, PodNetwork)> = OnceLock::new();
 
+/// The `helm install` arguments this binary's shared cluster gets besides the image's.
+static INSTALL_CHOSEN: OnceLock<&'static [&'static str]> = OnceLock::new();
+
+/// The README's install: `host-local` replaced by ipkeep.
+pub const REPLACE_HOST_LOCAL: &[&str] = &["--set", "cni.replaceHostLocal=true"];
+
+/// This binary's shared cluster gets the chart installed with `extra` instead of
+/// [`REPLACE_HOST_LOCAL`]; called by each of its tests before anything else (the first call
+/// decides).
+pub fn choose_install(extra: &'static [&'static str]) {
+    INSTALL_CHOSEN.get_or_init(|| extra);
+}
+
 /// This binary's shared cluster gets `nodes` nodes with `network` instead of two plain ones;
 /// called by each of its tests before anything else (the first call decides; the cluster fails
 /// to come up for a test that asks for other nodes).
@@ -94,7 +107,8 @@ pub async fn installed() -> &'static RealCluster {
                 .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
             assert_eq!(names.len(), 1, "one image in the archive: {names:?}");
             let values = image_values(&names[0]);
-            install(c, &values, &["--set", "cni.replaceHostLocal=true"]).await;
+            let extra = INSTALL_CHOSEN.get().copied().unwrap_or(REPLACE_HOST_LOCAL);
+            install(c, &values, extra).await;
             c
         })
         .await
@@ -184,6 +198,40 @@ pub fn own() -> Option<&'static RealCluster> {
 pub fn network_dir(node: &RealNode) -> PathBuf {
     node.host_path(&format!("/var/lib/cni/networks/{CNI_NETWORK}"))
         .expect("/var/lib/cni is private to the node")
+}
+
+/// The text of the file `path` as `node` sees it (one of its private directories, or its
+/// `/run`, read from inside the node); the test fails if it cannot be read.
+pub fn read_node_file(node: &RealNode, path: &str) -> String {
+    match node.host_path(path) {
+        Some(host) => std::fs::read_to_string(&host)
+            .unwrap_or_else(|e| panic!("{}: read {path} ({}): {e}", node.name(), host.display())),
+        None => node.exec(&["cat", path]).unwrap_or_else(|e| {
+            panic!(
+                "{}: read {path}: {}",
+                node.name(),
+                ipkeep_e2e::error_chain(&e)
+            )
+        }),
+    }
+}
+
+/// The delegate configurations flannel's CNI plugin saved on `node` at ADD time, one per pod
+/// sandbox it set up (`/var/lib/cni/flannel/<sandbox id>`), which its DEL replays.
+pub fn flannel_delegates(node: &RealNode) -> Vec<serde_json::Value> {
+    let dir = node
+        .host_path("/var/lib/cni/flannel")
+        .expect("/var/lib/cni is the node's");
+    std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            let text = std::fs::read_to_string(e.path()).unwrap();
+            serde_json::from_str(&text)
+                .unwrap_or_else(|err| panic!("{}: {err}: {text}", e.path().display()))
+        })
+        .collect()
 }
 
 /// The reservation file of `ns/pod` on `node`.
@@ -352,6 +400,53 @@ pub async fn fetch(sys: &System, from: &str, to: &RunningPod) -> String {
 
 /// What the workload image's httpd serves.
 pub const PAGE: &str = "ipkeep-e2e workload";
+
+/// Each way a user deletes a pod — `kubectl delete pod` with the default grace period, and with
+/// `--force --grace-period=0` — on the installed nodes, in a namespace named after `prefix`: the
+/// returning pod gets its address whatever order the kubelet and containerd run DEL and ADD in;
+/// from inside the container, `eth0` holds the kept address, and a pod on the other node reaches
+/// it (`wget` to busybox `httpd`). Returns the system and the pods as they came back.
+pub async fn deleted_graceful_or_forced_returns_reachable(
+    prefix: &str,
+) -> (System, std::collections::BTreeMap<String, RunningPod>) {
+    let (sys, _) = system(prefix).await;
+    let (node_a, node_b) = (sys.node_name(0).to_owned(), sys.node_name(1).to_owned());
+    let history = sys.record_reservations();
+    sys.apply(&realnode::layout::client_pod(&node_b));
+    let before = sys.run_retained("web", 2, &node_a).await;
+    sys.wait_running("", &["client", "web-0", "web-1"]).await;
+    for p in before.values() {
+        assert_on_eth0(&sys, p).await;
+        assert_eq!(fetch(&sys, "client", p).await.trim(), PAGE);
+    }
+    // Each way a user deletes a pod, row by row: the pod, then kubectl's arguments.
+    let deletions: [(&str, &[&str]); 2] = [
+        ("web-0", &["delete", "pod", "web-0"]),
+        (
+            "web-1",
+            &["delete", "pod", "web-1", "--force", "--grace-period=0"],
+        ),
+    ];
+    let mut returned = std::collections::BTreeMap::new();
+    for (pod, args) in deletions {
+        sys.kubectl(args);
+        let back = sys.wait_recreated(pod, &before[pod].uid).await;
+        assert_eq!(
+            back.ips, before[pod].ips,
+            "{pod} came back with another address after kubectl {args:?}"
+        );
+        sys.wait_bound(&back).await;
+        assert_on_eth0(&sys, &back).await;
+        assert_eq!(
+            fetch(&sys, "client", &back).await.trim(),
+            PAGE,
+            "{pod} is not reachable at its kept address from {node_b}"
+        );
+        returned.insert(pod.to_owned(), back);
+    }
+    assert!(!history.any_deleted(), "a reservation was deleted");
+    (sys, returned)
+}
 
 /// What a failing real-node test needs to see: the reservations, the files under `dir` and the
 /// last lines of every agent's log (printed; libtest shows it when the test fails).

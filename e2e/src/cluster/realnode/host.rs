@@ -612,20 +612,23 @@ pub fn restore_sysctls() -> Result<Vec<String>, HostError> {
 
 // ----- files -----
 
-/// Copies every plugin of Debian's CNI directory into `dir` (copies, not links: the chart's
-/// install-cni replaces `host-local` there).
-pub fn copy_cni_plugins(dir: &Path) -> Result<(), HostError> {
-    let src = Path::new(DEBIAN_CNI_DIR);
+/// Copies every plugin of `src` (Debian's CNI directory) into `dir` (copies, not links: the
+/// chart's install-cni replaces `host-local` there).
+pub fn copy_cni_plugins(src: &Path, dir: &Path) -> Result<(), HostError> {
     let entries = std::fs::read_dir(src).map_err(io_err("list", src))?;
     for entry in entries.flatten() {
         let from = entry.path();
         if !from.symlink_metadata().is_ok_and(|m| m.is_file()) {
             continue;
         }
-        let to = dir.join(entry.file_name());
-        std::fs::copy(&from, &to).map_err(io_err("copy a CNI plugin to", &to))?;
-        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755))
-            .map_err(io_err("make executable", &to))?;
+        copy_cni_plugin(&from, &dir.join(entry.file_name()))?;
     }
     Ok(())
+}
+
+/// Copies one plugin to `to`, executable.
+pub fn copy_cni_plugin(from: &Path, to: &Path) -> Result<(), HostError> {
+    std::fs::copy(from, to).map_err(io_err("copy a CNI plugin to", to))?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755))
+        .map_err(io_err("make executable", to))
 }

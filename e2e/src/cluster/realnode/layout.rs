@@ -43,7 +43,54 @@ pub const TINY_PREFIX: u8 = 29;
 /// that fills its range knows every pod on it (the chart's agent tolerates every taint).
 pub const TINY_TAINT: &str = "ipkeep-e2e/tiny-range";
 
-/// How a cluster's pods are addressed: which families, and which nodes get a tiny range.
+/// The CNI network the nodes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodeCni {
+    /// A conflist we write (`bridge` + `host-local`, [`cni_conflist`]), with routes we set
+    /// between the nodes' pod CIDRs ([`node_routes`]).
+    #[default]
+    Bridge,
+    /// Real flannel: `flanneld --kube-subnet-mgr` on every node (vxlan backend) and flannel's
+    /// CNI plugin under kube-flannel's own conflist ([`super::flannel`]); flannel routes the pod
+    /// CIDRs between the nodes, not us.
+    Flannel,
+}
+
+impl NodeCni {
+    /// Its name on the command line (`cluster up --cni`).
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeCni::Bridge => "bridge",
+            NodeCni::Flannel => "flannel",
+        }
+    }
+
+    /// The conflist a node of this network has in `/etc/cni/net.d` over its pod `cidrs`: its file
+    /// name and its content.
+    pub fn conflist(self, cidrs: &[String]) -> (&'static str, serde_json::Value) {
+        match self {
+            NodeCni::Bridge => (CNI_CONFLIST_FILE, cni_conflist(cidrs)),
+            NodeCni::Flannel => (
+                super::flannel::CONFLIST_FILE,
+                super::flannel::kube_flannel_conflist(),
+            ),
+        }
+    }
+}
+
+impl std::str::FromStr for NodeCni {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [NodeCni::Bridge, NodeCni::Flannel]
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| format!("{s:?} is not a node network (bridge or flannel)"))
+    }
+}
+
+/// How a cluster's pods are addressed: which families, which nodes get a tiny range, and which
+/// CNI network hands out the addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PodNetwork {
     /// Every node also gets an IPv6 pod CIDR (dual-stack: each pod an IPv4 and an IPv6 address).
@@ -51,6 +98,8 @@ pub struct PodNetwork {
     /// How many of the cluster's last nodes get a [`TINY_PREFIX`] IPv4 range and the
     /// [`TINY_TAINT`].
     pub tiny_nodes: u8,
+    /// The nodes' CNI network.
+    pub cni: NodeCni,
 }
 
 impl PodNetwork {
@@ -146,6 +195,12 @@ impl Slot {
     /// The range every node's pod CIDR comes from (`198.19.<128+8s>.0/21`).
     pub fn cluster_cidr(self) -> String {
         format!("198.19.{}.0/21", 128 + 8 * u16::from(self.0))
+    }
+
+    /// The range every node's IPv6 pod CIDR comes from, when dual-stack (`fd19:198:<s>::/48`).
+    pub fn cluster_cidr_v6(self) -> String {
+        let net = Ipv6Addr::new(0xfd19, 0x198, u16::from(self.0), 0, 0, 0, 0, 0);
+        format!("{net}/48")
     }
 
     /// The slot's data directory on disk.
@@ -417,14 +472,38 @@ pub fn cni_conflist(cidrs: &[String]) -> serde_json::Value {
     })
 }
 
+/// A busybox pod named `client` on `node` that only waits, to reach the others from.
+pub fn client_pod(node: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: client
+spec:
+  nodeSelector:
+    kubernetes.io/hostname: {node}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: client
+    image: {WORKLOAD_IMAGE}
+    imagePullPolicy: Never
+    command: [sleep, "36000"]
+"#
+    )
+}
+
 /// The conflist's file name in `/etc/cni/net.d` (k3s's).
 pub const CNI_CONFLIST_FILE: &str = "10-cbr0.conflist";
 
 /// The routes a node's network namespace gets besides its own network: the Service range (so
-/// connections from the node itself reach kube-proxy's rules) and every other node's pod CIDR
-/// via that node. No default route: nothing leaves the machine.
-pub fn node_routes(node: NodeLayout, nodes: u8) -> Vec<(String, Option<Ipv4Addr>)> {
+/// connections from the node itself reach kube-proxy's rules) and, on the bridge network, every
+/// other node's pod CIDR via that node (flannel sets those itself). No default route: nothing
+/// leaves the machine.
+pub fn node_routes(node: NodeLayout, nodes: u8, cni: NodeCni) -> Vec<(String, Option<Ipv4Addr>)> {
     let mut routes = vec![(SERVICE_CIDR.to_owned(), None)];
+    if cni == NodeCni::Flannel {
+        return routes;
+    }
     for other in (0..nodes).filter_map(|i| node.slot().node(i)) {
         if other != node {
             routes.push((other.pod_cidr(), Some(other.ip())));
@@ -544,7 +623,7 @@ mod tests {
     fn routes_reach_other_nodes_pods_and_services_but_nothing_else() {
         let slot = Slot::new(0).unwrap();
         let node = slot.node(1).unwrap();
-        let routes = node_routes(node, 3);
+        let routes = node_routes(node, 3, NodeCni::Bridge);
         assert_eq!(
             routes,
             vec![
@@ -559,6 +638,22 @@ mod tests {
                 ),
             ]
         );
+        // flannel routes the other nodes' pods itself: we only reach the Services.
+        assert_eq!(
+            node_routes(node, 3, NodeCni::Flannel),
+            vec![(SERVICE_CIDR.to_owned(), None)]
+        );
+    }
+
+    #[test]
+    fn node_networks_parse_from_their_names_and_nothing_else() {
+        for cni in [NodeCni::Bridge, NodeCni::Flannel] {
+            assert_eq!(cni.name().parse::<NodeCni>(), Ok(cni));
+        }
+        for bad in ["", "Flannel", "calico", "bridge "] {
+            assert!(bad.parse::<NodeCni>().is_err(), "{bad:?}");
+        }
+        assert_eq!(NodeCni::default(), NodeCni::Bridge);
     }
 
     #[test]
@@ -598,11 +693,12 @@ mod tests {
         let plain = PodNetwork::default();
         let dual = PodNetwork {
             dual_stack: true,
-            tiny_nodes: 0,
+            ..PodNetwork::default()
         };
         let tiny = PodNetwork {
             dual_stack: true,
             tiny_nodes: 1,
+            ..PodNetwork::default()
         };
         // (network, node index, nodes in the cluster, pod CIDRs, tainted)
         let cases: [(PodNetwork, u8, u8, &[&str], bool); 7] = [
@@ -614,8 +710,8 @@ mod tests {
             (dual, 0, 1, &["198.19.152.0/24", "fd19:198:3::/64"], false),
             (
                 PodNetwork {
-                    dual_stack: false,
                     tiny_nodes: 2,
+                    ..PodNetwork::default()
                 },
                 1,
                 3,

@@ -7,6 +7,7 @@
 //! their own. Everything is removed when the cluster is dropped; after a crash, the next start
 //! (or `ipkeep-e2e cluster down`) removes what the crashed run left ([`cleanup_stale`]).
 
+pub mod flannel;
 pub mod host;
 pub mod layout;
 pub mod node;
@@ -21,7 +22,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::PostParams};
 
 pub use host::HostError;
-pub use layout::{NodeLayout, PodNetwork, Slot, TINY_TAINT, WORKLOAD_IMAGE};
+pub use layout::{NodeCni, NodeLayout, PodNetwork, Slot, TINY_TAINT, WORKLOAD_IMAGE};
 pub use node::RealNode;
 
 use super::{Cluster, ClusterError, ClusterOptions, plane::NodeAccess};
@@ -115,6 +116,16 @@ pub enum RealNodeError {
         "failed to find the node binaries: {dir} has no {missing}; run: make node-bins (or set IPKEEP_NODE_BIN_DIR)"
     )]
     BinariesMissing {
+        /// Where they were looked for.
+        dir: PathBuf,
+        /// The first missing one.
+        missing: String,
+    },
+    /// flannel's binaries are not built.
+    #[error(
+        "failed to find flannel: {dir} has no {missing}; run: make flannel-bins (or set IPKEEP_FLANNEL_BIN_DIR)"
+    )]
+    FlannelMissing {
         /// Where they were looked for.
         dir: PathBuf,
         /// The first missing one.
@@ -284,6 +295,17 @@ pub fn e2e_exe() -> Result<PathBuf, RealNodeError> {
             exe.display()
         ),
     })
+}
+
+/// Where [`RealCluster::start`] found what the nodes run.
+#[derive(Debug, Clone, Copy)]
+struct BootDirs<'a> {
+    /// The node binaries.
+    bin: &'a Path,
+    /// The node images.
+    image: &'a Path,
+    /// flannel's binaries, for a flannel network.
+    flannel: Option<&'a Path>,
 }
 
 /// A control plane and its real nodes. Dropping it removes everything it made.
@@ -619,8 +641,17 @@ impl RealCluster {
             Some(d) => d.clone(),
             None => node_image_dir(&bin_dir)?,
         };
+        let flannel_dir = match options.network.cni {
+            NodeCni::Flannel => Some(flannel::bin_dir()?),
+            NodeCni::Bridge => None,
+        };
         let slot = claim_slot()?;
-        let started = Self::boot(&options, slot, &bin_dir, &image_dir).await;
+        let dirs = BootDirs {
+            bin: &bin_dir,
+            image: &image_dir,
+            flannel: flannel_dir.as_deref(),
+        };
+        let started = Self::boot(&options, slot, dirs).await;
         if started.is_err() {
             // Whatever was made goes; the error says why the start failed.
             let _ = cleanup_slot(slot);
@@ -631,9 +662,9 @@ impl RealCluster {
     async fn boot(
         options: &RealClusterOptions,
         slot: Slot,
-        bin_dir: &Path,
-        image_dir: &Path,
+        dirs: BootDirs<'_>,
     ) -> Result<RealCluster, RealNodeError> {
+        let bin_dir = dirs.bin;
         let machine = |stage: &str| {
             let stage = stage.to_owned();
             move |source| RealNodeError::Machine { stage, source }
@@ -663,6 +694,9 @@ impl RealCluster {
         };
         let client = plane.client()?;
         let nodes_api: Api<Node> = Api::all(client.clone());
+        if options.network.cni == NodeCni::Flannel {
+            cluster.kubectl(&["apply", "-f", "-"], Some(&flannel::rbac()))?;
+        }
         for i in 0..options.nodes {
             let Some(layout) = slot.node(i) else { continue };
             // Registered ahead with its pod CIDRs and taints, which the kubelet keeps when it
@@ -688,11 +722,19 @@ impl RealCluster {
                     what: format!("create Node {}", layout.name()),
                     source,
                 })?;
-            let n = RealNode::prepare(layout, cidrs, options.nodes, bin_dir, Arc::clone(&plane))?;
+            let spec = node::NodeSpec {
+                pod_cidrs: cidrs,
+                nodes_in_cluster: options.nodes,
+                cni: options.network.cni,
+                dual_stack: options.network.dual_stack,
+                bin_dir: bin_dir.to_owned(),
+                flannel_dir: dirs.flannel.map(Path::to_owned),
+            };
+            let n = RealNode::prepare(layout, spec, Arc::clone(&plane))?;
             cluster.nodes.push(n);
         }
-        let pause = image_dir.join("pause.oci.tar");
-        let workload = image_dir.join("workload.oci.tar");
+        let pause = dirs.image.join("pause.oci.tar");
+        let workload = dirs.image.join("workload.oci.tar");
         for n in &cluster.nodes {
             n.start_containerd()?;
             n.import_image(&pause, true)?;
@@ -700,8 +742,41 @@ impl RealCluster {
             n.start_kubelet()?;
             n.start_kube_proxy()?;
         }
+        // flanneld comes once the kubelet has registered its Node, as a DaemonSet pod does:
+        // v0.28.10 panics on a Node without annotations (a nil map in AcquireLease), which
+        // only a Node made ahead of its kubelet, as ours are, ever is.
+        for n in &cluster.nodes {
+            if n.cni() == NodeCni::Flannel {
+                cluster.wait_registered(&nodes_api, n).await?;
+                n.start_network()?;
+            }
+        }
         cluster.wait_ready(&nodes_api).await?;
         Ok(cluster)
+    }
+
+    /// Waits until the kubelet of `n` has registered its Node (and annotated it).
+    async fn wait_registered(
+        &self,
+        nodes_api: &Api<Node>,
+        n: &RealNode,
+    ) -> Result<(), RealNodeError> {
+        let started = Instant::now();
+        loop {
+            n.check()?;
+            let node = read_node(nodes_api, n).await?;
+            if node.metadata.annotations.is_some_and(|a| !a.is_empty()) {
+                return Ok(());
+            }
+            if started.elapsed() > NODES_READY {
+                return Err(RealNodeError::Timeout {
+                    what: format!("wait for the kubelet of {} to register its Node", n.name()),
+                    waited: started.elapsed(),
+                    last: "the Node has no annotations yet".into(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 
     async fn wait_ready(&self, nodes_api: &Api<Node>) -> Result<(), RealNodeError> {
@@ -710,13 +785,7 @@ impl RealCluster {
             let mut not_ready = Vec::new();
             for n in &self.nodes {
                 n.check()?;
-                let node = nodes_api
-                    .get(&n.name())
-                    .await
-                    .map_err(|source| RealNodeError::Api {
-                        what: format!("read Node {}", n.name()),
-                        source,
-                    })?;
+                let node = read_node(nodes_api, n).await?;
                 let ready = node
                     .status
                     .and_then(|s| s.conditions)
@@ -921,6 +990,17 @@ impl Drop for RealCluster {
             );
         }
     }
+}
+
+/// The Node object of `n`.
+async fn read_node(nodes_api: &Api<Node>, n: &RealNode) -> Result<Node, RealNodeError> {
+    nodes_api
+        .get(&n.name())
+        .await
+        .map_err(|source| RealNodeError::Api {
+            what: format!("read Node {}", n.name()),
+            source,
+        })
 }
 
 /// Removes a slot's network leftovers (bridge, namespaces) before the slot is set up again.

@@ -10,9 +10,9 @@ use std::{
 };
 
 use super::{
-    RealNodeError,
+    RealNodeError, flannel,
     host::{self, HostError},
-    layout::{self, NodeLayout},
+    layout::{self, NodeCni, NodeLayout},
 };
 use crate::cluster::{
     Cluster,
@@ -22,13 +22,46 @@ use crate::cluster::{
 
 /// How long a node's containerd may take to answer.
 const CONTAINERD_READY: Duration = Duration::from_secs(60);
+/// How long flanneld may take to write the node's lease.
+const FLANNEL_READY: Duration = Duration::from_secs(60);
 
 /// The node's processes that run now.
 #[derive(Debug, Default)]
 struct Daemons {
     containerd: Option<Component>,
+    flanneld: Option<Component>,
     kubelet: Option<Component>,
     kube_proxy: Option<Component>,
+}
+
+impl Daemons {
+    /// Each daemon by name, in start order.
+    fn all(&self) -> [(&'static str, &Option<Component>); 4] {
+        [
+            ("containerd", &self.containerd),
+            ("flanneld", &self.flanneld),
+            ("kubelet", &self.kubelet),
+            ("kube-proxy", &self.kube_proxy),
+        ]
+    }
+}
+
+/// What a node is made of besides its place ([`NodeLayout`]): its pod CIDRs, the size of its
+/// cluster, its CNI network and where the binaries are.
+#[derive(Debug, Clone)]
+pub(super) struct NodeSpec {
+    /// Its pod CIDRs, IPv4 first.
+    pub pod_cidrs: Vec<String>,
+    /// How many nodes its cluster has.
+    pub nodes_in_cluster: u8,
+    /// Its CNI network.
+    pub cni: NodeCni,
+    /// Whether the cluster is dual-stack.
+    pub dual_stack: bool,
+    /// The node binaries.
+    pub bin_dir: PathBuf,
+    /// flannel's binaries, with [`NodeCni::Flannel`].
+    pub flannel_dir: Option<PathBuf>,
 }
 
 /// A real node: containerd, kubelet and kube-proxy in the node's own network namespace, mount
@@ -38,7 +71,9 @@ pub struct RealNode {
     layout: NodeLayout,
     pod_cidrs: Vec<String>,
     nodes_in_cluster: u8,
+    cni: NodeCni,
     bin_dir: PathBuf,
+    flannel_dir: Option<PathBuf>,
     config_dir: PathBuf,
     logs: PathBuf,
     plane: Arc<Cluster>,
@@ -62,12 +97,11 @@ exec "$@""#;
 
 impl RealNode {
     /// Writes the node's files (configuration, certificates, kubeconfigs, CNI plugins and
-    /// conflist over `pod_cidrs`) and creates its cgroups and namespaces. Starts nothing.
+    /// conflist over its pod CIDRs; flannel's configuration) and creates its cgroups and
+    /// namespaces. Starts nothing.
     pub(super) fn prepare(
         layout: NodeLayout,
-        pod_cidrs: Vec<String>,
-        nodes_in_cluster: u8,
-        bin_dir: &Path,
+        spec: NodeSpec,
         plane: Arc<Cluster>,
     ) -> Result<RealNode, RealNodeError> {
         let name = layout.name();
@@ -84,19 +118,26 @@ impl RealNode {
             let dir = layout.host_dir(p);
             std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
         }
+        let cni_bin = layout.host_dir("/opt/cni/bin");
         at(
             &name,
             "copy the CNI plugins",
-            host::copy_cni_plugins(&layout.host_dir("/opt/cni/bin")),
+            host::copy_cni_plugins(Path::new(host::DEBIAN_CNI_DIR), &cni_bin),
         )?;
-        let conflist = layout
-            .host_dir("/etc/cni/net.d")
-            .join(layout::CNI_CONFLIST_FILE);
+        if let Some(dir) = &spec.flannel_dir {
+            at(
+                &name,
+                "copy flannel's CNI plugin",
+                host::copy_cni_plugin(&dir.join("flannel"), &cni_bin.join("flannel")),
+            )?;
+        }
+        let (file, conflist) = spec.cni.conflist(&spec.pod_cidrs);
+        let conflist_path = layout.host_dir("/etc/cni/net.d").join(file);
         std::fs::write(
-            &conflist,
-            serde_json::to_string_pretty(&layout::cni_conflist(&pod_cidrs)).unwrap_or_default(),
+            &conflist_path,
+            serde_json::to_string_pretty(&conflist).unwrap_or_default(),
         )
-        .map_err(io("write", &conflist))?;
+        .map_err(io("write", &conflist_path))?;
 
         // Identities: the kubelet as system:node:<name> (Node authorizer), kube-proxy as
         // system:kube-proxy (bootstrap role system:node-proxier), and the kubelet's serving
@@ -123,6 +164,13 @@ impl RealNode {
         let proxy_client = pki
             .client_cert(&format!("{name}-kube-proxy"), "system:kube-proxy", None)
             .map_err(cert_err)?;
+        let flannel_client = match spec.cni {
+            NodeCni::Flannel => Some(
+                pki.client_cert(&format!("{name}-flanneld"), flannel::USER, None)
+                    .map_err(cert_err)?,
+            ),
+            NodeCni::Bridge => None,
+        };
         let kc = |file: &str, user: &str, cert: &crate::cluster::pki::ClientCert| {
             let path = config_dir.join(file);
             let doc = kubeconfig(
@@ -149,6 +197,12 @@ impl RealNode {
             &kubelet_client,
         )?;
         let proxy_kc = kc("kube-proxy.kubeconfig", "system:kube-proxy", &proxy_client)?;
+        if let Some(cert) = &flannel_client {
+            kc("flanneld.kubeconfig", flannel::USER, cert)?;
+            let path = config_dir.join("net-conf.json");
+            let conf = flannel::net_conf(layout.slot(), spec.dual_stack);
+            std::fs::write(&path, conf.to_string()).map_err(io("write", &path))?;
+        }
         let files = layout::KubeletFiles {
             client_ca: plane.ca_path().to_owned(),
             tls_cert: kubelet_serving.cert,
@@ -175,9 +229,11 @@ impl RealNode {
 
         let node = RealNode {
             layout,
-            pod_cidrs,
-            nodes_in_cluster,
-            bin_dir: bin_dir.to_owned(),
+            pod_cidrs: spec.pod_cidrs,
+            nodes_in_cluster: spec.nodes_in_cluster,
+            cni: spec.cni,
+            bin_dir: spec.bin_dir,
+            flannel_dir: spec.flannel_dir,
             config_dir,
             logs,
             plane,
@@ -199,7 +255,7 @@ impl RealNode {
             "create its cgroups",
             host::create_cgroup(&self.layout.pods_cgroup()),
         )?;
-        let routes = layout::node_routes(self.layout, self.nodes_in_cluster);
+        let routes = layout::node_routes(self.layout, self.nodes_in_cluster, self.cni);
         at(
             &name,
             "create its network namespace",
@@ -273,7 +329,25 @@ impl RealNode {
         self.logs.join(format!("{}-{daemon}.log", self.name()))
     }
 
+    /// Its CNI network.
+    pub fn cni(&self) -> NodeCni {
+        self.cni
+    }
+
     fn start_daemon(&self, daemon: &str, args: Vec<String>) -> Result<Component, RealNodeError> {
+        let program = self.bin_dir.join(daemon);
+        self.start_program(daemon, &program, &[], args)
+    }
+
+    /// Starts `program` as the node's daemon `daemon`, in its namespaces and daemons' cgroup,
+    /// with `env` added to its environment.
+    fn start_program(
+        &self,
+        daemon: &str,
+        program: &Path,
+        env: &[(&str, String)],
+        args: Vec<String>,
+    ) -> Result<Component, RealNodeError> {
         let mut full = vec!["-c".to_owned(), JOIN_CGROUP.to_owned(), "sh".to_owned()];
         full.extend(
             host::cgroup_procs_files(&self.layout.daemons_cgroup())
@@ -285,8 +359,9 @@ impl RealNode {
         full.extend([
             "env".to_owned(),
             format!("PATH={}", host::node_path_env(&self.bin_dir)),
-            self.bin_dir.join(daemon).to_string_lossy().into_owned(),
         ]);
+        full.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+        full.push(program.to_string_lossy().into_owned());
         full.extend(args);
         self.plane
             .start_process(
@@ -342,6 +417,40 @@ impl RealNode {
         self.daemons.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Starts the node's network daemon, if its CNI network has one (flanneld), and waits until
+    /// it has written the node's lease for the CNI plugin.
+    pub(super) fn start_network(&self) -> Result<(), RealNodeError> {
+        let (NodeCni::Flannel, Some(dir)) = (self.cni, &self.flannel_dir) else {
+            return Ok(());
+        };
+        let c = self.start_program(
+            "flanneld",
+            &dir.join("flanneld"),
+            &[("NODE_NAME", self.name())],
+            flannel::flanneld_args(self.layout, &self.config_dir),
+        )?;
+        let started = Instant::now();
+        loop {
+            let lease = self.exec(&["cat", flannel::SUBNET_FILE]).ok();
+            if lease.as_deref().and_then(flannel::leased_subnet).is_some() {
+                break;
+            }
+            if let Some(status) = c.exit_status() {
+                return Err(self.died("flanneld", &c, &status.to_string()));
+            }
+            if started.elapsed() > FLANNEL_READY {
+                return Err(self.died(
+                    "flanneld",
+                    &c,
+                    &format!("it wrote no lease to {} within 60 s", flannel::SUBNET_FILE),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.lock().flanneld = Some(c);
+        Ok(())
+    }
+
     /// Starts the kubelet.
     pub(super) fn start_kubelet(&self) -> Result<(), RealNodeError> {
         let c = self.start_daemon(
@@ -379,11 +488,7 @@ impl RealNode {
     /// Ok while its daemons run; else which one died, and the end of its log.
     pub fn check(&self) -> Result<(), RealNodeError> {
         let d = self.lock();
-        for (daemon, c) in [
-            ("containerd", &d.containerd),
-            ("kubelet", &d.kubelet),
-            ("kube-proxy", &d.kube_proxy),
-        ] {
+        for (daemon, c) in d.all() {
             if let Some(c) = c
                 && let Some(status) = c.exit_status()
             {
@@ -396,14 +501,10 @@ impl RealNode {
     /// Process ids of its daemons that run now.
     pub fn pids(&self) -> Vec<(String, u32)> {
         let d = self.lock();
-        [
-            ("containerd", &d.containerd),
-            ("kubelet", &d.kubelet),
-            ("kube-proxy", &d.kube_proxy),
-        ]
-        .into_iter()
-        .filter_map(|(n, c)| c.as_ref().map(|c| (n.to_owned(), c.pid())))
-        .collect()
+        d.all()
+            .into_iter()
+            .filter_map(|(n, c)| c.as_ref().map(|c| (n.to_owned(), c.pid())))
+            .collect()
     }
 
     /// Imports an OCI archive into the node's containerd (see [`import_image`]).
@@ -431,10 +532,17 @@ impl RealNode {
         self.start_kubelet()
     }
 
-    /// Stops the daemons (kube-proxy, kubelet, containerd; containers keep running).
+    /// Stops flanneld and starts it again (the node's lease and routes stay meanwhile).
+    pub fn restart_flanneld(&self) -> Result<(), RealNodeError> {
+        self.stop_daemon(|d| &mut d.flanneld, Duration::from_secs(10));
+        self.start_network()
+    }
+
+    /// Stops the daemons (kube-proxy, kubelet, flanneld, containerd; containers keep running).
     pub(super) fn stop_daemons(&self) {
         self.stop_daemon(|d| &mut d.kube_proxy, Duration::from_secs(5));
         self.stop_daemon(|d| &mut d.kubelet, Duration::from_secs(5));
+        self.stop_daemon(|d| &mut d.flanneld, Duration::from_secs(5));
         self.stop_daemon(|d| &mut d.containerd, Duration::from_secs(5));
     }
 
@@ -447,7 +555,8 @@ impl RealNode {
         self.create_namespaces()?;
         self.start_containerd()?;
         self.start_kubelet()?;
-        self.start_kube_proxy()
+        self.start_kube_proxy()?;
+        self.start_network()
     }
 
     /// Kills everything in the node's cgroups and removes its namespaces (not its data).
