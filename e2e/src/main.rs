@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use ipkeep_e2e::{
     cluster::{
         cli::{self, UpOptions},
-        realnode::NodeCni,
+        realnode::{NodeCni, NodeDirs},
     },
     error_chain,
 };
@@ -79,6 +79,15 @@ enum ClusterAction {
         /// plugin under kube-flannel's own conflist (`make flannel-bins` builds them).
         #[arg(long, default_value = "bridge")]
         cni: NodeCni,
+        /// Where the nodes keep their CNI plugins and configuration: standard or k3s.
+        ///
+        /// `standard`: /opt/cni/bin and /etc/cni/net.d. `k3s`: k3s's directories — containerd's
+        /// bin_dir /var/lib/rancher/k3s/data/cni holding absolute symlinks into the release's
+        /// data/<release>/bin, its conf_dir /var/lib/rancher/k3s/agent/etc/cni/net.d, and with
+        /// `--cni flannel` k3s's own flannel conflist. (k3s links every plugin name to one
+        /// multi-call binary; the plugins here are Debian's and flannel's, each its own.)
+        #[arg(long, default_value = "standard")]
+        layout: NodeDirs,
     },
     /// Run a command inside a real node, as `docker exec` reaches into a kind node.
     ///
@@ -157,6 +166,7 @@ fn main() -> ExitCode {
                     audit_log,
                     nodes,
                     cni,
+                    layout,
                 } => {
                     let options = UpOptions {
                         state_dir,
@@ -164,6 +174,7 @@ fn main() -> ExitCode {
                         audit_log,
                         nodes,
                         cni,
+                        dirs: layout,
                     };
                     if foreground {
                         runtime.block_on(cli::run_foreground(options))

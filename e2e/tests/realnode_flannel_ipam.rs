@@ -22,7 +22,7 @@ mod system;
 #[path = "realnode_support/mod.rs"]
 mod realnode;
 
-use ipkeep_e2e::cluster::realnode::{NodeCni, PodNetwork, RealNode, flannel};
+use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork, RealNode, flannel};
 use system::*;
 
 /// The chart as a user who edits flannel's conflist installs it.
@@ -33,6 +33,7 @@ const NETWORK: PodNetwork = PodNetwork {
     dual_stack: false,
     tiny_nodes: 0,
     cni: NodeCni::Flannel,
+    dirs: NodeDirs::Standard,
 };
 
 /// kube-flannel's conflist with ipkeep as the IPAM, as a user edits it.

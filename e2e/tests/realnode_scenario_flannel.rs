@@ -27,7 +27,7 @@ mod realnode;
 #[path = "scenarios/keep_ip.rs"]
 mod keep_ip;
 
-use ipkeep_e2e::cluster::realnode::{NodeCni, PodNetwork, flannel};
+use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork, flannel};
 use system::*;
 
 /// This binary's nodes: two for the scenarios, a tiny one (a /29 lease) for filling a range.
@@ -37,6 +37,7 @@ const NETWORK: PodNetwork = PodNetwork {
     dual_stack: false,
     tiny_nodes: 1,
     cni: NodeCni::Flannel,
+    dirs: NodeDirs::Standard,
 };
 
 /// Every test's setup: this binary's flannel nodes, shared with the other tests.

@@ -202,20 +202,7 @@ async fn agent_and_leader_pods_deleted_and_helm_upgrade_while_pods_churn_then_he
         "the newest original (the symlink) is the one kept"
     );
     let nodes_events = wait_for("the Warnings HostLocalReplaced on the node", || async {
-        let events: Api<k8s_openapi::api::events::v1::Event> =
-            Api::namespaced(c.plane().client().unwrap(), "default");
-        let notes: Vec<String> = events
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .filter(|e| {
-                e.reason.as_deref() == Some("HostLocalReplaced")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node_a.as_str())
-            })
-            .filter_map(|e| e.note)
-            .collect();
+        let notes = realnode::node_event_notes(c, &node_a, "HostLocalReplaced").await;
         (notes.len() >= 2).then_some(notes)
     })
     .await;

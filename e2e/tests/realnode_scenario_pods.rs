@@ -36,7 +36,7 @@ mod moved;
 #[path = "scenarios/retention.rs"]
 mod retention;
 
-use ipkeep_e2e::cluster::realnode::{NodeCni, PodNetwork};
+use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork};
 use realnode::assert_on_eth0;
 use system::*;
 
@@ -47,6 +47,7 @@ const NETWORK: PodNetwork = PodNetwork {
     dual_stack: true,
     tiny_nodes: 1,
     cni: NodeCni::Bridge,
+    dirs: NodeDirs::Standard,
 };
 
 /// Every test's setup: this binary's nodes, shared with the other tests.

@@ -201,6 +201,8 @@ pub struct UpOptions {
     pub nodes: u8,
     /// Their CNI network.
     pub cni: realnode::NodeCni,
+    /// Where they keep their CNI plugins and configuration.
+    pub dirs: realnode::NodeDirs,
 }
 
 /// The file `up --nodes` writes once the nodes are Ready: which slot, how many nodes, and
@@ -260,6 +262,7 @@ pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
             nodes: options.nodes,
             network: realnode::PodNetwork {
                 cni: options.cni,
+                dirs: options.dirs,
                 ..realnode::PodNetwork::default()
             },
             plane,
@@ -271,6 +274,7 @@ pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
             "nodes": c.nodes().len(),
             "binDir": c.bin_dir(),
             "cni": options.cni.name(),
+            "layout": options.dirs.name(),
         });
         let file = nodes_file(&options.state_dir);
         let tmp = file.with_extension("tmp");
@@ -359,6 +363,7 @@ pub async fn up(options: UpOptions) -> Result<(), CliError> {
     if options.nodes > 0 {
         command.arg("--nodes").arg(options.nodes.to_string());
         command.arg("--cni").arg(options.cni.name());
+        command.arg("--layout").arg(options.dirs.name());
     }
     let mut child = command
         .stdin(Stdio::null())

@@ -234,6 +234,25 @@ pub fn flannel_delegates(node: &RealNode) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The notes of the Events with `reason` about Node `node` (the agent's Warnings go to the
+/// `default` namespace, where Node events live).
+pub async fn node_event_notes(c: &RealCluster, node: &str, reason: &str) -> Vec<String> {
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(c.plane().client().unwrap(), "default");
+    events
+        .list(&kube::api::ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node)
+        })
+        .filter_map(|e| e.note)
+        .collect()
+}
+
 /// The reservation file of `ns/pod` on `node`.
 pub fn reserved_file(node: &RealNode, ns: &str, pod: &str) -> PathBuf {
     network_dir(node).join("reserved").join(ns).join(pod)

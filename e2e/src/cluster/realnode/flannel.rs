@@ -50,6 +50,25 @@ pub fn kube_flannel_conflist() -> serde_json::Value {
     })
 }
 
+/// k3s's flannel conflist, as k3s writes it on every start
+/// (`/var/lib/rancher/k3s/agent/etc/cni/net.d/10-flannel.conflist`, from its template unless
+/// `--flannel-cni-conf` names a file): kube-flannel's with `forceAddress` in the delegate and the
+/// `bandwidth` plugin last.
+pub fn k3s_conflist() -> serde_json::Value {
+    json!({
+        "name": CNI_NETWORK,
+        "cniVersion": "1.0.0",
+        "plugins": [
+            {
+                "type": "flannel",
+                "delegate": {"hairpinMode": true, "forceAddress": true, "isDefaultGateway": true},
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}},
+            {"type": "bandwidth", "capabilities": {"bandwidth": true}},
+        ],
+    })
+}
+
 /// flanneld's `net-conf.json` for the nodes of `slot`: the slot's pod range (every node's
 /// `spec.podCIDR` lies in it, which the subnet manager checks), the IPv6 one when dual-stack,
 /// and the vxlan backend.

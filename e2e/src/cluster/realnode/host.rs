@@ -54,6 +54,9 @@ pub enum HostError {
         /// What to install or enable.
         fix: String,
     },
+    /// A path is not under one of the directories a node keeps of its own.
+    #[error("{0} is not under a directory the node keeps of its own")]
+    NotANodePath(String),
     /// A cgroup kept processes after they were killed.
     #[error("failed to empty the cgroup {path}: processes {pids:?} survived SIGKILL")]
     CgroupBusy {
@@ -612,23 +615,70 @@ pub fn restore_sysctls() -> Result<Vec<String>, HostError> {
 
 // ----- files -----
 
-/// Copies every plugin of `src` (Debian's CNI directory) into `dir` (copies, not links: the
-/// chart's install-cni replaces `host-local` there).
-pub fn copy_cni_plugins(src: &Path, dir: &Path) -> Result<(), HostError> {
+/// The plugins of `src` (Debian's CNI directory): its regular files.
+pub fn plugin_files(src: &Path) -> Result<Vec<PathBuf>, HostError> {
     let entries = std::fs::read_dir(src).map_err(io_err("list", src))?;
-    for entry in entries.flatten() {
-        let from = entry.path();
-        if !from.symlink_metadata().is_ok_and(|m| m.is_file()) {
-            continue;
-        }
-        copy_cni_plugin(&from, &dir.join(entry.file_name()))?;
-    }
-    Ok(())
+    Ok(entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.symlink_metadata().is_ok_and(|m| m.is_file()))
+        .collect())
 }
 
-/// Copies one plugin to `to`, executable.
+/// Copies one plugin to `to`, executable (a copy, not a link: the chart's install-cni replaces
+/// `host-local` where the node's runtime looks for it).
 pub fn copy_cni_plugin(from: &Path, to: &Path) -> Result<(), HostError> {
     std::fs::copy(from, to).map_err(io_err("copy a CNI plugin to", to))?;
     std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755))
         .map_err(io_err("make executable", to))
+}
+
+/// Extracts k3s release `release` on `node` as k3s does: `plugins` copied into
+/// `data/<release>/bin`, `data/current` pointed at it (the old one kept as `data/previous`), and
+/// every plugin's name in the stable `data/cni` linked to its copy there by an absolute symlink,
+/// whatever held that name before removed first (k3s#11123). Returns the names linked.
+pub fn extract_k3s_release(
+    node: NodeLayout,
+    release: &str,
+    plugins: &[PathBuf],
+) -> Result<Vec<String>, HostError> {
+    let in_node = |p: &str| {
+        node.host_path(p)
+            .ok_or_else(|| HostError::NotANodePath(p.to_owned()))
+    };
+    let bin_in_node = super::layout::k3s_release_bin(release);
+    let bin = in_node(&bin_in_node)?;
+    let links = in_node(super::layout::NodeDirs::K3s.cni_bin_dir())?;
+    let data = in_node(super::layout::K3S_DATA_DIR)?;
+    for dir in [&bin, &links] {
+        std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
+    }
+    let mut names = Vec::new();
+    for from in plugins {
+        let Some(name) = from.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+            continue;
+        };
+        copy_cni_plugin(from, &bin.join(&name))?;
+        let link = links.join(&name);
+        match std::fs::remove_file(&link) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io_err("remove", &link)(e));
+            }
+            _ => {}
+        }
+        std::os::unix::fs::symlink(format!("{bin_in_node}/{name}"), &link)
+            .map_err(io_err("link", &link))?;
+        names.push(name);
+    }
+    let current = data.join("current");
+    if current.symlink_metadata().is_ok() {
+        let previous = data.join("previous");
+        std::fs::rename(&current, &previous).map_err(io_err("rename to previous", &current))?;
+    }
+    std::os::unix::fs::symlink(
+        format!("{}/{release}", super::layout::K3S_DATA_DIR),
+        &current,
+    )
+    .map_err(io_err("link", &current))?;
+    Ok(names)
 }

@@ -65,14 +65,19 @@ impl NodeCni {
         }
     }
 
-    /// The conflist a node of this network has in `/etc/cni/net.d` over its pod `cidrs`: its file
-    /// name and its content.
-    pub fn conflist(self, cidrs: &[String]) -> (&'static str, serde_json::Value) {
-        match self {
-            NodeCni::Bridge => (CNI_CONFLIST_FILE, cni_conflist(cidrs)),
-            NodeCni::Flannel => (
+    /// The conflist a node of this network has in its CNI configuration directory over its pod
+    /// `cidrs`: its file name and its content (flannel's as kube-flannel writes it, or on a k3s
+    /// layout as k3s writes it).
+    pub fn conflist(self, cidrs: &[String], dirs: NodeDirs) -> (&'static str, serde_json::Value) {
+        match (self, dirs) {
+            (NodeCni::Bridge, _) => (CNI_CONFLIST_FILE, cni_conflist(cidrs)),
+            (NodeCni::Flannel, NodeDirs::Standard) => (
                 super::flannel::CONFLIST_FILE,
                 super::flannel::kube_flannel_conflist(),
+            ),
+            (NodeCni::Flannel, NodeDirs::K3s) => (
+                super::flannel::CONFLIST_FILE,
+                super::flannel::k3s_conflist(),
             ),
         }
     }
@@ -89,6 +94,67 @@ impl std::str::FromStr for NodeCni {
     }
 }
 
+/// Where a node keeps its CNI plugins and configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodeDirs {
+    /// `/opt/cni/bin` (the plugins as files) and `/etc/cni/net.d`: kubeadm's, kind's, Debian's.
+    #[default]
+    Standard,
+    /// k3s's: containerd's `bin_dir` is `/var/lib/rancher/k3s/data/cni`, a directory of absolute
+    /// symlinks into the release's `data/<release>/bin`, and its `conf_dir`
+    /// `/var/lib/rancher/k3s/agent/etc/cni/net.d`. k3s links every plugin name to one multi-call
+    /// `cni` binary; the plugins here are Debian's (and flannel's), each linked by its own name.
+    K3s,
+}
+
+/// k3s's data directory on a node.
+pub const K3S_DATA_DIR: &str = "/var/lib/rancher/k3s/data";
+/// The release directory (`data/<release>`) a k3s-layout node starts with; k3s names it by its
+/// data archive's hash.
+pub const K3S_FIRST_RELEASE: &str = "ipkeep-e2e-1";
+
+impl NodeDirs {
+    /// Its name on the command line (`cluster up --layout`).
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeDirs::Standard => "standard",
+            NodeDirs::K3s => "k3s",
+        }
+    }
+
+    /// containerd's CNI `bin_dir`, as the node sees it.
+    pub fn cni_bin_dir(self) -> &'static str {
+        match self {
+            NodeDirs::Standard => "/opt/cni/bin",
+            NodeDirs::K3s => "/var/lib/rancher/k3s/data/cni",
+        }
+    }
+
+    /// containerd's CNI `conf_dir`, as the node sees it.
+    pub fn cni_conf_dir(self) -> &'static str {
+        match self {
+            NodeDirs::Standard => "/etc/cni/net.d",
+            NodeDirs::K3s => "/var/lib/rancher/k3s/agent/etc/cni/net.d",
+        }
+    }
+}
+
+impl std::str::FromStr for NodeDirs {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [NodeDirs::Standard, NodeDirs::K3s]
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| format!("{s:?} is not a node layout (standard or k3s)"))
+    }
+}
+
+/// The bin directory of k3s release `release` (`data/<release>/bin`), as the node sees it.
+pub fn k3s_release_bin(release: &str) -> String {
+    format!("{K3S_DATA_DIR}/{release}/bin")
+}
+
 /// How a cluster's pods are addressed: which families, which nodes get a tiny range, and which
 /// CNI network hands out the addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -100,6 +166,8 @@ pub struct PodNetwork {
     pub tiny_nodes: u8,
     /// The nodes' CNI network.
     pub cni: NodeCni,
+    /// Where the nodes keep their CNI plugins and configuration.
+    pub dirs: NodeDirs,
 }
 
 impl PodNetwork {
@@ -137,9 +205,10 @@ impl PodNetwork {
 
 /// The paths a node sees at their usual place, each backed by its own directory on the host.
 /// (`/run` is a fresh tmpfs per node instead, so sockets and pod namespaces are private too.)
-pub const NODE_PATHS: [&str; 8] = [
+pub const NODE_PATHS: [&str; 9] = [
     "/etc/cni/net.d",
     "/opt/cni/bin",
+    "/var/lib/rancher",
     "/var/lib/cni",
     "/var/lib/kubelet",
     "/var/log/pods",
@@ -344,7 +413,7 @@ pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 
 /// containerd's configuration (version 3, containerd 2.x). Defaults where they serve: root
 /// `/var/lib/containerd`, state and socket under `/run/containerd` (both private to the node).
-pub fn containerd_config(runc: &Path) -> String {
+pub fn containerd_config(runc: &Path, dirs: NodeDirs) -> String {
     format!(
         r#"version = 3
 
@@ -360,13 +429,15 @@ pub fn containerd_config(runc: &Path) -> String {
       BinaryName = '{runc}'
       SystemdCgroup = false
     [plugins.'io.containerd.cri.v1.runtime'.cni]
-      bin_dirs = ['/opt/cni/bin']
-      conf_dir = '/etc/cni/net.d'
+      bin_dirs = ['{bin_dir}']
+      conf_dir = '{conf_dir}'
   # NRI's socket would be shared by every node on the machine; nothing here uses NRI.
   [plugins.'io.containerd.nri.v1.nri']
     disable = true
 "#,
-        runc = runc.display()
+        runc = runc.display(),
+        bin_dir = dirs.cni_bin_dir(),
+        conf_dir = dirs.cni_conf_dir(),
     )
 }
 
@@ -642,6 +713,25 @@ mod tests {
         assert_eq!(
             node_routes(node, 3, NodeCni::Flannel),
             vec![(SERVICE_CIDR.to_owned(), None)]
+        );
+    }
+
+    #[test]
+    fn node_layouts_parse_from_their_names_and_name_their_directories() {
+        for dirs in [NodeDirs::Standard, NodeDirs::K3s] {
+            assert_eq!(dirs.name().parse::<NodeDirs>(), Ok(dirs));
+            let config = containerd_config(Path::new("/usr/sbin/runc"), dirs);
+            assert!(config.contains(&format!("bin_dirs = ['{}']", dirs.cni_bin_dir())));
+            assert!(config.contains(&format!("conf_dir = '{}'", dirs.cni_conf_dir())));
+            // Each directory is one the node keeps on disk of its own.
+            let node = Slot::new(0).and_then(|s| s.node(0)).unwrap();
+            assert!(node.host_path(dirs.cni_bin_dir()).is_some());
+            assert!(node.host_path(dirs.cni_conf_dir()).is_some());
+        }
+        assert!("K3s".parse::<NodeDirs>().is_err());
+        assert_eq!(
+            k3s_release_bin(K3S_FIRST_RELEASE),
+            "/var/lib/rancher/k3s/data/ipkeep-e2e-1/bin"
         );
     }
 

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::PostParams};
 
 pub use host::HostError;
-pub use layout::{NodeCni, NodeLayout, PodNetwork, Slot, TINY_TAINT, WORKLOAD_IMAGE};
+pub use layout::{NodeCni, NodeDirs, NodeLayout, PodNetwork, Slot, TINY_TAINT, WORKLOAD_IMAGE};
 pub use node::RealNode;
 
 use super::{Cluster, ClusterError, ClusterOptions, plane::NodeAccess};
@@ -727,6 +727,7 @@ impl RealCluster {
                 nodes_in_cluster: options.nodes,
                 cni: options.network.cni,
                 dual_stack: options.network.dual_stack,
+                dirs: options.network.dirs,
                 bin_dir: bin_dir.to_owned(),
                 flannel_dir: dirs.flannel.map(Path::to_owned),
             };

@@ -12,7 +12,7 @@ use std::{
 use super::{
     RealNodeError, flannel,
     host::{self, HostError},
-    layout::{self, NodeCni, NodeLayout},
+    layout::{self, NodeCni, NodeDirs, NodeLayout},
 };
 use crate::cluster::{
     Cluster,
@@ -58,6 +58,8 @@ pub(super) struct NodeSpec {
     pub cni: NodeCni,
     /// Whether the cluster is dual-stack.
     pub dual_stack: bool,
+    /// Where it keeps its CNI plugins and configuration.
+    pub dirs: NodeDirs,
     /// The node binaries.
     pub bin_dir: PathBuf,
     /// flannel's binaries, with [`NodeCni::Flannel`].
@@ -69,6 +71,8 @@ pub(super) struct NodeSpec {
 #[derive(Debug)]
 pub struct RealNode {
     layout: NodeLayout,
+    dirs: NodeDirs,
+    flannel_plugin: Option<PathBuf>,
     pod_cidrs: Vec<String>,
     nodes_in_cluster: u8,
     cni: NodeCni,
@@ -118,21 +122,38 @@ impl RealNode {
             let dir = layout.host_dir(p);
             std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
         }
-        let cni_bin = layout.host_dir("/opt/cni/bin");
-        at(
+        let mut plugins = at(
             &name,
-            "copy the CNI plugins",
-            host::copy_cni_plugins(Path::new(host::DEBIAN_CNI_DIR), &cni_bin),
+            "list the CNI plugins",
+            host::plugin_files(Path::new(host::DEBIAN_CNI_DIR)),
         )?;
-        if let Some(dir) = &spec.flannel_dir {
-            at(
-                &name,
-                "copy flannel's CNI plugin",
-                host::copy_cni_plugin(&dir.join("flannel"), &cni_bin.join("flannel")),
-            )?;
+        plugins.extend(spec.flannel_dir.iter().map(|d| d.join("flannel")));
+        match spec.dirs {
+            NodeDirs::Standard => {
+                let bin = layout.host_dir("/opt/cni/bin");
+                for from in &plugins {
+                    let to = bin.join(from.file_name().unwrap_or_default());
+                    at(
+                        &name,
+                        "copy the CNI plugins",
+                        host::copy_cni_plugin(from, &to),
+                    )?;
+                }
+            }
+            NodeDirs::K3s => {
+                at(
+                    &name,
+                    "lay out k3s's CNI directories",
+                    host::extract_k3s_release(layout, layout::K3S_FIRST_RELEASE, &plugins),
+                )?;
+            }
         }
-        let (file, conflist) = spec.cni.conflist(&spec.pod_cidrs);
-        let conflist_path = layout.host_dir("/etc/cni/net.d").join(file);
+        let (file, conflist) = spec.cni.conflist(&spec.pod_cidrs, spec.dirs);
+        let conf_dir = layout
+            .host_path(spec.dirs.cni_conf_dir())
+            .unwrap_or_else(|| layout.host_dir("/etc/cni/net.d"));
+        std::fs::create_dir_all(&conf_dir).map_err(io("create", &conf_dir))?;
+        let conflist_path = conf_dir.join(file);
         std::fs::write(
             &conflist_path,
             serde_json::to_string_pretty(&conflist).unwrap_or_default(),
@@ -211,7 +232,7 @@ impl RealNode {
         let writes = [
             (
                 "containerd.toml",
-                layout::containerd_config(Path::new(host::RUNC)),
+                layout::containerd_config(Path::new(host::RUNC), spec.dirs),
             ),
             (
                 "kubelet.json",
@@ -229,6 +250,8 @@ impl RealNode {
 
         let node = RealNode {
             layout,
+            dirs: spec.dirs,
+            flannel_plugin: spec.flannel_dir.as_ref().map(|d| d.join("flannel")),
             pod_cidrs: spec.pod_cidrs,
             nodes_in_cluster: spec.nodes_in_cluster,
             cni: spec.cni,
@@ -332,6 +355,28 @@ impl RealNode {
     /// Its CNI network.
     pub fn cni(&self) -> NodeCni {
         self.cni
+    }
+
+    /// Where it keeps its CNI plugins and configuration.
+    pub fn dirs(&self) -> NodeDirs {
+        self.dirs
+    }
+
+    /// What a k3s upgrade does to a k3s-layout node's CNI binaries: release `release` extracted
+    /// into `data/<release>/bin` and every plugin name in `data/cni` re-linked there (whatever
+    /// held the name removed first). Returns the names re-linked.
+    pub fn upgrade_k3s(&self, release: &str) -> Result<Vec<String>, RealNodeError> {
+        let mut plugins = at(
+            &self.name(),
+            "list the CNI plugins",
+            host::plugin_files(Path::new(host::DEBIAN_CNI_DIR)),
+        )?;
+        plugins.extend(self.flannel_plugin.iter().cloned());
+        at(
+            &self.name(),
+            "extract a k3s release",
+            host::extract_k3s_release(self.layout, release, &plugins),
+        )
     }
 
     fn start_daemon(&self, daemon: &str, args: Vec<String>) -> Result<Component, RealNodeError> {
