@@ -1,4 +1,4 @@
-//! The scenarios on real flannel, installed the README's way (`cni.replaceHostLocal=true`): three
+//! The scenarios on real flannel (dual-stack: flannel's IPv4 and IPv6 vxlan), installed the README's way (`cni.replaceHostLocal=true`): three
 //! real nodes (the third a tiny one: a /29 lease, tainted) each running `flanneld --kube-subnet-mgr` with the vxlan backend and flannel's CNI
 //! plugin under kube-flannel's own conflist (`cbr0`, no `ipam` of its own), so flannel's plugin
 //! writes the IPAM configuration — `host-local`, which the chart replaced by ipkeep — from the
@@ -34,7 +34,7 @@ use system::*;
 const NODES: u8 = 3;
 /// Their pods' network: flannel.
 const NETWORK: PodNetwork = PodNetwork {
-    dual_stack: false,
+    dual_stack: true,
     tiny_nodes: 1,
     cni: NodeCni::Flannel,
     dirs: NodeDirs::Standard,
@@ -104,11 +104,13 @@ async fn on_flannel_a_deleted_pod_returns_with_its_address_reachable_through_vxl
             assert_eq!(conf["name"], "cbr0", "{conf}");
             assert_eq!(conf["type"], "bridge", "{conf}");
             assert_eq!(conf["ipam"]["type"], "host-local", "{conf}");
-            assert_eq!(
-                conf["ipam"]["ranges"][0][0]["subnet"],
-                node.pod_cidr(),
-                "lease {subnet}: {conf}"
-            );
+            let ranges: Vec<&str> = conf["ipam"]["ranges"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|set| set[0]["subnet"].as_str())
+                .collect();
+            assert_eq!(ranges, node.pod_cidrs(), "lease {subnet}: {conf}");
         }
         assert!(
             realnode::network_dir(node).join(&ip).is_file(),
@@ -117,5 +119,18 @@ async fn on_flannel_a_deleted_pod_returns_with_its_address_reachable_through_vxl
         );
         sys.wait_file(&realnode::reserved_file(node, &sys.ns, &pod.name), true)
             .await;
+        // Dual-stack: the kept IPv6 address too, through flannel's IPv6 vxlan device.
+        let ip6 = pod.ips[1].to_string();
+        let route6 = client_node
+            .exec(&["ip", "-6", "route", "get", &ip6])
+            .unwrap();
+        assert!(
+            route6.contains(&format!("dev {}", flannel::VXLAN_DEVICE_V6)),
+            "{} routes {ip6} elsewhere: {route6}",
+            client_node.name()
+        );
+        let url = format!("http://[{ip6}]:8080/");
+        let page = realnode::exec_until_it_works(&sys, "client", &["wget", "-qO-", &url]).await;
+        assert_eq!(page.trim(), realnode::PAGE, "{} at {ip6}", pod.name);
     }
 }

@@ -31,6 +31,8 @@ pub const USER: &str = "ipkeep-e2e:flannel";
 
 /// The vxlan device flanneld makes on every node (`flannel.<VNI>`, VNI 1 by default).
 pub const VXLAN_DEVICE: &str = "flannel.1";
+/// Its IPv6 twin, on a dual-stack node.
+pub const VXLAN_DEVICE_V6: &str = "flannel-v6.1";
 
 /// kube-flannel's `cni-conf.json` as its manifest ships it (`Documentation/kube-flannel.yml`):
 /// network `cbr0`, flannel delegating to `bridge` with no `ipam` of its own (flannel's plugin
@@ -86,10 +88,11 @@ pub fn net_conf(slot: Slot, dual_stack: bool) -> serde_json::Value {
 }
 
 /// flanneld's arguments on `node`, its configuration in `config_dir`: the Kubernetes subnet
-/// manager, the node's `eth0` for the tunnels, masquerading of traffic leaving the pod network
-/// (kube-flannel's `--ip-masq`); the node's name comes from `NODE_NAME`.
-pub fn flanneld_args(node: NodeLayout, config_dir: &Path) -> Vec<String> {
-    vec![
+/// manager, the node's `eth0` for the tunnels (and its IPv6 address, when dual-stack),
+/// masquerading of traffic leaving the pod network (kube-flannel's `--ip-masq`); the node's name
+/// comes from `NODE_NAME`.
+pub fn flanneld_args(node: NodeLayout, config_dir: &Path, dual_stack: bool) -> Vec<String> {
+    let mut args = vec![
         "--kube-subnet-mgr".into(),
         format!(
             "--kubeconfig-file={}",
@@ -103,7 +106,11 @@ pub fn flanneld_args(node: NodeLayout, config_dir: &Path) -> Vec<String> {
         format!("--public-ip={}", node.ip()),
         "--ip-masq".into(),
         format!("--subnet-file={SUBNET_FILE}"),
-    ]
+    ];
+    if dual_stack {
+        args.push(format!("--public-ipv6={}", node.ip_v6()));
+    }
+    args
 }
 
 /// kube-flannel's ClusterRole, bound to [`USER`].

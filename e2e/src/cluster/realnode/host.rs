@@ -222,6 +222,7 @@ pub fn netns_path(name: &str) -> PathBuf {
 pub fn create_node_netns(
     node: NodeLayout,
     routes: &[(String, Option<Ipv4Addr>)],
+    ipv6: bool,
 ) -> Result<(), HostError> {
     let ns = node.netns();
     let veth = node.host_veth();
@@ -238,6 +239,13 @@ pub fn create_node_netns(
     )?;
     let addr = format!("{}/24", node.ip());
     run("ip", &["-n", &ns, "addr", "add", &addr, "dev", "eth0"])?;
+    if ipv6 {
+        let addr6 = format!("{}/64", node.ip_v6());
+        run(
+            "ip",
+            &["-n", &ns, "addr", "add", &addr6, "dev", "eth0", "nodad"],
+        )?;
+    }
     run("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
     run("ip", &["-n", &ns, "link", "set", "lo", "up"])?;
     for (dst, via) in routes {

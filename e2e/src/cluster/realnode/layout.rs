@@ -321,6 +321,21 @@ impl NodeLayout {
         Ipv4Addr::new(198, 18, self.slot.0, 10 + self.index)
     }
 
+    /// The node's IPv6 address on its `eth0` (`fd18:198:<s>::<10+i>/64`), given only to the nodes
+    /// of a dual-stack flannel cluster: flannel's IPv6 vxlan needs an IPv6 address per node.
+    pub fn ip_v6(self) -> Ipv6Addr {
+        Ipv6Addr::new(
+            0xfd18,
+            0x198,
+            u16::from(self.slot.0),
+            0,
+            0,
+            0,
+            0,
+            10 + u16::from(self.index),
+        )
+    }
+
     /// The node's IPv4 block (`/24`): its pod CIDR, or the one a tiny range lies at the start of
     /// ([`PodNetwork::pod_cidrs`]); the other nodes route it to this node.
     pub fn pod_cidr(self) -> String {

@@ -71,6 +71,7 @@ pub(super) struct NodeSpec {
 #[derive(Debug)]
 pub struct RealNode {
     layout: NodeLayout,
+    node_ipv6: bool,
     dirs: NodeDirs,
     flannel_plugin: Option<PathBuf>,
     pod_cidrs: Vec<String>,
@@ -250,6 +251,7 @@ impl RealNode {
 
         let node = RealNode {
             layout,
+            node_ipv6: spec.dual_stack && spec.cni == NodeCni::Flannel,
             dirs: spec.dirs,
             flannel_plugin: spec.flannel_dir.as_ref().map(|d| d.join("flannel")),
             pod_cidrs: spec.pod_cidrs,
@@ -282,7 +284,7 @@ impl RealNode {
         at(
             &name,
             "create its network namespace",
-            host::create_node_netns(self.layout, &routes),
+            host::create_node_netns(self.layout, &routes, self.node_ipv6),
         )?;
         at(
             &name,
@@ -472,7 +474,7 @@ impl RealNode {
             "flanneld",
             &dir.join("flanneld"),
             &[("NODE_NAME", self.name())],
-            flannel::flanneld_args(self.layout, &self.config_dir),
+            flannel::flanneld_args(self.layout, &self.config_dir, self.node_ipv6),
         )?;
         let started = Instant::now();
         loop {
