@@ -393,6 +393,7 @@ fn the_controller_is_two_hardened_leader_elected_replicas() {
         [
             "controller",
             "--default-retain-for=24h",
+            "--max-retain-for=7d",
             "--metrics-addr=0.0.0.0:8080",
             "--normal-events=false",
             "--lease-name=ipkeep-controller",
@@ -795,6 +796,7 @@ fn each_variant_changes_what_it_says() {
     let args = strings(&c["args"]);
     for expected in [
         "--default-retain-for=7d",
+        "--max-retain-for=30d",
         "--lease-name=my-lease",
         "--metrics-addr=0.0.0.0:18080",
         "--pod-selector=ipkeep.dev/enabled=true",

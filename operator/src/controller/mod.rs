@@ -86,6 +86,11 @@ pub struct Args {
     /// reservation's `spec.retainFor` says (a positive number followed by s, m, h or d; at most 366d).
     #[arg(long, env = "IPKEEP_DEFAULT_RETAIN_FOR", default_value = "24h", value_parser = RetainFor::parse)]
     pub default_retain_for: RetainFor,
+    /// The longest retention anyone gets: a longer `ipkeep.dev/retain-for` (on a pod or a
+    /// StatefulSet) or `spec.retainFor` is held to it, with a Warning Event `RetentionCapped` on
+    /// the object that asked. At least `--default-retain-for`.
+    #[arg(long, env = "IPKEEP_MAX_RETAIN_FOR", default_value = "7d", value_parser = RetainFor::parse)]
+    pub max_retain_for: RetainFor,
     /// Watch pods and reservations of this namespace only (default: every namespace).
     #[arg(long, env = "IPKEEP_NAMESPACE")]
     pub namespace: Option<String>,
@@ -210,6 +215,7 @@ impl Settings {
             defaults: Defaults {
                 retain_for: default_retain_for,
                 placement: placement::Mode::Preferred,
+                max_retain_for: RetainFor::MAX,
             },
             namespace: None,
             pod_selector: None,
@@ -228,6 +234,16 @@ pub enum ControllerError {
     /// Logging could not be set up.
     #[error(transparent)]
     Logging(#[from] logging::LoggingError),
+    /// The default retention is longer than the maximum.
+    #[error(
+        "failed to start: --default-retain-for {default} is longer than --max-retain-for {max}"
+    )]
+    DefaultAboveMax {
+        /// `--default-retain-for`.
+        default: RetainFor,
+        /// `--max-retain-for`.
+        max: RetainFor,
+    },
     /// The async runtime could not start.
     #[error("failed to start the async runtime")]
     Runtime(#[source] std::io::Error),
@@ -276,10 +292,18 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             .await
             .map_err(ControllerError::Client)?;
         let identity = args.identity.clone().unwrap_or_else(default_identity);
+        if args.default_retain_for.duration() > args.max_retain_for.duration() {
+            return Err(ControllerError::DefaultAboveMax {
+                default: args.default_retain_for,
+                max: args.max_retain_for,
+            }
+            .into());
+        }
         let settings = Settings {
             defaults: Defaults {
                 retain_for: args.default_retain_for.duration(),
                 placement: args.default_placement,
+                max_retain_for: args.max_retain_for,
             },
             namespace: args.namespace.clone(),
             pod_selector: args.pod_selector.clone(),

@@ -199,7 +199,16 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
     if !plan.writes_nothing() {
         tracing::debug!(%key, ?plan, "carrying out plan");
     }
-    execute(key, ctx, plan, pod, reservation, owner_annotations).await
+    execute(
+        key,
+        ctx,
+        plan,
+        pod,
+        reservation,
+        owner.as_deref(),
+        owner_annotations,
+    )
+    .await
 }
 
 async fn execute(
@@ -208,13 +217,18 @@ async fn execute(
     plan: Plan,
     pod: Option<Arc<Pod>>,
     reservation: Option<Arc<IPReservation>>,
+    owner: Option<&PartialObjectMeta<StatefulSet>>,
     owner_annotations: Option<BTreeMap<String, String>>,
 ) -> Result<Next, ReconcileError> {
+    let about = About {
+        pod: pod.as_deref(),
+        owner,
+    };
     let api: Api<IPReservation> = Api::namespaced(ctx.client.clone(), &key.namespace);
     if let (Some(reason), Some(r)) = (plan.delete, reservation.as_deref()) {
         let next = delete(key, ctx, &api, r, reason, owner_annotations.as_ref()).await?;
         if next == Next::AwaitChange {
-            publish(ctx, &plan, pod.as_deref(), Some(r));
+            publish(ctx, &plan, &about, Some(r));
         }
         return Ok(next);
     }
@@ -298,7 +312,7 @@ async fn execute(
         ctx.expectations
             .expect(key.clone(), version, cached, std::time::Instant::now());
     }
-    publish(ctx, &plan, pod.as_deref(), current.as_ref());
+    publish(ctx, &plan, &about, current.as_ref());
     Ok(plan.requeue_at.map_or(Next::AwaitChange, Next::At))
 }
 
@@ -392,23 +406,27 @@ async fn delete(
     }
 }
 
-fn publish(ctx: &Context, plan: &Plan, pod: Option<&Pod>, r: Option<&IPReservation>) {
+/// The objects besides the reservation that a plan's Events may be about.
+struct About<'a> {
+    pod: Option<&'a Pod>,
+    owner: Option<&'a PartialObjectMeta<StatefulSet>>,
+}
+
+fn publish(ctx: &Context, plan: &Plan, about: &About<'_>, r: Option<&IPReservation>) {
+    let pod = about.pod.map(|p| p.object_ref(&()));
+    let owner = about.owner.map(|o| o.object_ref(&()));
+    let reservation = r.map(|r| r.object_ref(&()));
     for notice in &plan.notices {
-        let on_pod = matches!(notice.subject, Subject::Pod | Subject::Both);
-        let on_reservation = matches!(notice.subject, Subject::Reservation | Subject::Both);
-        if on_pod && let Some(p) = pod {
+        let targets = match notice.subject {
+            Subject::Pod => [pod.as_ref(), None],
+            Subject::Reservation => [reservation.as_ref(), None],
+            Subject::Both => [pod.as_ref(), reservation.as_ref()],
+            Subject::StatefulSet => [owner.as_ref(), None],
+        };
+        for regarding in targets.into_iter().flatten() {
             emit(
                 ctx,
-                p.object_ref(&()),
-                notice.warning,
-                notice.reason,
-                notice.message.clone(),
-            );
-        }
-        if on_reservation && let Some(r) = r {
-            emit(
-                ctx,
-                r.object_ref(&()),
+                regarding.clone(),
                 notice.warning,
                 notice.reason,
                 notice.message.clone(),

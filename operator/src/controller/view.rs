@@ -15,7 +15,7 @@ use k8s_openapi::{
 use kube::core::PartialObjectMeta;
 
 use super::{
-    lifecycle::{Conflict, PodView, ReservationView, StatusView},
+    lifecycle::{Conflict, NameSource, PodView, ReservationView, StatusView},
     optin,
     placement::{self, Placed},
 };
@@ -26,9 +26,12 @@ use crate::{
 
 /// Keeps only what the controller reads from a pod, so 10 000 pods cost little memory.
 pub fn trim_pod(pod: &mut Pod) {
+    // Whether the name was generated decides whether the pod may be reserved.
+    let generated = pod.metadata.generate_name.take().filter(|g| !g.is_empty());
     trim_meta(&mut pod.metadata);
+    pod.metadata.generate_name = generated;
     if let Some(owners) = &mut pod.metadata.owner_references {
-        owners.retain(|o| o.kind == "StatefulSet" && o.controller == Some(true));
+        owners.retain(|o| o.controller == Some(true));
     }
     pod.spec = pod.spec.take().map(|s| PodSpec {
         node_name: s.node_name,
@@ -89,6 +92,21 @@ pub fn pod_owner_statefulset(pod: &Pod) -> Option<String> {
         .map(|o| o.name.clone())
 }
 
+/// Where a pod's name came from: its controller owner and `generateName`.
+pub fn pod_name_source(pod: &Pod) -> NameSource {
+    let controller = pod
+        .metadata
+        .owner_references
+        .as_ref()
+        .and_then(|owners| owners.iter().find(|o| o.controller == Some(true)))
+        .map(|o| (o.kind.as_str(), o.name.as_str()));
+    NameSource::of(
+        controller,
+        pod.metadata.generate_name.as_deref(),
+        pod.metadata.name.as_deref().unwrap_or_default(),
+    )
+}
+
 /// Whether a pod holds no addresses any more (`Succeeded` or `Failed`).
 pub fn pod_finished(pod: &Pod) -> bool {
     matches!(
@@ -126,6 +144,7 @@ pub fn pod_view(pod: &Pod, owner_annotations: Option<&BTreeMap<String, String>>)
         opt_in: optin::opt_in(annotations, owner_annotations),
         owner_statefulset: pod_owner_statefulset(pod),
         placed: Placed::parse(annotations.get(placement::PLACED).map(String::as_str)),
+        name: pod_name_source(pod),
     }
 }
 

@@ -1,0 +1,233 @@
+//! Who may keep addresses, and for how long (issue 26, part 1), against the REAL control plane
+//! (`make cluster-bins`): the real ReplicaSet and StatefulSet controllers make the pods (with the
+//! `generateName` and owner references they really write), the real scheduler binds them to the
+//! fixture Node `node-a`, and the controller runs as the chart's controller ServiceAccount. As in
+//! `controller_real.rs`, no kubelet: the test reports the pods Running with addresses.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "fixtures/shared.rs"]
+mod shared;
+
+#[path = "fixtures/controller.rs"]
+mod controller;
+
+#[path = "real_support/mod.rs"]
+mod real;
+
+#[path = "fixtures/real_controller.rs"]
+mod real_controller;
+
+use std::time::Duration;
+
+use controller::*;
+use ipkeep_operator::{
+    controller::Settings,
+    crd::{IPReservation, Phase},
+    retention::RetainFor,
+};
+use k8s_openapi::api::{
+    apps::v1::{Deployment, StatefulSet},
+    core::v1::Pod,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, Patch, PatchParams, PostParams},
+};
+use real::NODE;
+use serde_json::json;
+
+/// Runs `scenario` (as admin) in a fresh namespace with a controller of its own (one hour's
+/// default retention) whose maximum retention is `max`.
+async fn with_controller<F, Fut>(prefix: &str, max: &str, scenario: F)
+where
+    F: FnOnce(Client, String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let adjust = |s: &mut Settings| {
+        s.defaults.retain_for = Duration::from_secs(3_600);
+        s.defaults.max_retain_for = RetainFor::parse(max).unwrap();
+    };
+    real_controller::with_controller_settings(prefix, adjust, scenario).await;
+}
+
+/// The pod template of the workloads below: bound to [`NODE`], annotated `retain`.
+fn template(app: &str, annotations: serde_json::Value) -> serde_json::Value {
+    json!({
+        "metadata": {"labels": {"app": app}, "annotations": annotations},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "containers": [{"name": "c", "image": "registry.invalid/app:1"}],
+        },
+    })
+}
+
+/// Waits for `n` pods labelled `app=<app>` bound to [`NODE`] and reports each Running with the
+/// next address from `ips`; returns their names.
+async fn run_pods(client: &Client, ns: &str, app: &str, ips: &[&str]) -> Vec<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let names = shared::wait_for(
+        &format!("{} pods app={app} bound to {NODE}", ips.len()),
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels(&format!("app={app}")))
+                .await
+                .ok()?;
+            let names: Vec<String> = list
+                .items
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE))
+                .map(ResourceExt::name_any)
+                .collect();
+            (names.len() == ips.len()).then_some(names)
+        },
+    )
+    .await;
+    for (name, ip) in names.iter().zip(ips) {
+        let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
+        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap_or_else(|e| panic!("failed to report pod {name} Running: {e}"));
+    }
+    names
+}
+
+/// A Deployment's pods (named by `generateName`, owned by a ReplicaSet) and a bare pod with a
+/// `generateName` are told their names never come back and get no reservation; a pod named by
+/// hand beside them is reserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_that_never_return_are_not_reserved() {
+    with_controller("lim-names", "7d", |c, ns| async move {
+        let deployments: Api<Deployment> = Api::namespaced(c.clone(), &ns);
+        let deploy: Deployment = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": template("web", json!({"ipkeep.dev/retain": "true"})),
+            },
+        }))
+        .unwrap();
+        deployments
+            .create(&PostParams::default(), &deploy)
+            .await
+            .unwrap();
+        let web = run_pods(&c, &ns, "web", &["10.244.20.2", "10.244.20.3"]).await;
+
+        let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
+        let generated: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": "job-", "labels": {"app": "gen"},
+                         "annotations": {"ipkeep.dev/retain": "true"}},
+            "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "registry.invalid/app:1"}]},
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &generated)
+            .await
+            .unwrap();
+        let gen_pods = run_pods(&c, &ns, "gen", &["10.244.20.4"]).await;
+        create_running_pod(&c, &ns, "named", NODE, &["10.244.20.5"], &retain(None)).await;
+
+        // The named pod is reserved; by then the others were reconciled too.
+        wait_reservation(&c, &ns, "named", "Bound", |r| {
+            phase(r) == Some(Phase::Bound)
+        })
+        .await;
+        for name in &web {
+            let note = wait_event(&c, &ns, "Pod", name, "NotReserved").await;
+            assert!(
+                note.contains("ReplicaSet web-") && note.contains("never come back"),
+                "{note}"
+            );
+        }
+        let note = wait_event(&c, &ns, "Pod", &gen_pods[0], "NotReserved").await;
+        assert!(note.contains("generateName"), "{note}");
+        let api: Api<IPReservation> = Api::namespaced(c.clone(), &ns);
+        let names: Vec<String> = api
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
+        assert_eq!(names, ["named"], "only the pod named by hand is reserved");
+    })
+    .await;
+}
+
+/// With a maximum of 1h: a pod asking 30d, a StatefulSet asking 366d on its own metadata, and a
+/// reservation written by hand with 30d are all held to 1h, and each asker gets a
+/// `RetentionCapped` Warning naming both durations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retention_over_the_maximum_is_held_to_it() {
+    with_controller("lim-max", "1h", |c, ns| async move {
+        let api: Api<IPReservation> = Api::namespaced(c.clone(), &ns);
+        create_running_pod(
+            &c,
+            &ns,
+            "greedy",
+            NODE,
+            &["10.244.21.2"],
+            &retain(Some("30d")),
+        )
+        .await;
+        let r = wait_reservation(&c, &ns, "greedy", "Bound", |r| {
+            phase(r) == Some(Phase::Bound)
+        })
+        .await;
+        assert_eq!(r.spec.retain_for.as_deref(), Some("1h"));
+        let note = wait_event(&c, &ns, "Pod", "greedy", "RetentionCapped").await;
+        assert!(note.contains("30d") && note.contains("1h"), "{note}");
+
+        let sets: Api<StatefulSet> = Api::namespaced(c.clone(), &ns);
+        let sts: StatefulSet = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "db", "annotations": {
+                "ipkeep.dev/retain": "true", "ipkeep.dev/retain-for": "366d"}},
+            "spec": {
+                "replicas": 1, "serviceName": "db",
+                "selector": {"matchLabels": {"app": "db"}},
+                "template": template("db", json!({})),
+            },
+        }))
+        .unwrap();
+        sets.create(&PostParams::default(), &sts).await.unwrap();
+        run_pods(&c, &ns, "db", &["10.244.21.3"]).await;
+        let r =
+            wait_reservation(&c, &ns, "db-0", "Bound", |r| phase(r) == Some(Phase::Bound)).await;
+        assert_eq!(r.spec.retain_for.as_deref(), Some("1h"));
+        let note = wait_event(&c, &ns, "StatefulSet", "db", "RetentionCapped").await;
+        assert!(note.contains("366d") && note.contains("1h"), "{note}");
+
+        let hand: IPReservation = serde_json::from_value(json!({
+            "apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation",
+            "metadata": {"name": "by-hand"},
+            "spec": {"ips": ["10.244.21.9"], "nodeName": NODE, "retainFor": "30d"},
+        }))
+        .unwrap();
+        let created = api.create(&PostParams::default(), &hand).await.unwrap();
+        let r = wait_reservation(&c, &ns, "by-hand", "Released", |r| {
+            phase(r) == Some(Phase::Released)
+        })
+        .await;
+        let created_at = created.metadata.creation_timestamp.unwrap().0;
+        let release = r.status.unwrap().release_time.unwrap().0;
+        assert_eq!(
+            release.as_second() - created_at.as_second(),
+            3_600,
+            "held to the maximum from its creation"
+        );
+        assert_eq!(
+            r.spec.retain_for.as_deref(),
+            Some("30d"),
+            "what the admin wrote is left as written"
+        );
+        let note = wait_event(&c, &ns, "IPReservation", "by-hand", "RetentionCapped").await;
+        assert!(
+            note.contains("spec.retainFor") && note.contains("30d"),
+            "{note}"
+        );
+    })
+    .await;
+}
