@@ -2,7 +2,9 @@
 //! (`make cluster-bins`): the real ReplicaSet and StatefulSet controllers make the pods (with the
 //! `generateName` and owner references they really write), the real scheduler binds them to the
 //! fixture Node `node-a`, and the controller runs as the chart's controller ServiceAccount. As in
-//! `controller_real.rs`, no kubelet: the test reports the pods Running with addresses.
+//! `controller_real.rs`, no kubelet: the test reports the pods Running with addresses. The node
+//! budget (part 2) on a fixture Node whose budget its annotation sets; on real nodes, with real
+//! address exhaustion, in `realnode_scenario_budget.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "fixtures/shared.rs"]
@@ -17,7 +19,7 @@ mod real;
 #[path = "fixtures/real_controller.rs"]
 mod real_controller;
 
-use std::time::Duration;
+use std::{net::SocketAddr, time::Duration};
 
 use controller::*;
 use ipkeep_operator::{
@@ -40,7 +42,7 @@ use serde_json::json;
 /// default retention) whose maximum retention is `max`.
 async fn with_controller<F, Fut>(prefix: &str, max: &str, scenario: F)
 where
-    F: FnOnce(Client, String) -> Fut,
+    F: FnOnce(Client, String, SocketAddr) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
     let adjust = |s: &mut Settings| {
@@ -96,7 +98,7 @@ async fn run_pods(client: &Client, ns: &str, app: &str, ips: &[&str]) -> Vec<Str
 /// hand beside them is reserved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_that_never_return_are_not_reserved() {
-    with_controller("lim-names", "7d", |c, ns| async move {
+    with_controller("lim-names", "7d", |c, ns, _| async move {
         let deployments: Api<Deployment> = Api::namespaced(c.clone(), &ns);
         let deploy: Deployment = serde_json::from_value(json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
@@ -161,7 +163,7 @@ async fn names_that_never_return_are_not_reserved() {
 /// `RetentionCapped` Warning naming both durations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retention_over_the_maximum_is_held_to_it() {
-    with_controller("lim-max", "1h", |c, ns| async move {
+    with_controller("lim-max", "1h", |c, ns, _| async move {
         let api: Api<IPReservation> = Api::namespaced(c.clone(), &ns);
         create_running_pod(
             &c,
@@ -228,6 +230,71 @@ async fn a_retention_over_the_maximum_is_held_to_it() {
             note.contains("spec.retainFor") && note.contains("30d"),
             "{note}"
         );
+    })
+    .await;
+}
+
+/// A fixture Node with a budget of one (its annotation): of two pods released one after the
+/// other, the first yields — deleted before its release time with a Warning `Yielded` naming the
+/// budget and the one that takes precedence — while a Bound reservation on the node stays, and
+/// the metrics show the node's budget, what it holds and the yield.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_its_nodes_budget_the_earliest_released_yields() {
+    let cluster = real::cluster().await;
+    let node = "lim-budget-node";
+    cluster.add_node(node).await.expect("the fixture Node");
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client().unwrap());
+    let budget = json!({"metadata": {"annotations": {"ipkeep.dev/node-budget": "1"}}});
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&budget))
+        .await
+        .unwrap();
+    with_controller("lim-budget", "7d", |c, ns, probes| async move {
+        for (name, ip) in [
+            ("p-0", "10.244.30.2"),
+            ("p-1", "10.244.30.3"),
+            ("stays", "10.244.30.4"),
+        ] {
+            create_running_pod(&c, &ns, name, node, &[ip], &retain(Some("1h"))).await;
+            wait_reservation(&c, &ns, name, "Bound", |r| phase(r) == Some(Phase::Bound)).await;
+        }
+        let stays = wait_reservation(&c, &ns, "stays", "Bound", |_| true).await;
+        delete_pod(&c, &ns, "p-0").await;
+        wait_reservation(&c, &ns, "p-0", "Released", |r| {
+            phase(r) == Some(Phase::Released)
+        })
+        .await;
+        delete_pod(&c, &ns, "p-1").await;
+        wait_reservation_gone(&c, &ns, "p-0").await;
+        let note = wait_event(&c, &ns, "IPReservation", "p-0", "Yielded").await;
+        for says in [node, "budget of 1", "10.244.30.2", "p-1"] {
+            assert!(note.contains(says), "{says:?} in {note}");
+        }
+        let p1 = wait_reservation(&c, &ns, "p-1", "Released", |r| {
+            phase(r) == Some(Phase::Released)
+        })
+        .await;
+        assert!(p1.status.unwrap().release_time.is_some());
+        let now = wait_reservation(&c, &ns, "stays", "Bound", |r| {
+            phase(r) == Some(Phase::Bound)
+        })
+        .await;
+        assert_eq!(
+            now.metadata.uid, stays.metadata.uid,
+            "a Bound reservation never yields"
+        );
+        assert_eq!(now.status, stays.status);
+        let metrics = scrape(probes).await;
+        for line in [
+            format!("ipkeep_controller_yielded_total{{node=\"{node}\"}} 1"),
+            format!("ipkeep_controller_node_budget{{node=\"{node}\",source=\"annotation\"}} 1"),
+            format!("ipkeep_controller_node_released_reservations{{node=\"{node}\"}} 1"),
+        ] {
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "{line} not in\n{metrics}"
+            );
+        }
     })
     .await;
 }

@@ -54,7 +54,7 @@ where
     F: FnOnce(Client, String) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    real_controller::with_controller_settings(prefix, |_| {}, scenario).await;
+    real_controller::with_controller_settings(prefix, |_| {}, |c, ns, _| scenario(c, ns)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

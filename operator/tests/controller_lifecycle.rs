@@ -4,9 +4,10 @@
 use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
 use ipkeep_operator::controller::{
+    budget::{Budget, Source},
     lifecycle::{
         Conflict, Defaults, DeleteReason, DesiredSpec, Input, NameSource, OwnerState, Phase, Plan,
-        PodView, ReservationView, StatusView, Subject, decide, reason,
+        PodView, ReservationView, StatusView, Subject, Yield, decide, reason,
     },
     optin::{self, OptIn, Retain},
     placement::{Mode, Placed},
@@ -110,6 +111,7 @@ fn input<'a>(pod: Option<&'a PodView>, r: Option<&'a ReservationView>) -> Input<
         conflict: None,
         node_pod_cidrs: None,
         node_gone: false,
+        yields: None,
     }
 }
 
@@ -1037,5 +1039,62 @@ fn a_reservation_asking_more_than_the_maximum_is_released_for_the_maximum() {
         Some(DeleteReason::Expired {
             due: t("2026-01-07T00:00:00Z")
         })
+    );
+}
+
+#[test]
+fn a_released_reservation_over_its_nodes_budget_yields_and_says_to_whom() {
+    let y = Yield {
+        budget: Budget {
+            held: 2,
+            source: Source::PodCidrs,
+        },
+        held: 3,
+        kept: Some(Key::new("ns", "later-0")),
+    };
+    let r = released("2026-01-10T10:00:00Z", "2026-01-11T10:00:00Z");
+    let mut i = input(None, Some(&r));
+    i.yields = Some(&y);
+    let plan = decide_now(&i);
+    assert_eq!(plan.delete, Some(DeleteReason::Yielded));
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::YIELDED, true, Subject::Reservation)]
+    );
+    let note = &plan.notices[0].message;
+    for says in [
+        "node-a",
+        "holds 3",
+        "budget of 2",
+        "10.244.1.17",
+        "ns/later-0",
+    ] {
+        assert!(note.contains(says), "{says:?} in {note}");
+    }
+    // A pod of that name alive (Bound, or a replacement without addresses yet): never yields.
+    let p = pod();
+    let b = bound();
+    for (pod, r) in [(&p, &b), (&p, &r)] {
+        let mut i = input(Some(pod), Some(r));
+        i.yields = Some(&y);
+        let plan = decide_now(&i);
+        assert_eq!(plan.delete, None, "{plan:?}");
+        assert!(
+            !reasons(&plan)
+                .iter()
+                .any(|(why, ..)| *why == reason::YIELDED)
+        );
+    }
+    let mut waiting = pod();
+    waiting.uid = "uid-2".into();
+    waiting.ips.clear();
+    waiting.running = false;
+    let mut i = input(Some(&waiting), Some(&b));
+    i.yields = Some(&y);
+    let plan = decide_now(&i);
+    assert_eq!(plan.delete, None);
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::RELEASED, false, Subject::Reservation)]
     );
 }

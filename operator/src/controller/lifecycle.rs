@@ -8,6 +8,7 @@ use ipnet::IpNet;
 use jiff::Timestamp;
 
 use super::{
+    budget::Budget,
     optin::{OptIn, Retain},
     placement::{Mode, Placed},
 };
@@ -181,6 +182,19 @@ pub struct Input<'a> {
     pub node_pod_cidrs: Option<&'a [IpNet]>,
     /// The reservation's node is known not to exist (the node cache is filled and lacks it).
     pub node_gone: bool,
+    /// The node's budget says this Released reservation yields ([`super::budget::yielding`]).
+    pub yields: Option<&'a Yield>,
+}
+
+/// Why a Released reservation yields to its node's budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Yield {
+    /// The node's budget.
+    pub budget: Budget,
+    /// How many Released reservations hold addresses on the node.
+    pub held: usize,
+    /// The latest released reservation that stays: it takes precedence.
+    pub kept: Option<Key>,
 }
 
 /// Controller-wide defaults.
@@ -222,6 +236,9 @@ pub enum DeleteReason {
     /// The reservation's node was deleted and no pod of that name is alive: its range is gone,
     /// and a required placement on it would strand the pod.
     NodeGone,
+    /// Its node holds more Released reservations than its budget and this one was released
+    /// earliest; no pod of that name is alive.
+    Yielded,
 }
 
 /// Who an Event is about.
@@ -311,6 +328,8 @@ pub mod reason {
     pub const PLACEMENT_SKIPPED: &str = "PlacementSkipped";
     /// A retention longer than `--max-retain-for` was asked for; the maximum applies.
     pub const RETENTION_CAPPED: &str = "RetentionCapped";
+    /// The node's budget for addresses held for gone pods was exceeded: this one goes early.
+    pub const YIELDED: &str = "Yielded";
 }
 
 /// Decides what the reservation of one pod name must become.
@@ -561,6 +580,29 @@ fn released(
             format!(
                 "node {} was deleted: its pod range is gone, {} released now (the pod of this name, if it returns, gets new addresses wherever it lands)",
                 r.node_name,
+                r.ips.join(", ")
+            ),
+        );
+        return;
+    }
+    // Never while a pod of that name lives (a replacement without addresses yet comes here too).
+    if let Some(y) = input
+        .yields
+        .filter(|_| input.pod.is_none_or(|p| p.finished))
+    {
+        plan.delete = Some(DeleteReason::Yielded);
+        let precedence = y.kept.as_ref().map_or_else(String::new, |k| {
+            format!("; {k}, released later, takes precedence")
+        });
+        plan.notice(
+            Subject::Reservation,
+            true,
+            reason::YIELDED,
+            format!(
+                "node {} holds {} addresses for pods that are gone, over its budget of {}: this reservation, released earliest, is deleted before its release time and {} is free for the pods the node admits{precedence}",
+                r.node_name,
+                y.held,
+                y.budget,
                 r.ips.join(", ")
             ),
         );

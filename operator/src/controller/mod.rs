@@ -21,6 +21,7 @@
 //! caches run on every replica, and only the shards wait for the lease, where `Controller` owns
 //! its watches (sharing them needs the `unstable-runtime` streams API).
 
+pub mod budget;
 pub mod expectations;
 pub mod index;
 pub mod lifecycle;
@@ -91,6 +92,11 @@ pub struct Args {
     /// the object that asked. At least `--default-retain-for`.
     #[arg(long, env = "IPKEEP_MAX_RETAIN_FOR", default_value = "7d", value_parser = RetainFor::parse)]
     pub max_retain_for: RetainFor,
+    /// How many Released reservations may hold addresses on a node, for every node without an
+    /// `ipkeep.dev/node-budget` annotation (default: its pod CIDRs' usable addresses minus its
+    /// allocatable pods). When more do, the earliest released yield (are deleted early).
+    #[arg(long, env = "IPKEEP_NODE_BUDGET")]
+    pub node_budget: Option<u64>,
     /// Watch pods and reservations of this namespace only (default: every namespace).
     #[arg(long, env = "IPKEEP_NAMESPACE")]
     pub namespace: Option<String>,
@@ -192,6 +198,8 @@ pub struct LeaseSettings {
 pub struct Settings {
     /// Lifecycle defaults.
     pub defaults: Defaults,
+    /// `--node-budget`: every node's budget unless its annotation says.
+    pub node_budget: Option<u64>,
     /// Only this namespace (else all).
     pub namespace: Option<String>,
     /// Only pods matching this label selector.
@@ -217,6 +225,7 @@ impl Settings {
                 placement: placement::Mode::Preferred,
                 max_retain_for: RetainFor::MAX,
             },
+            node_budget: None,
             namespace: None,
             pod_selector: None,
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -305,6 +314,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
                 placement: args.default_placement,
                 max_retain_for: args.max_retain_for,
             },
+            node_budget: args.node_budget,
             namespace: args.namespace.clone(),
             pod_selector: args.pod_selector.clone(),
             metrics_addr: args.metrics_addr,
@@ -408,7 +418,12 @@ pub async fn run(
     let (reservations, reservation_writer) = reflector::store::<IPReservation>();
     let (statefulsets, sts_writer) = reflector::store::<PartialObjectMeta<StatefulSet>>();
     let (nodes, node_writer) = reflector::store::<Node>();
-    let metrics = Metrics::register(&registry, reservations.clone())?;
+    let metrics = Metrics::register(
+        &registry,
+        reservations.clone(),
+        nodes.clone(),
+        settings.node_budget,
+    )?;
     let identity = settings
         .lease
         .as_ref()
@@ -431,6 +446,7 @@ pub async fn run(
         events,
         metrics: metrics.clone(),
         defaults: settings.defaults.clone(),
+        node_budget: settings.node_budget,
     });
     let queue = Arc::new(Queue::default());
 
@@ -798,6 +814,12 @@ async fn watch_reservations(
                 for other in ctx.index.upsert(key.clone(), &r) {
                     queue.enqueue(other);
                 }
+                // One more held address on its node may push others over the node's budget.
+                if r.status.as_ref().and_then(|s| s.phase) == Some(crate::phase::Phase::Released) {
+                    for other in reconcile::node_yielding(&ctx, &r.spec.node_name).yielded {
+                        queue.enqueue(other);
+                    }
+                }
                 queue.enqueue(key);
             }
             Ok(watcher::Event::Delete(r)) => {
@@ -887,6 +909,12 @@ async fn watch_nodes(
                     if r.spec.node_name == name {
                         queue.enqueue(Key::of(r.as_ref()));
                     }
+                }
+            }
+            // Its budget may have shrunk (annotation, pod CIDRs, allocatable pods).
+            Ok(watcher::Event::Apply(n)) => {
+                for other in reconcile::node_yielding(&ctx, &n.name_any()).yielded {
+                    queue.enqueue(other);
                 }
             }
             Ok(watcher::Event::InitDone) => enqueue_everything(&ctx, &queue),

@@ -16,9 +16,10 @@ use kube::{
 use serde_json::json;
 
 use super::{
+    budget::{self, Budget, Held},
     expectations::Expectations,
     index::AddressIndex,
-    lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, decide},
+    lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, Yield, decide},
     metrics::Metrics,
     optin, view,
 };
@@ -54,6 +55,8 @@ pub struct Context {
     pub metrics: Metrics,
     /// Defaults from the flags.
     pub defaults: Defaults,
+    /// `--node-budget`: every node's budget unless its annotation says.
+    pub node_budget: Option<u64>,
 }
 
 impl std::fmt::Debug for Context {
@@ -139,6 +142,85 @@ pub enum Next {
     RetryMs(u64),
 }
 
+/// A node's budget and the Released reservations on it that must yield to it.
+#[derive(Debug, Default)]
+pub struct NodeYielding {
+    /// The node's budget, when one applies.
+    pub budget: Option<Budget>,
+    /// The Released reservations holding its addresses.
+    pub held: Vec<Held>,
+    /// Those that yield, earliest first.
+    pub yielded: Vec<Key>,
+}
+
+impl NodeYielding {
+    /// Why `key` yields, if it does.
+    pub fn of(&self, key: &Key) -> Option<Yield> {
+        let budget = self.budget?;
+        self.yielded.contains(key).then(|| {
+            let yielded: Vec<&Held> = self
+                .held
+                .iter()
+                .filter(|h| self.yielded.contains(&h.key))
+                .collect();
+            Yield {
+                budget,
+                held: self.held.len(),
+                kept: budget::kept_latest(&self.held, &yielded).map(|h| h.key.clone()),
+            }
+        })
+    }
+}
+
+/// Applies [`budget::yielding`] to `node` as the caches show it. A Released reservation whose pod
+/// of that name is alive again (a replacement without addresses yet) is not counted: it is never
+/// deleted while that pod lives.
+pub fn node_yielding(ctx: &Context, node: &str) -> NodeYielding {
+    let Some(budget) = ctx
+        .nodes
+        .get(&ObjectRef::new(node))
+        .and_then(|n| budget::node_budget(&view::node_facts(&n), ctx.node_budget))
+    else {
+        return NodeYielding::default();
+    };
+    let held: Vec<Held> = ctx
+        .index
+        .on_node(node)
+        .into_iter()
+        .filter_map(|key| {
+            let r = ctx
+                .reservations
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))?;
+            let status = r.status.as_ref()?;
+            if status.phase != Some(lifecycle::Phase::Released) {
+                return None;
+            }
+            let alive = ctx
+                .pods
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .is_some_and(|p| !view::pod_finished(&p));
+            if alive {
+                return None;
+            }
+            let by_hand = status.pod_uid.is_none() && !view::reservation_view(&r).managed;
+            Some(Held {
+                released_at: status.released_at.as_ref()?.0,
+                key,
+                by_hand,
+            })
+        })
+        .collect();
+    let yielded = budget::yielding(budget.held, &held)
+        .into_iter()
+        .map(|h| h.key.clone())
+        .collect();
+    NodeYielding {
+        budget: Some(budget),
+        held,
+        yielded,
+    }
+}
+
 /// Reconciles the reservation of the pod name `key`.
 pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError> {
     let started = std::time::Instant::now();
@@ -179,6 +261,10 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
         .map(|p| view::pod_view(p, owner_annotations.as_ref()));
     let reservation_view = reservation.as_deref().map(view::reservation_view);
     let conflict = reservation.as_ref().and_then(|_| ctx.index.conflict(key));
+    let yields = reservation_view
+        .as_ref()
+        .filter(|r| r.status.phase == Some(lifecycle::Phase::Released))
+        .and_then(|r| node_yielding(ctx, &r.node_name).of(key));
     let cidrs = pod_view
         .as_ref()
         .and_then(|p| p.node_name.as_ref())
@@ -194,6 +280,7 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
         node_gone: reservation_view
             .as_ref()
             .is_some_and(|r| ctx.nodes.get(&ObjectRef::new(&r.node_name)).is_none()),
+        yields: yields.as_ref(),
     };
     let plan = decide(&input, now, &ctx.defaults);
     if !plan.writes_nothing() {
@@ -335,7 +422,10 @@ async fn delete(
             source,
         })?;
     let hold = match (reason, &fresh) {
-        (DeleteReason::Expired { .. } | DeleteReason::NodeGone, Some(p)) => !view::pod_finished(p),
+        (
+            DeleteReason::Expired { .. } | DeleteReason::NodeGone | DeleteReason::Yielded,
+            Some(p),
+        ) => !view::pod_finished(p),
         (DeleteReason::OptedOut, Some(p)) => view::pod_opted_in(p, owner_annotations),
         (_, None) => false,
     };
@@ -389,6 +479,12 @@ async fn delete(
                     lifecycle::reason::EXPIRED,
                     note,
                 );
+            } else if reason == DeleteReason::Yielded {
+                ctx.metrics
+                    .yielded
+                    .with_label_values(&[r.spec.node_name.as_str()])
+                    .inc();
+                tracing::info!(%key, node = %r.spec.node_name, "reservation yielded to its node's budget and was deleted");
             } else if reason == DeleteReason::NodeGone {
                 tracing::info!(%key, node = %r.spec.node_name, "reservation deleted: its node is gone");
             } else {

@@ -8,13 +8,14 @@ use jiff::Timestamp;
 use k8s_openapi::{
     api::{
         apps::v1::StatefulSet,
-        core::v1::{Node, NodeSpec, Pod, PodSpec, PodStatus},
+        core::v1::{Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus},
     },
     apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time},
 };
 use kube::core::PartialObjectMeta;
 
 use super::{
+    budget::{self, NodeFacts},
     lifecycle::{Conflict, NameSource, PodView, ReservationView, StatusView},
     optin,
     placement::{self, Placed},
@@ -50,16 +51,51 @@ pub fn trim_pod(pod: &mut Pod) {
 /// them) and pod CIDRs.
 pub fn trim_node(node: &mut Node) {
     let labels = node.metadata.labels.take();
+    let budget = node
+        .metadata
+        .annotations
+        .as_mut()
+        .and_then(|a| a.remove(budget::NODE_BUDGET));
     trim_meta(&mut node.metadata);
     node.metadata.labels = labels;
-    node.metadata.annotations = None;
+    node.metadata.annotations =
+        budget.map(|b| BTreeMap::from([(budget::NODE_BUDGET.to_owned(), b)]));
     node.metadata.owner_references = None;
     node.spec = node.spec.take().map(|s| NodeSpec {
         pod_cidr: s.pod_cidr,
         pod_cidrs: s.pod_cidrs,
         ..NodeSpec::default()
     });
-    node.status = None;
+    // The kubelet's allocatable pods count goes into the node's budget.
+    node.status = node.status.take().map(|s| NodeStatus {
+        allocatable: s
+            .allocatable
+            .and_then(|mut a| a.remove("pods"))
+            .map(|pods| BTreeMap::from([("pods".to_owned(), pods)])),
+        ..NodeStatus::default()
+    });
+}
+
+/// What a node's budget is computed from.
+pub fn node_facts(node: &Node) -> NodeFacts {
+    NodeFacts {
+        pod_cidrs: node_pod_cidrs(node)
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        allocatable_pods: node
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .and_then(|a| a.get("pods"))
+            .and_then(|q| q.0.parse().ok()),
+        annotation: node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(budget::NODE_BUDGET))
+            .cloned(),
+    }
 }
 
 /// Keeps only a StatefulSet's ipkeep annotations.
