@@ -298,3 +298,153 @@ async fn over_its_nodes_budget_the_earliest_released_yields() {
     })
     .await;
 }
+
+/// The chart's ValidatingAdmissionPolicy, rendered with `controller.maxRetainFor=1h` and bound to
+/// this test's namespace only, on the real API server: malformed annotations and a retention over
+/// the maximum are refused when applied (server-side dry run: nothing is created), on a pod, a
+/// StatefulSet's own metadata and its pod template, each with a message naming the annotation
+/// and where it is; well-formed ones within the maximum are admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
+    let cluster = real::cluster().await;
+    let ns = cluster
+        .fresh_namespace("lim-policy")
+        .await
+        .expect("a fresh namespace");
+    let chart = shared::chart_dir();
+    let rendered = shared::run_ok(
+        cluster.helm(),
+        &[
+            "template",
+            "ipkeep",
+            chart.to_str().unwrap(),
+            "--set",
+            "controller.maxRetainFor=1h",
+            "--set",
+            &format!("fullnameOverride={ns}"),
+            "--show-only",
+            "templates/admission-policy.yaml",
+        ],
+        None,
+    );
+    let anchor = "  validationActions: [Deny]\n";
+    assert!(rendered.contains(anchor), "{rendered}");
+    let scoped = rendered.replace(
+        anchor,
+        &format!(
+            "{anchor}  matchResources:\n    namespaceSelector:\n      matchLabels: {{kubernetes.io/metadata.name: {ns}}}\n"
+        ),
+    );
+    shared::kubectl_ok(cluster, &["apply", "-f", "-"], Some(&scoped));
+
+    let c = cluster.client().unwrap();
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
+    let sets: Api<StatefulSet> = Api::namespaced(c.clone(), &ns);
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let pod = |annotations: serde_json::Value| -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "annotations": annotations},
+            "spec": {"containers": [{"name": "c", "image": "registry.invalid/app:1"}]},
+        }))
+        .unwrap()
+    };
+    // The policy takes effect once the API server has compiled it.
+    shared::wait_for("the policy refusing retain-for 2h", || async {
+        let refused = pods
+            .create(&dry, &pod(json!({"ipkeep.dev/retain-for": "2h"})))
+            .await
+            .is_err();
+        refused.then_some(())
+    })
+    .await;
+    let refusal = |e: kube::Error| match e {
+        kube::Error::Api(status) => (status.code, status.message),
+        other => panic!("not an API answer: {other}"),
+    };
+    let cases = [
+        (
+            json!({"ipkeep.dev/retain": "yes"}),
+            "ipkeep.dev/retain on the pod must be",
+        ),
+        (
+            json!({"ipkeep.dev/retain-for": "1 week"}),
+            "positive whole number",
+        ),
+        (json!({"ipkeep.dev/retain-for": "2h"}), "at most 1h"),
+        (json!({"ipkeep.dev/retain-for": "61m"}), "at most 1h"),
+        (
+            json!({"ipkeep.dev/placement": "anywhere"}),
+            "preferred, required, none",
+        ),
+        (
+            json!({"ipkeep.dev/release-with-owner": "1"}),
+            "release-with-owner",
+        ),
+    ];
+    for (annotations, says) in cases {
+        let e = pods
+            .create(&dry, &pod(annotations.clone()))
+            .await
+            .unwrap_err();
+        let (code, message) = refusal(e);
+        assert_eq!(code, 422, "{annotations}: {message}");
+        assert!(message.contains(says), "{annotations}: {message}");
+    }
+    for fine in [
+        json!({"ipkeep.dev/retain": "true", "ipkeep.dev/retain-for": "1h", "ipkeep.dev/placement": "Required"}),
+        json!({"ipkeep.dev/retain-for": "3600s", "ipkeep.dev/release-with-owner": "false"}),
+        json!({}),
+    ] {
+        pods.create(&dry, &pod(fine.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("{fine} refused: {e}"));
+    }
+    let sts = |own: serde_json::Value, template: serde_json::Value| -> StatefulSet {
+        serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "db", "annotations": own},
+            "spec": {
+                "serviceName": "db",
+                "selector": {"matchLabels": {"app": "db"}},
+                "template": {
+                    "metadata": {"labels": {"app": "db"}, "annotations": template},
+                    "spec": {"containers": [{"name": "c", "image": "registry.invalid/app:1"}]},
+                },
+            },
+        }))
+        .unwrap()
+    };
+    for (own, template) in [
+        (json!({"ipkeep.dev/retain-for": "30d"}), json!({})),
+        (json!({}), json!({"ipkeep.dev/retain-for": "30d"})),
+        (json!({}), json!({"ipkeep.dev/retain": "maybe"})),
+    ] {
+        let e = sets
+            .create(&dry, &sts(own.clone(), template.clone()))
+            .await
+            .unwrap_err();
+        let (code, message) = refusal(e);
+        assert_eq!(code, 422, "{own} {template}: {message}");
+        assert!(
+            message.contains("the StatefulSet or its pod template"),
+            "{own} {template}: {message}"
+        );
+    }
+    sets.create(
+        &dry,
+        &sts(
+            json!({"ipkeep.dev/retain": "true"}),
+            json!({"ipkeep.dev/retain-for": "45m"}),
+        ),
+    )
+    .await
+    .unwrap();
+    shared::kubectl_ok(cluster, &["delete", "-f", "-"], Some(&scoped));
+    cluster
+        .check()
+        .expect("every control plane component still runs");
+}
