@@ -448,3 +448,62 @@ async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
         .check()
         .expect("every control plane component still runs");
 }
+
+/// A ResourceQuota of one IPReservation in the namespace: the second annotated pod is told
+/// `NotReserved` quoting the API server's refusal, and is reserved once the first reservation
+/// expires and is deleted (on that deletion, not by polling).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_quota_a_pod_waits_for_room_and_is_told_why() {
+    with_controller("lim-quota", "7d", |c, ns, _| async move {
+        let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
+            Api::namespaced(c.clone(), &ns);
+        let quota = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "reservations"},
+            "spec": {"hard": {"count/ipreservations.ipkeep.dev": "1"}},
+        }))
+        .unwrap();
+        quotas.create(&PostParams::default(), &quota).await.unwrap();
+        // The quota controller computes its usage first; until then the API server refuses all.
+        shared::wait_for("the ResourceQuota's usage computed", || async {
+            let q = quotas.get("reservations").await.ok()?;
+            q.status?
+                .used?
+                .contains_key("count/ipreservations.ipkeep.dev")
+                .then_some(())
+        })
+        .await;
+
+        create_running_pod(
+            &c,
+            &ns,
+            "first",
+            NODE,
+            &["10.244.31.2"],
+            &retain(Some("2s")),
+        )
+        .await;
+        wait_reservation(&c, &ns, "first", "Bound", |r| {
+            phase(r) == Some(Phase::Bound)
+        })
+        .await;
+        create_running_pod(&c, &ns, "second", NODE, &["10.244.31.3"], &retain(None)).await;
+        let note = wait_event(&c, &ns, "Pod", "second", "NotReserved").await;
+        assert!(
+            note.contains("exceeded quota") && note.contains("count/ipreservations.ipkeep.dev"),
+            "{note}"
+        );
+        let api: Api<IPReservation> = Api::namespaced(c.clone(), &ns);
+        assert!(api.get_opt("second").await.unwrap().is_none());
+
+        // The first pod goes; its reservation expires 2 s later and makes room.
+        delete_pod(&c, &ns, "first").await;
+        wait_reservation_gone(&c, &ns, "first").await;
+        let r = wait_reservation(&c, &ns, "second", "Bound", |r| {
+            phase(r) == Some(Phase::Bound)
+        })
+        .await;
+        assert_eq!(r.spec.ips[0].0, "10.244.31.3");
+    })
+    .await;
+}

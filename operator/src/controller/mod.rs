@@ -447,6 +447,7 @@ pub async fn run(
         metrics: metrics.clone(),
         defaults: settings.defaults.clone(),
         node_budget: settings.node_budget,
+        over_quota: reconcile::OverQuota::default(),
     });
     let queue = Arc::new(Queue::default());
 
@@ -825,6 +826,10 @@ async fn watch_reservations(
             Ok(watcher::Event::Delete(r)) => {
                 let key = Key::of(&r);
                 ctx.expectations.observed(&key, None);
+                // Room under the namespace's ResourceQuota.
+                for waiting in ctx.over_quota.take(&key.namespace) {
+                    queue.enqueue(waiting);
+                }
                 for other in ctx.index.remove(&key) {
                     queue.enqueue(other);
                 }

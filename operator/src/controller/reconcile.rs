@@ -1,6 +1,9 @@
 //! One reconcile: read the caches, ask [`decide`], carry the plan out against the API server.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::Arc,
+};
 
 use jiff::Timestamp;
 use k8s_openapi::api::{
@@ -57,6 +60,48 @@ pub struct Context {
     pub defaults: Defaults,
     /// `--node-budget`: every node's budget unless its annotation says.
     pub node_budget: Option<u64>,
+    /// Pods whose reservation a ResourceQuota refused, by namespace: tried again when one of the
+    /// namespace's reservations is deleted.
+    pub over_quota: OverQuota,
+}
+
+/// The pods waiting for room under their namespace's ResourceQuota.
+#[derive(Debug, Default)]
+pub struct OverQuota(std::sync::Mutex<HashMap<String, BTreeSet<Key>>>);
+
+impl OverQuota {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeSet<Key>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that `key` waits for room; false when it already did (its Event was posted).
+    fn wait(&self, key: &Key) -> bool {
+        self.lock()
+            .entry(key.namespace.clone())
+            .or_default()
+            .insert(key.clone())
+    }
+
+    /// The pods of `namespace` waiting for room, forgotten here: a reservation there was deleted.
+    pub fn take(&self, namespace: &str) -> Vec<Key> {
+        self.lock()
+            .remove(namespace)
+            .map(|keys| keys.into_iter().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Whether the API server refused a create because a ResourceQuota has no room for it (403
+/// Forbidden, "exceeded quota"), the message to quote when it did.
+pub fn quota_refusal(e: &kube::Error) -> Option<&str> {
+    match e {
+        kube::Error::Api(status)
+            if status.code == 403 && status.message.contains("exceeded quota") =>
+        {
+            Some(status.message.as_str())
+        }
+        _ => None,
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -347,17 +392,41 @@ async fn execute(
             "metadata": metadata,
             "spec": body_spec,
         });
-        let written = api
+        let written = match api
             .patch(
                 &key.name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&body),
             )
             .await
-            .map_err(|source| ReconcileError::ApplySpec {
-                key: key.clone(),
-                source,
-            })?;
+        {
+            Ok(written) => written,
+            // Over quota: said once, and tried again when the namespace has room (a reservation
+            // there is deleted), not by polling.
+            Err(e) if current.is_none() && quota_refusal(&e).is_some() => {
+                if ctx.over_quota.wait(key)
+                    && let Some(p) = about.pod
+                {
+                    let quoted = quota_refusal(&e).unwrap_or_default();
+                    emit(
+                        ctx,
+                        p.object_ref(&()),
+                        true,
+                        lifecycle::reason::NOT_RESERVED,
+                        format!(
+                            "the namespace's ResourceQuota has no room for another IPReservation ({quoted}): reserved as soon as one of its reservations is deleted"
+                        ),
+                    );
+                }
+                return Ok(Next::AwaitChange);
+            }
+            Err(source) => {
+                return Err(ReconcileError::ApplySpec {
+                    key: key.clone(),
+                    source,
+                });
+            }
+        };
         current = Some(written);
         wrote = true;
     }
@@ -555,5 +624,32 @@ fn emit(
             .events
             .with_label_values(&[reason, type_.as_str()])
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(code: u16, reason: &str, message: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure(message, reason)
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn only_a_quota_refusal_waits_for_room() {
+        let full = "ipreservations.ipkeep.dev \"b\" is forbidden: exceeded quota: ipr, requested: count/ipreservations.ipkeep.dev=1, used: count/ipreservations.ipkeep.dev=1, limited: count/ipreservations.ipkeep.dev=1";
+        let cases = [
+            (answer(403, "Forbidden", full), Some(full)),
+            (answer(403, "Forbidden", "User cannot patch resource"), None),
+            (answer(409, "Conflict", "exceeded quota"), None),
+            (answer(422, "Invalid", "spec.ips: Invalid value"), None),
+        ];
+        for (e, want) in cases {
+            assert_eq!(quota_refusal(&e), want, "{e}");
+        }
     }
 }
