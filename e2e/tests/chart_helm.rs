@@ -393,6 +393,7 @@ fn the_controller_is_two_hardened_leader_elected_replicas() {
         [
             "controller",
             "--default-retain-for=24h",
+            "--max-retain-for=7d",
             "--metrics-addr=0.0.0.0:8080",
             "--normal-events=false",
             "--lease-name=ipkeep-controller",
@@ -795,6 +796,7 @@ fn each_variant_changes_what_it_says() {
     let args = strings(&c["args"]);
     for expected in [
         "--default-retain-for=7d",
+        "--max-retain-for=30d",
         "--lease-name=my-lease",
         "--metrics-addr=0.0.0.0:18080",
         "--pod-selector=ipkeep.dev/enabled=true",
@@ -1220,5 +1222,67 @@ fn with_cert_manager_the_controller_serves_its_certificate_and_keeps_no_secret()
     assert_eq!(
         find(&docs, "Certificate", "ipkeep-webhook")["spec"]["issuerRef"],
         json!({"kind": "ClusterIssuer", "name": "corp-ca"})
+    );
+}
+
+/// The admission policy holds the controller's maximum (one chart value for both) and the
+/// retention grammar the controller parses with (`RetainFor::PATTERN`); its binding's action
+/// follows `policy.admission.action`, and `enabled: false` renders neither.
+#[test]
+fn the_admission_policy_holds_the_controllers_maximum_and_grammar() {
+    let variable = |policy: &Value, name: &str| -> String {
+        policy["spec"]["variables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no variable {name}: {policy}"))["expression"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    for (name, max, action) in [
+        ("default", "7d", "Deny"),
+        ("everything-changed", "30d", "Warn"),
+    ] {
+        let docs = render(&format!("policy-{name}"), variant(name));
+        let policy = find(&docs, "ValidatingAdmissionPolicy", "ipkeep-annotations");
+        assert_eq!(
+            variable(policy, "pattern"),
+            format!("'{}'", ipkeep_operator::retention::RetainFor::PATTERN)
+        );
+        assert_eq!(variable(policy, "max"), format!("'{max}'"));
+        let controller = find(&docs, "Deployment", "ipkeep-controller");
+        let args = strings(
+            &container(
+                &controller["spec"]["template"]["spec"],
+                "containers",
+                "controller",
+            )["args"],
+        );
+        assert!(
+            args.contains(&format!("--max-retain-for={max}")),
+            "{args:?}"
+        );
+        let binding = find(
+            &docs,
+            "ValidatingAdmissionPolicyBinding",
+            "ipkeep-annotations",
+        );
+        assert_eq!(binding["spec"]["policyName"], "ipkeep-annotations");
+        assert_eq!(binding["spec"]["validationActions"], json!([action]));
+    }
+    let dir = Scratch::new("chart-policy-off");
+    let yaml = template(
+        dir.path(),
+        &set_args(&["policy.admission.enabled=false"]),
+        &[],
+    )
+    .unwrap();
+    assert!(
+        !documents(&yaml).iter().any(|d| d["kind"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))),
+        "enabled: false still renders a policy"
     );
 }

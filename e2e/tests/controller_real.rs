@@ -28,6 +28,9 @@ mod controller;
 #[path = "real_support/mod.rs"]
 mod real;
 
+#[path = "fixtures/real_controller.rs"]
+mod real_controller;
+
 use std::{collections::BTreeMap, time::Duration};
 
 use controller::*;
@@ -51,19 +54,7 @@ where
     F: FnOnce(Client, String) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let cluster = real::cluster().await;
-    real::node_a(cluster).await;
-    let ns = cluster
-        .fresh_namespace(prefix)
-        .await
-        .expect("a fresh namespace");
-    let client = cluster.client().expect("an admin client");
-    let running = start_controller_in(real::controller_client(cluster).await, Some(&ns)).await;
-    scenario(client, ns).await;
-    running.stop().await;
-    cluster
-        .check()
-        .expect("every control plane component still runs");
+    real_controller::with_controller_settings(prefix, |_| {}, |c, ns, _| scenario(c, ns)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,9 +4,10 @@
 use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
 use ipkeep_operator::controller::{
+    budget::{Budget, Source},
     lifecycle::{
-        Conflict, Defaults, DeleteReason, DesiredSpec, Input, OwnerState, Phase, Plan, PodView,
-        ReservationView, StatusView, Subject, decide, reason,
+        Conflict, Defaults, DeleteReason, DesiredSpec, Input, NameSource, OwnerState, Phase, Plan,
+        PodView, ReservationView, StatusView, Subject, Yield, decide, reason,
     },
     optin::{self, OptIn, Retain},
     placement::{Mode, Placed},
@@ -32,6 +33,7 @@ fn defaults() -> Defaults {
     Defaults {
         retain_for: DAY,
         placement: Mode::Preferred,
+        max_retain_for: RetainFor::parse("7d").unwrap(),
     }
 }
 
@@ -70,6 +72,7 @@ fn pod() -> PodView {
             mode: Mode::Preferred,
             node: "node-a".into(),
         },
+        name: NameSource::Stable,
     }
 }
 
@@ -108,6 +111,7 @@ fn input<'a>(pod: Option<&'a PodView>, r: Option<&'a ReservationView>) -> Input<
         conflict: None,
         node_pod_cidrs: None,
         node_gone: false,
+        yields: None,
     }
 }
 
@@ -828,4 +832,269 @@ fn the_placement_annotation_is_read_from_the_pod_then_its_statefulset() {
     assert_eq!(bad.placement, None);
     assert_eq!(bad.placement_or(Mode::Preferred), Mode::Preferred);
     assert!(bad.problems[0].contains("sometimes"), "{:?}", bad.problems);
+}
+
+#[test]
+fn the_name_source_follows_the_controller_owner_then_generate_name() {
+    let owned = |kind: &str, name: &str| NameSource::OwnedBy {
+        kind: kind.into(),
+        name: name.into(),
+    };
+    /// (controller owner, generateName, name, expected)
+    type Case<'a> = (
+        Option<(&'a str, &'a str)>,
+        Option<&'a str>,
+        &'a str,
+        NameSource,
+    );
+    let cases: [Case<'_>; 11] = [
+        (None, None, "db", NameSource::Stable),
+        (None, Some("job-"), "job-x7k2q", NameSource::Generated),
+        // Not what the API server makes from the base: named by whoever created it.
+        (None, Some("job-"), "job-1", NameSource::Stable),
+        (None, Some("job-"), "job-aeiou", NameSource::Stable),
+        (None, Some("job-"), "other-x7k2q", NameSource::Stable),
+        // The StatefulSet controller writes generateName "db-" and names the pod db-0.
+        (
+            Some(("StatefulSet", "db")),
+            Some("db-"),
+            "db-0",
+            NameSource::Stable,
+        ),
+        (
+            Some(("PostgresCluster", "pg")),
+            None,
+            "pg-1",
+            NameSource::Stable,
+        ),
+        (
+            Some(("PostgresCluster", "pg")),
+            Some("pg-"),
+            "pg-4xz9b",
+            NameSource::Generated,
+        ),
+        (
+            Some(("ReplicaSet", "web-5d9")),
+            Some("web-5d9-"),
+            "web-5d9-q2w4r",
+            owned("ReplicaSet", "web-5d9"),
+        ),
+        (
+            Some(("Job", "backup")),
+            Some("backup-"),
+            "backup-v8n2m",
+            owned("Job", "backup"),
+        ),
+        (
+            Some(("DaemonSet", "agent")),
+            Some("agent-"),
+            "agent-7hx2c",
+            owned("DaemonSet", "agent"),
+        ),
+    ];
+    for (owner, base, name, want) in cases {
+        assert_eq!(
+            NameSource::of(owner, base, name),
+            want,
+            "{owner:?} {base:?} {name}"
+        );
+    }
+    // A long base is cut to 58 characters before the 5 random ones.
+    let base = "a".repeat(70);
+    let name = format!("{}bcdfg", "a".repeat(58));
+    assert_eq!(
+        NameSource::of(None, Some(&base), &name),
+        NameSource::Generated
+    );
+}
+
+#[test]
+fn a_pod_whose_name_never_returns_gets_no_reservation_and_is_told_why() {
+    let cases = [
+        (NameSource::Generated, "generateName"),
+        (
+            NameSource::OwnedBy {
+                kind: "ReplicaSet".into(),
+                name: "web-5d9".into(),
+            },
+            "ReplicaSet web-5d9",
+        ),
+    ];
+    for (name, says) in cases {
+        let mut p = pod();
+        p.name = name;
+        let plan = decide_now(&input(Some(&p), None));
+        assert!(plan.writes_nothing(), "{plan:?}");
+        assert_eq!(
+            reasons(&plan),
+            vec![(reason::NOT_RESERVED, true, Subject::Pod)]
+        );
+        assert!(
+            plan.notices[0].message.contains(says)
+                && plan.notices[0].message.contains("never come back"),
+            "{:?}",
+            plan.notices[0].message
+        );
+        // Before it runs with addresses there is nothing to say yet (one Event, not one per update).
+        p.running = false;
+        p.ips.clear();
+        let plan = decide_now(&input(Some(&p), None));
+        assert!(plan.writes_nothing() && plan.notices.is_empty(), "{plan:?}");
+    }
+}
+
+#[test]
+fn a_reservation_that_exists_for_a_name_that_never_returns_lives_out_its_lifecycle() {
+    let mut p = pod();
+    p.name = NameSource::Generated;
+    let r = bound();
+    let plan = decide_now(&input(Some(&p), Some(&r)));
+    assert!(plan.writes_nothing() && plan.notices.is_empty(), "{plan:?}");
+    // Gone: released like any other, never deleted early.
+    let plan = decide_now(&input(None, Some(&r)));
+    assert_eq!(plan.delete, None);
+    assert_eq!(plan.status.and_then(|s| s.phase), Some(Phase::Released));
+}
+
+#[test]
+fn a_retention_over_the_maximum_is_held_to_it_and_the_asker_is_told_once() {
+    let cases = [
+        // (on the pod, on the StatefulSet, written, Event on)
+        (Some("30d"), None, "7d", Some(Subject::Pod)),
+        (None, Some("366d"), "7d", Some(Subject::StatefulSet)),
+        (Some("8d"), Some("366d"), "7d", Some(Subject::Pod)),
+        (Some("7d"), None, "7d", None),
+        (Some("167h"), None, "167h", None),
+    ];
+    for (on_pod, on_sts, want, told) in cases {
+        let mut pod_annotations = vec![(optin::RETAIN, "true")];
+        pod_annotations.extend(on_pod.map(|v| (optin::RETAIN_FOR, v)));
+        let sts = on_sts.map(|v| annotations(&[(optin::RETAIN_FOR, v)]));
+        let mut p = pod();
+        p.opt_in = optin::opt_in(&annotations(&pod_annotations), sts.as_ref());
+        let plan = decide_now(&input(Some(&p), None));
+        let spec = plan.spec.clone().expect("a reservation");
+        assert_eq!(spec.retain_for, rf(want), "{on_pod:?} {on_sts:?}");
+        let capped: Vec<_> = plan
+            .notices
+            .iter()
+            .filter(|n| n.reason == reason::RETENTION_CAPPED)
+            .collect();
+        assert_eq!(
+            capped.iter().map(|n| n.subject).collect::<Vec<_>>(),
+            told.into_iter().collect::<Vec<_>>(),
+            "{on_pod:?} {on_sts:?}"
+        );
+        if let Some(n) = capped.first() {
+            let asked = on_pod.or(on_sts).unwrap();
+            assert!(
+                n.warning && n.message.contains(asked) && n.message.contains("7d"),
+                "{}",
+                n.message
+            );
+        }
+        // Once the reservation holds the maximum, nothing more is said or written.
+        let mut r = bound();
+        r.retain_for = spec.retain_for.clone();
+        let plan = decide_now(&input(Some(&p), Some(&r)));
+        assert!(plan.writes_nothing() && plan.notices.is_empty(), "{plan:?}");
+    }
+}
+
+#[test]
+fn a_reservation_asking_more_than_the_maximum_is_released_for_the_maximum() {
+    // Made by hand with 30d (or by an older controller): the release time uses 7d, said once.
+    let mut r = bound();
+    r.retain_for = rf("30d");
+    let plan = decide_now(&input(None, Some(&r)));
+    let status = plan.status.clone().expect("released");
+    assert_eq!(status.release_time, Some(now() + 7 * DAY));
+    assert!(
+        reasons(&plan).contains(&(reason::RETENTION_CAPPED, true, Subject::Reservation)),
+        "{plan:?}"
+    );
+    let mut again = r.clone();
+    again.status = status;
+    let plan = decide_now(&input(None, Some(&again)));
+    assert!(plan.writes_nothing() && plan.notices.is_empty(), "{plan:?}");
+    // Released earlier with the longer retention: the release time comes forward, and the
+    // reservation is told.
+    let mut old = released("2026-01-05T00:00:00Z", "2026-02-04T00:00:00Z");
+    old.retain_for = rf("30d");
+    let plan = decide_now(&input(None, Some(&old)));
+    assert_eq!(
+        plan.status.clone().and_then(|s| s.release_time),
+        Some(t("2026-01-12T00:00:00Z"))
+    );
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::RETENTION_CAPPED, true, Subject::Reservation)]
+    );
+    // Released 10 days ago with 30d: the maximum has passed, it expires now.
+    let mut late = released("2025-12-31T00:00:00Z", "2026-01-30T00:00:00Z");
+    late.retain_for = rf("30d");
+    let plan = decide_now(&input(None, Some(&late)));
+    assert_eq!(
+        plan.delete,
+        Some(DeleteReason::Expired {
+            due: t("2026-01-07T00:00:00Z")
+        })
+    );
+}
+
+#[test]
+fn a_released_reservation_over_its_nodes_budget_yields_and_says_to_whom() {
+    let y = Yield {
+        budget: Budget {
+            held: 2,
+            source: Source::PodCidrs,
+        },
+        held: 3,
+        kept: Some(Key::new("ns", "later-0")),
+    };
+    let r = released("2026-01-10T10:00:00Z", "2026-01-11T10:00:00Z");
+    let mut i = input(None, Some(&r));
+    i.yields = Some(&y);
+    let plan = decide_now(&i);
+    assert_eq!(plan.delete, Some(DeleteReason::Yielded));
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::YIELDED, true, Subject::Reservation)]
+    );
+    let note = &plan.notices[0].message;
+    for says in [
+        "node-a",
+        "holds 3",
+        "budget of 2",
+        "10.244.1.17",
+        "ns/later-0",
+    ] {
+        assert!(note.contains(says), "{says:?} in {note}");
+    }
+    // A pod of that name alive (Bound, or a replacement without addresses yet): never yields.
+    let p = pod();
+    let b = bound();
+    for (pod, r) in [(&p, &b), (&p, &r)] {
+        let mut i = input(Some(pod), Some(r));
+        i.yields = Some(&y);
+        let plan = decide_now(&i);
+        assert_eq!(plan.delete, None, "{plan:?}");
+        assert!(
+            !reasons(&plan)
+                .iter()
+                .any(|(why, ..)| *why == reason::YIELDED)
+        );
+    }
+    let mut waiting = pod();
+    waiting.uid = "uid-2".into();
+    waiting.ips.clear();
+    waiting.running = false;
+    let mut i = input(Some(&waiting), Some(&b));
+    i.yields = Some(&y);
+    let plan = decide_now(&i);
+    assert_eq!(plan.delete, None);
+    assert_eq!(
+        reasons(&plan),
+        vec![(reason::RELEASED, false, Subject::Reservation)]
+    );
 }

@@ -293,7 +293,12 @@ static TINY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// knows every address of the range is its own to fill.
 pub async fn tiny_alone() -> (tokio::sync::MutexGuard<'static, ()>, &'static RealNode) {
     let guard = TINY.lock().await;
-    let node = tiny(installed().await);
+    let c = installed().await;
+    let node = tiny(c);
+    // Its /29 has fewer addresses than the kubelet admits pods, so the controller's default node
+    // budget is 0 Released reservations; the tests that fill it hold addresses on purpose and set
+    // the budget to the whole range (the budget's own test sets it lower).
+    set_node_budget(c, &node.name(), TINY_ADDRESSES);
     let dir = network_dir(node);
     wait_for(
         &format!(
@@ -305,6 +310,21 @@ pub async fn tiny_alone() -> (tokio::sync::MutexGuard<'static, ()>, &'static Rea
     )
     .await;
     (guard, node)
+}
+
+/// Sets the Node annotation `ipkeep.dev/node-budget` of `node` to `budget`.
+pub fn set_node_budget(c: &RealCluster, node: &str, budget: u32) {
+    kubectl_ok(
+        c.plane(),
+        &[
+            "annotate",
+            "node",
+            node,
+            "--overwrite",
+            &format!("ipkeep.dev/node-budget={budget}"),
+        ],
+        None,
+    );
 }
 
 /// The allocation files (named by an address) and reservation files under `dir`.

@@ -24,6 +24,7 @@ struct Entry {
 struct Inner {
     by_key: HashMap<Key, Entry>,
     by_address: HashMap<(String, IpAddr), BTreeSet<Key>>,
+    by_node: HashMap<String, BTreeSet<Key>>,
 }
 
 /// The address index of the reservations the controller sees.
@@ -63,16 +64,20 @@ impl AddressIndex {
             return Vec::new();
         }
         let mut touched = remove(&mut inner, &key);
-        for ip in &new.ips {
-            let set = inner.by_address.entry((new.node.clone(), *ip)).or_default();
-            touched.extend(set.iter().cloned());
-            set.insert(key.clone());
-        }
-        inner.by_key.insert(key.clone(), new);
+        touched.extend(insert(&mut inner, key.clone(), new));
         touched.retain(|k| *k != key);
         touched.sort();
         touched.dedup();
         touched
+    }
+
+    /// The reservations on `node`.
+    pub fn on_node(&self, node: &str) -> Vec<Key> {
+        self.lock()
+            .by_node
+            .get(node)
+            .map(|keys| keys.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Forgets a reservation; returns the others that shared an address with it.
@@ -84,15 +89,7 @@ impl AddressIndex {
     pub fn rebuild<'a>(&self, all: impl IntoIterator<Item = (Key, &'a IPReservation)>) {
         let mut fresh = Inner::default();
         for (key, r) in all {
-            let e = entry(r);
-            for ip in &e.ips {
-                fresh
-                    .by_address
-                    .entry((e.node.clone(), *ip))
-                    .or_default()
-                    .insert(key.clone());
-            }
-            fresh.by_key.insert(key, e);
+            insert(&mut fresh, key, entry(r));
         }
         *self.lock() = fresh;
     }
@@ -126,9 +123,32 @@ impl AddressIndex {
     }
 }
 
+/// Records `key`'s entry; returns the reservations already claiming one of its addresses.
+fn insert(inner: &mut Inner, key: Key, e: Entry) -> Vec<Key> {
+    let mut touched = Vec::new();
+    for ip in &e.ips {
+        let set = inner.by_address.entry((e.node.clone(), *ip)).or_default();
+        touched.extend(set.iter().cloned());
+        set.insert(key.clone());
+    }
+    inner
+        .by_node
+        .entry(e.node.clone())
+        .or_default()
+        .insert(key.clone());
+    inner.by_key.insert(key, e);
+    touched
+}
+
 fn remove(inner: &mut Inner, key: &Key) -> Vec<Key> {
     let mut touched = Vec::new();
     if let Some(old) = inner.by_key.remove(key) {
+        if let Some(set) = inner.by_node.get_mut(&old.node) {
+            set.remove(key);
+            if set.is_empty() {
+                inner.by_node.remove(&old.node);
+            }
+        }
         for ip in &old.ips {
             let slot = (old.node.clone(), *ip);
             if let Some(set) = inner.by_address.get_mut(&slot) {

@@ -8,12 +8,13 @@ use ipnet::IpNet;
 use jiff::Timestamp;
 
 use super::{
+    budget::Budget,
     optin::{OptIn, Retain},
     placement::{Mode, Placed},
 };
 use crate::{
     key::Key,
-    retention::{self, FoundRetainFor, written},
+    retention::{self, FoundRetainFor, RetainFor, written},
 };
 
 pub use crate::phase::Phase;
@@ -39,6 +40,73 @@ pub struct PodView {
     pub owner_statefulset: Option<String>,
     /// What the placement webhook recorded on the pod when it was created.
     pub placed: Placed,
+    /// Why the pod's name will never come back, when it will not (see [`NameSource`]).
+    pub name: NameSource,
+}
+
+/// Where a pod's name came from, which says whether a pod of that name can ever return.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NameSource {
+    /// Given by whoever created the pod (a StatefulSet, an operator, a person): it may return.
+    Stable,
+    /// Made by `metadata.generateName`: never made again.
+    Generated,
+    /// Made by a controller whose pods' names never return ([`EPHEMERAL_OWNERS`]).
+    OwnedBy {
+        /// The owner's kind.
+        kind: String,
+        /// The owner's name.
+        name: String,
+    },
+}
+
+/// Whether the API server made `name` from `base` (`metadata.generateName`): the base, cut to
+/// 58 characters, then 5 characters of its random alphabet (apiserver's `SimpleNameGenerator`).
+fn generated_from(base: &str, name: &str) -> bool {
+    const ALPHABET: &str = "bcdfghjklmnpqrstvwxz2456789";
+    let base = base.get(..base.len().min(58)).unwrap_or(base);
+    name.strip_prefix(base)
+        .is_some_and(|rest| rest.len() == 5 && rest.chars().all(|c| ALPHABET.contains(c)))
+}
+
+/// Controller kinds whose pods get a fresh name each time: reserving for them holds addresses
+/// for nobody.
+pub const EPHEMERAL_OWNERS: [&str; 3] = ["ReplicaSet", "Job", "DaemonSet"];
+
+impl NameSource {
+    /// Classifies a pod by its controller owner (kind, name), its `generateName` and its name. A
+    /// StatefulSet owner makes it stable whatever else it says (the StatefulSet controller writes a
+    /// `generateName` too, then sets the name itself).
+    pub fn of(
+        controller: Option<(&str, &str)>,
+        generate_name: Option<&str>,
+        name: &str,
+    ) -> NameSource {
+        match controller {
+            Some((kind, owner)) if EPHEMERAL_OWNERS.contains(&kind) => NameSource::OwnedBy {
+                kind: kind.to_owned(),
+                name: owner.to_owned(),
+            },
+            Some(("StatefulSet", _)) => NameSource::Stable,
+            _ if generate_name.is_some_and(|base| generated_from(base, name)) => {
+                NameSource::Generated
+            }
+            _ => NameSource::Stable,
+        }
+    }
+
+    /// Why a pod of this name will never return, when it will not.
+    fn never_returns(&self) -> Option<String> {
+        match self {
+            NameSource::Stable => None,
+            NameSource::Generated => {
+                Some("its name was generated (metadata.generateName)".to_owned())
+            }
+            NameSource::OwnedBy { kind, name } => {
+                Some(format!("its name was made by {kind} {name}"))
+            }
+        }
+    }
 }
 
 /// A `Conflict` condition: another, older reservation on the same node claims an address.
@@ -114,6 +182,19 @@ pub struct Input<'a> {
     pub node_pod_cidrs: Option<&'a [IpNet]>,
     /// The reservation's node is known not to exist (the node cache is filled and lacks it).
     pub node_gone: bool,
+    /// The node's budget says this Released reservation yields ([`super::budget::yielding`]).
+    pub yields: Option<&'a Yield>,
+}
+
+/// Why a Released reservation yields to its node's budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Yield {
+    /// The node's budget.
+    pub budget: Budget,
+    /// How many Released reservations hold addresses on the node.
+    pub held: usize,
+    /// The latest released reservation that stays: it takes precedence.
+    pub kept: Option<Key>,
 }
 
 /// Controller-wide defaults.
@@ -123,6 +204,8 @@ pub struct Defaults {
     pub retain_for: Duration,
     /// Placement when neither the pod nor its StatefulSet says (`--default-placement`).
     pub placement: Mode,
+    /// The longest retention anyone gets (`--max-retain-for`); a longer request is held to it.
+    pub max_retain_for: RetainFor,
 }
 
 /// The spec (and recorded owner) a reservation must have; written when it differs.
@@ -153,6 +236,9 @@ pub enum DeleteReason {
     /// The reservation's node was deleted and no pod of that name is alive: its range is gone,
     /// and a required placement on it would strand the pod.
     NodeGone,
+    /// Its node holds more Released reservations than its budget and this one was released
+    /// earliest; no pod of that name is alive.
+    Yielded,
 }
 
 /// Who an Event is about.
@@ -164,6 +250,8 @@ pub enum Subject {
     Reservation,
     /// Both (one Event each).
     Both,
+    /// The pod's owning StatefulSet (whose own annotation asked).
+    StatefulSet,
 }
 
 /// A Kubernetes Event to publish.
@@ -238,6 +326,10 @@ pub mod reason {
     pub const PLACEMENT_MISSED: &str = "PlacementMissed";
     /// A returning pod asked for placement but its own constraints rule the reservation's node out.
     pub const PLACEMENT_SKIPPED: &str = "PlacementSkipped";
+    /// A retention longer than `--max-retain-for` was asked for; the maximum applies.
+    pub const RETENTION_CAPPED: &str = "RetentionCapped";
+    /// The node's budget for addresses held for gone pods was exceeded: this one goes early.
+    pub const YIELDED: &str = "Yielded";
 }
 
 /// Decides what the reservation of one pod name must become.
@@ -308,6 +400,24 @@ fn live(
         return;
     }
     let ips = one_per_family(&pod.ips);
+    // A name that never returns gets no new reservation; one that exists already (made by hand,
+    // or before this rule) lives out its lifecycle.
+    if r.is_none()
+        && let Some(why) = pod.name.never_returns()
+    {
+        // Once per pod, in practice: when it first runs with addresses, where it would be reserved.
+        if pod.running && !ips.is_empty() {
+            plan.notice(
+                Subject::Pod,
+                true,
+                reason::NOT_RESERVED,
+                format!(
+                    "{why}: a pod of this name will never come back, so its addresses are not kept"
+                ),
+            );
+        }
+        return;
+    }
     let Some(node) = pod.node_name.as_deref().filter(|_| !ips.is_empty()) else {
         if pod.running && r.is_none() {
             plan.notice(
@@ -336,8 +446,22 @@ fn live(
     };
     let retain_for = if owner_gone {
         r.and_then(|r| r.retain_for.clone())
-    } else if let Some(retain_for) = pod.opt_in.retain_for {
-        Some(Ok(retain_for))
+    } else if let Some(asked) = pod.opt_in.retain_for {
+        let held = retention::held_to(asked, defaults.max_retain_for);
+        if held != asked && r.is_none_or(|r| r.retain_for != Some(Ok(held))) {
+            let (subject, on) = if pod.opt_in.retain_for_on_owner {
+                (Subject::StatefulSet, "the StatefulSet's")
+            } else {
+                (Subject::Pod, "the pod's")
+            };
+            plan.notice(
+                subject,
+                true,
+                reason::RETENTION_CAPPED,
+                capped_message(&format!("{on} {}", super::optin::RETAIN_FOR), asked, held),
+            );
+        }
+        Some(Ok(held))
     } else if pod.opt_in.retain_for_malformed || r.is_some_and(|r| !r.managed) {
         r.and_then(|r| r.retain_for.clone())
     } else {
@@ -416,8 +540,15 @@ fn released(
     now: Timestamp,
     defaults: &Defaults,
 ) {
+    let mut capped = None;
     let mut retain = match &r.retain_for {
-        Some(Ok(retain_for)) => retain_for.duration(),
+        Some(Ok(asked)) => {
+            let held = retention::held_to(*asked, defaults.max_retain_for);
+            if held != *asked {
+                capped = Some((*asked, held));
+            }
+            held.duration()
+        }
         Some(Err(e)) => {
             plan.notice(
                 Subject::Reservation,
@@ -454,6 +585,29 @@ fn released(
         );
         return;
     }
+    // Never while a pod of that name lives (a replacement without addresses yet comes here too).
+    if let Some(y) = input
+        .yields
+        .filter(|_| input.pod.is_none_or(|p| p.finished))
+    {
+        plan.delete = Some(DeleteReason::Yielded);
+        let precedence = y.kept.as_ref().map_or_else(String::new, |k| {
+            format!("; {k}, released later, takes precedence")
+        });
+        plan.notice(
+            Subject::Reservation,
+            true,
+            reason::YIELDED,
+            format!(
+                "node {} holds {} addresses for pods that are gone, over its budget of {}: this reservation, released earliest, is deleted before its release time and {} is free for the pods the node admits{precedence}",
+                r.node_name,
+                y.held,
+                y.budget,
+                r.ips.join(", ")
+            ),
+        );
+        return;
+    }
     let status = StatusView {
         phase: Some(Phase::Released),
         pod_uid: r.status.pod_uid.clone(),
@@ -461,6 +615,16 @@ fn released(
         release_time: Some(release_time),
         conflict: conflict(input, Some(r), now),
     };
+    if let Some((asked, held)) = capped
+        && r.status.release_time != Some(release_time)
+    {
+        plan.notice(
+            Subject::Reservation,
+            true,
+            reason::RETENTION_CAPPED,
+            capped_message("spec.retainFor", asked, held),
+        );
+    }
     if now >= release_time {
         plan.delete = Some(DeleteReason::Expired { due: release_time });
         return;
@@ -494,6 +658,12 @@ fn released(
         plan.status = Some(status);
     }
     plan.requeue_at = Some(release_time);
+}
+
+fn capped_message(what: &str, asked: RetainFor, held: RetainFor) -> String {
+    format!(
+        "{what} asks for {asked}, longer than this cluster's maximum retention (--max-retain-for): {held} applies"
+    )
 }
 
 /// Once per returning pod (the reservation still names the previous pod): says when the pod asked

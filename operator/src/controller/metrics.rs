@@ -1,16 +1,18 @@
 //! The controller's Prometheus metrics. Reservation counts and the time to the next expiry are
 //! computed from the reservation cache when scraped, so they are never stale.
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use jiff::Timestamp;
-use kube::runtime::reflector::Store;
+use k8s_openapi::api::core::v1::Node;
+use kube::{ResourceExt, runtime::reflector::Store};
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     core::{Collector, Desc},
     proto::MetricFamily,
 };
 
+use super::{budget, view};
 use crate::crd::{IPReservation, Phase};
 
 /// The metrics the controller updates as it works.
@@ -30,6 +32,8 @@ pub struct Metrics {
     pub events: IntCounterVec,
     /// Events dropped because the queue was full (or the controller was stopping).
     pub events_dropped: IntCounter,
+    /// Reservations deleted early because their node was over its budget, by node.
+    pub yielded: IntCounterVec,
 }
 
 /// Errors of registering metrics.
@@ -42,6 +46,8 @@ impl Metrics {
     pub fn register(
         registry: &Registry,
         reservations: Store<IPReservation>,
+        nodes: Store<Node>,
+        node_budget: Option<u64>,
     ) -> Result<Metrics, MetricsError> {
         let m = Metrics::new().map_err(MetricsError)?;
         let collectors: Vec<Box<dyn Collector>> = vec![
@@ -52,7 +58,8 @@ impl Metrics {
             Box::new(m.leader.clone()),
             Box::new(m.events.clone()),
             Box::new(m.events_dropped.clone()),
-            Box::new(CacheCollector::new(reservations).map_err(MetricsError)?),
+            Box::new(m.yielded.clone()),
+            Box::new(CacheCollector::new(reservations, nodes, node_budget).map_err(MetricsError)?),
         ];
         for c in collectors {
             registry.register(c).map_err(MetricsError)?;
@@ -102,20 +109,36 @@ impl Metrics {
                 "ipkeep_controller_events_dropped_total",
                 "Kubernetes Events not posted because their queue was full or the controller was stopping.",
             )?,
+            yielded: IntCounterVec::new(
+                Opts::new(
+                    "ipkeep_controller_yielded_total",
+                    "Released reservations deleted before their release time because their node held more than its budget.",
+                ),
+                &["node"],
+            )?,
         })
     }
 }
 
-/// Reservations by phase and seconds until the next expiry, computed from the cache on scrape.
+/// Reservations by phase, seconds until the next expiry, and each node's held addresses and
+/// budget, computed from the caches on scrape.
 struct CacheCollector {
     store: Store<IPReservation>,
+    nodes: Store<Node>,
+    node_budget: Option<u64>,
     phases: prometheus::IntGaugeVec,
     next_expiry: prometheus::Gauge,
+    node_held: prometheus::IntGaugeVec,
+    node_budgets: prometheus::IntGaugeVec,
     descs: Vec<Desc>,
 }
 
 impl CacheCollector {
-    fn new(store: Store<IPReservation>) -> Result<CacheCollector, prometheus::Error> {
+    fn new(
+        store: Store<IPReservation>,
+        nodes: Store<Node>,
+        node_budget: Option<u64>,
+    ) -> Result<CacheCollector, prometheus::Error> {
         let phases = prometheus::IntGaugeVec::new(
             Opts::new(
                 "ipkeep_controller_reservations",
@@ -127,12 +150,32 @@ impl CacheCollector {
             "ipkeep_controller_next_expiry_seconds",
             "Seconds until the earliest release time of a Released reservation (0 when overdue, -1 when none is due).",
         )?;
+        let node_held = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "ipkeep_controller_node_released_reservations",
+                "Released reservations holding addresses on each node (one address per family each).",
+            ),
+            &["node"],
+        )?;
+        let node_budgets = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "ipkeep_controller_node_budget",
+                "How many Released reservations each node may hold, and where that came from (annotation, flag, podCIDRs).",
+            ),
+            &["node", "source"],
+        )?;
         let mut descs: Vec<Desc> = phases.desc().into_iter().cloned().collect();
         descs.extend(next_expiry.desc().into_iter().cloned());
+        descs.extend(node_held.desc().into_iter().cloned());
+        descs.extend(node_budgets.desc().into_iter().cloned());
         Ok(CacheCollector {
             store,
+            nodes,
+            node_budget,
             phases,
             next_expiry,
+            node_held,
+            node_budgets,
             descs,
         })
     }
@@ -146,12 +189,14 @@ impl Collector for CacheCollector {
     fn collect(&self) -> Vec<MetricFamily> {
         let (mut bound, mut released, mut none) = (0, 0, 0);
         let mut earliest: Option<Timestamp> = None;
+        let mut held: HashMap<String, i64> = HashMap::new();
         for r in self.store.state() {
             let status = r.status.as_ref();
             match status.and_then(|s| s.phase) {
                 Some(Phase::Bound) => bound += 1,
                 Some(Phase::Released) => {
                     released += 1;
+                    *held.entry(r.spec.node_name.clone()).or_default() += 1;
                     if let Some(t) = status.and_then(|s| s.release_time.as_ref()) {
                         earliest = Some(earliest.map_or(t.0, |e| e.min(t.0)));
                     }
@@ -167,8 +212,23 @@ impl Collector for CacheCollector {
             d.max(0.0)
         });
         self.next_expiry.set(seconds);
+        self.node_held.reset();
+        self.node_budgets.reset();
+        for node in self.nodes.state() {
+            let name = node.name_any();
+            self.node_held
+                .with_label_values(&[name.as_str()])
+                .set(held.get(&name).copied().unwrap_or(0));
+            if let Some(b) = budget::node_budget(&view::node_facts(&node), self.node_budget) {
+                self.node_budgets
+                    .with_label_values(&[name.as_str(), b.source.as_str()])
+                    .set(i64::try_from(b.held).unwrap_or(i64::MAX));
+            }
+        }
         let mut families = self.phases.collect();
         families.extend(self.next_expiry.collect());
+        families.extend(self.node_held.collect());
+        families.extend(self.node_budgets.collect());
         families
     }
 }

@@ -21,6 +21,7 @@
 //! caches run on every replica, and only the shards wait for the lease, where `Controller` owns
 //! its watches (sharing them needs the `unstable-runtime` streams API).
 
+pub mod budget;
 pub mod expectations;
 pub mod index;
 pub mod lifecycle;
@@ -86,6 +87,16 @@ pub struct Args {
     /// reservation's `spec.retainFor` says (a positive number followed by s, m, h or d; at most 366d).
     #[arg(long, env = "IPKEEP_DEFAULT_RETAIN_FOR", default_value = "24h", value_parser = RetainFor::parse)]
     pub default_retain_for: RetainFor,
+    /// The longest retention anyone gets: a longer `ipkeep.dev/retain-for` (on a pod or a
+    /// StatefulSet) or `spec.retainFor` is held to it, with a Warning Event `RetentionCapped` on
+    /// the object that asked. At least `--default-retain-for`.
+    #[arg(long, env = "IPKEEP_MAX_RETAIN_FOR", default_value = "7d", value_parser = RetainFor::parse)]
+    pub max_retain_for: RetainFor,
+    /// How many Released reservations may hold addresses on a node, for every node without an
+    /// `ipkeep.dev/node-budget` annotation (default: its pod CIDRs' usable addresses minus its
+    /// allocatable pods). When more do, the earliest released yield (are deleted early).
+    #[arg(long, env = "IPKEEP_NODE_BUDGET")]
+    pub node_budget: Option<u64>,
     /// Watch pods and reservations of this namespace only (default: every namespace).
     #[arg(long, env = "IPKEEP_NAMESPACE")]
     pub namespace: Option<String>,
@@ -187,6 +198,8 @@ pub struct LeaseSettings {
 pub struct Settings {
     /// Lifecycle defaults.
     pub defaults: Defaults,
+    /// `--node-budget`: every node's budget unless its annotation says.
+    pub node_budget: Option<u64>,
     /// Only this namespace (else all).
     pub namespace: Option<String>,
     /// Only pods matching this label selector.
@@ -210,7 +223,9 @@ impl Settings {
             defaults: Defaults {
                 retain_for: default_retain_for,
                 placement: placement::Mode::Preferred,
+                max_retain_for: RetainFor::MAX,
             },
+            node_budget: None,
             namespace: None,
             pod_selector: None,
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -228,6 +243,16 @@ pub enum ControllerError {
     /// Logging could not be set up.
     #[error(transparent)]
     Logging(#[from] logging::LoggingError),
+    /// The default retention is longer than the maximum.
+    #[error(
+        "failed to start: --default-retain-for {default} is longer than --max-retain-for {max}"
+    )]
+    DefaultAboveMax {
+        /// `--default-retain-for`.
+        default: RetainFor,
+        /// `--max-retain-for`.
+        max: RetainFor,
+    },
     /// The async runtime could not start.
     #[error("failed to start the async runtime")]
     Runtime(#[source] std::io::Error),
@@ -276,11 +301,20 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             .await
             .map_err(ControllerError::Client)?;
         let identity = args.identity.clone().unwrap_or_else(default_identity);
+        if args.default_retain_for.duration() > args.max_retain_for.duration() {
+            return Err(ControllerError::DefaultAboveMax {
+                default: args.default_retain_for,
+                max: args.max_retain_for,
+            }
+            .into());
+        }
         let settings = Settings {
             defaults: Defaults {
                 retain_for: args.default_retain_for.duration(),
                 placement: args.default_placement,
+                max_retain_for: args.max_retain_for,
             },
+            node_budget: args.node_budget,
             namespace: args.namespace.clone(),
             pod_selector: args.pod_selector.clone(),
             metrics_addr: args.metrics_addr,
@@ -384,7 +418,12 @@ pub async fn run(
     let (reservations, reservation_writer) = reflector::store::<IPReservation>();
     let (statefulsets, sts_writer) = reflector::store::<PartialObjectMeta<StatefulSet>>();
     let (nodes, node_writer) = reflector::store::<Node>();
-    let metrics = Metrics::register(&registry, reservations.clone())?;
+    let metrics = Metrics::register(
+        &registry,
+        reservations.clone(),
+        nodes.clone(),
+        settings.node_budget,
+    )?;
     let identity = settings
         .lease
         .as_ref()
@@ -407,6 +446,8 @@ pub async fn run(
         events,
         metrics: metrics.clone(),
         defaults: settings.defaults.clone(),
+        node_budget: settings.node_budget,
+        over_quota: reconcile::OverQuota::default(),
     });
     let queue = Arc::new(Queue::default());
 
@@ -774,11 +815,21 @@ async fn watch_reservations(
                 for other in ctx.index.upsert(key.clone(), &r) {
                     queue.enqueue(other);
                 }
+                // One more held address on its node may push others over the node's budget.
+                if r.status.as_ref().and_then(|s| s.phase) == Some(crate::phase::Phase::Released) {
+                    for other in reconcile::node_yielding(&ctx, &r.spec.node_name).yielded {
+                        queue.enqueue(other);
+                    }
+                }
                 queue.enqueue(key);
             }
             Ok(watcher::Event::Delete(r)) => {
                 let key = Key::of(&r);
                 ctx.expectations.observed(&key, None);
+                // Room under the namespace's ResourceQuota.
+                for waiting in ctx.over_quota.take(&key.namespace) {
+                    queue.enqueue(waiting);
+                }
                 for other in ctx.index.remove(&key) {
                     queue.enqueue(other);
                 }
@@ -863,6 +914,12 @@ async fn watch_nodes(
                     if r.spec.node_name == name {
                         queue.enqueue(Key::of(r.as_ref()));
                     }
+                }
+            }
+            // Its budget may have shrunk (annotation, pod CIDRs, allocatable pods).
+            Ok(watcher::Event::Apply(n)) => {
+                for other in reconcile::node_yielding(&ctx, &n.name_any()).yielded {
+                    queue.enqueue(other);
                 }
             }
             Ok(watcher::Event::InitDone) => enqueue_everything(&ctx, &queue),

@@ -34,6 +34,8 @@ pub struct OptIn {
     pub retain: Retain,
     /// `ipkeep.dev/retain-for`, parsed; `None` when absent or malformed.
     pub retain_for: Option<RetainFor>,
+    /// Whether `ipkeep.dev/retain-for` came from the owning StatefulSet (not the pod).
+    pub retain_for_on_owner: bool,
     /// Whether `ipkeep.dev/retain-for` was set but malformed (the current value is kept).
     pub retain_for_malformed: bool,
     /// `ipkeep.dev/release-with-owner: "true"`.
@@ -51,6 +53,7 @@ impl OptIn {
         OptIn {
             retain: Retain::No,
             retain_for: None,
+            retain_for_on_owner: false,
             retain_for_malformed: false,
             release_with_owner: false,
             placement: None,
@@ -88,7 +91,10 @@ pub fn opt_in(pod: &BTreeMap<String, String>, owner: Option<&BTreeMap<String, St
     }
     if let Some((value, on)) = get(RETAIN_FOR) {
         match RetainFor::parse(value) {
-            Ok(retain_for) => out.retain_for = Some(retain_for),
+            Ok(retain_for) => {
+                out.retain_for = Some(retain_for);
+                out.retain_for_on_owner = on == "StatefulSet";
+            }
             Err(e) => {
                 out.retain_for_malformed = true;
                 out.problems.push(format!(

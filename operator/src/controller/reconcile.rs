@@ -1,6 +1,9 @@
 //! One reconcile: read the caches, ask [`decide`], carry the plan out against the API server.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::Arc,
+};
 
 use jiff::Timestamp;
 use k8s_openapi::api::{
@@ -16,9 +19,10 @@ use kube::{
 use serde_json::json;
 
 use super::{
+    budget::{self, Budget, Held},
     expectations::Expectations,
     index::AddressIndex,
-    lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, decide},
+    lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, Yield, decide},
     metrics::Metrics,
     optin, view,
 };
@@ -54,6 +58,50 @@ pub struct Context {
     pub metrics: Metrics,
     /// Defaults from the flags.
     pub defaults: Defaults,
+    /// `--node-budget`: every node's budget unless its annotation says.
+    pub node_budget: Option<u64>,
+    /// Pods whose reservation a ResourceQuota refused, by namespace: tried again when one of the
+    /// namespace's reservations is deleted.
+    pub over_quota: OverQuota,
+}
+
+/// The pods waiting for room under their namespace's ResourceQuota.
+#[derive(Debug, Default)]
+pub struct OverQuota(std::sync::Mutex<HashMap<String, BTreeSet<Key>>>);
+
+impl OverQuota {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeSet<Key>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that `key` waits for room; false when it already did (its Event was posted).
+    fn wait(&self, key: &Key) -> bool {
+        self.lock()
+            .entry(key.namespace.clone())
+            .or_default()
+            .insert(key.clone())
+    }
+
+    /// The pods of `namespace` waiting for room, forgotten here: a reservation there was deleted.
+    pub fn take(&self, namespace: &str) -> Vec<Key> {
+        self.lock()
+            .remove(namespace)
+            .map(|keys| keys.into_iter().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Whether the API server refused a create because a ResourceQuota has no room for it (403
+/// Forbidden, "exceeded quota"), the message to quote when it did.
+pub fn quota_refusal(e: &kube::Error) -> Option<&str> {
+    match e {
+        kube::Error::Api(status)
+            if status.code == 403 && status.message.contains("exceeded quota") =>
+        {
+            Some(status.message.as_str())
+        }
+        _ => None,
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -139,6 +187,85 @@ pub enum Next {
     RetryMs(u64),
 }
 
+/// A node's budget and the Released reservations on it that must yield to it.
+#[derive(Debug, Default)]
+pub struct NodeYielding {
+    /// The node's budget, when one applies.
+    pub budget: Option<Budget>,
+    /// The Released reservations holding its addresses.
+    pub held: Vec<Held>,
+    /// Those that yield, earliest first.
+    pub yielded: Vec<Key>,
+}
+
+impl NodeYielding {
+    /// Why `key` yields, if it does.
+    pub fn of(&self, key: &Key) -> Option<Yield> {
+        let budget = self.budget?;
+        self.yielded.contains(key).then(|| {
+            let yielded: Vec<&Held> = self
+                .held
+                .iter()
+                .filter(|h| self.yielded.contains(&h.key))
+                .collect();
+            Yield {
+                budget,
+                held: self.held.len(),
+                kept: budget::kept_latest(&self.held, &yielded).map(|h| h.key.clone()),
+            }
+        })
+    }
+}
+
+/// Applies [`budget::yielding`] to `node` as the caches show it. A Released reservation whose pod
+/// of that name is alive again (a replacement without addresses yet) is not counted: it is never
+/// deleted while that pod lives.
+pub fn node_yielding(ctx: &Context, node: &str) -> NodeYielding {
+    let Some(budget) = ctx
+        .nodes
+        .get(&ObjectRef::new(node))
+        .and_then(|n| budget::node_budget(&view::node_facts(&n), ctx.node_budget))
+    else {
+        return NodeYielding::default();
+    };
+    let held: Vec<Held> = ctx
+        .index
+        .on_node(node)
+        .into_iter()
+        .filter_map(|key| {
+            let r = ctx
+                .reservations
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))?;
+            let status = r.status.as_ref()?;
+            if status.phase != Some(lifecycle::Phase::Released) {
+                return None;
+            }
+            let alive = ctx
+                .pods
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .is_some_and(|p| !view::pod_finished(&p));
+            if alive {
+                return None;
+            }
+            let by_hand = status.pod_uid.is_none() && !view::reservation_view(&r).managed;
+            Some(Held {
+                released_at: status.released_at.as_ref()?.0,
+                key,
+                by_hand,
+            })
+        })
+        .collect();
+    let yielded = budget::yielding(budget.held, &held)
+        .into_iter()
+        .map(|h| h.key.clone())
+        .collect();
+    NodeYielding {
+        budget: Some(budget),
+        held,
+        yielded,
+    }
+}
+
 /// Reconciles the reservation of the pod name `key`.
 pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError> {
     let started = std::time::Instant::now();
@@ -179,6 +306,10 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
         .map(|p| view::pod_view(p, owner_annotations.as_ref()));
     let reservation_view = reservation.as_deref().map(view::reservation_view);
     let conflict = reservation.as_ref().and_then(|_| ctx.index.conflict(key));
+    let yields = reservation_view
+        .as_ref()
+        .filter(|r| r.status.phase == Some(lifecycle::Phase::Released))
+        .and_then(|r| node_yielding(ctx, &r.node_name).of(key));
     let cidrs = pod_view
         .as_ref()
         .and_then(|p| p.node_name.as_ref())
@@ -194,12 +325,22 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
         node_gone: reservation_view
             .as_ref()
             .is_some_and(|r| ctx.nodes.get(&ObjectRef::new(&r.node_name)).is_none()),
+        yields: yields.as_ref(),
     };
     let plan = decide(&input, now, &ctx.defaults);
     if !plan.writes_nothing() {
         tracing::debug!(%key, ?plan, "carrying out plan");
     }
-    execute(key, ctx, plan, pod, reservation, owner_annotations).await
+    execute(
+        key,
+        ctx,
+        plan,
+        pod,
+        reservation,
+        owner.as_deref(),
+        owner_annotations,
+    )
+    .await
 }
 
 async fn execute(
@@ -208,13 +349,18 @@ async fn execute(
     plan: Plan,
     pod: Option<Arc<Pod>>,
     reservation: Option<Arc<IPReservation>>,
+    owner: Option<&PartialObjectMeta<StatefulSet>>,
     owner_annotations: Option<BTreeMap<String, String>>,
 ) -> Result<Next, ReconcileError> {
+    let about = About {
+        pod: pod.as_deref(),
+        owner,
+    };
     let api: Api<IPReservation> = Api::namespaced(ctx.client.clone(), &key.namespace);
     if let (Some(reason), Some(r)) = (plan.delete, reservation.as_deref()) {
         let next = delete(key, ctx, &api, r, reason, owner_annotations.as_ref()).await?;
         if next == Next::AwaitChange {
-            publish(ctx, &plan, pod.as_deref(), Some(r));
+            publish(ctx, &plan, &about, Some(r));
         }
         return Ok(next);
     }
@@ -246,17 +392,41 @@ async fn execute(
             "metadata": metadata,
             "spec": body_spec,
         });
-        let written = api
+        let written = match api
             .patch(
                 &key.name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&body),
             )
             .await
-            .map_err(|source| ReconcileError::ApplySpec {
-                key: key.clone(),
-                source,
-            })?;
+        {
+            Ok(written) => written,
+            // Over quota: said once, and tried again when the namespace has room (a reservation
+            // there is deleted), not by polling.
+            Err(e) if current.is_none() && quota_refusal(&e).is_some() => {
+                if ctx.over_quota.wait(key)
+                    && let Some(p) = about.pod
+                {
+                    let quoted = quota_refusal(&e).unwrap_or_default();
+                    emit(
+                        ctx,
+                        p.object_ref(&()),
+                        true,
+                        lifecycle::reason::NOT_RESERVED,
+                        format!(
+                            "the namespace's ResourceQuota has no room for another IPReservation ({quoted}): reserved as soon as one of its reservations is deleted"
+                        ),
+                    );
+                }
+                return Ok(Next::AwaitChange);
+            }
+            Err(source) => {
+                return Err(ReconcileError::ApplySpec {
+                    key: key.clone(),
+                    source,
+                });
+            }
+        };
         current = Some(written);
         wrote = true;
     }
@@ -298,7 +468,7 @@ async fn execute(
         ctx.expectations
             .expect(key.clone(), version, cached, std::time::Instant::now());
     }
-    publish(ctx, &plan, pod.as_deref(), current.as_ref());
+    publish(ctx, &plan, &about, current.as_ref());
     Ok(plan.requeue_at.map_or(Next::AwaitChange, Next::At))
 }
 
@@ -321,7 +491,10 @@ async fn delete(
             source,
         })?;
     let hold = match (reason, &fresh) {
-        (DeleteReason::Expired { .. } | DeleteReason::NodeGone, Some(p)) => !view::pod_finished(p),
+        (
+            DeleteReason::Expired { .. } | DeleteReason::NodeGone | DeleteReason::Yielded,
+            Some(p),
+        ) => !view::pod_finished(p),
         (DeleteReason::OptedOut, Some(p)) => view::pod_opted_in(p, owner_annotations),
         (_, None) => false,
     };
@@ -375,6 +548,12 @@ async fn delete(
                     lifecycle::reason::EXPIRED,
                     note,
                 );
+            } else if reason == DeleteReason::Yielded {
+                ctx.metrics
+                    .yielded
+                    .with_label_values(&[r.spec.node_name.as_str()])
+                    .inc();
+                tracing::info!(%key, node = %r.spec.node_name, "reservation yielded to its node's budget and was deleted");
             } else if reason == DeleteReason::NodeGone {
                 tracing::info!(%key, node = %r.spec.node_name, "reservation deleted: its node is gone");
             } else {
@@ -392,23 +571,27 @@ async fn delete(
     }
 }
 
-fn publish(ctx: &Context, plan: &Plan, pod: Option<&Pod>, r: Option<&IPReservation>) {
+/// The objects besides the reservation that a plan's Events may be about.
+struct About<'a> {
+    pod: Option<&'a Pod>,
+    owner: Option<&'a PartialObjectMeta<StatefulSet>>,
+}
+
+fn publish(ctx: &Context, plan: &Plan, about: &About<'_>, r: Option<&IPReservation>) {
+    let pod = about.pod.map(|p| p.object_ref(&()));
+    let owner = about.owner.map(|o| o.object_ref(&()));
+    let reservation = r.map(|r| r.object_ref(&()));
     for notice in &plan.notices {
-        let on_pod = matches!(notice.subject, Subject::Pod | Subject::Both);
-        let on_reservation = matches!(notice.subject, Subject::Reservation | Subject::Both);
-        if on_pod && let Some(p) = pod {
+        let targets = match notice.subject {
+            Subject::Pod => [pod.as_ref(), None],
+            Subject::Reservation => [reservation.as_ref(), None],
+            Subject::Both => [pod.as_ref(), reservation.as_ref()],
+            Subject::StatefulSet => [owner.as_ref(), None],
+        };
+        for regarding in targets.into_iter().flatten() {
             emit(
                 ctx,
-                p.object_ref(&()),
-                notice.warning,
-                notice.reason,
-                notice.message.clone(),
-            );
-        }
-        if on_reservation && let Some(r) = r {
-            emit(
-                ctx,
-                r.object_ref(&()),
+                regarding.clone(),
                 notice.warning,
                 notice.reason,
                 notice.message.clone(),
@@ -441,5 +624,32 @@ fn emit(
             .events
             .with_label_values(&[reason, type_.as_str()])
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(code: u16, reason: &str, message: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure(message, reason)
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn only_a_quota_refusal_waits_for_room() {
+        let full = "ipreservations.ipkeep.dev \"b\" is forbidden: exceeded quota: ipr, requested: count/ipreservations.ipkeep.dev=1, used: count/ipreservations.ipkeep.dev=1, limited: count/ipreservations.ipkeep.dev=1";
+        let cases = [
+            (answer(403, "Forbidden", full), Some(full)),
+            (answer(403, "Forbidden", "User cannot patch resource"), None),
+            (answer(409, "Conflict", "exceeded quota"), None),
+            (answer(422, "Invalid", "spec.ips: Invalid value"), None),
+        ];
+        for (e, want) in cases {
+            assert_eq!(quota_refusal(&e), want, "{e}");
+        }
     }
 }

@@ -8,14 +8,15 @@ use jiff::Timestamp;
 use k8s_openapi::{
     api::{
         apps::v1::StatefulSet,
-        core::v1::{Node, NodeSpec, Pod, PodSpec, PodStatus},
+        core::v1::{Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus},
     },
     apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time},
 };
 use kube::core::PartialObjectMeta;
 
 use super::{
-    lifecycle::{Conflict, PodView, ReservationView, StatusView},
+    budget::{self, NodeFacts},
+    lifecycle::{Conflict, NameSource, PodView, ReservationView, StatusView},
     optin,
     placement::{self, Placed},
 };
@@ -26,9 +27,12 @@ use crate::{
 
 /// Keeps only what the controller reads from a pod, so 10 000 pods cost little memory.
 pub fn trim_pod(pod: &mut Pod) {
+    // Whether the name was generated decides whether the pod may be reserved.
+    let generated = pod.metadata.generate_name.take().filter(|g| !g.is_empty());
     trim_meta(&mut pod.metadata);
+    pod.metadata.generate_name = generated;
     if let Some(owners) = &mut pod.metadata.owner_references {
-        owners.retain(|o| o.kind == "StatefulSet" && o.controller == Some(true));
+        owners.retain(|o| o.controller == Some(true));
     }
     pod.spec = pod.spec.take().map(|s| PodSpec {
         node_name: s.node_name,
@@ -47,16 +51,51 @@ pub fn trim_pod(pod: &mut Pod) {
 /// them) and pod CIDRs.
 pub fn trim_node(node: &mut Node) {
     let labels = node.metadata.labels.take();
+    let budget = node
+        .metadata
+        .annotations
+        .as_mut()
+        .and_then(|a| a.remove(budget::NODE_BUDGET));
     trim_meta(&mut node.metadata);
     node.metadata.labels = labels;
-    node.metadata.annotations = None;
+    node.metadata.annotations =
+        budget.map(|b| BTreeMap::from([(budget::NODE_BUDGET.to_owned(), b)]));
     node.metadata.owner_references = None;
     node.spec = node.spec.take().map(|s| NodeSpec {
         pod_cidr: s.pod_cidr,
         pod_cidrs: s.pod_cidrs,
         ..NodeSpec::default()
     });
-    node.status = None;
+    // The kubelet's allocatable pods count goes into the node's budget.
+    node.status = node.status.take().map(|s| NodeStatus {
+        allocatable: s
+            .allocatable
+            .and_then(|mut a| a.remove("pods"))
+            .map(|pods| BTreeMap::from([("pods".to_owned(), pods)])),
+        ..NodeStatus::default()
+    });
+}
+
+/// What a node's budget is computed from.
+pub fn node_facts(node: &Node) -> NodeFacts {
+    NodeFacts {
+        pod_cidrs: node_pod_cidrs(node)
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        allocatable_pods: node
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .and_then(|a| a.get("pods"))
+            .and_then(|q| q.0.parse().ok()),
+        annotation: node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(budget::NODE_BUDGET))
+            .cloned(),
+    }
 }
 
 /// Keeps only a StatefulSet's ipkeep annotations.
@@ -87,6 +126,21 @@ pub fn pod_owner_statefulset(pod: &Pod) -> Option<String> {
         .iter()
         .find(|o| o.kind == "StatefulSet" && o.controller == Some(true))
         .map(|o| o.name.clone())
+}
+
+/// Where a pod's name came from: its controller owner and `generateName`.
+pub fn pod_name_source(pod: &Pod) -> NameSource {
+    let controller = pod
+        .metadata
+        .owner_references
+        .as_ref()
+        .and_then(|owners| owners.iter().find(|o| o.controller == Some(true)))
+        .map(|o| (o.kind.as_str(), o.name.as_str()));
+    NameSource::of(
+        controller,
+        pod.metadata.generate_name.as_deref(),
+        pod.metadata.name.as_deref().unwrap_or_default(),
+    )
 }
 
 /// Whether a pod holds no addresses any more (`Succeeded` or `Failed`).
@@ -126,6 +180,7 @@ pub fn pod_view(pod: &Pod, owner_annotations: Option<&BTreeMap<String, String>>)
         opt_in: optin::opt_in(annotations, owner_annotations),
         owner_statefulset: pod_owner_statefulset(pod),
         placed: Placed::parse(annotations.get(placement::PLACED).map(String::as_str)),
+        name: pod_name_source(pod),
     }
 }
 
