@@ -19,7 +19,7 @@ mod system;
 #[path = "realnode_support/mod.rs"]
 mod realnode;
 
-use ipkeep_e2e::cluster::realnode::PodNetwork;
+use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork};
 use ipkeep_operator::crd::Phase;
 use kube::ResourceExt;
 use realnode::{TINY_ADDRESSES, apply_on_tiny};
@@ -28,6 +28,8 @@ use system::*;
 const NETWORK: PodNetwork = PodNetwork {
     dual_stack: false,
     tiny_nodes: 1,
+    cni: NodeCni::Bridge,
+    dirs: NodeDirs::Standard,
 };
 
 /// The budget this test gives the tiny node.
