@@ -16,6 +16,10 @@
 //! back: every one of them clears by itself and `check` exits 0. The detection times are printed
 //! (`--nocapture`).
 //!
+//! Then the README's own fix made by hand while the agents run: each node's conflist switched to
+//! `"type": "ipkeep"` (in charge, cleared, `check` exits 0), then switched back (detected again);
+//! the delay from each write to the agent's Event is printed.
+//!
 //! One test, its steps in order: they act on the release every test of a binary shares.
 //! Needs root, `make cluster-bins`, `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -31,7 +35,7 @@ mod realnode;
 
 use std::time::SystemTime;
 
-use ipkeep_e2e::cluster::realnode::RealCluster;
+use ipkeep_e2e::cluster::realnode::{RealCluster, RealNode, layout::CNI_CONFLIST_FILE};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::{Api, api::ListParams};
@@ -187,6 +191,21 @@ fn unprotected(r: &ipkeep_operator::crd::IPReservation) -> Option<String> {
         .map(|c| c.reason.clone())
 }
 
+/// Rewrites the node's conflist with its first plugin's IPAM type `ipam`, atomically (a
+/// temporary the runtime and the agent skip, renamed over it); returns when it was written.
+fn set_conflist_ipam(node: &RealNode, ipam: &str) -> SystemTime {
+    let dir = node.host_path("/etc/cni/net.d").unwrap();
+    let path = dir.join(CNI_CONFLIST_FILE);
+    let mut conf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    conf["plugins"][0]["ipam"]["type"] = ipam.into();
+    let tmp = dir.join(".10-cbr0.conflist.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&conf).unwrap()).unwrap();
+    let written = SystemTime::now();
+    std::fs::rename(&tmp, &path).unwrap();
+    written
+}
+
 /// `ipkeep-operator check` against the cluster: its exit status and its output.
 fn check(c: &RealCluster) -> (bool, String) {
     let out = std::process::Command::new(operator_binary())
@@ -319,6 +338,54 @@ async fn each_misconfiguration_is_detected_named_and_cleared_by_its_fix() {
     eprintln!("in-charge: detection times (Event after the agent's start):");
     for (reason, node, t) in &times {
         eprintln!("  {reason} on {node}: {t:?}");
+    }
+
+    // The README's own fix, made while the agents run: the conflist's IPAM switched to ipkeep
+    // by hand on each node (no cni.replaceHostLocal), then switched back (as kube-flannel's
+    // install-cni or a k3s restart would rewrite it). Each edit is seen at the agent's next read.
+    upgrade(c, &["cni.replaceHostLocal=false"]).await;
+    for node in &nodes {
+        wait_pod_condition(c, node, "False", "HostLocalNotReplaced").await;
+    }
+    let mut live = Vec::new();
+    for (ipam, event, status, reason) in [
+        ("ipkeep", "InCharge", "True", "InCharge"),
+        ("host-local", "NotInCharge", "False", "HostLocalNotReplaced"),
+    ] {
+        for node in &nodes {
+            let written = set_conflist_ipam(realnode::node(c, node), ipam);
+            let e = node_event(c, node, event, written).await;
+            let at = SystemTime::from(e.event_time.as_ref().unwrap().0);
+            let took = at.duration_since(written).unwrap_or_default();
+            eprintln!(
+                "in-charge: conflist IPAM {ipam} on {node}: {event} {took:?} after the write"
+            );
+            live.push((ipam, node.clone(), took));
+            wait_pod_condition(c, node, status, reason).await;
+        }
+        if ipam == "ipkeep" {
+            sys.wait_reservation("nu-0", "no longer Unprotected", |r| {
+                unprotected(r).is_none()
+            })
+            .await;
+            let (ok, said) = check(c);
+            assert!(ok, "check fails with the conflist switched:\n{said}");
+        } else {
+            sys.wait_reservation("nu-0", "Unprotected again", |r| {
+                unprotected(r).as_deref() == Some("HostLocalNotReplaced")
+            })
+            .await;
+        }
+    }
+    upgrade(c, &["cni.replaceHostLocal=true"]).await;
+    for node in &nodes {
+        wait_pod_condition(c, node, "True", "InCharge").await;
+    }
+    eprintln!(
+        "in-charge: detection times of an edit while the agent runs (Event after the write):"
+    );
+    for (ipam, node, t) in &live {
+        eprintln!("  IPAM {ipam} on {node}: {t:?}");
     }
     eprintln!("{}", sys.summary());
 }

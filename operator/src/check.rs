@@ -434,7 +434,12 @@ pub async fn observe(
             let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
             pods.list(&ListParams::default().labels(&sel))
                 .await
-                .map(|l| l.items.iter().filter_map(agent_view).collect())
+                .map(|l| {
+                    let mut agents: Vec<AgentView> =
+                        l.items.iter().filter_map(agent_view).collect();
+                    agents.sort_by(|a, b| a.node.cmp(&b.node));
+                    agents
+                })
                 .map_err(|e| why(&e))
         }
     };
