@@ -206,6 +206,50 @@ fn set_conflist_ipam(node: &RealNode, ipam: &str) -> SystemTime {
     written
 }
 
+/// `ipkeep-operator check` inside the controller's pod, as the README's users without a local
+/// install run it (`kubectl exec`, the controller's ServiceAccount): its exit status and output.
+fn check_in_cluster(c: &RealCluster) -> (bool, String) {
+    let out = kubectl(
+        c.plane(),
+        &[
+            "-n",
+            RELEASE_NS,
+            "exec",
+            &format!("deploy/{RELEASE}-controller"),
+            "--",
+            "/ipkeep-operator",
+            "check",
+        ],
+        None,
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// `ipkeep-operator check --output json` against the cluster: its exit status and document.
+fn check_json(c: &RealCluster) -> (bool, serde_json::Value) {
+    let out = std::process::Command::new(operator_binary())
+        .args([
+            "check",
+            "--namespace",
+            RELEASE_NS,
+            "--release",
+            RELEASE,
+            "--output",
+            "json",
+        ])
+        .env("KUBECONFIG", c.plane().kubeconfig_path())
+        .output()
+        .unwrap();
+    let doc = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("check --output json printed no JSON ({e}): {out:?}"));
+    (out.status.success(), doc)
+}
+
 /// `ipkeep-operator check` against the cluster: its exit status and its output.
 fn check(c: &RealCluster) -> (bool, String) {
     let out = std::process::Command::new(operator_binary())
@@ -236,6 +280,16 @@ async fn each_misconfiguration_is_detected_named_and_cleared_by_its_fix() {
     assert_eq!(unprotected(&r), None, "marked on a correct install");
     let (ok, said) = check(c);
     assert!(ok, "check fails on a correct install:\n{said}");
+    let (ok, said) = check_in_cluster(c);
+    assert!(
+        ok,
+        "check in the controller's pod fails on a correct install:\n{said}"
+    );
+    let (ok, doc) = check_json(c);
+    assert!(
+        ok && doc["ok"] == true,
+        "check --output json on a correct install: {doc}"
+    );
 
     let rows = [
         Misconfiguration {
@@ -313,6 +367,26 @@ async fn each_misconfiguration_is_detected_named_and_cleared_by_its_fix() {
         let (ok, said) = check(c);
         assert!(!ok, "check passes while {what}:\n{said}");
         eprintln!("in-charge: ipkeep-operator check said:\n{said}");
+        let (ok, said) = check_in_cluster(c);
+        assert!(
+            !ok,
+            "check in the controller's pod passes while {what}:\n{said}"
+        );
+        let (ok, doc) = check_json(c);
+        assert!(
+            !ok && doc["ok"] == false,
+            "check --output json while {what}: {doc}"
+        );
+        for node in &nodes {
+            let named = doc["checks"].as_array().unwrap().iter().any(|l| {
+                l["ok"] == false && l["check"] == "in-charge" && l["node"] == node.as_str()
+            });
+            assert!(named, "check --output json does not name {node}: {doc}");
+            assert!(
+                said.contains(node.as_str()) && said.contains(reason),
+                "check in the controller's pod does not name {node} and {reason}:\n{said}"
+            );
+        }
         for node in &nodes {
             assert!(
                 said.contains(node.as_str()) && said.contains(reason),

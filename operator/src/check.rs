@@ -32,6 +32,8 @@ use crate::key::Key;
 const CRD_NAME: &str = "ipreservations.ipkeep.dev";
 /// The version this binary speaks.
 const CRD_VERSION: &str = "v1alpha1";
+/// The chart's label on the agent pods.
+const AGENT_LABEL: &str = "app.kubernetes.io/component=agent";
 /// How many names a line lists before "and N more".
 const NAMES_SHOWN: usize = 5;
 
@@ -107,16 +109,41 @@ pub struct ReservationView {
     pub unprotected: Option<String>,
 }
 
+/// What one read of an object found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Read<T> {
+    /// The object, as the check needs it.
+    Found(T),
+    /// No such object.
+    Absent,
+    /// These credentials may not read it (as the controller's, in `kubectl exec`).
+    Forbidden,
+    /// The read failed: why.
+    Failed(String),
+}
+
+impl<T> Read<T> {
+    fn of<O>(answer: Result<Option<O>, kube::Error>, view: impl FnOnce(O) -> T) -> Self {
+        match answer {
+            Ok(Some(o)) => Read::Found(view(o)),
+            Ok(None) => Read::Absent,
+            Err(kube::Error::Api(ae)) if ae.code == 403 => Read::Forbidden,
+            Err(e) => Read::Failed(why(&e)),
+        }
+    }
+}
+
 /// Everything read from the cluster; a read that failed is its error's text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observed {
-    /// The CRD's served versions, or why not read (absent: `Ok(None)`).
-    pub crd: Result<Option<Vec<String>>, String>,
+    /// The CRD's served versions.
+    pub crd: Read<Vec<String>>,
     /// The controller Lease: (holder, seconds since renewed, lease seconds), or why not read.
     pub leader: Result<Option<(String, Option<i64>, i64)>, String>,
-    /// The agent DaemonSet: (desired, ready), or why not read.
-    pub daemonset: Result<Option<(i32, i32)>, String>,
-    /// The agent pods.
+    /// The agent DaemonSet: (desired, ready).
+    pub daemonset: Read<(i32, i32)>,
+    /// The agent pods (by the DaemonSet's selector, or by their labels and names when the
+    /// DaemonSet is not readable).
     pub agents: Result<Vec<AgentView>, String>,
     /// Every reservation.
     pub reservations: Result<Vec<ReservationView>, String>,
@@ -148,28 +175,37 @@ pub fn lines(o: &Observed, namespace: &str, release: &str) -> Vec<Line> {
     };
     let mut out = Vec::new();
     out.push(match &o.crd {
-        Ok(Some(versions)) if versions.iter().any(|v| v == CRD_VERSION) => line(
+        Read::Found(versions) if versions.iter().any(|v| v == CRD_VERSION) => line(
             "crd",
             true,
             None,
             format!("{CRD_NAME} serves {}", versions.join(", ")),
             None,
         ),
-        Ok(Some(versions)) => line(
+        Read::Found(versions) => line(
             "crd",
             false,
             None,
             format!("{CRD_NAME} serves {} but not {CRD_VERSION}", versions.join(", ")),
             Some("upgrade the chart: helm upgrade applies the CRD of its crds/ only on install; kubectl apply -f crds/".into()),
         ),
-        Ok(None) => line(
+        Read::Absent => line(
             "crd",
             false,
             None,
             format!("{CRD_NAME} is not installed"),
             Some("helm install the chart (its crds/ holds the CRD), or kubectl apply -f crds/".into()),
         ),
-        Err(e) => line("crd", false, None, format!("cannot read {CRD_NAME}: {e}"), Some("run check with credentials that can read CustomResourceDefinitions".into())),
+        // The reservations list through the CRD's version: it is there and serves it.
+        Read::Forbidden if o.reservations.is_ok() => line(
+            "crd",
+            true,
+            None,
+            format!("{CRD_NAME} serves {CRD_VERSION} (the reservations list through it; these credentials cannot read CRDs)"),
+            None,
+        ),
+        Read::Forbidden => line("crd", false, None, format!("cannot read {CRD_NAME}: forbidden"), Some("run check with credentials that can read CustomResourceDefinitions".into())),
+        Read::Failed(e) => line("crd", false, None, format!("cannot read {CRD_NAME}: {e}"), Some("run check again, or with other credentials".into())),
     });
     out.push(match &o.leader {
         Ok(Some((holder, Some(age), duration))) if *age <= 2 * duration => {
@@ -199,7 +235,7 @@ pub fn lines(o: &Observed, namespace: &str, release: &str) -> Vec<Line> {
         Err(e) => line("controller", false, None, format!("cannot read the Lease {release}-controller: {e}"), None),
     });
     match &o.daemonset {
-        Ok(Some((desired, ready))) => out.push(line(
+        Read::Found((desired, ready)) => out.push(line(
             "agent",
             desired == ready && *desired > 0,
             None,
@@ -208,19 +244,30 @@ pub fn lines(o: &Observed, namespace: &str, release: &str) -> Vec<Line> {
                 "kubectl -n {namespace} get pods -l app.kubernetes.io/component=agent -o wide"
             )),
         )),
-        Ok(None) => out.push(line(
+        Read::Absent => out.push(line(
             "agent",
             false,
             None,
             format!("no DaemonSet {release}-agent in {namespace}"),
             Some("check --namespace and --release, or helm install the chart".into()),
         )),
-        Err(e) => out.push(line(
+        Read::Forbidden => {
+            let agents = o.agents.as_deref().unwrap_or_default();
+            let ready = agents.iter().filter(|a| a.ready).count();
+            out.push(line(
+                "agent",
+                !agents.is_empty() && ready == agents.len(),
+                None,
+                format!("{ready} of {} agent pods Ready (these credentials cannot read the DaemonSet {release}-agent: a node without an agent is not seen)", agents.len()),
+                Some(format!("kubectl -n {namespace} get pods -l app.kubernetes.io/component=agent -o wide")),
+            ));
+        }
+        Read::Failed(e) => out.push(line(
             "agent",
             false,
             None,
             format!("cannot read the DaemonSet {release}-agent: {e}"),
-            None,
+            Some("run check again, or with other credentials".into()),
         )),
     }
     match &o.agents {
@@ -378,20 +425,14 @@ pub async fn observe(
 ) -> Observed {
     let since = |t: jiff::Timestamp| (now - t).total(jiff::Unit::Second).map(|s| s as i64).ok();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = crds
-        .get_opt(CRD_NAME)
-        .await
-        .map(|c| {
-            c.map(|c| {
-                c.spec
-                    .versions
-                    .iter()
-                    .filter(|v| v.served)
-                    .map(|v| v.name.clone())
-                    .collect()
-            })
-        })
-        .map_err(|e| why(&e));
+    let crd = Read::of(crds.get_opt(CRD_NAME).await, |c| {
+        c.spec
+            .versions
+            .iter()
+            .filter(|v| v.served)
+            .map(|v| v.name.clone())
+            .collect()
+    });
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let leader = leases
         .get_opt(&format!("{release}-controller"))
@@ -409,25 +450,24 @@ pub async fn observe(
         .map_err(|e| why(&e));
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
     let ds = daemonsets.get_opt(&format!("{release}-agent")).await;
-    let daemonset = ds
-        .as_ref()
-        .map(|d| {
-            d.as_ref().map(|d| {
-                let s = d.status.clone().unwrap_or_default();
-                (s.desired_number_scheduled, s.number_ready)
-            })
-        })
-        .map_err(why);
-    let selector = ds
-        .ok()
-        .flatten()
-        .and_then(|d| d.spec?.selector.match_labels)
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(",")
-        });
+    let selector = match &ds {
+        Ok(d) => d
+            .as_ref()
+            .and_then(|d| d.spec.as_ref()?.selector.match_labels.as_ref())
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }),
+        // Without the DaemonSet: the chart's component label, and the pods' names below.
+        Err(_) => Some(AGENT_LABEL.to_owned()),
+    };
+    let daemonset = Read::of(ds, |d| {
+        let s = d.status.unwrap_or_default();
+        (s.desired_number_scheduled, s.number_ready)
+    });
+    let prefix = format!("{release}-agent-");
     let agents = match selector {
         None => Ok(Vec::new()),
         Some(sel) => {
@@ -435,8 +475,12 @@ pub async fn observe(
             pods.list(&ListParams::default().labels(&sel))
                 .await
                 .map(|l| {
-                    let mut agents: Vec<AgentView> =
-                        l.items.iter().filter_map(agent_view).collect();
+                    let mut agents: Vec<AgentView> = l
+                        .items
+                        .iter()
+                        .filter(|p| p.name_any().starts_with(&prefix))
+                        .filter_map(agent_view)
+                        .collect();
                     agents.sort_by(|a, b| a.node.cmp(&b.node));
                     agents
                 })

@@ -30,9 +30,9 @@ fn reservation(
 
 fn correct() -> Observed {
     Observed {
-        crd: Ok(Some(vec!["v1alpha1".into()])),
+        crd: Read::Found(vec!["v1alpha1".into()]),
         leader: Ok(Some(("ipkeep-controller-abc".into(), Some(3), 15))),
-        daemonset: Ok(Some((2, 2))),
+        daemonset: Read::Found((2, 2)),
         agents: Ok(vec![
             agent("node-0", true, Some((true, "InCharge"))),
             agent("node-1", true, Some((true, "InCharge"))),
@@ -70,12 +70,12 @@ fn each_broken_install_fails_its_check_and_names_the_node() {
         ("a correct install", Box::new(|_| {}), vec![]),
         (
             "no CRD",
-            Box::new(|o| o.crd = Ok(None)),
+            Box::new(|o| o.crd = Read::Absent),
             vec![("crd", None)],
         ),
         (
             "the CRD without our version",
-            Box::new(|o| o.crd = Ok(Some(vec!["v1beta9".into()]))),
+            Box::new(|o| o.crd = Read::Found(vec!["v1beta9".into()])),
             vec![("crd", None)],
         ),
         (
@@ -91,7 +91,7 @@ fn each_broken_install_fails_its_check_and_names_the_node() {
         (
             "an agent not Ready",
             Box::new(|o| {
-                o.daemonset = Ok(Some((2, 1)));
+                o.daemonset = Read::Found((2, 1));
                 o.agents = Ok(vec![
                     agent("node-0", false, Some((true, "InCharge"))),
                     agent("node-1", true, Some((true, "InCharge"))),
@@ -129,6 +129,33 @@ fn each_broken_install_fails_its_check_and_names_the_node() {
             "a reservation in conflict",
             Box::new(|o| o.reservations = Ok(vec![reservation("web-0", "node-0", true, None)])),
             vec![("reservations", None)],
+        ),
+        (
+            "as the controller (kubectl exec): CRD and DaemonSet forbidden, the rest readable",
+            Box::new(|o| {
+                o.crd = Read::Forbidden;
+                o.daemonset = Read::Forbidden;
+            }),
+            vec![],
+        ),
+        (
+            "as the controller, an agent pod not Ready",
+            Box::new(|o| {
+                o.daemonset = Read::Forbidden;
+                o.agents = Ok(vec![
+                    agent("node-0", false, Some((true, "InCharge"))),
+                    agent("node-1", true, Some((true, "InCharge"))),
+                ]);
+            }),
+            vec![("agent", None), ("agent", node0())],
+        ),
+        (
+            "CRDs forbidden and reservations not readable either",
+            Box::new(|o| {
+                o.crd = Read::Forbidden;
+                o.reservations = Err("forbidden".into());
+            }),
+            vec![("crd", None), ("reservations", None)],
         ),
         (
             "reservations not readable",
