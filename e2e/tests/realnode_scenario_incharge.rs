@@ -17,8 +17,10 @@
 //! (`--nocapture`).
 //!
 //! Then the README's own fix made by hand while the agents run: each node's conflist switched to
-//! `"type": "ipkeep"` (in charge, cleared, `check` exits 0), then switched back (detected again);
-//! the delay from each write to the agent's Event is printed.
+//! `"type": "ipkeep"` (in charge, cleared, `check` exits 0); the plugin then removed from a node's
+//! bin directory (`PluginMissing`, cleared by a new agent pod whose install-cni puts it back); the
+//! conflist switched back (detected again). The delay from each change to the agent's Event is
+//! printed.
 //!
 //! One test, its steps in order: they act on the release every test of a binary shares.
 //! Needs root, `make cluster-bins`, `make node-bins` and `make image`.
@@ -444,6 +446,47 @@ async fn each_misconfiguration_is_detected_named_and_cleared_by_its_fix() {
             .await;
             let (ok, said) = check(c);
             assert!(ok, "check fails with the conflist switched:\n{said}");
+
+            // The plugin removed from node-0's bin directory (an admin's cleanup, a package
+            // purge): PluginMissing at the agent's next read; a new agent pod's install-cni puts
+            // it back.
+            let node = &nodes[0];
+            let plugin = realnode::node(c, node)
+                .host_path("/opt/cni/bin")
+                .unwrap()
+                .join("ipkeep");
+            let removed = SystemTime::now();
+            std::fs::remove_file(&plugin).unwrap();
+            let e = node_event(c, node, "NotInCharge", removed).await;
+            let took = SystemTime::from(e.event_time.as_ref().unwrap().0)
+                .duration_since(removed)
+                .unwrap_or_default();
+            eprintln!(
+                "in-charge: ipkeep removed from {node}'s bin directory: NotInCharge {took:?} after the unlink"
+            );
+            live.push(("ipkeep (binary removed)", node.clone(), took));
+            wait_pod_condition(c, node, "False", "PluginMissing").await;
+            sys.wait_reservation("nu-0", "Unprotected (PluginMissing)", |r| {
+                unprotected(r).as_deref() == Some("PluginMissing")
+            })
+            .await;
+            let agent = agent_pod(c, node).await.metadata.name.unwrap();
+            kubectl_ok(
+                c.plane(),
+                &["-n", RELEASE_NS, "delete", "pod", &agent],
+                None,
+            );
+            realnode::release_ready(c).await;
+            wait_pod_condition(c, node, "True", "InCharge").await;
+            assert!(
+                plugin.is_file(),
+                "install-cni did not put {} back",
+                plugin.display()
+            );
+            sys.wait_reservation("nu-0", "no longer Unprotected", |r| {
+                unprotected(r).is_none()
+            })
+            .await;
         } else {
             sys.wait_reservation("nu-0", "Unprotected again", |r| {
                 unprotected(r).as_deref() == Some("HostLocalNotReplaced")
