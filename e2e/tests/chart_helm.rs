@@ -448,7 +448,7 @@ fn the_controller_is_two_hardened_leader_elected_replicas() {
 }
 
 #[test]
-fn the_agent_runs_on_every_node_with_only_its_two_host_paths() {
+fn the_agent_runs_on_every_node_with_only_its_three_host_paths() {
     let docs = render("agent", variant("default"));
     let ds = find(&docs, "DaemonSet", "ipkeep-agent");
     assert_hardened(ds);
@@ -464,6 +464,7 @@ fn the_agent_runs_on_every_node_with_only_its_two_host_paths() {
         json!([
             {"name": "data-dir", "hostPath": {"path": "/var/lib/cni/networks", "type": "DirectoryOrCreate"}},
             {"name": "cni-bin", "hostPath": {"path": "/opt/cni/bin", "type": "DirectoryOrCreate"}},
+            {"name": "cni-conf", "hostPath": {"path": "/etc/cni/net.d", "type": "DirectoryOrCreate"}},
         ])
     );
 
@@ -487,17 +488,36 @@ fn the_agent_runs_on_every_node_with_only_its_two_host_paths() {
             "--network=cbr0",
             "--default-retain-for=24h",
             "--probe-addr=0.0.0.0:9725",
+            "--plugin-binary=/ipkeep",
+            "--cni-conf-dir=/host/etc/cni/net.d",
+            "--cni-conf-dir-on-node=/etc/cni/net.d",
+            "--cni-bin-dir=/host/opt/cni/bin",
+            "--cni-bin-dir-on-node=/opt/cni/bin",
         ]
     );
     assert_eq!(
         env_value(agent, "NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
         "spec.nodeName"
     );
-    // The agent itself sees the data directory only; the CNI bin directory is the init
-    // container's business unless host-local is replaced.
+    // Its own pod carries the in-charge condition.
+    for (var, field) in [
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+    ] {
+        assert_eq!(
+            env_value(agent, var)["valueFrom"]["fieldRef"]["fieldPath"],
+            field
+        );
+    }
+    // The agent writes the data directory only; the CNI directories it reads, to tell whether
+    // ipkeep is in charge (the bin directory is written only to keep a replaced host-local).
     assert_eq!(
         agent["volumeMounts"],
-        json!([{"name": "data-dir", "mountPath": "/var/lib/cni/networks"}])
+        json!([
+            {"name": "data-dir", "mountPath": "/var/lib/cni/networks"},
+            {"name": "cni-bin", "mountPath": "/host/opt/cni/bin", "readOnly": true},
+            {"name": "cni-conf", "mountPath": "/host/etc/cni/net.d", "readOnly": true},
+        ])
     );
     assert!(agent["lifecycle"].is_null());
     assert_eq!(agent["readinessProbe"]["httpGet"]["path"], "/readyz");
@@ -607,6 +627,7 @@ fn rbac_grants_each_component_only_what_it_uses() {
         rules(find(&docs, "ClusterRole", "ipkeep-agent")),
         rule_set(&[
             ("ipkeep.dev", "ipreservations", "list,watch", ""),
+            ("ipkeep.dev", "ipreservations/status", "patch", ""),
             ("events.k8s.io", "events", "create", ""),
         ])
     );
@@ -636,16 +657,19 @@ fn rbac_grants_each_component_only_what_it_uses() {
         find(&docs, "Role", "ipkeep-controller-leader-election")["metadata"]["namespace"],
         NAMESPACE
     );
-    // The agent's Role (its preStop reads its own DaemonSet) only with cni.replaceHostLocal.
+    // The agent's Role: its own pod's status; its preStop reads its own DaemonSet only with
+    // cni.replaceHostLocal.
     assert_eq!(
-        of_kind(&docs, "Role").len(),
-        1,
-        "only the leader-election Role"
+        rules(find(&docs, "Role", "ipkeep-agent")),
+        rule_set(&[("", "pods/status", "patch", "")])
     );
     let docs = render("rbac-replace", variant("replace-host-local"));
     assert_eq!(
         rules(find(&docs, "Role", "ipkeep-agent")),
-        rule_set(&[("apps", "daemonsets", "get", "ipkeep-agent")])
+        rule_set(&[
+            ("", "pods/status", "patch", ""),
+            ("apps", "daemonsets", "get", "ipkeep-agent")
+        ])
     );
     assert_eq!(
         find(&docs, "Role", "ipkeep-agent")["metadata"]["namespace"],
@@ -710,7 +734,7 @@ fn each_variant_changes_what_it_says() {
     );
     assert_eq!(
         agent["volumeMounts"][1],
-        json!({"name": "cni-bin", "mountPath": "/host/opt/cni/bin"})
+        json!({"name": "cni-bin", "mountPath": "/host/opt/cni/bin", "readOnly": false})
     );
 
     // ServiceMonitor: scrapes both metrics Services by their port name.

@@ -15,7 +15,9 @@
 //! reservation expires (deleted, the file removed); the agent's preStop keeps ipkeep as host-local
 //! while its DaemonSet exists and restores the original once it is deleted. A reservation the agent refuses (the CRD's
 //! rule that would have refused it first is dropped) makes it publish a Warning Event for each
-//! refused version of it (two creates: the agent never patches an Event into a series).
+//! refused version of it (two creates: the agent never patches an Event into a series). The
+//! node's network renamed in its CNI configuration: the agent marks the reservation `Unprotected`
+//! and clears the mark when the name is back (and says so on its own pod's status).
 //!
 //! Then from the audit log: every request of each account was allowed (no 403), and the set of
 //! (verb, resource) each account used equals what the chart grants it, but for the exceptions
@@ -449,6 +451,19 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         b"the real host-local"
     );
 
+    // The node's CNI configuration the agent reads (a bridge + host-local with the agent's data
+    // directory, as mapped here: in charge, host-local being ipkeep).
+    let conf_dir = fs_root.join("host/etc/cni/net.d");
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    let ipam_data_dir = fs_root.join("var/lib/cni/networks");
+    let conflist = |network: &str| {
+        format!(
+            r#"{{"cniVersion": "1.0.0", "name": "{network}", "plugins": [{{"type": "bridge", "ipam": {{"type": "host-local", "dataDir": "{}"}}}}]}}"#,
+            ipam_data_dir.display()
+        )
+    };
+    std::fs::write(conf_dir.join("10-cbr0.conflist"), conflist("cbr0")).unwrap();
+
     // Each component as its own ServiceAccount.
     let controller_kc = scratch.join("controller.kubeconfig");
     let agent_kc = scratch.join("agent.kubeconfig");
@@ -489,6 +504,30 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         "the agent to write the reservation file",
         &mut [&mut agent, &mut controller],
         || std::fs::read_to_string(&file).is_ok_and(|t| t.contains("10.244.1.17")),
+    )
+    .await;
+
+    // The node's network renamed under the agent (agent.networks no longer names it): the agent
+    // marks the reservation Unprotected, and unmarks it when the name is back.
+    let unprotected = |cluster: &Cluster| {
+        reservation(cluster, &work, "web-0").is_some_and(|r| {
+            r["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "Unprotected"))
+        })
+    };
+    std::fs::write(conf_dir.join("10-cbr0.conflist"), conflist("other")).unwrap();
+    eventually(
+        "the agent to mark the reservation Unprotected",
+        &mut [&mut agent, &mut controller],
+        || unprotected(cluster),
+    )
+    .await;
+    std::fs::write(conf_dir.join("10-cbr0.conflist"), conflist("cbr0")).unwrap();
+    eventually(
+        "the agent to clear the reservation's Unprotected",
+        &mut [&mut agent, &mut controller],
+        || !unprotected(cluster),
     )
     .await;
 

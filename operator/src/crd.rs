@@ -22,6 +22,9 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY_VALUE: &str = "ipkeep";
 /// The condition type set on a reservation that claims an address an older reservation holds.
 pub const CONDITION_CONFLICT: &str = "Conflict";
+/// The condition type the node's agent sets while ipkeep is not in charge of the node's network:
+/// the addresses are reserved on paper only (`reason` says why, `message` what to fix).
+pub const CONDITION_UNPROTECTED: &str = "Unprotected";
 
 /// Addresses kept for a pod of the same namespace and name: while the pod lives (`Bound`) and for
 /// `retainFor` after it is gone (`Released`). The plugin gives them back to a returning pod.
@@ -55,6 +58,12 @@ pub const CONDITION_CONFLICT: &str = "Conflict";
         type_ = "string",
         json_path = ".status.phase",
         description = "Bound while the pod lives, Released after"
+    ),
+    printcolumn(
+        name = "Unprotected",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Unprotected\")].reason",
+        description = "why the node's IPAM is not ipkeep, while it is not (empty: protected)"
     ),
     printcolumn(
         name = "Release-Time",
@@ -151,7 +160,8 @@ pub struct IPReservationStatus {
     /// writes no file for such a reservation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conflict: Option<ConflictStatus>,
-    /// Standard conditions, e.g. `Conflict` when an older reservation holds the same address.
+    /// Standard conditions: `Conflict` when an older reservation holds the same address (the
+    /// controller's), `Unprotected` while ipkeep is not in charge on the node (the agent's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

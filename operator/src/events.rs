@@ -102,6 +102,16 @@ pub struct Notice<'a> {
     pub note: &'a str,
 }
 
+/// The reference an Event about the Node `name` carries (cluster-scoped: no namespace).
+pub fn node_ref(name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(name.to_owned()),
+        ..ObjectReference::default()
+    }
+}
+
 /// What [`Publisher::publish`] did with a notice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {

@@ -573,7 +573,11 @@ pub fn install(from: &Path, to: &Path, name: Option<&str>) -> Result<Outcome, In
 
 /// Whether `path` (whose `symlink_metadata` is `meta`) is already the binary `bytes`, installed:
 /// a regular file of the same bytes with the binary's mode.
-fn is_installed(meta: &fs::Metadata, path: &Path, bytes: &[u8]) -> Result<bool, InstallError> {
+pub(crate) fn is_installed(
+    meta: &fs::Metadata,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<bool, InstallError> {
     Ok(meta.is_file()
         && meta.len() == bytes.len() as u64
         && meta.permissions().mode() & 0o777 == BINARY_MODE

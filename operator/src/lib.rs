@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod backoff;
+pub mod check;
 pub mod controller;
 pub mod crd;
 pub mod events;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use ipkeep_operator::{agent, controller, crd, install_cni};
+use ipkeep_operator::{agent, check, controller, crd, install_cni};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -26,6 +26,9 @@ enum Command {
     Agent(agent::Args),
     /// Print the IPReservation CustomResourceDefinition as YAML.
     Crd,
+    /// Check an install: the CRD, the controller, an agent on every node, ipkeep in charge of
+    /// each node's networks, reservations in conflict or unprotected (exit status 1 on any ✗).
+    Check(check::Args),
     /// Install the plugin binary into the node's CNI bin directory, atomically (init container).
     InstallCni(install_cni::Args),
 }
@@ -39,6 +42,11 @@ fn main() -> ExitCode {
             .map(|yaml| print!("{yaml}"))
             .map_err(anyhow::Error::from),
         Command::InstallCni(args) => install_cni::main(args),
+        Command::Check(args) => match check::main(args) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::FAILURE,
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -122,6 +122,7 @@ impl Node {
             networks: NETWORKS.iter().map(|s| (*s).to_owned()).collect(),
             default_retain_for: Duration::from_secs(86_400),
             resync_interval,
+            in_charge: None,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn({

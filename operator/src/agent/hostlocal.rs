@@ -21,12 +21,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use prometheus::IntCounterVec;
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use tokio::sync::mpsc;
 
-use crate::events::{EventType, Notice, Publisher};
+use crate::events::{EventType, Notice, Publisher, node_ref};
 use crate::install_cni::{self, HOST_LOCAL, Reclaim};
 use crate::logging::error_chain;
 
@@ -106,12 +105,7 @@ fn check(guard: &Guard, events: &Publisher, reclaimed: &IntCounterVec) {
             reclaimed.with_label_values(&[how.label()]).inc();
             tracing::warn!(how = how.label(), "{note}");
             events.publish(Notice {
-                regarding: ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Node".into()),
-                    name: Some(guard.node.clone()),
-                    ..ObjectReference::default()
-                },
+                regarding: node_ref(&guard.node),
                 type_: EventType::Warning,
                 reason: "HostLocalReplaced",
                 action: "ReclaimHostLocal",

@@ -1,6 +1,10 @@
 //! The agent's Prometheus metrics, registered in the registry `/metrics` serves.
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use super::incharge::report::InChargeMetrics;
 
 /// Errors of registering the metrics.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +43,8 @@ pub struct AgentMetrics {
     /// `ipkeep_agent_host_local_reclaimed_total{how}`: times `host-local` was found not to be ipkeep
     /// (`overwritten`, `relinked`, `removed`) and ipkeep was installed again (`--guard-host-local`).
     pub host_local_reclaimed: IntCounterVec,
+    /// `ipkeep_agent_in_charge{network}` and `ipkeep_agent_not_in_charge{network,reason}`.
+    pub in_charge: InChargeMetrics,
 }
 
 impl AgentMetrics {
@@ -124,6 +130,24 @@ impl AgentMetrics {
                 &["how"],
             )
             .map_err(MetricsError)?,
+            in_charge: InChargeMetrics {
+                in_charge: IntGaugeVec::new(
+                    Opts::new(
+                        "ipkeep_agent_in_charge",
+                        "1 while ipkeep is the IPAM the node's runtime calls for the network (with the agent's data directory), 0 while it is not: its reservations are then not protected",
+                    ),
+                    &["network"],
+                )
+                .map_err(MetricsError)?,
+                not_in_charge: IntGaugeVec::new(
+                    Opts::new(
+                        "ipkeep_agent_not_in_charge",
+                        "1 for the reason ipkeep is not in charge of the network on this node (NetworkNotConfigured, HostLocalNotReplaced, ...), 0 for the others",
+                    ),
+                    &["network", "reason"],
+                )
+                .map_err(MetricsError)?,
+            },
         };
         m.seconds_since_full_sync.set(-1);
         for kind in ["file", "pass"] {
@@ -148,6 +172,8 @@ impl AgentMetrics {
             Box::new(m.refused.clone()),
             Box::new(m.change_to_file.clone()),
             Box::new(m.host_local_reclaimed.clone()),
+            Box::new(m.in_charge.in_charge.clone()),
+            Box::new(m.in_charge.not_in_charge.clone()),
         ] {
             registry.register(c).map_err(MetricsError)?;
         }

@@ -22,6 +22,7 @@
 pub mod desired;
 pub mod dirwatch;
 pub mod hostlocal;
+pub mod incharge;
 pub mod metrics;
 pub mod view;
 pub mod writer;
@@ -94,9 +95,36 @@ pub struct Args {
     /// `host-local.ipkeep-orig` (the chart passes it with `cni.replaceHostLocal`).
     #[arg(long, env = "IPKEEP_GUARD_HOST_LOCAL", value_name = "DIR")]
     pub guard_host_local: Option<PathBuf>,
-    /// The plugin binary `--guard-host-local` installs (inside the image).
+    /// The plugin binary `--guard-host-local` installs (inside the image), and what `ipkeep`
+    /// and a replaced `host-local` in the CNI bin directory are compared with.
     #[arg(long, env = "IPKEEP_PLUGIN_BINARY", default_value = "/ipkeep")]
     pub plugin_binary: PathBuf,
+    /// The node's CNI configuration directory as mounted here (read-only): with
+    /// `--cni-bin-dir`, the evidence of whether ipkeep is in charge of each network
+    /// (`agent::incharge`). Without it the agent does not check.
+    #[arg(
+        long,
+        env = "IPKEEP_CNI_CONF_DIR",
+        value_name = "DIR",
+        requires = "cni_bin_dir"
+    )]
+    pub cni_conf_dir: Option<PathBuf>,
+    /// The same directory's path on the node, for messages.
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir_on_node: String,
+    /// The node's CNI bin directory as mounted here.
+    #[arg(long, env = "IPKEEP_CNI_BIN_DIR", value_name = "DIR")]
+    pub cni_bin_dir: Option<PathBuf>,
+    /// The same directory's path on the node, for messages.
+    #[arg(long, default_value = "/opt/cni/bin")]
+    pub cni_bin_dir_on_node: String,
+    /// The agent's own pod (downward API), whose condition `ipkeep.dev/InCharge` says whether
+    /// ipkeep is in charge on this node.
+    #[arg(long, env = "POD_NAME", requires = "pod_namespace")]
+    pub pod_name: Option<String>,
+    /// The agent pod's namespace (downward API).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
     /// Logging.
     #[command(flatten)]
     pub log: LogArgs,
@@ -119,6 +147,8 @@ pub struct AgentConfig {
     pub default_retain_for: Duration,
     /// Full resync period.
     pub resync_interval: Duration,
+    /// Whether and how to check that ipkeep is in charge on the node (`None`: no check).
+    pub in_charge: Option<incharge::report::Reporter>,
 }
 
 /// Errors of the agent as a whole (disk and watch errors are retried, not returned).
@@ -130,6 +160,9 @@ pub enum AgentError {
     /// The node name is empty.
     #[error("failed to start the agent: the node name is empty (set --node-name or NODE_NAME)")]
     NoNodeName,
+    /// The plugin binary to compare the node's with cannot be read.
+    #[error("failed to read the plugin binary {}", .0.display())]
+    PluginBinary(PathBuf, #[source] std::io::Error),
     /// The data directory was deleted on the node while the agent held it (its mount).
     #[error(
         "failed to keep the reservation files: the data directory {} was deleted on the node and this process can no longer reach the new one (exiting, to be restarted on a fresh mount)",
@@ -169,7 +202,25 @@ pub fn main(args: Args) -> anyhow::Result<()> {
                 metrics.host_local_reclaimed.clone(),
             ));
         }
+        let in_charge = match (&args.cni_conf_dir, &args.cni_bin_dir) {
+            (Some(conf), Some(bin)) => Some(incharge::report::Reporter {
+                sources: incharge::evidence::Sources {
+                    conf_dir: conf.clone(),
+                    conf_dir_on_node: args.cni_conf_dir_on_node.clone(),
+                    bin_dir: bin.clone(),
+                    bin_dir_on_node: args.cni_bin_dir_on_node.clone(),
+                    plugin: std::fs::read(&args.plugin_binary)
+                        .map_err(|e| AgentError::PluginBinary(args.plugin_binary.clone(), e))?,
+                },
+                networks: args.networks.clone(),
+                data_dir: args.data_dir.to_string_lossy().into_owned(),
+                node: args.node_name.clone(),
+                pod: args.pod_namespace.clone().zip(args.pod_name.clone()),
+            }),
+            _ => None,
+        };
         let config = AgentConfig {
+            in_charge,
             node_name: args.node_name,
             data_dir: args.data_dir,
             networks: args.networks,
@@ -241,7 +292,26 @@ pub async fn run(
         networks = ?config.networks,
         "agent started"
     );
-    let events = Publisher::new(client, REPORTER, &config.node_name);
+    let events = Publisher::new(client.clone(), REPORTER, &config.node_name);
+    let client_for_check = client.clone();
+    let in_charge = config.in_charge.clone().map(|r| {
+        // Its one Normal Event (fixed: `InCharge`) is no routine transition: it is posted.
+        let (events, drain) = Publisher::start(
+            client,
+            REPORTER,
+            &config.node_name,
+            crate::events::Policy { normal: true },
+            None,
+        );
+        drain.detach();
+        tokio::spawn(incharge::report::run(
+            r,
+            client_for_check,
+            store.clone(),
+            events,
+            metrics.in_charge.clone(),
+        ))
+    });
     let state = State {
         store: &store,
         pending: &pending,
@@ -250,6 +320,9 @@ pub async fn run(
     let result = write_loop(&config, state, &metrics, &readiness, &events, shutdown).await;
     watch.abort();
     dirs.abort();
+    if let Some(task) = in_charge {
+        task.abort();
+    }
     match &result {
         Ok(()) => tracing::info!("agent stopped"),
         Err(e) => tracing::error!(error = %error_chain(e), "agent stopped"),

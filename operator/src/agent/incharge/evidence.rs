@@ -1,0 +1,185 @@
+//! Reading the in-charge evidence from the node's disk: the CNI configuration directory and the
+//! CNI bin directory, both as the agent mounts them. Only regular files directly in each
+//! directory are read (opened with `O_NOFOLLOW`, at most [`MAX_CONF`] bytes): a symlink or
+//! anything else is reported as skipped, never followed out of the directory.
+
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::install_cni::{self, HOST_LOCAL, HOST_LOCAL_ORIG};
+
+use super::{BinDir, Binary, ConfFile, Evidence, IPKEEP_TYPE, parse_conf};
+
+/// The file name endings the runtime reads (libcni's `ConfFiles`: `.conf`, `.conflist`, `.json`).
+const CONF_EXTENSIONS: [&str; 3] = ["conf", "conflist", "json"];
+/// Larger than any network configuration; a larger file is skipped, not read.
+pub const MAX_CONF: u64 = 1 << 20;
+
+/// Where the evidence is, as the agent sees it and as the node names it.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    /// The CNI configuration directory, as mounted in the agent.
+    pub conf_dir: PathBuf,
+    /// The same directory's path on the node (for messages).
+    pub conf_dir_on_node: String,
+    /// The CNI bin directory, as mounted in the agent.
+    pub bin_dir: PathBuf,
+    /// The same directory's path on the node (for messages).
+    pub bin_dir_on_node: String,
+    /// The plugin binary this agent's image carries (what `ipkeep` and a replaced `host-local` are).
+    pub plugin: Vec<u8>,
+}
+
+/// Errors of reading the evidence (a directory that cannot be listed: no verdict is made).
+#[derive(Debug, thiserror::Error)]
+#[error("failed to list {}", path.display())]
+pub struct EvidenceError {
+    path: PathBuf,
+    #[source]
+    source: io::Error,
+}
+
+/// Reads the evidence now.
+pub fn read(s: &Sources) -> Result<Evidence, EvidenceError> {
+    Ok(Evidence {
+        conf_dir: s.conf_dir_on_node.clone(),
+        bin_dir: s.bin_dir_on_node.clone(),
+        confs: read_confs(&s.conf_dir)?,
+        bin: BinDir {
+            ipkeep: binary(&s.bin_dir.join(IPKEEP_TYPE), &s.plugin),
+            host_local: binary(&s.bin_dir.join(HOST_LOCAL), &s.plugin),
+            original_kept: fs::symlink_metadata(s.bin_dir.join(HOST_LOCAL_ORIG)).is_ok(),
+        },
+    })
+}
+
+fn read_confs(dir: &Path) -> Result<Vec<ConfFile>, EvidenceError> {
+    let listing = |source| EvidenceError {
+        path: dir.to_owned(),
+        source,
+    };
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).map_err(listing)? {
+        let name = entry.map_err(listing)?.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let ours = Path::new(name)
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| CONF_EXTENSIONS.contains(&e));
+        if ours {
+            names.push(name.to_owned());
+        }
+    }
+    names.sort();
+    Ok(names
+        .into_iter()
+        .map(|name| match read_conf(&dir.join(&name)) {
+            Ok(text) => parse_conf(&name, &text),
+            Err(why) => ConfFile::Skipped { file: name, why },
+        })
+        .collect())
+}
+
+/// A configuration file's bytes, or why it was not read.
+fn read_conf(path: &Path) -> Result<Vec<u8>, String> {
+    let meta = fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    if meta.file_type().is_symlink() {
+        return Err("a symbolic link (not followed)".to_owned());
+    }
+    if !meta.is_file() {
+        return Err("not a regular file".to_owned());
+    }
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let mut text = Vec::new();
+    file.take(MAX_CONF + 1)
+        .read_to_end(&mut text)
+        .map_err(|e| e.to_string())?;
+    if text.len() as u64 > MAX_CONF {
+        return Err(format!("larger than {MAX_CONF} bytes"));
+    }
+    Ok(text)
+}
+
+/// What `path` is: this image's plugin, something else, or nothing.
+fn binary(path: &Path, plugin: &[u8]) -> Binary {
+    match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Binary::Missing,
+        Err(_) => Binary::Other,
+        Ok(meta) => match install_cni::is_installed(&meta, path, plugin) {
+            Ok(true) => Binary::Ipkeep,
+            Ok(false) | Err(_) => Binary::Other,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "ipkeep-incharge-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        fs::create_dir_all(dir.join("conf")).unwrap();
+        fs::create_dir_all(dir.join("bin")).unwrap();
+        dir
+    }
+
+    #[test]
+    fn symlinks_are_skipped_and_other_files_ignored() {
+        let dir = scratch();
+        let conf = dir.join("conf");
+        let outside = dir.join("outside.conflist");
+        fs::write(
+            &outside,
+            r#"{"name": "evil", "type": "bridge", "ipam": {"type": "ipkeep"}}"#,
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(&outside, conf.join("05-link.conflist")).unwrap();
+        fs::write(
+            conf.join("10-cbr0.conflist"),
+            r#"{"name": "cbr0", "plugins": [{"type": "bridge", "ipam": {"type": "host-local"}}]}"#,
+        )
+        .unwrap();
+        fs::write(conf.join("README"), "not a configuration").unwrap();
+        let plugin = b"#!ipkeep".to_vec();
+        fs::write(dir.join("bin/ipkeep"), &plugin).unwrap();
+        let s = Sources {
+            conf_dir: conf,
+            conf_dir_on_node: "/etc/cni/net.d".into(),
+            bin_dir: dir.join("bin"),
+            bin_dir_on_node: "/opt/cni/bin".into(),
+            plugin,
+        };
+        let e = read(&s).unwrap();
+        assert_eq!(
+            e.confs,
+            vec![
+                ConfFile::Skipped {
+                    file: "05-link.conflist".into(),
+                    why: "a symbolic link (not followed)".into()
+                },
+                parse_conf(
+                    "10-cbr0.conflist",
+                    br#"{"name": "cbr0", "plugins": [{"type": "bridge", "ipam": {"type": "host-local"}}]}"#
+                ),
+            ]
+        );
+        // The mode is not the installed binary's, so it is not taken for the installed plugin.
+        assert_eq!(e.bin.ipkeep, Binary::Other);
+        assert_eq!(e.bin.host_local, Binary::Missing);
+        assert!(!e.bin.original_kept);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

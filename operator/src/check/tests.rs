@@ -1,0 +1,198 @@
+//! The checks' lines for what a correct install and each broken one look like.
+
+use super::*;
+
+fn agent(node: &str, ready: bool, in_charge: Option<(bool, &str)>) -> AgentView {
+    AgentView {
+        pod: format!("ipkeep-agent-{node}"),
+        node: node.into(),
+        ready,
+        in_charge: in_charge.map(|(ok, reason)| (ok, reason.into(), format!("{reason} on {node}"))),
+    }
+}
+
+fn reservation(
+    name: &str,
+    node: &str,
+    conflict: bool,
+    unprotected: Option<&str>,
+) -> ReservationView {
+    ReservationView {
+        key: Key {
+            namespace: "default".into(),
+            name: name.into(),
+        },
+        node: node.into(),
+        conflict,
+        unprotected: unprotected.map(Into::into),
+    }
+}
+
+fn correct() -> Observed {
+    Observed {
+        crd: Read::Found(vec!["v1alpha1".into()]),
+        leader: Ok(Some(("ipkeep-controller-abc".into(), Some(3), 15))),
+        daemonset: Read::Found((2, 2)),
+        agents: Ok(vec![
+            agent("node-0", true, Some((true, "InCharge"))),
+            agent("node-1", true, Some((true, "InCharge"))),
+        ]),
+        reservations: Ok(vec![reservation("web-0", "node-0", false, None)]),
+        last_status_write: Some(40),
+    }
+}
+
+/// A failed line: (check, node).
+type Failed = (&'static str, Option<String>);
+
+/// One case: what it is, how it breaks a correct install, the lines that fail.
+type Case = (&'static str, Box<dyn Fn(&mut Observed)>, Vec<Failed>);
+
+/// The failed lines: (check, node).
+fn failed(o: &Observed) -> Vec<Failed> {
+    lines(o, "ipkeep-system", "ipkeep")
+        .into_iter()
+        .filter(|l| !l.ok)
+        .inspect(|l| {
+            assert!(
+                l.fix.is_some() || l.message.contains("cannot"),
+                "{l:?} has no fix"
+            )
+        })
+        .map(|l| (l.check, l.node))
+        .collect()
+}
+
+#[test]
+fn each_broken_install_fails_its_check_and_names_the_node() {
+    let node0 = || Some("node-0".to_owned());
+    let cases: Vec<Case> = vec![
+        ("a correct install", Box::new(|_| {}), vec![]),
+        (
+            "no CRD",
+            Box::new(|o| o.crd = Read::Absent),
+            vec![("crd", None)],
+        ),
+        (
+            "the CRD without our version",
+            Box::new(|o| o.crd = Read::Found(vec!["v1beta9".into()])),
+            vec![("crd", None)],
+        ),
+        (
+            "no leader",
+            Box::new(|o| o.leader = Ok(None)),
+            vec![("controller", None)],
+        ),
+        (
+            "a leader that stopped renewing",
+            Box::new(|o| o.leader = Ok(Some(("x".into(), Some(31), 15)))),
+            vec![("controller", None)],
+        ),
+        (
+            "an agent not Ready",
+            Box::new(|o| {
+                o.daemonset = Read::Found((2, 1));
+                o.agents = Ok(vec![
+                    agent("node-0", false, Some((true, "InCharge"))),
+                    agent("node-1", true, Some((true, "InCharge"))),
+                ]);
+            }),
+            vec![("agent", None), ("agent", node0())],
+        ),
+        (
+            "ipkeep not in charge on node-0, its reservation unprotected",
+            Box::new(|o| {
+                o.agents = Ok(vec![
+                    agent("node-0", true, Some((false, "HostLocalNotReplaced"))),
+                    agent("node-1", true, Some((true, "InCharge"))),
+                ]);
+                o.reservations = Ok(vec![reservation(
+                    "web-0",
+                    "node-0",
+                    false,
+                    Some("HostLocalNotReplaced"),
+                )]);
+            }),
+            vec![("in-charge", node0()), ("reservations", node0())],
+        ),
+        (
+            "an agent that does not say",
+            Box::new(|o| {
+                o.agents = Ok(vec![
+                    agent("node-0", true, None),
+                    agent("node-1", true, Some((true, "InCharge"))),
+                ]);
+            }),
+            vec![("in-charge", node0())],
+        ),
+        (
+            "a reservation in conflict",
+            Box::new(|o| o.reservations = Ok(vec![reservation("web-0", "node-0", true, None)])),
+            vec![("reservations", None)],
+        ),
+        (
+            "as the controller (kubectl exec): CRD and DaemonSet forbidden, the rest readable",
+            Box::new(|o| {
+                o.crd = Read::Forbidden;
+                o.daemonset = Read::Forbidden;
+            }),
+            vec![],
+        ),
+        (
+            "as the controller, an agent pod not Ready",
+            Box::new(|o| {
+                o.daemonset = Read::Forbidden;
+                o.agents = Ok(vec![
+                    agent("node-0", false, Some((true, "InCharge"))),
+                    agent("node-1", true, Some((true, "InCharge"))),
+                ]);
+            }),
+            vec![("agent", None), ("agent", node0())],
+        ),
+        (
+            "CRDs forbidden and reservations not readable either",
+            Box::new(|o| {
+                o.crd = Read::Forbidden;
+                o.reservations = Err("forbidden".into());
+            }),
+            vec![("crd", None), ("reservations", None)],
+        ),
+        (
+            "reservations not readable",
+            Box::new(|o| o.reservations = Err("forbidden".into())),
+            vec![("reservations", None)],
+        ),
+    ];
+    for (what, break_it, want) in cases {
+        let mut o = correct();
+        break_it(&mut o);
+        assert_eq!(failed(&o), want, "{what}");
+    }
+}
+
+#[test]
+fn text_marks_each_line_and_json_says_ok() {
+    let mut o = correct();
+    o.agents = Ok(vec![agent(
+        "node-0",
+        true,
+        Some((false, "NetworkNotConfigured")),
+    )]);
+    let l = lines(&o, "ipkeep-system", "ipkeep");
+    let t = text(&l);
+    assert!(
+        t.contains("✗ in-charge [node-0]: NetworkNotConfigured: NetworkNotConfigured on node-0"),
+        "{t}"
+    );
+    assert!(
+        t.contains("✓ crd: ipreservations.ipkeep.dev serves v1alpha1"),
+        "{t}"
+    );
+    assert!(t.ends_with("1 of 6 checks failed\n"), "{t}");
+    let j: serde_json::Value = serde_json::from_str(&json(&l)).unwrap();
+    assert_eq!(j["ok"], false);
+    assert_eq!(j["checks"].as_array().unwrap().len(), 6);
+    assert_eq!(j["checks"][3]["node"], "node-0");
+    let ok = lines(&correct(), "ipkeep-system", "ipkeep");
+    assert!(text(&ok).ends_with("all checks passed\n"));
+}
