@@ -86,6 +86,11 @@ async fn flannel_conflist_naming_ipkeep_keeps_addresses_and_pods_from_before_the
         );
     }
 
+    // Before the switch the agents say ipkeep is not in charge: flannel's IPAM is host-local.
+    for n in c.nodes() {
+        realnode::wait_pod_condition(c, &n.name(), "False", "HostLocalNotReplaced").await;
+    }
+
     // Before the switch: the nodes' host-local hands out the addresses.
     sys.apply(&statefulset(
         "old",
@@ -110,7 +115,10 @@ async fn flannel_conflist_naming_ipkeep_keeps_addresses_and_pods_from_before_the
     for n in c.nodes() {
         write_conflist(n, &conflist_with_ipkeep());
     }
-    sys.check("flannel's conflist names ipkeep on every node");
+    for n in c.nodes() {
+        realnode::wait_pod_condition(c, &n.name(), "True", "InCharge").await;
+    }
+    sys.check("flannel's conflist names ipkeep on every node, and the agents see it");
 
     // A pod from before goes through host-local, whose DEL flannel replays: its address is free.
     sys.kubectl(&["delete", "pod", "plain-0", "--wait=false"]);

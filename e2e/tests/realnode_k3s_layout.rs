@@ -2,7 +2,8 @@
 //! `bin_dir` is `/var/lib/rancher/k3s/data/cni`, a directory of absolute symlinks into the
 //! release's `data/<release>/bin`, its `conf_dir` `/var/lib/rancher/k3s/agent/etc/cni/net.d`
 //! holding k3s's flannel conflist, and the chart installed as docs/chart.md's k3s section says
-//! (`cni.binDir=/var/lib/rancher/k3s/data/cni`, `cni.replaceHostLocal=true`).
+//! (`cni.binDir=/var/lib/rancher/k3s/data/cni`, `cni.confDir=/var/lib/rancher/k3s/agent/etc/cni/net.d`,
+//! `cni.replaceHostLocal=true`); the agents read k3s's conflist there and say ipkeep is in charge.
 //!
 //! - install-cni replaces the `host-local` symlink by ipkeep and keeps the symlink itself as the
 //!   original (never following it out of the directory);
@@ -42,6 +43,8 @@ const INSTALL: &[&str] = &[
     "cni.replaceHostLocal=true",
     "--set",
     "cni.binDir=/var/lib/rancher/k3s/data/cni",
+    "--set",
+    "cni.confDir=/var/lib/rancher/k3s/agent/etc/cni/net.d",
 ];
 
 /// Two flannel nodes with k3s's directories.
@@ -101,6 +104,8 @@ async fn on_k3s_directories_the_chart_replaces_the_host_local_link_survives_a_k3
     let _nodes = realnode::use_real_nodes_alone().await;
     let c = realnode::installed().await;
     for n in c.nodes() {
+        // The agent reads k3s's conflist where k3s writes it and sees ipkeep in charge.
+        realnode::wait_pod_condition(c, &n.name(), "True", "InCharge").await;
         let dir = cni_dir(n);
         let conflist = realnode::read_node_file(
             n,

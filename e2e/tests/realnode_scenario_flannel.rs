@@ -62,6 +62,9 @@ async fn on_flannel_a_deleted_pod_returns_with_its_address_reachable_through_vxl
     let _nodes = shared_nodes().await;
     let c = realnode::installed().await;
     for n in c.nodes() {
+        // The agent reads flannel's conflist as flannel does: no ipam of its own, so host-local,
+        // which is ipkeep here.
+        realnode::wait_pod_condition(c, &n.name(), "True", "InCharge").await;
         let conflist =
             realnode::read_node_file(n, &format!("/etc/cni/net.d/{}", flannel::CONFLIST_FILE));
         let conflist: serde_json::Value = serde_json::from_str(&conflist).unwrap();

@@ -41,11 +41,9 @@ use ipkeep_e2e::cluster::realnode::{RealCluster, RealNode, layout::CNI_CONFLIST_
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::{Api, api::ListParams};
-use realnode::{RELEASE, RELEASE_NS};
+use realnode::{RELEASE, RELEASE_NS, agent_pod, wait_pod_condition};
 use system::*;
 
-/// The agent pod's condition.
-const POD_CONDITION: &str = "ipkeep.dev/InCharge";
 /// The agent's metrics port (the chart's default).
 const METRICS_PORT: u16 = 9725;
 
@@ -82,53 +80,6 @@ async fn upgrade(c: &RealCluster, sets: &[&str]) {
     }
     realnode::helm(c, &args);
     realnode::release_ready(c).await;
-}
-
-/// The agent pod of `node`, once there is exactly one and it is not being deleted.
-async fn agent_pod(c: &RealCluster, node: &str) -> Pod {
-    let pods: Api<Pod> = Api::namespaced(c.plane().client().unwrap(), RELEASE_NS);
-    wait_for(&format!("one agent pod on {node}"), || async {
-        let lp = ListParams::default()
-            .labels("app.kubernetes.io/component=agent")
-            .fields(&format!("spec.nodeName={node}"));
-        let mut list: Vec<Pod> = pods
-            .list(&lp)
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .collect();
-        (list.len() == 1).then(|| list.remove(0))
-    })
-    .await
-}
-
-/// The agent pod's `ipkeep.dev/InCharge` condition: (status, reason).
-fn in_charge_condition(pod: &Pod) -> Option<(String, String)> {
-    let c = pod
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == POD_CONDITION)?;
-    Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
-}
-
-/// Waits until the agent pod on `node` says `status` with `reason`; returns the pod.
-async fn wait_pod_condition(c: &RealCluster, node: &str, status: &str, reason: &str) -> Pod {
-    let pods: Api<Pod> = Api::namespaced(c.plane().client().unwrap(), RELEASE_NS);
-    wait_for(
-        &format!("the agent pod on {node}: {POD_CONDITION}={status} ({reason})"),
-        || async {
-            let name = agent_pod(c, node).await.metadata.name?;
-            let pod = pods.get(&name).await.ok()?;
-            (in_charge_condition(&pod) == Some((status.to_owned(), reason.to_owned())))
-                .then_some(pod)
-        },
-    )
-    .await
 }
 
 /// The agent's `/metrics` on `node`, through the API server's pod proxy.

@@ -253,6 +253,63 @@ pub async fn node_event_notes(c: &RealCluster, node: &str, reason: &str) -> Vec<
         .collect()
 }
 
+/// The condition the agent puts on its own pod: whether ipkeep is in charge on its node.
+pub const POD_CONDITION: &str = "ipkeep.dev/InCharge";
+
+/// The agent pod of `node`, once there is exactly one and it is not being deleted.
+pub async fn agent_pod(c: &RealCluster, node: &str) -> k8s_openapi::api::core::v1::Pod {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(c.plane().client().unwrap(), RELEASE_NS);
+    wait_for(&format!("one agent pod on {node}"), || async {
+        let lp = kube::api::ListParams::default()
+            .labels("app.kubernetes.io/component=agent")
+            .fields(&format!("spec.nodeName={node}"));
+        let mut list: Vec<k8s_openapi::api::core::v1::Pod> = pods
+            .list(&lp)
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        (list.len() == 1).then(|| list.remove(0))
+    })
+    .await
+}
+
+/// The agent pod's `ipkeep.dev/InCharge` condition: (status, reason).
+pub fn in_charge_condition(pod: &k8s_openapi::api::core::v1::Pod) -> Option<(String, String)> {
+    let c = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == POD_CONDITION)?;
+    Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
+/// Waits until the agent pod on `node` says `status` with `reason`; returns the pod.
+pub async fn wait_pod_condition(
+    c: &RealCluster,
+    node: &str,
+    status: &str,
+    reason: &str,
+) -> k8s_openapi::api::core::v1::Pod {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(c.plane().client().unwrap(), RELEASE_NS);
+    wait_for(
+        &format!("the agent pod on {node}: {POD_CONDITION}={status} ({reason})"),
+        || async {
+            let name = agent_pod(c, node).await.metadata.name?;
+            let pod = pods.get(&name).await.ok()?;
+            (in_charge_condition(&pod) == Some((status.to_owned(), reason.to_owned())))
+                .then_some(pod)
+        },
+    )
+    .await
+}
+
 /// The reservation file of `ns/pod` on `node`.
 pub fn reserved_file(node: &RealNode, ns: &str, pod: &str) -> PathBuf {
     network_dir(node).join("reserved").join(ns).join(pod)
