@@ -194,11 +194,19 @@ async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
     let table = k.ok(&["get", "ipr"]).await;
     assert_eq!(
         header(&table),
-        ["NAME", "IPS", "NODE", "PHASE", "RELEASE-TIME", "AGE"],
+        [
+            "NAME",
+            "IPS",
+            "NODE",
+            "PHASE",
+            "UNPROTECTED",
+            "RELEASE-TIME",
+            "AGE"
+        ],
         "{table}"
     );
-    // kube-apiserver sends `.spec.ips` as JSON text and a null cell for the missing release time,
-    // which kubectl prints as blank (so the row has five words).
+    // kube-apiserver sends `.spec.ips` as JSON text and null cells for the missing Unprotected
+    // condition and release time, which kubectl prints as blank (so the row has five words).
     let cells = row(&table, "web-0");
     assert_eq!(
         cells[..4],

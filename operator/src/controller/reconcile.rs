@@ -67,27 +67,97 @@ pub struct Context {
 
 /// The pods waiting for room under their namespace's ResourceQuota.
 #[derive(Debug, Default)]
-pub struct OverQuota(std::sync::Mutex<HashMap<String, BTreeSet<Key>>>);
+pub struct OverQuota(std::sync::Mutex<QuotaWaits>);
+
+/// How long after a deletion in its namespace a refused pod is tried again every second: the
+/// API server counts usage from the ResourceQuota's `status.used`, which kube-controller-manager
+/// recomputes after the deletion, not at it (seen on the real control plane: the first retry,
+/// made at the deletion, was refused again).
+pub const QUOTA_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// [`OverQuota`]'s state: who waits for room, who was told, and when room last appeared.
+#[derive(Debug, Default)]
+pub struct QuotaWaits {
+    /// Pods waiting, by namespace.
+    waiting: HashMap<String, BTreeSet<Key>>,
+    /// Pods already told (one `NotReserved` each) until they are reserved.
+    told: BTreeSet<Key>,
+    /// Pods tried again after a deletion in their namespace, and when it was.
+    room: HashMap<Key, std::time::Instant>,
+}
+
+/// What to do with a pod whose reservation the quota refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaWait {
+    /// The first refusal: tell the pod, then wait for a deletion in its namespace.
+    Tell,
+    /// Refused again soon after a deletion: the quota's usage is not recomputed yet; try again.
+    CatchUp,
+    /// Refused again later: wait for the next deletion, quietly.
+    Wait,
+}
+
+impl QuotaWaits {
+    /// A create for `key` was refused at `now`.
+    pub fn refused(&mut self, key: &Key, now: std::time::Instant) -> QuotaWait {
+        self.waiting
+            .entry(key.namespace.clone())
+            .or_default()
+            .insert(key.clone());
+        if let Some(since) = self.room.get(key) {
+            if now.saturating_duration_since(*since) < QUOTA_CATCH_UP {
+                return QuotaWait::CatchUp;
+            }
+            self.room.remove(key);
+        }
+        if self.told.insert(key.clone()) {
+            QuotaWait::Tell
+        } else {
+            QuotaWait::Wait
+        }
+    }
+
+    /// A reservation of `namespace` was deleted at `now`: the pods waiting there, to try again.
+    pub fn room(&mut self, namespace: &str, now: std::time::Instant) -> Vec<Key> {
+        let keys: Vec<Key> = self
+            .waiting
+            .remove(namespace)
+            .map(|keys| keys.into_iter().collect())
+            .unwrap_or_default();
+        for k in &keys {
+            self.room.insert(k.clone(), now);
+        }
+        keys
+    }
+
+    /// `key`'s reservation exists: nothing of it waits any more.
+    pub fn reserved(&mut self, key: &Key) {
+        if let Some(w) = self.waiting.get_mut(&key.namespace) {
+            w.remove(key);
+        }
+        self.told.remove(key);
+        self.room.remove(key);
+    }
+}
 
 impl OverQuota {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeSet<Key>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QuotaWaits> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records that `key` waits for room; false when it already did (its Event was posted).
-    fn wait(&self, key: &Key) -> bool {
-        self.lock()
-            .entry(key.namespace.clone())
-            .or_default()
-            .insert(key.clone())
+    /// A create for `key` was refused by the quota.
+    fn refused(&self, key: &Key) -> QuotaWait {
+        self.lock().refused(key, std::time::Instant::now())
     }
 
-    /// The pods of `namespace` waiting for room, forgotten here: a reservation there was deleted.
+    /// A reservation of `namespace` was deleted: the pods waiting there, to try again.
     pub fn take(&self, namespace: &str) -> Vec<Key> {
-        self.lock()
-            .remove(namespace)
-            .map(|keys| keys.into_iter().collect())
-            .unwrap_or_default()
+        self.lock().room(namespace, std::time::Instant::now())
+    }
+
+    /// `key`'s reservation was written.
+    fn reserved(&self, key: &Key) {
+        self.lock().reserved(key);
     }
 }
 
@@ -400,11 +470,21 @@ async fn execute(
             )
             .await
         {
-            Ok(written) => written,
+            Ok(written) => {
+                if current.is_none() {
+                    ctx.over_quota.reserved(key);
+                }
+                written
+            }
             // Over quota: said once, and tried again when the namespace has room (a reservation
-            // there is deleted), not by polling.
+            // there is deleted), not by polling; right after a deletion, every second until the
+            // quota's usage catches up with it.
             Err(e) if current.is_none() && quota_refusal(&e).is_some() => {
-                if ctx.over_quota.wait(key)
+                let wait = ctx.over_quota.refused(key);
+                if wait == QuotaWait::CatchUp {
+                    return Ok(Next::RetryMs(1000));
+                }
+                if wait == QuotaWait::Tell
                     && let Some(p) = about.pod
                 {
                     let quoted = quota_refusal(&e).unwrap_or_default();
@@ -637,6 +717,50 @@ mod tests {
                 .with_code(code)
                 .boxed(),
         )
+    }
+
+    #[test]
+    fn a_refused_pod_is_told_once_and_tried_again_while_the_quota_catches_up() {
+        let t0 = std::time::Instant::now();
+        let key = Key::new("ns", "second");
+        let other_ns = Key::new("other", "x");
+        let mut w = QuotaWaits::default();
+        // (step, what happens at t0 + seconds, expected)
+        assert_eq!(
+            w.refused(&key, t0),
+            QuotaWait::Tell,
+            "the first refusal tells"
+        );
+        assert_eq!(
+            w.refused(&key, t0 + std::time::Duration::from_secs(5)),
+            QuotaWait::Wait,
+            "a second refusal with no deletion waits, quietly"
+        );
+        assert!(w.room("other", t0).is_empty(), "another namespace's room");
+        assert_eq!(
+            w.room("ns", t0 + std::time::Duration::from_secs(10)),
+            vec![key.clone()]
+        );
+        assert_eq!(
+            w.refused(&key, t0 + std::time::Duration::from_secs(11)),
+            QuotaWait::CatchUp,
+            "refused right after the deletion: the quota's usage lags"
+        );
+        assert_eq!(
+            w.refused(&key, t0 + std::time::Duration::from_secs(39)),
+            QuotaWait::CatchUp
+        );
+        assert_eq!(
+            w.refused(&key, t0 + std::time::Duration::from_secs(41)),
+            QuotaWait::Wait,
+            "past the catch-up window: the room was taken by someone else; wait, told already"
+        );
+        w.reserved(&key);
+        assert_eq!(
+            w.refused(&key, t0 + std::time::Duration::from_secs(50)),
+            QuotaWait::Tell
+        );
+        assert_eq!(w.refused(&other_ns, t0), QuotaWait::Tell);
     }
 
     #[test]
