@@ -9,6 +9,7 @@ use ipkeep_operator::controller::{
         Conflict, Defaults, DeleteReason, DesiredSpec, Input, NameSource, OwnerState, Phase, Plan,
         PodView, ReservationView, StatusView, Subject, Yield, decide, reason,
     },
+    namespaces::Verdict,
     optin::{self, OptIn, Retain},
     placement::{Mode, Placed},
 };
@@ -112,6 +113,8 @@ fn input<'a>(pod: Option<&'a PodView>, r: Option<&'a ReservationView>) -> Input<
         node_pod_cidrs: None,
         node_gone: false,
         yields: None,
+        namespace: Verdict::Selected,
+        told: false,
     }
 }
 
@@ -1096,5 +1099,196 @@ fn a_released_reservation_over_its_nodes_budget_yields_and_says_to_whom() {
     assert_eq!(
         reasons(&plan),
         vec![(reason::RELEASED, false, Subject::Reservation)]
+    );
+}
+
+/// `--namespace-selector`: what a live annotated pod's reservation becomes when its namespace is
+/// not selected (or not seen yet), and who is told.
+#[test]
+fn a_namespace_the_selector_leaves_out_reserves_nothing_and_releases_what_it_had() {
+    const SELECTOR: &str = "ipkeep.dev/reserve=true";
+    let not_selected = Verdict::NotSelected { selector: SELECTOR };
+    let p = pod();
+    let mut pending = pod();
+    pending.running = false;
+    pending.ips.clear();
+    pending.node_name = None;
+    let mut unannotated = pod();
+    unannotated.opt_in = OptIn::none();
+    let b = bound();
+    let r = released("2026-01-10T11:00:00Z", "2026-01-11T11:00:00Z");
+    let past = released("2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z");
+    let released_now = StatusView {
+        phase: Some(Phase::Released),
+        pod_uid: Some(POD_UID.into()),
+        released_at: Some(now()),
+        release_time: Some(t("2026-01-11T12:00:00Z")),
+        conflict: None,
+    };
+    let warn = (reason::NOT_RESERVED, true, Subject::Pod);
+    let normal_released = (reason::RELEASED, false, Subject::Reservation);
+    struct Case<'a> {
+        case: &'a str,
+        pod: &'a PodView,
+        r: Option<&'a ReservationView>,
+        verdict: Verdict<'a>,
+        told: bool,
+        /// The status written.
+        status: Option<&'a StatusView>,
+        notices: Vec<(&'static str, bool, Subject)>,
+        /// Told now (not again).
+        told_now: bool,
+        /// Looked at again at.
+        requeue: Option<Timestamp>,
+    }
+    let case = |case, pod, r, verdict, told| Case {
+        case,
+        pod,
+        r,
+        verdict,
+        told,
+        status: None,
+        notices: vec![],
+        told_now: false,
+        requeue: None,
+    };
+    let cases = [
+        Case {
+            notices: vec![warn],
+            told_now: true,
+            ..case(
+                "not selected, no reservation: told, nothing made",
+                &p,
+                None,
+                not_selected,
+                false,
+            )
+        },
+        case("told already: quiet", &p, None, not_selected, true),
+        case(
+            "not running yet: told later, when it would be reserved",
+            &pending,
+            None,
+            not_selected,
+            false,
+        ),
+        Case {
+            status: Some(&released_now),
+            notices: vec![normal_released, warn],
+            told_now: true,
+            requeue: Some(t("2026-01-11T12:00:00Z")),
+            ..case(
+                "relabelled out: Bound becomes Released, the pod told",
+                &p,
+                Some(&b),
+                not_selected,
+                false,
+            )
+        },
+        Case {
+            requeue: Some(t("2026-01-11T11:00:00Z")),
+            ..case(
+                "Released already, told: nothing written",
+                &p,
+                Some(&r),
+                not_selected,
+                true,
+            )
+        },
+        case(
+            "its release time passed while the pod lives: never deleted",
+            &p,
+            Some(&past),
+            not_selected,
+            true,
+        ),
+        Case {
+            status: Some(&b.status),
+            notices: vec![(reason::REBOUND, false, Subject::Both)],
+            ..case(
+                "relabelled back in: bound again",
+                &p,
+                Some(&r),
+                Verdict::Selected,
+                false,
+            )
+        },
+        case(
+            "namespace not seen yet: nothing decided",
+            &p,
+            None,
+            Verdict::NotSeen,
+            false,
+        ),
+        case(
+            "not seen yet, Bound: left as it is",
+            &p,
+            Some(&b),
+            Verdict::NotSeen,
+            false,
+        ),
+        case(
+            "not annotated: the selector says nothing",
+            &unannotated,
+            None,
+            not_selected,
+            false,
+        ),
+    ];
+    for Case {
+        case,
+        pod,
+        r,
+        verdict,
+        told,
+        status,
+        notices,
+        told_now,
+        requeue,
+    } in cases
+    {
+        let mut i = input(Some(pod), r);
+        i.namespace = verdict;
+        i.told = told;
+        let plan = decide_now(&i);
+        assert_eq!(plan.spec, None, "{case}: no spec written");
+        assert_eq!(
+            plan.delete, None,
+            "{case}: never deleted while the pod lives"
+        );
+        assert_eq!(plan.status.as_ref(), status, "{case}");
+        assert_eq!(reasons(&plan), notices, "{case}");
+        assert_eq!(plan.told, told_now, "{case}");
+        assert_eq!(plan.requeue_at, requeue, "{case}");
+        if let Some(n) = plan
+            .notices
+            .iter()
+            .find(|n| n.reason == reason::NOT_RESERVED)
+        {
+            assert!(n.message.contains(SELECTOR), "{case}: {}", n.message);
+        }
+    }
+
+    // The pod gone: the ordinary Released lifecycle, whatever the namespace.
+    let mut i = input(None, Some(&past));
+    i.namespace = not_selected;
+    assert!(matches!(
+        decide_now(&i).delete,
+        Some(DeleteReason::Expired { .. })
+    ));
+    // The message a relabelled-out pod reads.
+    let mut i = input(Some(&p), Some(&b));
+    i.namespace = not_selected;
+    let plan = decide_now(&i);
+    let told = &plan.notices[1].message;
+    assert!(
+        told.contains("held until 2026-01-11T12:00:00Z")
+            && told.contains("never deleted while this pod lives"),
+        "{told}"
+    );
+    assert!(
+        plan.notices[0].message.contains("--namespace-selector"),
+        "{:?}",
+        plan.notices[0]
     );
 }

@@ -9,6 +9,7 @@ use jiff::Timestamp;
 
 use super::{
     budget::Budget,
+    namespaces::Verdict,
     optin::{OptIn, Retain},
     placement::{Mode, Placed},
 };
@@ -184,6 +185,10 @@ pub struct Input<'a> {
     pub node_gone: bool,
     /// The node's budget says this Released reservation yields ([`super::budget::yielding`]).
     pub yields: Option<&'a Yield>,
+    /// What `--namespace-selector` says of the namespace.
+    pub namespace: Verdict<'a>,
+    /// The live pod was told already that its namespace is not selected.
+    pub told: bool,
 }
 
 /// Why a Released reservation yields to its node's budget.
@@ -280,6 +285,8 @@ pub struct Plan {
     pub requeue_at: Option<Timestamp>,
     /// Events to publish.
     pub notices: Vec<Notice>,
+    /// The live pod is told (in `notices`) that its namespace is not selected: not again.
+    pub told: bool,
 }
 
 impl Plan {
@@ -348,7 +355,7 @@ pub fn decide(input: &Input<'_>, now: Timestamp, defaults: &Defaults) -> Plan {
     let alive = input.pod.filter(|p| !p.finished);
     match (alive, input.reservation) {
         (None, None) => {}
-        (None, Some(r)) => released(&mut plan, input, r, now, defaults),
+        (None, Some(r)) => released(&mut plan, input, r, now, defaults, GONE),
         (Some(pod), r) => live(&mut plan, input, pod, r, now, defaults),
     }
     plan
@@ -387,6 +394,15 @@ fn live(
             );
         }
         return;
+    }
+    match input.namespace {
+        Verdict::Selected => {}
+        // Its arrival in the cache reconciles this name again: nothing is decided before.
+        Verdict::NotSeen => return,
+        Verdict::NotSelected { selector } => {
+            not_selected(plan, input, pod, r, selector, now, defaults);
+            return;
+        }
     }
     if pod.host_network {
         if r.is_none() {
@@ -438,7 +454,7 @@ fn live(
                 .as_deref()
                 .is_some_and(|uid| uid != pod.uid)
         {
-            released(plan, input, r, now, defaults);
+            released(plan, input, r, now, defaults, GONE);
             plan.delete = None;
         }
         // Not scheduled or no address yet: otherwise leave any reservation as it is until it has one.
@@ -532,13 +548,61 @@ fn live(
     }
 }
 
-/// No pod of that name is alive: the reservation is (or becomes) Released, and expires.
+/// A live pod asks for a reservation in a namespace `--namespace-selector` leaves out: none is
+/// made, and one it has is Released with the normal retention (as if the pod were gone) but never
+/// deleted while the pod lives; it binds again if the namespace is selected again. The pod is told
+/// once, when it runs with addresses (where it would be reserved).
+fn not_selected(
+    plan: &mut Plan,
+    input: &Input<'_>,
+    pod: &PodView,
+    r: Option<&ReservationView>,
+    selector: &str,
+    now: Timestamp,
+    defaults: &Defaults,
+) {
+    let mut held = String::new();
+    if let Some(r) = r {
+        released(plan, input, r, now, defaults, NOT_SELECTED);
+        plan.delete = None;
+        if let Some(until) = plan
+            .status
+            .as_ref()
+            .and_then(|s| s.release_time)
+            .or(r.status.release_time)
+        {
+            held = format!(
+                "; its reservation is Released, held until {until} and never deleted while this pod lives"
+            );
+        }
+    }
+    if !input.told && pod.running && !one_per_family(&pod.ips).is_empty() {
+        plan.notice(
+            Subject::Pod,
+            true,
+            reason::NOT_RESERVED,
+            format!(
+                "this namespace's labels do not match the controller's --namespace-selector {selector:?}: the pod's addresses are not kept{held}"
+            ),
+        );
+        plan.told = true;
+    }
+}
+
+/// Why a reservation whose pod lives is Released.
+const NOT_SELECTED: &str = "the namespace no longer matches --namespace-selector";
+/// Why a reservation is Released, as a rule.
+const GONE: &str = "the pod is gone";
+
+/// No pod of that name is alive (or its namespace is not selected, `why` says): the reservation
+/// is (or becomes) Released, and expires.
 fn released(
     plan: &mut Plan,
     input: &Input<'_>,
     r: &ReservationView,
     now: Timestamp,
     defaults: &Defaults,
+    why: &str,
 ) {
     let mut capped = None;
     let mut retain = match &r.retain_for {
@@ -633,7 +697,7 @@ fn released(
         let (why, reason) = if r.status.phase.is_none() && !r.managed {
             ("no pod of this name exists yet", reason::HONOURED)
         } else {
-            ("the pod is gone", reason::RELEASED)
+            (why, reason::RELEASED)
         };
         plan.notice(
             Subject::Reservation,

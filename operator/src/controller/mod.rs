@@ -26,6 +26,7 @@ pub mod expectations;
 pub mod index;
 pub mod lifecycle;
 pub mod metrics;
+pub mod namespaces;
 pub mod optin;
 pub mod placement;
 pub mod reconcile;
@@ -46,7 +47,7 @@ use futures::{StreamExt, channel::mpsc};
 use jiff::Timestamp;
 use k8s_openapi::api::{
     apps::v1::StatefulSet,
-    core::v1::{Node, Pod},
+    core::v1::{Namespace, Node, Pod},
 };
 use kube::{
     Api, Client, ResourceExt,
@@ -65,7 +66,8 @@ use self::{
     index::AddressIndex,
     lifecycle::Defaults,
     metrics::Metrics,
-    reconcile::{Context, Next},
+    namespaces::{NamespaceSelector, Verdicts},
+    reconcile::{Context, Next, SelectedNamespaces},
 };
 use crate::{
     backoff::Backoff,
@@ -104,6 +106,13 @@ pub struct Args {
     /// it looks gone, so its reservation is released (but never deleted while the pod lives).
     #[arg(long, env = "IPKEEP_POD_SELECTOR")]
     pub pod_selector: Option<String>,
+    /// Reserve only in namespaces whose labels match this label selector (e.g.
+    /// `ipkeep.dev/reserve=true`; `a=b`, `a!=b`, `a in (x,y)`, `a notin (x,y)`, `a`, `!a`): an
+    /// annotated pod elsewhere gets a Warning Event `NotReserved`, and a namespace relabelled out
+    /// releases its reservations (never deleted while their pods live). Default: every namespace,
+    /// and Namespaces are not watched.
+    #[arg(long, env = "IPKEEP_NAMESPACE_SELECTOR", value_parser = NamespaceSelector::parse)]
+    pub namespace_selector: Option<NamespaceSelector>,
     /// Where to serve /metrics, /healthz and /readyz.
     #[arg(long, env = "IPKEEP_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
@@ -204,6 +213,9 @@ pub struct Settings {
     pub namespace: Option<String>,
     /// Only pods matching this label selector.
     pub pod_selector: Option<String>,
+    /// Only namespaces matching this selector keep addresses (`None`: every namespace, none
+    /// watched).
+    pub namespace_selector: Option<NamespaceSelector>,
     /// Probe server address (port 0 picks one).
     pub metrics_addr: SocketAddr,
     /// Leader election, or none (a single replica).
@@ -228,6 +240,7 @@ impl Settings {
             node_budget: None,
             namespace: None,
             pod_selector: None,
+            namespace_selector: None,
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             lease: None,
             workers: 4,
@@ -317,6 +330,8 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             node_budget: args.node_budget,
             namespace: args.namespace.clone(),
             pod_selector: args.pod_selector.clone(),
+            // An empty selector selects every namespace: as unset, nothing to watch.
+            namespace_selector: args.namespace_selector.clone().filter(|s| !s.selects_all()),
             metrics_addr: args.metrics_addr,
             lease: args.leader_elect.then(|| LeaseSettings {
                 name: args.lease_name.clone(),
@@ -418,6 +433,7 @@ pub async fn run(
     let (reservations, reservation_writer) = reflector::store::<IPReservation>();
     let (statefulsets, sts_writer) = reflector::store::<PartialObjectMeta<StatefulSet>>();
     let (nodes, node_writer) = reflector::store::<Node>();
+    let (namespace_store, namespace_writer) = reflector::store::<PartialObjectMeta<Namespace>>();
     let metrics = Metrics::register(
         &registry,
         reservations.clone(),
@@ -448,6 +464,14 @@ pub async fn run(
         defaults: settings.defaults.clone(),
         node_budget: settings.node_budget,
         over_quota: reconcile::OverQuota::default(),
+        namespaces: settings
+            .namespace_selector
+            .clone()
+            .map(|selector| SelectedNamespaces {
+                selector,
+                store: namespace_store,
+            }),
+        told: namespaces::Told::default(),
     });
     let queue = Arc::new(Queue::default());
 
@@ -520,6 +544,15 @@ pub async fn run(
         ctx.clone(),
         queue.clone(),
     ));
+    if let Some(selected) = &ctx.namespaces {
+        tasks.spawn(watch_namespaces(
+            Api::all(client.clone()),
+            selected.selector.clone(),
+            namespace_writer,
+            ctx.clone(),
+            queue.clone(),
+        ));
+    }
 
     let result = {
         let leading = lead(
@@ -598,7 +631,15 @@ async fn lead(
         ctx.nodes
             .wait_until_ready()
             .await
-            .map_err(|_| ControllerError::CacheNeverReady("node"))
+            .map_err(|_| ControllerError::CacheNeverReady("node"))?;
+        if let Some(selected) = &ctx.namespaces {
+            selected
+                .store
+                .wait_until_ready()
+                .await
+                .map_err(|_| ControllerError::CacheNeverReady("Namespace"))?;
+        }
+        Ok::<(), ControllerError>(())
     };
     tokio::select! {
         r = caches => r?,
@@ -926,5 +967,68 @@ async fn watch_nodes(
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "node watch failed; retrying with backoff"),
         }
+    }
+}
+
+/// Every Namespace's labels, matched here against `--namespace-selector` (run only when it is
+/// set). Not a watch filtered by the selector on the API server: a namespace relabelled out of it
+/// would arrive as a deletion, and one not in the cache could be either not selected or not seen
+/// yet (a pod created right after its namespace would be told `NotReserved` wrongly). Watching
+/// them all, as metadata, costs little (a cluster has far fewer namespaces than pods), keeps the
+/// two apart ([`namespaces::Verdict::NotSeen`]) and shows a relabelling as the change it is.
+async fn watch_namespaces(
+    api: Api<PartialObjectMeta<Namespace>>,
+    selector: NamespaceSelector,
+    writer: reflector::store::Writer<PartialObjectMeta<Namespace>>,
+    ctx: Arc<Context>,
+    queue: Arc<Queue>,
+) {
+    let mut verdicts = Verdicts::default();
+    let mut events = std::pin::pin!(
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(view::trim_namespace)
+            .reflect(writer)
+    );
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(n)) => {
+                let name = n.name_any();
+                if verdicts.update(&name, selected(&selector, &n)) {
+                    enqueue_namespace(&ctx, &queue, &name);
+                }
+            }
+            // A (re)list: InitDone looks at every name.
+            Ok(watcher::Event::Init) => verdicts = Verdicts::default(),
+            Ok(watcher::Event::InitApply(n)) => {
+                verdicts.update(&n.name_any(), selected(&selector, &n));
+            }
+            Ok(watcher::Event::Delete(n)) => verdicts.forget(&n.name_any()),
+            Ok(watcher::Event::InitDone) => enqueue_everything(&ctx, &queue),
+            Err(e) => tracing::warn!(error = %e, "Namespace watch failed; retrying with backoff"),
+        }
+    }
+}
+
+fn selected(selector: &NamespaceSelector, n: &PartialObjectMeta<Namespace>) -> bool {
+    match &n.metadata.labels {
+        Some(labels) => selector.matches(labels),
+        None => selector.matches(&std::collections::BTreeMap::new()),
+    }
+}
+
+/// Enqueues every name of `namespace` the caches hold (its pods' and its reservations').
+fn enqueue_namespace(ctx: &Context, queue: &Queue, namespace: &str) {
+    if !queue.active() {
+        return;
+    }
+    let pods = ctx.pods.state();
+    let reservations = ctx.reservations.state();
+    let keys = pods
+        .iter()
+        .map(|p| Key::of(p.as_ref()))
+        .chain(reservations.iter().map(|r| Key::of(r.as_ref())));
+    for key in keys.filter(|k| k.namespace == namespace) {
+        queue.enqueue(key);
     }
 }

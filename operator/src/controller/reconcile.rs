@@ -8,7 +8,7 @@ use std::{
 use jiff::Timestamp;
 use k8s_openapi::api::{
     apps::v1::StatefulSet,
-    core::v1::{Node, Pod},
+    core::v1::{Namespace, Node, Pod},
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
@@ -24,6 +24,7 @@ use super::{
     index::AddressIndex,
     lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, Yield, decide},
     metrics::Metrics,
+    namespaces::{self, NamespaceSelector, Told},
     optin, view,
 };
 use crate::{
@@ -63,6 +64,20 @@ pub struct Context {
     /// Pods whose reservation a ResourceQuota refused, by namespace: tried again when one of the
     /// namespace's reservations is deleted.
     pub over_quota: OverQuota,
+    /// `--namespace-selector` and the Namespaces it is matched against; `None`: every namespace
+    /// (and no Namespace is watched).
+    pub namespaces: Option<SelectedNamespaces>,
+    /// The pods told that their namespace is not selected.
+    pub told: Told,
+}
+
+/// `--namespace-selector` and the cache of Namespaces (their labels) it is matched against.
+#[derive(Debug, Clone)]
+pub struct SelectedNamespaces {
+    /// The selector.
+    pub selector: NamespaceSelector,
+    /// Every Namespace, trimmed to its labels.
+    pub store: Store<PartialObjectMeta<Namespace>>,
 }
 
 /// The pods waiting for room under their namespace's ResourceQuota.
@@ -380,6 +395,20 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
         .as_ref()
         .filter(|r| r.status.phase == Some(lifecycle::Phase::Released))
         .and_then(|r| node_yielding(ctx, &r.node_name).of(key));
+    let namespace = match &ctx.namespaces {
+        None => namespaces::Verdict::Selected,
+        Some(n) => {
+            let found = n.store.get(&ObjectRef::new(&key.namespace));
+            let unlabelled = BTreeMap::new();
+            let labels = found
+                .as_ref()
+                .map(|ns| ns.metadata.labels.as_ref().unwrap_or(&unlabelled));
+            namespaces::verdict(Some(&n.selector), labels)
+        }
+    };
+    let told = pod_view
+        .as_ref()
+        .is_some_and(|p| ctx.told.contains(key, &p.uid));
     let cidrs = pod_view
         .as_ref()
         .and_then(|p| p.node_name.as_ref())
@@ -396,8 +425,16 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
             .as_ref()
             .is_some_and(|r| ctx.nodes.get(&ObjectRef::new(&r.node_name)).is_none()),
         yields: yields.as_ref(),
+        namespace,
+        told,
     };
     let plan = decide(&input, now, &ctx.defaults);
+    let live_uid = pod_view.as_ref().filter(|p| !p.finished).map(|p| &p.uid);
+    match live_uid {
+        Some(uid) if plan.told => ctx.told.insert(key, uid),
+        Some(_) if matches!(namespace, namespaces::Verdict::NotSelected { .. }) => {}
+        _ => ctx.told.forget(key),
+    }
     if !plan.writes_nothing() {
         tracing::debug!(%key, ?plan, "carrying out plan");
     }

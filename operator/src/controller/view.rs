@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use k8s_openapi::{
     api::{
         apps::v1::StatefulSet,
-        core::v1::{Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus},
+        core::v1::{Namespace, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus},
     },
     apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time},
 };
@@ -96,6 +96,15 @@ pub fn node_facts(node: &Node) -> NodeFacts {
             .and_then(|a| a.get(budget::NODE_BUDGET))
             .cloned(),
     }
+}
+
+/// Keeps only a Namespace's labels (what `--namespace-selector` is matched against).
+pub fn trim_namespace(ns: &mut PartialObjectMeta<Namespace>) {
+    let labels = ns.metadata.labels.take();
+    trim_meta(&mut ns.metadata);
+    ns.metadata.annotations = None;
+    ns.metadata.owner_references = None;
+    ns.metadata.labels = labels;
 }
 
 /// Keeps only a StatefulSet's ipkeep annotations.
