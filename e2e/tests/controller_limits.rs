@@ -507,3 +507,164 @@ async fn over_quota_a_pod_waits_for_room_and_is_told_why() {
     })
     .await;
 }
+
+/// `--namespace-selector ipkeep.dev/reserve=true`, with the controller running as the account the
+/// chart renders with `controller.namespaceSelector` set (its RBAC: `list`, `watch` on
+/// namespaces, nothing more). An annotated pod in the unlabelled namespace gets no reservation and
+/// one Warning `NotReserved` naming the selector — once: a further reconcile of the pod tells it
+/// nothing; the namespace labelled in, the pod is reserved; labelled out again, the reservation is
+/// Released (not deleted) while the pod lives, and the pod told so; the pod gone, the reservation
+/// follows the ordinary lifecycle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_relabelled_out() {
+    const SELECTOR: &str = "ipkeep.dev/reserve=true";
+    let cluster = real::cluster().await;
+    real::node_a(cluster).await;
+    // The chart's controller RBAC with the selector set, in a release namespace of its own.
+    let release_ns = cluster
+        .fresh_namespace("lim-nsel-release")
+        .await
+        .expect("a release namespace");
+    let chart = shared::chart_dir();
+    let rendered = shared::run_ok(
+        cluster.helm(),
+        &[
+            "template",
+            "nsel",
+            chart.to_str().unwrap(),
+            "--namespace",
+            &release_ns,
+            "--set",
+            &format!("controller.namespaceSelector={SELECTOR}"),
+            "--show-only",
+            "templates/controller-rbac.yaml",
+        ],
+        None,
+    );
+    assert!(rendered.contains("namespaces"), "{rendered}");
+    shared::kubectl_ok(cluster, &["apply", "-f", "-"], Some(&rendered));
+    let account = cluster
+        .service_account_client(&release_ns, "nsel-ipkeep-controller")
+        .await
+        .expect("a client of the controller's ServiceAccount");
+
+    let ns = cluster
+        .fresh_namespace("lim-nsel")
+        .await
+        .expect("a fresh namespace");
+    let c = cluster.client().unwrap();
+    let mut settings = ipkeep_operator::controller::Settings::single(Duration::from_secs(3_600));
+    settings.namespace = Some(ns.clone());
+    settings.namespace_selector = Some(SELECTOR.parse().unwrap());
+    let running = start_controller_with(account, settings).await;
+    let probes = running.probe_addr;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(c.clone());
+    let label = |value: serde_json::Value| {
+        let namespaces = namespaces.clone();
+        let ns = ns.clone();
+        async move {
+            let patch = json!({"metadata": {"labels": {"ipkeep.dev/reserve": value}}});
+            namespaces
+                .patch(&ns, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap_or_else(|e| panic!("failed to label namespace {ns}: {e}"));
+        }
+    };
+    let not_reserved = |text: &str| {
+        text.lines()
+            .find(|l| {
+                l.starts_with("ipkeep_controller_events_total{")
+                    && l.contains("reason=\"NotReserved\"")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let reconciles = |text: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("ipkeep_controller_reconcile_duration_seconds_count "))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+
+    // Outside: no reservation, told once, naming the selector.
+    let pod = create_running_pod(&c, &ns, "outside", NODE, &["10.244.32.2"], &retain(None)).await;
+    let note = wait_event(&c, &ns, "Pod", "outside", "NotReserved").await;
+    assert!(
+        note.contains(SELECTOR) && note.contains("--namespace-selector"),
+        "{note}"
+    );
+    let api: Api<IPReservation> = Api::namespaced(c.clone(), &ns);
+    assert!(api.get_opt("outside").await.unwrap().is_none());
+    // Once per pod: the pod changes (a reconcile of it, the namespace's only name) and is told
+    // nothing more. The counter moves in the reconcile that queues the Event, before the
+    // reconcile's duration is observed.
+    let before = scrape(probes).await;
+    assert_eq!(not_reserved(&before), 1, "{before}");
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
+    let touched = json!({"metadata": {"annotations": {"ipkeep.dev/retain-for": "2h"}}});
+    pods.patch("outside", &PatchParams::default(), &Patch::Merge(&touched))
+        .await
+        .unwrap();
+    let after = shared::wait_for("a reconcile of the changed pod", || async {
+        let text = scrape(probes).await;
+        (reconciles(&text) > reconciles(&before)).then_some(text)
+    })
+    .await;
+    assert_eq!(
+        not_reserved(&after),
+        1,
+        "told once, not per reconcile:\n{after}"
+    );
+
+    // A label that leaves the verdict as it is, then the one that selects it: reserved.
+    label(json!("false")).await;
+    label(json!("true")).await;
+    let r = wait_reservation(&c, &ns, "outside", "Bound", |r| {
+        phase(r) == Some(Phase::Bound)
+    })
+    .await;
+    assert_eq!(r.spec.ips[0].0, "10.244.32.2");
+    let uid = r.metadata.uid.clone();
+
+    // Relabelled out: Released with the ordinary retention, never deleted while the pod lives.
+    label(serde_json::Value::Null).await;
+    let r = wait_reservation(&c, &ns, "outside", "Released", |r| {
+        phase(r) == Some(Phase::Released)
+    })
+    .await;
+    assert_eq!(r.metadata.uid, uid, "the same reservation, not deleted");
+    let status = r.status.clone().unwrap();
+    assert_eq!(
+        status.pod_uid.as_deref(),
+        pod.metadata.uid.as_deref(),
+        "still names the live pod"
+    );
+    let (released_at, release_time) = (
+        status.released_at.unwrap().0,
+        status.release_time.unwrap().0,
+    );
+    assert_eq!(
+        release_time.as_second() - released_at.as_second(),
+        7_200,
+        "the ordinary retention (the pod's 2h)"
+    );
+    shared::wait_for("the pod told its reservation is Released", || async {
+        let text = scrape(probes).await;
+        (not_reserved(&text) == 2).then_some(())
+    })
+    .await;
+    assert!(pods.get_opt("outside").await.unwrap().is_some());
+
+    // Selected again: bound again, the same reservation.
+    label(json!("true")).await;
+    let r = wait_reservation(&c, &ns, "outside", "Bound again", |r| {
+        phase(r) == Some(Phase::Bound)
+    })
+    .await;
+    assert_eq!(r.metadata.uid, uid);
+
+    running.stop().await;
+    cluster
+        .check()
+        .expect("every control plane component still runs");
+}
