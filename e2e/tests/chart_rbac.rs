@@ -347,8 +347,22 @@ fn events(cluster: &Cluster, ns: &str, reporter: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Held by each test while its controller runs: both watch every namespace, so one would reserve
+/// the other's pods.
+static ONE_CONTROLLER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The verbs of `access` on core `namespaces`.
+fn namespace_verbs(access: &BTreeSet<Access>) -> BTreeSet<String> {
+    access
+        .iter()
+        .filter(|(_, resource)| resource == "core/namespaces")
+        .map(|(verb, _)| verb.clone())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_grants_exactly_what_the_components_use() {
+    let _alone = ONE_CONTROLLER.lock().await;
     let t0 = Instant::now();
     let cluster = shared().await.unwrap();
     let audit_log = cluster
@@ -819,6 +833,18 @@ async fn the_chart_grants_exactly_what_the_components_use() {
             ));
         }
     }
+    // Without controller.namespaceSelector the controller neither reads Namespaces nor may.
+    let controller_user = format!("system:serviceaccount:{ns}:{controller_sa}");
+    let namespaces = |access: &BTreeSet<Access>| namespace_verbs(access);
+    assert!(
+        namespaces(&used_by(&audit_log, &controller_user).into_keys().collect()).is_empty()
+            && namespaces(&granted_by(&[kubectl_json(
+                cluster,
+                &["get", "clusterrole", &controller_sa]
+            )]))
+            .is_empty(),
+        "no selector, no Namespaces:\n{report}"
+    );
     eprintln!(
         "chart_rbac: helm install {:.1}s, scenario {:.1}s, total {:.1}s\n{report}",
         installed.as_secs_f64(),
@@ -895,5 +921,180 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         denied.contains("forbidden")
             && denied.contains("cannot create resource \"ipreservations\""),
         "{denied}"
+    );
+}
+
+/// The other variant: `controller.namespaceSelector` set. The chart's controller rules are the
+/// default's plus `list`, `watch` on namespaces and nothing else; the controller, run from the
+/// installed Deployment's command line as its account, tells an annotated pod in an unlabelled
+/// namespace `NotReserved` and reserves it once the namespace is labelled, and the audit log shows
+/// it used exactly `list` and `watch` on namespaces, and was never refused anything. (The rest of
+/// the controller's rules are proven used by the test above, with the default values.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_namespace_selector_the_controller_lists_and_watches_namespaces_only() {
+    const SELECTOR: &str = "ipkeep.dev/reserve=true";
+    let _alone = ONE_CONTROLLER.lock().await;
+    let cluster = shared().await.unwrap();
+    let audit_log = cluster
+        .audit_log_path()
+        .expect("the shared control plane writes an audit log")
+        .to_path_buf();
+    let ns = cluster.fresh_namespace("rbac-nsel").await.unwrap();
+    let work = cluster.fresh_namespace("rbac-nsel-work").await.unwrap();
+    let scratch = Scratch::new("chart-rbac-nsel");
+    let fs_root = scratch.join("root");
+    let release = "rbacnsel";
+    // No webhook nor admission policy: cluster-wide objects the delta does not touch.
+    let values = [
+        "--set",
+        "placement.enabled=false",
+        "--set",
+        "policy.admission.enabled=false",
+    ];
+    ok(
+        "helm install",
+        cluster
+            .helm()
+            .args(["install", release])
+            .arg(chart_dir())
+            .args(["-n", &ns])
+            .args(values)
+            .args(["--set", &format!("controller.namespaceSelector={SELECTOR}")])
+            .output()
+            .unwrap(),
+    );
+    let controller_sa = format!("{release}-ipkeep-controller");
+
+    // The rules: the default's, plus list and watch on namespaces.
+    let default_role = {
+        let chart = chart_dir();
+        let mut args = vec![
+            "template",
+            release,
+            chart.to_str().unwrap(),
+            "--show-only",
+            "templates/controller-rbac.yaml",
+        ];
+        args.extend(values);
+        let yaml = shared::run_ok(cluster.helm(), &args, None);
+        // One JSON object per rendered document.
+        let json = kubectl_ok(
+            cluster,
+            &["create", "--dry-run=client", "-o", "json", "-f", "-"],
+            Some(&yaml),
+        );
+        serde_json::Deserializer::from_str(&json)
+            .into_iter::<Value>()
+            .map(Result::unwrap)
+            .find(|o| o["kind"] == "ClusterRole")
+            .unwrap()
+    };
+    let granted = granted_by(&[kubectl_json(
+        cluster,
+        &["get", "clusterrole", &controller_sa],
+    )]);
+    let added: BTreeSet<Access> = granted
+        .difference(&granted_by(&[default_role]))
+        .cloned()
+        .collect();
+    let expected: BTreeSet<Access> = ["list", "watch"]
+        .iter()
+        .map(|v| ((*v).to_owned(), "core/namespaces".to_owned()))
+        .collect();
+    assert_eq!(
+        added, expected,
+        "what the value adds to the controller's rules"
+    );
+
+    // The controller as the chart runs it, as its account.
+    let deploy = kubectl_json(cluster, &["get", "deployment", &controller_sa, "-n", &ns]);
+    let node = "node-a";
+    cluster.add_node(node).await.expect("the fixture Node");
+    let fields = BTreeMap::from([
+        ("metadata.name", format!("{controller_sa}-7d9f-x2")),
+        ("metadata.namespace", ns.clone()),
+        ("spec.nodeName", node.to_owned()),
+    ]);
+    let (run, _) = container(&deploy["spec"]["template"], "controller", &fields, &fs_root);
+    assert!(
+        run.argv
+            .contains(&format!("--namespace-selector={SELECTOR}")),
+        "{:?}",
+        run.argv
+    );
+    let kubeconfig = scratch.join("controller.kubeconfig");
+    cluster
+        .write_service_account_kubeconfig(&ns, &controller_sa, &kubeconfig)
+        .await
+        .unwrap();
+    let mut controller = Component::start(
+        "controller",
+        &kubeconfig,
+        &run,
+        scratch.join("controller.log"),
+    );
+    kubectl_ok(cluster, &["apply", "-f", "-"], Some(&pod_yaml(&work, node)));
+    run_pod(cluster, &work, "10.244.1.18");
+    eventually(
+        "a NotReserved Event naming the selector",
+        &mut [&mut controller],
+        || {
+            events(cluster, &work, "ipkeep-controller").iter().any(|e| {
+                e["reason"] == "NotReserved"
+                    && e["note"].as_str().is_some_and(|n| n.contains(SELECTOR))
+            })
+        },
+    )
+    .await;
+    assert!(reservation(cluster, &work, "web-0").is_none());
+    kubectl_ok(
+        cluster,
+        &["label", "namespace", &work, &SELECTOR.to_string()],
+        None,
+    );
+    eventually("the reservation Bound", &mut [&mut controller], || {
+        reservation(cluster, &work, "web-0").is_some_and(|r| r["status"]["phase"] == "Bound")
+    })
+    .await;
+    controller.stop();
+
+    let used = used_by(
+        &audit_log,
+        &format!("system:serviceaccount:{ns}:{controller_sa}"),
+    );
+    let denied: Vec<&Access> = used
+        .iter()
+        .filter(|(_, codes)| codes.contains(&403))
+        .map(|(k, _)| k)
+        .collect();
+    assert!(denied.is_empty(), "denied {denied:?}; used {used:?}");
+    let used: BTreeSet<Access> = used.into_keys().collect();
+    assert_eq!(
+        namespace_verbs(&used),
+        namespace_verbs(&expected),
+        "the Namespace verbs the controller used; all it used: {used:?}"
+    );
+    let lease_role = kubectl_json(
+        cluster,
+        &[
+            "get",
+            "role",
+            &format!("{controller_sa}-leader-election"),
+            "-n",
+            &ns,
+        ],
+    );
+    let granted: BTreeSet<Access> = granted.union(&granted_by(&[lease_role])).cloned().collect();
+    assert!(
+        used.is_subset(&granted),
+        "used {used:?}, granted {granted:?}"
+    );
+    ok(
+        "helm uninstall",
+        cluster
+            .helm()
+            .args(["uninstall", release, "-n", &ns])
+            .output()
+            .unwrap(),
     );
 }
