@@ -1047,11 +1047,7 @@ async fn with_a_namespace_selector_the_controller_lists_and_watches_namespaces_o
     )
     .await;
     assert!(reservation(cluster, &work, "web-0").is_none());
-    kubectl_ok(
-        cluster,
-        &["label", "namespace", &work, &SELECTOR.to_string()],
-        None,
-    );
+    kubectl_ok(cluster, &["label", "namespace", &work, SELECTOR], None);
     eventually("the reservation Bound", &mut [&mut controller], || {
         reservation(cluster, &work, "web-0").is_some_and(|r| r["status"]["phase"] == "Bound")
     })
