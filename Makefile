@@ -28,7 +28,7 @@ DOCKER_PLUGIN_DIR := target/docker-plugin
 STEP := scripts/step.sh
 
 .PHONY: all build plugin test lint deps packaging-deps docker-deps demo bench bench-controller bench-agent \
-  bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins flannel-bins docker-plugin \
+  bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins flannel-bins crio-bins docker-plugin \
   bench-docker plan-demo plan-test check-fresh release release-check
 
 all: build
@@ -69,6 +69,13 @@ node-bins: deps packaging-deps
 flannel-bins: deps
 	@e2e/cluster/build.sh --flannel >/dev/null
 
+## crio-bins: CRI-O and its pinns, and the upstream CNI plugins its nodes run (versions in
+## e2e/cluster/versions.env), for `ipkeep-e2e cluster up --runtime cri-o` and the CRI-O suite; the
+## same kind of cache. pinns is C: gcc and libc6-dev, as the static Rust builds. conmon is
+## Debian's (make deps).
+crio-bins: deps
+	@e2e/cluster/build.sh --crio >/dev/null
+
 build:
 	$(CARGO) build --workspace --all-targets
 
@@ -88,13 +95,14 @@ lint: release-check
 # The real-control-plane suites and the kubectl tests use the binaries `make cluster-bins` built
 # (kubectl of the same version as the API server), never the machine's own. lint comes first: it
 # fails in minutes, before the long builds.
-test: plan-test lint deps packaging-deps docker-deps cluster-bins node-bins flannel-bins plugin image docker-plugin
+test: plan-test lint deps packaging-deps docker-deps cluster-bins node-bins flannel-bins crio-bins plugin image docker-plugin
 	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
 	  node_bin_dir=$$(e2e/cluster/build.sh --print-node-bin-dir) && \
 	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
 	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" && \
 	  export IPKEEP_NODE_BIN_DIR="$$node_bin_dir" IPKEEP_NODE_IMAGE_DIR="$$node_image_dir" && \
 	  export IPKEEP_FLANNEL_BIN_DIR="$$(e2e/cluster/build.sh --print-flannel-bin-dir)" && \
+	  export IPKEEP_CRIO_BIN_DIR="$$(e2e/cluster/build.sh --print-crio-bin-dir)" && \
 	  echo "make test: control plane binaries and kubectl from $$bin_dir, node binaries from $$node_bin_dir" && \
 	  $(CARGO) test --workspace --no-fail-fast 2>&1 | tee target/test.log && \
 	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \

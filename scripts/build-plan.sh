@@ -51,6 +51,8 @@ case $goal in
   test)
     [ -d "$(e2e/cluster/build.sh --print-flannel-bin-dir)" ] \
       || part 2 "flanneld and flannel's CNI plugin from their Go modules, once per machine"
+    [ -d "$(e2e/cluster/build.sh --print-crio-bin-dir)" ] \
+      || part 3 "CRI-O and the upstream CNI plugins from their Go modules, once per machine"
     [ -x "$release/ipkeep-docker" ] || part 2 "ipkeep-docker (the Docker IPAM driver), a static release build"
     [ -x "$target_dir/debug/ipkeep-e2e" ] || part 8 "make lint (clippy) and the test binaries, debug builds"
     ;;

@@ -34,6 +34,9 @@ DEBIAN_PACKAGES=(
   # kubelet); kube-proxy's iptables.
   'deps|runc|[ -x /usr/sbin/runc ]'
   'deps|iptables|[ -x /usr/sbin/iptables ] && [ -x /usr/sbin/iptables-restore ]'
+  # CRI-O's container monitor on the CRI-O nodes (cluster up --runtime cri-o; CRI-O itself is
+  # built from its Go module by make crio-bins).
+  'deps|conmon|[ -x /usr/bin/conmon ]'
   # The one static binary the real nodes' workload image (make node-bins) and the Docker tests'
   # image are made of: sh, ip, httpd, wget, nc.
   'deps,docker-deps|busybox-static|dpkg -s busybox-static 2>/dev/null | grep "^Status: install ok installed" >/dev/null'

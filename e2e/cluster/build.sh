@@ -10,11 +10,14 @@
 #   e2e/cluster/build.sh --print-node-bin-dir   print the node bin dir, build nothing
 #   e2e/cluster/build.sh --flannel              flanneld and flannel's CNI plugin (cluster up --cni flannel)
 #   e2e/cluster/build.sh --print-flannel-bin-dir  print their bin dir, build nothing
+#   e2e/cluster/build.sh --crio                 CRI-O, its pinns, the upstream CNI plugins and cnitool (cluster up --runtime cri-o)
+#   e2e/cluster/build.sh --print-crio-bin-dir   print their bin dir, build nothing
 #   e2e/cluster/build.sh --update-modules       rewrite the wrapper go.mod/go.sum files to versions.env
 #
 # The binaries go to $IPKEEP_CACHE_DIR (default ~/.cache/ipkeep)/k8s-<k8s>-etcd-<etcd>-helm-<helm>/bin
 # (the node's to node-k8s-<k8s>-containerd-<containerd>/bin, flannel's to
-# flannel-<flannel>-cni-<plugin>/bin), outside the work tree, keyed by the
+# flannel-<flannel>-cni-<plugin>/bin, CRI-O's to crio-<crio>-plugins-<plugins>/bin), outside the
+# work tree, keyed by the
 # versions in versions.env: a second run costs a second. A finished build is renamed into place
 # whole, so an interrupted build never looks complete.
 set -euo pipefail
@@ -35,6 +38,9 @@ node_bins=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr pause)
 flannel_key="flannel-${FLANNEL_VERSION}-cni-${FLANNEL_CNI_VERSION}"
 flannel_out="$cache_root/$flannel_key"
 flannel_bins=(flanneld flannel)
+crio_key="crio-${CRIO_VERSION}-plugins-${CNI_PLUGINS_VERSION}"
+crio_out="$cache_root/$crio_key"
+crio_bins=(crio pinns bridge host-local portmap loopback cnitool)
 
 say() { echo "cluster-bins: $*" >&2; }
 die() { echo "cluster-bins: error: $*" >&2; exit 1; }
@@ -65,6 +71,8 @@ check_modules() {
     || die "e2e/cluster/flannel/go.mod does not require github.com/flannel-io/flannel $FLANNEL_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
   grep -Eq "^\s*github\.com/containernetworking/plugins $FLANNEL_CNI_VERSION\b" "$here/flannel-cni/go.mod" \
     || die "e2e/cluster/flannel-cni/go.mod does not require github.com/containernetworking/plugins $FLANNEL_CNI_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
+  grep -Eq "^\s*github\.com/containernetworking/plugins $CNI_PLUGINS_VERSION\b" "$here/cni-plugins/go.mod" \
+    || die "e2e/cluster/cni-plugins/go.mod does not require github.com/containernetworking/plugins $CNI_PLUGINS_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
 }
 
 need_go() {
@@ -85,6 +93,12 @@ update_modules() {
   (cd "$here/flannel" && go get -tool "github.com/flannel-io/flannel@$FLANNEL_VERSION" && go mod tidy)
   (cd "$here/flannel-cni" && go get -tool "github.com/containernetworking/plugins/plugins/meta/flannel@$FLANNEL_CNI_VERSION" \
     && go get github.com/containernetworking/cni@v1.1.2 && go mod tidy -e)
+  (cd "$here/cni-plugins" && go get -tool \
+    "github.com/containernetworking/plugins/plugins/main/bridge@$CNI_PLUGINS_VERSION" \
+    "github.com/containernetworking/plugins/plugins/ipam/host-local@$CNI_PLUGINS_VERSION" \
+    "github.com/containernetworking/plugins/plugins/meta/portmap@$CNI_PLUGINS_VERSION" \
+    "github.com/containernetworking/plugins/plugins/main/loopback@$CNI_PLUGINS_VERSION" \
+    github.com/containernetworking/cni/cnitool && go mod tidy)
 }
 
 # -trimpath and -buildvcs=false: the binaries depend on the sources and versions only, not on the
@@ -96,9 +110,11 @@ case "${1:-}" in
   --print-bin-dir) echo "$out/bin"; exit 0 ;;
   --print-node-bin-dir) echo "$node_out/bin"; exit 0 ;;
   --print-flannel-bin-dir) echo "$flannel_out/bin"; exit 0 ;;
+  --print-crio-bin-dir) echo "$crio_out/bin"; exit 0 ;;
   --update-modules) need_go; update_modules; check_modules; say "go.mod files follow versions.env"; exit 0 ;;
   --node) mode=node; key=$node_key; out=$node_out; bins=("${node_bins[@]}") ;;
   --flannel) mode=flannel; key=$flannel_key; out=$flannel_out; bins=("${flannel_bins[@]}") ;;
+  --crio) mode=crio; key=$crio_key; out=$crio_out; bins=("${crio_bins[@]}") ;;
   "") ;;
   *) die "unknown argument $1 (see the header of $0)" ;;
 esac
@@ -179,6 +195,37 @@ if [ "$mode" = flannel ]; then
     github.com/containernetworking/plugins/plugins/meta/flannel)
   "$stage/bin/flanneld" --version 2>&1 | grep "$FLANNEL_VERSION" >/dev/null \
     || die "the built flanneld does not report $FLANNEL_VERSION: the version stamp did not take"
+  finish
+  exit 0
+fi
+
+if [ "$mode" = crio ]; then
+  # CRI-O is built in its own module's directory, with its own go.sum: as a dependency of a
+  # wrapper module its go.sum would have to come from the checksum database, which does not know
+  # the pseudo-versions it pins (github.com/containerd/nri). The tags leave out what needs cgo
+  # libraries (gpgme: openpgp in Go instead; ostree, btrfs, devicemapper) and seccomp (no
+  # libseccomp without cgo: CRI-O then runs every container unconfined, and says so at start).
+  crio_dir=$(go mod download -json "github.com/cri-o/cri-o@$CRIO_VERSION" | sed -n -E 's/^\s*"Dir": "(.*)",?$/\1/p')
+  [ -d "$crio_dir" ] || die "could not download github.com/cri-o/cri-o@$CRIO_VERSION from the Go module proxy"
+  crio_tags="containers_image_openpgp containers_image_ostree_stub exclude_graphdriver_btrfs exclude_graphdriver_devicemapper"
+  (cd "$crio_dir" && step crio go build -tags "$crio_tags" -ldflags "-s -w" -o "$stage/bin/crio" ./cmd/crio)
+  # pinns (C, in the same module; CRI-O pins the pods' namespaces with it), as its Makefile
+  # builds it: static, so it needs glibc's libc.a (libc6-dev), which the static Rust builds need too.
+  t0=$(date +%s)
+  command -v gcc >/dev/null 2>&1 || die "gcc is missing (pinns is C): install gcc and libc6-dev"
+  gcc -std=c99 -Os -Wall -Werror -Wextra -static -o "$stage/bin/pinns" \
+    "$crio_dir/pinns/src/pinns.c" "$crio_dir/pinns/src/sysctl.c" || die "gcc could not build pinns (need gcc and libc6-dev)"
+  say "  pinns built in $(( $(date +%s) - t0 ))s"
+  # The upstream CNI plugins CRI-O's nodes run: Debian's (1.1.1) refuse cniVersion 1.1.0, the
+  # first version libcni sends GC to, and CRI-O drops a conflist a plugin refuses.
+  (cd "$here/cni-plugins" && for p in main/bridge ipam/host-local meta/portmap main/loopback; do
+    step "${p#*/}" go build -ldflags "-s -w" -o "$stage/bin/${p#*/}" "github.com/containernetworking/plugins/plugins/$p"
+  done
+  # libcni's own command-line front end: an ADD through libcni (its result cached under
+  # /var/lib/cni/results, as a runtime's is) for a sandbox no runtime knows: a leak.
+  step cnitool go build -ldflags "-s -w" -o "$stage/bin/cnitool" github.com/containernetworking/cni/cnitool)
+  "$stage/bin/crio" --version 2>/dev/null | grep -x "crio version ${CRIO_VERSION#v}" >/dev/null \
+    || die "the built crio does not report ${CRIO_VERSION#v}"
   finish
   exit 0
 fi

@@ -436,7 +436,7 @@ async fn main() {
     println!("bench-e2e: {} after the re-creations", uptime());
     print_recreations(&rounds);
 
-    let text = std::fs::read_to_string(node.log("containerd")).unwrap_or_default();
+    let text = std::fs::read_to_string(node.runtime_log()).unwrap_or_default();
     let log: Vec<&str> = text.lines().collect();
     println!(
         "the plugin's ADD as containerd ran it on {} (containerd's log; the plugin logs no timing):",
@@ -459,7 +459,7 @@ async fn main() {
         "RunPodSandbox of the retained pod",
         &mut sandbox_secs(&log, &ns, "kept-0"),
     );
-    let plain_text = std::fs::read_to_string(plain_node.log("containerd")).unwrap_or_default();
+    let plain_text = std::fs::read_to_string(plain_node.runtime_log()).unwrap_or_default();
     let plain_log: Vec<&str> = plain_text.lines().collect();
     print_line(
         &format!(

@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use ipkeep_e2e::{
     cluster::{
         cli::{self, UpOptions},
-        realnode::{NodeCni, NodeDirs},
+        realnode::{NodeCni, NodeDirs, NodeRuntime},
     },
     error_chain,
 };
@@ -88,6 +88,17 @@ enum ClusterAction {
         /// multi-call binary; the plugins here are Debian's and flannel's, each its own.)
         #[arg(long, default_value = "standard")]
         layout: NodeDirs,
+        /// The nodes' container runtime: containerd or cri-o.
+        ///
+        /// `cri-o`: CRI-O (`make crio-bins` builds it, with the upstream CNI plugins its nodes
+        /// run) with Debian's conmon and runc, and a conflist of cniVersion 1.1.0, so that CRI-O's
+        /// start-up CNI GC reaches the network (bridge network, standard layout only).
+        #[arg(long, default_value = "containerd")]
+        runtime: NodeRuntime,
+        /// Of the nodes, how many (the first ones) run CRI-O, the others containerd: a mixed
+        /// cluster. Default: all of them with `--runtime cri-o`, none otherwise.
+        #[arg(long)]
+        crio_nodes: Option<u8>,
     },
     /// Run a command inside a real node, as `docker exec` reaches into a kind node.
     ///
@@ -112,6 +123,14 @@ enum ClusterAction {
     },
     /// Remove the real nodes of runs whose owner is gone (the watchdog runs this after a crash).
     ReapNodes,
+    /// Run Debian's runc with these arguments, a container's `oom_score_adj` raised to this
+    /// process's own first (what CRI-O nodes run as runc: no CAP_SYS_RESOURCE here).
+    #[command(hide = true)]
+    Runc {
+        /// runc's arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Print the shell lines (KUBECONFIG, PATH) that point clients at it.
     Env,
     /// Serve a fault-injecting proxy in front of its API server until Ctrl-C: prints the
@@ -167,6 +186,8 @@ fn main() -> ExitCode {
                     nodes,
                     cni,
                     layout,
+                    runtime: node_runtime,
+                    crio_nodes,
                 } => {
                     let options = UpOptions {
                         state_dir,
@@ -175,6 +196,10 @@ fn main() -> ExitCode {
                         nodes,
                         cni,
                         dirs: layout,
+                        crio_nodes: crio_nodes.unwrap_or(match node_runtime {
+                            NodeRuntime::CriO => nodes,
+                            NodeRuntime::Containerd => 0,
+                        }),
                     };
                     if foreground {
                         runtime.block_on(cli::run_foreground(options))
@@ -214,6 +239,11 @@ fn main() -> ExitCode {
                 }
                 ClusterAction::LoadImage { archive } => cli::load_image(&state_dir, &archive)
                     .map(|names| names.iter().for_each(|n| println!("{n}"))),
+                ClusterAction::Runc { args } => {
+                    let e = ipkeep_e2e::cluster::realnode::crio::runc_clamped(&args);
+                    eprintln!("ipkeep-e2e cluster runc: {e}");
+                    return ExitCode::FAILURE;
+                }
                 ClusterAction::ReapNodes => {
                     for line in ipkeep_e2e::cluster::realnode::cleanup_stale() {
                         eprintln!("ipkeep-e2e cluster: {line}");

@@ -277,7 +277,7 @@ async fn the_chart_installs_on_real_nodes_and_a_deleted_statefulset_pod_keeps_it
     );
 
     // containerd ran the plugin, and the plugin said why it gave that address.
-    let log = std::fs::read_to_string(server_node.log("containerd")).unwrap();
+    let log = std::fs::read_to_string(server_node.runtime_log()).unwrap();
     let decisions: Vec<&str> = log.lines().filter(|l| l.contains("ipkeep: ")).collect();
     for l in &decisions {
         eprintln!("containerd on {}: {l}", server_node.name());

@@ -148,7 +148,7 @@ async fn pods_on_two_real_nodes_talk_and_answer_exec_and_logs() {
         .unwrap()
     };
     let sandboxes = sandbox_pid(b);
-    b.restart_containerd().unwrap();
+    b.restart_runtime().unwrap();
     b.restart_kubelet().unwrap();
     let still = c.wait_pod_ready(&ns, "web-b", POD_READY).await.unwrap();
     assert_eq!(ip_of(&still), ip_b);

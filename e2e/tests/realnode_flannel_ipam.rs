@@ -34,6 +34,7 @@ const NETWORK: PodNetwork = PodNetwork {
     tiny_nodes: 0,
     cni: NodeCni::Flannel,
     dirs: NodeDirs::Standard,
+    crio_nodes: 0,
 };
 
 /// kube-flannel's conflist with ipkeep as the IPAM, as a user edits it.

@@ -53,6 +53,7 @@ const NETWORK: PodNetwork = PodNetwork {
     tiny_nodes: 0,
     cni: NodeCni::Flannel,
     dirs: NodeDirs::K3s,
+    crio_nodes: 0,
 };
 
 /// The release a k3s upgrade extracts.

@@ -30,6 +30,7 @@ const NETWORK: PodNetwork = PodNetwork {
     tiny_nodes: 1,
     cni: NodeCni::Bridge,
     dirs: NodeDirs::Standard,
+    crio_nodes: 0,
 };
 
 /// The budget this test gives the tiny node.

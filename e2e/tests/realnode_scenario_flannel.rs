@@ -38,6 +38,7 @@ const NETWORK: PodNetwork = PodNetwork {
     tiny_nodes: 1,
     cni: NodeCni::Flannel,
     dirs: NodeDirs::Standard,
+    crio_nodes: 0,
 };
 
 /// Every test's setup: this binary's flannel nodes, shared with the other tests.

@@ -27,7 +27,6 @@ use std::path::PathBuf;
 
 use ipkeep_e2e::cluster::realnode::RealNode;
 use ipkeep_operator::crd::Phase;
-use realnode::assert_on_eth0;
 use system::*;
 
 /// The CNI network the nodes' conflist names (flannel's and k3s's).
@@ -44,12 +43,9 @@ fn reserved_file(node: &RealNode, ns: &str, pod: &str) -> PathBuf {
     network_dir(node).join("reserved").join(ns).join(pod)
 }
 
-/// A fault of a node: what it is, and how the node suffers it.
-type Fault = (&'static str, fn(&RealNode));
-
 /// Each fault, row by row.
-const FAULTS: [Fault; 3] = [
-    ("containerd restarted", |n| n.restart_containerd().unwrap()),
+const FAULTS: [realnode::Fault; 3] = [
+    ("containerd restarted", |n| n.restart_runtime().unwrap()),
     ("kubelet restarted", |n| n.restart_kubelet().unwrap()),
     ("node rebooted", |n| n.reboot().unwrap()),
 ];
@@ -58,34 +54,8 @@ const FAULTS: [Fault; 3] = [
 async fn node_faults_keep_running_and_returning_pods_on_their_addresses() {
     let _alone = realnode::use_real_nodes_alone().await;
     let (sys, c) = realnode::system("rn-faults").await;
-    let node_a = sys.node_name(0).to_owned();
-    let node = realnode::node(c, &node_a);
-    let history = sys.record_reservations();
-    let mut pods = sys.run_retained("web", 2, &node_a).await;
-
-    for (fault, strike) in FAULTS {
-        eprintln!("{node_a}: {fault}");
-        strike(node);
-        // Running pods keep (or, after a reboot, get back) their addresses: same pods, same IPs.
-        let after = sys.wait_running("app=web", &["web-0", "web-1"]).await;
-        for (name, p) in &pods {
-            assert_eq!(
-                after[name].ips, p.ips,
-                "{name} changed its address across: {fault}"
-            );
-        }
-        for p in after.values() {
-            sys.wait_bound(p).await;
-            assert_on_eth0(&sys, p).await;
-        }
-        // A returning pod gets its address on the node that just went through it.
-        sys.kubectl(&["delete", "pod", "web-0", "--wait=false"]);
-        let back = sys.wait_recreated("web-0", &after["web-0"].uid).await;
-        assert_eq!(back.ips, pods["web-0"].ips, "web-0 after {fault}");
-        sys.wait_bound(&back).await;
-        pods = sys.wait_running("app=web", &["web-0", "web-1"]).await;
-    }
-    assert!(!history.any_deleted(), "a reservation was deleted");
+    let node = realnode::node(c, sys.node_name(0));
+    realnode::faults_keep_pods_on_their_addresses(&sys, node, &FAULTS).await;
 }
 
 /// A strike of a node: what happens to it, and how.

@@ -48,6 +48,7 @@ const NETWORK: PodNetwork = PodNetwork {
     tiny_nodes: 1,
     cni: NodeCni::Bridge,
     dirs: NodeDirs::Standard,
+    crio_nodes: 0,
 };
 
 /// Every test's setup: this binary's nodes, shared with the other tests.

@@ -203,6 +203,8 @@ pub struct UpOptions {
     pub cni: realnode::NodeCni,
     /// Where they keep their CNI plugins and configuration.
     pub dirs: realnode::NodeDirs,
+    /// How many of the first nodes run CRI-O instead of containerd.
+    pub crio_nodes: u8,
 }
 
 /// The file `up --nodes` writes once the nodes are Ready: which slot, how many nodes, and
@@ -263,6 +265,7 @@ pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
             network: realnode::PodNetwork {
                 cni: options.cni,
                 dirs: options.dirs,
+                crio_nodes: options.crio_nodes,
                 ..realnode::PodNetwork::default()
             },
             plane,
@@ -275,6 +278,7 @@ pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
             "binDir": c.bin_dir(),
             "cni": options.cni.name(),
             "layout": options.dirs.name(),
+            "runtimes": c.nodes().iter().map(|n| n.runtime().name()).collect::<Vec<_>>(),
         });
         let file = nodes_file(&options.state_dir);
         let tmp = file.with_extension("tmp");
@@ -283,11 +287,12 @@ pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
             .map_err(io("write the nodes file"))?;
         for n in c.nodes() {
             eprintln!(
-                "ipkeep-e2e cluster: node {} at {} (pods {}, {}), network namespace {}",
+                "ipkeep-e2e cluster: node {} at {} (pods {}, {}, {}), network namespace {}",
                 n.name(),
                 n.ip(),
                 n.pod_cidr(),
                 n.cni().name(),
+                n.runtime().name(),
                 n.layout().netns()
             );
         }
@@ -364,6 +369,9 @@ pub async fn up(options: UpOptions) -> Result<(), CliError> {
         command.arg("--nodes").arg(options.nodes.to_string());
         command.arg("--cni").arg(options.cni.name());
         command.arg("--layout").arg(options.dirs.name());
+        command
+            .arg("--crio-nodes")
+            .arg(options.crio_nodes.to_string());
     }
     let mut child = command
         .stdin(Stdio::null())
@@ -561,8 +569,7 @@ pub fn down(state_dir: &Path) -> Result<String, CliError> {
 /// `cluster load-image ARCHIVE`: imports an OCI archive into every node of the running
 /// cluster; returns the image names it carries (`REPOSITORY:TAG`).
 pub fn load_image(state_dir: &Path, archive: &Path) -> Result<Vec<String>, CliError> {
-    let (nodes, bin_dir) = running_nodes(state_dir)?;
-    Ok(realnode::load_image(&nodes, &bin_dir, archive)?)
+    Ok(realnode::load_image(&running_nodes(state_dir)?, archive)?)
 }
 
 /// `cluster exec NODE -- COMMAND...`: runs the command inside that node of the running cluster
@@ -572,13 +579,13 @@ pub fn exec(
     node: &str,
     command: &[String],
 ) -> Result<std::process::ExitStatus, CliError> {
-    let (nodes, bin_dir) = running_nodes(state_dir)?;
-    let Some(layout) = nodes.iter().find(|n| n.name() == node) else {
+    let nodes = running_nodes(state_dir)?;
+    let Some(target) = nodes.iter().find(|n| n.node.name() == node) else {
         return Err(CliError::NoSuchNode {
             node: node.to_owned(),
             nodes: nodes
                 .iter()
-                .map(|n| n.name())
+                .map(|n| n.node.name())
                 .collect::<Vec<_>>()
                 .join(", "),
         });
@@ -589,7 +596,7 @@ pub fn exec(
             source: std::io::Error::other("no command given after --"),
         });
     };
-    realnode::host::node_command(*layout, &bin_dir, program)
+    realnode::host::node_command(target.node, &target.bin_dir, program)
         .args(args)
         .status()
         .map_err(|source| CliError::Io {
@@ -598,9 +605,9 @@ pub fn exec(
         })
 }
 
-/// The nodes of the cluster running at `state_dir` and their binaries' directory, from the
-/// `nodes.json` its supervisor wrote.
-fn running_nodes(state_dir: &Path) -> Result<(Vec<realnode::NodeLayout>, PathBuf), CliError> {
+/// The nodes of the cluster running at `state_dir` (each with its runtime, binaries and
+/// configuration directory), from the `nodes.json` its supervisor wrote.
+fn running_nodes(state_dir: &Path) -> Result<Vec<realnode::node::ImageTarget>, CliError> {
     let file = nodes_file(state_dir);
     let text =
         std::fs::read_to_string(&file).map_err(|_| CliError::NoNodes(state_dir.to_owned()))?;
@@ -622,6 +629,21 @@ fn running_nodes(state_dir: &Path) -> Result<(Vec<realnode::NodeLayout>, PathBuf
         .and_then(|n| u8::try_from(n).ok())
         .ok_or_else(not_ours)?;
     let bin_dir = PathBuf::from(info["binDir"].as_str().ok_or_else(not_ours)?);
-    let nodes = (0..count).filter_map(|i| slot.node(i)).collect();
-    Ok((nodes, bin_dir))
+    let runtime = |i: u8| {
+        info["runtimes"][usize::from(i)]
+            .as_str()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or_default()
+    };
+    Ok((0..count)
+        .filter_map(|i| {
+            let node = slot.node(i)?;
+            Some(realnode::node::ImageTarget {
+                node,
+                runtime: runtime(i),
+                bin_dir: bin_dir.clone(),
+                config_dir: state_dir.join("nodes").join(node.name()),
+            })
+        })
+        .collect())
 }

@@ -544,6 +544,39 @@ pub async fn deleted_graceful_or_forced_returns_reachable(
     (sys, returned)
 }
 
+/// A fault of a node: what it is, and how the node suffers it.
+pub type Fault = (&'static str, fn(&RealNode));
+
+/// `node` suffers each fault in turn while two retained pods of a StatefulSet `web` run there:
+/// after each, the running pods keep (after a reboot: get back) their addresses, and a pod
+/// deleted then returns with its own. No reservation is deleted.
+pub async fn faults_keep_pods_on_their_addresses(sys: &System, node: &RealNode, faults: &[Fault]) {
+    let history = sys.record_reservations();
+    let name = node.name();
+    let mut pods = sys.run_retained("web", 2, &name).await;
+    for (fault, strike) in faults {
+        eprintln!("{name}: {fault}");
+        strike(node);
+        let after = sys.wait_running("app=web", &["web-0", "web-1"]).await;
+        for (pod, p) in &pods {
+            assert_eq!(
+                after[pod].ips, p.ips,
+                "{pod} changed its address across: {fault}"
+            );
+        }
+        for p in after.values() {
+            sys.wait_bound(p).await;
+            assert_on_eth0(sys, p).await;
+        }
+        sys.kubectl(&["delete", "pod", "web-0", "--wait=false"]);
+        let back = sys.wait_recreated("web-0", &after["web-0"].uid).await;
+        assert_eq!(back.ips, pods["web-0"].ips, "web-0 after {fault}");
+        sys.wait_bound(&back).await;
+        pods = sys.wait_running("app=web", &["web-0", "web-1"]).await;
+    }
+    assert!(!history.any_deleted(), "a reservation was deleted");
+}
+
 /// What a failing real-node test needs to see: the reservations, the files under `dir` and the
 /// last lines of every agent's log (printed; libtest shows it when the test fails).
 pub fn dump(sys: &System, c: &RealCluster, dir: &std::path::Path) {

@@ -68,9 +68,17 @@ impl NodeCni {
     /// The conflist a node of this network has in its CNI configuration directory over its pod
     /// `cidrs`: its file name and its content (flannel's as kube-flannel writes it, or on a k3s
     /// layout as k3s writes it).
-    pub fn conflist(self, cidrs: &[String], dirs: NodeDirs) -> (&'static str, serde_json::Value) {
+    pub fn conflist(
+        self,
+        cidrs: &[String],
+        dirs: NodeDirs,
+        runtime: NodeRuntime,
+    ) -> (&'static str, serde_json::Value) {
         match (self, dirs) {
-            (NodeCni::Bridge, _) => (CNI_CONFLIST_FILE, cni_conflist(cidrs)),
+            (NodeCni::Bridge, _) => (
+                CNI_CONFLIST_FILE,
+                cni_conflist(cidrs, runtime.cni_version()),
+            ),
             (NodeCni::Flannel, NodeDirs::Standard) => (
                 super::flannel::CONFLIST_FILE,
                 super::flannel::kube_flannel_conflist(),
@@ -150,6 +158,64 @@ impl std::str::FromStr for NodeDirs {
     }
 }
 
+/// The container runtime a node runs under its kubelet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodeRuntime {
+    /// containerd 2 (`build.sh --node`): it never sends CNI GC.
+    #[default]
+    Containerd,
+    /// CRI-O (`build.sh --crio`) with Debian's conmon and runc: it sends CNI GC at every start,
+    /// so its nodes' conflist is `cniVersion` 1.1.0 and their CNI plugins the upstream ones.
+    CriO,
+}
+
+impl NodeRuntime {
+    /// Its name on the command line (`cluster up --runtime`) and in a Node's
+    /// `status.nodeInfo.containerRuntimeVersion` (before the `://`).
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeRuntime::Containerd => "containerd",
+            NodeRuntime::CriO => "cri-o",
+        }
+    }
+
+    /// Its daemon: the program, and the name of its log ([`super::RealNode::log`]).
+    pub fn daemon(self) -> &'static str {
+        match self {
+            NodeRuntime::Containerd => "containerd",
+            NodeRuntime::CriO => "crio",
+        }
+    }
+
+    /// The `cniVersion` of the conflist its nodes get: CRI-O's libcni sends GC only to a
+    /// network of 1.1.0 or later; Debian's plugins under containerd stop at 1.0.0.
+    pub fn cni_version(self) -> &'static str {
+        match self {
+            NodeRuntime::Containerd => "1.0.0",
+            NodeRuntime::CriO => "1.1.0",
+        }
+    }
+
+    /// Its CRI socket inside the node (whose `/run` is private).
+    pub fn socket(self) -> &'static str {
+        match self {
+            NodeRuntime::Containerd => CONTAINERD_SOCKET,
+            NodeRuntime::CriO => CRIO_SOCKET,
+        }
+    }
+}
+
+impl std::str::FromStr for NodeRuntime {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [NodeRuntime::Containerd, NodeRuntime::CriO]
+            .into_iter()
+            .find(|r| r.name() == s)
+            .ok_or_else(|| format!("{s:?} is not a container runtime (containerd or cri-o)"))
+    }
+}
+
 /// The bin directory of k3s release `release` (`data/<release>/bin`), as the node sees it.
 pub fn k3s_release_bin(release: &str) -> String {
     format!("{K3S_DATA_DIR}/{release}/bin")
@@ -168,12 +234,24 @@ pub struct PodNetwork {
     pub cni: NodeCni,
     /// Where the nodes keep their CNI plugins and configuration.
     pub dirs: NodeDirs,
+    /// How many of the cluster's first nodes run CRI-O instead of containerd (the first: a
+    /// mixed cluster may also have tiny nodes, which are the last).
+    pub crio_nodes: u8,
 }
 
 impl PodNetwork {
     /// Whether `node` of a cluster of `nodes` is one of the tiny ones.
     pub fn is_tiny(self, node: NodeLayout, nodes: u8) -> bool {
         u16::from(node.index()) + u16::from(self.tiny_nodes) >= u16::from(nodes)
+    }
+
+    /// The container runtime of `node`.
+    pub fn runtime(self, node: NodeLayout) -> NodeRuntime {
+        if node.index() < self.crio_nodes {
+            NodeRuntime::CriO
+        } else {
+            NodeRuntime::Containerd
+        }
     }
 
     /// The pod CIDRs of `node` in a cluster of `nodes`, IPv4 first (`spec.podCIDRs` of its Node,
@@ -205,7 +283,10 @@ impl PodNetwork {
 
 /// The paths a node sees at their usual place, each backed by its own directory on the host.
 /// (`/run` is a fresh tmpfs per node instead, so sockets and pod namespaces are private too.)
-pub const NODE_PATHS: [&str; 9] = [
+/// The last three are CRI-O's: its image and container storage, its own state (which must
+/// survive a reboot: without `/var/lib/crio/version` CRI-O takes a start for an upgrade and
+/// wipes its images) and its pods' logs.
+pub const NODE_PATHS: [&str; 12] = [
     "/etc/cni/net.d",
     "/opt/cni/bin",
     "/var/lib/rancher",
@@ -215,6 +296,9 @@ pub const NODE_PATHS: [&str; 9] = [
     "/var/log/containers",
     "/var/lib/containerd",
     "/var/lib/kube-proxy",
+    "/var/lib/containers",
+    "/var/lib/crio",
+    "/var/log/crio",
 ];
 
 /// One cluster's place on the machine.
@@ -456,6 +540,91 @@ pub fn containerd_config(runc: &Path, dirs: NodeDirs) -> String {
     )
 }
 
+/// CRI-O's socket inside every CRI-O node.
+pub const CRIO_SOCKET: &str = "/run/crio/crio.sock";
+
+/// Where the programs CRI-O runs are, on the machine.
+#[derive(Debug, Clone)]
+pub struct CrioPrograms {
+    /// `pinns` (from `build.sh --crio`).
+    pub pinns: PathBuf,
+    /// runc: Debian's, through `ipkeep-e2e cluster runc` ([`super::crio::runc_clamped`]).
+    pub runc: PathBuf,
+    /// conmon (Debian's).
+    pub conmon: PathBuf,
+    /// The image signature policy file (accept anything: the images are imported, never pulled).
+    pub signature_policy: PathBuf,
+}
+
+/// CRI-O's configuration: one file, nothing from `crio.conf.d` (a drop-in's
+/// `[crio.runtime.runtimes.runc]` replaces the whole table: a `runtime_root` left out falls back
+/// to crun's, and CRI-O then loses its containers at the next start). Storage under
+/// `/var/lib/containers` (disk) and `/run/containers` (gone at a reboot), cgroupfs (no systemd
+/// as PID 1), no SELinux, AppArmor or seccomp (a build without cgo has no seccomp: every
+/// container runs unconfined, as CRI-O says at start), NRI off (its socket would be shared by
+/// every node on the machine).
+pub fn crio_config(programs: &CrioPrograms, dirs: NodeDirs) -> String {
+    format!(
+        r#"[crio]
+root = "/var/lib/containers/storage"
+runroot = "/run/containers/storage"
+storage_driver = "overlay"
+log_dir = "/var/log/crio/pods"
+version_file = "/run/crio/version"
+version_file_persist = "/var/lib/crio/version"
+clean_shutdown_file = "/var/lib/crio/clean.shutdown"
+
+[crio.api]
+listen = "{CRIO_SOCKET}"
+stream_address = "127.0.0.1"
+stream_port = "0"
+
+[crio.runtime]
+default_runtime = "runc"
+cgroup_manager = "cgroupfs"
+conmon_cgroup = "pod"
+namespaces_dir = "/run"
+pinns_path = "{pinns}"
+container_exits_dir = "/run/crio/exits"
+container_attach_socket_dir = "/run/crio"
+log_level = "info"
+selinux = false
+apparmor_profile = "unconfined"
+seccomp_profile = ""
+
+[crio.runtime.runtimes.runc]
+runtime_path = "{runc}"
+runtime_type = "oci"
+runtime_root = "/run/runc"
+monitor_path = "{conmon}"
+monitor_cgroup = "pod"
+monitor_env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+
+[crio.image]
+pause_image = "{PAUSE_IMAGE}"
+pause_command = "/pause"
+signature_policy = "{policy}"
+pinned_images = ["{PAUSE_IMAGE}"]
+
+[crio.network]
+network_dir = "{conf_dir}/"
+plugin_dirs = ["{bin_dir}/"]
+
+[crio.metrics]
+enable_metrics = false
+
+[crio.nri]
+enable_nri = false
+"#,
+        pinns = programs.pinns.display(),
+        runc = programs.runc.display(),
+        conmon = programs.conmon.display(),
+        policy = programs.signature_policy.display(),
+        conf_dir = dirs.cni_conf_dir(),
+        bin_dir = dirs.cni_bin_dir(),
+    )
+}
+
 /// Files the kubelet of a node reads.
 #[derive(Debug, Clone)]
 pub struct KubeletFiles {
@@ -468,7 +637,11 @@ pub struct KubeletFiles {
 }
 
 /// The kubelet's configuration (JSON, which the kubelet reads as YAML).
-pub fn kubelet_config(node: NodeLayout, files: &KubeletFiles) -> serde_json::Value {
+pub fn kubelet_config(
+    node: NodeLayout,
+    files: &KubeletFiles,
+    runtime: NodeRuntime,
+) -> serde_json::Value {
     json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -485,7 +658,7 @@ pub fn kubelet_config(node: NodeLayout, files: &KubeletFiles) -> serde_json::Val
             "x509": {"clientCAFile": files.client_ca},
         },
         "authorization": {"mode": "Webhook"},
-        "containerRuntimeEndpoint": format!("unix://{CONTAINERD_SOCKET}"),
+        "containerRuntimeEndpoint": format!("unix://{}", runtime.socket()),
         // cgroup v1 hosts; no systemd as PID 1, so no systemd driver.
         "failCgroupV1": false,
         "cgroupDriver": "cgroupfs",
@@ -530,15 +703,16 @@ pub fn kube_proxy_config(node: NodeLayout, kubeconfig: &Path) -> serde_json::Val
 
 /// The node's CNI network, as a flannel or k3s node has it: `bridge` on `cbr0` as the pods'
 /// gateway with host-local IPAM over the node's pod CIDRs (`cidrs`, one range set each, so a
-/// dual-stack pod gets one address of each family; default `dataDir`), then `portmap`.
-pub fn cni_conflist(cidrs: &[String]) -> serde_json::Value {
+/// dual-stack pod gets one address of each family; default `dataDir`), then `portmap`; of
+/// `cni_version` ([`NodeRuntime::cni_version`]).
+pub fn cni_conflist(cidrs: &[String], cni_version: &str) -> serde_json::Value {
     let ranges: Vec<serde_json::Value> = cidrs.iter().map(|c| json!([{"subnet": c}])).collect();
     let routes: Vec<serde_json::Value> = cidrs
         .iter()
         .map(|c| json!({"dst": if c.contains(':') { "::/0" } else { "0.0.0.0/0" }}))
         .collect();
     json!({
-        "cniVersion": "1.0.0",
+        "cniVersion": cni_version,
         "name": CNI_NETWORK,
         "plugins": [
             {
@@ -764,7 +938,7 @@ mod tests {
     #[test]
     fn the_conflist_is_a_flannel_style_bridge_with_host_local() {
         let node = Slot::new(0).and_then(|s| s.node(0)).unwrap();
-        let c = cni_conflist(&PodNetwork::default().pod_cidrs(node, 2));
+        let c = cni_conflist(&PodNetwork::default().pod_cidrs(node, 2), "1.0.0");
         assert_eq!(c["name"], "cbr0");
         assert_eq!(c["plugins"][0]["type"], "bridge");
         assert_eq!(c["plugins"][0]["ipam"]["type"], "host-local");
@@ -781,7 +955,10 @@ mod tests {
 
     #[test]
     fn a_dual_stack_conflist_has_one_range_set_and_one_default_route_per_family() {
-        let c = cni_conflist(&["198.19.128.0/29".to_owned(), "fd19:198::/64".to_owned()]);
+        let c = cni_conflist(
+            &["198.19.128.0/29".to_owned(), "fd19:198::/64".to_owned()],
+            "1.0.0",
+        );
         assert_eq!(
             c["plugins"][0]["ipam"]["ranges"],
             json!([[{"subnet": "198.19.128.0/29"}], [{"subnet": "fd19:198::/64"}]])
@@ -790,6 +967,79 @@ mod tests {
             c["plugins"][0]["ipam"]["routes"],
             json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}])
         );
+    }
+
+    #[test]
+    fn the_first_crio_nodes_run_cri_o_with_a_cni_1_1_conflist_and_its_socket() {
+        let slot = Slot::new(0).unwrap();
+        let mixed = PodNetwork {
+            crio_nodes: 1,
+            ..PodNetwork::default()
+        };
+        let all = PodNetwork {
+            crio_nodes: 2,
+            ..PodNetwork::default()
+        };
+        // (network, node index, runtime)
+        let cases = [
+            (PodNetwork::default(), 0, NodeRuntime::Containerd),
+            (mixed, 0, NodeRuntime::CriO),
+            (mixed, 1, NodeRuntime::Containerd),
+            (all, 0, NodeRuntime::CriO),
+            (all, 1, NodeRuntime::CriO),
+            (all, 2, NodeRuntime::Containerd),
+        ];
+        for (network, index, runtime) in cases {
+            let node = slot.node(index).unwrap();
+            assert_eq!(network.runtime(node), runtime, "{network:?} node {index}");
+        }
+        let files = KubeletFiles {
+            client_ca: "/ca".into(),
+            tls_cert: "/c".into(),
+            tls_key: "/k".into(),
+        };
+        let node = slot.node(0).unwrap();
+        for (runtime, endpoint, version) in [
+            (
+                NodeRuntime::Containerd,
+                "unix:///run/containerd/containerd.sock",
+                "1.0.0",
+            ),
+            (NodeRuntime::CriO, "unix:///run/crio/crio.sock", "1.1.0"),
+        ] {
+            assert_eq!(
+                kubelet_config(node, &files, runtime)["containerRuntimeEndpoint"],
+                endpoint
+            );
+            let (_, conflist) = NodeCni::Bridge.conflist(&[], NodeDirs::Standard, runtime);
+            assert_eq!(conflist["cniVersion"], version);
+            assert_eq!(runtime.name().parse::<NodeRuntime>(), Ok(runtime));
+        }
+        assert!("docker".parse::<NodeRuntime>().is_err());
+    }
+
+    #[test]
+    fn crio_reads_its_plugins_and_network_from_the_layouts_directories() {
+        let programs = CrioPrograms {
+            pinns: "/cache/pinns".into(),
+            runc: "/usr/sbin/runc".into(),
+            conmon: "/usr/bin/conmon".into(),
+            signature_policy: "/state/policy.json".into(),
+        };
+        let conf = crio_config(&programs, NodeDirs::Standard);
+        for line in [
+            "listen = \"/run/crio/crio.sock\"",
+            "pinns_path = \"/cache/pinns\"",
+            "runtime_root = \"/run/runc\"",
+            "network_dir = \"/etc/cni/net.d/\"",
+            "plugin_dirs = [\"/opt/cni/bin/\"]",
+            "pause_image = \"localhost/ipkeep-e2e/pause:1\"",
+        ] {
+            assert!(
+                conf.lines().any(|l| l == line),
+                "{line} missing from\n{conf}"
+            );
+        }
     }
 
     #[test]

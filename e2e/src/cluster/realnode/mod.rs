@@ -7,6 +7,7 @@
 //! their own. Everything is removed when the cluster is dropped; after a crash, the next start
 //! (or `ipkeep-e2e cluster down`) removes what the crashed run left ([`cleanup_stale`]).
 
+pub mod crio;
 pub mod flannel;
 pub mod host;
 pub mod layout;
@@ -22,7 +23,9 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::PostParams};
 
 pub use host::HostError;
-pub use layout::{NodeCni, NodeDirs, NodeLayout, PodNetwork, Slot, TINY_TAINT, WORKLOAD_IMAGE};
+pub use layout::{
+    NodeCni, NodeDirs, NodeLayout, NodeRuntime, PodNetwork, Slot, TINY_TAINT, WORKLOAD_IMAGE,
+};
 pub use node::RealNode;
 
 use super::{Cluster, ClusterError, ClusterOptions, plane::NodeAccess};
@@ -126,6 +129,16 @@ pub enum RealNodeError {
         "failed to find flannel: {dir} has no {missing}; run: make flannel-bins (or set IPKEEP_FLANNEL_BIN_DIR)"
     )]
     FlannelMissing {
+        /// Where they were looked for.
+        dir: PathBuf,
+        /// The first missing one.
+        missing: String,
+    },
+    /// CRI-O's binaries are not built.
+    #[error(
+        "failed to find CRI-O: {dir} has no {missing}; run: make crio-bins (or set IPKEEP_CRIO_BIN_DIR)"
+    )]
+    CrioMissing {
         /// Where they were looked for.
         dir: PathBuf,
         /// The first missing one.
@@ -306,6 +319,8 @@ struct BootDirs<'a> {
     image: &'a Path,
     /// flannel's binaries, for a flannel network.
     flannel: Option<&'a Path>,
+    /// CRI-O's binaries, when some nodes run it.
+    crio: Option<&'a Path>,
 }
 
 /// A control plane and its real nodes. Dropping it removes everything it made.
@@ -645,11 +660,32 @@ impl RealCluster {
             NodeCni::Flannel => Some(flannel::bin_dir()?),
             NodeCni::Bridge => None,
         };
+        let crio_dir = if options.network.crio_nodes > 0 {
+            if options.network.cni != NodeCni::Bridge || options.network.dirs != NodeDirs::Standard
+            {
+                return Err(RealNodeError::Invalid {
+                    what: "CRI-O nodes",
+                    value: format!("{:?}", options.network),
+                    why: "CRI-O nodes run the bridge network in the standard layout (flannel's CNI plugin here stops at cniVersion 1.0.0, and CRI-O sends GC only to 1.1.0)",
+                });
+            }
+            if options.network.crio_nodes > options.nodes {
+                return Err(RealNodeError::Invalid {
+                    what: "number of CRI-O nodes",
+                    value: options.network.crio_nodes.to_string(),
+                    why: "at most the number of nodes",
+                });
+            }
+            Some(crio::bin_dir()?)
+        } else {
+            None
+        };
         let slot = claim_slot()?;
         let dirs = BootDirs {
             bin: &bin_dir,
             image: &image_dir,
             flannel: flannel_dir.as_deref(),
+            crio: crio_dir.as_deref(),
         };
         let started = Self::boot(&options, slot, dirs).await;
         if started.is_err() {
@@ -702,6 +738,7 @@ impl RealCluster {
             // Registered ahead with its pod CIDRs and taints, which the kubelet keeps when it
             // registers.
             let cidrs = options.network.pod_cidrs(layout, options.nodes);
+            let runtime = options.network.runtime(layout);
             let node: Node = serde_json::from_value(serde_json::json!({
                 "metadata": {"name": layout.name()},
                 "spec": {
@@ -730,6 +767,11 @@ impl RealCluster {
                 dirs: options.network.dirs,
                 bin_dir: bin_dir.to_owned(),
                 flannel_dir: dirs.flannel.map(Path::to_owned),
+                runtime,
+                crio_dir: match runtime {
+                    NodeRuntime::CriO => dirs.crio.map(Path::to_owned),
+                    NodeRuntime::Containerd => None,
+                },
             };
             let n = RealNode::prepare(layout, spec, Arc::clone(&plane))?;
             cluster.nodes.push(n);
@@ -737,9 +779,9 @@ impl RealCluster {
         let pause = dirs.image.join("pause.oci.tar");
         let workload = dirs.image.join("workload.oci.tar");
         for n in &cluster.nodes {
-            n.start_containerd()?;
-            n.import_image(&pause, true)?;
-            n.import_image(&workload, false)?;
+            n.start_runtime()?;
+            n.import_image(&pause, true, &[])?;
+            n.import_image(&workload, false, &[])?;
             n.start_kubelet()?;
             n.start_kube_proxy()?;
         }
@@ -849,13 +891,13 @@ impl RealCluster {
         &self.bin_dir
     }
 
-    /// Imports an OCI archive into every node's containerd and returns the image names it
+    /// Imports an OCI archive into every node's runtime and returns the image names it
     /// carries (`REPOSITORY:TAG`), each usable in a pod spec with `imagePullPolicy: Never`:
     /// a short name (`ipkeep:1`) is also tagged as the kubelet resolves it
     /// (`docker.io/library/ipkeep:1`).
     pub fn load_image(&self, archive: &Path) -> Result<Vec<String>, RealNodeError> {
-        let layouts: Vec<NodeLayout> = self.nodes.iter().map(RealNode::layout).collect();
-        load_image(&layouts, &self.bin_dir, archive)
+        let targets: Vec<_> = self.nodes.iter().map(RealNode::image_target).collect();
+        load_image(&targets, archive)
     }
 
     /// Runs the cluster's kubectl (admin) with `args`, `stdin` fed in; its stdout, or an error
@@ -1021,18 +1063,16 @@ fn cleanup_slot_network(slot: Slot) -> Result<(), RealNodeError> {
 
 /// [`RealCluster::load_image`] over any set of running nodes (`cluster load-image`).
 pub fn load_image(
-    nodes: &[NodeLayout],
-    bin_dir: &Path,
+    nodes: &[node::ImageTarget],
     archive: &Path,
 ) -> Result<Vec<String>, RealNodeError> {
     let names = archive_image_names(archive)?;
-    for &n in nodes {
-        node::import_image(n, bin_dir, archive, false)?;
-        for name in &names {
-            if let Some(full) = normalized_image_name(name) {
-                node::tag_image(n, bin_dir, name, &full)?;
-            }
-        }
+    let also: Vec<(String, String)> = names
+        .iter()
+        .filter_map(|name| Some((name.clone(), normalized_image_name(name)?)))
+        .collect();
+    for n in nodes {
+        node::import_image(n.clone(), archive, false, &also)?;
     }
     Ok(names)
 }

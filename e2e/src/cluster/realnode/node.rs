@@ -1,5 +1,5 @@
-//! One real node: its files, its containerd, kubelet and kube-proxy in its own namespaces and
-//! cgroup, and what tests do to it (exec, restarts, a reboot).
+//! One real node: its files, its container runtime (containerd or CRI-O), kubelet and kube-proxy
+//! in its own namespaces and cgroup, and what tests do to it (exec, restarts, a reboot).
 
 use std::{
     io::Read as _,
@@ -10,9 +10,9 @@ use std::{
 };
 
 use super::{
-    RealNodeError, flannel,
+    RealNodeError, crio, flannel,
     host::{self, HostError},
-    layout::{self, NodeCni, NodeDirs, NodeLayout},
+    layout::{self, NodeCni, NodeDirs, NodeLayout, NodeRuntime},
 };
 use crate::cluster::{
     Cluster,
@@ -20,25 +20,26 @@ use crate::cluster::{
     process::{Component, LOG_TAIL_LINES, log_tail, rss_kib},
 };
 
-/// How long a node's containerd may take to answer.
-const CONTAINERD_READY: Duration = Duration::from_secs(60);
+/// How long a node's container runtime may take to answer.
+const RUNTIME_READY: Duration = Duration::from_secs(60);
 /// How long flanneld may take to write the node's lease.
 const FLANNEL_READY: Duration = Duration::from_secs(60);
 
 /// The node's processes that run now.
 #[derive(Debug, Default)]
 struct Daemons {
-    containerd: Option<Component>,
+    /// containerd or crio.
+    runtime: Option<Component>,
     flanneld: Option<Component>,
     kubelet: Option<Component>,
     kube_proxy: Option<Component>,
 }
 
 impl Daemons {
-    /// Each daemon by name, in start order.
-    fn all(&self) -> [(&'static str, &Option<Component>); 4] {
+    /// Each daemon by name (the runtime's is `runtime`'s), in start order.
+    fn all(&self, runtime: NodeRuntime) -> [(&'static str, &Option<Component>); 4] {
         [
-            ("containerd", &self.containerd),
+            (runtime.daemon(), &self.runtime),
             ("flanneld", &self.flanneld),
             ("kubelet", &self.kubelet),
             ("kube-proxy", &self.kube_proxy),
@@ -64,6 +65,10 @@ pub(super) struct NodeSpec {
     pub bin_dir: PathBuf,
     /// flannel's binaries, with [`NodeCni::Flannel`].
     pub flannel_dir: Option<PathBuf>,
+    /// Its container runtime.
+    pub runtime: NodeRuntime,
+    /// CRI-O's binaries and CNI plugins, with [`NodeRuntime::CriO`].
+    pub crio_dir: Option<PathBuf>,
 }
 
 /// A real node: containerd, kubelet and kube-proxy in the node's own network namespace, mount
@@ -79,6 +84,8 @@ pub struct RealNode {
     cni: NodeCni,
     bin_dir: PathBuf,
     flannel_dir: Option<PathBuf>,
+    runtime: NodeRuntime,
+    crio_dir: Option<PathBuf>,
     config_dir: PathBuf,
     logs: PathBuf,
     plane: Arc<Cluster>,
@@ -123,11 +130,15 @@ impl RealNode {
             let dir = layout.host_dir(p);
             std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
         }
-        let mut plugins = at(
-            &name,
-            "list the CNI plugins",
-            host::plugin_files(Path::new(host::DEBIAN_CNI_DIR)),
-        )?;
+        // A CRI-O node runs the upstream plugins (Debian's refuse cniVersion 1.1.0).
+        let mut plugins = match &spec.crio_dir {
+            Some(dir) => crio::CNI_PLUGINS.iter().map(|p| dir.join(p)).collect(),
+            None => at(
+                &name,
+                "list the CNI plugins",
+                host::plugin_files(Path::new(host::DEBIAN_CNI_DIR)),
+            )?,
+        };
         plugins.extend(spec.flannel_dir.iter().map(|d| d.join("flannel")));
         match spec.dirs {
             NodeDirs::Standard => {
@@ -149,7 +160,7 @@ impl RealNode {
                 )?;
             }
         }
-        let (file, conflist) = spec.cni.conflist(&spec.pod_cidrs, spec.dirs);
+        let (file, conflist) = spec.cni.conflist(&spec.pod_cidrs, spec.dirs, spec.runtime);
         let conf_dir = layout
             .host_path(spec.dirs.cni_conf_dir())
             .unwrap_or_else(|| layout.host_dir("/etc/cni/net.d"));
@@ -230,14 +241,24 @@ impl RealNode {
             tls_cert: kubelet_serving.cert,
             tls_key: kubelet_serving.key,
         };
-        let writes = [
-            (
+        let runtime_config = match (&spec.crio_dir, spec.runtime) {
+            (Some(dir), NodeRuntime::CriO) => {
+                let programs = crio::programs(dir, &config_dir, &super::e2e_exe()?)
+                    .map_err(io("write CRI-O's files in", &config_dir))?;
+                let drop_ins = config_dir.join("crio.conf.d");
+                std::fs::create_dir_all(&drop_ins).map_err(io("create", &drop_ins))?;
+                ("crio.conf", layout::crio_config(&programs, spec.dirs))
+            }
+            _ => (
                 "containerd.toml",
                 layout::containerd_config(Path::new(host::RUNC), spec.dirs),
             ),
+        };
+        let writes = [
+            runtime_config,
             (
                 "kubelet.json",
-                layout::kubelet_config(layout, &files).to_string(),
+                layout::kubelet_config(layout, &files, spec.runtime).to_string(),
             ),
             (
                 "kube-proxy.json",
@@ -259,6 +280,8 @@ impl RealNode {
             cni: spec.cni,
             bin_dir: spec.bin_dir,
             flannel_dir: spec.flannel_dir,
+            runtime: spec.runtime,
+            crio_dir: spec.crio_dir,
             config_dir,
             logs,
             plane,
@@ -348,10 +371,19 @@ impl RealNode {
         )
     }
 
-    /// The log file of one of its daemons (`containerd`, `kubelet`, `kube-proxy`); containerd's
-    /// holds what CNI plugins write to stderr.
+    /// The log file of one of its daemons (`containerd` or `crio`, `kubelet`, `kube-proxy`).
     pub fn log(&self, daemon: &str) -> PathBuf {
         self.logs.join(format!("{}-{daemon}.log", self.name()))
+    }
+
+    /// Its container runtime's log, which holds what CNI plugins write to stderr.
+    pub fn runtime_log(&self) -> PathBuf {
+        self.log(self.runtime.daemon())
+    }
+
+    /// Its container runtime.
+    pub fn runtime(&self) -> NodeRuntime {
+        self.runtime
     }
 
     /// Its CNI network.
@@ -424,29 +456,89 @@ impl RealNode {
             })
     }
 
-    /// Starts containerd and waits until it answers.
-    pub(super) fn start_containerd(&self) -> Result<(), RealNodeError> {
-        let config = self.config_dir.join("containerd.toml");
-        let c = self.start_daemon(
-            "containerd",
-            vec!["--config".into(), config.to_string_lossy().into_owned()],
-        )?;
+    /// Starts its container runtime and waits until it answers.
+    pub(super) fn start_runtime(&self) -> Result<(), RealNodeError> {
+        let daemon = self.runtime.daemon();
+        let (c, mut probe) = match (self.runtime, &self.crio_dir) {
+            (NodeRuntime::CriO, Some(dir)) => {
+                // The kubelet then finds no hugepage sizes and asks for no hugetlb limit, which
+                // runc cannot set where /proc/cgroups lists a hugetlb hierarchy nothing mounts
+                // (CRI-O has no disable_hugetlb_controller, as containerd has). In the node's
+                // own mount namespace only; again after a reboot, which makes a new one.
+                self.exec(&[
+                    "mount",
+                    "-t",
+                    "tmpfs",
+                    "-o",
+                    "ro,mode=0755",
+                    "ipkeep-no-hugepages",
+                    "/sys/kernel/mm/hugepages",
+                ])?;
+                // Its whole configuration is crio.conf and registries.conf: the drop-in directories
+                // are an empty one of ours, never the machine's /etc/crio/crio.conf.d or
+                // /etc/containers/registries.conf.d.
+                let args = vec![
+                    "--config".to_owned(),
+                    self.config_dir
+                        .join("crio.conf")
+                        .to_string_lossy()
+                        .into_owned(),
+                    "--config-dir".to_owned(),
+                    self.config_dir
+                        .join("crio.conf.d")
+                        .to_string_lossy()
+                        .into_owned(),
+                ];
+                let crio = dir.join("crio");
+                let mut daemon_args = args.clone();
+                daemon_args.extend([
+                    "--registries-conf".to_owned(),
+                    self.config_dir
+                        .join("registries.conf")
+                        .to_string_lossy()
+                        .into_owned(),
+                    "--registries-conf-dir".to_owned(),
+                    self.config_dir
+                        .join("crio.conf.d")
+                        .to_string_lossy()
+                        .into_owned(),
+                ]);
+                let c = self.start_program(daemon, &crio, &[], daemon_args)?;
+                let mut probe = self.command(&crio.to_string_lossy());
+                probe.args(&args);
+                probe.args(["status", "--socket", layout::CRIO_SOCKET, "info"]);
+                (c, probe)
+            }
+            _ => {
+                let config = self.config_dir.join("containerd.toml");
+                let c = self.start_daemon(
+                    daemon,
+                    vec!["--config".into(), config.to_string_lossy().into_owned()],
+                )?;
+                let mut probe = self.command("ctr");
+                probe.args(["--address", layout::CONTAINERD_SOCKET, "version"]);
+                (c, probe)
+            }
+        };
         let started = Instant::now();
         loop {
-            let mut probe = self.command("ctr");
-            probe.args(["--address", layout::CONTAINERD_SOCKET, "version"]);
-            if host::output_of(probe).is_ok() {
+            if probe
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+            {
                 break;
             }
             if let Some(status) = c.exit_status() {
-                return Err(self.died("containerd", &c, &status.to_string()));
+                return Err(self.died(daemon, &c, &status.to_string()));
             }
-            if started.elapsed() > CONTAINERD_READY {
-                return Err(self.died("containerd", &c, "it did not answer within 60 s"));
+            if started.elapsed() > RUNTIME_READY {
+                return Err(self.died(daemon, &c, "it did not answer within 60 s"));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        self.lock().containerd = Some(c);
+        self.lock().runtime = Some(c);
         Ok(())
     }
 
@@ -535,7 +627,7 @@ impl RealNode {
     /// Ok while its daemons run; else which one died, and the end of its log.
     pub fn check(&self) -> Result<(), RealNodeError> {
         let d = self.lock();
-        for (daemon, c) in d.all() {
+        for (daemon, c) in d.all(self.runtime) {
             if let Some(c) = c
                 && let Some(status) = c.exit_status()
             {
@@ -548,15 +640,31 @@ impl RealNode {
     /// Process ids of its daemons that run now.
     pub fn pids(&self) -> Vec<(String, u32)> {
         let d = self.lock();
-        d.all()
+        d.all(self.runtime)
             .into_iter()
             .filter_map(|(n, c)| c.as_ref().map(|c| (n.to_owned(), c.pid())))
             .collect()
     }
 
-    /// Imports an OCI archive into the node's containerd (see [`import_image`]).
-    pub fn import_image(&self, archive: &Path, pinned: bool) -> Result<(), RealNodeError> {
-        import_image(self.layout, &self.bin_dir, archive, pinned)
+    /// Imports an OCI archive into the node's container runtime under the names it carries and
+    /// each `also` (from, to) name (see [`import_image`] and [`crio::import_image`]).
+    pub fn import_image(
+        &self,
+        archive: &Path,
+        pinned: bool,
+        also: &[(String, String)],
+    ) -> Result<(), RealNodeError> {
+        import_image(self.image_target(), archive, pinned, also)
+    }
+
+    /// Where [`import_image`] puts an image into this node.
+    pub fn image_target(&self) -> ImageTarget {
+        ImageTarget {
+            node: self.layout,
+            runtime: self.runtime,
+            bin_dir: self.bin_dir.clone(),
+            config_dir: self.config_dir.clone(),
+        }
     }
 
     /// Stops one daemon (SIGTERM, then SIGKILL after `grace`); containers keep running.
@@ -567,10 +675,11 @@ impl RealNode {
         }
     }
 
-    /// Stops containerd and starts it again; the containers (their shims) keep running.
-    pub fn restart_containerd(&self) -> Result<(), RealNodeError> {
-        self.stop_daemon(|d| &mut d.containerd, Duration::from_secs(10));
-        self.start_containerd()
+    /// Stops its container runtime and starts it again; the containers (their shims or
+    /// conmons) keep running.
+    pub fn restart_runtime(&self) -> Result<(), RealNodeError> {
+        self.stop_daemon(|d| &mut d.runtime, Duration::from_secs(10));
+        self.start_runtime()
     }
 
     /// Stops the kubelet and starts it again; the pods keep running.
@@ -585,12 +694,12 @@ impl RealNode {
         self.start_network()
     }
 
-    /// Stops the daemons (kube-proxy, kubelet, flanneld, containerd; containers keep running).
+    /// Stops the daemons (kube-proxy, kubelet, flanneld, the runtime; containers keep running).
     pub(super) fn stop_daemons(&self) {
         self.stop_daemon(|d| &mut d.kube_proxy, Duration::from_secs(5));
         self.stop_daemon(|d| &mut d.kubelet, Duration::from_secs(5));
         self.stop_daemon(|d| &mut d.flanneld, Duration::from_secs(5));
-        self.stop_daemon(|d| &mut d.containerd, Duration::from_secs(5));
+        self.stop_daemon(|d| &mut d.runtime, Duration::from_secs(5));
     }
 
     /// Powers the node off and on: its daemons stop, every container is killed, its network
@@ -600,7 +709,7 @@ impl RealNode {
         self.stop_daemons();
         self.tear_down()?;
         self.create_namespaces()?;
-        self.start_containerd()?;
+        self.start_runtime()?;
         self.start_kubelet()?;
         self.start_kube_proxy()?;
         self.start_network()
@@ -648,9 +757,50 @@ impl RealNode {
     }
 }
 
-/// Imports an OCI archive into a node's containerd (namespace `k8s.io`), `pinned` ones labelled
-/// so the kubelet's image GC keeps them; the archive is read by us, so any path works.
+/// A running node's image store: which node, its runtime, the node binaries, and its
+/// configuration directory (`<state>/nodes/<name>`, with CRI-O's signature policy).
+#[derive(Debug, Clone)]
+pub struct ImageTarget {
+    /// The node.
+    pub node: NodeLayout,
+    /// Its runtime.
+    pub runtime: NodeRuntime,
+    /// The node binaries (ctr).
+    pub bin_dir: PathBuf,
+    /// Its configuration directory.
+    pub config_dir: PathBuf,
+}
+
+/// Imports an OCI archive into a node's runtime under the names it carries and each `also`
+/// (from, to) name; in containerd `pinned` ones are labelled so the kubelet's image GC keeps
+/// them (CRI-O keeps what its `pinned_images` names: the pause image).
 pub fn import_image(
+    target: ImageTarget,
+    archive: &Path,
+    pinned: bool,
+    also: &[(String, String)],
+) -> Result<(), RealNodeError> {
+    match target.runtime {
+        NodeRuntime::Containerd => {
+            import_into_containerd(target.node, &target.bin_dir, archive, pinned)?;
+            for (from, to) in also {
+                tag_image(target.node, &target.bin_dir, from, to)?;
+            }
+            Ok(())
+        }
+        NodeRuntime::CriO => crio::import_image(
+            target.node,
+            &target.bin_dir,
+            &target.config_dir.join("policy.json"),
+            archive,
+            also,
+        ),
+    }
+}
+
+/// Imports an OCI archive into a node's containerd (namespace `k8s.io`); the archive is read by
+/// us, so any path works.
+fn import_into_containerd(
     node: NodeLayout,
     bin_dir: &Path,
     archive: &Path,
@@ -695,14 +845,8 @@ pub fn import_image(
     Ok(())
 }
 
-/// Gives an image in a node's containerd a second name (`docker.io/library/ipkeep:1` for
-/// `ipkeep:1`, the name the kubelet resolves the short one to).
-pub fn tag_image(
-    node: NodeLayout,
-    bin_dir: &Path,
-    from: &str,
-    to: &str,
-) -> Result<(), RealNodeError> {
+/// Gives an image in a node's containerd a second name.
+fn tag_image(node: NodeLayout, bin_dir: &Path, from: &str, to: &str) -> Result<(), RealNodeError> {
     let mut command = host::node_command(node, bin_dir, "ctr");
     command.args(["--address", layout::CONTAINERD_SOCKET, "-n", "k8s.io"]);
     command.args(["images", "tag", "--force", from, to]);
