@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use ipkeep_e2e::{
     cluster::{
         cli::{self, UpOptions},
-        realnode::{NodeCni, NodeDirs, NodeRuntime},
+        realnode::{NodeCni, NodeDirs, NodeRuntime, node::Strike},
     },
     error_chain,
 };
@@ -114,9 +114,23 @@ enum ClusterAction {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Power a real node off and on, as the tests do: its daemons stop, every container is
+    /// killed, its network namespace and /run go, /var/lib stays; then its daemons start again.
+    Reboot {
+        /// The node (`node-0`).
+        node: String,
+    },
+    /// Stop one daemon of a real node and start it again (the containers keep running).
+    Restart {
+        /// The node (`node-0`).
+        node: String,
+        /// The daemon: the node's runtime (containerd or crio), kubelet, or flanneld.
+        daemon: String,
+    },
     /// Stop it and remove its state, whatever state a crash left it in (real nodes included).
     Down,
-    /// Import an OCI archive into every real node's containerd; prints each REPOSITORY:TAG.
+    /// Import an OCI archive into every real node's runtime (containerd or CRI-O); prints each
+    /// REPOSITORY:TAG.
     LoadImage {
         /// The OCI archive (e.g. target/image/ipkeep.oci.tar from `make image`).
         archive: PathBuf,
@@ -236,6 +250,10 @@ fn main() -> ExitCode {
                         }
                         Err(e) => Err(e),
                     }
+                }
+                ClusterAction::Reboot { node } => cli::strike(&state_dir, &node, Strike::Reboot),
+                ClusterAction::Restart { node, daemon } => {
+                    cli::strike(&state_dir, &node, Strike::Restart(daemon))
                 }
                 ClusterAction::LoadImage { archive } => cli::load_image(&state_dir, &archive)
                     .map(|names| names.iter().for_each(|n| println!("{n}"))),

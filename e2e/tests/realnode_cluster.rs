@@ -299,6 +299,15 @@ fn assert_sysctls_restored(machine: &[(String, String)]) {
     }
 }
 
+/// `cluster down` of the cluster at `dir` in `slot`: nothing of it is left, and the sysctls the
+/// machine had (`machine`) are back.
+fn down_leaves_nothing(dir: &Path, slot: Slot, machine: &[(String, String)]) {
+    e2e_ok(&["cluster", "down", "--state-dir", dir.to_str().unwrap()]);
+    assert_eq!(realnode::leftovers(slot), Vec::<String>::new());
+    assert!(!dir.exists());
+    assert_sysctls_restored(machine);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_up_nodes_load_image_and_down_leave_nothing_and_restore_sysctls() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -314,10 +323,7 @@ async fn cluster_up_nodes_load_image_and_down_leave_nothing_and_restore_sysctls(
         dir.to_str().unwrap(),
     ]);
     assert_eq!(printed, format!("{WORKLOAD_IMAGE}\n"));
-    e2e_ok(&["cluster", "down", "--state-dir", dir.to_str().unwrap()]);
-    assert_eq!(realnode::leftovers(slot), Vec::<String>::new());
-    assert!(!dir.exists());
-    assert_sysctls_restored(&machine);
+    down_leaves_nothing(&dir, slot, &machine);
 }
 
 /// `cluster up --cni flannel`: each node runs flanneld, whose lease and vxlan route `cluster
@@ -391,10 +397,60 @@ async fn cluster_up_with_flannel_answers_exec_inside_each_node_and_down_leaves_n
         said.contains("no node node-7") && said.contains("node-0, node-1"),
         "{said}"
     );
-    e2e_ok(&["cluster", "down", "--state-dir", d]);
-    assert_eq!(realnode::leftovers(slot), Vec::<String>::new());
-    assert!(!dir.exists());
-    assert_sysctls_restored(&machine);
+    down_leaves_nothing(&dir, slot, &machine);
+}
+
+/// `cluster up --runtime cri-o --crio-nodes 1`: node-0 runs CRI-O, node-1 containerd, each
+/// answering on its own socket; `load-image` reaches both runtimes; `cluster restart` and
+/// `cluster reboot` strike a node through the supervisor (a daemon the node does not run is
+/// refused, naming its runtime); `down` leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_up_with_a_cri_o_node_loads_images_into_each_runtime_and_strikes_nodes_by_hand() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let machine = machine_sysctls();
+    let dir = state_dir("rn-crio");
+    let d = dir.to_str().unwrap();
+    let slot = up_nodes(
+        &dir,
+        &["--nodes", "2", "--runtime", "cri-o", "--crio-nodes", "1"],
+    );
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("nodes.json")).unwrap()).unwrap();
+    assert_eq!(info["runtimes"], serde_json::json!(["cri-o", "containerd"]));
+    let answers = |node: &str, socket: &str| {
+        e2e(&[
+            "cluster",
+            "exec",
+            node,
+            "--state-dir",
+            d,
+            "--",
+            "test",
+            "-S",
+            socket,
+        ])
+        .status
+        .success()
+    };
+    let images = realnode::node_image_dir(&realnode::node_bin_dir().unwrap()).unwrap();
+    let printed = e2e_ok(&[
+        "cluster",
+        "load-image",
+        images.join("workload.oci.tar").to_str().unwrap(),
+        "--state-dir",
+        d,
+    ]);
+    assert_eq!(printed, format!("{WORKLOAD_IMAGE}\n"));
+    e2e_ok(&["cluster", "restart", "node-0", "crio", "--state-dir", d]);
+    let refused = e2e(&["cluster", "restart", "node-1", "crio", "--state-dir", d]);
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("containerd"), "{said}");
+    e2e_ok(&["cluster", "reboot", "node-1", "--state-dir", d]);
+    assert!(answers("node-0", "/run/crio/crio.sock"));
+    assert!(answers("node-1", "/run/containerd/containerd.sock"));
+    assert!(!answers("node-1", "/run/crio/crio.sock"));
+    down_leaves_nothing(&dir, slot, &machine);
 }
 
 fn kill(pid: u32) {

@@ -83,6 +83,9 @@ pub enum CliError {
     /// Interrupted while waiting.
     #[error("interrupted: the control plane was stopped again")]
     Interrupted,
+    /// A strike the supervisor carried out and that failed, or one it never answered.
+    #[error("{0}")]
+    Strike(String),
     /// The fault proxy.
     #[error(transparent)]
     Proxy(#[from] crate::proxy::ProxyError),
@@ -227,6 +230,24 @@ impl Supervised {
         }
     }
 
+    /// Carries out a strike request of `cluster reboot|restart`: Ok, or what went wrong.
+    fn strike(&self, request: &StrikeRequest) -> Result<(), String> {
+        let Supervised::Nodes(c) = self else {
+            return Err("this cluster has no real nodes".into());
+        };
+        let node = c.node(&request.node).ok_or_else(|| {
+            let names: Vec<String> = c.nodes().iter().map(|n| n.name()).collect();
+            format!(
+                "no node {} in the running cluster (its nodes: {})",
+                request.node,
+                names.join(", ")
+            )
+        })?;
+        eprintln!("ipkeep-e2e cluster: {}: {:?}", request.node, request.strike);
+        node.strike(&request.strike)
+            .map_err(|e| crate::error_chain(&e))
+    }
+
     fn stop(&self) {
         match self {
             Supervised::Plane(c) => c.stop(),
@@ -314,6 +335,7 @@ pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
     let mut term = signal(SignalKind::terminate()).map_err(io("listen for SIGTERM"))?;
     let mut int = signal(SignalKind::interrupt()).map_err(io("listen for SIGINT"))?;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let cluster = std::sync::Arc::new(cluster);
     let outcome = loop {
         tokio::select! {
             _ = term.recv() => break Ok(()),
@@ -321,6 +343,13 @@ pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
             _ = tick.tick() => {
                 if let Err(e) = cluster.check() {
                     break Err(e);
+                }
+                if let Some(request) = take_strike(&options.state_dir) {
+                    let c = std::sync::Arc::clone(&cluster);
+                    let answer = tokio::task::spawn_blocking(move || c.strike(&request))
+                        .await
+                        .unwrap_or_else(|e| Err(e.to_string()));
+                    answer_strike(&options.state_dir, &answer).map_err(io("answer a strike"))?;
                 }
             }
         }
@@ -566,6 +595,104 @@ pub fn down(state_dir: &Path) -> Result<String, CliError> {
     ))
 }
 
+/// A strike asked of the supervisor: which node, what.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct StrikeRequest {
+    node: String,
+    #[serde(flatten)]
+    strike: realnode::node::Strike,
+}
+
+/// The file a strike request waits in, and the one its answer is written to.
+fn strike_files(dir: &Path) -> (PathBuf, PathBuf) {
+    (dir.join("strike.json"), dir.join("strike-answer.json"))
+}
+
+/// The waiting strike request, if any (taken: the file is removed).
+fn take_strike(dir: &Path) -> Option<StrikeRequest> {
+    let (request, _) = strike_files(dir);
+    let text = std::fs::read_to_string(&request).ok()?;
+    let _ = std::fs::remove_file(&request);
+    serde_json::from_str(&text).ok()
+}
+
+/// Writes the answer to the strike just carried out (atomically: the asker polls for it).
+fn answer_strike(dir: &Path, answer: &Result<(), String>) -> std::io::Result<()> {
+    let (_, file) = strike_files(dir);
+    let tmp = file.with_extension("tmp");
+    let doc = match answer {
+        Ok(()) => serde_json::json!({"ok": true}),
+        Err(e) => serde_json::json!({"ok": false, "error": e}),
+    };
+    std::fs::write(&tmp, doc.to_string())?;
+    std::fs::rename(&tmp, &file)
+}
+
+/// How long a strike may take (a reboot restarts every daemon of the node).
+const STRIKE_DEADLINE: Duration = Duration::from_secs(300);
+
+/// `cluster reboot NODE` and `cluster restart NODE DAEMON`: asks the running cluster's
+/// supervisor, which owns the node's daemons, to strike the node, and waits for its answer.
+pub fn strike(
+    state_dir: &Path,
+    node: &str,
+    strike: realnode::node::Strike,
+) -> Result<(), CliError> {
+    running_node(state_dir, node)?;
+    let (request, answer) = strike_files(state_dir);
+    let io = |what: &str| {
+        let what = what.to_owned();
+        move |source| CliError::Io { what, source }
+    };
+    if request.exists() {
+        return Err(CliError::Strike(format!(
+            "another strike is waiting ({}); try again once it is done",
+            request.display()
+        )));
+    }
+    let _ = std::fs::remove_file(&answer);
+    let doc = serde_json::to_string(&StrikeRequest {
+        node: node.to_owned(),
+        strike,
+    })
+    .map_err(|e| CliError::Strike(e.to_string()))?;
+    let tmp = request.with_extension("tmp");
+    std::fs::write(&tmp, doc)
+        .and_then(|()| std::fs::rename(&tmp, &request))
+        .map_err(io("write the strike request"))?;
+    let t0 = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&answer) {
+            let _ = std::fs::remove_file(&answer);
+            let doc: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            return match doc["ok"].as_bool() {
+                Some(true) => {
+                    eprintln!(
+                        "ipkeep-e2e cluster: {node} struck in {:.1}s",
+                        t0.elapsed().as_secs_f64()
+                    );
+                    Ok(())
+                }
+                _ => Err(CliError::Strike(
+                    doc["error"].as_str().unwrap_or(&text).to_owned(),
+                )),
+            };
+        }
+        if owner(state_dir).is_none() {
+            return Err(CliError::NotRunning(state_dir.to_owned()));
+        }
+        if t0.elapsed() > STRIKE_DEADLINE {
+            let _ = std::fs::remove_file(&request);
+            return Err(CliError::Strike(format!(
+                "the supervisor did not answer within {}s (its log: {})",
+                STRIKE_DEADLINE.as_secs(),
+                supervisor_log(state_dir).display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// `cluster load-image ARCHIVE`: imports an OCI archive into every node of the running
 /// cluster; returns the image names it carries (`REPOSITORY:TAG`).
 pub fn load_image(state_dir: &Path, archive: &Path) -> Result<Vec<String>, CliError> {
@@ -579,17 +706,7 @@ pub fn exec(
     node: &str,
     command: &[String],
 ) -> Result<std::process::ExitStatus, CliError> {
-    let nodes = running_nodes(state_dir)?;
-    let Some(target) = nodes.iter().find(|n| n.node.name() == node) else {
-        return Err(CliError::NoSuchNode {
-            node: node.to_owned(),
-            nodes: nodes
-                .iter()
-                .map(|n| n.node.name())
-                .collect::<Vec<_>>()
-                .join(", "),
-        });
-    };
+    let target = running_node(state_dir, node)?;
     let Some((program, args)) = command.split_first() else {
         return Err(CliError::Io {
             what: "run a command in a node".into(),
@@ -602,6 +719,19 @@ pub fn exec(
         .map_err(|source| CliError::Io {
             what: format!("run {program} in node {node}"),
             source,
+        })
+}
+
+/// The node named `node` of the cluster running at `state_dir`, or an error naming its nodes.
+fn running_node(state_dir: &Path, node: &str) -> Result<realnode::node::ImageTarget, CliError> {
+    let nodes = running_nodes(state_dir)?;
+    let names: Vec<String> = nodes.iter().map(|n| n.node.name()).collect();
+    nodes
+        .into_iter()
+        .find(|n| n.node.name() == node)
+        .ok_or_else(|| CliError::NoSuchNode {
+            node: node.to_owned(),
+            nodes: names.join(", "),
         })
 }
 

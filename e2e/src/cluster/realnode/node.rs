@@ -47,6 +47,18 @@ impl Daemons {
     }
 }
 
+/// What a user (or a test) does to a node by hand: `ipkeep-e2e cluster reboot NODE` and
+/// `cluster restart NODE DAEMON`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", tag = "strike", content = "daemon")]
+pub enum Strike {
+    /// [`RealNode::reboot`].
+    Reboot,
+    /// Stop one daemon and start it again: its runtime (`containerd` or `crio`), `kubelet`, or
+    /// `flanneld`.
+    Restart(String),
+}
+
 /// What a node is made of besides its place ([`NodeLayout`]): its pod CIDRs, the size of its
 /// cluster, its CNI network and where the binaries are.
 #[derive(Debug, Clone)]
@@ -692,6 +704,23 @@ impl RealNode {
     pub fn restart_flanneld(&self) -> Result<(), RealNodeError> {
         self.stop_daemon(|d| &mut d.flanneld, Duration::from_secs(10));
         self.start_network()
+    }
+
+    /// Suffers `strike`; restarting a daemon the node does not run is refused.
+    pub fn strike(&self, strike: &Strike) -> Result<(), RealNodeError> {
+        match strike {
+            Strike::Reboot => self.reboot(),
+            Strike::Restart(d) if d == self.runtime.daemon() => self.restart_runtime(),
+            Strike::Restart(d) if d == "kubelet" => self.restart_kubelet(),
+            Strike::Restart(d) if d == "flanneld" && self.cni == NodeCni::Flannel => {
+                self.restart_flanneld()
+            }
+            Strike::Restart(d) => Err(RealNodeError::Invalid {
+                what: "daemon to restart",
+                value: format!("{d} on {} ({})", self.name(), self.runtime.name()),
+                why: "the node's runtime (containerd or crio), kubelet, or flanneld on a flannel node",
+            }),
+        }
     }
 
     /// Stops the daemons (kube-proxy, kubelet, flanneld, the runtime; containers keep running).
