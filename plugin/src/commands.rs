@@ -314,7 +314,9 @@ pub fn check(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Fai
 }
 
 /// GC (CNI 1.1): frees every allocation whose attachment is not in `cni.dev/valid-attachments`;
-/// a request without that list frees nothing (an empty list frees everything).
+/// a request without that list frees nothing (an empty list frees everything), and a list that
+/// is not one of attachments, or names a container ID no runtime writes, is a CNI error that
+/// frees nothing.
 ///
 /// Reservations are not allocations: a stale container's file is freed even when its address is
 /// reserved. The reservation goes on holding the address (ADD never hands it to another pod), so
@@ -324,6 +326,25 @@ pub fn check(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Fai
 pub fn gc(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failure> {
     let conf = load(doc, args)?;
     let valid = config::valid_attachments(doc).map_err(|e| (CniError::internal(e), Vec::new()))?;
+    // An entry no runtime writes (a container ID outside CNI's grammar) makes the whole list
+    // suspect: freeing by it could free what is in use. Refused before anything is touched.
+    if let Some(bad) = valid
+        .iter()
+        .flatten()
+        .find(|a| !crate::store::is_valid_container_id(&a.container_id))
+    {
+        return Err((
+            CniError {
+                code: 7,
+                msg: format!(
+                    "invalid containerID in {}: GC freed nothing",
+                    config::VALID_ATTACHMENTS_KEY
+                ),
+                details: bad.container_id.clone(),
+            },
+            Vec::new(),
+        ));
+    }
     let dir = open_dir(&conf)?;
     // The spec has the runtime send the list; a request without it is no reason to wipe the node.
     let Some(valid) = valid else {

@@ -252,6 +252,73 @@ fn gc_and_status() {
     CniCall::new("STATUS", "c1", &conf).run(&ipkeep()).ok();
 }
 
+/// A malformed or hostile `cni.dev/valid-attachments` list is a CNI error, and the data directory
+/// is as it was: no allocation freed, nothing written.
+#[test]
+fn gc_with_a_malformed_or_hostile_attachment_list_changes_nothing() {
+    let s = Scratch::new("gc-hostile");
+    let conf = s.conf("1.1.0", r#"[[{"subnet":"10.1.0.0/29"}]]"#);
+    CniCall::new("ADD", "c1", &conf).run(&ipkeep()).ok();
+    CniCall::new("ADD", "c2", &conf).run(&ipkeep()).ok();
+    let before = listing(&s.net());
+    // (the list, what is wrong with it, the CNI error code: a list that does not decode is an
+    // internal error as every other undecodable field; a container ID no runtime writes is an
+    // invalid network configuration)
+    let lists = [
+        (r#""c1""#, "not a list", 999),
+        (r#"[1, 2]"#, "not attachments", 999),
+        (
+            r#"[{"containerID": 5}]"#,
+            "a container ID that is not a string",
+            999,
+        ),
+        (
+            r#"[{"containerID": "../../etc", "ifname": "eth0"}]"#,
+            "a path for a container ID",
+            7,
+        ),
+        (
+            r#"[{"containerID": "", "ifname": "eth0"}]"#,
+            "an empty container ID",
+            7,
+        ),
+        (
+            r#"[{"containerID": "c1", "ifname": "eth0"}, {"containerID": "c2 c3"}]"#,
+            "one bad entry among good ones",
+            7,
+        ),
+    ];
+    for (list, what, code) in lists {
+        let request = conf.replacen('{', &format!(r#"{{"cni.dev/valid-attachments":{list},"#), 1);
+        let msg = CniCall::new("GC", "x", &request).run(&ipkeep()).err(code);
+        assert!(
+            !msg.is_empty(),
+            "GC with {what}: an error without a message"
+        );
+        assert_eq!(
+            listing(&s.net()),
+            before,
+            "GC with {what} changed the data directory"
+        );
+    }
+}
+
+/// Every file under `dir` with its content, in name order.
+fn listing(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap_or_default(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 #[test]
 fn hostile_names_are_rejected() {
     let s = Scratch::new("names");
