@@ -595,6 +595,12 @@ fn rbac_grants_each_component_only_what_it_uses() {
             ("ipkeep.dev", "ipreservations/status", "patch", ""),
             ("events.k8s.io", "events", "create", ""),
             (
+                "apiextensions.k8s.io",
+                "customresourcedefinitions",
+                "get,patch",
+                "ipreservations.ipkeep.dev"
+            ),
+            (
                 "admissionregistration.k8s.io",
                 "mutatingwebhookconfigurations",
                 "get,patch",
