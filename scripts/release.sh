@@ -15,6 +15,10 @@
 #                                target/release-artifacts/: ipkeep-<version>.tgz (helm package of
 #                                charts/ipkeep), ipkeep-<version>.oci.tar (make image's archive,
 #                                checked to be named ipkeep:<version>), SHA256SUMS.
+#   scripts/release.sh --previous  prints "<version> <commit>" of the release an upgrade starts
+#                                from: CHANGELOG.md's newest release other than the workspace
+#                                version, at the commit its section lists
+#                                (scripts/build-previous-release.sh builds it).
 #
 # The image tag needs no check of its own: scripts/build-image.sh reads it from Cargo.toml.
 set -euo pipefail
@@ -24,20 +28,36 @@ say() { echo "release: $*" >&2; }
 die() { echo "release: error: $*" >&2; exit 1; }
 
 check_only=
+previous_only=
 case ${1:-} in
   --check) check_only=1 ;;
+  --previous) previous_only=1 ;;
   "") ;;
-  *) die "usage: $0 [--check]" ;;
+  *) die "usage: $0 [--check|--previous]" ;;
 esac
-[ $# -le 1 ] || die "usage: $0 [--check]"
+[ $# -le 1 ] || die "usage: $0 [--check|--previous]"
 
 chart=charts/ipkeep/Chart.yaml
 version=$(sed -n '/^\[workspace\.package\]/,/^\[/ s/^version = "\(.*\)"$/\1/p' Cargo.toml)
 [ -n "$version" ] || die "Cargo.toml has no [workspace.package] version"
 chart_version=$(sed -n -E 's/^version: *"?([^" ]*)"? *$/\1/p' "$chart")
 app_version=$(sed -n -E 's/^appVersion: *"?([^" ]*)"? *$/\1/p' "$chart")
-# The first "## [x.y.z]" heading; "## [Unreleased]" does not start with a digit.
-changelog_version=$(sed -n -E '/^## \[[0-9]/{s/^## \[([^]]*)\].*/\1/p;q}' CHANGELOG.md)
+# Every "## [x.y.z]" heading, newest first; "## [Unreleased]" does not start with a digit.
+releases=$(sed -n -E 's/^## \[([0-9][^]]*)\].*/\1/p' CHANGELOG.md)
+changelog_version=$(head -n 1 <<<"$releases")
+# release_commit VERSION: the commit VERSION's section lists ("Commit: `<40 hex>`"), once known.
+release_commit() {
+  sed -n -E "/^## \[${1//./\\.}\]/,/^## \[/ s/^Commit: \`([0-9a-f]{40})\`.*/\1/p" CHANGELOG.md
+}
+
+if [ -n "$previous_only" ]; then
+  previous=$(grep -vxF "$version" <<<"$releases" | head -n 1 || true)
+  [ -n "$previous" ] || die "CHANGELOG.md lists no release other than $version: there is nothing to upgrade from"
+  previous_commit=$(release_commit "$previous")
+  [ -n "$previous_commit" ] || die "CHANGELOG.md's section of $previous lists no 'Commit: \`<hash>\`'"
+  echo "$previous $previous_commit"
+  exit 0
+fi
 # Whether "## [Unreleased]" comes before every release's heading.
 unreleased_on_top=
 [ "$(sed -n -E '/^## \[/{p;q}' CHANGELOG.md)" = "## [Unreleased]" ] && unreleased_on_top=1
@@ -64,8 +84,7 @@ if [ -z "$released" ]; then
   fi
 fi
 
-# The release's commit: listed in its changelog section once known ("Commit: `<40 hex>`").
-commit=$(sed -n -E "/^## \\[${version//./\\.}\\]/,/^## \\[/ s/^Commit: \`([0-9a-f]{40})\`.*/\\1/p" CHANGELOG.md)
+commit=$(release_commit "$version")
 tag=v$version
 tag_commit=
 note=
