@@ -29,7 +29,7 @@ STEP := scripts/step.sh
 
 .PHONY: all build plugin test lint deps packaging-deps docker-deps demo bench bench-controller bench-agent \
   bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins flannel-bins crio-bins docker-plugin \
-  bench-docker plan-demo plan-test check-fresh release release-check
+  bench-docker plan-demo plan-test check-fresh release release-check previous-release
 
 all: build
 
@@ -95,7 +95,8 @@ lint: release-check
 # The real-control-plane suites and the kubectl tests use the binaries `make cluster-bins` built
 # (kubectl of the same version as the API server), never the machine's own. lint comes first: it
 # fails in minutes, before the long builds.
-test: plan-test lint deps packaging-deps docker-deps cluster-bins node-bins flannel-bins crio-bins plugin image docker-plugin
+test: plan-test lint deps packaging-deps docker-deps cluster-bins node-bins flannel-bins crio-bins plugin image \
+  docker-plugin previous-release
 	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
 	  node_bin_dir=$$(e2e/cluster/build.sh --print-node-bin-dir) && \
 	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
@@ -184,6 +185,13 @@ operator-static:
 	@$(STEP) operator-static "ipkeep-operator, a static release build" env RUSTFLAGS="-C target-feature=+crt-static" \
 	  $(CARGO) build -q --locked --release -p ipkeep-operator --target $(HOST_TRIPLE) \
 	  --config 'profile.release.lto="thin"' --config 'profile.release.codegen-units=16'
+
+## previous-release: the release an upgrade starts from (CHANGELOG.md's newest other than the
+## workspace version), built from its own commit into its image archive and chart, in a cache
+## outside the work tree keyed by its version and commit (~/.cache/ipkeep/release-<v>-<commit>);
+## a no-op once built. e2e/tests/realnode_upgrade.rs upgrades from it and rolls back to it.
+previous-release: packaging-deps
+	@scripts/build-previous-release.sh >/dev/null
 
 ## image: the runtime image (FROM scratch, both static binaries, user 65532) built offline with
 ## buildah into the OCI archive $(IMAGE_ARCHIVE), named ipkeep:<version>.

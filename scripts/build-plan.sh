@@ -54,6 +54,8 @@ case $goal in
     [ -d "$(e2e/cluster/build.sh --print-crio-bin-dir)" ] \
       || part 3 "CRI-O and the upstream CNI plugins from their Go modules, once per machine"
     [ -x "$release/ipkeep-docker" ] || part 2 "ipkeep-docker (the Docker IPAM driver), a static release build"
+    [ -f "$(scripts/build-previous-release.sh --print-dir)/ipkeep.oci.tar" ] \
+      || part 8 "the previous release (the upgrade test's start: its image and chart) from its own commit, once per release"
     [ -x "$target_dir/debug/ipkeep-e2e" ] || part 8 "make lint (clippy) and the test binaries, debug builds"
     ;;
 esac

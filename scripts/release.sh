@@ -3,13 +3,22 @@
 # checks that everything else that says it agrees, and writes a release's artifacts.
 #
 #   scripts/release.sh --check   (make release-check, part of make lint) Chart.yaml's version and
-#                                appVersion and CHANGELOG.md's newest release are the workspace
-#                                version, and the tag v<version>, where it exists, is the commit
-#                                CHANGELOG.md lists for that release. Builds nothing.
+#                                appVersion are the workspace version, and the workspace version is
+#                                CHANGELOG.md's newest release or, while an "## [Unreleased]"
+#                                section heads CHANGELOG.md, a version above it (the next release,
+#                                being made: main's image must never carry a released version's
+#                                tag); the tag v<version>, where it exists, is the commit
+#                                CHANGELOG.md lists for that release, and no unreleased version is
+#                                tagged. Builds nothing.
 #   scripts/release.sh           (make release, which builds helm and the image first) the check,
-#                                then writes to target/release-artifacts/: ipkeep-<version>.tgz
-#                                (helm package of charts/ipkeep), ipkeep-<version>.oci.tar (make
-#                                image's archive, checked to be named ipkeep:<version>), SHA256SUMS.
+#                                then, for a released version only, writes to
+#                                target/release-artifacts/: ipkeep-<version>.tgz (helm package of
+#                                charts/ipkeep), ipkeep-<version>.oci.tar (make image's archive,
+#                                checked to be named ipkeep:<version>), SHA256SUMS.
+#   scripts/release.sh --previous  prints "<version> <commit>" of the release an upgrade starts
+#                                from: CHANGELOG.md's newest release other than the workspace
+#                                version, at the commit its section lists
+#                                (scripts/build-previous-release.sh builds it).
 #
 # The image tag needs no check of its own: scripts/build-image.sh reads it from Cargo.toml.
 set -euo pipefail
@@ -19,31 +28,63 @@ say() { echo "release: $*" >&2; }
 die() { echo "release: error: $*" >&2; exit 1; }
 
 check_only=
+previous_only=
 case ${1:-} in
   --check) check_only=1 ;;
+  --previous) previous_only=1 ;;
   "") ;;
-  *) die "usage: $0 [--check]" ;;
+  *) die "usage: $0 [--check|--previous]" ;;
 esac
-[ $# -le 1 ] || die "usage: $0 [--check]"
+[ $# -le 1 ] || die "usage: $0 [--check|--previous]"
 
 chart=charts/ipkeep/Chart.yaml
 version=$(sed -n '/^\[workspace\.package\]/,/^\[/ s/^version = "\(.*\)"$/\1/p' Cargo.toml)
 [ -n "$version" ] || die "Cargo.toml has no [workspace.package] version"
 chart_version=$(sed -n -E 's/^version: *"?([^" ]*)"? *$/\1/p' "$chart")
 app_version=$(sed -n -E 's/^appVersion: *"?([^" ]*)"? *$/\1/p' "$chart")
-# The first "## [x.y.z]" heading; "## [Unreleased]" does not start with a digit.
-changelog_version=$(sed -n -E '/^## \[[0-9]/{s/^## \[([^]]*)\].*/\1/p;q}' CHANGELOG.md)
+# Every "## [x.y.z]" heading, newest first; "## [Unreleased]" does not start with a digit.
+releases=$(sed -n -E 's/^## \[([0-9][^]]*)\].*/\1/p' CHANGELOG.md)
+changelog_version=$(head -n 1 <<<"$releases")
+# release_commit VERSION: the commit VERSION's section lists ("Commit: `<40 hex>`"), once known.
+release_commit() {
+  sed -n -E "/^## \[${1//./\\.}\]/,/^## \[/ s/^Commit: \`([0-9a-f]{40})\`.*/\1/p" CHANGELOG.md
+}
+
+if [ -n "$previous_only" ]; then
+  previous=$(grep -vxF "$version" <<<"$releases" | head -n 1 || true)
+  [ -n "$previous" ] || die "CHANGELOG.md lists no release other than $version: there is nothing to upgrade from"
+  previous_commit=$(release_commit "$previous")
+  [ -n "$previous_commit" ] || die "CHANGELOG.md's section of $previous lists no 'Commit: \`<hash>\`'"
+  echo "$previous $previous_commit"
+  exit 0
+fi
+# Whether "## [Unreleased]" comes before every release's heading.
+unreleased_on_top=
+[ "$(sed -n -E '/^## \[/{p;q}' CHANGELOG.md)" = "## [Unreleased]" ] && unreleased_on_top=1
+# The one rule: the version is the newest release, or the next one while [Unreleased] says what
+# it will hold. "Above" is version order (sort -V: 0.10.0 is above 0.9.0).
+above_newest() {
+  [ "$1" != "$2" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | tail -n 1)" = "$1" ]
+}
+released=
+[ "$changelog_version" = "$version" ] && released=1
 
 problems=()
 [ "$chart_version" = "$version" ] \
   || problems+=("$chart's version is '${chart_version}', the workspace version (Cargo.toml) is $version")
 [ "$app_version" = "$version" ] \
   || problems+=("$chart's appVersion is '${app_version}', the workspace version (Cargo.toml) is $version")
-[ "$changelog_version" = "$version" ] \
-  || problems+=("CHANGELOG.md's newest release is '${changelog_version}', the workspace version (Cargo.toml) is $version: add its '## [$version] — <date>' section (moving what [Unreleased] lists), or set the version back")
+if [ -z "$released" ]; then
+  if [ -z "$changelog_version" ]; then
+    problems+=("CHANGELOG.md lists no release; the workspace version (Cargo.toml) is $version: add its '## [$version] — <date>' section")
+  elif ! above_newest "$version" "$changelog_version"; then
+    problems+=("the workspace version (Cargo.toml) $version is neither CHANGELOG.md's newest release, $changelog_version, nor above it")
+  elif [ -z "$unreleased_on_top" ]; then
+    problems+=("the workspace version (Cargo.toml) $version is above CHANGELOG.md's newest release, $changelog_version, but no '## [Unreleased]' section heads CHANGELOG.md: add it (what $version will change), or add the '## [$version] — <date>' section when releasing it")
+  fi
+fi
 
-# The release's commit: listed in its changelog section once known ("Commit: `<40 hex>`").
-commit=$(sed -n -E "/^## \\[${version//./\\.}\\]/,/^## \\[/ s/^Commit: \`([0-9a-f]{40})\`.*/\\1/p" CHANGELOG.md)
+commit=$(release_commit "$version")
 tag=v$version
 tag_commit=
 note=
@@ -56,6 +97,9 @@ if git rev-parse --git-dir >/dev/null 2>&1; then
   if [ -n "$tag_commit" ] && [ -n "$commit" ] && [ "$tag_commit" != "$commit" ]; then
     problems+=("tag $tag is commit $tag_commit, but CHANGELOG.md lists $commit for $version")
   fi
+  if [ -n "$tag_commit" ] && [ -z "$released" ]; then
+    problems+=("tag $tag exists, but CHANGELOG.md has no '## [$version]' section: $version is released only by its section")
+  fi
 fi
 
 if [ ${#problems[@]} -gt 0 ]; then
@@ -63,9 +107,15 @@ if [ ${#problems[@]} -gt 0 ]; then
   die "${#problems[@]} disagreement(s) about release $version (docs/testing.md#releases-make-release)"
 fi
 if [ -n "$check_only" ]; then
-  say "version $version in Cargo.toml, $chart and CHANGELOG.md${commit:+; released as commit ${commit:0:12}$note}${tag_commit:+ (tag $tag)}"
+  if [ -n "$released" ]; then
+    say "version $version in Cargo.toml, $chart and CHANGELOG.md${commit:+; released as commit ${commit:0:12}$note}${tag_commit:+ (tag $tag)}"
+  else
+    say "version $version in Cargo.toml and $chart: unreleased ([Unreleased] in CHANGELOG.md), above the newest release $changelog_version"
+  fi
   exit 0
 fi
+[ -n "$released" ] \
+  || die "$version is not released: CHANGELOG.md has no '## [$version]' section; move what [Unreleased] lists there first (docs/testing.md#releases-make-release)"
 
 # ----- the artifacts -----
 

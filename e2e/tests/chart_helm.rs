@@ -387,7 +387,11 @@ fn the_controller_is_two_hardened_leader_elected_replicas() {
     );
     assert!(pod["hostNetwork"].is_null());
     let c = container(pod, "containers", "controller");
-    assert_eq!(c["image"], "ipkeep:0.1.0");
+    // The chart's appVersion, which release-check holds equal to the workspace version.
+    assert_eq!(
+        c["image"],
+        format!("ipkeep:{}", env!("CARGO_PKG_VERSION")).as_str()
+    );
     assert_eq!(
         strings(&c["args"]),
         [
@@ -590,6 +594,12 @@ fn rbac_grants_each_component_only_what_it_uses() {
             ),
             ("ipkeep.dev", "ipreservations/status", "patch", ""),
             ("events.k8s.io", "events", "create", ""),
+            (
+                "apiextensions.k8s.io",
+                "customresourcedefinitions",
+                "get,patch",
+                "ipreservations.ipkeep.dev"
+            ),
             (
                 "admissionregistration.k8s.io",
                 "mutatingwebhookconfigurations",
@@ -1062,8 +1072,12 @@ fn notes(test: &str, variant: &Variant) -> String {
 #[test]
 fn notes_tell_the_user_what_to_do_next() {
     let default = notes("notes-default", variant("default"));
+    let installed = format!(
+        "ipkeep {} is installed in namespace ipkeep-system as release ipkeep.",
+        env!("CARGO_PKG_VERSION")
+    );
     for expected in [
-        "ipkeep 0.1.0 is installed in namespace ipkeep-system as release ipkeep.",
+        installed.as_str(),
         "kubectl -n ipkeep-system get deploy,ds -l app.kubernetes.io/instance=ipkeep",
         "(cbr0) from\n   host-local to ipkeep",
         r#""ipam": {"type": "ipkeep", ...}"#,

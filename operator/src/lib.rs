@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod check;
 pub mod controller;
 pub mod crd;
+pub mod crd_apply;
 pub mod events;
 pub mod install_cni;
 pub mod key;

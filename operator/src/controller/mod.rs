@@ -321,6 +321,8 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             }
             .into());
         }
+        // Before anything reads or writes a reservation: the CRD follows the release.
+        crate::crd_apply::ensure(client.clone()).await?;
         let settings = Settings {
             defaults: Defaults {
                 retain_for: args.default_retain_for.duration(),

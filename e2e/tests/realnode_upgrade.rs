@@ -1,0 +1,543 @@
+//! The upgrade from the previous release to the working tree, and the rollback to it, on two real
+//! nodes, as a user does them: `helm install` of the previous release (its own chart and image,
+//! built from its git commit by `scripts/build-previous-release.sh`, `make previous-release`) with
+//! `cni.replaceHostLocal=true`; annotated StatefulSets with Bound reservations (`web`, node A) and
+//! Released ones (`db`, node B, scaled to 0); `helm upgrade` to `charts/ipkeep` and `make image`'s
+//! image while `web-0` is deleted; then `helm rollback` to the previous release while `web-1` is.
+//!
+//! After each: every reservation is still there with its addresses, node, phase, pod UID and
+//! release time (none rewritten; the churned pod's Bound to its successor with the same
+//! addresses), each with its file on its node's disk; the deleted pod and the Released `db` pods
+//! (scaled back) return with their addresses. After the upgrade the cluster's CRD is the working
+//! tree's (the controller applied it: nothing lacking, the release annotation, its field
+//! manager, `kubectl get ipr`'s `UNPROTECTED` column); after the rollback it is still that newer
+//! CRD, which the previous release's controller and agents serve (they bind, release and write
+//! files through it). A watch from the start sees no reservation deleted and no reservation's
+//! addresses or node ever change. All along, a thread per node reads the node's
+//! `/opt/cni/bin/host-local` every 10 ms (the stand-in for an ADD at any instant): every read is
+//! one of the two releases' `ipkeep` plugins, byte for byte, never anything else, never missing;
+//! the counts of each are printed.
+//!
+//! One test: its steps act on the one release in order. Needs root, `make cluster-bins`,
+//! `make node-bins`, `make image` and `make previous-release`; fails loudly, naming what to run.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "fixtures/shared.rs"]
+mod shared;
+
+#[path = "system/mod.rs"]
+mod system;
+
+#[path = "realnode_support/mod.rs"]
+mod realnode;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    hash::{DefaultHasher, Hash, Hasher},
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use ipkeep_e2e::cluster::realnode::{self as nodes, PodNetwork, RealCluster};
+use ipkeep_operator::{
+    crd::{IPReservation, Phase},
+    crd_apply::{self, RELEASE_ANNOTATION},
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{Api, CustomResourceExt};
+use realnode::{RELEASE, RELEASE_NS, REPLACE_HOST_LOCAL, assert_on_eth0};
+use system::*;
+
+/// The previous release's build (`scripts/build-previous-release.sh --print-dir`): its image
+/// archive and chart, or the test fails naming what to run.
+fn previous_release() -> PathBuf {
+    let script = shared::repo_root().join("scripts/build-previous-release.sh");
+    let out = std::process::Command::new(&script)
+        .arg("--print-dir")
+        .output()
+        .unwrap_or_else(|e| panic!("failed to run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} --print-dir: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    for part in ["ipkeep.oci.tar", "chart/Chart.yaml"] {
+        assert!(
+            dir.join(part).is_file(),
+            "the previous release is not built ({} is missing): run `make previous-release` (scripts/build-previous-release.sh)",
+            dir.join(part).display()
+        );
+    }
+    dir
+}
+
+/// The `version:` of a chart directory.
+fn chart_version(chart: &Path) -> String {
+    let text = std::fs::read_to_string(chart.join("Chart.yaml")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("version:"))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .unwrap_or_else(|| panic!("no version in {}/Chart.yaml", chart.display()))
+}
+
+/// `helm <verb…>` of the release, waiting for its workloads, with the image `image` and the
+/// README's values (none: a rollback takes the revision's); then every pod of the release
+/// updated and Ready.
+async fn helm_release(c: &RealCluster, verb: &[&str], image: Option<&str>) {
+    let mut args: Vec<&str> = verb.to_vec();
+    args.extend(["--namespace", RELEASE_NS, "--wait", "--timeout", "3m"]);
+    let values = image.map(realnode::image_values).unwrap_or_default();
+    for v in &values {
+        args.extend(["--set", v.as_str()]);
+    }
+    if image.is_some() {
+        args.extend(REPLACE_HOST_LOCAL);
+    }
+    realnode::helm(c, &args);
+    realnode::release_ready(c).await;
+}
+
+/// What the upgrade and the rollback must not change about a reservation.
+#[derive(Debug, Clone, PartialEq)]
+struct Kept {
+    ips: Vec<String>,
+    node: String,
+    phase: Option<Phase>,
+    pod_uid: Option<String>,
+    release_time: Option<String>,
+}
+
+/// The namespace's reservations, by name.
+async fn reservations(sys: &System) -> BTreeMap<String, Kept> {
+    sys.reservations()
+        .list(&Default::default())
+        .await
+        .expect("list reservations")
+        .items
+        .into_iter()
+        .map(|r| {
+            let status = r.status.clone().unwrap_or_default();
+            (
+                r.metadata.name.clone().unwrap_or_default(),
+                Kept {
+                    ips: ips(&r),
+                    node: r.spec.node_name.clone(),
+                    phase: status.phase,
+                    pod_uid: status.pod_uid,
+                    release_time: status.release_time.map(|t| t.0.to_string()),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Every reservation of `before` is there unchanged, but `churned`'s, which holds the same
+/// addresses on the same node for its successor `back`.
+async fn assert_kept(
+    sys: &System,
+    before: &BTreeMap<String, Kept>,
+    churned: &RunningPod,
+    during: &str,
+) {
+    let after = reservations(sys).await;
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>(),
+        "the reservations after {during}"
+    );
+    for (name, kept) in before {
+        let now = &after[name];
+        if *name == churned.name {
+            let want = Kept {
+                phase: Some(Phase::Bound),
+                pod_uid: Some(churned.uid.clone()),
+                release_time: None,
+                ..kept.clone()
+            };
+            assert_eq!(now, &want, "{name} after {during} (its pod re-created)");
+        } else {
+            assert_eq!(now, kept, "{name} after {during}");
+        }
+    }
+}
+
+/// After `during`, in which `deleted` was deleted: its successor runs with its addresses and
+/// Bound, every other reservation of `before` is unchanged, and every file is on its node.
+async fn returned_and_kept(
+    sys: &System,
+    c: &RealCluster,
+    before: &BTreeMap<String, Kept>,
+    deleted: &RunningPod,
+    during: &str,
+) {
+    let back = sys.wait_recreated(&deleted.name, &deleted.uid).await;
+    assert_eq!(
+        back.ips, deleted.ips,
+        "{}'s addresses after {during}",
+        deleted.name
+    );
+    sys.wait_bound(&back).await;
+    assert_on_eth0(sys, &back).await;
+    assert_kept(sys, before, &back, during).await;
+    assert_files(sys, c, during).await;
+}
+
+/// Every reservation of the namespace has its file on its node's disk, naming its addresses.
+async fn assert_files(sys: &System, c: &RealCluster, during: &str) {
+    for (name, kept) in reservations(sys).await {
+        let file = realnode::reserved_file(realnode::node(c, &kept.node), &sys.ns, &name);
+        let text = wait_for(
+            &format!("{}'s file {} after {during}", name, file.display()),
+            || async { std::fs::read_to_string(&file).ok() },
+        )
+        .await;
+        for ip in &kept.ips {
+            assert!(text.contains(ip.as_str()), "{}: {text}", file.display());
+        }
+    }
+}
+
+/// Scales `db` back to `pods.len()`: each returns with its addresses, Bound to it; then to 0
+/// again: each Released. Returns the pods as they came back.
+async fn db_returns_then_leaves(sys: &System, pods: &BTreeMap<String, RunningPod>, during: &str) {
+    sys.kubectl(&[
+        "scale",
+        "statefulset",
+        "db",
+        &format!("--replicas={}", pods.len()),
+    ]);
+    let names: Vec<&str> = pods.keys().map(String::as_str).collect();
+    let back = sys.wait_running("app=db", &names).await;
+    for (name, pod) in &back {
+        assert_eq!(
+            pod.ips, pods[name].ips,
+            "{name} returned with other addresses after {during}"
+        );
+        assert_ne!(pod.uid, pods[name].uid);
+        sys.wait_bound(pod).await;
+        assert_on_eth0(sys, pod).await;
+    }
+    released(sys, "db", &names).await;
+}
+
+/// Scales `set` to 0 and waits until the reservations of `names` are Released.
+async fn released(sys: &System, set: &str, names: &[&str]) {
+    sys.kubectl(&["scale", "statefulset", set, "--replicas=0"]);
+    for name in names {
+        sys.wait_reservation(name, "Released", |r| phase(r) == Some(Phase::Released))
+            .await;
+    }
+}
+
+/// The cluster's IPReservation CRD.
+async fn cluster_crd(c: &RealCluster) -> CustomResourceDefinition {
+    let crds: Api<CustomResourceDefinition> = Api::all(c.plane().client().unwrap());
+    crds.get(IPReservation::crd_name()).await.expect("the CRD")
+}
+
+/// What the working tree's CRD has that the cluster's lacks.
+async fn crd_lacks(c: &RealCluster) -> Vec<String> {
+    let ours = serde_json::to_value(IPReservation::crd()).unwrap();
+    let theirs = serde_json::to_value(cluster_crd(c).await).unwrap();
+    crd_apply::missing(&ours, &theirs)
+}
+
+/// The release annotation of the cluster's CRD.
+async fn crd_release(c: &RealCluster) -> Option<String> {
+    cluster_crd(c)
+        .await
+        .metadata
+        .annotations
+        .and_then(|a| a.get(RELEASE_ANNOTATION).cloned())
+}
+
+/// One node's `host-local`, read every 10 ms by a thread of its own until stopped.
+struct HostLocalWatch {
+    node: String,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Looks>,
+}
+
+/// What a [`HostLocalWatch`] read: how many times each content (by hash) was seen, and the reads
+/// that failed.
+#[derive(Debug, Default)]
+struct Looks {
+    seen: BTreeMap<u64, u64>,
+    failed: Vec<String>,
+}
+
+fn content_hash(bytes: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
+}
+
+impl HostLocalWatch {
+    fn start(node: &nodes::RealNode) -> HostLocalWatch {
+        let path = node.host_path("/opt/cni/bin/host-local").unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut looks = Looks::default();
+            while !stopped.load(Ordering::Relaxed) {
+                match std::fs::read(&path) {
+                    Ok(bytes) => *looks.seen.entry(content_hash(&bytes)).or_default() += 1,
+                    Err(e) => looks.failed.push(e.to_string()),
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            looks
+        });
+        HostLocalWatch {
+            node: node.name().to_owned(),
+            stop,
+            thread,
+        }
+    }
+
+    /// Stops it; asserts every read was one of `plugins` (name → bytes' hash) and prints how
+    /// many of each.
+    fn finish(self, plugins: &BTreeMap<&str, u64>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let looks = self.thread.join().unwrap();
+        assert!(
+            looks.failed.is_empty(),
+            "{}: host-local could not be read {} times: {:?}",
+            self.node,
+            looks.failed.len(),
+            looks.failed.first()
+        );
+        let known: BTreeSet<u64> = plugins.values().copied().collect();
+        let others: Vec<(&u64, &u64)> = looks
+            .seen
+            .iter()
+            .filter(|(h, _)| !known.contains(h))
+            .collect();
+        assert!(
+            others.is_empty(),
+            "{}: host-local was something else than ipkeep ({} contents, read this many times: {others:?})",
+            self.node,
+            others.len()
+        );
+        let counts: Vec<String> = plugins
+            .iter()
+            .map(|(name, h)| format!("{name} {}", looks.seen.get(h).copied().unwrap_or(0)))
+            .collect();
+        eprintln!(
+            "{}: host-local read {} times every 10 ms: {}; nothing else",
+            self.node,
+            looks.seen.values().sum::<u64>(),
+            counts.join(", ")
+        );
+    }
+}
+
+/// The `ipkeep` plugin a node's `/opt/cni/bin` holds now, once `host-local` is the same.
+async fn installed_plugin(node: &nodes::RealNode, other_than: Option<u64>) -> u64 {
+    let bin = node.host_path("/opt/cni/bin").unwrap();
+    wait_for(
+        &format!(
+            "{}: host-local and ipkeep the same plugin{}",
+            node.name(),
+            if other_than.is_some() {
+                ", the other release's"
+            } else {
+                ""
+            }
+        ),
+        || async {
+            let ipkeep = std::fs::read(bin.join("ipkeep")).ok()?;
+            let host_local = std::fs::read(bin.join("host-local")).ok()?;
+            let h = content_hash(&ipkeep);
+            (ipkeep == host_local && Some(h) != other_than).then_some(h)
+        },
+    )
+    .await
+}
+
+/// The controller Deployment's image.
+fn controller_image(c: &RealCluster) -> String {
+    kubectl_ok(
+        c.plane(),
+        &[
+            "-n",
+            RELEASE_NS,
+            "get",
+            "deployment/ipkeep-controller",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}",
+        ],
+        None,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation() {
+    let t0 = Instant::now();
+    let previous = previous_release();
+    let previous_chart = previous.join("chart");
+    let previous_version = chart_version(&previous_chart);
+    let version = chart_version(&shared::chart_dir());
+    assert_ne!(previous_version, version, "the previous release is another");
+    let c = nodes::shared_with(2, PodNetwork::default())
+        .await
+        .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
+    let image = |archive: &Path| {
+        let names = c
+            .load_image(archive)
+            .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
+        assert_eq!(names.len(), 1, "one image in {}", archive.display());
+        names[0].clone()
+    };
+    let previous_image = image(&previous.join("ipkeep.oci.tar"));
+    let new_image = image(&realnode::image_archive());
+    assert_ne!(previous_image, new_image, "each release its own image tag");
+    let started = t0.elapsed();
+
+    // The previous release, as its README said.
+    let t = Instant::now();
+    helm_release(
+        c,
+        &[
+            "install",
+            RELEASE,
+            previous_chart.to_str().unwrap(),
+            "--create-namespace",
+        ],
+        Some(&previous_image),
+    )
+    .await;
+    let installed = t.elapsed();
+    let lacked = crd_lacks(c).await;
+    eprintln!("the previous release's CRD lacks: {lacked:?}");
+    assert_eq!(crd_release(c).await, None, "no controller applied it yet");
+    let sys = System::on(
+        "upgrade",
+        Options::default(),
+        ChartCluster {
+            kubeconfig: c.plane().kubeconfig_path().to_path_buf(),
+            kubectl: c.plane().bin("kubectl"),
+        },
+    )
+    .await;
+    let (node_a, node_b) = (sys.node_name(0).to_owned(), sys.node_name(1).to_owned());
+    let history = sys.record_reservations();
+    let web = sys.run_retained("web", 2, &node_a).await;
+    let db = sys.run_retained("db", 2, &node_b).await;
+    released(&sys, "db", &["db-0", "db-1"]).await;
+    let mut plugins = BTreeMap::new();
+    for n in c.nodes() {
+        let h = installed_plugin(n, None).await;
+        assert_eq!(*plugins.entry("previous").or_insert(h), h, "one plugin");
+    }
+    let watches: Vec<HostLocalWatch> = c.nodes().iter().map(HostLocalWatch::start).collect();
+    let before = reservations(&sys).await;
+    assert_files(&sys, c, "the install").await;
+
+    // The upgrade, web-0 deleted as it starts.
+    let t = Instant::now();
+    sys.kubectl(&["delete", "pod", "web-0", "--wait=false"]);
+    let chart = shared::chart_dir();
+    helm_release(
+        c,
+        &["upgrade", RELEASE, chart.to_str().unwrap()],
+        Some(&new_image),
+    )
+    .await;
+    let upgraded = t.elapsed();
+    returned_and_kept(&sys, c, &before, &web["web-0"], "the upgrade").await;
+    for n in c.nodes() {
+        let h = installed_plugin(n, Some(plugins["previous"])).await;
+        assert_eq!(*plugins.entry("new").or_insert(h), h, "one plugin");
+    }
+    // The CRD is this release's, applied by its controller.
+    assert_eq!(
+        crd_lacks(c).await,
+        Vec::<String>::new(),
+        "after the upgrade"
+    );
+    assert_eq!(crd_release(c).await.as_deref(), Some(version.as_str()));
+    let managers: Vec<String> = cluster_crd(c)
+        .await
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.operation.as_deref() == Some("Apply"))
+        .filter_map(|m| m.manager)
+        .collect();
+    assert_eq!(managers, [crd_apply::FIELD_MANAGER], "who applied the CRD");
+    let table = sys.kubectl(&["get", "ipr"]);
+    assert!(
+        table.lines().next().unwrap().contains("UNPROTECTED"),
+        "{table}"
+    );
+    db_returns_then_leaves(&sys, &db, "the upgrade").await;
+
+    // The rollback, web-1 deleted as it starts.
+    let before = reservations(&sys).await;
+    let t = Instant::now();
+    sys.kubectl(&["delete", "pod", "web-1", "--wait=false"]);
+    helm_release(c, &["rollback", RELEASE, "1"], None).await;
+    let rolled_back = t.elapsed();
+    assert!(
+        controller_image(c).ends_with(&format!(":{previous_version}")),
+        "the previous release's controller after the rollback: {}",
+        controller_image(c)
+    );
+    returned_and_kept(&sys, c, &before, &web["web-1"], "the rollback").await;
+    for n in c.nodes() {
+        let h = installed_plugin(n, Some(plugins["new"])).await;
+        assert_eq!(
+            h,
+            plugins["previous"],
+            "{}: the previous plugin back",
+            n.name()
+        );
+    }
+    // The newer CRD stays, and the previous release works through it.
+    assert_eq!(
+        crd_lacks(c).await,
+        Vec::<String>::new(),
+        "after the rollback"
+    );
+    assert_eq!(crd_release(c).await.as_deref(), Some(version.as_str()));
+    db_returns_then_leaves(&sys, &db, "the rollback").await;
+    assert_files(&sys, c, "the rollback, db released again").await;
+
+    for w in watches {
+        w.finish(&plugins);
+    }
+    assert!(!history.any_deleted(), "a reservation was deleted");
+    let mut placed: BTreeMap<String, BTreeSet<(Vec<String>, String)>> = BTreeMap::new();
+    for (_, change) in history.changes() {
+        if let Change::Applied(r) = change {
+            placed
+                .entry(r.metadata.name.clone().unwrap_or_default())
+                .or_default()
+                .insert((ips(&r), r.spec.node_name.clone()));
+        }
+    }
+    for (name, seen) in &placed {
+        assert_eq!(
+            seen.len(),
+            1,
+            "{name}'s addresses or node changed: {seen:?}"
+        );
+    }
+    eprintln!(
+        "realnode_upgrade: {previous_version} → {version} → {previous_version}: nodes and images {:.1}s, install {:.1}s, upgrade {:.1}s, rollback {:.1}s, total {:.1}s",
+        started.as_secs_f64(),
+        installed.as_secs_f64(),
+        upgraded.as_secs_f64(),
+        rolled_back.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+}
