@@ -832,6 +832,11 @@ impl Cluster {
             arg("service-cluster-ip-range", SERVICE_CIDR),
             // Notice a registered node's Ready condition (and lift its not-ready taint) sooner.
             arg("node-monitor-period", "1s"),
+            // A ResourceQuota on a custom resource (count/ipreservations.ipkeep.dev) created before
+            // the quota controller's discovery (every 30 s) found the CRD gets no usage for it
+            // until the next full resync: 5 minutes by default, which a loaded machine reached
+            // (the quota test gave up after 120 s). 10 s here.
+            arg("resource-quota-sync-period", "10s"),
         ]);
         args.extend(extra("kube-controller-manager"));
         start("kube-controller-manager", args, running)?;
