@@ -187,7 +187,7 @@ pub fn lines(o: &Observed, namespace: &str, release: &str) -> Vec<Line> {
             false,
             None,
             format!("{CRD_NAME} serves {} but not {CRD_VERSION}", versions.join(", ")),
-            Some("upgrade the chart: helm upgrade applies the CRD of its crds/ only on install; kubectl apply -f crds/".into()),
+            Some("restart the controller: it applies its release's CRD at start (the chart grants it get and patch on it); or kubectl apply --server-side --force-conflicts -f crds/".into()),
         ),
         Read::Absent => line(
             "crd",
