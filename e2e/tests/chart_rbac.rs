@@ -360,19 +360,63 @@ fn namespace_verbs(access: &BTreeSet<Access>) -> BTreeSet<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_chart_grants_exactly_what_the_components_use() {
-    let _alone = ONE_CONTROLLER.lock().await;
-    let t0 = Instant::now();
+/// What each test of this file starts from: the shared control plane and its audit log, the
+/// release's namespace and the workload's, and a scratch directory with the node's files under
+/// `fs_root`.
+struct Setup {
+    cluster: &'static Cluster,
+    audit_log: PathBuf,
+    ns: String,
+    work: String,
+    scratch: Scratch,
+    fs_root: PathBuf,
+}
+
+/// A [`Setup`] named after `prefix`.
+async fn setup(prefix: &str) -> Setup {
     let cluster = shared().await.unwrap();
     let audit_log = cluster
         .audit_log_path()
         .expect("the shared control plane writes an audit log")
         .to_path_buf();
-    let ns = cluster.fresh_namespace("rbac").await.unwrap();
-    let work = cluster.fresh_namespace("rbac-work").await.unwrap();
-    let scratch = Scratch::new("chart-rbac");
+    let ns = cluster.fresh_namespace(prefix).await.unwrap();
+    let work = cluster
+        .fresh_namespace(&format!("{prefix}-work"))
+        .await
+        .unwrap();
+    let scratch = Scratch::new(&format!("chart-{prefix}"));
     let fs_root = scratch.join("root");
+    Setup {
+        cluster,
+        audit_log,
+        ns,
+        work,
+        scratch,
+        fs_root,
+    }
+}
+
+/// The downward-API fields of a pod `name` in `ns` on `node`, as the kubelet fills them in.
+fn pod_fields(name: &str, ns: &str, node: &str) -> BTreeMap<&'static str, String> {
+    BTreeMap::from([
+        ("metadata.name", name.to_owned()),
+        ("metadata.namespace", ns.to_owned()),
+        ("spec.nodeName", node.to_owned()),
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_grants_exactly_what_the_components_use() {
+    let _alone = ONE_CONTROLLER.lock().await;
+    let t0 = Instant::now();
+    let Setup {
+        cluster,
+        audit_log,
+        ns,
+        work,
+        scratch,
+        fs_root,
+    } = setup("rbac").await;
     std::fs::create_dir_all(fs_root.join("host/opt/cni/bin")).unwrap();
     std::fs::write(fs_root.join("ipkeep"), b"the plugin, from the image").unwrap();
     std::fs::write(
@@ -415,16 +459,8 @@ async fn the_chart_grants_exactly_what_the_components_use() {
     // The pods of the story are bound to it: a Node that exists (a fixture, no kubelet), or the pod
     // garbage collector would delete them as orphans.
     cluster.add_node(node).await.expect("the fixture Node");
-    let controller_fields = BTreeMap::from([
-        ("metadata.name", format!("{controller_sa}-7d9f-x1")),
-        ("metadata.namespace", ns.clone()),
-        ("spec.nodeName", node.to_owned()),
-    ]);
-    let agent_fields = BTreeMap::from([
-        ("metadata.name", format!("{agent_sa}-q2m")),
-        ("metadata.namespace", ns.clone()),
-        ("spec.nodeName", node.to_owned()),
-    ]);
+    let controller_fields = pod_fields(&format!("{controller_sa}-7d9f-x1"), &ns, node);
+    let agent_fields = pod_fields(&format!("{agent_sa}-q2m"), &ns, node);
     let (controller_run, _) = container(
         controller_template,
         "controller",
@@ -934,15 +970,14 @@ async fn the_chart_grants_exactly_what_the_components_use() {
 async fn with_a_namespace_selector_the_controller_lists_and_watches_namespaces_only() {
     const SELECTOR: &str = "ipkeep.dev/reserve=true";
     let _alone = ONE_CONTROLLER.lock().await;
-    let cluster = shared().await.unwrap();
-    let audit_log = cluster
-        .audit_log_path()
-        .expect("the shared control plane writes an audit log")
-        .to_path_buf();
-    let ns = cluster.fresh_namespace("rbac-nsel").await.unwrap();
-    let work = cluster.fresh_namespace("rbac-nsel-work").await.unwrap();
-    let scratch = Scratch::new("chart-rbac-nsel");
-    let fs_root = scratch.join("root");
+    let Setup {
+        cluster,
+        audit_log,
+        ns,
+        work,
+        scratch,
+        fs_root,
+    } = setup("rbac-nsel").await;
     let release = "rbacnsel";
     // No webhook nor admission policy: cluster-wide objects the delta does not touch.
     let values = [
@@ -1010,11 +1045,7 @@ async fn with_a_namespace_selector_the_controller_lists_and_watches_namespaces_o
     let deploy = kubectl_json(cluster, &["get", "deployment", &controller_sa, "-n", &ns]);
     let node = "node-a";
     cluster.add_node(node).await.expect("the fixture Node");
-    let fields = BTreeMap::from([
-        ("metadata.name", format!("{controller_sa}-7d9f-x2")),
-        ("metadata.namespace", ns.clone()),
-        ("spec.nodeName", node.to_owned()),
-    ]);
+    let fields = pod_fields(&format!("{controller_sa}-7d9f-x2"), &ns, node);
     let (run, _) = container(&deploy["spec"]["template"], "controller", &fields, &fs_root);
     assert!(
         run.argv

@@ -245,8 +245,7 @@ fn up_nodes(dir: &Path, args: &[&str]) -> Slot {
     let mut up = vec!["cluster", "up", "--state-dir", d];
     up.extend_from_slice(args);
     e2e_ok(&up);
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("nodes.json")).unwrap()).unwrap();
+    let info = nodes_info(dir);
     let slot = Slot::new(u8::try_from(info["slot"].as_u64().unwrap()).unwrap()).unwrap();
     let left = realnode::leftovers(slot);
     for thing in [
@@ -299,6 +298,25 @@ fn assert_sysctls_restored(machine: &[(String, String)]) {
     }
 }
 
+/// What `cluster up` wrote of the running nodes at `dir` (`nodes.json`).
+fn nodes_info(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("nodes.json")).unwrap()).unwrap()
+}
+
+/// `cluster load-image` of the workload image into every node of the cluster at `dir` prints
+/// its one name.
+fn loads_the_workload_image(dir: &Path) {
+    let images = realnode::node_image_dir(&realnode::node_bin_dir().unwrap()).unwrap();
+    let printed = e2e_ok(&[
+        "cluster",
+        "load-image",
+        images.join("workload.oci.tar").to_str().unwrap(),
+        "--state-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(printed, format!("{WORKLOAD_IMAGE}\n"));
+}
+
 /// `cluster down` of the cluster at `dir` in `slot`: nothing of it is left, and the sysctls the
 /// machine had (`machine`) are back.
 fn down_leaves_nothing(dir: &Path, slot: Slot, machine: &[(String, String)]) {
@@ -314,15 +332,7 @@ async fn cluster_up_nodes_load_image_and_down_leave_nothing_and_restore_sysctls(
     let machine = machine_sysctls();
     let dir = state_dir("rn-down");
     let slot = up_one_node(&dir);
-    let images = realnode::node_image_dir(&realnode::node_bin_dir().unwrap()).unwrap();
-    let printed = e2e_ok(&[
-        "cluster",
-        "load-image",
-        images.join("workload.oci.tar").to_str().unwrap(),
-        "--state-dir",
-        dir.to_str().unwrap(),
-    ]);
-    assert_eq!(printed, format!("{WORKLOAD_IMAGE}\n"));
+    loads_the_workload_image(&dir);
     down_leaves_nothing(&dir, slot, &machine);
 }
 
@@ -336,8 +346,7 @@ async fn cluster_up_with_flannel_answers_exec_inside_each_node_and_down_leaves_n
     let dir = state_dir("rn-flannel");
     let d = dir.to_str().unwrap();
     let slot = up_nodes(&dir, &["--nodes", "2", "--cni", "flannel"]);
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("nodes.json")).unwrap()).unwrap();
+    let info = nodes_info(&dir);
     assert_eq!(info["cni"], "flannel");
     for (i, other) in [(0, 1), (1, 0)] {
         let node = slot.node(i).unwrap();
@@ -414,8 +423,7 @@ async fn cluster_up_with_a_cri_o_node_loads_images_into_each_runtime_and_strikes
         &dir,
         &["--nodes", "2", "--runtime", "cri-o", "--crio-nodes", "1"],
     );
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("nodes.json")).unwrap()).unwrap();
+    let info = nodes_info(&dir);
     assert_eq!(info["runtimes"], serde_json::json!(["cri-o", "containerd"]));
     let answers = |node: &str, socket: &str| {
         e2e(&[
@@ -432,15 +440,7 @@ async fn cluster_up_with_a_cri_o_node_loads_images_into_each_runtime_and_strikes
         .status
         .success()
     };
-    let images = realnode::node_image_dir(&realnode::node_bin_dir().unwrap()).unwrap();
-    let printed = e2e_ok(&[
-        "cluster",
-        "load-image",
-        images.join("workload.oci.tar").to_str().unwrap(),
-        "--state-dir",
-        d,
-    ]);
-    assert_eq!(printed, format!("{WORKLOAD_IMAGE}\n"));
+    loads_the_workload_image(&dir);
     e2e_ok(&["cluster", "restart", "node-0", "crio", "--state-dir", d]);
     let refused = e2e(&["cluster", "restart", "node-1", "crio", "--state-dir", d]);
     assert!(!refused.status.success());

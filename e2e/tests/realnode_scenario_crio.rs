@@ -32,7 +32,7 @@ mod realnode;
 #[path = "scenarios/retention.rs"]
 mod retention;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use ipkeep_e2e::cluster::realnode::{
     NodeCni, NodeDirs, NodeRuntime, PodNetwork, RealNode, crio, layout::CNI_NETWORK,
@@ -52,19 +52,7 @@ const NETWORK: PodNetwork = PodNetwork {
     crio_nodes: 2,
 };
 
-/// Every test's setup: this binary's nodes, shared with the other tests.
-async fn shared_nodes() -> tokio::sync::RwLockReadGuard<'static, ()> {
-    realnode::choose(NODES, NETWORK);
-    realnode::use_real_nodes().await
-}
-
-/// As [`shared_nodes`], for a test that strikes a node.
-async fn nodes_alone() -> tokio::sync::RwLockWriteGuard<'static, ()> {
-    realnode::choose(NODES, NETWORK);
-    realnode::use_real_nodes_alone().await
-}
-
-scenario_tests!(shared_nodes(); retention:
+scenario_tests!(realnode::use_nodes(NODES, NETWORK); retention:
     scaled_to_zero_and_back_every_ordinal_gets_its_address_back,
 );
 
@@ -78,7 +66,7 @@ fn node_running(c: &ipkeep_e2e::cluster::realnode::RealCluster, runtime: NodeRun
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_cri_o_the_agents_are_in_charge_and_a_deleted_pod_returns_with_its_address() {
-    let _nodes = shared_nodes().await;
+    let _nodes = realnode::use_nodes(NODES, NETWORK).await;
     let c = realnode::installed().await;
     for n in c.nodes() {
         let info = kubectl_ok(
@@ -120,7 +108,7 @@ const FAULTS: [realnode::Fault; 3] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cri_o_restarted_kubelet_restarted_node_rebooted_pods_keep_and_get_their_addresses() {
-    let _alone = nodes_alone().await;
+    let _alone = realnode::use_nodes_alone(NODES, NETWORK).await;
     let (sys, c) = realnode::system("crio-faults").await;
     let node = realnode::node(c, sys.node_name(0));
     assert_eq!(node.runtime(), NodeRuntime::CriO);
@@ -129,7 +117,7 @@ async fn cri_o_restarted_kubelet_restarted_node_rebooted_pods_keep_and_get_their
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cri_o_restarting_while_pods_return_frees_no_address_a_pod_is_getting() {
-    let _alone = nodes_alone().await;
+    let _alone = realnode::use_nodes_alone(NODES, NETWORK).await;
     let (sys, c) = realnode::system("crio-race").await;
     let node_a = sys.node_name(0).to_owned();
     let node = realnode::node(c, &node_a);
@@ -230,11 +218,6 @@ fn leak(node: &RealNode) -> (String, String) {
     (id, ip)
 }
 
-/// Whether a file is there, as the machine sees it.
-fn is_file(path: &Path) -> bool {
-    path.is_file()
-}
-
 /// `cnitool VERB` of the leak's network namespace on `node` (libcni over the node's conflist
 /// and plugins); its stdout, or the test fails with what it said.
 fn cnitool(node: &RealNode, verb: &str) -> Vec<u8> {
@@ -268,7 +251,7 @@ fn allocation(node: &RealNode, ip: &str) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reboot_frees_a_leak_on_cri_o_not_on_containerd_and_keeps_both_reservations() {
-    let _alone = nodes_alone().await;
+    let _alone = realnode::use_nodes_alone(NODES, NETWORK).await;
     let (sys, c) = realnode::system("crio-gc").await;
     let crio_node = realnode::node(c, sys.node_name(1));
     assert_eq!(crio_node.runtime(), NodeRuntime::CriO);
@@ -285,8 +268,8 @@ async fn a_reboot_frees_a_leak_on_cri_o_not_on_containerd_and_keeps_both_reserva
     log_bridge_calls(crio_node);
     let (crio_leak, crio_leaked_ip) = leak(crio_node);
     let (containerd_leak, containerd_leaked_ip) = leak(containerd_node);
-    assert!(is_file(&allocation(crio_node, &crio_leaked_ip)));
-    assert!(is_file(&allocation(containerd_node, &containerd_leaked_ip)));
+    assert!(allocation(crio_node, &crio_leaked_ip).is_file());
+    assert!(allocation(containerd_node, &containerd_leaked_ip).is_file());
     let calls_before = bridge_calls(crio_node).len();
 
     eprintln!("{}: rebooted (CRI-O)", crio_node.name());
@@ -328,7 +311,7 @@ async fn a_reboot_frees_a_leak_on_cri_o_not_on_containerd_and_keeps_both_reserva
     );
     for name in ["db-0", "db-1"] {
         assert!(
-            is_file(&realnode::reserved_file(crio_node, &sys.ns, name)),
+            realnode::reserved_file(crio_node, &sys.ns, name).is_file(),
             "{name}'s reservation is gone after CRI-O's start-up GC"
         );
     }
@@ -344,7 +327,7 @@ async fn a_reboot_frees_a_leak_on_cri_o_not_on_containerd_and_keeps_both_reserva
     sys.apply(&probe);
     sys.wait_running("", &["after-reboot"]).await;
     assert!(
-        is_file(&allocation(containerd_node, &containerd_leaked_ip)),
+        allocation(containerd_node, &containerd_leaked_ip).is_file(),
         "containerd freed the leak {containerd_leaked_ip} ({containerd_leak}): it never sends GC or DEL for an attachment it does not know"
     );
     assert!(

@@ -41,13 +41,7 @@ const NETWORK: PodNetwork = PodNetwork {
     crio_nodes: 0,
 };
 
-/// Every test's setup: this binary's flannel nodes, shared with the other tests.
-async fn shared_nodes() -> tokio::sync::RwLockReadGuard<'static, ()> {
-    realnode::choose(NODES, NETWORK);
-    realnode::use_real_nodes().await
-}
-
-scenario_tests!(shared_nodes(); keep_ip:
+scenario_tests!(realnode::use_nodes(NODES, NETWORK); keep_ip:
     statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addresses,
     unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_pool,
 );
@@ -60,7 +54,7 @@ async fn on_flannel_a_deleted_pod_returns_with_its_address_reachable_through_vxl
     ) {
         return;
     }
-    let _nodes = shared_nodes().await;
+    let _nodes = realnode::use_nodes(NODES, NETWORK).await;
     let c = realnode::installed().await;
     for n in c.nodes() {
         // The agent reads flannel's conflist as flannel does: no ipam of its own, so host-local,

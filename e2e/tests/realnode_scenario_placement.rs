@@ -40,11 +40,6 @@ const NODES: u8 = 3;
 /// How many deletes each measurement makes.
 const DELETES: usize = 20;
 
-async fn nodes_alone() -> tokio::sync::RwLockWriteGuard<'static, ()> {
-    realnode::choose(NODES, PodNetwork::default());
-    realnode::use_real_nodes_alone().await
-}
-
 /// A small deterministic generator (xorshift), seeded and printed so a run can be replayed.
 struct Dice(u64);
 
@@ -225,7 +220,7 @@ async fn measure(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_on_two_nodes_return_to_their_node_every_time() {
-    let _alone = nodes_alone().await;
+    let _alone = realnode::use_nodes_alone(NODES, PodNetwork::default()).await;
     let (sys, c) = realnode::system("place2").await;
     // Two schedulable nodes: the smallest ordinary case, where the scheduler's spreading ties
     // whenever each node is left with one pod.
@@ -244,7 +239,7 @@ async fn three_replicas_on_two_nodes_return_to_their_node_every_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_workload_on_the_node_pulls_pods_away_unless_placed() {
-    let _alone = nodes_alone().await;
+    let _alone = realnode::use_nodes_alone(NODES, PodNetwork::default()).await;
     let (sys, _c) = realnode::system("placefill").await;
     // Two replicas on three nodes: a returning pod's node ties on spreading with the node that
     // has none, and the filler on its own node tips the scheduler's resource scores the other way.
@@ -277,7 +272,7 @@ async fn another_workload_on_the_node_pulls_pods_away_unless_placed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cordoned_node_makes_required_wait_and_preferred_move() {
-    let _alone = nodes_alone().await;
+    let _alone = realnode::use_nodes_alone(NODES, PodNetwork::default()).await;
     let (sys, _c) = realnode::system("placecord").await;
     let must = sys
         .run_annotated("must", 1, &[], &[("ipkeep.dev/placement", "required")])
@@ -354,7 +349,7 @@ async fn a_cordoned_node_makes_required_wait_and_preferred_move() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_webhook_down_pods_are_still_created_and_the_miss_is_reported() {
-    let _alone = nodes_alone().await;
+    let _alone = realnode::use_nodes_alone(NODES, PodNetwork::default()).await;
     let (sys, c) = realnode::system("placedown").await;
     let before = sys.run_annotated("db", 1, &[], &[]).await["db-0"].clone();
     let scale = |n: &str| {

@@ -51,29 +51,17 @@ const NETWORK: PodNetwork = PodNetwork {
     crio_nodes: 0,
 };
 
-/// Every test's setup: this binary's nodes, shared with the other tests.
-async fn shared_nodes() -> tokio::sync::RwLockReadGuard<'static, ()> {
-    realnode::choose(NODES, NETWORK);
-    realnode::use_real_nodes().await
-}
-
-/// As [`shared_nodes`], for a test that takes a node away.
-async fn nodes_alone() -> tokio::sync::RwLockWriteGuard<'static, ()> {
-    realnode::choose(NODES, NETWORK);
-    realnode::use_real_nodes_alone().await
-}
-
-scenario_tests!(shared_nodes(); keep_ip:
+scenario_tests!(realnode::use_nodes(NODES, NETWORK); keep_ip:
     statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addresses,
     unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_pool,
 );
-scenario_tests!(nodes_alone(); moved:
+scenario_tests!(realnode::use_nodes_alone(NODES, NETWORK); moved:
     pod_drained_to_another_node_gets_its_address_and_the_reservation_follows,
 );
-scenario_tests!(shared_nodes(); moved:
+scenario_tests!(realnode::use_nodes(NODES, NETWORK); moved:
     rolling_restart_ten_times_keeps_every_address_every_time,
 );
-scenario_tests!(shared_nodes(); retention:
+scenario_tests!(realnode::use_nodes(NODES, NETWORK); retention:
     released_address_is_never_handed_to_another_pod_even_when_the_range_is_full,
     retain_for_3s_expires_at_its_release_time_and_the_address_is_allocated_again,
     scaled_to_zero_and_back_every_ordinal_gets_its_address_back,
@@ -88,7 +76,7 @@ async fn deleted_with_the_default_grace_or_forced_the_pod_returns_with_its_addre
     ) {
         return;
     }
-    let _nodes = shared_nodes().await;
+    let _nodes = realnode::use_nodes(NODES, NETWORK).await;
     realnode::deleted_graceful_or_forced_returns_reachable("rn-delete").await;
 }
 
@@ -148,7 +136,7 @@ async fn agent_killed_while_pods_change_is_restarted_by_the_kubelet_and_converge
         return;
     }
     // The node's agent goes down: no other test meanwhile.
-    let _alone = nodes_alone().await;
+    let _alone = realnode::use_nodes_alone(NODES, NETWORK).await;
     let (sys, c) = realnode::system("rn-agentkill").await;
     let node_a = sys.node_name(0).to_owned();
     let node = realnode::node(c, &node_a);

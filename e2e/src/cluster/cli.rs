@@ -723,7 +723,7 @@ pub fn exec(
 }
 
 /// The node named `node` of the cluster running at `state_dir`, or an error naming its nodes.
-fn running_node(state_dir: &Path, node: &str) -> Result<realnode::node::ImageTarget, CliError> {
+fn running_node(state_dir: &Path, node: &str) -> Result<realnode::node::RunningNode, CliError> {
     let nodes = running_nodes(state_dir)?;
     let names: Vec<String> = nodes.iter().map(|n| n.node.name()).collect();
     nodes
@@ -737,7 +737,7 @@ fn running_node(state_dir: &Path, node: &str) -> Result<realnode::node::ImageTar
 
 /// The nodes of the cluster running at `state_dir` (each with its runtime, binaries and
 /// configuration directory), from the `nodes.json` its supervisor wrote.
-fn running_nodes(state_dir: &Path) -> Result<Vec<realnode::node::ImageTarget>, CliError> {
+fn running_nodes(state_dir: &Path) -> Result<Vec<realnode::node::RunningNode>, CliError> {
     let file = nodes_file(state_dir);
     let text =
         std::fs::read_to_string(&file).map_err(|_| CliError::NoNodes(state_dir.to_owned()))?;
@@ -768,7 +768,7 @@ fn running_nodes(state_dir: &Path) -> Result<Vec<realnode::node::ImageTarget>, C
     Ok((0..count)
         .filter_map(|i| {
             let node = slot.node(i)?;
-            Some(realnode::node::ImageTarget {
+            Some(realnode::node::RunningNode {
                 node,
                 runtime: runtime(i),
                 bin_dir: bin_dir.clone(),

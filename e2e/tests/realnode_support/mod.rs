@@ -189,6 +189,25 @@ pub async fn use_real_nodes_alone() -> tokio::sync::RwLockWriteGuard<'static, ()
     NODES.write().await
 }
 
+/// [`use_real_nodes`] on this binary's `nodes` nodes with `network` ([`choose`]): every test of
+/// a binary that wants other nodes than two plain ones starts with this (or [`use_nodes_alone`]).
+pub async fn use_nodes(
+    nodes: u8,
+    network: PodNetwork,
+) -> tokio::sync::RwLockReadGuard<'static, ()> {
+    choose(nodes, network);
+    use_real_nodes().await
+}
+
+/// As [`use_nodes`], for a test that takes a node away ([`use_real_nodes_alone`]).
+pub async fn use_nodes_alone(
+    nodes: u8,
+    network: PodNetwork,
+) -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    choose(nodes, network);
+    use_real_nodes_alone().await
+}
+
 /// This binary's own installed nodes, once a test started them; `None` on a user's cluster.
 pub fn own() -> Option<&'static RealCluster> {
     INSTALLED.get().copied()

@@ -52,13 +52,7 @@ pub const REGISTRIES_CONF: &str =
 /// `e2e/cluster/build.sh --print-crio-bin-dir` names; checked to hold every one, and conmon to
 /// be installed.
 pub fn bin_dir() -> Result<PathBuf, RealNodeError> {
-    let dir = match std::env::var_os("IPKEEP_CRIO_BIN_DIR").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => super::script_dir(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/build.sh"),
-            &["--print-crio-bin-dir"],
-        )?,
-    };
+    let dir = super::built_dir("IPKEEP_CRIO_BIN_DIR", "--print-crio-bin-dir")?;
     if let Some(b) = BINARIES.iter().find(|b| !dir.join(b).is_file()) {
         return Err(RealNodeError::CrioMissing {
             dir,

@@ -150,13 +150,7 @@ subjects:
 /// The directory of flannel's binaries: `IPKEEP_FLANNEL_BIN_DIR`, else what
 /// `e2e/cluster/build.sh --print-flannel-bin-dir` names; checked to hold both.
 pub fn bin_dir() -> Result<PathBuf, RealNodeError> {
-    let dir = match std::env::var_os("IPKEEP_FLANNEL_BIN_DIR").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => super::script_dir(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/build.sh"),
-            &["--print-flannel-bin-dir"],
-        )?,
-    };
+    let dir = super::built_dir("IPKEEP_FLANNEL_BIN_DIR", "--print-flannel-bin-dir")?;
     match BINARIES.iter().find(|b| !dir.join(b).is_file()) {
         Some(b) => Err(RealNodeError::FlannelMissing {
             dir,

@@ -248,15 +248,21 @@ fn script_dir(script: &Path, args: &[&str]) -> Result<PathBuf, RealNodeError> {
 /// The directory of the node binaries: `IPKEEP_NODE_BIN_DIR`, else what
 /// `e2e/cluster/build.sh --print-node-bin-dir` names; checked to hold every binary.
 pub fn node_bin_dir() -> Result<PathBuf, RealNodeError> {
-    let dir = match std::env::var_os("IPKEEP_NODE_BIN_DIR").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => script_dir(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/build.sh"),
-            &["--print-node-bin-dir"],
-        )?,
-    };
+    let dir = built_dir("IPKEEP_NODE_BIN_DIR", "--print-node-bin-dir")?;
     check_node_bin_dir(&dir)?;
     Ok(dir)
+}
+
+/// Where a set of Go-built binaries is: the environment variable `env` when set, else the
+/// directory `e2e/cluster/build.sh PRINT_FLAG` names (the cache its versions build into).
+fn built_dir(env: &str, print_flag: &str) -> Result<PathBuf, RealNodeError> {
+    match std::env::var_os(env).filter(|v| !v.is_empty()) {
+        Some(dir) => Ok(PathBuf::from(dir)),
+        None => script_dir(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/build.sh"),
+            &[print_flag],
+        ),
+    }
 }
 
 /// Fails naming the first node binary `dir` lacks, and how to build it.
@@ -896,7 +902,7 @@ impl RealCluster {
     /// a short name (`ipkeep:1`) is also tagged as the kubelet resolves it
     /// (`docker.io/library/ipkeep:1`).
     pub fn load_image(&self, archive: &Path) -> Result<Vec<String>, RealNodeError> {
-        let targets: Vec<_> = self.nodes.iter().map(RealNode::image_target).collect();
+        let targets: Vec<_> = self.nodes.iter().map(RealNode::running).collect();
         load_image(&targets, archive)
     }
 
@@ -1063,7 +1069,7 @@ fn cleanup_slot_network(slot: Slot) -> Result<(), RealNodeError> {
 
 /// [`RealCluster::load_image`] over any set of running nodes (`cluster load-image`).
 pub fn load_image(
-    nodes: &[node::ImageTarget],
+    nodes: &[node::RunningNode],
     archive: &Path,
 ) -> Result<Vec<String>, RealNodeError> {
     let names = archive_image_names(archive)?;

@@ -518,7 +518,7 @@ impl RealNode {
                 let c = self.start_program(daemon, &crio, &[], daemon_args)?;
                 let mut probe = self.command(&crio.to_string_lossy());
                 probe.args(&args);
-                probe.args(["status", "--socket", layout::CRIO_SOCKET, "info"]);
+                probe.args(["status", "--socket", self.runtime.socket(), "info"]);
                 (c, probe)
             }
             _ => {
@@ -528,7 +528,7 @@ impl RealNode {
                     vec!["--config".into(), config.to_string_lossy().into_owned()],
                 )?;
                 let mut probe = self.command("ctr");
-                probe.args(["--address", layout::CONTAINERD_SOCKET, "version"]);
+                probe.args(["--address", self.runtime.socket(), "version"]);
                 (c, probe)
             }
         };
@@ -666,12 +666,12 @@ impl RealNode {
         pinned: bool,
         also: &[(String, String)],
     ) -> Result<(), RealNodeError> {
-        import_image(self.image_target(), archive, pinned, also)
+        import_image(self.running(), archive, pinned, also)
     }
 
-    /// Where [`import_image`] puts an image into this node.
-    pub fn image_target(&self) -> ImageTarget {
-        ImageTarget {
+    /// This node as [`RunningNode`] (what [`import_image`] needs).
+    pub fn running(&self) -> RunningNode {
+        RunningNode {
             node: self.layout,
             runtime: self.runtime,
             bin_dir: self.bin_dir.clone(),
@@ -786,10 +786,11 @@ impl RealNode {
     }
 }
 
-/// A running node's image store: which node, its runtime, the node binaries, and its
-/// configuration directory (`<state>/nodes/<name>`, with CRI-O's signature policy).
+/// What reaches a running node from outside its owner (`cluster exec`, `load-image`): which
+/// node, its runtime, the node binaries, and its configuration directory
+/// (`<state>/nodes/<name>`, with CRI-O's signature policy).
 #[derive(Debug, Clone)]
-pub struct ImageTarget {
+pub struct RunningNode {
     /// The node.
     pub node: NodeLayout,
     /// Its runtime.
@@ -804,7 +805,7 @@ pub struct ImageTarget {
 /// (from, to) name; in containerd `pinned` ones are labelled so the kubelet's image GC keeps
 /// them (CRI-O keeps what its `pinned_images` names: the pause image).
 pub fn import_image(
-    target: ImageTarget,
+    target: RunningNode,
     archive: &Path,
     pinned: bool,
     also: &[(String, String)],
