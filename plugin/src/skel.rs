@@ -7,10 +7,10 @@ use std::io::Read;
 use std::time::SystemTime;
 
 use crate::commands::{self, CmdArgs, CniError, Failure, Output};
-use crate::gojson::{self, Decoder, Value};
 use crate::neighbour::NeighbourTable;
-use crate::store::is_valid_container_id;
-use crate::version;
+use ipkeep_hostlocal::gojson::{self, Decoder, Value};
+use ipkeep_hostlocal::store::is_valid_container_id;
+use ipkeep_hostlocal::version;
 
 /// The largest network configuration accepted on stdin.
 pub const MAX_STDIN: usize = 1 << 20;
@@ -29,7 +29,7 @@ pub struct Reply {
 impl Reply {
     fn error(e: &CniError, log: &[String]) -> Self {
         Self {
-            stdout: crate::result::error_json(e.code, &e.msg, &e.details),
+            stdout: ipkeep_hostlocal::result::error_json(e.code, &e.msg, &e.details),
             stderr: log_text(log),
             exit_code: 1,
         }

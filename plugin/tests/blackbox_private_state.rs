@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
 
 use common::{CniCall, CniOutcome, host_local, ipkeep};
-use ipkeep_plugin::netdir::NetworkDir;
-use ipkeep_plugin::reservation::{
+use ipkeep_reservation::NetworkDir;
+use ipkeep_reservation::{
     FORMAT_VERSION, PodKey, ReservationFile, Timestamp, WaitMarker, write_reservation,
     write_wait_marker,
 };

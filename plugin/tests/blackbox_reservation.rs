@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::SystemTime;
 
 use common::{CniCall, CniOutcome, ipkeep};
-use ipkeep_plugin::netdir::NetworkDir;
-use ipkeep_plugin::reservation::{
+use ipkeep_reservation::NetworkDir;
+use ipkeep_reservation::{
     FORMAT_VERSION, PodKey, ReservationFile, Timestamp, WaitMarker, read_wait_marker,
     write_reservation, write_wait_marker,
 };
@@ -277,7 +277,7 @@ fn past_the_grace_period_the_pod_takes_a_fresh_address() {
         read_wait_marker(&s.dir(), &pod, &mut Vec::new()).is_some(),
         "still reserved"
     );
-    ipkeep_plugin::reservation::remove_reservation(&s.dir(), "db", "web-0").unwrap();
+    ipkeep_reservation::remove_reservation(&s.dir(), "db", "web-0").unwrap();
     let pruned = CniCall::new("GC", "", &gc_conf).run(&ipkeep());
     pruned.ok();
     assert_stderr_has(&pruned, &["GC removed the wait marker of pod db/web-0"]);

@@ -8,47 +8,17 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use crate::config::IpamConfig;
-use crate::disk_store::{DiskStore, Occupant};
-use crate::netdir::NetworkDir;
-use crate::range::RangeSet;
-use crate::reservation::{
-    DecisionInput, Holder, MarkerAction, Outcome, RESERVED_DIR, RangeSetPlan, RangeSetView,
-    ReservationLookup, ReservationSnapshot, Source, TRY_AGAIN_LATER_CODE, Timestamp, decide,
-    load_reservations_at, prune_wait_markers, read_reservation, read_wait_marker,
-    remove_wait_marker, write_wait_marker,
+use ipkeep_hostlocal::config::IpamConfig;
+use ipkeep_hostlocal::{DiskStore, Occupant};
+use ipkeep_reservation::netdir::NetworkDir;
+use ipkeep_reservation::{
+    DecisionInput, Holder, MarkerAction, Outcome, RESERVED_DIR, RangeSetPlan, ReservationLookup,
+    ReservationSnapshot, Source, TRY_AGAIN_LATER_CODE, Timestamp, decide, load_reservations_at,
+    prune_wait_markers, read_reservation, read_wait_marker, remove_wait_marker, write_wait_marker,
 };
-use crate::reservation::{PodKey, ReservationFile};
+use ipkeep_reservation::{PodKey, ReservationFile};
 
 use super::CniError;
-
-impl RangeSetView for RangeSet {
-    fn contains(&self, ip: IpAddr) -> bool {
-        RangeSet::contains(self, ip)
-    }
-
-    fn why_unusable(&self, ip: IpAddr) -> Option<String> {
-        let ip = ip.to_canonical();
-        if let Some(range) = self.range_for(ip) {
-            return (ip == range.gateway).then(|| format!("is the gateway of range {range}"));
-        }
-        let range = self
-            .ranges
-            .iter()
-            .find(|r| r.subnet.ip.is_ipv4() == ip.is_ipv4() && r.subnet.contains(ip))?;
-        let subnet = range.subnet;
-        Some(if ip == subnet.network() {
-            format!("is the network address of subnet {subnet}")
-        } else if ip.is_ipv4() && ip == subnet.last() {
-            format!("is the broadcast address of subnet {subnet}")
-        } else {
-            format!(
-                "is not between rangeStart {} and rangeEnd {} of subnet {subnet}",
-                range.start, range.end
-            )
-        })
-    }
-}
 
 /// The lines of one command's reservation step, each prefixed with the network name.
 #[derive(Debug)]
@@ -70,7 +40,7 @@ impl ReservationLog {
     /// found on disk end up here, and a newline, carriage return or terminal escape in them
     /// must not split the line or forge another in the runtime's log.
     pub(super) fn line(&mut self, text: impl std::fmt::Display) {
-        let line = crate::private_state::escape_control(&text.to_string());
+        let line = ipkeep_reservation::private_state::escape_control(&text.to_string());
         self.lines.push(format!("{}{line}", self.prefix));
     }
 

@@ -53,7 +53,7 @@ use super::timestamp::Timestamp;
 use crate::private_state;
 
 /// The snapshot's file name inside [`PRIVATE_DIR`].
-pub const INDEX_NAME: &str = "reserved.index";
+pub const SNAPSHOT_NAME: &str = "reserved.index";
 
 /// Start of the file; another value (an older layout, zeros after a crash) means "rebuild".
 const MAGIC: &[u8; 8] = b"IPKSNAP2";
@@ -165,7 +165,7 @@ pub(super) fn refresh(dir: &NetworkDir, _lock: &NetworkLock<'_>) -> Result<(), N
     if dir.stat(RESERVED_DIR)?.is_none() {
         // Nothing to describe; a leftover snapshot would be ignored anyway.
         if let Some(private) = dir.subdir(&[PRIVATE_DIR], false)? {
-            private.remove_tree(INDEX_NAME, 16)?;
+            private.remove_tree(SNAPSHOT_NAME, 16)?;
         }
         return Ok(());
     }
@@ -340,11 +340,11 @@ fn patched(
 /// A file that is not a snapshot ipkeep wrote is removed (and `found` says what it was).
 fn read_valid(dir: &NetworkDir, found: &mut Vec<String>) -> Option<ReservationSnapshot> {
     let private = dir.subdir(&[PRIVATE_DIR], false).ok()??;
-    let bytes = private_state::read_file(&private, INDEX_NAME, MAX_INDEX_LEN, found).ok()??;
+    let bytes = private_state::read_file(&private, SNAPSHOT_NAME, MAX_INDEX_LEN, found).ok()??;
     if !bytes.starts_with(MAGIC_FAMILY) {
         private_state::discard(
             &private,
-            INDEX_NAME,
+            SNAPSHOT_NAME,
             if bytes.is_empty() {
                 "an empty file"
             } else {
@@ -378,11 +378,16 @@ fn write(
     };
     // `rename` cannot replace a directory: whatever is not a file goes first.
     if let private_state::Found::Damaged(what) =
-        private_state::inspect_file(&private, INDEX_NAME, MAX_INDEX_LEN)?
+        private_state::inspect_file(&private, SNAPSHOT_NAME, MAX_INDEX_LEN)?
     {
-        private_state::discard(&private, INDEX_NAME, &what, found);
+        private_state::discard(&private, SNAPSHOT_NAME, &what, found);
     }
-    private.write_atomic(INDEX_NAME, &snapshot.bytes, private_state::FILE_MODE, false)
+    private.write_atomic(
+        SNAPSHOT_NAME,
+        &snapshot.bytes,
+        private_state::FILE_MODE,
+        false,
+    )
 }
 
 fn stamp_bytes(stamp: &DirStamp) -> [u8; 48] {

@@ -219,14 +219,14 @@ fn fix_dir_mode(dir: &SubDir, mode: u32, log: &mut Vec<String>) -> Result<(), Ne
 mod tests {
     use super::*;
     use crate::netdir::NetworkDir;
-    use crate::scratch_dir::ScratchDir as Scratch;
     use std::os::unix::fs::PermissionsExt;
+    use tempfile::TempDir;
 
     #[test]
     fn every_kind_of_damage_is_named_and_removed() {
-        let s = Scratch::new("private");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
-        let at = |name: &str| s.0.join("net1").join(name);
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
+        let at = |name: &str| s.path().join("net1").join(name);
         std::fs::create_dir_all(at("dir/sub")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", at("link")).unwrap();
         std::fs::write(at("big"), vec![b'x'; 300]).unwrap();
@@ -289,11 +289,11 @@ mod tests {
 
     #[test]
     fn private_directories_are_healed() {
-        let s = Scratch::new("privdir");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
-        let at = |name: &str| s.0.join("net1").join(name);
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
+        let at = |name: &str| s.path().join("net1").join(name);
         std::fs::write(at("a"), b"file").unwrap();
-        std::os::unix::fs::symlink(s.0.join("outside"), at("b")).unwrap();
+        std::os::unix::fs::symlink(s.path().join("outside"), at("b")).unwrap();
         std::fs::create_dir(at("c")).unwrap();
         std::fs::set_permissions(at("c"), std::fs::Permissions::from_mode(0o777)).unwrap();
         std::fs::create_dir(at("e")).unwrap();
@@ -304,7 +304,7 @@ mod tests {
             assert_eq!(dir.stamp().unwrap().kind, EntryKind::Dir);
             assert_eq!(dir.stamp().unwrap().mode & 0o022, 0, "{name}");
         }
-        assert!(!s.0.join("outside").exists());
+        assert!(!s.path().join("outside").exists());
         assert_eq!(log.len(), 3, "{log:?}");
         assert!(log[0].starts_with("found a regular file at "), "{}", log[0]);
         assert!(

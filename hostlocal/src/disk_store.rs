@@ -40,7 +40,7 @@
 //!   small writes. Index records are always verified against the IP file before they are acted
 //!   on.
 //!
-//! Everything in `.ipkeep/` is rebuildable ([`crate::private_state`]): whatever is found there
+//! Everything in `.ipkeep/` is rebuildable ([`ipkeep_reservation::private_state`]): whatever is found there
 //! that ipkeep did not write (a directory at the stamp's or an index file's name, a FIFO, a
 //! symlink, garbage, a file with other permissions, an entry ipkeep does not use) is removed under
 //! the lock with one stderr line, and the index rebuilt; it is never an error for the runtime.
@@ -58,12 +58,14 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::SystemTime;
 
-use crate::netdir::{EntryKind, NetDirError, NetworkDir, NetworkLock, SubDir, TEMP_PREFIX};
-use crate::private_state::{self, Found};
-use crate::reservation::{CivilTime, Timestamp};
 use crate::store::{LegacyRelease, Owner, PodRef, Store, StoreError, is_valid_container_id};
+use ipkeep_reservation::netdir::{
+    EntryKind, NetDirError, NetworkDir, NetworkLock, SubDir, TEMP_PREFIX,
+};
+use ipkeep_reservation::private_state::{self, Found};
+use ipkeep_reservation::{CivilTime, Timestamp};
 
-pub use crate::private_state::PRIVATE_DIR;
+pub use ipkeep_reservation::private_state::PRIVATE_DIR;
 const TMP_DIR: &str = "tmp";
 const CONTAINERS_DIR: &str = "containers";
 const STAMP: &str = "stamp";
@@ -121,8 +123,8 @@ const KNOWN_PRIVATE_NAMES: [&str; 5] = [
     STAMP,
     TMP_DIR,
     CONTAINERS_DIR,
-    crate::reservation::index::INDEX_NAME,
-    crate::reservation::wait::WAIT_DIR,
+    ipkeep_reservation::SNAPSHOT_NAME,
+    ipkeep_reservation::WAIT_DIR,
 ];
 /// How every stamp ipkeep writes starts (a torn in-place write keeps it; garbage does not).
 const STAMP_PREFIX: &[u8] = b"ipkeep-stamp ";
@@ -132,9 +134,9 @@ const MAX_STAMP_LEN: usize = 512;
 /// The stamp of the network directory and of the index's own directories, so that a change to
 /// either behind ipkeep's back (a file planted in `.ipkeep/containers/`) means a rebuild too.
 fn stamp_text(
-    net: &crate::netdir::FileStamp,
-    containers: &crate::netdir::FileStamp,
-    tmp: &crate::netdir::FileStamp,
+    net: &ipkeep_reservation::netdir::FileStamp,
+    containers: &ipkeep_reservation::netdir::FileStamp,
+    tmp: &ipkeep_reservation::netdir::FileStamp,
 ) -> String {
     let (n, c, t) = (net, containers, tmp);
     format!(
@@ -186,7 +188,7 @@ pub fn go_log_time(now: SystemTime) -> String {
 /// Opens (creating it if needed) one of ipkeep's private directories; something that is not a
 /// directory at that name (a planted symlink, a file, a FIFO) is removed, never followed.
 fn private_dir(
-    parent: &crate::netdir::DirFd,
+    parent: &ipkeep_reservation::netdir::DirFd,
     name: &str,
     log: &mut Vec<String>,
 ) -> Result<SubDir, NetDirError> {
@@ -609,7 +611,7 @@ impl Store for DiskStore<'_> {
                 "invalid characters in containerID {id:?}"
             )));
         }
-        crate::netdir::check_name(ifname)?;
+        ipkeep_reservation::netdir::check_name(ifname)?;
         let content = Owner::content(id, ifname);
         // Larger files are skipped as garbage when read back: CHECK and DEL would never find
         // this allocation, so it would leak.
@@ -635,7 +637,7 @@ impl Store for DiskStore<'_> {
                 NetDirError::Io { errno, .. } => StoreError::Message(format!(
                     "open {}: {}",
                     self.net.child_path(&last).display(),
-                    crate::netdir::go_errno_text(errno)
+                    ipkeep_reservation::netdir::go_errno_text(errno)
                 )),
                 other => other.into(),
             });
@@ -771,7 +773,7 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
 
-    use crate::scratch_dir::ScratchDir as Scratch;
+    use tempfile::TempDir;
 
     fn ip(s: &str) -> IpAddr {
         crate::addr::parse_ip(s).unwrap()
@@ -786,8 +788,8 @@ mod tests {
 
     #[test]
     fn reserve_release_and_index_round_trip() {
-        let s = Scratch::new("rt");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
         let pod = PodRef {
             namespace: "ns".into(),
             name: "p".into(),
@@ -803,11 +805,11 @@ mod tests {
             st.finish();
         }
         assert_eq!(
-            std::fs::read(s.0.join("net1/10.1.0.2")).unwrap(),
+            std::fs::read(s.path().join("net1/10.1.0.2")).unwrap(),
             b"c1\r\neth0"
         );
         assert_eq!(
-            std::fs::read(s.0.join("net1/last_reserved_ip.0")).unwrap(),
+            std::fs::read(s.path().join("net1/last_reserved_ip.0")).unwrap(),
             b"10.1.0.2"
         );
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
@@ -822,14 +824,14 @@ mod tests {
         );
         assert!(!st.find_by_id("c1", "eth0").unwrap());
         st.finish();
-        assert!(!s.0.join("net1/10.1.0.2").exists());
-        assert!(!s.0.join("net1/.ipkeep/containers/c1").exists());
+        assert!(!s.path().join("net1/10.1.0.2").exists());
+        assert!(!s.path().join("net1/.ipkeep/containers/c1").exists());
     }
 
     #[test]
     fn foreign_changes_trigger_a_rebuild_that_keeps_pods() {
-        let s = Scratch::new("foreign");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
         let pod = PodRef {
             namespace: "ns".into(),
             name: "p".into(),
@@ -841,10 +843,10 @@ mod tests {
             st.finish();
         }
         // host-local (or a human) adds files behind our back, including a legacy one and garbage.
-        std::fs::write(s.0.join("net1/10.1.0.3"), b"c2\r\neth0").unwrap();
-        std::fs::write(s.0.join("net1/10.1.0.4"), b"c3").unwrap();
-        std::fs::write(s.0.join("net1/10.1.0.5"), b"\xff garbage").unwrap();
-        std::fs::create_dir(s.0.join("net1/10.1.0.6")).unwrap();
+        std::fs::write(s.path().join("net1/10.1.0.3"), b"c2\r\neth0").unwrap();
+        std::fs::write(s.path().join("net1/10.1.0.4"), b"c3").unwrap();
+        std::fs::write(s.path().join("net1/10.1.0.5"), b"\xff garbage").unwrap();
+        std::fs::create_dir(s.path().join("net1/10.1.0.6")).unwrap();
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
         assert!(st.rebuilt());
         assert_eq!(
@@ -868,15 +870,15 @@ mod tests {
 
     #[test]
     fn stale_index_entries_are_verified() {
-        let s = Scratch::new("stale");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
         {
             let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
             st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, None).unwrap();
             st.finish();
         }
         // Rewriting a file in place does not change the directory: the index is stale.
-        std::fs::write(s.0.join("net1/10.1.0.2"), b"c2\r\neth0").unwrap();
+        std::fs::write(s.path().join("net1/10.1.0.2"), b"c2\r\neth0").unwrap();
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
         assert!(
             st.release_by_id("c1", "eth0", LegacyRelease::Always)
@@ -884,7 +886,7 @@ mod tests {
                 .is_empty()
         );
         assert!(
-            s.0.join("net1/10.1.0.2").exists(),
+            s.path().join("net1/10.1.0.2").exists(),
             "another container's file is never removed"
         );
         st.finish();
@@ -892,18 +894,18 @@ mod tests {
 
     #[test]
     fn dirty_or_missing_stamp_means_rebuild() {
-        let s = Scratch::new("crash");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
         {
             let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
             st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, None).unwrap();
             st.finish();
         }
-        let stamp = s.0.join("net1/.ipkeep/stamp");
+        let stamp = s.path().join("net1/.ipkeep/stamp");
         assert!(!std::fs::read(&stamp).unwrap().starts_with(STAMP_DIRTY));
         // What a kill between the IP file and the index leaves: no index record and the dirty
         // marker (written before the first change; the stamp is written after the last).
-        std::fs::remove_file(s.0.join("net1/.ipkeep/containers/c1")).unwrap();
+        std::fs::remove_file(s.path().join("net1/.ipkeep/containers/c1")).unwrap();
         std::fs::write(&stamp, STAMP_DIRTY).unwrap();
         {
             let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
@@ -912,7 +914,7 @@ mod tests {
             st.finish();
         }
         // A stamp removed by hand, or one half overwritten, is as good as dirty.
-        std::fs::remove_file(s.0.join("net1/.ipkeep/containers/c1")).unwrap();
+        std::fs::remove_file(s.path().join("net1/.ipkeep/containers/c1")).unwrap();
         std::fs::remove_file(&stamp).unwrap();
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
         assert!(st.rebuilt());
@@ -921,15 +923,15 @@ mod tests {
 
     #[test]
     fn failed_rebuild_never_seals_a_partial_index() {
-        let s = Scratch::new("failedrebuild");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
         DiskStore::open(&net, SystemTime::now()).unwrap().finish();
         // host-local allocated for two containers behind ipkeep's back, and the index directory
         // cannot be written (as on a full disk), so the rebuild fails before it writes c2's file.
-        std::fs::write(s.0.join("net1/10.1.0.2"), b"c1\r\neth0").unwrap();
-        std::fs::write(s.0.join("net1/10.1.0.3"), b"c2\r\neth0").unwrap();
+        std::fs::write(s.path().join("net1/10.1.0.2"), b"c1\r\neth0").unwrap();
+        std::fs::write(s.path().join("net1/10.1.0.3"), b"c2\r\neth0").unwrap();
         {
-            let _frozen = Immutable::new(s.0.join("net1/.ipkeep/containers"));
+            let _frozen = Immutable::new(s.path().join("net1/.ipkeep/containers"));
             assert!(DiskStore::open(&net, SystemTime::now()).is_err());
         }
         // The obstacle goes away: the next command must rebuild, not trust an index that lacks c2.
@@ -967,13 +969,13 @@ mod tests {
 
     #[test]
     fn a_failed_index_write_is_not_forgotten_by_a_later_one() {
-        let s = Scratch::new("stickyindex");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
         {
             let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
             assert!(st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, None).unwrap());
             {
-                let _frozen = Immutable::new(s.0.join("net1/.ipkeep/containers"));
+                let _frozen = Immutable::new(s.path().join("net1/.ipkeep/containers"));
                 // The second range set's file is linked, then recording it in the index fails.
                 assert!(st.reserve(ip("10.2.0.2"), "c1", "eth0", 1, None).is_err());
             }
@@ -981,7 +983,7 @@ mod tests {
             assert!(st.release(ip("10.1.0.2"), "c1", "eth0").unwrap());
             st.finish();
         }
-        assert!(s.0.join("net1/10.2.0.2").exists());
+        assert!(s.path().join("net1/10.2.0.2").exists());
         // The runtime's DEL must find the address whose index record was never written.
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
         assert_eq!(st.get_by_id("c1", "eth0").unwrap(), vec![ip("10.2.0.2")]);
@@ -990,29 +992,30 @@ mod tests {
 
     #[test]
     fn planted_symlink_at_private_dir_is_replaced() {
-        let s = Scratch::new("sympriv");
-        std::fs::create_dir_all(s.0.join("net1")).unwrap();
-        std::fs::create_dir(s.0.join("outside")).unwrap();
-        std::os::unix::fs::symlink(s.0.join("outside"), s.0.join("net1/.ipkeep")).unwrap();
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        std::fs::create_dir_all(s.path().join("net1")).unwrap();
+        std::fs::create_dir(s.path().join("outside")).unwrap();
+        std::os::unix::fs::symlink(s.path().join("outside"), s.path().join("net1/.ipkeep"))
+            .unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
         st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, None).unwrap();
         st.finish();
         assert!(
-            std::fs::read_dir(s.0.join("outside"))
+            std::fs::read_dir(s.path().join("outside"))
                 .unwrap()
                 .next()
                 .is_none(),
             "nothing written through the link"
         );
-        assert!(s.0.join("net1/.ipkeep").is_dir());
+        assert!(s.path().join("net1/.ipkeep").is_dir());
     }
 
     #[test]
     fn last_reserved_directory_is_logged() {
-        let s = Scratch::new("lastdir");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
-        std::fs::create_dir(s.0.join("net1/last_reserved_ip.0")).unwrap();
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
+        std::fs::create_dir(s.path().join("net1/last_reserved_ip.0")).unwrap();
         let mut st = DiskStore::open(&net, SystemTime::UNIX_EPOCH).unwrap();
         assert_eq!(st.last_reserved_ip(0), None);
         let log = st.take_log();
@@ -1020,7 +1023,7 @@ mod tests {
             log,
             vec![format!(
                 "1970/01/01 00:00:00 Error retrieving last reserved ip: read {}/net1/last_reserved_ip.0: is a directory",
-                s.0.display()
+                s.path().display()
             )]
         );
         let err = st
@@ -1030,11 +1033,11 @@ mod tests {
             err.to_string(),
             format!(
                 "open {}/net1/last_reserved_ip.0: is a directory",
-                s.0.display()
+                s.path().display()
             )
         );
         assert!(
-            !s.0.join("net1/10.1.0.2").exists(),
+            !s.path().join("net1/10.1.0.2").exists(),
             "the failed reservation is undone"
         );
     }

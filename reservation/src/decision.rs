@@ -64,7 +64,7 @@ pub struct WaitMarker {
 
 /// "Does an active reservation of another pod hold this address?" — answered by
 /// [`ActiveReservations`] (built from files) or by the on-disk snapshot without decoding it
-/// ([`super::index::SnapshotLookup`]).
+/// ([`crate::snapshot::SnapshotLookup`]).
 pub trait ReservationLookup {
     /// A pod other than `me` whose active reservation holds `ip`.
     fn held_for_other(&self, ip: IpAddr, me: Option<&PodKey>) -> Option<PodKey>;

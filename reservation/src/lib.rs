@@ -1,4 +1,4 @@
-//! Reservations: the files that make a returning pod get its addresses back, and the decision an
+//! ipkeep's reservation contract: the files that make a returning pod get its addresses back, and the decision an
 //! ADD takes with them.
 //!
 //! # Files
@@ -22,7 +22,7 @@
 //! Reading 1 000 reservation files (open, fstat, read, close and a JSON decode each) costs
 //! several milliseconds — more than a whole ADD. An ADD therefore reads its own file directly
 //! ([`read_reservation`], O(1) via the path) and asks "is this address another pod's?" of the
-//! binary snapshot `<net>/.ipkeep/reserved.index` ([`index`]) through
+//! binary snapshot `<net>/.ipkeep/reserved.index` ([`snapshot`]) through
 //! [`load_reservations_at`]: one file read, a validity check against the writer's generation
 //! counter and the stamps of `reserved/` and its namespace directories (so files put there by
 //! hand count at once), then binary searches. The writer keeps it current: after a batch of
@@ -74,38 +74,62 @@
 //!
 //! # Modules, bottom up
 //! [`schema`] and [`timestamp`] (the file's format) ← [`scan`] (the read side: the tree's
-//! layout, the full scan, one pod's file) ← [`index`] (the snapshot an ADD reads, built from the
+//! layout, the full scan, one pod's file) ← [`snapshot`] (the snapshot an ADD reads, built from the
 //! scan and patched by the writer) ← [`writer`] (the write side: the diff against disk, the
 //! batches, garbage). [`decision`] and [`wait`] serve the plugin's ADD.
 
-pub mod decision;
-pub mod index;
-pub mod scan;
-pub mod schema;
-pub mod timestamp;
-pub mod wait;
-pub mod writer;
+// The network directory (host-local's `<dataDir>/<network>` and its lock) and ipkeep's private
+// directory in it: the agent's writer and the plugin both go through them, and the allocator's
+// disk store builds on them.
+pub mod netdir;
+pub mod private_state;
+
+mod decision;
+mod retain_for;
+mod scan;
+mod schema;
+mod snapshot;
+mod timestamp;
+mod wait;
+mod writer;
 
 pub use decision::{
     ActiveReservations, DEFAULT_GRACE, Decision, DecisionInput, Holder, MarkerAction, Note,
     Outcome, RangeSetPlan, RangeSetView, ReservationLookup, RetryLater, TRY_AGAIN_LATER_CODE,
     WaitMarker, decide,
 };
-pub use index::{
-    ReservationSnapshot, STALE_TEMP_AGE, SnapshotLookup, Source, load_reservations_at,
-    load_reservations_cached,
-};
+pub use netdir::{NetDirError, NetworkDir, TEMP_PREFIX};
+pub use retain_for::{RetainFor, RetainForError};
 pub use scan::{
     GENERATION_NAME, RESERVED_DIR, ReservationSet, ReservedDirError, Skipped, load_reservations,
     read_reservation,
 };
 pub use schema::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError};
+pub use snapshot::{
+    ReservationSnapshot, SNAPSHOT_NAME, STALE_TEMP_AGE, SnapshotLookup, Source,
+    load_reservations_at, load_reservations_cached,
+};
 pub use timestamp::{CivilTime, Timestamp, TimestampError};
-pub use wait::{prune_wait_markers, read_wait_marker, remove_wait_marker, write_wait_marker};
+pub use wait::{
+    WAIT_DIR, prune_wait_markers, read_wait_marker, remove_wait_marker, write_wait_marker,
+};
 pub use writer::{
     ApplyReport, Refused, ReservationWriter, Step, StepFailure, WRITE_BATCH, remove_reservation,
     write_reservation,
 };
+
+/// An error and its sources on one line (`failed to …: because …: because …`), for log lines,
+/// Events and answers; each layer's message says only its own part, so nothing is said twice.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
 
 #[cfg(test)]
 mod tests;
