@@ -68,7 +68,7 @@ use ipkeep_reservation::{CivilTime, Timestamp};
 pub use ipkeep_reservation::private_state::PRIVATE_DIR;
 const TMP_DIR: &str = "tmp";
 const CONTAINERS_DIR: &str = "containers";
-const STAMP: &str = "stamp";
+const INDEX_STAMP: &str = "stamp";
 const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
 /// IP files are tiny; anything larger is garbage and never matches.
 const MAX_IP_FILE: usize = 4096;
@@ -117,26 +117,26 @@ fn index_key(container_id: &str) -> String {
 }
 
 /// What the stamp holds while a command is changing things: it matches no directory.
-const STAMP_DIRTY: &[u8] = b"ipkeep-stamp dirty\n";
+const INDEX_STAMP_DIRTY: &[u8] = b"ipkeep-stamp dirty\n";
 /// Every name ipkeep uses in its private directory; anything else there is removed by a rebuild.
 const KNOWN_PRIVATE_NAMES: [&str; 5] = [
-    STAMP,
+    INDEX_STAMP,
     TMP_DIR,
     CONTAINERS_DIR,
     ipkeep_reservation::SNAPSHOT_NAME,
     ipkeep_reservation::WAIT_DIR,
 ];
 /// How every stamp ipkeep writes starts (a torn in-place write keeps it; garbage does not).
-const STAMP_PREFIX: &[u8] = b"ipkeep-stamp ";
+const INDEX_STAMP_PREFIX: &[u8] = b"ipkeep-stamp ";
 /// Far more than the longest stamp (three directories of four numbers).
-const MAX_STAMP_LEN: usize = 512;
+const MAX_INDEX_STAMP_LEN: usize = 512;
 
 /// The stamp of the network directory and of the index's own directories, so that a change to
 /// either behind ipkeep's back (a file planted in `.ipkeep/containers/`) means a rebuild too.
-fn stamp_text(
-    net: &ipkeep_reservation::netdir::FileStamp,
-    containers: &ipkeep_reservation::netdir::FileStamp,
-    tmp: &ipkeep_reservation::netdir::FileStamp,
+fn index_stamp_text(
+    net: &ipkeep_reservation::netdir::FileStat,
+    containers: &ipkeep_reservation::netdir::FileStat,
+    tmp: &ipkeep_reservation::netdir::FileStat,
 ) -> String {
     let (n, c, t) = (net, containers, tmp);
     format!(
@@ -160,7 +160,7 @@ fn stamp_text(
 /// keeps the prefix and is rebuilt without a word).
 #[cold]
 #[inline(never)]
-fn not_a_stamp(meta: &SubDir, saved: &[u8], found: &mut Vec<String>) {
+fn not_an_index_stamp(meta: &SubDir, saved: &[u8], found: &mut Vec<String>) {
     found.push(format!(
         "found {} at {}, which ipkeep did not write: rebuilding the index",
         if saved.is_empty() {
@@ -168,7 +168,7 @@ fn not_a_stamp(meta: &SubDir, saved: &[u8], found: &mut Vec<String>) {
         } else {
             "content that is not a stamp"
         },
-        private_state::escape_control(&meta.child_path(STAMP).to_string_lossy())
+        private_state::escape_control(&meta.child_path(INDEX_STAMP).to_string_lossy())
     ));
 }
 
@@ -241,11 +241,11 @@ impl<'a> DiskStore<'a> {
         let meta = private_dir(net, PRIVATE_DIR, &mut found)?;
         let tmp = private_dir(&meta, TMP_DIR, &mut found)?;
         let containers = private_dir(&meta, CONTAINERS_DIR, &mut found)?;
-        let saved = private_state::read_file(&meta, STAMP, MAX_STAMP_LEN, &mut found)?;
+        let saved = private_state::read_file(&meta, INDEX_STAMP, MAX_INDEX_STAMP_LEN, &mut found)?;
         if let Some(saved) = &saved
-            && !saved.starts_with(STAMP_PREFIX)
+            && !saved.starts_with(INDEX_STAMP_PREFIX)
         {
-            not_a_stamp(&meta, saved, &mut found);
+            not_an_index_stamp(&meta, saved, &mut found);
         }
         let mut store = Self {
             net,
@@ -260,17 +260,17 @@ impl<'a> DiskStore<'a> {
             rebuilt: false,
         };
         store.note_found(found);
-        if saved.as_deref() != Some(store.current_stamp()?.as_bytes()) {
+        if saved.as_deref() != Some(store.current_index_stamp()?.as_bytes()) {
             store.rebuild()?;
         }
         Ok(store)
     }
 
-    fn current_stamp(&self) -> Result<String, NetDirError> {
-        Ok(stamp_text(
-            &self.net.stamp()?,
-            &self.containers.stamp()?,
-            &self.tmp.stamp()?,
+    fn current_index_stamp(&self) -> Result<String, NetDirError> {
+        Ok(index_stamp_text(
+            &self.net.own_stat()?,
+            &self.containers.own_stat()?,
+            &self.tmp.own_stat()?,
         ))
     }
 
@@ -333,7 +333,8 @@ impl<'a> DiskStore<'a> {
 
     fn mark_dirty(&mut self) -> Result<(), StoreError> {
         if !self.dirty {
-            self.meta.overwrite(STAMP, STAMP_DIRTY, FILE_MODE)?;
+            self.meta
+                .overwrite(INDEX_STAMP, INDEX_STAMP_DIRTY, FILE_MODE)?;
             self.dirty = true;
         }
         Ok(())
@@ -562,8 +563,9 @@ impl<'a> DiskStore<'a> {
     /// Writes the stamp if this command changed anything and the index is consistent.
     fn seal(&mut self) -> Result<(), StoreError> {
         if self.dirty && self.index_ok {
-            let stamp = self.current_stamp()?;
-            self.meta.overwrite(STAMP, stamp.as_bytes(), FILE_MODE)?;
+            let stamp = self.current_index_stamp()?;
+            self.meta
+                .overwrite(INDEX_STAMP, stamp.as_bytes(), FILE_MODE)?;
             self.dirty = false;
         }
         Ok(())
@@ -902,11 +904,15 @@ mod tests {
             st.finish();
         }
         let stamp = s.path().join("net1/.ipkeep/stamp");
-        assert!(!std::fs::read(&stamp).unwrap().starts_with(STAMP_DIRTY));
+        assert!(
+            !std::fs::read(&stamp)
+                .unwrap()
+                .starts_with(INDEX_STAMP_DIRTY)
+        );
         // What a kill between the IP file and the index leaves: no index record and the dirty
         // marker (written before the first change; the stamp is written after the last).
         std::fs::remove_file(s.path().join("net1/.ipkeep/containers/c1")).unwrap();
-        std::fs::write(&stamp, STAMP_DIRTY).unwrap();
+        std::fs::write(&stamp, INDEX_STAMP_DIRTY).unwrap();
         {
             let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
             assert!(st.rebuilt());

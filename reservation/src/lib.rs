@@ -94,7 +94,7 @@ mod wait;
 mod writer;
 
 pub use decision::{
-    ActiveReservations, DEFAULT_GRACE, Decision, DecisionInput, Holder, MarkerAction, Note,
+    ActiveReservations, CurrentHolder, DEFAULT_GRACE, Decision, DecisionInput, MarkerAction, Note,
     Outcome, RangeSetPlan, RangeSetView, ReservationLookup, RetryLater, TRY_AGAIN_LATER_CODE,
     WaitMarker, decide,
 };

@@ -192,7 +192,7 @@ pub struct DirEntry {
 
 /// The identity and change times of a file system object (from `lstat`/`fstat`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FileStamp {
+pub struct FileStat {
     /// Device number.
     pub dev: u64,
     /// Inode number.
@@ -211,7 +211,7 @@ pub struct FileStamp {
     pub nlink: u64,
 }
 
-impl FileStamp {
+impl FileStat {
     /// The stamp of an `lstat`/`fstat` result.
     pub fn from_stat(st: &rustix::fs::Stat) -> Self {
         let kind = kind_of(FileType::from_raw_mode(st.st_mode as _));
@@ -265,17 +265,17 @@ impl DirFd {
     }
 
     /// `fstat` of the directory itself.
-    pub fn stamp(&self) -> Result<FileStamp, NetDirError> {
+    pub fn own_stat(&self) -> Result<FileStat, NetDirError> {
         rustix::fs::fstat(&self.fd)
-            .map(|st| FileStamp::from_stat(&st))
+            .map(|st| FileStat::from_stat(&st))
             .map_err(|errno| self.io("stat", &self.path, errno))
     }
 
     /// `lstat` of `name`; `None` if it does not exist.
-    pub fn stat(&self, name: &str) -> Result<Option<FileStamp>, NetDirError> {
+    pub fn stat(&self, name: &str) -> Result<Option<FileStat>, NetDirError> {
         check_name(name)?;
         match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => Ok(Some(FileStamp::from_stat(&st))),
+            Ok(st) => Ok(Some(FileStat::from_stat(&st))),
             Err(Errno::NOENT) => Ok(None),
             Err(errno) => Err(self.io("stat", &self.child_path(name), errno)),
         }

@@ -12,7 +12,7 @@
 
 use rustix::fs::{AtFlags, FileType};
 
-use crate::netdir::{DirFd, EntryKind, FileStamp, NetDirError, SubDir};
+use crate::netdir::{DirFd, EntryKind, FileStat, NetDirError, SubDir};
 
 /// ipkeep's private directory inside `<net>/` (the index, the reservation snapshot, wait markers).
 pub const PRIVATE_DIR: &str = ".ipkeep";
@@ -84,7 +84,7 @@ pub fn inspect_file(dir: &DirFd, name: &str, max_len: usize) -> Result<Found, Ne
 /// What is wrong with `name` (off the hot path: only damage gets here).
 #[cold]
 #[inline(never)]
-fn describe(dir: &DirFd, name: &str, st: &FileStamp, max_len: usize) -> String {
+fn describe(dir: &DirFd, name: &str, st: &FileStat, max_len: usize) -> String {
     if st.kind != EntryKind::File {
         return match rustix::fs::statat(dir.fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(raw) => kind_text(FileType::from_raw_mode(raw.st_mode as _)).to_owned(),
@@ -174,7 +174,7 @@ pub fn open_dir(
     let Some(dir) = dir else {
         return Ok(None);
     };
-    let mode = dir.stamp()?.mode;
+    let mode = dir.own_stat()?.mode;
     if mode & 0o7022 != 0 || mode & 0o700 != 0o700 {
         fix_dir_mode(&dir, mode, log)?;
     }
@@ -301,8 +301,8 @@ mod tests {
         let mut log = Vec::new();
         for name in ["a", "b", "c", "d", "e"] {
             let dir = open_dir(&net, name, true, &mut log).unwrap().unwrap();
-            assert_eq!(dir.stamp().unwrap().kind, EntryKind::Dir);
-            assert_eq!(dir.stamp().unwrap().mode & 0o022, 0, "{name}");
+            assert_eq!(dir.own_stat().unwrap().kind, EntryKind::Dir);
+            assert_eq!(dir.own_stat().unwrap().mode & 0o022, 0, "{name}");
         }
         assert!(!s.path().join("outside").exists());
         assert_eq!(log.len(), 3, "{log:?}");

@@ -474,8 +474,8 @@ fn snapshot_is_used_when_valid_and_rebuilt_when_stale() {
     }
 
     // A torn, truncated, foreign or symlinked snapshot is rebuilt.
-    let index_path = s.path().join("data/net1/.ipkeep/reserved.index");
-    let good = std::fs::read(&index_path).unwrap();
+    let snapshot_path = s.path().join("data/net1/.ipkeep/reserved.index");
+    let good = std::fs::read(&snapshot_path).unwrap();
     for bad in [
         good[..good.len() - 1].to_vec(),
         good[..100].to_vec(),
@@ -483,13 +483,13 @@ fn snapshot_is_used_when_valid_and_rebuilt_when_stale() {
         b"{\"format\":1}".to_vec(),
         Vec::new(),
     ] {
-        std::fs::write(&index_path, &bad).unwrap();
+        std::fs::write(&snapshot_path, &bad).unwrap();
         check(Source::Rescanned);
     }
-    std::fs::remove_file(&index_path).unwrap();
+    std::fs::remove_file(&snapshot_path).unwrap();
     check(Source::Rescanned);
-    std::fs::remove_file(&index_path).unwrap();
-    symlink(s.path().join("elsewhere"), &index_path).unwrap();
+    std::fs::remove_file(&snapshot_path).unwrap();
+    symlink(s.path().join("elsewhere"), &snapshot_path).unwrap();
     check(Source::Rescanned);
     assert!(!s.path().join("elsewhere").exists());
 
@@ -511,7 +511,7 @@ fn snapshot_decoding_rejects_inconsistent_content() {
         }
         set
     };
-    let stamp = scan::ScanStamp {
+    let stamp = scan::SnapshotStamp {
         reserved: None,
         generation: Some(3),
     };
@@ -691,12 +691,12 @@ fn add_flow_on_real_files() {
     let sets = [Subnet24([10, 1, 0])];
     let me = PodKey::new("db", "web-0").unwrap();
     let holder = |ip: IpAddr| match std::fs::read(s.path().join(format!("data/net1/{ip}"))) {
-        Ok(bytes) if bytes.starts_with(b"old-sandbox") => Holder::Container {
+        Ok(bytes) if bytes.starts_with(b"old-sandbox") => CurrentHolder::Container {
             container_id: "old-sandbox".into(),
             pod: Some(me.clone()),
         },
-        Ok(_) => Holder::Foreign,
-        Err(_) => Holder::Free,
+        Ok(_) => CurrentHolder::Foreign,
+        Err(_) => CurrentHolder::Free,
     };
     let add = |now: Timestamp| {
         let lock = dir.lock().unwrap();
@@ -724,7 +724,7 @@ fn add_flow_on_real_files() {
         // Normal allocation walks candidates from .2 and skips other pods' reservations.
         let first_free = (2..=254u8)
             .map(|last| IpAddr::from([10, 1, 0, last]))
-            .find(|ip| !lookup.is_blocked(*ip, Some(&me)) && holder(*ip) == Holder::Free);
+            .find(|ip| !lookup.is_blocked(*ip, Some(&me)) && holder(*ip) == CurrentHolder::Free);
         (decision, first_free)
     };
 

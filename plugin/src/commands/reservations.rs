@@ -12,9 +12,10 @@ use ipkeep_hostlocal::config::IpamConfig;
 use ipkeep_hostlocal::{DiskStore, Occupant};
 use ipkeep_reservation::netdir::NetworkDir;
 use ipkeep_reservation::{
-    DecisionInput, Holder, MarkerAction, Outcome, RESERVED_DIR, RangeSetPlan, ReservationLookup,
-    ReservationSnapshot, Source, TRY_AGAIN_LATER_CODE, Timestamp, decide, load_reservations_at,
-    prune_wait_markers, read_reservation, read_wait_marker, remove_wait_marker, write_wait_marker,
+    CurrentHolder, DecisionInput, MarkerAction, Outcome, RESERVED_DIR, RangeSetPlan,
+    ReservationLookup, ReservationSnapshot, Source, TRY_AGAIN_LATER_CODE, Timestamp, decide,
+    load_reservations_at, prune_wait_markers, read_reservation, read_wait_marker,
+    remove_wait_marker, write_wait_marker,
 };
 use ipkeep_reservation::{PodKey, ReservationFile};
 
@@ -149,17 +150,20 @@ fn pod_key(conf: &IpamConfig, log: &mut ReservationLog) -> Option<PodKey> {
 }
 
 /// Who holds each of the reservation's addresses (the only addresses [`decide`] asks about).
-fn holders_of(store: &mut DiskStore<'_>, own: Option<&ReservationFile>) -> HashMap<IpAddr, Holder> {
+fn holders_of(
+    store: &mut DiskStore<'_>,
+    own: Option<&ReservationFile>,
+) -> HashMap<IpAddr, CurrentHolder> {
     let mut holders = HashMap::new();
     for &ip in own.map_or(&[][..], |f| &f.ips) {
         let holder = match store.occupant(ip) {
-            Ok(Occupant::Free) => Holder::Free,
-            Ok(Occupant::Allocation { owner, pod }) => Holder::Container {
+            Ok(Occupant::Free) => CurrentHolder::Free,
+            Ok(Occupant::Allocation { owner, pod }) => CurrentHolder::Container {
                 container_id: owner.container_id().to_owned(),
                 pod: pod.and_then(|p| PodKey::new(&p.namespace, &p.name).ok()),
             },
             // Unreadable counts as occupied: the exclusive create decides in the end anyway.
-            Ok(Occupant::Other) | Err(_) => Holder::Foreign,
+            Ok(Occupant::Other) | Err(_) => CurrentHolder::Foreign,
         };
         holders.insert(ip, holder);
     }
@@ -197,7 +201,7 @@ pub(super) fn plan_add(
         .and_then(|me| read_wait_marker(dir, me, &mut found));
     let holders = holders_of(store, own.as_ref());
     // `decide` asks only about the reservation's own addresses, all looked up above.
-    let holder = |ip: IpAddr| holders.get(&ip).cloned().unwrap_or(Holder::Foreign);
+    let holder = |ip: IpAddr| holders.get(&ip).cloned().unwrap_or(CurrentHolder::Foreign);
     let requested: Vec<IpAddr> = facts.requested.iter().map(|ip| ip.to_canonical()).collect();
     let lookup = snapshot.lookup(facts.now);
     let decision = decide(&DecisionInput {
