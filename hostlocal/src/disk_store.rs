@@ -123,8 +123,8 @@ const KNOWN_PRIVATE_NAMES: [&str; 5] = [
     INDEX_STAMP,
     TMP_DIR,
     CONTAINERS_DIR,
-    ipkeep_reservation::SNAPSHOT_NAME,
-    ipkeep_reservation::WAIT_DIR,
+    ipkeep_reservation::private_state::SNAPSHOT_NAME,
+    ipkeep_reservation::private_state::WAIT_DIR,
 ];
 /// How every stamp ipkeep writes starts (a torn in-place write keeps it; garbage does not).
 const INDEX_STAMP_PREFIX: &[u8] = b"ipkeep-stamp ";

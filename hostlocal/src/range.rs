@@ -4,7 +4,7 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use ipkeep_reservation::RangeSetView;
+use ipkeep_reservation::add::RangeSetView;
 
 use crate::addr::{self, Cidr};
 

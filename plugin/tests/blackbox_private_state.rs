@@ -16,10 +16,8 @@ use std::time::{Duration, SystemTime};
 
 use common::{CniCall, CniOutcome, host_local, ipkeep};
 use ipkeep_reservation::NetworkDir;
-use ipkeep_reservation::{
-    FORMAT_VERSION, PodKey, ReservationFile, Timestamp, WaitMarker, write_reservation,
-    write_wait_marker,
-};
+use ipkeep_reservation::add::{WaitMarker, write_wait_marker};
+use ipkeep_reservation::{FORMAT_VERSION, PodKey, ReservationFile, Timestamp, write_reservation};
 
 struct Scratch(PathBuf);
 

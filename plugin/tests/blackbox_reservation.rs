@@ -12,10 +12,8 @@ use std::time::SystemTime;
 
 use common::{CniCall, CniOutcome, ipkeep};
 use ipkeep_reservation::NetworkDir;
-use ipkeep_reservation::{
-    FORMAT_VERSION, PodKey, ReservationFile, Timestamp, WaitMarker, read_wait_marker,
-    write_reservation, write_wait_marker,
-};
+use ipkeep_reservation::add::{WaitMarker, read_wait_marker, write_wait_marker};
+use ipkeep_reservation::{FORMAT_VERSION, PodKey, ReservationFile, Timestamp, write_reservation};
 
 struct Scratch(PathBuf);
 

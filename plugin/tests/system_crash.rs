@@ -469,9 +469,8 @@ fn reservation_file(pod: &PodModel, uid: usize) -> ipkeep_reservation::Reservati
 
 /// The invariants of the reservation crash test that hold whatever instant processes died at.
 fn check_reservation_disk(dir: &ipkeep_reservation::NetworkDir, pods: &[PodModel], when: &str) {
-    use ipkeep_reservation::{
-        PodKey, ReservationLookup, Timestamp, load_reservations_cached, read_wait_marker,
-    };
+    use ipkeep_reservation::add::{ReservationLookup, read_wait_marker};
+    use ipkeep_reservation::{PodKey, Timestamp, load_reservations_cached};
     let net_dir = dir.path();
     // Every IP file parses (allocations() panics otherwise) and belongs to a pod of the test.
     let on_disk = allocations(net_dir);
@@ -567,9 +566,8 @@ fn check_reservation_disk(dir: &ipkeep_reservation::NetworkDir, pods: &[PodModel
 #[test]
 fn sigkill_during_reservation_adds_never_leaks_a_reserved_address_ipkeep() {
     use ipkeep_reservation::NetworkDir;
-    use ipkeep_reservation::{
-        PodKey, ReservationWriter, TRY_AGAIN_LATER_CODE, read_wait_marker, write_reservation,
-    };
+    use ipkeep_reservation::add::{TRY_AGAIN_LATER_CODE, read_wait_marker};
+    use ipkeep_reservation::{PodKey, ReservationWriter, write_reservation};
     let binary = common::ipkeep();
     let scratch = Scratch::new("crashres");
     let ipam = serde_json::json!({ "ranges": [[{ "subnet": "198.18.4.0/24" }], [{ "subnet": "2001:db8:4::/120" }]] });

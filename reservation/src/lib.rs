@@ -93,30 +93,33 @@ mod timestamp;
 mod wait;
 mod writer;
 
-pub use decision::{
-    ActiveReservations, CurrentHolder, DEFAULT_GRACE, Decision, DecisionInput, MarkerAction, Note,
-    Outcome, RangeSetPlan, RangeSetView, ReservationLookup, RetryLater, TRY_AGAIN_LATER_CODE,
-    WaitMarker, decide,
-};
+// The contract the agent (operator), the Docker driver and the plugin share: the file, its
+// times, the network directory it lives in, the writer and the readers.
 pub use netdir::{NetDirError, NetworkDir, TEMP_PREFIX};
 pub use retain_for::{RetainFor, RetainForError};
-pub use scan::{
-    GENERATION_NAME, RESERVED_DIR, ReservationSet, ReservedDirError, Skipped, load_reservations,
-    read_reservation,
-};
+pub use scan::{ReservationSet, ReservedDirError, Skipped, load_reservations, read_reservation};
 pub use schema::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError};
-pub use snapshot::{
-    ReservationSnapshot, SNAPSHOT_NAME, STALE_TEMP_AGE, SnapshotLookup, Source,
-    load_reservations_at, load_reservations_cached,
-};
+pub use snapshot::{Source, load_reservations_cached};
 pub use timestamp::{CivilTime, Timestamp, TimestampError};
-pub use wait::{
-    WAIT_DIR, prune_wait_markers, read_wait_marker, remove_wait_marker, write_wait_marker,
-};
 pub use writer::{
-    ApplyReport, Refused, ReservationWriter, Step, StepFailure, WRITE_BATCH, remove_reservation,
+    ApplyReport, Refused, ReservationWriter, Step, StepFailure, remove_reservation,
     write_reservation,
 };
+
+/// What the plugin's commands read under the network's lock: the snapshot of `reserved/`, the
+/// pure decision of an ADD, and the wait markers of the grace period.
+pub mod add {
+    pub use crate::decision::{
+        ActiveReservations, CurrentHolder, DEFAULT_GRACE, Decision, DecisionInput, MarkerAction,
+        Note, Outcome, RangeSetPlan, RangeSetView, ReservationLookup, RetryLater,
+        TRY_AGAIN_LATER_CODE, WaitMarker, decide,
+    };
+    pub use crate::scan::RESERVED_DIR;
+    pub use crate::snapshot::{ReservationSnapshot, SnapshotLookup, load_reservations_at};
+    pub use crate::wait::{
+        prune_wait_markers, read_wait_marker, remove_wait_marker, write_wait_marker,
+    };
+}
 
 /// An error and its sources on one line (`failed to …: because …: because …`), for log lines,
 /// Events and answers; each layer's message says only its own part, so nothing is said twice.

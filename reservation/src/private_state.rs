@@ -14,6 +14,9 @@ use rustix::fs::{AtFlags, FileType};
 
 use crate::netdir::{DirFd, EntryKind, FileStat, NetDirError, SubDir};
 
+pub use crate::snapshot::SNAPSHOT_NAME;
+pub use crate::wait::WAIT_DIR;
+
 /// ipkeep's private directory inside `<net>/` (the index, the reservation snapshot, wait markers).
 pub const PRIVATE_DIR: &str = ".ipkeep";
 /// Mode of every private file ipkeep writes.

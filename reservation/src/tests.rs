@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
+use super::add::*;
 use super::*;
 use crate::netdir::NetworkDir;
 
