@@ -26,7 +26,7 @@ pub trait RangeSetView {
 
     /// Why `ip`, inside one of the set's subnets, can never be handed out (the network or
     /// broadcast address, outside `rangeStart`–`rangeEnd`, a range's gateway), as words that
-    /// follow "reserved address <ip> "; `None` when it can be, or lies in none of the subnets.
+    /// follow "reserved address `<ip>` "; `None` when it can be, or lies in none of the subnets.
     fn why_unusable(&self, _ip: IpAddr) -> Option<String> {
         None
     }

@@ -16,33 +16,33 @@
 //! reservation holds its addresses until that instant ([`ReservationFile::is_active`]). The
 //! namespace must be a DNS-1123 label and the pod name a DNS-1123 subdomain, exactly what
 //! Kubernetes accepts, so no name can be `.`, `..` or contain `/`; the names inside the file must
-//! equal the path. See [`schema`] for versioning.
+//! equal the path. See `schema.rs` for versioning.
 //!
 //! # Reading cost, and the snapshot
 //! Reading 1 000 reservation files (open, fstat, read, close and a JSON decode each) costs
 //! several milliseconds — more than a whole ADD. An ADD therefore reads its own file directly
 //! ([`read_reservation`], O(1) via the path) and asks "is this address another pod's?" of the
-//! binary snapshot `<net>/.ipkeep/reserved.index` ([`snapshot`]) through
-//! [`load_reservations_at`]: one file read, a validity check against the writer's generation
+//! binary snapshot `<net>/.ipkeep/reserved.index` (`snapshot.rs`) through
+//! [`load_reservations_at`](add::load_reservations_at): one file read, a validity check against the writer's generation
 //! counter and the stamps of `reserved/` and its namespace directories (so files put there by
 //! hand count at once), then binary searches. The writer keeps it current: after a batch of
-//! changes ([`writer`]) it patches the snapshot with them instead of rescanning the
+//! changes (`writer.rs`) it patches the snapshot with them instead of rescanning the
 //! tree, after checking that the changed directories hold exactly what the patch predicts. `make bench`
 //! measures an ADD with 1 000 reservation files on the node against one with none.
 //!
 //! # The decision
-//! [`decide`] is pure: given the range sets, requested addresses, the pod's own reservation, the
-//! other pods' active reservations, who holds each address and the pod's [`WaitMarker`], it
+//! [`decide`](add::decide) is pure: given the range sets, requested addresses, the pod's own reservation, the
+//! other pods' active reservations, who holds each address and the pod's [`WaitMarker`](add::WaitMarker), it
 //! says per range set "this reserved address", "requested" or "normal allocation skipping
-//! [`ReservationLookup::is_blocked`]", or refuses / answers "try again later" (CNI code 11).
+//! [`ReservationLookup::is_blocked`](add::ReservationLookup::is_blocked)", or refuses / answers "try again later" (CNI code 11).
 //!
 //! # The grace period
 //! When the reserved address is still held by the *same* pod's previous container (a
 //! force-deleted pod re-created before the runtime ran the old sandbox's DEL), the ADD answers
-//! "try again later" for at most [`DEFAULT_GRACE`]. The plugin remembers nothing between runs,
+//! "try again later" for at most [`DEFAULT_GRACE`](add::DEFAULT_GRACE). The plugin remembers nothing between runs,
 //! and the old allocation file's mtime says when the *old* container got the address, not how
 //! long the new one has waited; so the first such ADD writes a wait marker
-//! `<net>/.ipkeep/wait/<namespace>/<pod>` with the holder's container ID and the time ([`wait`]).
+//! `<net>/.ipkeep/wait/<namespace>/<pod>` with the holder's container ID and the time (`wait.rs`).
 //! Later ADDs measure the wait from it; once the grace has passed the pod takes a fresh address
 //! (and the marker stays, so its later ADDs do not wait for the same stale container again). A
 //! marker naming another holder restarts the wait; a successful ADD of the reserved address
@@ -52,8 +52,8 @@
 //! # In the plugin's commands
 //! `commands/reservations.rs` runs this under the lock the disk store holds:
 //! * **ADD** with `K8S_POD_NAMESPACE`/`K8S_POD_NAME`: snapshot, own file, wait marker, holders of
-//!   the own addresses (IP file + the side index's pod), [`decide`], marker action; then the
-//!   allocator gets the reserved address as its preferred one and [`ReservationLookup::is_blocked`]
+//!   the own addresses (IP file + the side index's pod), [`decide`](add::decide), marker action; then the
+//!   allocator gets the reserved address as its preferred one and [`ReservationLookup::is_blocked`](add::ReservationLookup::is_blocked)
 //!   as its skip predicate. Without a `reserved/` directory nothing more is read and nothing is
 //!   logged (host-local's behaviour and its empty stderr). Refusals: code 999 for a requested
 //!   address another pod's active reservation holds, code 11 while the previous container holds
@@ -63,20 +63,20 @@
 //! * **GC** frees stale containers' files even at reserved addresses (the reservation goes on
 //!   blocking them for everyone else, so GC never frees a reserved address for another pod, and
 //!   the pod gets it back at once) and prunes the wait markers of pods without an active
-//!   reservation ([`prune_wait_markers`]).
+//!   reservation ([`prune_wait_markers`](add::prune_wait_markers)).
 //! * **STATUS** counts a free address held by a reservation as free (its pod can still be
 //!   added) and says on stderr when a range set has no other free address.
 //!
-//! The grace is [`DEFAULT_GRACE`] unless the `ipam` section sets `"reservationGraceSeconds"`
+//! The grace is [`DEFAULT_GRACE`](add::DEFAULT_GRACE) unless the `ipam` section sets `"reservationGraceSeconds"`
 //! (0 to 86 400). Every decision note and every skipped garbage entry is one stderr line
 //! `ipkeep: <network>: …`.
 
 //!
 //! # Modules, bottom up
-//! [`schema`] and [`timestamp`] (the file's format) ← [`scan`] (the read side: the tree's
-//! layout, the full scan, one pod's file) ← [`snapshot`] (the snapshot an ADD reads, built from the
-//! scan and patched by the writer) ← [`writer`] (the write side: the diff against disk, the
-//! batches, garbage). [`decision`] and [`wait`] serve the plugin's ADD.
+//! `schema.rs` and `timestamp.rs` (the file's format) ← `scan.rs` (the read side: the tree's
+//! layout, the full scan, one pod's file) ← `snapshot.rs` (the snapshot an ADD reads, built from the
+//! scan and patched by the writer) ← `writer.rs` (the write side: the diff against disk, the
+//! batches, garbage). `decision.rs` and `wait.rs` serve the plugin's ADD.
 
 // The network directory (host-local's `<dataDir>/<network>` and its lock) and ipkeep's private
 // directory in it: the agent's writer and the plugin both go through them, and the allocator's
@@ -115,7 +115,9 @@ pub mod add {
         TRY_AGAIN_LATER_CODE, WaitMarker, decide,
     };
     pub use crate::scan::RESERVED_DIR;
-    pub use crate::snapshot::{ReservationSnapshot, SnapshotLookup, load_reservations_at};
+    pub use crate::snapshot::{
+        ReservationSnapshot, STALE_TEMP_AGE, SnapshotLookup, load_reservations_at,
+    };
     pub use crate::wait::{
         prune_wait_markers, read_wait_marker, remove_wait_marker, write_wait_marker,
     };
