@@ -236,7 +236,7 @@ fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) ->
 /// A scratch data directory seeded for `scenario`, removed on drop.
 #[derive(Debug)]
 struct DataDir {
-    root: PathBuf,
+    root: tempfile::TempDir,
 }
 
 impl DataDir {
@@ -246,9 +246,12 @@ impl DataDir {
         allocated: usize,
         extra_state: fn(&Path) -> Result<(), BenchError>,
     ) -> Result<Self, BenchError> {
-        let root = scratch_root().join(format!("ipkeep-bench-{}-{label}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let net_dir = root.join(NETWORK);
+        let base = scratch_root();
+        let root = tempfile::Builder::new()
+            .prefix(&format!("ipkeep-bench-{label}-"))
+            .tempdir_in(&base)
+            .map_err(io_error("create", &base))?;
+        let net_dir = root.path().join(NETWORK);
         std::fs::create_dir_all(&net_dir).map_err(io_error("create", &net_dir))?;
         // Exactly what host-local leaves behind: one file per address and the round-robin cursor.
         for i in 0..allocated {
@@ -261,21 +264,15 @@ impl DataDir {
                 .map_err(io_error("write", &file))?;
         }
         let dir = Self { root };
-        extra_state(&dir.root)?;
+        extra_state(dir.root.path())?;
         Ok(dir)
     }
 
     fn config(&self) -> String {
         format!(
             r#"{{"cniVersion":"1.0.0","name":"{NETWORK}","ipam":{{"type":"ipkeep","subnet":"{SUBNET_BASE}/16","dataDir":"{}"}}}}"#,
-            self.root.display()
+            self.root.path().display()
         )
-    }
-}
-
-impl Drop for DataDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.root);
     }
 }
 
@@ -376,7 +373,7 @@ fn cycle(
 /// The peak RSS over a few ADD+DEL cycles run under GNU time.
 fn peak_rss(plugin: &Plugin, dir: &DataDir) -> Result<u64, BenchError> {
     let config = dir.config();
-    let report = dir.root.join("rss");
+    let report = dir.root.path().join("rss");
     let report_str = report.to_string_lossy().into_owned();
     let mut peak = 0;
     for i in 0..RSS_CYCLES {

@@ -171,7 +171,7 @@ fn run_and_kill(binary: &Path, calls: &[CniCall], delays: &[Duration]) -> Vec<Op
 #[test]
 fn sigkill_at_random_instants_never_corrupts_state_ipkeep() {
     let binary = common::ipkeep();
-    let scratch = Scratch::new("crash");
+    let scratch = Scratch::new();
     let net_dir = scratch.path().join(NETWORK);
     let ipam = serde_json::json!({ "ranges": [[{ "subnet": "198.18.3.0/24" }], [{ "subnet": "2001:db8:3::/120" }]] });
     let config = net_config("1.0.0", NETWORK, scratch.path(), ipam.clone());
@@ -356,7 +356,7 @@ fn find_temps(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 #[test]
 fn temporaries_of_killed_processes_are_removed_ipkeep() {
     let (ipkeep, host_local) = (common::ipkeep(), common::host_local());
-    let scratch = Scratch::new("temps");
+    let scratch = Scratch::new();
     let net_dir = scratch.path().join(NETWORK);
     let config = net_config(
         "1.0.0",
@@ -569,7 +569,7 @@ fn sigkill_during_reservation_adds_never_leaks_a_reserved_address_ipkeep() {
     use ipkeep_reservation::add::{TRY_AGAIN_LATER_CODE, read_wait_marker};
     use ipkeep_reservation::{PodKey, ReservationWriter, write_reservation};
     let binary = common::ipkeep();
-    let scratch = Scratch::new("crashres");
+    let scratch = Scratch::new();
     let ipam = serde_json::json!({ "ranges": [[{ "subnet": "198.18.4.0/24" }], [{ "subnet": "2001:db8:4::/120" }]] });
     let config = net_config("1.0.0", RES_NETWORK, scratch.path(), ipam.clone());
     let mut zero = ipam.clone();

@@ -323,7 +323,7 @@ fn reservation_writer_process() {
         println!("{WRITER_LINE} finished");
         return;
     }
-    let scratch = Scratch::new("resvwriter");
+    let scratch = Scratch::new();
     let dir = NetworkDir::open(scratch.path(), NETWORK).unwrap();
     let initial: Vec<_> = initial_model().into_values().collect();
     ReservationWriter::new().apply(&dir, &initial).unwrap();
@@ -695,7 +695,7 @@ fn surely_active(
 
 #[test]
 fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations() {
-    let scratch = Scratch::new("resvsys");
+    let scratch = Scratch::new();
     let data_dir = scratch.path().join("data");
     let net_dir = data_dir.join(NETWORK);
     let config = config(&data_dir);
