@@ -308,15 +308,15 @@ fn dispatch(
 
 /// VERSION's output: compact, with a trailing newline.
 pub fn version_json() -> String {
-    use gojson::Out;
-    let supported = Out::Arr(
+    use gojson::{Out, object};
+    let supported = Out::Array(
         version::SUPPORTED
             .iter()
-            .map(|v| Out::Str((*v).to_owned()))
+            .map(|v| Out::String((*v).to_owned()))
             .collect(),
     );
-    gojson::to_compact_line(&Out::Obj(vec![
-        ("cniVersion", Out::Str(version::CURRENT.to_owned())),
+    gojson::to_compact_line(&object(vec![
+        ("cniVersion", Out::String(version::CURRENT.to_owned())),
         ("supportedVersions", supported),
     ]))
 }
