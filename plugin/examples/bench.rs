@@ -631,6 +631,17 @@ fn report(plugins: &[Plugin; 2], results: &[(&Scenario, [Samples; 2])]) -> Strin
     out
 }
 
+/// The binaries' sizes, what a runtime maps at every exec (ipkeep's is static; Debian's host-local
+/// also maps the C library), so a dependency's cost shows beside the latencies and RSS.
+fn size_report(plugins: &[Plugin; 2]) -> String {
+    let size = |plugin: &Plugin| std::fs::metadata(&plugin.path).map_or(0, |m| m.len());
+    let (hl, ik) = (size(&plugins[0]), size(&plugins[1]));
+    format!(
+        "binary size: ipkeep {ik} B, host-local {hl} B, ratio {:.3}\n",
+        ik as f64 / (hl as f64).max(1.0)
+    )
+}
+
 fn run() -> Result<String, BenchError> {
     let plugins = find_plugins()?;
     eprintln!("ipkeep:     {}", plugins[1].path.display());
@@ -667,6 +678,7 @@ fn run() -> Result<String, BenchError> {
     );
     let mut table = report(&plugins, &results);
     table.push_str(&reservation_report(&reservation_cost));
+    table.push_str(&size_report(&plugins));
     let _ = writeln!(
         table,
         "load average after: {} (2 cores; other work skews both plugins alike)",
