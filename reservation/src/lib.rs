@@ -50,11 +50,12 @@
 
 //!
 //! # In the plugin's commands
-//! `commands/reservations.rs` runs this under the lock the disk store holds:
+//! `plugin/src/commands/reservations.rs` runs this under the lock the disk store
+//! (`ipkeep-hostlocal`) holds:
 //! * **ADD** with `K8S_POD_NAMESPACE`/`K8S_POD_NAME`: snapshot, own file, wait marker, holders of
-//!   the own addresses (IP file + the side index's pod), [`decide`](add::decide), marker action; then the
-//!   allocator gets the reserved address as its preferred one and [`ReservationLookup::is_blocked`](add::ReservationLookup::is_blocked)
-//!   as its skip predicate. Without a `reserved/` directory nothing more is read and nothing is
+//!   the own addresses (IP file + the side index's pod), [`decide`](add::decide), marker action;
+//!   then the allocator gets the reserved address as its preferred one and
+//!   [`ReservationLookup::is_blocked`](add::ReservationLookup::is_blocked) as its skip predicate. Without a `reserved/` directory nothing more is read and nothing is
 //!   logged (host-local's behaviour and its empty stderr). Refusals: code 999 for a requested
 //!   address another pod's active reservation holds, code 11 while the previous container holds
 //!   the pod's address; a range full of reserved addresses is the normal range-full error.
