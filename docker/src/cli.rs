@@ -70,7 +70,7 @@ pub struct ListArgs {
 }
 
 fn parse_retain_for(text: &str) -> Result<Duration, String> {
-    ipkeep_plugin::retain_for::RetainFor::parse(text)
+    ipkeep_reservation::RetainFor::parse(text)
         .map(|r| r.duration())
         .map_err(|e| e.to_string())
 }

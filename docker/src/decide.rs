@@ -12,9 +12,9 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use ipkeep_plugin::addr;
-use ipkeep_plugin::disk_store::go_log_time;
-use ipkeep_plugin::store::{Owner, is_valid_container_id};
+use ipkeep_hostlocal::addr;
+use ipkeep_hostlocal::go_log_time;
+use ipkeep_hostlocal::store::{Owner, is_valid_container_id};
 
 use crate::protocol::{ENDPOINT_NAME, GATEWAY_TYPE, MAC_ADDRESS, Options, REQUEST_ADDRESS_TYPE};
 

@@ -14,13 +14,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ipkeep_plugin::addr;
-use ipkeep_plugin::allocator::{self, AllocError};
-use ipkeep_plugin::disk_store::{DiskStore, Occupant};
-use ipkeep_plugin::netdir::{EntryKind, NetDirError, NetworkDir};
-use ipkeep_plugin::range::{RangeError, RangeSet};
-use ipkeep_plugin::retain_for::{RetainFor, RetainForError};
-use ipkeep_plugin::store::{Store, StoreError};
+use ipkeep_hostlocal::addr;
+use ipkeep_hostlocal::allocator::{self, AllocError};
+use ipkeep_hostlocal::range::{RangeError, RangeSet};
+use ipkeep_hostlocal::store::{Store, StoreError};
+use ipkeep_hostlocal::{DiskStore, Occupant};
+use ipkeep_reservation::netdir::{EntryKind, NetDirError, NetworkDir};
+use ipkeep_reservation::{RetainFor, RetainForError};
 
 use crate::decide::{
     self, AllocateFor, GATEWAY_KIND, Holder, InputError, Plan, Purpose, Refusal, ReleasePlan,

@@ -60,7 +60,7 @@ mod tests {
 
     #[test]
     fn table() {
-        let ip = |s: &str| ipkeep_plugin::addr::parse_ip(s).unwrap();
+        let ip = |s: &str| ipkeep_hostlocal::addr::parse_ip(s).unwrap();
         let row = |a: &str, holder: Holder, until: Option<u64>| ListedAddress {
             pool_id: "ipkeep-local_198.18.5.0-24".into(),
             ip: ip(a),

@@ -8,8 +8,8 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use ipkeep_plugin::addr::{self, Cidr};
-use ipkeep_plugin::range::{RangeError, RangeSet, RangeSpec, canonicalize_set};
+use ipkeep_hostlocal::addr::{self, Cidr};
+use ipkeep_hostlocal::range::{RangeError, RangeSet, RangeSpec, canonicalize_set};
 
 /// The local default address space's name.
 pub const LOCAL_SPACE: &str = "ipkeep-local";

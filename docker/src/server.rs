@@ -79,7 +79,7 @@ impl From<DriverError> for CallError {
     }
 }
 
-pub use ipkeep_plugin::error_chain;
+pub use ipkeep_reservation::error_chain;
 
 fn json<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec())

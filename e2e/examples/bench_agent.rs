@@ -37,7 +37,7 @@ use ipkeep_operator::{
     agent::{desired::desired_files, view, writer::NetworkWriter},
     crd::IPReservation,
 };
-use ipkeep_plugin::reservation::{ReservationFile, Timestamp};
+use ipkeep_reservation::{ReservationFile, Timestamp};
 use kube::{
     Api, Client,
     api::{ListParams, Patch, PatchParams},

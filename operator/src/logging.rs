@@ -54,4 +54,4 @@ pub fn init(args: &LogArgs) -> Result<(), LoggingError> {
     .map_err(LoggingError::Install)
 }
 
-pub use ipkeep_plugin::error_chain;
+pub use ipkeep_reservation::error_chain;

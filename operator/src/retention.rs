@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-pub use ipkeep_plugin::retain_for::{RetainFor, RetainForError};
+pub use ipkeep_reservation::{RetainFor, RetainForError};
 
 /// A `spec.retainFor` as found: parsed, or refused with its text kept as written (only an API
 /// server that does not evaluate the CRD's CEL rules lets one through).

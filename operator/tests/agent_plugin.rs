@@ -20,10 +20,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use ipkeep_operator::agent::writer::NetworkWriter;
-use ipkeep_plugin::netdir::{NetworkDir, TEMP_PREFIX};
-use ipkeep_plugin::reservation::{
-    FORMAT_VERSION, PodKey, ReservationFile, Timestamp, load_reservations,
-};
+use ipkeep_reservation::{FORMAT_VERSION, PodKey, ReservationFile, Timestamp, load_reservations};
+use ipkeep_reservation::{NetworkDir, TEMP_PREFIX};
 
 const NETWORK: &str = "cbr0";
 const PROCESSES: usize = 100;

@@ -51,8 +51,8 @@ const RESERVATIONS: usize = 1_000;
 /// as the agent writes them (which also keeps the plugin's snapshot of them current). Their
 /// addresses sit at 198.18.100.0 and up, away from the cycles' round robin; host-local ignores them.
 fn reservation_files(data_dir: &Path) -> Result<(), BenchError> {
-    use ipkeep_plugin::netdir::NetworkDir;
-    use ipkeep_plugin::reservation::{FORMAT_VERSION, ReservationFile, ReservationWriter};
+    use ipkeep_reservation::NetworkDir;
+    use ipkeep_reservation::{FORMAT_VERSION, ReservationFile, ReservationWriter};
     let desired: Vec<ReservationFile> = (0..RESERVATIONS)
         .map(|i| ReservationFile {
             version: FORMAT_VERSION,
@@ -236,7 +236,7 @@ fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) ->
 /// A scratch data directory seeded for `scenario`, removed on drop.
 #[derive(Debug)]
 struct DataDir {
-    root: PathBuf,
+    root: tempfile::TempDir,
 }
 
 impl DataDir {
@@ -246,9 +246,12 @@ impl DataDir {
         allocated: usize,
         extra_state: fn(&Path) -> Result<(), BenchError>,
     ) -> Result<Self, BenchError> {
-        let root = scratch_root().join(format!("ipkeep-bench-{}-{label}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let net_dir = root.join(NETWORK);
+        let base = scratch_root();
+        let root = tempfile::Builder::new()
+            .prefix(&format!("ipkeep-bench-{label}-"))
+            .tempdir_in(&base)
+            .map_err(io_error("create", &base))?;
+        let net_dir = root.path().join(NETWORK);
         std::fs::create_dir_all(&net_dir).map_err(io_error("create", &net_dir))?;
         // Exactly what host-local leaves behind: one file per address and the round-robin cursor.
         for i in 0..allocated {
@@ -261,21 +264,15 @@ impl DataDir {
                 .map_err(io_error("write", &file))?;
         }
         let dir = Self { root };
-        extra_state(&dir.root)?;
+        extra_state(dir.root.path())?;
         Ok(dir)
     }
 
     fn config(&self) -> String {
         format!(
             r#"{{"cniVersion":"1.0.0","name":"{NETWORK}","ipam":{{"type":"ipkeep","subnet":"{SUBNET_BASE}/16","dataDir":"{}"}}}}"#,
-            self.root.display()
+            self.root.path().display()
         )
-    }
-}
-
-impl Drop for DataDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.root);
     }
 }
 
@@ -376,7 +373,7 @@ fn cycle(
 /// The peak RSS over a few ADD+DEL cycles run under GNU time.
 fn peak_rss(plugin: &Plugin, dir: &DataDir) -> Result<u64, BenchError> {
     let config = dir.config();
-    let report = dir.root.join("rss");
+    let report = dir.root.path().join("rss");
     let report_str = report.to_string_lossy().into_owned();
     let mut peak = 0;
     for i in 0..RSS_CYCLES {
@@ -634,6 +631,17 @@ fn report(plugins: &[Plugin; 2], results: &[(&Scenario, [Samples; 2])]) -> Strin
     out
 }
 
+/// The binaries' sizes, what a runtime maps at every exec (ipkeep's is static; Debian's host-local
+/// also maps the C library), so a dependency's cost shows beside the latencies and RSS.
+fn size_report(plugins: &[Plugin; 2]) -> String {
+    let size = |plugin: &Plugin| std::fs::metadata(&plugin.path).map_or(0, |m| m.len());
+    let (hl, ik) = (size(&plugins[0]), size(&plugins[1]));
+    format!(
+        "binary size: ipkeep {ik} B, host-local {hl} B, ratio {:.3}\n",
+        ik as f64 / (hl as f64).max(1.0)
+    )
+}
+
 fn run() -> Result<String, BenchError> {
     let plugins = find_plugins()?;
     eprintln!("ipkeep:     {}", plugins[1].path.display());
@@ -670,6 +678,7 @@ fn run() -> Result<String, BenchError> {
     );
     let mut table = report(&plugins, &results);
     table.push_str(&reservation_report(&reservation_cost));
+    table.push_str(&size_report(&plugins));
     let _ = writeln!(
         table,
         "load average after: {} (2 cores; other work skews both plugins alike)",

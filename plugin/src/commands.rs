@@ -8,16 +8,17 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::SystemTime;
 
-use crate::allocator::{self, Request};
-use crate::candidates::Candidates;
-use crate::config::{self, IpamConfig};
-use crate::disk_store::DiskStore;
-use crate::gojson::Value;
 use crate::neighbour::NeighbourTable;
-use crate::netdir::NetworkDir;
-use crate::reservation::{DEFAULT_GRACE, Timestamp};
-use crate::result::{CniResult, result_json};
-use crate::store::{LegacyRelease, Owner, PodRef, Store};
+use ipkeep_hostlocal::Candidates;
+use ipkeep_hostlocal::DiskStore;
+use ipkeep_hostlocal::allocator::{self, Request};
+use ipkeep_hostlocal::config::{self, IpamConfig};
+use ipkeep_hostlocal::gojson::Value;
+use ipkeep_hostlocal::result::{CniResult, result_json};
+use ipkeep_hostlocal::store::{LegacyRelease, Owner, PodRef, Store};
+use ipkeep_reservation::Timestamp;
+use ipkeep_reservation::add::DEFAULT_GRACE;
+use ipkeep_reservation::netdir::NetworkDir;
 
 mod reservations;
 
@@ -99,7 +100,7 @@ fn pod_of(conf: &IpamConfig) -> Option<PodRef> {
 
 /// ADD: one address per range set (requested ones where asked), printed for the config's version.
 /// A pod with an active reservation gets its reserved addresses; nobody else ever gets them
-/// (see [`crate::reservation`]). The host's neighbour entries for the addresses handed out are
+/// (see [`ipkeep_reservation`]). The host's neighbour entries for the addresses handed out are
 /// removed ([`clear_neighbours`]).
 pub fn add(
     doc: &Value,
@@ -113,7 +114,7 @@ pub fn add(
         .unwrap_or(DEFAULT_GRACE);
     let mut result = CniResult::default();
     if !conf.resolv_conf.is_empty() {
-        result.dns = crate::resolv::read(&conf.resolv_conf)
+        result.dns = ipkeep_hostlocal::read_resolv_conf(&conf.resolv_conf)
             .map_err(|e| (CniError::internal(e), Vec::new()))?;
     }
     let dir = open_dir(&conf)?;
@@ -217,7 +218,7 @@ fn clear_neighbours(table: &dyn NeighbourTable, ips: &[IpAddr], log: &mut Reserv
             log.line(format_args!(
                 "failed to remove the host's neighbour entries for {}: {}; until they expire the host may send their traffic to their previous holders",
                 list.join(", "),
-                crate::error_chain(&e)
+                ipkeep_reservation::error_chain(&e)
             ));
             return;
         }
@@ -331,7 +332,7 @@ pub fn gc(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failur
     if let Some(bad) = valid
         .iter()
         .flatten()
-        .find(|a| !crate::store::is_valid_container_id(&a.container_id))
+        .find(|a| !ipkeep_hostlocal::store::is_valid_container_id(&a.container_id))
     {
         return Err((
             CniError {
@@ -442,8 +443,8 @@ pub fn status(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Fa
 mod tests {
     use super::*;
     use crate::neighbour::{FlushError, Neighbour, Recorder, Removal};
-    use crate::scratch_dir::ScratchDir;
     use rustix::io::Errno;
+    use tempfile::TempDir;
 
     fn doc(data_dir: &Path) -> Value {
         let json = serde_json::json!({
@@ -456,7 +457,7 @@ mod tests {
                 "dataDir": data_dir,
             },
         });
-        crate::gojson::parse(json.to_string().as_bytes()).unwrap()
+        ipkeep_hostlocal::gojson::parse(json.to_string().as_bytes()).unwrap()
     }
 
     fn args(container: &str) -> CmdArgs {
@@ -483,8 +484,8 @@ mod tests {
 
     #[test]
     fn add_and_del_flush_exactly_the_addresses_they_hand_out_and_free() {
-        let scratch = ScratchDir::new("neigh-flush");
-        let (doc, now) = (doc(&scratch.0), SystemTime::UNIX_EPOCH);
+        let scratch = TempDir::new().unwrap();
+        let (doc, now) = (doc(scratch.path()), SystemTime::UNIX_EPOCH);
         let table = Recorder::empty();
         let added = add(&doc, &args("c1"), now, &table).unwrap();
         let both = vec![ip("198.18.7.2"), ip("2001:db8:7::2")];
@@ -503,14 +504,16 @@ mod tests {
 
     #[test]
     fn a_failed_add_flushes_nothing() {
-        let scratch = ScratchDir::new("neigh-failed");
+        let scratch = TempDir::new().unwrap();
         let json = serde_json::json!({
             "cniVersion": "1.0.0", "name": "neighnet", "type": "bridge",
-            "ipam": { "type": "ipkeep", "dataDir": scratch.0,
+            "ipam": { "type": "ipkeep", "dataDir": scratch.path(),
                 "ranges": [[{ "subnet": "198.18.7.0/30" }]] },
         });
         let table = Recorder::empty();
-        let d = |j: &serde_json::Value| crate::gojson::parse(j.to_string().as_bytes()).unwrap();
+        let d = |j: &serde_json::Value| {
+            ipkeep_hostlocal::gojson::parse(j.to_string().as_bytes()).unwrap()
+        };
         // A /30 has one address to hand out (.1 is the gateway).
         add(&d(&json), &args("c1"), SystemTime::UNIX_EPOCH, &table).unwrap();
         let (e, _) = add(&d(&json), &args("c2"), SystemTime::UNIX_EPOCH, &table).unwrap_err();
@@ -558,9 +561,9 @@ mod tests {
             ),
         ];
         let reference = {
-            let scratch = ScratchDir::new("neigh-ref");
+            let scratch = TempDir::new().unwrap();
             add(
-                &doc(&scratch.0),
+                &doc(scratch.path()),
                 &args("c1"),
                 SystemTime::UNIX_EPOCH,
                 &Recorder::empty(),
@@ -569,8 +572,8 @@ mod tests {
             .stdout
         };
         for (answer, lines) in cases {
-            let scratch = ScratchDir::new("neigh-log");
-            let (d, table) = (doc(&scratch.0), Recorder::answering(answer));
+            let scratch = TempDir::new().unwrap();
+            let (d, table) = (doc(scratch.path()), Recorder::answering(answer));
             let added = add(&d, &args("c1"), SystemTime::UNIX_EPOCH, &table).unwrap();
             assert_eq!(
                 added.stdout, reference,

@@ -10,7 +10,10 @@
 //! destination is the address. Permanent and NOARP entries (an administrator's) are left alone,
 //! as `ip neigh flush` leaves them.
 //!
-//! The messages are built and read by pure functions over bytes; [`Kernel`] is the socket.
+//! The messages are built and read by pure functions over bytes; [`Kernel`] is the socket. Two
+//! messages and three attributes do not pay for `netlink-packet-route`: measured (issue 27), using
+//! it for the dump request and the answer adds 535 KB (+35 %) to the static plugin and 124 KiB
+//! (+10 %) to an ADD's peak RSS, since decoding any `RouteNetlinkMessage` links every decoder.
 
 use std::net::IpAddr;
 

@@ -7,10 +7,10 @@ use std::io::Read;
 use std::time::SystemTime;
 
 use crate::commands::{self, CmdArgs, CniError, Failure, Output};
-use crate::gojson::{self, Decoder, Value};
 use crate::neighbour::NeighbourTable;
-use crate::store::is_valid_container_id;
-use crate::version;
+use ipkeep_hostlocal::gojson::{self, Decoder, Value};
+use ipkeep_hostlocal::store::is_valid_container_id;
+use ipkeep_hostlocal::version;
 
 /// The largest network configuration accepted on stdin.
 pub const MAX_STDIN: usize = 1 << 20;
@@ -29,7 +29,7 @@ pub struct Reply {
 impl Reply {
     fn error(e: &CniError, log: &[String]) -> Self {
         Self {
-            stdout: crate::result::error_json(e.code, &e.msg, &e.details),
+            stdout: ipkeep_hostlocal::result::error_json(e.code, &e.msg, &e.details),
             stderr: log_text(log),
             exit_code: 1,
         }
@@ -308,15 +308,15 @@ fn dispatch(
 
 /// VERSION's output: compact, with a trailing newline.
 pub fn version_json() -> String {
-    use gojson::Out;
-    let supported = Out::Arr(
+    use gojson::{Out, object};
+    let supported = Out::Array(
         version::SUPPORTED
             .iter()
-            .map(|v| Out::Str((*v).to_owned()))
+            .map(|v| Out::String((*v).to_owned()))
             .collect(),
     );
-    gojson::to_compact_line(&Out::Obj(vec![
-        ("cniVersion", Out::Str(version::CURRENT.to_owned())),
+    gojson::to_compact_line(&object(vec![
+        ("cniVersion", Out::String(version::CURRENT.to_owned())),
         ("supportedVersions", supported),
     ]))
 }

@@ -6,35 +6,18 @@ mod common;
 
 use std::fs::File;
 use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
 
-use common::{CniCall, host_local, ipkeep};
+use common::{CniCall, Scratch, host_local, ipkeep};
 
-struct Scratch(PathBuf);
+/// What this suite's tests ask of their scratch directory beyond the shared paths.
+trait BlackboxScratch {
+    fn conf(&self, version: &str, ranges: &str) -> String;
+    fn tree(&self) -> Vec<String>;
+}
 
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "ipkeep-bb-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-
-    fn data(&self) -> PathBuf {
-        self.0.join("data")
-    }
-
-    fn net(&self) -> PathBuf {
-        self.data().join("net1")
-    }
-
+impl BlackboxScratch for Scratch {
     fn conf(&self, version: &str, ranges: &str) -> String {
         format!(
             r#"{{"cniVersion":"{version}","name":"net1","type":"ipkeep","ipam":{{"type":"ipkeep","dataDir":"{}","ranges":{ranges}}}}}"#,
@@ -54,15 +37,9 @@ impl Scratch {
             }
         }
         let mut out = Vec::new();
-        walk(&self.0, &mut out);
+        walk(self.path(), &mut out);
         out.sort();
         out
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -75,7 +52,7 @@ const VERSIONS: [&str; 7] = [
 #[test]
 fn round_trip_for_every_version() {
     for version in VERSIONS {
-        let s = Scratch::new("rt");
+        let s = Scratch::new();
         let ranges = if version < "0.3.0" { V4 } else { DUAL };
         let conf = s.conf(version, ranges);
         let result = CniCall::new("ADD", "c1", &conf).run(&ipkeep()).ok();
@@ -135,7 +112,7 @@ fn version_command() {
 
 #[test]
 fn legacy_id_only_files_are_found_and_freed() {
-    let s = Scratch::new("legacy");
+    let s = Scratch::new();
     let conf = s.conf("1.0.0", V4);
     std::fs::create_dir_all(s.net()).unwrap();
     std::fs::write(s.net().join("10.1.0.7"), b"c1").unwrap();
@@ -154,7 +131,7 @@ fn legacy_id_only_files_are_found_and_freed() {
 
 #[test]
 fn host_local_and_ipkeep_share_state_both_ways() {
-    let s = Scratch::new("interop");
+    let s = Scratch::new();
     let conf = s.conf("0.3.1", DUAL);
     // host-local allocates, ipkeep sees it (duplicate check, CHECK) and frees it.
     CniCall::new("ADD", "hl1", &conf).run(&host_local()).ok();
@@ -187,7 +164,7 @@ fn host_local_and_ipkeep_share_state_both_ways() {
 
 #[test]
 fn failed_add_frees_only_its_own_reservations() {
-    let s = Scratch::new("rollback");
+    let s = Scratch::new();
     let conf = s.conf(
         "1.0.0",
         r#"[[{"subnet":"10.1.0.0/24"}],[{"subnet":"10.2.0.0/24"}]]"#,
@@ -214,7 +191,7 @@ fn failed_add_frees_only_its_own_reservations() {
 
 #[test]
 fn gc_and_status() {
-    let s = Scratch::new("gc");
+    let s = Scratch::new();
     let conf = s.conf("1.1.0", r#"[[{"subnet":"10.1.0.0/30"}]]"#);
     CniCall::new("ADD", "c1", &conf).run(&ipkeep()).ok();
     let msg = CniCall::new("STATUS", "c1", &conf).run(&ipkeep()).err(50);
@@ -256,7 +233,7 @@ fn gc_and_status() {
 /// is as it was: no allocation freed, nothing written.
 #[test]
 fn gc_with_a_malformed_or_hostile_attachment_list_changes_nothing() {
-    let s = Scratch::new("gc-hostile");
+    let s = Scratch::new();
     let conf = s.conf("1.1.0", r#"[[{"subnet":"10.1.0.0/29"}]]"#);
     CniCall::new("ADD", "c1", &conf).run(&ipkeep()).ok();
     CniCall::new("ADD", "c2", &conf).run(&ipkeep()).ok();
@@ -321,7 +298,7 @@ fn listing(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn hostile_names_are_rejected() {
-    let s = Scratch::new("names");
+    let s = Scratch::new();
     let before = s.tree();
     let bad_net = format!(
         r#"{{"cniVersion":"1.0.0","name":"../x","ipam":{{"dataDir":"{}","subnet":"10.1.0.0/24"}}}}"#,
@@ -348,8 +325,8 @@ fn hostile_names_are_rejected() {
 
 #[test]
 fn symlinks_are_never_followed() {
-    let s = Scratch::new("symlinks");
-    let outside = s.0.join("outside");
+    let s = Scratch::new();
+    let outside = s.path().join("outside");
     std::fs::create_dir_all(&outside).unwrap();
     std::fs::create_dir_all(s.data()).unwrap();
     let conf = s.conf("1.0.0", V4);
@@ -392,7 +369,7 @@ fn symlinks_are_never_followed() {
 
 #[test]
 fn garbage_and_odd_entries_are_skipped() {
-    let s = Scratch::new("garbage");
+    let s = Scratch::new();
     let conf = s.conf("1.0.0", r#"[[{"subnet":"10.1.0.0/29"}]]"#);
     std::fs::create_dir_all(s.net().join("10.1.0.2")).unwrap();
     std::fs::write(s.net().join("10.1.0.3"), b"\xff\xfe not a container").unwrap();
@@ -424,7 +401,7 @@ fn garbage_and_odd_entries_are_skipped() {
 
 #[test]
 fn nothing_is_written_outside_the_network_directory() {
-    let s = Scratch::new("confine");
+    let s = Scratch::new();
     std::fs::create_dir_all(s.data()).unwrap();
     std::fs::write(s.data().join("marker"), b"x").unwrap();
     let conf = s.conf("1.0.0", DUAL);
@@ -449,7 +426,7 @@ fn nothing_is_written_outside_the_network_directory() {
 
 #[test]
 fn a_container_id_too_long_for_its_file_is_refused() {
-    let s = Scratch::new("longid");
+    let s = Scratch::new();
     let conf = s.conf("1.0.0", V4);
     // Far longer than any runtime uses (64 hex digits), but valid. Allocation files over 4 KiB
     // are skipped as garbage, so CHECK and DEL could never find such an allocation: ADD must
@@ -472,7 +449,7 @@ const STDIN_TOO_LARGE: &str =
 
 #[test]
 fn a_huge_stdin_is_refused_with_code_5() {
-    let s = Scratch::new("hugestdin");
+    let s = Scratch::new();
     let mut call = CniCall::new("ADD", "c1", &s.conf("1.0.0", V4));
     // A valid configuration followed by 3 MiB of whitespace, which JSON allows: only the size
     // is wrong. ipkeep stops reading after the limit; the harness ignores the broken pipe.
@@ -486,12 +463,12 @@ fn a_huge_stdin_is_refused_with_code_5() {
 fn an_endless_stdin_is_refused_with_code_5() {
     // Run in an empty scratch directory: zeros carry no dataDir, so the one place a stray write
     // could land is the working directory.
-    let s = Scratch::new("endless");
+    let s = Scratch::new();
     // /dev/zero itself as stdin, as a runtime could pass any file: reads never end and never
     // block, so only ipkeep's limit stops it. The same variables a runtime sets (CniCall's).
     let out = CniCall::new("ADD", "c1", "")
         .command(&ipkeep())
-        .current_dir(&s.0)
+        .current_dir(s.path())
         .stdin(Stdio::from(File::open("/dev/zero").unwrap()))
         .output()
         .unwrap();

@@ -9,62 +9,27 @@ mod common;
 
 use std::net::IpAddr;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
 
-use common::{CniCall, CniOutcome, host_local, ipkeep};
-use ipkeep_plugin::netdir::NetworkDir;
-use ipkeep_plugin::reservation::{
-    FORMAT_VERSION, PodKey, ReservationFile, Timestamp, WaitMarker, write_reservation,
-    write_wait_marker,
-};
+use common::{CniCall, CniOutcome, Scratch, host_local, ipkeep};
+use ipkeep_reservation::add::{WaitMarker, write_wait_marker};
+use ipkeep_reservation::{FORMAT_VERSION, PodKey, ReservationFile, Timestamp, write_reservation};
 
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "ipkeep-bbp-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(p.join("outside")).unwrap();
-        Self(p)
-    }
-
-    fn data(&self) -> PathBuf {
-        self.0.join("data")
-    }
-
-    fn net(&self) -> PathBuf {
-        self.data().join("net1")
-    }
-
-    fn dir(&self) -> NetworkDir {
-        NetworkDir::open(&self.data(), "net1").unwrap()
-    }
-
-    fn conf(&self, version: &str) -> String {
-        format!(
-            r#"{{"cniVersion":"{version}","name":"net1","type":"ipkeep","ipam":{{"type":"ipkeep","dataDir":"{}","ranges":[[{{"subnet":"10.1.0.0/24"}}]]}}}}"#,
-            self.data().display()
-        )
-    }
+/// A scratch directory with `outside/`, where a symlink planted in the network directory points.
+fn scratch() -> Scratch {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path().join("outside")).unwrap();
+    s
 }
 
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        // Give damaged directories their permissions back so they can be removed.
-        let _ = Command::new("chmod")
-            .args(["-R", "u+rwx"])
-            .arg(&self.0)
-            .status();
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// The suite's network configuration, for `version`.
+fn net_conf(s: &Scratch, version: &str) -> String {
+    format!(
+        r#"{{"cniVersion":"{version}","name":"net1","type":"ipkeep","ipam":{{"type":"ipkeep","dataDir":"{}","ranges":[[{{"subnet":"10.1.0.0/24"}}]]}}}}"#,
+        s.data().display()
+    )
 }
 
 fn reservation(ns: &str, pod: &str, ip: &str) -> ReservationFile {
@@ -89,7 +54,7 @@ const POD: (&str, &str) = ("db", "web-9");
 /// The state every case starts from: c1 allocated through ipkeep (index, stamp), another pod's
 /// reservation far from the round robin (`reserved/`, the snapshot) and a wait marker.
 fn seed(s: &Scratch) {
-    let out = CniCall::new("ADD", "c1", &s.conf("1.0.0"))
+    let out = CniCall::new("ADD", "c1", &net_conf(s, "1.0.0"))
         .args(&pod_args("db", "web-0"))
         .run(&ipkeep());
     out.ok();
@@ -195,9 +160,9 @@ fn plant(s: &Scratch, rel: &str, is_dir: bool, damage: Damage) {
         .unwrap(),
         Damage::SymlinkOut => symlink(
             if is_dir {
-                s.0.join("outside")
+                s.path().join("outside")
             } else {
-                s.0.join("outside/sentinel")
+                s.path().join("outside/sentinel")
             },
             &path,
         )
@@ -221,7 +186,7 @@ fn plant_sentinels(s: &Scratch) {
     std::fs::write(s.net().join("sentinel"), b"inside").unwrap();
     std::fs::create_dir_all(s.net().join("sentinel-dir")).unwrap();
     std::fs::write(s.net().join("sentinel-dir/keep"), b"inside").unwrap();
-    std::fs::write(s.0.join("outside/sentinel"), b"outside").unwrap();
+    std::fs::write(s.path().join("outside/sentinel"), b"outside").unwrap();
 }
 
 fn assert_sentinels_untouched(s: &Scratch, case: &str) {
@@ -235,13 +200,13 @@ fn assert_sentinels_untouched(s: &Scratch, case: &str) {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(inside, ["keep"], "{case}: written through a symlink");
-    let outside: Vec<_> = std::fs::read_dir(s.0.join("outside"))
+    let outside: Vec<_> = std::fs::read_dir(s.path().join("outside"))
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(outside, ["sentinel"], "{case}: written through a symlink");
     assert_eq!(
-        std::fs::read(s.0.join("outside/sentinel")).unwrap(),
+        std::fs::read(s.path().join("outside/sentinel")).unwrap(),
         b"outside",
         "{case}"
     );
@@ -301,8 +266,8 @@ fn assert_private_state_clean(s: &Scratch, case: &str) {
 /// The commands after the damage, in an order that starts with `first` (each command must
 /// cope with the damage when it is the first to meet it); their outcomes in order.
 fn commands(s: &Scratch, first: &str) -> Vec<(&'static str, CniOutcome)> {
-    let conf = s.conf("1.0.0");
-    let conf11 = s.conf("1.1.0");
+    let conf = net_conf(s, "1.0.0");
+    let conf11 = net_conf(s, "1.1.0");
     let gc = conf11.replacen(
         '{',
         r#"{"cni.dev/valid-attachments":[{"containerID":"c1","ifname":"eth0"},{"containerID":"c2","ifname":"eth0"}],"#,
@@ -344,8 +309,8 @@ fn commands(s: &Scratch, first: &str) -> Vec<(&'static str, CniOutcome)> {
 /// with an answer on stdout; host-local 1.1.1 has neither GC nor STATUS), from a fresh directory
 /// with `<data>` in place of its path.
 fn host_local_add() -> String {
-    let s = Scratch::new("hl");
-    let conf = s.conf("1.0.0");
+    let s = scratch();
+    let conf = net_conf(&s, "1.0.0");
     let hl = host_local();
     CniCall::new("ADD", "c1", &conf)
         .args(&pod_args("db", "web-0"))
@@ -367,7 +332,7 @@ fn every_damage_at_every_private_path_is_healed() {
         for damage in DAMAGES {
             for first in ["ADD", "CHECK", "DEL", "GC", "STATUS"] {
                 let case = format!("{damage:?} at {rel}, {first} first");
-                let s = Scratch::new("damage");
+                let s = scratch();
                 seed(&s);
                 plant_sentinels(&s);
                 plant(&s, rel, is_dir, damage);
@@ -413,7 +378,7 @@ fn every_damage_at_every_private_path_is_healed() {
                 assert_sentinels_untouched(&s, &case);
                 assert_private_state_clean(&s, &case);
                 // Healed for good: the next command finds nothing more to say.
-                let again = CniCall::new("CHECK", "c2", &s.conf("1.0.0"))
+                let again = CniCall::new("CHECK", "c2", &net_conf(&s, "1.0.0"))
                     .args(&pod_args(POD.0, POD.1))
                     .run(&ipkeep());
                 again.ok();
@@ -427,7 +392,7 @@ fn every_damage_at_every_private_path_is_healed() {
 /// The defects the issue reported, one test each (they failed before the general fix).
 #[test]
 fn a_directory_at_the_stamp_blocks_nothing() {
-    let s = Scratch::new("stampdir");
+    let s = scratch();
     seed(&s);
     std::fs::remove_file(s.net().join(".ipkeep/stamp")).unwrap();
     std::fs::create_dir(s.net().join(".ipkeep/stamp")).unwrap();
@@ -439,12 +404,12 @@ fn a_directory_at_the_stamp_blocks_nothing() {
 
 #[test]
 fn a_directory_at_a_containers_index_file_blocks_nothing() {
-    let s = Scratch::new("indexdir");
+    let s = scratch();
     seed(&s);
     let index = s.net().join(".ipkeep/containers/c1");
     std::fs::remove_file(&index).unwrap();
     std::fs::create_dir_all(index.join("x")).unwrap();
-    let conf = s.conf("1.0.0");
+    let conf = net_conf(&s, "1.0.0");
     let check = CniCall::new("CHECK", "c1", &conf).run(&ipkeep());
     assert_eq!(check.code, Some(0), "CHECK: {}", check.stdout_str());
     assert!(
@@ -467,8 +432,8 @@ fn a_directory_at_a_containers_index_file_blocks_nothing() {
 
 #[test]
 fn a_reservation_copied_in_by_hand_counts_at_the_next_add() {
-    let s = Scratch::new("byhand");
-    let conf = s.conf("1.0.0");
+    let s = scratch();
+    let conf = net_conf(&s, "1.0.0");
     write_reservation(&s.dir(), &reservation("db", "a", "10.1.0.200")).unwrap();
     let first = CniCall::new("ADD", "c1", &conf)
         .args(&pod_args("db", "x"))
@@ -508,8 +473,8 @@ fn a_reservation_copied_in_by_hand_counts_at_the_next_add() {
 
 #[test]
 fn a_hand_copy_still_in_progress_is_read_again_when_it_ends() {
-    let s = Scratch::new("halfcopy");
-    let conf = s.conf("1.0.0");
+    let s = scratch();
+    let conf = net_conf(&s, "1.0.0");
     write_reservation(&s.dir(), &reservation("db", "a", "10.1.0.200")).unwrap();
     let path = s.net().join("reserved/db/b");
     let json = reservation("db", "b", "10.1.0.3").to_json();
@@ -559,8 +524,8 @@ fn age(path: &Path, age: Duration) {
 
 #[test]
 fn a_killed_writers_temporaries_are_removed_once_a_few_seconds_old() {
-    let s = Scratch::new("temps");
-    let conf = s.conf("1.0.0");
+    let s = scratch();
+    let conf = net_conf(&s, "1.0.0");
     write_reservation(&s.dir(), &reservation("db", "a", "10.1.0.200")).unwrap();
     // What a writer killed between its temporary and the rename leaves (under `reserved/` for
     // the generation counter, under a namespace for a file).

@@ -6,44 +6,22 @@ mod common;
 
 use std::net::IpAddr;
 use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::path::Path;
 use std::time::SystemTime;
 
-use common::{CniCall, CniOutcome, ipkeep};
-use ipkeep_plugin::netdir::NetworkDir;
-use ipkeep_plugin::reservation::{
-    FORMAT_VERSION, PodKey, ReservationFile, Timestamp, WaitMarker, read_wait_marker,
-    write_reservation, write_wait_marker,
-};
+use common::{CniCall, CniOutcome, Scratch, ipkeep};
+use ipkeep_reservation::add::{WaitMarker, read_wait_marker, write_wait_marker};
+use ipkeep_reservation::{FORMAT_VERSION, PodKey, ReservationFile, Timestamp, write_reservation};
 
-struct Scratch(PathBuf);
+/// What this suite's tests ask of their scratch directory beyond the shared paths.
+trait ReservationScratch {
+    fn conf_with(&self, ranges: &str, extra: &str) -> String;
+    fn conf(&self, ranges: &str) -> String;
+    fn reserve(&self, ns: &str, pod: &str, ips: &[&str], release: Option<i64>);
+    fn holder(&self, ip: &str) -> Option<String>;
+}
 
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "ipkeep-bbr-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-
-    fn data(&self) -> PathBuf {
-        self.0.join("data")
-    }
-
-    fn net(&self) -> PathBuf {
-        self.data().join("net1")
-    }
-
-    fn dir(&self) -> NetworkDir {
-        NetworkDir::open(&self.data(), "net1").unwrap()
-    }
-
+impl ReservationScratch for Scratch {
     /// A 1.1.0 configuration with `ranges` and extra `ipam` members (`extra` starts with `,`).
     fn conf_with(&self, ranges: &str, extra: &str) -> String {
         format!(
@@ -63,12 +41,6 @@ impl Scratch {
 
     fn holder(&self, ip: &str) -> Option<String> {
         std::fs::read_to_string(self.net().join(ip)).ok()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -147,7 +119,7 @@ fn returning_pod_gets_its_dual_stack_addresses_back() {
     // The reservation written while the pod is bound (null releaseTime), and after its release
     // (releaseTime in the future): either way the re-created pod gets both addresses.
     for release in [None, Some(3600)] {
-        let s = Scratch::new("return");
+        let s = Scratch::new();
         let conf = s.conf(DUAL);
         let first = add(&conf, "db", "web-0", "sandbox-1");
         let ips = addresses(&first);
@@ -185,7 +157,7 @@ fn returning_pod_gets_its_dual_stack_addresses_back() {
 
 #[test]
 fn force_delete_order_waits_for_the_old_sandbox() {
-    let s = Scratch::new("force");
+    let s = Scratch::new();
     let conf = s.conf(V4);
     assert_eq!(addresses(&add(&conf, "db", "web-0", "old")), ["10.1.0.2"]);
     s.reserve("db", "web-0", &["10.1.0.2"], None);
@@ -213,7 +185,7 @@ fn force_delete_order_waits_for_the_old_sandbox() {
 
 #[test]
 fn past_the_grace_period_the_pod_takes_a_fresh_address() {
-    let s = Scratch::new("grace");
+    let s = Scratch::new();
     let conf = s.conf(V4);
     add(&conf, "db", "web-0", "old").ok();
     s.reserve("db", "web-0", &["10.1.0.2"], None);
@@ -258,7 +230,7 @@ fn past_the_grace_period_the_pod_takes_a_fresh_address() {
         r#"{"cni.dev/valid-attachments":[{"containerID":"old","ifname":"eth0"},{"containerID":"new","ifname":"eth0"}],"#,
         1,
     );
-    let outside = s.0.join("outside");
+    let outside = s.path().join("outside");
     std::fs::create_dir_all(&outside).unwrap();
     std::fs::write(outside.join("web-5"), "x 2026-01-01T00:00:00Z\n").unwrap();
     symlink(&outside, s.net().join(".ipkeep/wait/planted")).unwrap();
@@ -277,7 +249,7 @@ fn past_the_grace_period_the_pod_takes_a_fresh_address() {
         read_wait_marker(&s.dir(), &pod, &mut Vec::new()).is_some(),
         "still reserved"
     );
-    ipkeep_plugin::reservation::remove_reservation(&s.dir(), "db", "web-0").unwrap();
+    ipkeep_reservation::remove_reservation(&s.dir(), "db", "web-0").unwrap();
     let pruned = CniCall::new("GC", "", &gc_conf).run(&ipkeep());
     pruned.ok();
     assert_stderr_has(&pruned, &["GC removed the wait marker of pod db/web-0"]);
@@ -290,7 +262,7 @@ fn past_the_grace_period_the_pod_takes_a_fresh_address() {
 
 #[test]
 fn grace_period_is_configurable() {
-    let s = Scratch::new("gracecfg");
+    let s = Scratch::new();
     let conf = s.conf_with(V4, r#","reservationGraceSeconds":0"#);
     add(&conf, "db", "web-0", "old").ok();
     s.reserve("db", "web-0", &["10.1.0.2"], None);
@@ -302,7 +274,7 @@ fn grace_period_is_configurable() {
     );
     assert_stderr_has(&out, &["previous container old", "fresh address"]);
 
-    let s = Scratch::new("gracecfg");
+    let s = Scratch::new();
     let conf = s.conf_with(V4, r#","reservationGraceSeconds":45"#);
     add(&conf, "db", "web-0", "old").ok();
     s.reserve("db", "web-0", &["10.1.0.2"], None);
@@ -319,7 +291,7 @@ fn grace_period_is_configurable() {
 
 #[test]
 fn another_pod_never_gets_a_reserved_address() {
-    let s = Scratch::new("never");
+    let s = Scratch::new();
     let conf = s.conf(SMALL);
     s.reserve("db", "web-0", &["10.1.0.2"], Some(3600));
     // .2 is the first candidate; pods with and without pod arguments skip it.
@@ -347,7 +319,7 @@ fn another_pod_never_gets_a_reserved_address() {
 
 #[test]
 fn an_expired_reservation_holds_nothing() {
-    let s = Scratch::new("expired");
+    let s = Scratch::new();
     let conf = s.conf(V4);
     s.reserve("db", "web-0", &["10.1.0.2"], Some(-1));
     let other = add(&conf, "db", "web-1", "c1");
@@ -361,7 +333,7 @@ fn an_expired_reservation_holds_nothing() {
 
 #[test]
 fn requested_addresses_and_reservations() {
-    let s = Scratch::new("requested");
+    let s = Scratch::new();
     let conf = s.conf(V4);
     s.reserve("db", "web-0", &["10.1.0.7"], None);
     // Another pod asking for the reserved address, in each of the three ways, is refused.
@@ -409,7 +381,7 @@ fn requested_addresses_and_reservations() {
 
 #[test]
 fn unusable_reservations_are_ignored_and_logged() {
-    let s = Scratch::new("unusable");
+    let s = Scratch::new();
     let conf = s.conf(V4);
     // Outside every range (the pod moved here from a node with another range).
     s.reserve("db", "moved", &["10.9.0.7"], None);
@@ -461,9 +433,9 @@ fn tree(root: &Path) -> Vec<String> {
 
 #[test]
 fn garbage_in_reserved_never_breaks_anyone() {
-    let s = Scratch::new("garbage");
+    let s = Scratch::new();
     let conf = s.conf(V4);
-    let outside = s.0.join("outside");
+    let outside = s.path().join("outside");
     std::fs::create_dir_all(outside.join("ns")).unwrap();
     std::fs::write(outside.join("ns/victim"), b"{\"not\":\"a reservation\"}").unwrap();
     std::fs::write(outside.join("target"), b"secret").unwrap();
@@ -535,7 +507,7 @@ fn garbage_in_reserved_never_breaks_anyone() {
 
 #[test]
 fn check_accepts_the_reserved_address_and_gc_keeps_it_blocked() {
-    let s = Scratch::new("checkgc");
+    let s = Scratch::new();
     let conf = s.conf(V4);
     s.reserve("db", "web-0", &["10.1.0.5"], None);
     assert_eq!(addresses(&add(&conf, "db", "web-0", "c1")), ["10.1.0.5"]);
@@ -558,7 +530,7 @@ fn check_accepts_the_reserved_address_and_gc_keeps_it_blocked() {
 
 #[test]
 fn reservations_of_others_leave_stderr_empty() {
-    let s = Scratch::new("quiet");
+    let s = Scratch::new();
     let conf = s.conf(DUAL);
     s.reserve("db", "web-0", &["10.1.0.2", "fd00::2"], None);
     s.reserve("db", "web-9", &["10.1.0.99"], Some(-10));
@@ -574,9 +546,9 @@ fn reservations_of_others_leave_stderr_empty() {
 
 #[test]
 fn a_planted_reserved_link_is_never_followed() {
-    let s = Scratch::new("reservedlink");
+    let s = Scratch::new();
     let conf = s.conf(V4);
-    let outside = s.0.join("outside");
+    let outside = s.path().join("outside");
     std::fs::create_dir_all(outside.join("db")).unwrap();
     std::fs::write(
         outside.join("db/web-0"),
@@ -627,7 +599,7 @@ fn reservations_of_unusable_addresses_name_the_reason() {
         ),
     ];
     for (ranges, ip, reason) in cases {
-        let s = Scratch::new("reason");
+        let s = Scratch::new();
         let conf = s.conf(ranges);
         s.reserve("db", "web-0", &[ip], None);
         let out = add(&conf, "db", "web-0", "c1");

@@ -29,7 +29,7 @@ fn bridge_chain(ipam_plugin: &Path, ranges: serde_json::Value) -> Vec<Vec<(IpAdd
     let mut cleanup = Cleanup::default();
     let bridge = format!("ikb{}-{}", std::process::id() % 1_000_000, unique());
     cleanup.links.push(bridge.clone());
-    let scratch = Scratch::new("chain");
+    let scratch = Scratch::new();
     // CNI_PATH holds only the IPAM plugin, under its own name, which `ipam.type` names.
     let ipam_type = ipam_plugin.file_name().unwrap().to_str().unwrap();
     let cni_dir = scratch.path().join("bin");

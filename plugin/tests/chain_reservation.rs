@@ -29,8 +29,8 @@ use chain_support::{
     BRIDGE_PLUGIN, Cleanup, addresses_in, ip, require_root_and_bridge, result_cidrs, try_ip, unique,
 };
 use common::{CniCall, CniOutcome};
-use ipkeep_plugin::netdir::NetworkDir;
-use ipkeep_plugin::reservation::{
+use ipkeep_reservation::NetworkDir;
+use ipkeep_reservation::{
     FORMAT_VERSION, ReservationFile, Timestamp, read_reservation, write_reservation,
 };
 use system_support::{Holder, Scratch, allocations, describe};
@@ -53,17 +53,17 @@ struct Chain {
 
 impl Chain {
     /// A fresh bridge (no address, no uplink) whose IPAM is ipkeep with `ranges`.
-    fn new(tag: &str, ranges: serde_json::Value) -> Self {
-        Self::with_ipam(tag, ranges, serde_json::json!({}))
+    fn new(ranges: serde_json::Value) -> Self {
+        Self::with_ipam(ranges, serde_json::json!({}))
     }
 
     /// As [`Chain::new`], with `extra` keys added to the `ipam` section.
-    fn with_ipam(tag: &str, ranges: serde_json::Value, extra: serde_json::Value) -> Self {
+    fn with_ipam(ranges: serde_json::Value, extra: serde_json::Value) -> Self {
         require_root_and_bridge("reservation chain tests");
         let mut cleanup = Cleanup::default();
         let bridge = format!("ikr{}-{}", std::process::id() % 1_000_000, unique());
         cleanup.links.push(bridge.clone());
-        let scratch = Scratch::new(&format!("chainresv-{tag}"));
+        let scratch = Scratch::new();
         // CNI_PATH holds only the IPAM plugin, under the name `ipam.type` gives.
         let cni_dir = scratch.path().join("bin");
         std::fs::create_dir(&cni_dir).unwrap();
@@ -247,7 +247,7 @@ fn released_now() -> Timestamp {
 
 #[test]
 fn recreated_pod_gets_its_addresses_back_on_its_new_interface_and_nobody_else_does() {
-    let mut chain = Chain::new("back", tiny_dual_stack(12));
+    let mut chain = Chain::new(tiny_dual_stack(12));
     let (ns_a, ns_b, ns_c, ns_d, ns_e) = (
         chain.netns("a"),
         chain.netns("b"),
@@ -352,7 +352,7 @@ fn recreated_pod_gets_its_addresses_back_on_its_new_interface_and_nobody_else_do
 
 #[test]
 fn force_deleted_pod_is_told_to_try_again_until_the_old_sandbox_is_deleted() {
-    let mut chain = Chain::new("force", tiny_dual_stack(13));
+    let mut chain = Chain::new(tiny_dual_stack(13));
     let (ns_old, ns_new) = (chain.netns("old"), chain.netns("new"));
     let (v4, v6) = (addr("198.18.13.10"), addr("2001:db8:13::10"));
     let reserved = [v4, v6];
@@ -412,7 +412,6 @@ fn force_deleted_pod_is_told_to_try_again_until_the_old_sandbox_is_deleted() {
 fn reasons_for_not_using_a_reservation_reach_the_runtime_through_bridge() {
     // A grace of zero: a force-deleted pod never waits for its old sandbox.
     let mut chain = Chain::with_ipam(
-        "reasons",
         tiny_dual_stack(14),
         serde_json::json!({ "reservationGraceSeconds": 0 }),
     );
@@ -532,7 +531,7 @@ fn neighbours(dst: IpAddr) -> Vec<(String, String)> {
 
 #[test]
 fn the_host_forgets_the_previous_holders_mac_when_an_address_changes_hands() {
-    let mut chain = Chain::new("neigh", tiny_dual_stack(16));
+    let mut chain = Chain::new(tiny_dual_stack(16));
     let (ns_old, ns_new, ns_by) = (chain.netns("old"), chain.netns("new"), chain.netns("by"));
     let (v4, v6) = (addr("198.18.16.10"), addr("2001:db8:16::10"));
     let bridge = chain.bridge.clone();
@@ -607,7 +606,7 @@ fn the_host_forgets_the_previous_holders_mac_when_an_address_changes_hands() {
 
 #[test]
 fn a_neighbour_entry_that_cannot_be_removed_does_not_fail_the_add() {
-    let mut chain = Chain::new("neighfail", tiny_dual_stack(17));
+    let mut chain = Chain::new(tiny_dual_stack(17));
     let (ns, ns_by) = (chain.netns("pod"), chain.netns("by"));
     let (v4, v6) = (addr("198.18.17.10"), addr("2001:db8:17::10"));
     let bridge = chain.bridge.clone();

@@ -22,10 +22,10 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::os::unix::fs::{PermissionsExt, symlink};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 
 use cases::{Case, Seed, Step};
+use common::Scratch;
 use serde_json::Value;
 
 // ── Deliberate differences: the ONE place that lists them ───────────────────────────────────
@@ -924,23 +924,19 @@ struct Run {
     seeded: BTreeSet<String>,
 }
 
-static SCRATCH_SEQ: AtomicUsize = AtomicUsize::new(0);
+/// The placeholders a case's texts use for its scratch directory's paths.
+trait Placeholders {
+    fn text(&self) -> String;
+    fn fill(&self, s: &str) -> String;
+    fn hide(&self, s: &str) -> String;
+}
 
-/// A fresh, empty scratch directory, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(side: &str) -> Self {
-        let n = SCRATCH_SEQ.fetch_add(1, Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("ipkeep-diff-{}-{n}-{side}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-
+impl Placeholders for Scratch {
     fn text(&self) -> String {
-        self.0.to_str().expect("scratch path is UTF-8").to_owned()
+        self.path()
+            .to_str()
+            .expect("scratch path is UTF-8")
+            .to_owned()
     }
 
     /// Replaces the placeholders by this scratch directory's paths.
@@ -956,18 +952,12 @@ impl Scratch {
     }
 }
 
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Creates the seed's entry; returns its path relative to the scratch directory.
 fn plant(scratch: &Scratch, seed: &Seed) -> String {
     let rel = match seed {
         Seed::File { path, .. } | Seed::Dir { path } | Seed::Symlink { path, .. } => *path,
     };
-    let at = scratch.0.join(rel);
+    let at = scratch.path().join(rel);
     if let Some(parent) = at.parent() {
         std::fs::create_dir_all(parent).unwrap();
     }
@@ -984,8 +974,8 @@ fn plant(scratch: &Scratch, seed: &Seed) -> String {
 
 /// Runs `case` in a fresh scratch directory: its steps with `binary`, except the steps marked
 /// `by_host_local`, which run `oracle`.
-fn run_case(case: &Case, oracle: &Path, binary: &Path, side: &str) -> Run {
-    let scratch = Scratch::new(side);
+fn run_case(case: &Case, oracle: &Path, binary: &Path) -> Run {
+    let scratch = Scratch::new();
     let mut steps = Vec::new();
     let mut seeded = BTreeSet::new();
     for step in &case.steps {
@@ -1021,7 +1011,7 @@ fn run_case(case: &Case, oracle: &Path, binary: &Path, side: &str) -> Run {
         });
     }
     let mut tree = BTreeMap::new();
-    snapshot(&scratch, &scratch.0, "", &mut tree);
+    snapshot(&scratch, scratch.path(), "", &mut tree);
     Run {
         steps,
         tree,
@@ -1404,8 +1394,8 @@ fn run_suite(subject: Subject) {
     let verbose = std::env::var_os("IPKEEP_DIFF_DUMP").is_some();
     let (mut agree, mut deliberate, mut mismatches) = (0, 0, Vec::new());
     for case in &selected {
-        let h = run_case(case, &oracle, &oracle, "host-local");
-        let s = run_case(case, &oracle, &binary, subject.label());
+        let h = run_case(case, &oracle, &oracle);
+        let s = run_case(case, &oracle, &binary);
         if verbose {
             dump(case, &h, &s, subject);
         }

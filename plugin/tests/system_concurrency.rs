@@ -28,7 +28,7 @@ fn run_at_once(calls: &[CniCall], binary: &Path) -> Vec<common::CniOutcome> {
 }
 
 fn hundred_adds_on_a_24(binary: &Path) {
-    let scratch = Scratch::new("conc24");
+    let scratch = Scratch::new();
     let config = net_config(
         "1.0.0",
         NETWORK,
@@ -88,7 +88,7 @@ fn hundred_adds_on_a_nearly_full_range(binary: &Path) {
     let range: Vec<IpAddr> = (10..=119)
         .map(|last| IpAddr::V4(Ipv4Addr::new(198, 18, 1, last)))
         .collect();
-    let scratch = Scratch::new("concfull");
+    let scratch = Scratch::new();
     let net_dir = scratch.path().join(NETWORK);
     std::fs::create_dir_all(&net_dir).unwrap();
     let mut rng = Rng::new(0x1f_u64);
@@ -188,7 +188,7 @@ fn life(rng: &mut Rng) -> Vec<&'static str> {
 }
 
 fn add_del_storm(binary: &Path, seed: u64) {
-    let scratch = Scratch::new("storm");
+    let scratch = Scratch::new();
     let config = net_config(
         "0.4.0",
         NETWORK,
@@ -263,7 +263,7 @@ fn add_del_storm_leaves_one_file_per_live_container_host_local() {
 #[test]
 fn ipkeep_and_host_local_side_by_side_on_one_network() {
     let (ipkeep, host_local) = (common::ipkeep(), common::host_local());
-    let scratch = Scratch::new("mixed");
+    let scratch = Scratch::new();
     let net_dir = scratch.path().join(NETWORK);
     let config = net_config(
         "1.0.0",

@@ -171,7 +171,7 @@ fn run_and_kill(binary: &Path, calls: &[CniCall], delays: &[Duration]) -> Vec<Op
 #[test]
 fn sigkill_at_random_instants_never_corrupts_state_ipkeep() {
     let binary = common::ipkeep();
-    let scratch = Scratch::new("crash");
+    let scratch = Scratch::new();
     let net_dir = scratch.path().join(NETWORK);
     let ipam = serde_json::json!({ "ranges": [[{ "subnet": "198.18.3.0/24" }], [{ "subnet": "2001:db8:3::/120" }]] });
     let config = net_config("1.0.0", NETWORK, scratch.path(), ipam.clone());
@@ -340,7 +340,7 @@ fn find_temps(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
         if entry
             .file_name()
             .to_string_lossy()
-            .starts_with(ipkeep_plugin::netdir::TEMP_PREFIX)
+            .starts_with(ipkeep_reservation::TEMP_PREFIX)
         {
             out.push(entry.path());
         }
@@ -356,7 +356,7 @@ fn find_temps(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 #[test]
 fn temporaries_of_killed_processes_are_removed_ipkeep() {
     let (ipkeep, host_local) = (common::ipkeep(), common::host_local());
-    let scratch = Scratch::new("temps");
+    let scratch = Scratch::new();
     let net_dir = scratch.path().join(NETWORK);
     let config = net_config(
         "1.0.0",
@@ -386,7 +386,7 @@ fn temporaries_of_killed_processes_are_removed_ipkeep() {
 /// Puts a temporary named like one of a process that no longer exists into `dir` and every
 /// directory below it.
 fn plant_temps(dir: &Path, planted: &mut Vec<std::path::PathBuf>) {
-    let temp = dir.join(format!("{}999999-0", ipkeep_plugin::netdir::TEMP_PREFIX));
+    let temp = dir.join(format!("{}999999-0", ipkeep_reservation::TEMP_PREFIX));
     std::fs::write(&temp, "c1\r\neth0").unwrap();
     planted.push(temp);
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -455,9 +455,9 @@ enum PodOp {
     Check(String),
 }
 
-fn reservation_file(pod: &PodModel, uid: usize) -> ipkeep_plugin::reservation::ReservationFile {
-    ipkeep_plugin::reservation::ReservationFile {
-        version: ipkeep_plugin::reservation::FORMAT_VERSION,
+fn reservation_file(pod: &PodModel, uid: usize) -> ipkeep_reservation::ReservationFile {
+    ipkeep_reservation::ReservationFile {
+        version: ipkeep_reservation::FORMAT_VERSION,
         namespace: pod.namespace.to_owned(),
         pod: pod.name.clone(),
         ips: pod.reserved.clone(),
@@ -468,10 +468,9 @@ fn reservation_file(pod: &PodModel, uid: usize) -> ipkeep_plugin::reservation::R
 }
 
 /// The invariants of the reservation crash test that hold whatever instant processes died at.
-fn check_reservation_disk(dir: &ipkeep_plugin::netdir::NetworkDir, pods: &[PodModel], when: &str) {
-    use ipkeep_plugin::reservation::{
-        PodKey, ReservationLookup, Timestamp, load_reservations_cached, read_wait_marker,
-    };
+fn check_reservation_disk(dir: &ipkeep_reservation::NetworkDir, pods: &[PodModel], when: &str) {
+    use ipkeep_reservation::add::{ReservationLookup, read_wait_marker};
+    use ipkeep_reservation::{PodKey, Timestamp, load_reservations_cached};
     let net_dir = dir.path();
     // Every IP file parses (allocations() panics otherwise) and belongs to a pod of the test.
     let on_disk = allocations(net_dir);
@@ -566,12 +565,11 @@ fn check_reservation_disk(dir: &ipkeep_plugin::netdir::NetworkDir, pods: &[PodMo
 
 #[test]
 fn sigkill_during_reservation_adds_never_leaks_a_reserved_address_ipkeep() {
-    use ipkeep_plugin::netdir::NetworkDir;
-    use ipkeep_plugin::reservation::{
-        PodKey, ReservationWriter, TRY_AGAIN_LATER_CODE, read_wait_marker, write_reservation,
-    };
+    use ipkeep_reservation::NetworkDir;
+    use ipkeep_reservation::add::{TRY_AGAIN_LATER_CODE, read_wait_marker};
+    use ipkeep_reservation::{PodKey, ReservationWriter, write_reservation};
     let binary = common::ipkeep();
-    let scratch = Scratch::new("crashres");
+    let scratch = Scratch::new();
     let ipam = serde_json::json!({ "ranges": [[{ "subnet": "198.18.4.0/24" }], [{ "subnet": "2001:db8:4::/120" }]] });
     let config = net_config("1.0.0", RES_NETWORK, scratch.path(), ipam.clone());
     let mut zero = ipam.clone();

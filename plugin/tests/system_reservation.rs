@@ -56,11 +56,11 @@ use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::{CniCall, CniOutcome};
-use ipkeep_plugin::netdir::{NetworkDir, TEMP_PREFIX};
-use ipkeep_plugin::reservation::{
+use ipkeep_reservation::{
     FORMAT_VERSION, PodKey, ReservationFile, ReservationWriter, Timestamp, load_reservations,
     remove_reservation, write_reservation,
 };
+use ipkeep_reservation::{NetworkDir, TEMP_PREFIX};
 use system_support::{
     Holder, Rng, Scratch, describe, finish, nested_ip_named, net_config, result_ips, spawn,
 };
@@ -323,7 +323,7 @@ fn reservation_writer_process() {
         println!("{WRITER_LINE} finished");
         return;
     }
-    let scratch = Scratch::new("resvwriter");
+    let scratch = Scratch::new();
     let dir = NetworkDir::open(scratch.path(), NETWORK).unwrap();
     let initial: Vec<_> = initial_model().into_values().collect();
     ReservationWriter::new().apply(&dir, &initial).unwrap();
@@ -695,7 +695,7 @@ fn surely_active(
 
 #[test]
 fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations() {
-    let scratch = Scratch::new("resvsys");
+    let scratch = Scratch::new();
     let data_dir = scratch.path().join("data");
     let net_dir = data_dir.join(NETWORK);
     let config = config(&data_dir);

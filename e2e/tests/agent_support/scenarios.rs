@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ipkeep_operator::crd::IPReservation;
-use ipkeep_plugin::reservation::{ReservationFile, Timestamp};
+use ipkeep_reservation::{ReservationFile, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use ipkeep_plugin::reservation::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError, Timestamp};
+use ipkeep_reservation::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError, Timestamp};
 
 use crate::key::Key;
 use crate::phase::Phase;

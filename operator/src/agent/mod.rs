@@ -264,7 +264,7 @@ pub async fn run(
         return Err(AgentError::NoNodeName);
     }
     for network in &config.networks {
-        if ipkeep_plugin::netdir::check_name(network).is_err() || network.is_empty() {
+        if ipkeep_reservation::netdir::check_name(network).is_err() || network.is_empty() {
             return Err(AgentError::InvalidNetwork(network.clone()));
         }
     }

@@ -6,10 +6,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ipkeep_plugin::netdir::{NetDirError, NetworkDir};
-use ipkeep_plugin::reservation::{
+use ipkeep_reservation::{
     ApplyReport, PodKey, ReservationFile, ReservationWriter, ReservedDirError,
 };
+use ipkeep_reservation::{NetDirError, NetworkDir};
 
 /// Errors of one network's disk work.
 #[derive(Debug, thiserror::Error)]
@@ -128,7 +128,7 @@ impl NetworkWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ipkeep_plugin::reservation::{FORMAT_VERSION, Timestamp, read_reservation};
+    use ipkeep_reservation::{FORMAT_VERSION, Timestamp, read_reservation};
 
     fn file(pod: &str, ip: &str, release: Option<i64>) -> ReservationFile {
         ReservationFile {
@@ -196,7 +196,7 @@ mod tests {
 
     #[test]
     fn many_changes_go_in_batches_and_leave_a_snapshot_the_plugin_trusts() {
-        use ipkeep_plugin::reservation::{Source, load_reservations, load_reservations_cached};
+        use ipkeep_reservation::{Source, load_reservations, load_reservations_cached};
         let data = scratch("batches");
         let mut w = NetworkWriter::new(&data, "net1");
         let files: Vec<ReservationFile> = (0..200)

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use ipkeep_plugin::{
+use ipkeep_hostlocal::{
     addr::Cidr,
     range::{RangeSpec, canonicalize_set},
 };

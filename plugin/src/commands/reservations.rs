@@ -8,47 +8,17 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use crate::config::IpamConfig;
-use crate::disk_store::{DiskStore, Occupant};
-use crate::netdir::NetworkDir;
-use crate::range::RangeSet;
-use crate::reservation::{
-    DecisionInput, Holder, MarkerAction, Outcome, RESERVED_DIR, RangeSetPlan, RangeSetView,
-    ReservationLookup, ReservationSnapshot, Source, TRY_AGAIN_LATER_CODE, Timestamp, decide,
-    load_reservations_at, prune_wait_markers, read_reservation, read_wait_marker,
-    remove_wait_marker, write_wait_marker,
+use ipkeep_hostlocal::config::IpamConfig;
+use ipkeep_hostlocal::{DiskStore, Occupant};
+use ipkeep_reservation::add::{
+    CurrentHolder, DecisionInput, MarkerAction, Outcome, RESERVED_DIR, RangeSetPlan,
+    ReservationLookup, ReservationSnapshot, TRY_AGAIN_LATER_CODE, decide, load_reservations_at,
+    prune_wait_markers, read_wait_marker, remove_wait_marker, write_wait_marker,
 };
-use crate::reservation::{PodKey, ReservationFile};
+use ipkeep_reservation::netdir::NetworkDir;
+use ipkeep_reservation::{PodKey, ReservationFile, Source, Timestamp, read_reservation};
 
 use super::CniError;
-
-impl RangeSetView for RangeSet {
-    fn contains(&self, ip: IpAddr) -> bool {
-        RangeSet::contains(self, ip)
-    }
-
-    fn why_unusable(&self, ip: IpAddr) -> Option<String> {
-        let ip = ip.to_canonical();
-        if let Some(range) = self.range_for(ip) {
-            return (ip == range.gateway).then(|| format!("is the gateway of range {range}"));
-        }
-        let range = self
-            .ranges
-            .iter()
-            .find(|r| r.subnet.ip.is_ipv4() == ip.is_ipv4() && r.subnet.contains(ip))?;
-        let subnet = range.subnet;
-        Some(if ip == subnet.network() {
-            format!("is the network address of subnet {subnet}")
-        } else if ip.is_ipv4() && ip == subnet.last() {
-            format!("is the broadcast address of subnet {subnet}")
-        } else {
-            format!(
-                "is not between rangeStart {} and rangeEnd {} of subnet {subnet}",
-                range.start, range.end
-            )
-        })
-    }
-}
 
 /// The lines of one command's reservation step, each prefixed with the network name.
 #[derive(Debug)]
@@ -70,7 +40,7 @@ impl ReservationLog {
     /// found on disk end up here, and a newline, carriage return or terminal escape in them
     /// must not split the line or forge another in the runtime's log.
     pub(super) fn line(&mut self, text: impl std::fmt::Display) {
-        let line = crate::private_state::escape_control(&text.to_string());
+        let line = ipkeep_reservation::private_state::escape_control(&text.to_string());
         self.lines.push(format!("{}{line}", self.prefix));
     }
 
@@ -179,17 +149,20 @@ fn pod_key(conf: &IpamConfig, log: &mut ReservationLog) -> Option<PodKey> {
 }
 
 /// Who holds each of the reservation's addresses (the only addresses [`decide`] asks about).
-fn holders_of(store: &mut DiskStore<'_>, own: Option<&ReservationFile>) -> HashMap<IpAddr, Holder> {
+fn holders_of(
+    store: &mut DiskStore<'_>,
+    own: Option<&ReservationFile>,
+) -> HashMap<IpAddr, CurrentHolder> {
     let mut holders = HashMap::new();
     for &ip in own.map_or(&[][..], |f| &f.ips) {
         let holder = match store.occupant(ip) {
-            Ok(Occupant::Free) => Holder::Free,
-            Ok(Occupant::Allocation { owner, pod }) => Holder::Container {
+            Ok(Occupant::Free) => CurrentHolder::Free,
+            Ok(Occupant::Allocation { owner, pod }) => CurrentHolder::Container {
                 container_id: owner.container_id().to_owned(),
                 pod: pod.and_then(|p| PodKey::new(&p.namespace, &p.name).ok()),
             },
             // Unreadable counts as occupied: the exclusive create decides in the end anyway.
-            Ok(Occupant::Other) | Err(_) => Holder::Foreign,
+            Ok(Occupant::Other) | Err(_) => CurrentHolder::Foreign,
         };
         holders.insert(ip, holder);
     }
@@ -227,7 +200,7 @@ pub(super) fn plan_add(
         .and_then(|me| read_wait_marker(dir, me, &mut found));
     let holders = holders_of(store, own.as_ref());
     // `decide` asks only about the reservation's own addresses, all looked up above.
-    let holder = |ip: IpAddr| holders.get(&ip).cloned().unwrap_or(Holder::Foreign);
+    let holder = |ip: IpAddr| holders.get(&ip).cloned().unwrap_or(CurrentHolder::Foreign);
     let requested: Vec<IpAddr> = facts.requested.iter().map(|ip| ip.to_canonical()).collect();
     let lookup = snapshot.lookup(facts.now);
     let decision = decide(&DecisionInput {

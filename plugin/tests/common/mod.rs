@@ -198,3 +198,48 @@ impl CniOutcome {
         v["msg"].as_str().unwrap_or_default().to_owned()
     }
 }
+
+/// A fresh temporary directory for one test (`tempfile`), removed on drop; the suites' network
+/// is `net1` under `data/`.
+#[derive(Debug)]
+pub struct Scratch(tempfile::TempDir);
+
+impl Scratch {
+    pub fn new() -> Self {
+        Self(
+            tempfile::Builder::new()
+                .prefix("ipkeep-test-")
+                .tempdir()
+                .unwrap(),
+        )
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    /// The `dataDir` of the suites' configurations.
+    pub fn data(&self) -> PathBuf {
+        self.path().join("data")
+    }
+
+    /// `<dataDir>/net1`.
+    pub fn net(&self) -> PathBuf {
+        self.data().join("net1")
+    }
+
+    /// `<dataDir>/net1` opened as the agent and the plugin open it.
+    pub fn dir(&self) -> ipkeep_reservation::NetworkDir {
+        ipkeep_reservation::NetworkDir::open(&self.data(), "net1").unwrap()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // Give directories a test made unreadable their permissions back, so they can be removed.
+        let _ = Command::new("chmod")
+            .args(["-R", "u+rwx"])
+            .arg(self.path())
+            .status();
+    }
+}

@@ -1,4 +1,4 @@
-//! What the system tests share beyond `common`: scratch directories, a seeded RNG, network
+//! What the system tests share beyond `common` (whose `Scratch` it re-exports): a seeded RNG, network
 //! configurations, spawning plugin processes without waiting for them, and reading the on-disk
 //! state back in host-local's format (`<dataDir>/<net>/<ip>` holding `<id>\r\n<ifname>`).
 #![allow(dead_code)]
@@ -8,36 +8,10 @@ use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::common::{CniCall, CniOutcome};
 
-/// A directory under the system temp dir, unique per process and call, removed on drop.
-#[derive(Debug)]
-pub struct Scratch {
-    path: PathBuf,
-}
-
-impl Scratch {
-    pub fn new(tag: &str) -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("ipkeep-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Self { path }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
+pub use crate::common::Scratch;
 
 /// splitmix64: a tiny seeded generator, so every random choice a test makes can be replayed.
 #[derive(Clone, Debug)]

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use ipkeep_plugin::reservation::{PodKey, Timestamp};
+use ipkeep_reservation::{PodKey, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::*;

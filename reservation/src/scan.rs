@@ -1,12 +1,12 @@
 //! The read side of the `reserved/` tree of a network directory: its layout (the names both
 //! sides use), the full scan every other view is built from, and the O(1) read of one pod's
-//! file. Nothing here changes a reservation; the snapshot ([`super::index`]) is built from this
+//! file. Nothing here changes a reservation; the snapshot ([`super::snapshot`]) is built from this
 //! scan and the writer ([`super::writer`]) plans from it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::netdir::{DirFd, EntryKind, FileStamp, NetDirError, NetworkDir, SubDir, TEMP_PREFIX};
+use crate::netdir::{DirFd, EntryKind, FileStat, NetDirError, NetworkDir, SubDir, TEMP_PREFIX};
 
 use super::schema::{
     MAX_FILE_LEN, PodKey, ReservationFile, SchemaError, validate_namespace, validate_pod_name,
@@ -85,9 +85,9 @@ pub fn load_reservations(dir: &NetworkDir) -> ReservationSet {
     scan(dir).0
 }
 
-/// The identity and change times of a directory, as recorded in the index to detect changes.
+/// The identity and change times of a directory, as recorded in the snapshot to detect changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct DirStamp {
+pub struct SnapshotDirStamp {
     /// Device number.
     pub dev: u64,
     /// Inode number.
@@ -98,8 +98,8 @@ pub struct DirStamp {
     pub ctime_ns: i128,
 }
 
-impl From<FileStamp> for DirStamp {
-    fn from(st: FileStamp) -> Self {
+impl From<FileStat> for SnapshotDirStamp {
+    fn from(st: FileStat) -> Self {
         Self {
             dev: st.dev,
             ino: st.ino,
@@ -112,22 +112,22 @@ impl From<FileStamp> for DirStamp {
 /// What a snapshot must match to be trusted: the `lstat` stamp of `reserved` and the writer's
 /// generation counter (`reserved/.generation`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ScanStamp {
+pub struct SnapshotStamp {
     /// `reserved` itself (whatever it is; `None`: absent).
-    pub reserved: Option<DirStamp>,
+    pub reserved: Option<SnapshotDirStamp>,
     /// The generation counter (`None`: absent or unreadable, which no snapshot matches).
     pub generation: Option<u64>,
 }
 
 /// The current stamp and `reserved/` opened (when it is a directory).
-pub(super) fn current_stamp_and_dir(dir: &NetworkDir) -> (ScanStamp, Option<SubDir>) {
+pub(super) fn current_stamp_and_dir(dir: &NetworkDir) -> (SnapshotStamp, Option<SubDir>) {
     let reserved = match dir.stat(RESERVED_DIR) {
         Ok(Some(st)) => st,
-        Ok(None) | Err(_) => return (ScanStamp::default(), None),
+        Ok(None) | Err(_) => return (SnapshotStamp::default(), None),
     };
     let sub = dir.subdir(&[RESERVED_DIR], false).ok().flatten();
     let generation = sub.as_ref().and_then(|sub| read_generation(sub));
-    let stamp = ScanStamp {
+    let stamp = SnapshotStamp {
         reserved: Some(reserved.into()),
         generation,
     };
@@ -143,7 +143,7 @@ pub(super) struct Watched {
     /// `<namespace>` or `<namespace>/<file>`, relative to `reserved/`.
     pub(super) name: String,
     /// Its `lstat` when the scan read it.
-    pub(super) stamp: DirStamp,
+    pub(super) stamp: SnapshotDirStamp,
 }
 
 /// What a full scan found.
@@ -152,7 +152,7 @@ pub(super) struct Scan {
     /// The reservations and the garbage.
     pub(super) set: ReservationSet,
     /// `reserved` and the generation counter, taken before anything was listed.
-    pub(super) stamp: ScanStamp,
+    pub(super) stamp: SnapshotStamp,
     /// The entries below `reserved/` a snapshot must also watch.
     pub(super) watched: Vec<Watched>,
     /// Whether a writer's temporary was left in place (too young to be removed).
@@ -193,7 +193,7 @@ pub(super) fn read_generation(reserved: &DirFd) -> Option<u64> {
 
 /// The full scan, with the stamp taken before anything is listed (so a change during the scan
 /// makes the stamp stale, never the other way round; the caller holds the lock anyway).
-pub(super) fn scan(dir: &NetworkDir) -> (ReservationSet, ScanStamp) {
+pub(super) fn scan(dir: &NetworkDir) -> (ReservationSet, SnapshotStamp) {
     let scan = scan_full(dir, None);
     (scan.set, scan.stamp)
 }
@@ -271,7 +271,7 @@ pub(super) fn scan_full(dir: &NetworkDir, clean_before: Option<i128>) -> Scan {
             }
         };
         // Taken before the listing, like the stamp of `reserved`.
-        match ns_dir.stamp() {
+        match ns_dir.own_stat() {
             Ok(st) => scan.watched.push(Watched {
                 name: entry.name.clone(),
                 stamp: st.into(),

@@ -12,7 +12,10 @@
 
 use rustix::fs::{AtFlags, FileType};
 
-use crate::netdir::{DirFd, EntryKind, FileStamp, NetDirError, SubDir};
+use crate::netdir::{DirFd, EntryKind, FileStat, NetDirError, SubDir};
+
+pub use crate::snapshot::SNAPSHOT_NAME;
+pub use crate::wait::WAIT_DIR;
 
 /// ipkeep's private directory inside `<net>/` (the index, the reservation snapshot, wait markers).
 pub const PRIVATE_DIR: &str = ".ipkeep";
@@ -84,7 +87,7 @@ pub fn inspect_file(dir: &DirFd, name: &str, max_len: usize) -> Result<Found, Ne
 /// What is wrong with `name` (off the hot path: only damage gets here).
 #[cold]
 #[inline(never)]
-fn describe(dir: &DirFd, name: &str, st: &FileStamp, max_len: usize) -> String {
+fn describe(dir: &DirFd, name: &str, st: &FileStat, max_len: usize) -> String {
     if st.kind != EntryKind::File {
         return match rustix::fs::statat(dir.fd(), name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(raw) => kind_text(FileType::from_raw_mode(raw.st_mode as _)).to_owned(),
@@ -174,7 +177,7 @@ pub fn open_dir(
     let Some(dir) = dir else {
         return Ok(None);
     };
-    let mode = dir.stamp()?.mode;
+    let mode = dir.own_stat()?.mode;
     if mode & 0o7022 != 0 || mode & 0o700 != 0o700 {
         fix_dir_mode(&dir, mode, log)?;
     }
@@ -219,14 +222,14 @@ fn fix_dir_mode(dir: &SubDir, mode: u32, log: &mut Vec<String>) -> Result<(), Ne
 mod tests {
     use super::*;
     use crate::netdir::NetworkDir;
-    use crate::scratch_dir::ScratchDir as Scratch;
     use std::os::unix::fs::PermissionsExt;
+    use tempfile::TempDir;
 
     #[test]
     fn every_kind_of_damage_is_named_and_removed() {
-        let s = Scratch::new("private");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
-        let at = |name: &str| s.0.join("net1").join(name);
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
+        let at = |name: &str| s.path().join("net1").join(name);
         std::fs::create_dir_all(at("dir/sub")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", at("link")).unwrap();
         std::fs::write(at("big"), vec![b'x'; 300]).unwrap();
@@ -289,11 +292,11 @@ mod tests {
 
     #[test]
     fn private_directories_are_healed() {
-        let s = Scratch::new("privdir");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
-        let at = |name: &str| s.0.join("net1").join(name);
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
+        let at = |name: &str| s.path().join("net1").join(name);
         std::fs::write(at("a"), b"file").unwrap();
-        std::os::unix::fs::symlink(s.0.join("outside"), at("b")).unwrap();
+        std::os::unix::fs::symlink(s.path().join("outside"), at("b")).unwrap();
         std::fs::create_dir(at("c")).unwrap();
         std::fs::set_permissions(at("c"), std::fs::Permissions::from_mode(0o777)).unwrap();
         std::fs::create_dir(at("e")).unwrap();
@@ -301,10 +304,10 @@ mod tests {
         let mut log = Vec::new();
         for name in ["a", "b", "c", "d", "e"] {
             let dir = open_dir(&net, name, true, &mut log).unwrap().unwrap();
-            assert_eq!(dir.stamp().unwrap().kind, EntryKind::Dir);
-            assert_eq!(dir.stamp().unwrap().mode & 0o022, 0, "{name}");
+            assert_eq!(dir.own_stat().unwrap().kind, EntryKind::Dir);
+            assert_eq!(dir.own_stat().unwrap().mode & 0o022, 0, "{name}");
         }
-        assert!(!s.0.join("outside").exists());
+        assert!(!s.path().join("outside").exists());
         assert_eq!(log.len(), 3, "{log:?}");
         assert!(log[0].starts_with("found a regular file at "), "{}", log[0]);
         assert!(

@@ -1,7 +1,7 @@
-//! JSON exactly as Go's `encoding/json` reads and writes it, because host-local's error messages
-//! and results are produced by it and ipkeep must print the same bytes.
+//! JSON exactly as Go's `encoding/json` reads it, because host-local's error messages are
+//! produced by it and ipkeep must print the same bytes.
 //!
-//! Reading: a syntax check with Go's scanner and its error texts (`invalid character 'x' after
+//! A syntax check with Go's scanner and its error texts (`invalid character 'x' after
 //! top-level value`, `unexpected end of JSON input`), then a [`Value`] tree that keeps duplicate
 //! keys in order, then typed decoding through a [`Decoder`] that reproduces Go's rules: keys match
 //! fields case-insensitively, later duplicates are decoded into the same field (merging objects and
@@ -9,10 +9,8 @@
 //! type mismatch yields Go's `json: cannot unmarshal <kind> into Go struct field <S>.<path> of type
 //! <T>` — the first such error is kept while decoding continues, whereas errors raised by custom
 //! unmarshalers (addresses, subnets, routes) stop decoding at once, as in Go.
-//!
-//! Writing: `MarshalIndent(v, "", "    ")` and `Encoder` output with Go's HTML-safe escaping.
 
-use std::fmt::Write as _;
+use super::go_quote;
 
 /// Go's maximum nesting depth (`encoding/json` `maxNestingDepth`).
 const MAX_DEPTH: usize = 10_000;
@@ -815,158 +813,6 @@ impl Decoder {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Writing.
-
-/// A JSON value to print, with object keys in the order given (Go struct order).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Out {
-    /// A string.
-    Str(String),
-    /// An object.
-    Obj(Vec<(&'static str, Out)>),
-    /// An array.
-    Arr(Vec<Out>),
-    /// An unsigned number.
-    Num(u64),
-    /// `null`.
-    Null,
-}
-
-/// Go's `json.MarshalIndent(v, "", "    ")`: no trailing newline.
-pub fn to_indented(v: &Out) -> String {
-    let mut s = String::new();
-    write_value(&mut s, v, Some(0));
-    s
-}
-
-/// Go's `json.Encoder` output: compact, with a trailing newline.
-pub fn to_compact_line(v: &Out) -> String {
-    let mut s = String::new();
-    write_value(&mut s, v, None);
-    s.push('\n');
-    s
-}
-
-fn newline(s: &mut String, level: usize) {
-    s.push('\n');
-    for _ in 0..level {
-        s.push_str("    ");
-    }
-}
-
-fn write_value(s: &mut String, v: &Out, indent: Option<usize>) {
-    match v {
-        Out::Str(text) => write_string(s, text),
-        Out::Num(n) => {
-            let _ = write!(s, "{n}");
-        }
-        Out::Null => s.push_str("null"),
-        Out::Arr(items) if items.is_empty() => s.push_str("[]"),
-        Out::Obj(members) if members.is_empty() => s.push_str("{}"),
-        Out::Arr(items) => {
-            s.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    s.push(',');
-                }
-                if let Some(level) = indent {
-                    newline(s, level + 1);
-                }
-                write_value(s, item, indent.map(|l| l + 1));
-            }
-            if let Some(level) = indent {
-                newline(s, level);
-            }
-            s.push(']');
-        }
-        Out::Obj(members) => {
-            s.push('{');
-            for (i, (key, item)) in members.iter().enumerate() {
-                if i > 0 {
-                    s.push(',');
-                }
-                if let Some(level) = indent {
-                    newline(s, level + 1);
-                }
-                write_string(s, key);
-                s.push(':');
-                if indent.is_some() {
-                    s.push(' ');
-                }
-                write_value(s, item, indent.map(|l| l + 1));
-            }
-            if let Some(level) = indent {
-                newline(s, level);
-            }
-            s.push('}');
-        }
-    }
-}
-
-/// Go's string encoding with `escapeHTML` (Go 1.19: `\b` and `\f` as `\u0008`, `\u000c`).
-pub fn write_string(s: &mut String, text: &str) {
-    s.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => s.push_str("\\\""),
-            '\\' => s.push_str("\\\\"),
-            '\n' => s.push_str("\\n"),
-            '\r' => s.push_str("\\r"),
-            '\t' => s.push_str("\\t"),
-            '<' | '>' | '&' | '\u{2028}' | '\u{2029}' => {
-                let _ = write!(s, "\\u{:04x}", u32::from(c));
-            }
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(s, "\\u{:04x}", u32::from(c));
-            }
-            c => s.push(c),
-        }
-    }
-    s.push('"');
-}
-
-/// Go's `strconv.Quote` (as used by `%q`).
-pub fn go_quote(text: &str) -> String {
-    let mut s = String::from("\"");
-    for c in text.chars() {
-        match c {
-            '"' => s.push_str("\\\""),
-            '\\' => s.push_str("\\\\"),
-            '\u{7}' => s.push_str("\\a"),
-            '\u{8}' => s.push_str("\\b"),
-            '\u{c}' => s.push_str("\\f"),
-            '\n' => s.push_str("\\n"),
-            '\r' => s.push_str("\\r"),
-            '\t' => s.push_str("\\t"),
-            '\u{b}' => s.push_str("\\v"),
-            c if is_go_printable(c) => s.push(c),
-            c if u32::from(c) < 0x80 => {
-                let _ = write!(s, "\\x{:02x}", u32::from(c));
-            }
-            c if u32::from(c) < 0x10000 => {
-                let _ = write!(s, "\\u{:04x}", u32::from(c));
-            }
-            c => {
-                let _ = write!(s, "\\U{:08x}", u32::from(c));
-            }
-        }
-    }
-    s.push('"');
-    s
-}
-
-/// An approximation of Go's `strconv.IsPrint` (exact for ASCII and Latin-1).
-fn is_go_printable(c: char) -> bool {
-    if c == ' ' {
-        return true;
-    }
-    if c.is_control() || c.is_whitespace() {
-        return false;
-    }
-    !matches!(u32::from(c), 0xAD | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F | 0xFEFF | 0xFFF9..=0xFFFB | 0xE000..=0xF8FF)
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
@@ -1142,40 +988,5 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, vec!["a".to_owned(), "y".to_owned()]);
-    }
-
-    #[test]
-    fn output_matches_go_marshal_indent() {
-        let v = Out::Obj(vec![
-            ("cniVersion", Out::Str("0.3.1".into())),
-            (
-                "ips",
-                Out::Arr(vec![Out::Obj(vec![(
-                    "address",
-                    Out::Str("10.1.0.2/24".into()),
-                )])]),
-            ),
-            ("dns", Out::Obj(vec![])),
-        ]);
-        assert_eq!(
-            to_indented(&v),
-            "{\n    \"cniVersion\": \"0.3.1\",\n    \"ips\": [\n        {\n            \"address\": \"10.1.0.2/24\"\n        }\n    ],\n    \"dns\": {}\n}"
-        );
-        assert_eq!(
-            to_compact_line(&Out::Arr(vec![Out::Str("a".into())])),
-            "[\"a\"]\n"
-        );
-        let mut s = String::new();
-        write_string(&mut s, "<nil> & \u{8}\u{2028}\"\\");
-        assert_eq!(s, r#""\u003cnil\u003e \u0026 \u0008\u2028\"\\""#);
-    }
-
-    #[test]
-    fn go_quote_matches_strconv() {
-        assert_eq!(go_quote("IP=foo"), "\"IP=foo\"");
-        assert_eq!(
-            go_quote("a\"b\\\n\u{1}é\u{a0}"),
-            "\"a\\\"b\\\\\\n\\x01é\\u00a0\""
-        );
     }
 }

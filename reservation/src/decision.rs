@@ -26,7 +26,7 @@ pub trait RangeSetView {
 
     /// Why `ip`, inside one of the set's subnets, can never be handed out (the network or
     /// broadcast address, outside `rangeStart`–`rangeEnd`, a range's gateway), as words that
-    /// follow "reserved address <ip> "; `None` when it can be, or lies in none of the subnets.
+    /// follow "reserved address `<ip>` "; `None` when it can be, or lies in none of the subnets.
     fn why_unusable(&self, _ip: IpAddr) -> Option<String> {
         None
     }
@@ -34,7 +34,7 @@ pub trait RangeSetView {
 
 /// Who holds an address in the network directory right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Holder {
+pub enum CurrentHolder {
     /// No file at the address: it can be taken.
     Free,
     /// An allocation file of a container; `pod` is what the plugin's side index recorded for it
@@ -64,7 +64,7 @@ pub struct WaitMarker {
 
 /// "Does an active reservation of another pod hold this address?" — answered by
 /// [`ActiveReservations`] (built from files) or by the on-disk snapshot without decoding it
-/// ([`super::index::SnapshotLookup`]).
+/// ([`crate::snapshot::SnapshotLookup`]).
 pub trait ReservationLookup {
     /// A pod other than `me` whose active reservation holds `ip`.
     fn held_for_other(&self, ip: IpAddr, me: Option<&PodKey>) -> Option<PodKey>;
@@ -139,7 +139,7 @@ pub struct DecisionInput<'a, R> {
     /// Every active reservation on the node (the pod's own included; it is told apart by key).
     pub others: &'a dyn ReservationLookup,
     /// Who holds an address now.
-    pub holder: &'a dyn Fn(IpAddr) -> Holder,
+    pub holder: &'a dyn Fn(IpAddr) -> CurrentHolder,
     /// The pod's wait record from an earlier ADD, if any.
     pub wait_marker: Option<&'a WaitMarker>,
     /// The current time.
@@ -437,11 +437,11 @@ pub fn decide<R: RangeSetView>(input: &DecisionInput<'_, R>) -> Decision {
             continue;
         }
         match (input.holder)(ip) {
-            Holder::Free => plans.push(RangeSetPlan::Reserved(ip)),
-            Holder::Container { container_id, .. } if container_id == input.container_id => {
+            CurrentHolder::Free => plans.push(RangeSetPlan::Reserved(ip)),
+            CurrentHolder::Container { container_id, .. } if container_id == input.container_id => {
                 plans.push(RangeSetPlan::Reserved(ip));
             }
-            Holder::Container {
+            CurrentHolder::Container {
                 container_id,
                 pod: Some(pod),
             } if Some(&pod) == me => {
@@ -484,7 +484,7 @@ pub fn decide<R: RangeSetView>(input: &DecisionInput<'_, R>) -> Decision {
                 });
                 plans.push(RangeSetPlan::Normal);
             }
-            Holder::Container { container_id, pod } => {
+            CurrentHolder::Container { container_id, pod } => {
                 notes.push(Note::HeldByOtherPod {
                     ip,
                     container_id,
@@ -492,7 +492,7 @@ pub fn decide<R: RangeSetView>(input: &DecisionInput<'_, R>) -> Decision {
                 });
                 plans.push(RangeSetPlan::Normal);
             }
-            Holder::Foreign => {
+            CurrentHolder::Foreign => {
                 notes.push(Note::HeldByForeignEntry { ip });
                 plans.push(RangeSetPlan::Normal);
             }
@@ -569,8 +569,8 @@ mod tests {
         }
     }
 
-    fn held(container: &str, pod: Option<(&str, &str)>) -> Holder {
-        Holder::Container {
+    fn held(container: &str, pod: Option<(&str, &str)>) -> CurrentHolder {
+        CurrentHolder::Container {
             container_id: container.into(),
             pod: pod.map(|(ns, p)| key(ns, p)),
         }
@@ -585,7 +585,7 @@ mod tests {
         has_pod: bool,
         own: Option<ReservationFile>,
         others: Vec<ReservationFile>,
-        holders: Vec<(&'static str, Holder)>,
+        holders: Vec<(&'static str, CurrentHolder)>,
         marker: Option<WaitMarker>,
         expect: Outcome,
         notes: Vec<Note>,
@@ -637,12 +637,12 @@ mod tests {
         let mut all: Vec<&ReservationFile> = case.others.iter().collect();
         all.extend(case.own.iter());
         let active = ActiveReservations::new(all, at(0));
-        let holders: HashMap<IpAddr, Holder> = case
+        let holders: HashMap<IpAddr, CurrentHolder> = case
             .holders
             .iter()
             .map(|(a, h)| (ip(a), h.clone()))
             .collect();
-        let holder = move |a: IpAddr| holders.get(&a).cloned().unwrap_or(Holder::Free);
+        let holder = move |a: IpAddr| holders.get(&a).cloned().unwrap_or(CurrentHolder::Free);
         decide(&DecisionInput {
             range_sets: &sets,
             requested: &requested,
@@ -824,7 +824,7 @@ mod tests {
             },
             Case {
                 own: own_v4(),
-                holders: vec![("10.1.0.7", Holder::Foreign)],
+                holders: vec![("10.1.0.7", CurrentHolder::Foreign)],
                 notes: vec![Note::HeldByForeignEntry { ip: ip("10.1.0.7") }],
                 ..base("a foreign entry at the address: fresh address")
             },

@@ -3,7 +3,10 @@
 //!
 //! The plugin must start in about a millisecond and carries no date/time crate, so the civil
 //! calendar arithmetic lives here: proleptic Gregorian calendar, years 0000–9999 (the range RFC 3339
-//! can express), no leap seconds (Kubernetes and Go never write `:60`).
+//! can express), no leap seconds (Kubernetes and Go never write `:60`). Measured (issue 27): `jiff`
+//! (as the operator uses it, no default features) in its place adds 165 KB (+11 %) to the static
+//! plugin and 184 KiB (+15 %) to the peak RSS of an ADD that reads no reservation file (most
+//! likely the static-pie binary's start-up relocations touching its larger data).
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -45,15 +45,15 @@ use crate::private_state::PRIVATE_DIR;
 
 use super::decision::ReservationLookup;
 use super::scan::{
-    DirStamp, GENERATION_NAME, RESERVED_DIR, ReservationSet, Scan, ScanStamp, Skipped, Watched,
-    current_stamp_and_dir, scan_full,
+    GENERATION_NAME, RESERVED_DIR, ReservationSet, Scan, Skipped, SnapshotDirStamp, SnapshotStamp,
+    Watched, current_stamp_and_dir, scan_full,
 };
 use super::schema::{PodKey, ReservationFile};
 use super::timestamp::Timestamp;
 use crate::private_state;
 
 /// The snapshot's file name inside [`PRIVATE_DIR`].
-pub const INDEX_NAME: &str = "reserved.index";
+pub const SNAPSHOT_NAME: &str = "reserved.index";
 
 /// Start of the file; another value (an older layout, zeros after a crash) means "rebuild".
 const MAGIC: &[u8; 8] = b"IPKSNAP2";
@@ -68,7 +68,7 @@ const TRAILER: &[u8; 8] = b"IPKSEND1";
 const HEADER_LEN: usize = 96;
 const RECORD_LEN: usize = 40;
 /// Largest snapshot read (about 60 bytes per reserved address).
-const MAX_INDEX_LEN: usize = 256 * 1024 * 1024;
+const MAX_SNAPSHOT_LEN: usize = 256 * 1024 * 1024;
 
 /// Where a [`load_reservations_cached`] result came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +137,8 @@ fn load(
     found: &mut Vec<String>,
 ) -> (ReservationSnapshot, Source) {
     if let Ok(None) = dir.stat(RESERVED_DIR) {
-        let empty = ReservationSnapshot::encode(&ReservationSet::default(), &ScanStamp::default());
+        let empty =
+            ReservationSnapshot::encode(&ReservationSet::default(), &SnapshotStamp::default());
         return (empty, Source::NoReservations);
     }
     if let Some(snapshot) = read_valid(dir, found) {
@@ -165,7 +166,7 @@ pub(super) fn refresh(dir: &NetworkDir, _lock: &NetworkLock<'_>) -> Result<(), N
     if dir.stat(RESERVED_DIR)?.is_none() {
         // Nothing to describe; a leftover snapshot would be ignored anyway.
         if let Some(private) = dir.subdir(&[PRIVATE_DIR], false)? {
-            private.remove_tree(INDEX_NAME, 16)?;
+            private.remove_tree(SNAPSHOT_NAME, 16)?;
         }
         return Ok(());
     }
@@ -270,7 +271,7 @@ fn patched(
     };
     records.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| owner_of(a).cmp(&owner_of(b))));
 
-    let recorded: HashMap<&str, DirStamp> = base.watched().collect();
+    let recorded: HashMap<&str, SnapshotDirStamp> = base.watched().collect();
     if recorded.keys().any(|name| name.contains('/')) {
         return None;
     }
@@ -299,7 +300,7 @@ fn patched(
             continue;
         }
         let ns_dir = reserved.subdir(&[name], false).ok()??;
-        let stamp = ns_dir.stamp().ok()?;
+        let stamp = ns_dir.own_stat().ok()?;
         let want = expected.get(name.as_str());
         let entries = ns_dir.entries().ok()?;
         if entries.len() != want.map_or(0, HashSet::len) {
@@ -340,11 +341,12 @@ fn patched(
 /// A file that is not a snapshot ipkeep wrote is removed (and `found` says what it was).
 fn read_valid(dir: &NetworkDir, found: &mut Vec<String>) -> Option<ReservationSnapshot> {
     let private = dir.subdir(&[PRIVATE_DIR], false).ok()??;
-    let bytes = private_state::read_file(&private, INDEX_NAME, MAX_INDEX_LEN, found).ok()??;
+    let bytes =
+        private_state::read_file(&private, SNAPSHOT_NAME, MAX_SNAPSHOT_LEN, found).ok()??;
     if !bytes.starts_with(MAGIC_FAMILY) {
         private_state::discard(
             &private,
-            INDEX_NAME,
+            SNAPSHOT_NAME,
             if bytes.is_empty() {
                 "an empty file"
             } else {
@@ -378,14 +380,19 @@ fn write(
     };
     // `rename` cannot replace a directory: whatever is not a file goes first.
     if let private_state::Found::Damaged(what) =
-        private_state::inspect_file(&private, INDEX_NAME, MAX_INDEX_LEN)?
+        private_state::inspect_file(&private, SNAPSHOT_NAME, MAX_SNAPSHOT_LEN)?
     {
-        private_state::discard(&private, INDEX_NAME, &what, found);
+        private_state::discard(&private, SNAPSHOT_NAME, &what, found);
     }
-    private.write_atomic(INDEX_NAME, &snapshot.bytes, private_state::FILE_MODE, false)
+    private.write_atomic(
+        SNAPSHOT_NAME,
+        &snapshot.bytes,
+        private_state::FILE_MODE,
+        false,
+    )
 }
 
-fn stamp_bytes(stamp: &DirStamp) -> [u8; 48] {
+fn stamp_bytes(stamp: &SnapshotDirStamp) -> [u8; 48] {
     let mut out = [0; 48];
     out[..8].copy_from_slice(&stamp.dev.to_le_bytes());
     out[8..16].copy_from_slice(&stamp.ino.to_le_bytes());
@@ -428,7 +435,7 @@ fn len_u32(len: usize) -> [u8; 4] {
 
 impl ReservationSnapshot {
     /// Builds the snapshot of `set` taken at `stamp` (watching nothing below `reserved/`).
-    pub(super) fn encode(set: &ReservationSet, stamp: &ScanStamp) -> Self {
+    pub(super) fn encode(set: &ReservationSet, stamp: &SnapshotStamp) -> Self {
         Self::encode_parts(set, stamp, &[], false)
     }
 
@@ -439,7 +446,7 @@ impl ReservationSnapshot {
 
     fn encode_parts(
         set: &ReservationSet,
-        stamp: &ScanStamp,
+        stamp: &SnapshotStamp,
         watched: &[Watched],
         temporaries: bool,
     ) -> Self {
@@ -458,7 +465,7 @@ impl ReservationSnapshot {
         records: Vec<RecordParts>,
         owners: &str,
         skipped: &[u8],
-        stamp: &ScanStamp,
+        stamp: &SnapshotStamp,
         watched: &[Watched],
         temporaries: bool,
     ) -> Self {
@@ -488,7 +495,7 @@ impl ReservationSnapshot {
         bytes.extend_from_slice(&stamp.generation.unwrap_or(0).to_le_bytes());
         bytes.push(u8::from(stamp.reserved.is_some()));
         bytes.extend_from_slice(&[0; 7]);
-        let dir = stamp.reserved.unwrap_or(DirStamp {
+        let dir = stamp.reserved.unwrap_or(SnapshotDirStamp {
             dev: 0,
             ino: 0,
             mtime_ns: 0,
@@ -540,7 +547,7 @@ impl ReservationSnapshot {
     }
 
     /// The watched entries: name and stamp (`decode` checked they parse).
-    fn watched(&self) -> impl Iterator<Item = (&str, DirStamp)> {
+    fn watched(&self) -> impl Iterator<Item = (&str, SnapshotDirStamp)> {
         let mut rest = self
             .bytes
             .get(self.watch_at..self.watch_at + self.watch_len)
@@ -549,7 +556,7 @@ impl ReservationSnapshot {
             let len = usize::from(u16::from_le_bytes(field(rest, 0)?));
             let name = std::str::from_utf8(rest.get(2..2 + len)?).ok()?;
             let at = 2 + len;
-            let stamp = DirStamp {
+            let stamp = SnapshotDirStamp {
                 dev: u64::from_le_bytes(field(rest, at)?),
                 ino: u64::from_le_bytes(field(rest, at + 8)?),
                 mtime_ns: i128::from_le_bytes(field(rest, at + 16)?),
@@ -566,7 +573,7 @@ impl ReservationSnapshot {
         self.watched().all(|(name, recorded)| {
             rustix::fs::statat(reserved.fd(), name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
                 .is_ok_and(|st| {
-                    DirStamp::from(crate::netdir::FileStamp::from_stat(&st)) == recorded
+                    SnapshotDirStamp::from(crate::netdir::FileStat::from_stat(&st)) == recorded
                 })
         })
     }
@@ -623,14 +630,14 @@ impl ReservationSnapshot {
         Some(snapshot)
     }
 
-    fn stamp(&self) -> ScanStamp {
+    fn stamp(&self) -> SnapshotStamp {
         let b = &self.bytes;
         let generation = (b.get(8) == Some(&1))
             .then(|| field(b, 16).map(u64::from_le_bytes))
             .flatten();
         let reserved = (b.get(24) == Some(&1))
             .then(|| {
-                Some(DirStamp {
+                Some(SnapshotDirStamp {
                     dev: u64::from_le_bytes(field(b, 32)?),
                     ino: u64::from_le_bytes(field(b, 40)?),
                     mtime_ns: i128::from_le_bytes(field(b, 48)?),
@@ -638,7 +645,7 @@ impl ReservationSnapshot {
                 })
             })
             .flatten();
-        ScanStamp {
+        SnapshotStamp {
             reserved,
             generation,
         }
@@ -754,10 +761,10 @@ impl ReservationLookup for SnapshotLookup<'_> {
 /// Access to the private encoding for the module's tests.
 #[cfg(test)]
 pub(super) mod tests_support {
-    use super::{ReservationSet, ReservationSnapshot, ScanStamp};
+    use super::{ReservationSet, ReservationSnapshot, SnapshotStamp};
 
     /// The snapshot's bytes.
-    pub fn encode(set: &ReservationSet, stamp: &ScanStamp) -> Vec<u8> {
+    pub fn encode(set: &ReservationSet, stamp: &SnapshotStamp) -> Vec<u8> {
         ReservationSnapshot::encode(set, stamp).bytes
     }
 

@@ -4,6 +4,8 @@
 use std::fmt;
 use std::net::IpAddr;
 
+use ipkeep_reservation::add::RangeSetView;
+
 use crate::addr::{self, Cidr};
 
 /// One configured range, as written (before canonicalisation).
@@ -234,6 +236,35 @@ impl fmt::Display for RangeSet {
             write!(f, "{r}")?;
         }
         Ok(())
+    }
+}
+
+/// What the reservation decision asks of a range set: whether it holds an address, and why not.
+impl RangeSetView for RangeSet {
+    fn contains(&self, ip: IpAddr) -> bool {
+        RangeSet::contains(self, ip)
+    }
+
+    fn why_unusable(&self, ip: IpAddr) -> Option<String> {
+        let ip = ip.to_canonical();
+        if let Some(range) = self.range_for(ip) {
+            return (ip == range.gateway).then(|| format!("is the gateway of range {range}"));
+        }
+        let range = self
+            .ranges
+            .iter()
+            .find(|r| r.subnet.ip.is_ipv4() == ip.is_ipv4() && r.subnet.contains(ip))?;
+        let subnet = range.subnet;
+        Some(if ip == subnet.network() {
+            format!("is the network address of subnet {subnet}")
+        } else if ip.is_ipv4() && ip == subnet.last() {
+            format!("is the broadcast address of subnet {subnet}")
+        } else {
+            format!(
+                "is not between rangeStart {} and rangeEnd {} of subnet {subnet}",
+                range.start, range.end
+            )
+        })
     }
 }
 

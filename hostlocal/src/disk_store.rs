@@ -40,7 +40,7 @@
 //!   small writes. Index records are always verified against the IP file before they are acted
 //!   on.
 //!
-//! Everything in `.ipkeep/` is rebuildable ([`crate::private_state`]): whatever is found there
+//! Everything in `.ipkeep/` is rebuildable ([`ipkeep_reservation::private_state`]): whatever is found there
 //! that ipkeep did not write (a directory at the stamp's or an index file's name, a FIFO, a
 //! symlink, garbage, a file with other permissions, an entry ipkeep does not use) is removed under
 //! the lock with one stderr line, and the index rebuilt; it is never an error for the runtime.
@@ -58,15 +58,17 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::SystemTime;
 
-use crate::netdir::{EntryKind, NetDirError, NetworkDir, NetworkLock, SubDir, TEMP_PREFIX};
-use crate::private_state::{self, Found};
-use crate::reservation::{CivilTime, Timestamp};
 use crate::store::{LegacyRelease, Owner, PodRef, Store, StoreError, is_valid_container_id};
+use ipkeep_reservation::netdir::{
+    EntryKind, NetDirError, NetworkDir, NetworkLock, SubDir, TEMP_PREFIX,
+};
+use ipkeep_reservation::private_state::{self, Found};
+use ipkeep_reservation::{CivilTime, Timestamp};
 
-pub use crate::private_state::PRIVATE_DIR;
+pub use ipkeep_reservation::private_state::PRIVATE_DIR;
 const TMP_DIR: &str = "tmp";
 const CONTAINERS_DIR: &str = "containers";
-const STAMP: &str = "stamp";
+const INDEX_STAMP: &str = "stamp";
 const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
 /// IP files are tiny; anything larger is garbage and never matches.
 const MAX_IP_FILE: usize = 4096;
@@ -115,26 +117,26 @@ fn index_key(container_id: &str) -> String {
 }
 
 /// What the stamp holds while a command is changing things: it matches no directory.
-const STAMP_DIRTY: &[u8] = b"ipkeep-stamp dirty\n";
+const INDEX_STAMP_DIRTY: &[u8] = b"ipkeep-stamp dirty\n";
 /// Every name ipkeep uses in its private directory; anything else there is removed by a rebuild.
 const KNOWN_PRIVATE_NAMES: [&str; 5] = [
-    STAMP,
+    INDEX_STAMP,
     TMP_DIR,
     CONTAINERS_DIR,
-    crate::reservation::index::INDEX_NAME,
-    crate::reservation::wait::WAIT_DIR,
+    ipkeep_reservation::private_state::SNAPSHOT_NAME,
+    ipkeep_reservation::private_state::WAIT_DIR,
 ];
 /// How every stamp ipkeep writes starts (a torn in-place write keeps it; garbage does not).
-const STAMP_PREFIX: &[u8] = b"ipkeep-stamp ";
+const INDEX_STAMP_PREFIX: &[u8] = b"ipkeep-stamp ";
 /// Far more than the longest stamp (three directories of four numbers).
-const MAX_STAMP_LEN: usize = 512;
+const MAX_INDEX_STAMP_LEN: usize = 512;
 
 /// The stamp of the network directory and of the index's own directories, so that a change to
 /// either behind ipkeep's back (a file planted in `.ipkeep/containers/`) means a rebuild too.
-fn stamp_text(
-    net: &crate::netdir::FileStamp,
-    containers: &crate::netdir::FileStamp,
-    tmp: &crate::netdir::FileStamp,
+fn index_stamp_text(
+    net: &ipkeep_reservation::netdir::FileStat,
+    containers: &ipkeep_reservation::netdir::FileStat,
+    tmp: &ipkeep_reservation::netdir::FileStat,
 ) -> String {
     let (n, c, t) = (net, containers, tmp);
     format!(
@@ -158,7 +160,7 @@ fn stamp_text(
 /// keeps the prefix and is rebuilt without a word).
 #[cold]
 #[inline(never)]
-fn not_a_stamp(meta: &SubDir, saved: &[u8], found: &mut Vec<String>) {
+fn not_an_index_stamp(meta: &SubDir, saved: &[u8], found: &mut Vec<String>) {
     found.push(format!(
         "found {} at {}, which ipkeep did not write: rebuilding the index",
         if saved.is_empty() {
@@ -166,7 +168,7 @@ fn not_a_stamp(meta: &SubDir, saved: &[u8], found: &mut Vec<String>) {
         } else {
             "content that is not a stamp"
         },
-        private_state::escape_control(&meta.child_path(STAMP).to_string_lossy())
+        private_state::escape_control(&meta.child_path(INDEX_STAMP).to_string_lossy())
     ));
 }
 
@@ -186,7 +188,7 @@ pub fn go_log_time(now: SystemTime) -> String {
 /// Opens (creating it if needed) one of ipkeep's private directories; something that is not a
 /// directory at that name (a planted symlink, a file, a FIFO) is removed, never followed.
 fn private_dir(
-    parent: &crate::netdir::DirFd,
+    parent: &ipkeep_reservation::netdir::DirFd,
     name: &str,
     log: &mut Vec<String>,
 ) -> Result<SubDir, NetDirError> {
@@ -239,11 +241,11 @@ impl<'a> DiskStore<'a> {
         let meta = private_dir(net, PRIVATE_DIR, &mut found)?;
         let tmp = private_dir(&meta, TMP_DIR, &mut found)?;
         let containers = private_dir(&meta, CONTAINERS_DIR, &mut found)?;
-        let saved = private_state::read_file(&meta, STAMP, MAX_STAMP_LEN, &mut found)?;
+        let saved = private_state::read_file(&meta, INDEX_STAMP, MAX_INDEX_STAMP_LEN, &mut found)?;
         if let Some(saved) = &saved
-            && !saved.starts_with(STAMP_PREFIX)
+            && !saved.starts_with(INDEX_STAMP_PREFIX)
         {
-            not_a_stamp(&meta, saved, &mut found);
+            not_an_index_stamp(&meta, saved, &mut found);
         }
         let mut store = Self {
             net,
@@ -258,17 +260,17 @@ impl<'a> DiskStore<'a> {
             rebuilt: false,
         };
         store.note_found(found);
-        if saved.as_deref() != Some(store.current_stamp()?.as_bytes()) {
+        if saved.as_deref() != Some(store.current_index_stamp()?.as_bytes()) {
             store.rebuild()?;
         }
         Ok(store)
     }
 
-    fn current_stamp(&self) -> Result<String, NetDirError> {
-        Ok(stamp_text(
-            &self.net.stamp()?,
-            &self.containers.stamp()?,
-            &self.tmp.stamp()?,
+    fn current_index_stamp(&self) -> Result<String, NetDirError> {
+        Ok(index_stamp_text(
+            &self.net.own_stat()?,
+            &self.containers.own_stat()?,
+            &self.tmp.own_stat()?,
         ))
     }
 
@@ -331,7 +333,8 @@ impl<'a> DiskStore<'a> {
 
     fn mark_dirty(&mut self) -> Result<(), StoreError> {
         if !self.dirty {
-            self.meta.overwrite(STAMP, STAMP_DIRTY, FILE_MODE)?;
+            self.meta
+                .overwrite(INDEX_STAMP, INDEX_STAMP_DIRTY, FILE_MODE)?;
             self.dirty = true;
         }
         Ok(())
@@ -560,8 +563,9 @@ impl<'a> DiskStore<'a> {
     /// Writes the stamp if this command changed anything and the index is consistent.
     fn seal(&mut self) -> Result<(), StoreError> {
         if self.dirty && self.index_ok {
-            let stamp = self.current_stamp()?;
-            self.meta.overwrite(STAMP, stamp.as_bytes(), FILE_MODE)?;
+            let stamp = self.current_index_stamp()?;
+            self.meta
+                .overwrite(INDEX_STAMP, stamp.as_bytes(), FILE_MODE)?;
             self.dirty = false;
         }
         Ok(())
@@ -609,7 +613,7 @@ impl Store for DiskStore<'_> {
                 "invalid characters in containerID {id:?}"
             )));
         }
-        crate::netdir::check_name(ifname)?;
+        ipkeep_reservation::netdir::check_name(ifname)?;
         let content = Owner::content(id, ifname);
         // Larger files are skipped as garbage when read back: CHECK and DEL would never find
         // this allocation, so it would leak.
@@ -635,7 +639,7 @@ impl Store for DiskStore<'_> {
                 NetDirError::Io { errno, .. } => StoreError::Message(format!(
                     "open {}: {}",
                     self.net.child_path(&last).display(),
-                    crate::netdir::go_errno_text(errno)
+                    ipkeep_reservation::netdir::go_errno_text(errno)
                 )),
                 other => other.into(),
             });
@@ -771,7 +775,7 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
 
-    use crate::scratch_dir::ScratchDir as Scratch;
+    use tempfile::TempDir;
 
     fn ip(s: &str) -> IpAddr {
         crate::addr::parse_ip(s).unwrap()
@@ -786,8 +790,8 @@ mod tests {
 
     #[test]
     fn reserve_release_and_index_round_trip() {
-        let s = Scratch::new("rt");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
         let pod = PodRef {
             namespace: "ns".into(),
             name: "p".into(),
@@ -803,11 +807,11 @@ mod tests {
             st.finish();
         }
         assert_eq!(
-            std::fs::read(s.0.join("net1/10.1.0.2")).unwrap(),
+            std::fs::read(s.path().join("net1/10.1.0.2")).unwrap(),
             b"c1\r\neth0"
         );
         assert_eq!(
-            std::fs::read(s.0.join("net1/last_reserved_ip.0")).unwrap(),
+            std::fs::read(s.path().join("net1/last_reserved_ip.0")).unwrap(),
             b"10.1.0.2"
         );
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
@@ -822,14 +826,14 @@ mod tests {
         );
         assert!(!st.find_by_id("c1", "eth0").unwrap());
         st.finish();
-        assert!(!s.0.join("net1/10.1.0.2").exists());
-        assert!(!s.0.join("net1/.ipkeep/containers/c1").exists());
+        assert!(!s.path().join("net1/10.1.0.2").exists());
+        assert!(!s.path().join("net1/.ipkeep/containers/c1").exists());
     }
 
     #[test]
     fn foreign_changes_trigger_a_rebuild_that_keeps_pods() {
-        let s = Scratch::new("foreign");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
         let pod = PodRef {
             namespace: "ns".into(),
             name: "p".into(),
@@ -841,10 +845,10 @@ mod tests {
             st.finish();
         }
         // host-local (or a human) adds files behind our back, including a legacy one and garbage.
-        std::fs::write(s.0.join("net1/10.1.0.3"), b"c2\r\neth0").unwrap();
-        std::fs::write(s.0.join("net1/10.1.0.4"), b"c3").unwrap();
-        std::fs::write(s.0.join("net1/10.1.0.5"), b"\xff garbage").unwrap();
-        std::fs::create_dir(s.0.join("net1/10.1.0.6")).unwrap();
+        std::fs::write(s.path().join("net1/10.1.0.3"), b"c2\r\neth0").unwrap();
+        std::fs::write(s.path().join("net1/10.1.0.4"), b"c3").unwrap();
+        std::fs::write(s.path().join("net1/10.1.0.5"), b"\xff garbage").unwrap();
+        std::fs::create_dir(s.path().join("net1/10.1.0.6")).unwrap();
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
         assert!(st.rebuilt());
         assert_eq!(
@@ -868,15 +872,15 @@ mod tests {
 
     #[test]
     fn stale_index_entries_are_verified() {
-        let s = Scratch::new("stale");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
         {
             let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
             st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, None).unwrap();
             st.finish();
         }
         // Rewriting a file in place does not change the directory: the index is stale.
-        std::fs::write(s.0.join("net1/10.1.0.2"), b"c2\r\neth0").unwrap();
+        std::fs::write(s.path().join("net1/10.1.0.2"), b"c2\r\neth0").unwrap();
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
         assert!(
             st.release_by_id("c1", "eth0", LegacyRelease::Always)
@@ -884,7 +888,7 @@ mod tests {
                 .is_empty()
         );
         assert!(
-            s.0.join("net1/10.1.0.2").exists(),
+            s.path().join("net1/10.1.0.2").exists(),
             "another container's file is never removed"
         );
         st.finish();
@@ -892,19 +896,23 @@ mod tests {
 
     #[test]
     fn dirty_or_missing_stamp_means_rebuild() {
-        let s = Scratch::new("crash");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
         {
             let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
             st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, None).unwrap();
             st.finish();
         }
-        let stamp = s.0.join("net1/.ipkeep/stamp");
-        assert!(!std::fs::read(&stamp).unwrap().starts_with(STAMP_DIRTY));
+        let stamp = s.path().join("net1/.ipkeep/stamp");
+        assert!(
+            !std::fs::read(&stamp)
+                .unwrap()
+                .starts_with(INDEX_STAMP_DIRTY)
+        );
         // What a kill between the IP file and the index leaves: no index record and the dirty
         // marker (written before the first change; the stamp is written after the last).
-        std::fs::remove_file(s.0.join("net1/.ipkeep/containers/c1")).unwrap();
-        std::fs::write(&stamp, STAMP_DIRTY).unwrap();
+        std::fs::remove_file(s.path().join("net1/.ipkeep/containers/c1")).unwrap();
+        std::fs::write(&stamp, INDEX_STAMP_DIRTY).unwrap();
         {
             let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
             assert!(st.rebuilt());
@@ -912,7 +920,7 @@ mod tests {
             st.finish();
         }
         // A stamp removed by hand, or one half overwritten, is as good as dirty.
-        std::fs::remove_file(s.0.join("net1/.ipkeep/containers/c1")).unwrap();
+        std::fs::remove_file(s.path().join("net1/.ipkeep/containers/c1")).unwrap();
         std::fs::remove_file(&stamp).unwrap();
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
         assert!(st.rebuilt());
@@ -921,15 +929,15 @@ mod tests {
 
     #[test]
     fn failed_rebuild_never_seals_a_partial_index() {
-        let s = Scratch::new("failedrebuild");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
         DiskStore::open(&net, SystemTime::now()).unwrap().finish();
         // host-local allocated for two containers behind ipkeep's back, and the index directory
         // cannot be written (as on a full disk), so the rebuild fails before it writes c2's file.
-        std::fs::write(s.0.join("net1/10.1.0.2"), b"c1\r\neth0").unwrap();
-        std::fs::write(s.0.join("net1/10.1.0.3"), b"c2\r\neth0").unwrap();
+        std::fs::write(s.path().join("net1/10.1.0.2"), b"c1\r\neth0").unwrap();
+        std::fs::write(s.path().join("net1/10.1.0.3"), b"c2\r\neth0").unwrap();
         {
-            let _frozen = Immutable::new(s.0.join("net1/.ipkeep/containers"));
+            let _frozen = Immutable::new(s.path().join("net1/.ipkeep/containers"));
             assert!(DiskStore::open(&net, SystemTime::now()).is_err());
         }
         // The obstacle goes away: the next command must rebuild, not trust an index that lacks c2.
@@ -967,13 +975,13 @@ mod tests {
 
     #[test]
     fn a_failed_index_write_is_not_forgotten_by_a_later_one() {
-        let s = Scratch::new("stickyindex");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
         {
             let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
             assert!(st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, None).unwrap());
             {
-                let _frozen = Immutable::new(s.0.join("net1/.ipkeep/containers"));
+                let _frozen = Immutable::new(s.path().join("net1/.ipkeep/containers"));
                 // The second range set's file is linked, then recording it in the index fails.
                 assert!(st.reserve(ip("10.2.0.2"), "c1", "eth0", 1, None).is_err());
             }
@@ -981,7 +989,7 @@ mod tests {
             assert!(st.release(ip("10.1.0.2"), "c1", "eth0").unwrap());
             st.finish();
         }
-        assert!(s.0.join("net1/10.2.0.2").exists());
+        assert!(s.path().join("net1/10.2.0.2").exists());
         // The runtime's DEL must find the address whose index record was never written.
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
         assert_eq!(st.get_by_id("c1", "eth0").unwrap(), vec![ip("10.2.0.2")]);
@@ -990,29 +998,30 @@ mod tests {
 
     #[test]
     fn planted_symlink_at_private_dir_is_replaced() {
-        let s = Scratch::new("sympriv");
-        std::fs::create_dir_all(s.0.join("net1")).unwrap();
-        std::fs::create_dir(s.0.join("outside")).unwrap();
-        std::os::unix::fs::symlink(s.0.join("outside"), s.0.join("net1/.ipkeep")).unwrap();
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        std::fs::create_dir_all(s.path().join("net1")).unwrap();
+        std::fs::create_dir(s.path().join("outside")).unwrap();
+        std::os::unix::fs::symlink(s.path().join("outside"), s.path().join("net1/.ipkeep"))
+            .unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
         let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
         st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, None).unwrap();
         st.finish();
         assert!(
-            std::fs::read_dir(s.0.join("outside"))
+            std::fs::read_dir(s.path().join("outside"))
                 .unwrap()
                 .next()
                 .is_none(),
             "nothing written through the link"
         );
-        assert!(s.0.join("net1/.ipkeep").is_dir());
+        assert!(s.path().join("net1/.ipkeep").is_dir());
     }
 
     #[test]
     fn last_reserved_directory_is_logged() {
-        let s = Scratch::new("lastdir");
-        let net = NetworkDir::open(&s.0, "net1").unwrap();
-        std::fs::create_dir(s.0.join("net1/last_reserved_ip.0")).unwrap();
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
+        std::fs::create_dir(s.path().join("net1/last_reserved_ip.0")).unwrap();
         let mut st = DiskStore::open(&net, SystemTime::UNIX_EPOCH).unwrap();
         assert_eq!(st.last_reserved_ip(0), None);
         let log = st.take_log();
@@ -1020,7 +1029,7 @@ mod tests {
             log,
             vec![format!(
                 "1970/01/01 00:00:00 Error retrieving last reserved ip: read {}/net1/last_reserved_ip.0: is a directory",
-                s.0.display()
+                s.path().display()
             )]
         );
         let err = st
@@ -1030,11 +1039,11 @@ mod tests {
             err.to_string(),
             format!(
                 "open {}/net1/last_reserved_ip.0: is a directory",
-                s.0.display()
+                s.path().display()
             )
         );
         assert!(
-            !s.0.join("net1/10.1.0.2").exists(),
+            !s.path().join("net1/10.1.0.2").exists(),
             "the failed reservation is undone"
         );
     }

@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use crate::config::Route;
-use crate::gojson::{Out, to_indented};
+use crate::gojson::{Out, object, to_indented};
 use crate::resolv::Dns;
 
 /// One allocated address.
@@ -30,7 +30,7 @@ pub struct CniResult {
 }
 
 fn str_list(items: &[String]) -> Out {
-    Out::Arr(items.iter().map(|s| Out::Str(s.clone())).collect())
+    Out::Array(items.iter().map(|s| Out::String(s.clone())).collect())
 }
 
 fn dns_out(dns: &Dns) -> Out {
@@ -39,7 +39,7 @@ fn dns_out(dns: &Dns) -> Out {
         m.push(("nameservers", str_list(&dns.nameservers)));
     }
     if !dns.domain.is_empty() {
-        m.push(("domain", Out::Str(dns.domain.clone())));
+        m.push(("domain", Out::String(dns.domain.clone())));
     }
     if !dns.search.is_empty() {
         m.push(("search", str_list(&dns.search)));
@@ -47,7 +47,7 @@ fn dns_out(dns: &Dns) -> Out {
     if !dns.options.is_empty() {
         m.push(("options", str_list(&dns.options)));
     }
-    Out::Obj(m)
+    object(m)
 }
 
 fn route_out(route: Option<&Route>) -> Out {
@@ -55,11 +55,11 @@ fn route_out(route: Option<&Route>) -> Out {
     let dst = route
         .dst
         .map_or_else(|| "<nil>".to_owned(), |d| d.to_string());
-    let mut m = vec![("dst", Out::Str(dst))];
+    let mut m = vec![("dst", Out::String(dst))];
     if let Some(gw) = route.gw {
-        m.push(("gw", Out::Str(gw.to_string())));
+        m.push(("gw", Out::String(gw.to_string())));
     }
-    Out::Obj(m)
+    object(m)
 }
 
 fn address(ip: &IpConfig) -> String {
@@ -73,16 +73,16 @@ pub fn result_json(result: &CniResult, cni_version: &str) -> String {
     } else {
         cni_version
     };
-    let mut top = vec![("cniVersion", Out::Str(version.to_owned()))];
+    let mut top = vec![("cniVersion", Out::String(version.to_owned()))];
     if matches!(version, "0.1.0" | "0.2.0") {
         // The 0.2.0 shape: the first address of each family, routes sorted into them by family.
         let v4 = result.ips.iter().find(|i| i.address.is_ipv4());
         let v6 = result.ips.iter().find(|i| i.address.is_ipv6());
         for (key, ip, want_v4) in [("ip4", v4, true), ("ip6", v6, false)] {
             let Some(ip) = ip else { continue };
-            let mut m = vec![("ip", Out::Str(address(ip)))];
+            let mut m = vec![("ip", Out::String(address(ip)))];
             if let Some(gw) = ip.gateway {
-                m.push(("gateway", Out::Str(gw.to_string())));
+                m.push(("gateway", Out::String(gw.to_string())));
             }
             let routes: Vec<Out> = result
                 .routes
@@ -92,9 +92,9 @@ pub fn result_json(result: &CniResult, cni_version: &str) -> String {
                 .map(|r| route_out(Some(r)))
                 .collect();
             if !routes.is_empty() {
-                m.push(("routes", Out::Arr(routes)));
+                m.push(("routes", Out::Array(routes)));
             }
-            top.push((key, Out::Obj(m)));
+            top.push((key, object(m)));
         }
     } else {
         let with_version = matches!(version, "0.3.0" | "0.3.1" | "0.4.0");
@@ -106,23 +106,23 @@ pub fn result_json(result: &CniResult, cni_version: &str) -> String {
                 if with_version {
                     m.push((
                         "version",
-                        Out::Str(if ip.address.is_ipv4() { "4" } else { "6" }.to_owned()),
+                        Out::String(if ip.address.is_ipv4() { "4" } else { "6" }.to_owned()),
                     ));
                 }
-                m.push(("address", Out::Str(address(ip))));
+                m.push(("address", Out::String(address(ip))));
                 if let Some(gw) = ip.gateway {
-                    m.push(("gateway", Out::Str(gw.to_string())));
+                    m.push(("gateway", Out::String(gw.to_string())));
                 }
-                Out::Obj(m)
+                object(m)
             })
             .collect();
         if !ips.is_empty() {
-            top.push(("ips", Out::Arr(ips)));
+            top.push(("ips", Out::Array(ips)));
         }
         if !result.routes.is_empty() {
             top.push((
                 "routes",
-                Out::Arr(
+                Out::Array(
                     result
                         .routes
                         .iter()
@@ -133,19 +133,19 @@ pub fn result_json(result: &CniResult, cni_version: &str) -> String {
         }
     }
     top.push(("dns", dns_out(&result.dns)));
-    to_indented(&Out::Obj(top))
+    to_indented(&object(top))
 }
 
 /// A CNI error as the CNI library prints it (no `cniVersion`, `details` omitted when empty).
 pub fn error_json(code: u32, msg: &str, details: &str) -> String {
     let mut m = vec![
-        ("code", Out::Num(u64::from(code))),
-        ("msg", Out::Str(msg.to_owned())),
+        ("code", Out::from(u64::from(code))),
+        ("msg", Out::String(msg.to_owned())),
     ];
     if !details.is_empty() {
-        m.push(("details", Out::Str(details.to_owned())));
+        m.push(("details", Out::String(details.to_owned())));
     }
-    to_indented(&Out::Obj(m))
+    to_indented(&object(m))
 }
 
 #[cfg(test)]

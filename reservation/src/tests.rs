@@ -5,24 +5,25 @@ use std::net::IpAddr;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
+use super::add::*;
 use super::*;
 use crate::netdir::NetworkDir;
 
-use crate::scratch_dir::ScratchDir as Scratch;
+use tempfile::TempDir;
 
 /// The paths these tests use inside a scratch directory.
-trait ScratchNet {
+trait NetworkUnder {
     fn net(&self) -> NetworkDir;
     fn reserved(&self) -> PathBuf;
 }
 
-impl ScratchNet for Scratch {
+impl NetworkUnder for TempDir {
     fn net(&self) -> NetworkDir {
-        NetworkDir::open(&self.0.join("data"), "net1").unwrap()
+        NetworkDir::open(&self.path().join("data"), "net1").unwrap()
     }
 
     fn reserved(&self) -> PathBuf {
-        self.0.join("data/net1/reserved")
+        self.path().join("data/net1/reserved")
     }
 }
 
@@ -78,7 +79,7 @@ fn reservation_tree(reserved: &Path) -> BTreeSet<String> {
 
 #[test]
 fn write_read_remove_round_trip() {
-    let s = Scratch::new("rw");
+    let s = TempDir::new().unwrap();
     let dir = s.net();
     let a = file("db", "web-0", &["10.1.0.7", "fd00::7"], None);
     let b = file("db", "web-1", &["10.1.0.8"], Some(1_795_262_400));
@@ -131,7 +132,7 @@ fn write_read_remove_round_trip() {
 
 #[test]
 fn writer_refuses_invalid_reservations() {
-    let s = Scratch::new("invalid");
+    let s = TempDir::new().unwrap();
     let dir = s.net();
     let cases = [
         file("Bad", "p", &["10.0.0.1"], None),
@@ -155,8 +156,8 @@ fn writer_refuses_invalid_reservations() {
 
 /// Plants every kind of garbage next to two valid reservations; returns the outside directory
 /// that symlinks point to.
-fn plant_garbage(s: &Scratch) -> PathBuf {
-    let outside = s.0.join("outside");
+fn plant_garbage(s: &TempDir) -> PathBuf {
+    let outside = s.path().join("outside");
     std::fs::create_dir_all(outside.join("ns")).unwrap();
     let valid_elsewhere = file("evil", "p", &["10.1.0.66"], None).to_json();
     std::fs::write(outside.join("p"), &valid_elsewhere).unwrap();
@@ -199,7 +200,7 @@ fn plant_garbage(s: &Scratch) -> PathBuf {
 
 #[test]
 fn garbage_is_skipped_and_reported_never_fatal() {
-    let s = Scratch::new("garbage");
+    let s = TempDir::new().unwrap();
     let dir = s.net();
     let outside = plant_garbage(&s);
     let outside_before = tree(&outside);
@@ -247,9 +248,9 @@ fn garbage_is_skipped_and_reported_never_fatal() {
 
 #[test]
 fn symlinked_reserved_dir_is_skipped() {
-    let s = Scratch::new("symreserved");
+    let s = TempDir::new().unwrap();
     let dir = s.net();
-    let outside = s.0.join("outside");
+    let outside = s.path().join("outside");
     std::fs::create_dir_all(outside.join("db")).unwrap();
     std::fs::write(
         outside.join("db/web-0"),
@@ -284,7 +285,7 @@ fn symlinked_reserved_dir_is_skipped() {
 
 #[test]
 fn sync_makes_the_tree_exactly_the_desired_set() {
-    let s = Scratch::new("sync");
+    let s = TempDir::new().unwrap();
     let dir = s.net();
     let outside = plant_garbage(&s);
     let outside_before = tree(&outside);
@@ -357,9 +358,9 @@ fn sync_makes_the_tree_exactly_the_desired_set() {
 
 #[test]
 fn sync_replaces_a_symlinked_reserved_dir() {
-    let s = Scratch::new("syncsym");
+    let s = TempDir::new().unwrap();
     let dir = s.net();
-    let outside = s.0.join("outside");
+    let outside = s.path().join("outside");
     std::fs::create_dir_all(outside.join("db")).unwrap();
     std::fs::write(outside.join("db/web-0"), b"precious").unwrap();
     symlink(&outside, s.reserved()).unwrap();
@@ -402,7 +403,7 @@ fn assert_snapshot_matches(snapshot: &ReservationSnapshot, set: &ReservationSet)
 
 #[test]
 fn snapshot_is_used_when_valid_and_rebuilt_when_stale() {
-    let s = Scratch::new("index");
+    let s = TempDir::new().unwrap();
     let dir = s.net();
     {
         let lock = dir.lock().unwrap();
@@ -474,8 +475,8 @@ fn snapshot_is_used_when_valid_and_rebuilt_when_stale() {
     }
 
     // A torn, truncated, foreign or symlinked snapshot is rebuilt.
-    let index_path = s.0.join("data/net1/.ipkeep/reserved.index");
-    let good = std::fs::read(&index_path).unwrap();
+    let snapshot_path = s.path().join("data/net1/.ipkeep/reserved.index");
+    let good = std::fs::read(&snapshot_path).unwrap();
     for bad in [
         good[..good.len() - 1].to_vec(),
         good[..100].to_vec(),
@@ -483,15 +484,15 @@ fn snapshot_is_used_when_valid_and_rebuilt_when_stale() {
         b"{\"format\":1}".to_vec(),
         Vec::new(),
     ] {
-        std::fs::write(&index_path, &bad).unwrap();
+        std::fs::write(&snapshot_path, &bad).unwrap();
         check(Source::Rescanned);
     }
-    std::fs::remove_file(&index_path).unwrap();
+    std::fs::remove_file(&snapshot_path).unwrap();
     check(Source::Rescanned);
-    std::fs::remove_file(&index_path).unwrap();
-    symlink(s.0.join("elsewhere"), &index_path).unwrap();
+    std::fs::remove_file(&snapshot_path).unwrap();
+    symlink(s.path().join("elsewhere"), &snapshot_path).unwrap();
     check(Source::Rescanned);
-    assert!(!s.0.join("elsewhere").exists());
+    assert!(!s.path().join("elsewhere").exists());
 
     // Removing the whole tree.
     sync(&dir, &[]);
@@ -511,12 +512,12 @@ fn snapshot_decoding_rejects_inconsistent_content() {
         }
         set
     };
-    let stamp = scan::ScanStamp {
+    let stamp = scan::SnapshotStamp {
         reserved: None,
         generation: Some(3),
     };
-    let good = index::tests_support::encode(&set, &stamp);
-    let decoded = index::tests_support::decode(good.clone()).unwrap();
+    let good = snapshot::tests_support::encode(&set, &stamp);
+    let decoded = snapshot::tests_support::decode(good.clone()).unwrap();
     assert_snapshot_matches(&decoded, &set);
     // Flip each byte in turn: decoding either rejects the file or yields one whose lookups
     // still work; nothing panics.
@@ -524,7 +525,7 @@ fn snapshot_decoding_rejects_inconsistent_content() {
     for i in 0..good.len() {
         let mut bad = good.clone();
         bad[i] ^= 0xff;
-        match index::tests_support::decode(bad) {
+        match snapshot::tests_support::decode(bad) {
             None => rejected += 1,
             Some(snapshot) => {
                 let lookup = snapshot.lookup(Timestamp::from_unix_secs(1));
@@ -543,12 +544,12 @@ fn snapshot_decoding_rejects_inconsistent_content() {
     let second: Vec<u8> = swapped[b..b + 40].to_vec();
     swapped[a..a + 40].copy_from_slice(&second);
     swapped[b..b + 40].copy_from_slice(&first);
-    assert!(index::tests_support::decode(swapped).is_none());
+    assert!(snapshot::tests_support::decode(swapped).is_none());
 }
 
 #[test]
 fn wait_markers_round_trip() {
-    let s = Scratch::new("wait");
+    let s = TempDir::new().unwrap();
     let dir = s.net();
     let pod = PodKey::new("db", "web-0").unwrap();
     assert_eq!(read_wait_marker(&dir, &pod, &mut Vec::new()), None);
@@ -558,17 +559,17 @@ fn wait_markers_round_trip() {
     };
     write_wait_marker(&dir, &pod, &marker, &mut Vec::new()).unwrap();
     assert_eq!(
-        std::fs::read_to_string(s.0.join("data/net1/.ipkeep/wait/db/web-0")).unwrap(),
+        std::fs::read_to_string(s.path().join("data/net1/.ipkeep/wait/db/web-0")).unwrap(),
         "0123abcd 2026-11-21T12:00:00.000000005Z\n"
     );
     assert_eq!(read_wait_marker(&dir, &pod, &mut Vec::new()), Some(marker));
     remove_wait_marker(&dir, &pod).unwrap();
     assert_eq!(read_wait_marker(&dir, &pod, &mut Vec::new()), None);
-    assert!(!s.0.join("data/net1/.ipkeep/wait/db").exists());
+    assert!(!s.path().join("data/net1/.ipkeep/wait/db").exists());
     remove_wait_marker(&dir, &pod).unwrap();
 
     // Garbage markers read as absent.
-    std::fs::create_dir_all(s.0.join("data/net1/.ipkeep/wait/db")).unwrap();
+    std::fs::create_dir_all(s.path().join("data/net1/.ipkeep/wait/db")).unwrap();
     for garbage in [
         "",
         "x\n",
@@ -576,7 +577,7 @@ fn wait_markers_round_trip() {
         " 2026-11-21T12:00:00Z\n",
         "x 2026-11-21T12:00:00Z",
     ] {
-        std::fs::write(s.0.join("data/net1/.ipkeep/wait/db/web-0"), garbage).unwrap();
+        std::fs::write(s.path().join("data/net1/.ipkeep/wait/db/web-0"), garbage).unwrap();
         assert_eq!(
             read_wait_marker(&dir, &pod, &mut Vec::new()),
             None,
@@ -587,7 +588,7 @@ fn wait_markers_round_trip() {
 
 #[test]
 fn sync_writes_in_batches_and_leaves_a_valid_snapshot() {
-    let s = Scratch::new("batches");
+    let s = TempDir::new().unwrap();
     let dir = s.net();
     let desired: Vec<ReservationFile> = (0..150)
         .map(|i| {
@@ -601,7 +602,7 @@ fn sync_writes_in_batches_and_leaves_a_valid_snapshot() {
         .collect();
     let report = sync(&dir, &desired);
     assert_eq!(report.written.len(), 150);
-    let generation = |s: &Scratch| -> u64 {
+    let generation = |s: &TempDir| -> u64 {
         std::fs::read_to_string(s.reserved().join(".generation"))
             .unwrap()
             .trim_end()
@@ -628,7 +629,7 @@ fn sync_writes_in_batches_and_leaves_a_valid_snapshot() {
 #[test]
 fn sync_reports_what_it_cannot_fix_and_does_the_rest() {
     use std::os::unix::ffi::OsStrExt;
-    let s = Scratch::new("syncfail");
+    let s = TempDir::new().unwrap();
     let dir = s.net();
     // A directory squatting on a wanted name, holding an entry the writer cannot list (its name
     // is not UTF-8), so it cannot be emptied.
@@ -677,7 +678,7 @@ fn add_flow_on_real_files() {
             matches!(ip, IpAddr::V4(v4) if v4.octets()[..3] == self.0)
         }
     }
-    let s = Scratch::new("addflow");
+    let s = TempDir::new().unwrap();
     let dir = s.net();
     write_reservation(&dir, &file("db", "web-0", &["10.1.0.7"], None)).unwrap();
     write_reservation(
@@ -686,17 +687,17 @@ fn add_flow_on_real_files() {
     )
     .unwrap();
     // The old sandbox of db/web-0 still holds 10.1.0.7 (its DEL has not run yet).
-    std::fs::write(s.0.join("data/net1/10.1.0.7"), b"old-sandbox\r\neth0").unwrap();
+    std::fs::write(s.path().join("data/net1/10.1.0.7"), b"old-sandbox\r\neth0").unwrap();
 
     let sets = [Subnet24([10, 1, 0])];
     let me = PodKey::new("db", "web-0").unwrap();
-    let holder = |ip: IpAddr| match std::fs::read(s.0.join(format!("data/net1/{ip}"))) {
-        Ok(bytes) if bytes.starts_with(b"old-sandbox") => Holder::Container {
+    let holder = |ip: IpAddr| match std::fs::read(s.path().join(format!("data/net1/{ip}"))) {
+        Ok(bytes) if bytes.starts_with(b"old-sandbox") => CurrentHolder::Container {
             container_id: "old-sandbox".into(),
             pod: Some(me.clone()),
         },
-        Ok(_) => Holder::Foreign,
-        Err(_) => Holder::Free,
+        Ok(_) => CurrentHolder::Foreign,
+        Err(_) => CurrentHolder::Free,
     };
     let add = |now: Timestamp| {
         let lock = dir.lock().unwrap();
@@ -724,7 +725,7 @@ fn add_flow_on_real_files() {
         // Normal allocation walks candidates from .2 and skips other pods' reservations.
         let first_free = (2..=254u8)
             .map(|last| IpAddr::from([10, 1, 0, last]))
-            .find(|ip| !lookup.is_blocked(*ip, Some(&me)) && holder(*ip) == Holder::Free);
+            .find(|ip| !lookup.is_blocked(*ip, Some(&me)) && holder(*ip) == CurrentHolder::Free);
         (decision, first_free)
     };
 
@@ -752,7 +753,7 @@ fn add_flow_on_real_files() {
     );
 
     // The old sandbox's DEL runs: the next ADD gets the reserved address and clears the marker.
-    std::fs::remove_file(s.0.join("data/net1/10.1.0.7")).unwrap();
+    std::fs::remove_file(s.path().join("data/net1/10.1.0.7")).unwrap();
     let (back, _) = add(t0.saturating_add(std::time::Duration::from_secs(200)));
     assert_eq!(
         back.outcome,
@@ -772,7 +773,7 @@ fn full_scans() -> usize {
     scan::FULL_SCANS.with(std::cell::Cell::get)
 }
 
-fn generation_of(s: &Scratch) -> u64 {
+fn generation_of(s: &TempDir) -> u64 {
     std::fs::read_to_string(s.reserved().join(".generation"))
         .unwrap()
         .trim_end()
@@ -790,7 +791,7 @@ fn snapshot_source(dir: &NetworkDir) -> Source {
 
 #[test]
 fn a_writer_that_knows_the_tree_patches_the_snapshot_without_reading_it() {
-    let s = Scratch::new("apply");
+    let s = TempDir::new().unwrap();
     let dir = s.net();
     let mut desired: Vec<ReservationFile> = (0..90)
         .map(|i| {
@@ -892,7 +893,7 @@ fn a_writer_that_knows_the_tree_patches_the_snapshot_without_reading_it() {
 
 #[test]
 fn patching_falls_back_to_a_scan_when_the_tree_holds_more_than_expected() {
-    let s = Scratch::new("patchcheck");
+    let s = TempDir::new().unwrap();
     let dir = s.net();
     let a = file("db", "a", &["10.4.0.1"], None);
     let b = file("db", "b", &["10.4.0.2"], None);
@@ -909,7 +910,7 @@ fn patching_falls_back_to_a_scan_when_the_tree_holds_more_than_expected() {
         // Whatever the previous case left: the snapshot is current again.
         snapshot_source(&dir);
         let lock = dir.lock().unwrap();
-        let base = index::valid_snapshot(&dir).expect("valid before the batch");
+        let base = snapshot::valid_snapshot(&dir).expect("valid before the batch");
         std::fs::write(s.reserved().join(".generation"), format!("{}\n", 100 + i)).unwrap();
         std::fs::write(
             s.reserved().join("db").join(&written.pod),
@@ -921,7 +922,7 @@ fn patching_falls_back_to_a_scan_when_the_tree_holds_more_than_expected() {
         let hand_file = file(ns, &format!("hand-{i}"), &[&format!("10.4.2.{i}")], None);
         std::fs::write(s.reserved().join(hand), hand_file.to_json()).unwrap();
         let scans = full_scans();
-        index::patch(&dir, &lock, Some(base), &[&written], &[]).unwrap();
+        snapshot::patch(&dir, &lock, Some(base), &[&written], &[]).unwrap();
         assert!(
             full_scans() > scans,
             "{what}: patched although the tree differs"
@@ -957,7 +958,7 @@ fn patching_falls_back_to_a_scan_when_the_tree_holds_more_than_expected() {
     assert_eq!(snapshot_source(&dir), Source::Index);
     {
         let lock = dir.lock().unwrap();
-        let base = index::valid_snapshot(&dir).expect("valid before the batch");
+        let base = snapshot::valid_snapshot(&dir).expect("valid before the batch");
         let written = file("db", "late", &["10.4.3.2"], None);
         std::fs::write(s.reserved().join("db/late"), written.to_json()).unwrap();
         std::fs::write(
@@ -966,7 +967,7 @@ fn patching_falls_back_to_a_scan_when_the_tree_holds_more_than_expected() {
         )
         .unwrap();
         let scans = full_scans();
-        index::patch(&dir, &lock, Some(base), &[&written], &[]).unwrap();
+        snapshot::patch(&dir, &lock, Some(base), &[&written], &[]).unwrap();
         assert_eq!(full_scans(), scans, "the untouched directory is not listed");
     }
     assert_eq!(snapshot_source(&dir), Source::Rescanned);

@@ -20,11 +20,11 @@ use std::path::PathBuf;
 
 use crate::netdir::{DirFd, EntryKind, NetDirError, NetworkDir, SubDir};
 
-use super::index;
 use super::scan::{
     GENERATION_NAME, RESERVED_DIR, ReservedDirError, Skipped, load_reservations, read_generation,
 };
 use super::schema::{PodKey, ReservationFile, SchemaError, validate_namespace, validate_pod_name};
+use super::snapshot;
 
 /// How many writes (and, separately, how many removals) one hold of the network's lock carries:
 /// each write costs an fsync, and an ADD waiting for the lock should not wait for hundreds.
@@ -202,7 +202,7 @@ fn read_and_prune(
     report: &mut ApplyReport,
 ) -> Result<BTreeMap<PodKey, ReservationFile>, ReservedDirError> {
     let lock = dir.lock()?;
-    let base = index::valid_snapshot(dir);
+    let base = snapshot::valid_snapshot(dir);
     let mut section = Section::new();
     let mut current = load_reservations(dir);
     let mut ok = true;
@@ -255,7 +255,7 @@ fn read_and_prune(
     }
     section.finish(dir)?;
     // Garbage was cleaned: the snapshot described it, so `patch` rebuilds it.
-    index::patch(dir, &lock, base.filter(|_| ok), &[], &removed)?;
+    snapshot::patch(dir, &lock, base.filter(|_| ok), &[], &removed)?;
     report.removed.extend(removed);
     Ok(current.files)
 }
@@ -270,7 +270,7 @@ fn run_batch(
     on_disk: &mut BTreeMap<PodKey, ReservationFile>,
 ) -> Result<(), ReservedDirError> {
     let lock = dir.lock()?;
-    let base = index::valid_snapshot(dir);
+    let base = snapshot::valid_snapshot(dir);
     let mut section = Section::new();
     let mut ok = true;
     let mut written: Vec<&ReservationFile> = Vec::with_capacity(writes.len());
@@ -305,7 +305,7 @@ fn run_batch(
         }
     }
     section.finish(dir)?;
-    index::patch(dir, &lock, base.filter(|_| ok), &written, &removed)?;
+    snapshot::patch(dir, &lock, base.filter(|_| ok), &written, &removed)?;
     for file in written {
         report.written.push(file.pod_key());
         on_disk.insert(file.pod_key(), ReservationFile::clone(file));

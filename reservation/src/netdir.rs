@@ -192,7 +192,7 @@ pub struct DirEntry {
 
 /// The identity and change times of a file system object (from `lstat`/`fstat`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FileStamp {
+pub struct FileStat {
     /// Device number.
     pub dev: u64,
     /// Inode number.
@@ -211,7 +211,7 @@ pub struct FileStamp {
     pub nlink: u64,
 }
 
-impl FileStamp {
+impl FileStat {
     /// The stamp of an `lstat`/`fstat` result.
     pub fn from_stat(st: &rustix::fs::Stat) -> Self {
         let kind = kind_of(FileType::from_raw_mode(st.st_mode as _));
@@ -265,17 +265,17 @@ impl DirFd {
     }
 
     /// `fstat` of the directory itself.
-    pub fn stamp(&self) -> Result<FileStamp, NetDirError> {
+    pub fn own_stat(&self) -> Result<FileStat, NetDirError> {
         rustix::fs::fstat(&self.fd)
-            .map(|st| FileStamp::from_stat(&st))
+            .map(|st| FileStat::from_stat(&st))
             .map_err(|errno| self.io("stat", &self.path, errno))
     }
 
     /// `lstat` of `name`; `None` if it does not exist.
-    pub fn stat(&self, name: &str) -> Result<Option<FileStamp>, NetDirError> {
+    pub fn stat(&self, name: &str) -> Result<Option<FileStat>, NetDirError> {
         check_name(name)?;
         match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => Ok(Some(FileStamp::from_stat(&st))),
+            Ok(st) => Ok(Some(FileStat::from_stat(&st))),
             Err(Errno::NOENT) => Ok(None),
             Err(errno) => Err(self.io("stat", &self.child_path(name), errno)),
         }
@@ -821,7 +821,7 @@ mod tests {
     use super::*;
     use std::os::unix::fs::{PermissionsExt, symlink};
 
-    use crate::scratch_dir::ScratchDir as Scratch;
+    use tempfile::TempDir;
 
     #[test]
     fn go_clean_matches_go() {
@@ -856,8 +856,8 @@ mod tests {
 
     #[test]
     fn open_creates_dirs_and_lock() {
-        let s = Scratch::new("open");
-        let data = s.0.join("a/b");
+        let s = TempDir::new().unwrap();
+        let data = s.path().join("a/b");
         let dir = NetworkDir::open(&data, "net1").unwrap();
         assert_eq!(dir.path(), data.join("net1"));
         let lock = dir.lock().unwrap();
@@ -876,47 +876,47 @@ mod tests {
 
     #[test]
     fn symlinked_network_dir_is_refused() {
-        let s = Scratch::new("symnet");
-        let elsewhere = s.0.join("elsewhere");
+        let s = TempDir::new().unwrap();
+        let elsewhere = s.path().join("elsewhere");
         std::fs::create_dir(&elsewhere).unwrap();
-        std::fs::create_dir(s.0.join("data")).unwrap();
-        symlink(&elsewhere, s.0.join("data/net1")).unwrap();
-        let err = NetworkDir::open(&s.0.join("data"), "net1").unwrap_err();
+        std::fs::create_dir(s.path().join("data")).unwrap();
+        symlink(&elsewhere, s.path().join("data/net1")).unwrap();
+        let err = NetworkDir::open(&s.path().join("data"), "net1").unwrap_err();
         assert!(matches!(err, NetDirError::Symlink { .. }), "{err}");
         assert!(std::fs::read_dir(&elsewhere).unwrap().next().is_none());
     }
 
     #[test]
     fn file_at_network_dir_gives_go_mkdir_text() {
-        let s = Scratch::new("filenet");
-        std::fs::write(s.0.join("net1"), b"x").unwrap();
-        let err = NetworkDir::open(&s.0, "net1").unwrap_err();
+        let s = TempDir::new().unwrap();
+        std::fs::write(s.path().join("net1"), b"x").unwrap();
+        let err = NetworkDir::open(s.path(), "net1").unwrap_err();
         assert_eq!(
             err.to_string(),
-            format!("mkdir {}/net1: not a directory", s.0.display())
+            format!("mkdir {}/net1: not a directory", s.path().display())
         );
-        std::fs::write(s.0.join("datafile"), b"x").unwrap();
-        let err = NetworkDir::open(&s.0.join("datafile/sub"), "net1").unwrap_err();
+        std::fs::write(s.path().join("datafile"), b"x").unwrap();
+        let err = NetworkDir::open(&s.path().join("datafile/sub"), "net1").unwrap_err();
         assert_eq!(
             err.to_string(),
-            format!("mkdir {}/datafile: not a directory", s.0.display())
+            format!("mkdir {}/datafile: not a directory", s.path().display())
         );
     }
 
     #[test]
     fn symlinked_lock_is_refused() {
-        let s = Scratch::new("symlock");
-        let dir = NetworkDir::open(&s.0, "net1").unwrap();
-        symlink(s.0.join("target"), s.0.join("net1/lock")).unwrap();
+        let s = TempDir::new().unwrap();
+        let dir = NetworkDir::open(s.path(), "net1").unwrap();
+        symlink(s.path().join("target"), s.path().join("net1/lock")).unwrap();
         let err = dir.lock().unwrap_err();
         assert!(matches!(err, NetDirError::Symlink { .. }), "{err}");
-        assert!(!s.0.join("target").exists());
+        assert!(!s.path().join("target").exists());
     }
 
     #[test]
     fn read_write_remove_list() {
-        let s = Scratch::new("rw");
-        let dir = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let dir = NetworkDir::open(s.path(), "net1").unwrap();
         assert_eq!(dir.read_file("x", 10).unwrap(), None);
         dir.write_atomic("x", b"hello", 0o600, true).unwrap();
         assert_eq!(
@@ -937,16 +937,16 @@ mod tests {
         assert!(!dir.remove("x").unwrap());
         assert!(dir.list().unwrap().is_empty());
         assert!(dir.write_atomic("../escape", b"x", 0o600, false).is_err());
-        assert!(!s.0.join("escape").exists());
+        assert!(!s.path().join("escape").exists());
     }
 
     #[test]
     fn read_refuses_symlinks_and_dirs() {
-        let s = Scratch::new("readsym");
-        let dir = NetworkDir::open(&s.0, "net1").unwrap();
-        std::fs::write(s.0.join("secret"), b"secret").unwrap();
-        symlink(s.0.join("secret"), s.0.join("net1/link")).unwrap();
-        std::fs::create_dir(s.0.join("net1/d")).unwrap();
+        let s = TempDir::new().unwrap();
+        let dir = NetworkDir::open(s.path(), "net1").unwrap();
+        std::fs::write(s.path().join("secret"), b"secret").unwrap();
+        symlink(s.path().join("secret"), s.path().join("net1/link")).unwrap();
+        std::fs::create_dir(s.path().join("net1/d")).unwrap();
         assert!(matches!(
             dir.read_file("link", 100),
             Err(NetDirError::Symlink { .. })
@@ -972,20 +972,24 @@ mod tests {
         );
         // Removing a symlink removes the link, never its target.
         assert!(dir.remove("link").unwrap());
-        assert!(s.0.join("secret").exists());
+        assert!(s.path().join("secret").exists());
     }
 
     #[test]
     fn subdirs_are_created_and_never_followed() {
-        let s = Scratch::new("sub");
-        let dir = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let dir = NetworkDir::open(s.path(), "net1").unwrap();
         assert!(dir.subdir(&["reserved", "ns"], false).unwrap().is_none());
         let sub = dir.subdir(&["reserved", "ns"], true).unwrap().unwrap();
-        assert_eq!(sub.path(), s.0.join("net1/reserved/ns"));
+        assert_eq!(sub.path(), s.path().join("net1/reserved/ns"));
         sub.write_atomic("pod", b"{}", 0o644, true).unwrap();
-        assert!(s.0.join("net1/reserved/ns/pod").is_file());
-        std::fs::create_dir(s.0.join("outside")).unwrap();
-        symlink(s.0.join("outside"), s.0.join("net1/reserved/evil")).unwrap();
+        assert!(s.path().join("net1/reserved/ns/pod").is_file());
+        std::fs::create_dir(s.path().join("outside")).unwrap();
+        symlink(
+            s.path().join("outside"),
+            s.path().join("net1/reserved/evil"),
+        )
+        .unwrap();
         let err = dir.subdir(&["reserved", "evil"], true).unwrap_err();
         assert!(matches!(err, NetDirError::Symlink { .. }), "{err}");
         assert!(dir.subdir(&["reserved", ".."], true).is_err());
@@ -993,8 +997,8 @@ mod tests {
 
     #[test]
     fn exclusive_create_links_complete_files_only_once() {
-        let s = Scratch::new("excl");
-        let dir = NetworkDir::open(&s.0, "net1").unwrap();
+        let s = TempDir::new().unwrap();
+        let dir = NetworkDir::open(s.path(), "net1").unwrap();
         let tmp = dir.subdir(&[".ipkeep", "tmp"], true).unwrap().unwrap();
         assert!(
             tmp.create_exclusive_in(&dir, "10.1.0.2", b"c1\r\neth0", 0o600)
@@ -1005,24 +1009,24 @@ mod tests {
                 .unwrap()
         );
         assert_eq!(
-            std::fs::read(s.0.join("net1/10.1.0.2")).unwrap(),
+            std::fs::read(s.path().join("net1/10.1.0.2")).unwrap(),
             b"c1\r\neth0"
         );
         assert!(tmp.list().unwrap().is_empty(), "temporaries are cleaned up");
         // A symlink at the target name blocks it and is not followed.
-        symlink(s.0.join("victim"), s.0.join("net1/10.1.0.3")).unwrap();
+        symlink(s.path().join("victim"), s.path().join("net1/10.1.0.3")).unwrap();
         assert!(
             !tmp.create_exclusive_in(&dir, "10.1.0.3", b"c3\r\neth0", 0o600)
                 .unwrap()
         );
-        assert!(!s.0.join("victim").exists());
+        assert!(!s.path().join("victim").exists());
     }
 
     #[test]
     fn overwrite_rewrites_in_place_and_never_writes_through_a_link() {
-        let s = Scratch::new("overwrite");
-        let dir = NetworkDir::open(&s.0, "net1").unwrap();
-        let path = s.0.join("net1/last_reserved_ip.0");
+        let s = TempDir::new().unwrap();
+        let dir = NetworkDir::open(s.path(), "net1").unwrap();
+        let path = s.path().join("net1/last_reserved_ip.0");
         // Created with the mode, then grown, then shrunk: the content is always exactly the bytes.
         for content in ["10.1.0.9", "10.1.0.10", "10.1.0.8", "fd00::1234:5678"] {
             dir.overwrite("last_reserved_ip.0", content.as_bytes(), 0o600)
@@ -1032,31 +1036,31 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         // A planted symlink is replaced by a regular file; its target is untouched.
-        std::fs::write(s.0.join("victim"), b"keep").unwrap();
+        std::fs::write(s.path().join("victim"), b"keep").unwrap();
         std::fs::remove_file(&path).unwrap();
-        symlink(s.0.join("victim"), &path).unwrap();
+        symlink(s.path().join("victim"), &path).unwrap();
         dir.overwrite("last_reserved_ip.0", b"10.1.0.2", 0o600)
             .unwrap();
-        assert_eq!(std::fs::read(s.0.join("victim")).unwrap(), b"keep");
+        assert_eq!(std::fs::read(s.path().join("victim")).unwrap(), b"keep");
         assert!(std::fs::symlink_metadata(&path).unwrap().is_file());
         assert_eq!(std::fs::read(&path).unwrap(), b"10.1.0.2");
         // A directory at the name is an error, as for host-local.
-        std::fs::create_dir(s.0.join("net1/last_reserved_ip.1")).unwrap();
+        std::fs::create_dir(s.path().join("net1/last_reserved_ip.1")).unwrap();
         assert!(
             dir.overwrite("last_reserved_ip.1", b"10.1.0.2", 0o600)
                 .is_err()
         );
         assert!(dir.overwrite("../escape", b"x", 0o600).is_err());
-        assert!(!s.0.join("escape").exists());
+        assert!(!s.path().join("escape").exists());
     }
 
     #[test]
     fn overwrite_never_writes_through_a_hard_link() {
-        let s = Scratch::new("hardlink");
-        let dir = NetworkDir::open(&s.0, "net1").unwrap();
-        let victim = s.0.join("victim");
+        let s = TempDir::new().unwrap();
+        let dir = NetworkDir::open(s.path(), "net1").unwrap();
+        let victim = s.path().join("victim");
         std::fs::write(&victim, b"precious content").unwrap();
-        let path = s.0.join("net1/last_reserved_ip.0");
+        let path = s.path().join("net1/last_reserved_ip.0");
         std::fs::hard_link(&victim, &path).unwrap();
         dir.overwrite("last_reserved_ip.0", b"10.1.0.2", 0o600)
             .unwrap();
@@ -1066,10 +1070,10 @@ mod tests {
 
     #[test]
     fn stale_temps_are_removed() {
-        let s = Scratch::new("stale");
-        let dir = NetworkDir::open(&s.0, "net1").unwrap();
-        std::fs::write(s.0.join(format!("net1/{TEMP_PREFIX}1-1")), b"x").unwrap();
-        std::fs::write(s.0.join("net1/keep"), b"x").unwrap();
+        let s = TempDir::new().unwrap();
+        let dir = NetworkDir::open(s.path(), "net1").unwrap();
+        std::fs::write(s.path().join(format!("net1/{TEMP_PREFIX}1-1")), b"x").unwrap();
+        std::fs::write(s.path().join("net1/keep"), b"x").unwrap();
         assert_eq!(dir.remove_stale_temps().unwrap(), 1);
         assert_eq!(dir.list().unwrap(), vec!["keep".to_owned()]);
     }
