@@ -520,6 +520,11 @@ async fn write_loop(
             .refused
             .set(i64::try_from(desired.refused.len()).unwrap_or(i64::MAX));
         report_refusals(store, &desired.refused, &mut reported, events).await;
+        // The controller posts the Warning for a malformed spec.retainFor (on every reservation
+        // it releases); the agent, which writes the same default, only leaves a trace.
+        for (key, malformed) in &desired.defaulted {
+            tracing::debug!(reservation = %key, error = %malformed, "default retention applied");
+        }
         let full = input.full;
         let files = desired.files;
         let moved = std::mem::take(&mut writers);
