@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::*;
 use crate::agent::view;
-use crate::crd::{IPReservation, IPReservationSpec, IPReservationStatus, IpString};
+use crate::crd::{ConflictStatus, IPReservation, IPReservationSpec, IPReservationStatus, IpString};
 
 const DAY: Duration = Duration::from_secs(86_400);
 /// 2026-11-21T12:00:00Z
@@ -48,8 +48,16 @@ fn released(mut r: IPReservation, release: Option<i64>, released_at: Option<i64>
     r
 }
 
+/// As the controller writes a conflict: `status.conflict` and a `Conflict` condition `True`;
+/// with another condition status, the condition only.
 fn conflicted(mut r: IPReservation, status: &str) -> IPReservation {
     let st = r.status.get_or_insert_with(Default::default);
+    if status == "True" {
+        st.conflict = Some(ConflictStatus {
+            ip: IpString("10.0.0.5".into()),
+            held_by: Key::new("db", "older"),
+        });
+    }
     st.conditions.push(Condition {
         type_: "Conflict".into(),
         status: status.into(),
@@ -185,6 +193,15 @@ fn decisions_and_refusals() {
         (
             "a resolved conflict is written",
             conflicted(bound(ipr("db", "a", "node-a", &["10.0.0.1"])), "False"),
+            "write",
+        ),
+        (
+            "a Conflict condition without status.conflict is written: the typed field decides",
+            {
+                let mut r = conflicted(bound(ipr("db", "a", "node-a", &["10.0.0.1"])), "True");
+                r.status.as_mut().unwrap().conflict = None;
+                r
+            },
             "write",
         ),
         (
