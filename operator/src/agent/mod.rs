@@ -85,7 +85,9 @@ pub struct Args {
     #[arg(long, env = "IPKEEP_DEFAULT_RETAIN_FOR", default_value = "24h", value_parser = retain_for_arg)]
     pub default_retain_for: Duration,
     /// How often a full resync runs even without a watch gap (catches hand edits on disk).
-    #[arg(long, env = "IPKEEP_RESYNC_INTERVAL", default_value = "10m", value_parser = retain_for_arg)]
+    /// A positive duration in jiff's friendly form (`10m`, `90s`, `1h30m`) or ISO 8601 (`PT10M`),
+    /// not a retention: it has no 366-day cap.
+    #[arg(long, env = "IPKEEP_RESYNC_INTERVAL", default_value = "10m", value_parser = interval_arg)]
     pub resync_interval: Duration,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     #[arg(long, env = "IPKEEP_PROBE_ADDR", default_value = "0.0.0.0:9102")]
@@ -132,6 +134,28 @@ pub struct Args {
 
 fn retain_for_arg(text: &str) -> Result<Duration, RetainForError> {
     RetainFor::parse(text).map(RetainFor::duration)
+}
+
+/// Why an interval flag was refused.
+#[derive(Debug, thiserror::Error)]
+enum IntervalError {
+    /// Not a duration jiff reads.
+    #[error("failed to parse interval {0:?}: expected a duration such as 10m, 90s or 1h30m")]
+    Syntax(String, #[source] jiff::Error),
+    /// Zero or negative.
+    #[error("failed to accept interval {0:?}: it must be positive")]
+    NotPositive(String),
+}
+
+/// The agent's intervals (`--resync-interval`): jiff's duration grammar, positive.
+fn interval_arg(text: &str) -> Result<Duration, IntervalError> {
+    let parsed: jiff::SignedDuration = text
+        .parse()
+        .map_err(|e| IntervalError::Syntax(text.to_owned(), e))?;
+    Duration::try_from(parsed)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| IntervalError::NotPositive(text.to_owned()))
 }
 
 /// What the agent needs to run, independent of the command line (tests build it directly).
@@ -717,5 +741,34 @@ async fn report_refusals(
             action: "WriteReservationFile",
             note: &note,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interval_grammar() {
+        let cases: &[(&str, Option<u64>)] = &[
+            ("10m", Some(600)),
+            ("90s", Some(90)),
+            ("1h30m", Some(5_400)),
+            ("PT10M", Some(600)),
+            ("9000h", Some(32_400_000)),
+            ("0s", None),
+            ("-5m", None),
+            ("10", None),
+            ("ten minutes", None),
+            ("", None),
+        ];
+        for (text, want) in cases {
+            let got = interval_arg(text);
+            assert_eq!(
+                got.as_ref().ok().map(Duration::as_secs),
+                *want,
+                "{text:?}: {got:?}"
+            );
+        }
     }
 }
