@@ -89,9 +89,15 @@ pub struct Args {
     /// not a retention: it has no 366-day cap.
     #[arg(long, env = "IPKEEP_RESYNC_INTERVAL", default_value = "10m", value_parser = interval_arg)]
     pub resync_interval: Duration,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served.
-    #[arg(long, env = "IPKEEP_PROBE_ADDR", default_value = "0.0.0.0:9102")]
-    pub probe_addr: SocketAddr,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (the controller's flag of the same
+    /// name; `--probe-addr`, its old name, is still accepted).
+    #[arg(
+        long,
+        alias = "probe-addr",
+        env = "IPKEEP_METRICS_ADDR",
+        default_value = "0.0.0.0:9102"
+    )]
+    pub metrics_addr: SocketAddr,
     /// Keep `host-local` in this CNI bin directory ipkeep: when something writes it again (a
     /// package or k3s upgrade), install ipkeep again at once, keeping what was written as the new
     /// `host-local.ipkeep-orig` (the chart passes it with `cni.replaceHostLocal`).
@@ -207,7 +213,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         let registry = prometheus::Registry::new();
         let metrics = AgentMetrics::register(&registry)?;
         let readiness = Arc::new(Readiness::default());
-        let probes = ProbeServer::bind(args.probe_addr, registry, readiness.clone()).await?;
+        let probes = ProbeServer::bind(args.metrics_addr, registry, readiness.clone()).await?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut probe_stop = stop_rx.clone();
         let probe_task = tokio::spawn(probes.run(async move {
@@ -747,6 +753,36 @@ async fn report_refusals(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn the_metrics_address_has_the_controllers_name_and_keeps_its_old_one() {
+        use clap::Parser as _;
+        let base = ["agent", "--node-name=n", "--network=cbr0"];
+        let cases: &[(&[&str], &str)] = &[
+            (&[], "0.0.0.0:9102"),
+            (&["--metrics-addr=127.0.0.1:9725"], "127.0.0.1:9725"),
+            (&["--probe-addr=127.0.0.1:9726"], "127.0.0.1:9726"),
+            (&["--probe-addr", "127.0.0.1:9727"], "127.0.0.1:9727"),
+        ];
+        for (flags, want) in cases {
+            let argv = base.iter().chain(flags.iter());
+            let got = Cli::try_parse_from(argv).map(|c| c.args.metrics_addr.to_string());
+            assert_eq!(got.as_deref().ok(), Some(*want), "{flags:?}: {got:?}");
+        }
+        let help = Cli::try_parse_from(["agent", "--help"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            help.contains("--metrics-addr <") && !help.contains("--probe-addr <"),
+            "{help}"
+        );
+    }
 
     #[test]
     fn interval_grammar() {
