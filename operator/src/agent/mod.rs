@@ -24,25 +24,25 @@ pub mod dirwatch;
 pub mod hostlocal;
 pub mod incharge;
 pub mod metrics;
+pub mod schedule;
 pub mod view;
 pub mod writer;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
+use ipkeep_plugin::reservation::{PodKey, ReservationFile};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector::store::Writer};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
-use crate::backoff::Backoff;
 use crate::crd::IPReservation;
 use crate::events::{EventType, Notice, Publisher};
 use crate::key::Key;
@@ -52,8 +52,9 @@ use crate::retention::{RetainFor, RetainForError};
 use crate::shutdown;
 
 use self::desired::{Refusal, desired_files};
-use self::dirwatch::{DirWatch, Trigger, Wake};
+use self::dirwatch::{DirWatch, Wake as DirWake};
 pub use self::metrics::AgentMetrics;
+use self::schedule::{Pass, Schedule, Step, Wake};
 use self::writer::{NetworkWriter, PassReport};
 
 /// The pause before the data directory's watch is set up again after it failed.
@@ -265,18 +266,12 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     })
 }
 
-/// What changed since the last pass, as the watch tells it; the reservations themselves are in
-/// the reflector store.
-#[derive(Debug, Default)]
+/// What the watches tell the write loop; the reservations themselves are in the reflector
+/// store.
+#[derive(Debug)]
 struct Pending {
-    /// Whether a list has completed at least once.
-    listed: bool,
-    /// Whether the next pass must be a full resync (after every relist).
-    full_needed: bool,
-    /// When each change not yet on disk arrived.
-    arrivals: Vec<Instant>,
-    /// The directory watch asked for the next full resync: when, and its most severe cause.
-    dir_trigger: Option<(Instant, Trigger)>,
+    /// What they reported, as the write schedule keeps it.
+    schedule: Schedule,
     /// The data directory was deleted under the agent's mount: the agent must stop.
     orphaned: Option<PathBuf>,
 }
@@ -299,7 +294,10 @@ pub async fn run(
         }
     }
     let (store, writer) = reflector::store::<IPReservation>();
-    let pending = Arc::new(Mutex::new(Pending::default()));
+    let pending = Arc::new(Mutex::new(Pending {
+        schedule: Schedule::new(config.resync_interval),
+        orphaned: None,
+    }));
     let changed = Arc::new(Notify::new());
     let watch = tokio::spawn(watch_reservations(
         client.clone(),
@@ -382,18 +380,15 @@ async fn watch_directories(
         };
         loop {
             match watch.next(|| readiness.is_ready()).await {
-                Ok(Wake::Resync(trigger)) => {
+                Ok(DirWake::Resync(trigger)) => {
                     let Ok(mut p) = pending.lock() else {
                         return;
                     };
-                    p.full_needed = true;
-                    let now = Instant::now();
-                    let (since, worst) = p.dir_trigger.unwrap_or((now, trigger));
-                    p.dir_trigger = Some((since, worst.max(trigger)));
+                    p.schedule.directory(trigger, Instant::now());
                     tracing::info!(reason = trigger.label(), "{trigger}: full resync now");
                     changed.notify_one();
                 }
-                Ok(Wake::Orphaned(path)) => {
+                Ok(DirWake::Orphaned(path)) => {
                     if let Ok(mut p) = pending.lock() {
                         p.orphaned = Some(path);
                     }
@@ -435,14 +430,12 @@ async fn watch_reservations(
             // The store swaps in the relisted objects at InitDone: nothing to do before.
             Ok(Event::Init | Event::InitApply(_)) => {}
             Ok(Event::InitDone) => {
-                p.listed = true;
-                p.full_needed = true;
-                p.arrivals.push(now);
+                p.schedule.listed(now);
                 tracing::info!("reservations listed");
                 changed.notify_one();
             }
             Ok(Event::Apply(_) | Event::Delete(_)) => {
-                p.arrivals.push(now);
+                p.schedule.changed(now);
                 changed.notify_one();
             }
             Err(e) => {
@@ -461,14 +454,6 @@ struct State<'a> {
     changed: &'a Notify,
 }
 
-/// One pass's input: the store's objects and what the watch said since the last pass.
-struct PassInput {
-    reservations: Vec<Arc<IPReservation>>,
-    full: bool,
-    arrivals: Vec<Instant>,
-    dir_trigger: Option<(Instant, Trigger)>,
-}
-
 fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -476,6 +461,9 @@ fn unix_now() -> i64 {
         .unwrap_or(0)
 }
 
+/// The thin async shell over [`Schedule`]: wakes on a watch's report, a failed pass's retry
+/// time or the periodic tick, asks the schedule what to do, runs the pass on a blocking thread
+/// and tells the schedule how it ended.
 async fn write_loop(
     config: &AgentConfig,
     state: State<'_>,
@@ -485,14 +473,7 @@ async fn write_loop(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
     tokio::pin!(shutdown);
-    let mut writers: Vec<NetworkWriter> = config
-        .networks
-        .iter()
-        .map(|n| NetworkWriter::new(&config.data_dir, n))
-        .collect();
-    let mut last_full: Option<Instant> = None;
-    // When the next try of a failed pass is due, and how many passes failed in a row.
-    let mut retry: Option<(Instant, u32)> = None;
+    let mut writers = Some(new_writers(config));
     let mut reported: HashSet<(String, String)> = HashSet::new();
     let State {
         store,
@@ -501,46 +482,46 @@ async fn write_loop(
     } = state;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
+        let retry_at = schedule(pending, |s| s.retry_at()).flatten();
         let wake_for_retry = async {
-            match retry {
-                Some((at, _)) => tokio::time::sleep_until(at).await,
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
+        let wake = tokio::select! {
             () = &mut shutdown => return Ok(()),
             () = changed.notified() => {
                 if let Some(path) = pending.lock().ok().and_then(|mut p| p.orphaned.take()) {
                     return Err(AgentError::DataDirOrphaned(path));
                 }
+                Wake::Changed
             }
-            () = wake_for_retry => {}
+            () = wake_for_retry => Wake::Retry,
             _ = tick.tick() => {
-                if let Some(at) = last_full {
+                if let Some(since) = schedule(pending, |s| s.since_full(Instant::now())).flatten() {
                     metrics
                         .seconds_since_full_sync
-                        .set(i64::try_from(at.elapsed().as_secs()).unwrap_or(i64::MAX));
-                    if at.elapsed() >= config.resync_interval
-                        && let Ok(mut p) = pending.lock()
-                    {
-                        p.full_needed = true;
-                    }
+                        .set(i64::try_from(since.as_secs()).unwrap_or(i64::MAX));
                 }
-                let due = pending.lock().map(|p| p.full_needed && p.listed).unwrap_or(false);
-                if !due {
-                    continue;
-                }
+                Wake::Tick
             }
-        }
-        if retry.is_some_and(|(at, _)| Instant::now() < at) {
-            continue;
-        }
-        let Some(input) = take_pass_input(store, pending, retry.is_some()) else {
+        };
+        // The store is read under the same lock, so a change the pass takes is in the store.
+        let Some((pass, reservations)) =
+            pending
+                .lock()
+                .ok()
+                .and_then(|mut p| match p.schedule.next(wake, Instant::now()) {
+                    Step::Wait => None,
+                    Step::Pass(pass) => Some((pass, store.state())),
+                })
+        else {
             continue;
         };
         let desired = desired_files(
             &config.node_name,
-            &view::reservations(input.reservations.iter().map(AsRef::as_ref)),
+            &view::reservations(reservations.iter().map(AsRef::as_ref)),
             config.default_retain_for,
         );
         metrics
@@ -555,124 +536,106 @@ async fn write_loop(
         for (key, malformed) in &desired.defaulted {
             tracing::debug!(reservation = %key, error = %malformed, "default retention applied");
         }
-        let full = input.full;
-        let files = desired.files;
-        let moved = std::mem::take(&mut writers);
-        let joined = tokio::task::spawn_blocking(move || {
-            let mut moved = moved;
-            let results: Vec<_> = moved
-                .iter_mut()
-                .map(|w| {
-                    let r = if full {
-                        w.full_sync(&files)
-                    } else {
-                        w.apply(&files)
-                    };
-                    (w.network().to_owned(), r)
-                })
-                .collect();
-            (moved, results)
-        })
-        .await;
-        let (back, results) = match joined {
-            Ok(out) => out,
-            Err(e) => {
-                // The blocking task panicked or was cancelled: start from a full resync.
-                tracing::error!(error = %e, "reservation writer task failed");
-                metrics.sync_errors.with_label_values(&["pass"]).inc();
-                writers = config
-                    .networks
-                    .iter()
-                    .map(|n| NetworkWriter::new(&config.data_dir, n))
-                    .collect();
-                requeue(pending, input.arrivals, input.dir_trigger, &mut retry);
-                continue;
-            }
-        };
-        writers = back;
-        let mut ok = true;
-        for (network, result) in results {
-            match result {
-                Ok(report) => ok &= account(&network, &report, full, metrics),
-                Err(e) => {
-                    ok = false;
-                    metrics.sync_errors.with_label_values(&["pass"]).inc();
-                    tracing::warn!(network = %network, error = %error_chain(&e), "reservation sync failed; retrying");
-                }
-            }
-        }
-        if !ok {
-            requeue(pending, input.arrivals, input.dir_trigger, &mut retry);
-            continue;
-        }
-        retry = None;
-        for at in input.arrivals {
-            metrics.change_to_file.observe(at.elapsed().as_secs_f64());
-        }
-        if let Some((since, trigger)) = input.dir_trigger {
-            metrics
-                .directory_resyncs
-                .with_label_values(&[trigger.label()])
-                .inc();
-            tracing::info!(
-                reason = trigger.label(),
-                millis = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
-                "reservation files restored after: {trigger}"
-            );
-        }
-        if full {
-            last_full = Some(Instant::now());
-            metrics.full_syncs.inc();
-            metrics.last_full_sync.set(unix_now());
-            metrics.seconds_since_full_sync.set(0);
-            if !readiness.is_ready() {
-                tracing::info!("first full sync done: ready");
-            }
-            readiness.set(true);
+        let ok = write_pass(config, &mut writers, desired.files, pass.full, metrics).await;
+        let now = Instant::now();
+        if ok {
+            schedule(pending, |s| s.succeeded(&pass, now));
+            passed(&pass, metrics, readiness);
+        } else {
+            schedule(pending, |s| s.failed(pass, now));
         }
     }
 }
 
-/// Takes what the next pass needs; `None` before the first list completed. A retry after a
-/// failure is always a full resync.
-fn take_pass_input(
-    store: &Store<IPReservation>,
-    pending: &Mutex<Pending>,
-    retrying: bool,
-) -> Option<PassInput> {
-    let mut p = pending.lock().ok()?;
-    if !p.listed {
-        return None;
-    }
-    let full = std::mem::take(&mut p.full_needed) || retrying;
-    Some(PassInput {
-        reservations: store.state(),
-        full,
-        arrivals: std::mem::take(&mut p.arrivals),
-        dir_trigger: p.dir_trigger.take(),
+/// Writes `files` for every network on a blocking thread: a full resync or the changes only;
+/// `false` if a step failed. Writers are moved to the thread and back; a thread that panicked
+/// loses them, and new ones start from a full resync.
+async fn write_pass(
+    config: &AgentConfig,
+    writers: &mut Option<Vec<NetworkWriter>>,
+    files: BTreeMap<PodKey, ReservationFile>,
+    full: bool,
+    metrics: &AgentMetrics,
+) -> bool {
+    let mut moved = writers.take().unwrap_or_else(|| new_writers(config));
+    let joined = tokio::task::spawn_blocking(move || {
+        let results: Vec<_> = moved
+            .iter_mut()
+            .map(|w| {
+                let r = if full {
+                    w.full_sync(&files)
+                } else {
+                    w.apply(&files)
+                };
+                (w.network().to_owned(), r)
+            })
+            .collect();
+        (moved, results)
     })
+    .await;
+    let (back, results) = match joined {
+        Ok(out) => out,
+        Err(e) => {
+            tracing::error!(error = %e, "reservation writer task failed");
+            metrics.sync_errors.with_label_values(&["pass"]).inc();
+            return false;
+        }
+    };
+    *writers = Some(back);
+    let mut ok = true;
+    for (network, result) in results {
+        match result {
+            Ok(report) => ok &= account(&network, &report, full, metrics),
+            Err(e) => {
+                ok = false;
+                metrics.sync_errors.with_label_values(&["pass"]).inc();
+                tracing::warn!(network = %network, error = %error_chain(&e), "reservation sync failed; retrying");
+            }
+        }
+    }
+    ok
 }
 
-/// Puts a failed pass back: its changes are still pending and the next try is a full resync
-/// after a growing pause.
-fn requeue(
-    pending: &Mutex<Pending>,
-    arrivals: Vec<Instant>,
-    dir_trigger: Option<(Instant, Trigger)>,
-    retry: &mut Option<(Instant, u32)>,
-) {
-    if let Ok(mut p) = pending.lock() {
-        let mut waiting = arrivals;
-        waiting.append(&mut p.arrivals);
-        p.arrivals = waiting;
-        p.full_needed = true;
-        p.dir_trigger = match (dir_trigger, p.dir_trigger) {
-            (Some((at, a)), Some((_, b))) => Some((at, a.max(b))),
-            (earlier, later) => earlier.or(later),
-        };
+/// Records a pass that ended well: how long its changes took to reach disk, the directory
+/// trigger it answered, and (a full one) the resync, which makes the agent ready.
+fn passed(pass: &Pass, metrics: &AgentMetrics, readiness: &Readiness) {
+    for at in &pass.arrivals {
+        metrics.change_to_file.observe(at.elapsed().as_secs_f64());
     }
-    let failures = retry.map_or(1, |(_, n)| n.saturating_add(1));
-    *retry = Some((Instant::now() + Backoff::PASS.delay(failures), failures));
+    if let Some((since, trigger)) = pass.dir_trigger {
+        metrics
+            .directory_resyncs
+            .with_label_values(&[trigger.label()])
+            .inc();
+        tracing::info!(
+            reason = trigger.label(),
+            millis = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "reservation files restored after: {trigger}"
+        );
+    }
+    if pass.full {
+        metrics.full_syncs.inc();
+        metrics.last_full_sync.set(unix_now());
+        metrics.seconds_since_full_sync.set(0);
+        if !readiness.is_ready() {
+            tracing::info!("first full sync done: ready");
+        }
+        readiness.set(true);
+    }
+}
+
+/// One writer per network, knowing nothing yet (so its first pass reads the tree).
+fn new_writers(config: &AgentConfig) -> Vec<NetworkWriter> {
+    config
+        .networks
+        .iter()
+        .map(|n| NetworkWriter::new(&config.data_dir, n))
+        .collect()
+}
+
+/// Runs `f` on the schedule under its lock (`None` if a watch task panicked holding it).
+fn schedule<T>(pending: &Mutex<Pending>, f: impl FnOnce(&mut Schedule) -> T) -> Option<T> {
+    pending.lock().ok().map(|mut p| f(&mut p.schedule))
 }
 
 /// Counts and logs one network's pass; `false` if a step failed.
