@@ -13,7 +13,7 @@ mod dockerd;
 use std::time::{Duration, Instant};
 
 use dockerd::{Dockerd, IMAGE, legacy_plugin, require_docker};
-use support::{Scratch, address_of};
+use support::{address_of, scratch};
 
 const NAMES: usize = 500;
 const ROUNDS: usize = 4;
@@ -45,8 +45,8 @@ fn timed(f: impl FnOnce()) -> Duration {
 
 fn main() {
     require_docker("make bench-docker");
-    let dir = Scratch::new("bench");
-    let (name, _socket, driver) = legacy_plugin(&dir.path, "ipkeep-b", &[]);
+    let dir = scratch("bench");
+    let (name, _socket, driver) = legacy_plugin(dir.path(), "ipkeep-b", &[]);
 
     // 1. The socket: RequestAddress as Engine 29 sends it.
     let pool = driver.ok(
@@ -96,7 +96,7 @@ fn main() {
     row("ReleaseAddress (a named address: retained)", &mut releases);
 
     // 2. docker run: the driver beside Docker's built-in IPAM, interleaved.
-    let docker = Dockerd::start(&dir.path, "bench");
+    let docker = Dockerd::start(dir.path(), "bench");
     docker.network_on(&name, "198.18.44.0/24", "viaipkeep", &[]);
     docker.ok(&["network", "create", "--subnet", "198.18.45.0/24", "builtin"]);
     let (mut with_ipkeep, mut with_builtin) = (vec![], vec![]);

@@ -84,6 +84,9 @@ pub enum RunError {
     /// Listing failed.
     #[error(transparent)]
     Driver(#[from] DriverError),
+    /// The metrics could not be registered (never with the fixed set the driver has).
+    #[error("failed to register the metrics")]
+    Metrics(#[source] prometheus::Error),
 }
 
 /// Runs the command (serving never returns unless the socket cannot be bound).
@@ -119,6 +122,6 @@ fn serve(args: ServeArgs) -> Result<(), RunError> {
         auto_pools: args.auto_pools,
         key_by_mac: args.key_by_mac,
     });
-    Arc::new(Server::new(driver, Limits::default())).serve(listener);
+    Arc::new(Server::new(driver, Limits::default()).map_err(RunError::Metrics)?).serve(listener);
     Ok(())
 }

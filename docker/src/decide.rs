@@ -15,6 +15,7 @@ use std::time::Duration;
 use ipkeep_hostlocal::addr;
 use ipkeep_hostlocal::go_log_time;
 use ipkeep_hostlocal::store::{Owner, is_valid_container_id};
+use ipkeep_reservation::{RetainFor, effective_release_time};
 
 use crate::protocol::{ENDPOINT_NAME, GATEWAY_TYPE, MAC_ADDRESS, Options, REQUEST_ADDRESS_TYPE};
 
@@ -249,9 +250,13 @@ pub struct Retention {
     pub until: u64,
 }
 
-/// When a retention that starts at `now` ends: the one release-time rule.
+/// When a retention that starts at `now` ends, in seconds since the epoch: the contract's
+/// release-time rule, with the pool's retention (parsed and checked when the pool was requested)
+/// as the default, since a Docker address has none of its own.
 pub fn release_time(now: u64, retain_for: Duration) -> u64 {
-    now.saturating_add(retain_for.as_secs())
+    effective_release_time(Duration::from_secs(now), None, retain_for, RetainFor::MAX)
+        .at
+        .as_secs()
 }
 
 /// Whether a retention has ended at `now`.

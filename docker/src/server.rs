@@ -8,10 +8,11 @@ use std::io::{self, BufReader};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use prometheus::{CounterVec, Encoder, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 use serde::Serialize;
 
 use crate::decide::Holder;
@@ -92,23 +93,63 @@ fn parse_body<'a, T: serde::Deserialize<'a>>(path: &str, body: &'a [u8]) -> Resu
     })
 }
 
-/// Calls answered and seconds spent, per (endpoint, outcome).
-type CallTotals = BTreeMap<(&'static str, &'static str), (u64, f64)>;
-
-/// Request counts and time per endpoint and outcome.
-#[derive(Debug, Default)]
+/// The driver's metrics, in a registry of the `prometheus` crate (as the operator's).
+#[derive(Debug)]
 struct Metrics {
-    calls: Mutex<CallTotals>,
+    registry: Registry,
+    /// `ipkeep_docker_requests_total`: plugin calls answered, by endpoint and outcome.
+    requests: IntCounterVec,
+    /// `ipkeep_docker_request_seconds_total`: time spent answering them.
+    seconds: CounterVec,
+    /// `ipkeep_docker_addresses`: addresses held, by pool and state, counted at each scrape.
+    addresses: IntGaugeVec,
 }
 
 impl Metrics {
+    fn new() -> Result<Self, prometheus::Error> {
+        let by_call = ["endpoint", "outcome"];
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "ipkeep_docker_requests_total",
+                "Plugin calls answered, by endpoint and outcome.",
+            ),
+            &by_call,
+        )?;
+        let seconds = CounterVec::new(
+            Opts::new(
+                "ipkeep_docker_request_seconds_total",
+                "Time spent answering plugin calls, by endpoint and outcome.",
+            ),
+            &by_call,
+        )?;
+        let addresses = IntGaugeVec::new(
+            Opts::new(
+                "ipkeep_docker_addresses",
+                "Addresses held, by pool and state (in_use, retained).",
+            ),
+            &["pool", "state"],
+        )?;
+        let registry = Registry::new();
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(seconds.clone()))?;
+        registry.register(Box::new(addresses.clone()))?;
+        Ok(Self {
+            registry,
+            requests,
+            seconds,
+            addresses,
+        })
+    }
+
     fn record(&self, endpoint: &'static str, ok: bool, elapsed: Duration) {
-        let outcome = if ok { "success" } else { "error" };
-        if let Ok(mut calls) = self.calls.lock() {
-            let entry = calls.entry((endpoint, outcome)).or_default();
-            entry.0 += 1;
-            entry.1 += elapsed.as_secs_f64();
-        }
+        let labels = [
+            endpoint.trim_start_matches('/'),
+            if ok { "success" } else { "error" },
+        ];
+        self.requests.with_label_values(&labels).inc();
+        self.seconds
+            .with_label_values(&labels)
+            .inc_by(elapsed.as_secs_f64());
     }
 }
 
@@ -134,13 +175,13 @@ pub struct Server {
 
 impl Server {
     /// An endpoint over `driver`.
-    pub fn new(driver: Driver, limits: Limits) -> Self {
-        Self {
+    pub fn new(driver: Driver, limits: Limits) -> Result<Self, prometheus::Error> {
+        Ok(Self {
             driver,
             limits,
-            metrics: Metrics::default(),
+            metrics: Metrics::new()?,
             connections: AtomicUsize::new(0),
-        }
+        })
     }
 
     /// Answers one request.
@@ -230,30 +271,7 @@ impl Server {
 
     /// The Prometheus text: calls by endpoint and outcome, addresses by pool and state.
     fn metrics_text(&self) -> String {
-        let mut out = String::from(
-            "# HELP ipkeep_docker_requests_total Plugin calls answered, by endpoint and outcome.\n# TYPE ipkeep_docker_requests_total counter\n",
-        );
-        let calls = self
-            .metrics
-            .calls
-            .lock()
-            .map(|c| c.clone())
-            .unwrap_or_default();
-        for ((endpoint, outcome), (count, _)) in &calls {
-            out.push_str(&format!(
-                "ipkeep_docker_requests_total{{endpoint=\"{}\",outcome=\"{outcome}\"}} {count}\n",
-                endpoint.trim_start_matches('/')
-            ));
-        }
-        out.push_str("# HELP ipkeep_docker_request_seconds_total Time spent answering plugin calls, by endpoint and outcome.\n# TYPE ipkeep_docker_request_seconds_total counter\n");
-        for ((endpoint, outcome), (_, secs)) in &calls {
-            out.push_str(&format!(
-                "ipkeep_docker_request_seconds_total{{endpoint=\"{}\",outcome=\"{outcome}\"}} {secs}\n",
-                endpoint.trim_start_matches('/')
-            ));
-        }
-        out.push_str("# HELP ipkeep_docker_addresses Addresses held, by pool and state (in_use, retained).\n# TYPE ipkeep_docker_addresses gauge\n");
-        let mut counts: BTreeMap<(String, &str), u64> = BTreeMap::new();
+        let mut counts: BTreeMap<(String, &str), i64> = BTreeMap::new();
         if let Ok(listed) = self.driver.list() {
             for a in listed {
                 let state = match (&a.holder, a.retained_until) {
@@ -264,12 +282,19 @@ impl Server {
                 *counts.entry((a.pool_id, state)).or_default() += 1;
             }
         }
+        // A pool or state no longer held leaves the series, as the hand-written text did.
+        self.metrics.addresses.reset();
         for ((pool, state), n) in counts {
-            out.push_str(&format!(
-                "ipkeep_docker_addresses{{pool=\"{pool}\",state=\"{state}\"}} {n}\n"
-            ));
+            self.metrics
+                .addresses
+                .with_label_values(&[pool.as_str(), state])
+                .set(n);
         }
-        out
+        let mut text = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.metrics.registry.gather(), &mut text) {
+            eprintln!("ipkeep-docker: failed to encode the metrics: {e}");
+        }
+        String::from_utf8(text).unwrap_or_default()
     }
 
     /// Serves one connection until the peer closes it, asks to, or sends something unreadable.

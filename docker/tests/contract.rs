@@ -12,7 +12,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{Driver, Scratch, address_of, snapshot, wait_for};
+use support::{Driver, address_of, scratch, snapshot, wait_for};
 
 const SPACES: &str = "/IpamDriver.GetDefaultAddressSpaces";
 const REQUEST_POOL: &str = "/IpamDriver.RequestPool";
@@ -70,8 +70,8 @@ fn network_create(d: &Driver, subnet: &str, options: &str, gateway: &str, aux: &
 
 #[test]
 fn calls_without_arguments_answer_json() {
-    let dir = Scratch::new("noargs");
-    let d = Driver::start(&dir.path, &[]);
+    let dir = scratch("noargs");
+    let d = Driver::start(dir.path(), &[]);
     assert_eq!(
         d.ok("/Plugin.Activate", ""),
         serde_json::json!({"Implements": ["IpamDriver"]})
@@ -98,8 +98,8 @@ fn calls_without_arguments_answer_json() {
 
 #[test]
 fn a_container_gets_its_address_back_through_stop_recreate_network_rm_and_driver_restart() {
-    let dir = Scratch::new("lifecycle");
-    let mut d = Driver::start(&dir.path, &[]);
+    let dir = scratch("lifecycle");
+    let mut d = Driver::start(dir.path(), &[]);
     // docker network create --ipam-driver ipkeep --subnet 198.18.7.0/24 --gateway 198.18.7.254
     //   --aux-address router=198.18.7.250 --ipam-opt ipkeep.dev/retain-for=1h
     let opts = r#"{"ipkeep.dev/retain-for":"1h"}"#;
@@ -221,8 +221,8 @@ fn a_container_gets_its_address_back_through_stop_recreate_network_rm_and_driver
 
 #[test]
 fn retention_ends_and_the_address_is_free_again() {
-    let dir = Scratch::new("expiry");
-    let d = Driver::start(&dir.path, &[]);
+    let dir = scratch("expiry");
+    let d = Driver::start(dir.path(), &[]);
     let id = network_create(
         &d,
         "198.18.8.0/24",
@@ -253,8 +253,8 @@ fn retention_ends_and_the_address_is_free_again() {
 
 #[test]
 fn pools_of_the_drivers_choosing_are_distinct_and_run_out_clearly() {
-    let dir = Scratch::new("auto");
-    let d = Driver::start(&dir.path, &["--auto-pools", "198.19.4.0/23:24"]);
+    let dir = scratch("auto");
+    let d = Driver::start(dir.path(), &["--auto-pools", "198.19.4.0/23:24"]);
     let auto =
         r#"{"AddressSpace":"ipkeep-local","Pool":"","SubPool":"","Options":null,"V6":false}"#;
     // The engine keeps asking (holding each answer) while answers overlap its other networks.
@@ -278,8 +278,8 @@ fn pools_of_the_drivers_choosing_are_distinct_and_run_out_clearly() {
 
 #[test]
 fn sub_pools_keep_the_gateway_and_aux_addresses_outside_the_range() {
-    let dir = Scratch::new("subpool");
-    let d = Driver::start(&dir.path, &[]);
+    let dir = scratch("subpool");
+    let d = Driver::start(dir.path(), &[]);
     // --subnet 198.18.16.0/22 --ip-range 198.18.17.0/24, default gateway, aux outside the range.
     let pool = d.ok(
         REQUEST_POOL,
@@ -312,8 +312,8 @@ fn sub_pools_keep_the_gateway_and_aux_addresses_outside_the_range() {
 /// Hostile input: each is refused with a clear error, the driver stays up, nothing changes.
 #[test]
 fn hostile_input_is_refused_and_changes_nothing() {
-    let dir = Scratch::new("hostile");
-    let mut d = Driver::start(&dir.path, &[]);
+    let dir = scratch("hostile");
+    let mut d = Driver::start(dir.path(), &[]);
     let id = network_create(&d, "198.18.9.0/24", "null", "", &[]);
     d.ok(REQUEST_ADDRESS, &request_container(&id, "web", ""));
     let db = address_of(&d.ok(REQUEST_ADDRESS, &request_container(&id, "db", "")));
@@ -537,8 +537,8 @@ fn hostile_input_is_refused_and_changes_nothing() {
 /// address back, and a name (Engine ≥ 29) still wins over a MAC.
 #[test]
 fn with_key_by_mac_a_pinned_mac_gets_its_address_back() {
-    let dir = Scratch::new("mac");
-    let d = Driver::start(&dir.path, &["--key-by-mac"]);
+    let dir = scratch("mac");
+    let d = Driver::start(dir.path(), &["--key-by-mac"]);
     assert_eq!(
         d.ok("/IpamDriver.GetCapabilities", ""),
         serde_json::json!({"RequiresMACAddress": true, "RequiresRequestReplay": false})
@@ -574,8 +574,8 @@ fn with_key_by_mac_a_pinned_mac_gets_its_address_back() {
 #[test]
 fn metrics_pass_promtool() {
     use std::io::{Read, Write};
-    let dir = Scratch::new("metrics");
-    let d = Driver::start(&dir.path, &[]);
+    let dir = scratch("metrics");
+    let d = Driver::start(dir.path(), &[]);
     let id = network_create(&d, "198.18.11.0/24", "null", "", &[]);
     let web = address_of(&d.ok(REQUEST_ADDRESS, &request_container(&id, "web", "")));
     d.ok(RELEASE_ADDRESS, &release(&id, &web));
@@ -620,8 +620,8 @@ fn metrics_pass_promtool() {
 
 #[test]
 fn list_prints_only_the_header_and_creates_nothing_without_data() {
-    let dir = Scratch::new("emptylist");
-    let data = dir.path.join("never");
+    let dir = scratch("emptylist");
+    let data = dir.path().join("never");
     let out = std::process::Command::new(support::driver_binary())
         .args(["list", "--data-dir"])
         .arg(&data)

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use dockerd::{Dockerd, IMAGE, legacy_plugin, require_docker};
-use support::{Scratch, metric};
+use support::{metric, scratch};
 
 /// The allocation files of a pool: address → `(owner, kind)`.
 fn allocations(data_dir: &Path, pool_id: &str) -> BTreeMap<String, (String, String)> {
@@ -69,9 +69,9 @@ fn assert_consistent(
 #[test]
 fn docker_run_stop_rm_and_compose_through_the_driver() {
     require_docker("the real-dockerd test");
-    let dir = Scratch::new("real");
-    let (name, _socket, mut driver) = legacy_plugin(&dir.path, "ipkeep-t", &[]);
-    let docker = Dockerd::start(&dir.path, "dk");
+    let dir = scratch("real");
+    let (name, _socket, mut driver) = legacy_plugin(dir.path(), "ipkeep-t", &[]);
+    let docker = Dockerd::start(dir.path(), "dk");
 
     // A network on the driver: the engine activates the plugin from its socket.
     let opts = [
@@ -191,7 +191,7 @@ fn docker_run_stop_rm_and_compose_through_the_driver() {
     assert!(state.contains("\"active\":false"), "{state}");
 
     // Compose: up, recreate, down, with the network's IPAM on the driver.
-    let project = dir.path.join("compose");
+    let project = dir.path().join("compose");
     std::fs::create_dir_all(&project).unwrap();
     std::fs::write(
         project.join("docker-compose.yml"),
@@ -280,11 +280,11 @@ fn plugin_bundle() -> std::path::PathBuf {
 fn the_managed_plugin_bundle_is_accepted_and_serves() {
     require_docker("the managed plugin test");
     let bundle = plugin_bundle();
-    let dir = Scratch::new("managed");
-    let docker = Dockerd::start(&dir.path, "mp");
+    let dir = scratch("managed");
+    let docker = Dockerd::start(dir.path(), "mp");
     let name = "ipkeep-managed:test";
     docker.ok(&["plugin", "create", name, &bundle.to_string_lossy()]);
-    let data = dir.path.join("plugin-data");
+    let data = dir.path().join("plugin-data");
     std::fs::create_dir_all(&data).unwrap();
     docker.ok(&[
         "plugin",
@@ -338,9 +338,9 @@ fn the_managed_plugin_bundle_is_accepted_and_serves() {
 #[test]
 fn with_key_by_mac_a_container_recreated_with_its_mac_keeps_its_address() {
     require_docker("the real-dockerd --key-by-mac test");
-    let dir = Scratch::new("realmac");
-    let (name, _socket, driver) = legacy_plugin(&dir.path, "ipkeep-m", &["--key-by-mac"]);
-    let mut docker = Dockerd::start(&dir.path, "km");
+    let dir = scratch("realmac");
+    let (name, _socket, driver) = legacy_plugin(dir.path(), "ipkeep-m", &["--key-by-mac"]);
+    let mut docker = Dockerd::start(dir.path(), "km");
     docker.network_on(&name, "198.18.34.0/24", "knet", &[]);
     let run = |n: &str, mac: &str| {
         docker.ok(&[

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::{Driver, Scratch, address_of, wait_for};
+use support::{Driver, address_of, scratch, wait_for};
 
 const STORM: usize = 200;
 const RETAINED: usize = 50;
@@ -28,8 +28,8 @@ fn request(pool_id: &str, name: &str) -> String {
 
 #[test]
 fn two_hundred_requests_with_the_driver_killed_mid_storm() {
-    let dir = Scratch::new("storm");
-    let mut d = Driver::start(&dir.path, &[]);
+    let dir = scratch("storm");
+    let mut d = Driver::start(dir.path(), &[]);
     let pool = d.ok(
         "/IpamDriver.RequestPool",
         r#"{"AddressSpace":"ipkeep-local","Pool":"198.18.20.0/24","SubPool":"","Options":null,"V6":false}"#,

@@ -178,13 +178,10 @@ pub struct ConflictStatus {
 }
 
 impl IPReservation {
-    /// Whether the reservation carries a `Conflict` condition with status `True`.
+    /// Whether the controller recorded a conflict: `status.conflict`, the source of truth (the
+    /// `Conflict` condition is written with it for people and `kubectl wait`, never read alone).
     pub fn in_conflict(&self) -> bool {
-        self.status.as_ref().is_some_and(|s| {
-            s.conditions
-                .iter()
-                .any(|c| c.type_ == CONDITION_CONFLICT && c.status == "True")
-        })
+        self.status.as_ref().is_some_and(|s| s.conflict.is_some())
     }
 }
 

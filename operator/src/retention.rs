@@ -1,13 +1,14 @@
 //! Retention, said once: the `retainFor` grammar ([`RetainFor`]) that the
 //! `ipkeep.dev/retain-for` annotation, the CRD's `spec.retainFor` (and its validation), the
-//! `--default-retain-for` flag and the agent's `--resync-interval` share, and the release-time
-//! rule ([`release_time`]) that the controller and the agent share.
+//! `--default-retain-for` flag share, and the release-time rule ([`release_time`], the
+//! contract's [`effective_release_time`] on jiff's clock) that the controller and the agent share.
 
 use std::time::Duration;
 
-use jiff::Timestamp;
+use ipkeep_reservation::{ReleaseTime, effective_release_time};
+use jiff::{SignedDuration, Timestamp};
 
-pub use ipkeep_reservation::{RetainFor, RetainForError};
+pub use ipkeep_reservation::{Fallback, RetainFor, RetainForError};
 
 /// A `spec.retainFor` as found: parsed, or refused with its text kept as written (only an API
 /// server that does not evaluate the CRD's CEL rules lets one through).
@@ -31,13 +32,24 @@ pub fn held_to(asked: RetainFor, max: RetainFor) -> RetainFor {
     }
 }
 
-/// When a reservation's addresses become free: `releasedAt + retainFor` — for a reservation
-/// made by hand that no pod has held yet, `releasedAt` is its `creationTimestamp`. Saturates at
-/// the latest instant rather than failing.
-pub fn release_time(released_at: Timestamp, retain_for: Duration) -> Timestamp {
-    released_at
-        .checked_add(retain_for)
-        .unwrap_or(Timestamp::MAX)
+/// The release-time rule ([`effective_release_time`]) on the operator's clock: `releasedAt` plus
+/// the reservation's own `spec.retainFor` as found, held to `max`, or `default` when it has none
+/// or a malformed one — for a reservation made by hand that no pod has held yet, `releasedAt` is
+/// its `creationTimestamp`. Saturates at the latest instant rather than failing (and reads an
+/// instant before the epoch as the epoch).
+pub fn release_time(
+    released_at: Timestamp,
+    own: Option<&FoundRetainFor>,
+    default: Duration,
+    max: RetainFor,
+) -> (Timestamp, Option<Fallback>) {
+    let since_epoch = Duration::try_from(released_at.as_duration()).unwrap_or(Duration::ZERO);
+    let ReleaseTime { at, fallback } = effective_release_time(since_epoch, own, default, max);
+    let at = SignedDuration::try_from(at)
+        .ok()
+        .and_then(|at| Timestamp::from_duration(at).ok())
+        .unwrap_or(Timestamp::MAX);
+    (at, fallback)
 }
 
 #[cfg(test)]
@@ -67,17 +79,20 @@ mod tests {
     #[test]
     fn release_time_adds_and_saturates() {
         let at = Timestamp::from_second(1_795_262_400).unwrap();
+        let day = Duration::from_secs(86_400);
+        let own = |s: &str| Some(RetainFor::parse(s));
         let cases = [
-            (at, Duration::from_secs(1_800), at.as_second() + 1_800),
-            (at, Duration::ZERO, at.as_second()),
-            (at, Duration::MAX, Timestamp::MAX.as_second()),
+            (at, own("30m"), at.as_second() + 1_800),
+            (at, None, at.as_second() + 86_400),
+            (at, own("05m"), at.as_second() + 86_400),
+            (Timestamp::MAX, own("1s"), Timestamp::MAX.as_second()),
         ];
         for (from, retain, want) in cases {
-            assert_eq!(
-                release_time(from, retain).as_second(),
-                want,
-                "{from} + {retain:?}"
-            );
+            let (got, _) = release_time(from, retain.as_ref(), day, RetainFor::MAX);
+            assert_eq!(got.as_second(), want, "{from} + {retain:?}");
         }
+        let nanos = Timestamp::new(1_795_262_400, 5).unwrap();
+        let (got, _) = release_time(nanos, None, day, RetainFor::MAX);
+        assert_eq!(got, Timestamp::new(1_795_262_400 + 86_400, 5).unwrap());
     }
 }

@@ -14,11 +14,15 @@ use ipkeep_operator::install_cni::{
     install, reclaim_host_local, replace_host_local, restore_host_local,
 };
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ipkeep-install-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
+/// A scratch directory (removed when dropped) with an `image/` in it, and its path.
+fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("ipkeep-install-{name}-"))
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path().to_path_buf();
     fs::create_dir_all(dir.join("image")).unwrap();
-    dir
+    (tmp, dir)
 }
 
 fn write_source(dir: &Path, bytes: &[u8]) -> PathBuf {
@@ -29,7 +33,7 @@ fn write_source(dir: &Path, bytes: &[u8]) -> PathBuf {
 
 #[test]
 fn installs_keeps_identical_and_replaces_changed() {
-    let dir = scratch("basic");
+    let (_tmp, dir) = scratch("basic");
     let bin = dir.join("host/opt/cni/bin");
     let src = write_source(&dir, b"\x7fELF version 1");
 
@@ -62,12 +66,11 @@ fn installs_keeps_identical_and_replaces_changed() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(names, ["ipkeep"], "nothing but the binary is left");
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn leftovers_cleaned_and_symlinks_replaced_not_followed() {
-    let dir = scratch("leftovers");
+    let (_tmp, dir) = scratch("leftovers");
     let bin = dir.join("bin");
     fs::create_dir_all(&bin).unwrap();
     let src = write_source(&dir, b"new binary");
@@ -86,12 +89,11 @@ fn leftovers_cleaned_and_symlinks_replaced_not_followed() {
         .collect();
     names.sort();
     assert_eq!(names, ["bridge", "ipkeep"]);
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn refuses_bad_sources_and_names() {
-    let dir = scratch("refuse");
+    let (_tmp, dir) = scratch("refuse");
     let bin = dir.join("bin");
     let err = install(&dir.join("image/missing"), &bin, None).unwrap_err();
     assert!(
@@ -116,14 +118,13 @@ fn refuses_bad_sources_and_names() {
     let source = std::error::Error::source(&err).map(ToString::to_string);
     assert!(err.to_string().contains("failed to replace"), "{err}");
     assert_eq!(source.as_deref(), Some("a directory is in the way"));
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A reader opening the binary in a loop while two versions are installed alternately sees
 /// one whole version or the other, never a mix or a short file.
 #[test]
 fn a_concurrent_reader_never_sees_a_half_written_binary() {
-    let dir = scratch("atomic");
+    let (_tmp, dir) = scratch("atomic");
     let bin = dir.join("bin");
     let v1 = vec![b'1'; 4 << 20];
     let v2 = vec![b'2'; 3 << 20];
@@ -152,13 +153,12 @@ fn a_concurrent_reader_never_sees_a_half_written_binary() {
     stop.store(true, Ordering::Relaxed);
     let reads = reader.join().unwrap();
     assert!(reads > 0, "the reader never read");
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The subcommand as the init container runs it, twice.
 #[test]
 fn the_subcommand_is_safe_to_rerun() {
-    let dir = scratch("cli");
+    let (_tmp, dir) = scratch("cli");
     let src = write_source(&dir, b"plugin");
     let bin = dir.join("host/bin");
     let run = || {
@@ -175,7 +175,6 @@ fn the_subcommand_is_safe_to_rerun() {
     assert!(run().contains("installed"));
     assert!(run().contains("up to date"));
     assert_eq!(fs::read(bin.join("ipkeep")).unwrap(), b"plugin");
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 fn host_local_dir(dir: &Path, original: &[u8]) -> PathBuf {
@@ -200,7 +199,7 @@ fn names_in(dir: &Path) -> Vec<String> {
 /// original file back; restoring again does nothing.
 #[test]
 fn replace_keeps_the_original_once_and_restore_puts_it_back() {
-    let dir = scratch("replace");
+    let (_tmp, dir) = scratch("replace");
     let bin = host_local_dir(&dir, b"the real host-local");
     let original_ino = fs::metadata(bin.join(HOST_LOCAL)).unwrap().ino();
     let src = write_source(&dir, b"ipkeep plugin");
@@ -263,14 +262,13 @@ fn replace_keeps_the_original_once_and_restore_puts_it_back() {
         fs::read(bin.join(HOST_LOCAL)).unwrap(),
         b"the real host-local"
     );
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 /// k3s ships host-local as a symlink to its multi-call `cni` binary: the symlink itself is kept
 /// and restored, the `cni` binary is never written.
 #[test]
 fn a_symlinked_host_local_is_kept_as_a_symlink() {
-    let dir = scratch("k3s");
+    let (_tmp, dir) = scratch("k3s");
     let bin = dir.join("bin");
     fs::create_dir_all(&bin).unwrap();
     fs::write(bin.join("cni"), b"k3s multi-call cni").unwrap();
@@ -297,14 +295,13 @@ fn a_symlinked_host_local_is_kept_as_a_symlink() {
     );
     assert_eq!(fs::read(bin.join("cni")).unwrap(), b"k3s multi-call cni");
     assert_eq!(names_in(&bin), ["cni", HOST_LOCAL]);
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Refusals that would otherwise lose the original: no host-local to replace (wrong
 /// directory), and host-local already ipkeep with no original kept.
 #[test]
 fn replace_refuses_when_the_original_cannot_be_kept() {
-    let dir = scratch("replace-refuse");
+    let (_tmp, dir) = scratch("replace-refuse");
     let empty = dir.join("empty");
     fs::create_dir_all(&empty).unwrap();
     let src = write_source(&dir, b"ipkeep plugin");
@@ -321,14 +318,13 @@ fn replace_refuses_when_the_original_cannot_be_kept() {
     assert!(matches!(err, InstallError::OriginalLost { .. }), "{err}");
     assert_eq!(names_in(&bin), [HOST_LOCAL]);
     assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), b"ipkeep plugin");
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A replace killed between keeping the original (a hard link) and installing ipkeep leaves
 /// two names for the original: restore (and a re-run replace) handle it.
 #[test]
 fn an_interrupted_replace_is_restored_or_finished() {
-    let dir = scratch("interrupted");
+    let (_tmp, dir) = scratch("interrupted");
     let bin = host_local_dir(&dir, b"the real host-local");
     fs::hard_link(bin.join(HOST_LOCAL), bin.join(HOST_LOCAL_ORIG)).unwrap();
     assert_eq!(restore_host_local(&bin).unwrap(), Restore::Restored);
@@ -347,14 +343,13 @@ fn an_interrupted_replace_is_restored_or_finished() {
         fs::read(bin.join(HOST_LOCAL_ORIG)).unwrap(),
         b"the real host-local"
     );
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A runtime exec'ing host-local at any moment of replace/restore cycles always finds a whole
 /// binary, the original or ipkeep.
 #[test]
 fn host_local_is_never_missing_during_replace_and_restore() {
-    let dir = scratch("never-missing");
+    let (_tmp, dir) = scratch("never-missing");
     let original = vec![b'o'; 2 << 20];
     let ours = vec![b'i'; 3 << 20];
     let bin = host_local_dir(&dir, &original);
@@ -382,7 +377,6 @@ fn host_local_is_never_missing_during_replace_and_restore() {
     stop.store(true, Ordering::Relaxed);
     assert!(reader.join().unwrap() > 0, "the reader never read");
     assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), original);
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The chart's init container (`--replace-host-local`, and without it) and `--restore-host-local`
@@ -390,7 +384,7 @@ fn host_local_is_never_missing_during_replace_and_restore() {
 /// `e2e/tests/chart_rbac.rs` runs it).
 #[test]
 fn the_chart_command_lines_replace_and_restore() {
-    let dir = scratch("cli-replace");
+    let (_tmp, dir) = scratch("cli-replace");
     let bin = host_local_dir(&dir, b"the real host-local");
     let src = write_source(&dir, b"plugin");
     let run = |args: &[&str]| {
@@ -439,12 +433,11 @@ fn the_chart_command_lines_replace_and_restore() {
             .unwrap();
         assert!(!out.status.success(), "{refused:?} is refused");
     }
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_host_local_written_over_ipkeep_is_reclaimed_and_kept_as_the_newest_original() {
-    let dir = scratch("reclaim");
+    let (_tmp, dir) = scratch("reclaim");
     let bin = host_local_dir(&dir, b"host-local 1.4");
     let src = write_source(&dir, b"ipkeep");
     replace_host_local(&src, &bin).unwrap();
@@ -497,7 +490,7 @@ fn a_host_local_written_over_ipkeep_is_reclaimed_and_kept_as_the_newest_original
 
 #[test]
 fn a_relinked_host_local_is_kept_as_the_symlink_never_followed() {
-    let dir = scratch("relink");
+    let (_tmp, dir) = scratch("relink");
     let bin = host_local_dir(&dir, b"host-local");
     let src = write_source(&dir, b"ipkeep");
     replace_host_local(&src, &bin).unwrap();

@@ -194,8 +194,11 @@ fn result_ip(stdout: &str) -> IpAddr {
 #[test]
 fn plugins_never_see_a_torn_file_nor_get_a_reserved_address_while_the_agent_rewrites() {
     let bin = plugin_binary();
-    let data_dir = std::env::temp_dir().join(format!("ipkeep-agent-plugin-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data_dir);
+    let tmp = tempfile::Builder::new()
+        .prefix("ipkeep-agent-plugin-")
+        .tempdir()
+        .unwrap();
+    let data_dir = tmp.path().join("data");
     let mut writer = NetworkWriter::new(&data_dir, NETWORK);
     writer.full_sync(&desired_at(0)).unwrap();
 
@@ -310,5 +313,4 @@ fn plugins_never_see_a_torn_file_nor_get_a_reserved_address_while_the_agent_rewr
         .filter(|n| n.parse::<IpAddr>().is_ok())
         .collect();
     assert!(left.is_empty(), "IP files left after every DEL: {left:?}");
-    std::fs::remove_dir_all(&data_dir).unwrap();
 }

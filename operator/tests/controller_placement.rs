@@ -589,8 +589,11 @@ async fn the_webhook_serves_reviews_over_tls_and_takes_a_renewed_certificate_wit
     let life = Lifetimes::standard();
     let first = issue(Renewal::Fresh, &BTreeMap::new(), None, &names, now, &life).unwrap();
     // Served from files, as with cert-manager's Secret mounted (`--webhook-cert-dir`).
-    let dir = std::env::temp_dir().join(format!("ipkeep-webhook-serve-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("ipkeep-webhook-serve-")
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path().to_path_buf();
     std::fs::write(dir.join("tls.crt"), &first.cert).unwrap();
     std::fs::write(dir.join("tls.key"), &first.key).unwrap();
     let slot = std::sync::Arc::new(webhook::CertSlot::default());
@@ -673,7 +676,6 @@ async fn the_webhook_serves_reviews_over_tls_and_takes_a_renewed_certificate_wit
     loader.abort();
     let _ = stop_tx.send(());
     serving.await.unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The DER of the first certificate of a PEM chain.

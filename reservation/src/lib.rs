@@ -97,7 +97,7 @@ mod writer;
 // The contract the agent (operator), the Docker driver and the plugin share: the file, its
 // times, the network directory it lives in, the writer and the readers.
 pub use netdir::{NetDirError, NetworkDir, TEMP_PREFIX};
-pub use retain_for::{RetainFor, RetainForError};
+pub use retain_for::{Fallback, ReleaseTime, RetainFor, RetainForError, effective_release_time};
 pub use scan::{ReservationSet, ReservedDirError, Skipped, load_reservations, read_reservation};
 pub use schema::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError};
 pub use snapshot::{Source, load_reservations_cached};

@@ -126,6 +126,61 @@ impl RetainFor {
     }
 }
 
+/// Why [`effective_release_time`] did not use a reservation's own retention as given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fallback {
+    /// Its own retention does not follow the grammar (only an API server that skips the CRD's
+    /// validation lets one through): the default applied.
+    Malformed(RetainForError),
+    /// Its own retention is longer than the maximum: the maximum applied.
+    Capped {
+        /// The retention as given.
+        asked: RetainFor,
+        /// The retention applied.
+        held: RetainFor,
+    },
+}
+
+/// When a reservation's addresses become free, and whether its own retention was set aside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseTime {
+    /// The instant, as time since the Unix epoch; saturates at [`Duration::MAX`] rather than
+    /// failing.
+    pub at: Duration,
+    /// Set when the reservation's own retention was not used as given, so the caller can warn.
+    pub fallback: Option<Fallback>,
+}
+
+/// The one release-time rule of ipkeep (the controller's `status.releaseTime`, the agent's file
+/// before the controller has written one, the Docker driver's retained names): `released_at`
+/// plus the reservation's own retention (`own`, as found: unset, parsed, or refused), held to
+/// `max`; a malformed one is replaced by `default` — never refused, so a reservation is never
+/// dropped over a value that only a non-validating API server lets through — and reported in
+/// [`ReleaseTime::fallback`].
+pub fn effective_release_time(
+    released_at: Duration,
+    own: Option<&Result<RetainFor, RetainForError>>,
+    default: Duration,
+    max: RetainFor,
+) -> ReleaseTime {
+    let (retain, fallback) = match own {
+        None => (default, None),
+        Some(Err(e)) => (default, Some(Fallback::Malformed(e.clone()))),
+        Some(Ok(asked)) if asked.duration() > max.duration() => (
+            max.duration(),
+            Some(Fallback::Capped {
+                asked: *asked,
+                held: max,
+            }),
+        ),
+        Some(Ok(asked)) => (asked.duration(), None),
+    };
+    ReleaseTime {
+        at: released_at.checked_add(retain).unwrap_or(Duration::MAX),
+        fallback,
+    }
+}
+
 impl fmt::Display for RetainFor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}{}", self.count, self.unit.suffix())
@@ -184,6 +239,72 @@ mod tests {
                 (got, _) => panic!("{text:?}: got {got:?}, wanted {want:?}"),
             }
         }
+    }
+
+    /// What was asked, its own retention as found, the maximum, the release second wanted and
+    /// the fallback wanted.
+    type Case = (
+        &'static str,
+        Option<Result<RetainFor, RetainForError>>,
+        RetainFor,
+        u64,
+        Option<Fallback>,
+    );
+
+    #[test]
+    fn effective_release_time_rules() {
+        let p = |s: &str| RetainFor::parse(s);
+        let at = Duration::from_secs(1_000);
+        let day = Duration::from_secs(86_400);
+        let week = p("7d").unwrap();
+        let cases: &[Case] = &[
+            (
+                "none of its own: the default",
+                None,
+                week,
+                1_000 + 86_400,
+                None,
+            ),
+            ("its own", Some(p("30m")), week, 1_000 + 1_800, None),
+            (
+                "its own, at the maximum",
+                Some(p("168h")),
+                week,
+                1_000 + 604_800,
+                None,
+            ),
+            (
+                "longer than the maximum: the maximum",
+                Some(p("8d")),
+                week,
+                1_000 + 604_800,
+                Some(Fallback::Capped {
+                    asked: p("8d").unwrap(),
+                    held: week,
+                }),
+            ),
+            (
+                "malformed: the default, reported",
+                Some(p("05m")),
+                week,
+                1_000 + 86_400,
+                Some(Fallback::Malformed(RetainForError::Syntax("05m".into()))),
+            ),
+            (
+                "too long for the grammar: the default, reported",
+                Some(p("367d")),
+                RetainFor::MAX,
+                1_000 + 86_400,
+                Some(Fallback::Malformed(RetainForError::TooLong("367d".into()))),
+            ),
+        ];
+        for (what, own, max, want_at, want_fallback) in cases {
+            let got = effective_release_time(at, own.as_ref(), day, *max);
+            assert_eq!(got.at, Duration::from_secs(*want_at), "{what}");
+            assert_eq!(&got.fallback, want_fallback, "{what}");
+        }
+        let end = effective_release_time(Duration::MAX, None, day, week);
+        assert_eq!(end.at, Duration::MAX, "saturates");
     }
 
     #[test]

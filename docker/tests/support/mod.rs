@@ -8,7 +8,6 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -26,48 +25,14 @@ pub fn driver_binary() -> PathBuf {
 }
 
 /// A directory removed (with everything in it) when dropped.
-#[derive(Debug)]
-pub struct Scratch {
-    pub path: PathBuf,
-}
+pub type Scratch = tempfile::TempDir;
 
-impl Scratch {
-    /// A fresh directory under the system's temporary directory.
-    pub fn new(tag: &str) -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        sweep_stale_scratch();
-        let path =
-            std::env::temp_dir().join(format!("ipkeep-docker-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Self { path }
-    }
-}
-
-/// Removes the scratch directories of test processes that were killed (`…-<pid>-<n>`).
-fn sweep_stale_scratch() {
-    for entry in std::fs::read_dir(std::env::temp_dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let pid = name
-            .strip_prefix("ipkeep-docker-")
-            .and_then(|rest| rest.rsplit('-').nth(1));
-        if let Some(pid) = pid.filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-            && !Path::new("/proc").join(pid).exists()
-        {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
+/// A fresh scratch directory under the system's temporary directory, named after `tag`.
+pub fn scratch(tag: &str) -> Scratch {
+    tempfile::Builder::new()
+        .prefix(&format!("ipkeep-docker-{tag}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// Waits until `cond` holds, failing the test with `what` when `limit` passes first.

@@ -16,7 +16,7 @@ use ipkeep_reservation::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError, T
 
 use crate::key::Key;
 use crate::phase::Phase;
-use crate::retention::{FoundRetainFor, RetainForError, release_time};
+use crate::retention::{Fallback, FoundRetainFor, RetainFor, RetainForError, release_time};
 
 /// What planning reads of one IPReservation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,16 +64,6 @@ pub enum Refusal {
         /// The entry as found.
         ip: String,
     },
-    /// The release time must be computed (no `status.releaseTime`) and `spec.retainFor` is
-    /// not a duration the CRD allows.
-    #[error("failed to compute the release time of reservation {pod} from spec.retainFor")]
-    InvalidRetainFor {
-        /// Whose reservation.
-        pod: PodKey,
-        /// Why the value was refused.
-        #[source]
-        source: RetainForError,
-    },
     /// The reservation has no `metadata.uid` or `metadata.creationTimestamp` (never from a real
     /// API server).
     #[error("failed to write reservation {pod}: it has no metadata.{field}")]
@@ -98,7 +88,13 @@ pub enum Refusal {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FileDecision {
     /// This file must exist.
-    Write(ReservationFile),
+    Write {
+        /// The file.
+        file: ReservationFile,
+        /// Its release time used the default retention in place of this malformed
+        /// `spec.retainFor` (as the controller does; the caller warns).
+        defaulted: Option<RetainForError>,
+    },
     /// The reservation belongs to another node: no file here.
     OtherNode,
     /// The controller marked it `Conflict`: no file, so the address it claims stays with the
@@ -123,7 +119,8 @@ fn timestamp_of(time: jiff::Timestamp) -> Timestamp {
 ///   controller's rule, [`release_time`], from `status.releasedAt`, else `creationTimestamp`:
 ///   the design treats a hand-made reservation as `Released` from its creation until its pod
 ///   appears. `retainFor` is the reservation's own, else `default_retain_for` (the chart passes
-///   the controller's default).
+///   the controller's default) — also when its own is malformed, as the controller does: the
+///   file is written with the time the controller will write, and the decision says so.
 pub fn reservation_file(
     r: &Reservation,
     node: &str,
@@ -151,27 +148,29 @@ pub fn reservation_file(
     let Some(uid) = r.uid.clone() else {
         return Err(Refusal::MissingMetadata { pod, field: "uid" });
     };
+    let mut defaulted = None;
     let release_time = match (r.phase, r.release_time) {
         (Some(Phase::Bound), _) => None,
         (_, Some(at)) => Some(timestamp_of(at)),
         (_, None) => {
-            let retain_for = match &r.retain_for {
-                Some(Ok(retain_for)) => retain_for.duration(),
-                Some(Err(e)) => {
-                    return Err(Refusal::InvalidRetainFor {
-                        pod,
-                        source: e.clone(),
-                    });
-                }
-                None => default_retain_for,
-            };
             let Some(released_at) = r.released_at.or(r.created) else {
                 return Err(Refusal::MissingMetadata {
                     pod,
                     field: "creationTimestamp",
                 });
             };
-            Some(timestamp_of(release_time(released_at, retain_for)))
+            // The agent knows no --max-retain-for: the grammar's is the cap until the controller
+            // writes status.releaseTime.
+            let (at, fallback) = release_time(
+                released_at,
+                r.retain_for.as_ref(),
+                default_retain_for,
+                RetainFor::MAX,
+            );
+            if let Some(Fallback::Malformed(e)) = fallback {
+                defaulted = Some(e);
+            }
+            Some(timestamp_of(at))
         }
     };
     let file = ReservationFile {
@@ -185,7 +184,7 @@ pub fn reservation_file(
     };
     file.validate()
         .map_err(|source| Refusal::InvalidFile { pod, source })?;
-    Ok(FileDecision::Write(file))
+    Ok(FileDecision::Write { file, defaulted })
 }
 
 /// The files every reservation the agent holds calls for on `node`.
@@ -197,6 +196,9 @@ pub struct Desired {
     pub conflicts: Vec<Key>,
     /// Reservations refused, and why.
     pub refused: Vec<(Key, Refusal)>,
+    /// Reservations written with the default retention in place of their malformed
+    /// `spec.retainFor`.
+    pub defaulted: Vec<(Key, RetainForError)>,
 }
 
 /// Applies [`reservation_file`] to every reservation.
@@ -208,7 +210,10 @@ pub fn desired_files<'a>(
     let mut desired = Desired::default();
     for r in reservations {
         match reservation_file(r, node, default_retain_for) {
-            Ok(FileDecision::Write(file)) => {
+            Ok(FileDecision::Write { file, defaulted }) => {
+                if let Some(malformed) = defaulted {
+                    desired.defaulted.push((r.key.clone(), malformed));
+                }
                 desired.files.insert(file.pod_key(), file);
             }
             Ok(FileDecision::OtherNode) => {}

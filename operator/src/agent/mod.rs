@@ -24,25 +24,25 @@ pub mod dirwatch;
 pub mod hostlocal;
 pub mod incharge;
 pub mod metrics;
+pub mod schedule;
 pub mod view;
 pub mod writer;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
+use ipkeep_reservation::{PodKey, ReservationFile};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector::store::Writer};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
-use crate::backoff::Backoff;
 use crate::crd::IPReservation;
 use crate::events::{EventType, Notice, Publisher};
 use crate::key::Key;
@@ -52,8 +52,9 @@ use crate::retention::{RetainFor, RetainForError};
 use crate::shutdown;
 
 use self::desired::{Refusal, desired_files};
-use self::dirwatch::{DirWatch, Trigger, Wake};
+use self::dirwatch::{DirWatch, Wake as DirWake};
 pub use self::metrics::AgentMetrics;
+use self::schedule::{Pass, Schedule, Step, Wake};
 use self::writer::{NetworkWriter, PassReport};
 
 /// The pause before the data directory's watch is set up again after it failed.
@@ -85,11 +86,19 @@ pub struct Args {
     #[arg(long, env = "IPKEEP_DEFAULT_RETAIN_FOR", default_value = "24h", value_parser = retain_for_arg)]
     pub default_retain_for: Duration,
     /// How often a full resync runs even without a watch gap (catches hand edits on disk).
-    #[arg(long, env = "IPKEEP_RESYNC_INTERVAL", default_value = "10m", value_parser = retain_for_arg)]
+    /// A positive duration in jiff's friendly form (`10m`, `90s`, `1h30m`) or ISO 8601 (`PT10M`),
+    /// not a retention: it has no 366-day cap.
+    #[arg(long, env = "IPKEEP_RESYNC_INTERVAL", default_value = "10m", value_parser = interval_arg)]
     pub resync_interval: Duration,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served.
-    #[arg(long, env = "IPKEEP_PROBE_ADDR", default_value = "0.0.0.0:9102")]
-    pub probe_addr: SocketAddr,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (the controller's flag of the same
+    /// name; `--probe-addr`, its old name, is still accepted).
+    #[arg(
+        long,
+        alias = "probe-addr",
+        env = "IPKEEP_METRICS_ADDR",
+        default_value = "0.0.0.0:9102"
+    )]
+    pub metrics_addr: SocketAddr,
     /// Keep `host-local` in this CNI bin directory ipkeep: when something writes it again (a
     /// package or k3s upgrade), install ipkeep again at once, keeping what was written as the new
     /// `host-local.ipkeep-orig` (the chart passes it with `cni.replaceHostLocal`).
@@ -132,6 +141,30 @@ pub struct Args {
 
 fn retain_for_arg(text: &str) -> Result<Duration, RetainForError> {
     RetainFor::parse(text).map(RetainFor::duration)
+}
+
+/// Why an interval flag was refused.
+#[derive(Debug, thiserror::Error)]
+enum IntervalError {
+    /// Not a duration jiff reads.
+    #[error("failed to parse interval {0:?}: expected a duration such as 10m, 90s, 1h30m or 1d")]
+    Syntax(String, #[source] jiff::Error),
+    /// Zero or negative.
+    #[error("failed to accept interval {0:?}: it must be positive")]
+    NotPositive(String),
+}
+
+/// The agent's intervals (`--resync-interval`): jiff's duration grammar, positive; a day is 24
+/// hours and a week 7 days (calendar units, months and years, are refused: they have no fixed length).
+fn interval_arg(text: &str) -> Result<Duration, IntervalError> {
+    let parsed = text
+        .parse::<jiff::Span>()
+        .and_then(|span| span.to_duration(jiff::SpanRelativeTo::days_are_24_hours()))
+        .map_err(|e| IntervalError::Syntax(text.to_owned(), e))?;
+    Duration::try_from(parsed)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| IntervalError::NotPositive(text.to_owned()))
 }
 
 /// What the agent needs to run, independent of the command line (tests build it directly).
@@ -183,7 +216,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         let registry = prometheus::Registry::new();
         let metrics = AgentMetrics::register(&registry)?;
         let readiness = Arc::new(Readiness::default());
-        let probes = ProbeServer::bind(args.probe_addr, registry, readiness.clone()).await?;
+        let probes = ProbeServer::bind(args.metrics_addr, registry, readiness.clone()).await?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut probe_stop = stop_rx.clone();
         let probe_task = tokio::spawn(probes.run(async move {
@@ -235,18 +268,12 @@ pub fn main(args: Args) -> anyhow::Result<()> {
     })
 }
 
-/// What changed since the last pass, as the watch tells it; the reservations themselves are in
-/// the reflector store.
-#[derive(Debug, Default)]
+/// What the watches tell the write loop; the reservations themselves are in the reflector
+/// store.
+#[derive(Debug)]
 struct Pending {
-    /// Whether a list has completed at least once.
-    listed: bool,
-    /// Whether the next pass must be a full resync (after every relist).
-    full_needed: bool,
-    /// When each change not yet on disk arrived.
-    arrivals: Vec<Instant>,
-    /// The directory watch asked for the next full resync: when, and its most severe cause.
-    dir_trigger: Option<(Instant, Trigger)>,
+    /// What they reported, as the write schedule keeps it.
+    schedule: Schedule,
     /// The data directory was deleted under the agent's mount: the agent must stop.
     orphaned: Option<PathBuf>,
 }
@@ -269,7 +296,10 @@ pub async fn run(
         }
     }
     let (store, writer) = reflector::store::<IPReservation>();
-    let pending = Arc::new(Mutex::new(Pending::default()));
+    let pending = Arc::new(Mutex::new(Pending {
+        schedule: Schedule::new(config.resync_interval),
+        orphaned: None,
+    }));
     let changed = Arc::new(Notify::new());
     let watch = tokio::spawn(watch_reservations(
         client.clone(),
@@ -352,18 +382,15 @@ async fn watch_directories(
         };
         loop {
             match watch.next(|| readiness.is_ready()).await {
-                Ok(Wake::Resync(trigger)) => {
+                Ok(DirWake::Resync(trigger)) => {
                     let Ok(mut p) = pending.lock() else {
                         return;
                     };
-                    p.full_needed = true;
-                    let now = Instant::now();
-                    let (since, worst) = p.dir_trigger.unwrap_or((now, trigger));
-                    p.dir_trigger = Some((since, worst.max(trigger)));
+                    p.schedule.directory(trigger, Instant::now());
                     tracing::info!(reason = trigger.label(), "{trigger}: full resync now");
                     changed.notify_one();
                 }
-                Ok(Wake::Orphaned(path)) => {
+                Ok(DirWake::Orphaned(path)) => {
                     if let Ok(mut p) = pending.lock() {
                         p.orphaned = Some(path);
                     }
@@ -405,14 +432,12 @@ async fn watch_reservations(
             // The store swaps in the relisted objects at InitDone: nothing to do before.
             Ok(Event::Init | Event::InitApply(_)) => {}
             Ok(Event::InitDone) => {
-                p.listed = true;
-                p.full_needed = true;
-                p.arrivals.push(now);
+                p.schedule.listed(now);
                 tracing::info!("reservations listed");
                 changed.notify_one();
             }
             Ok(Event::Apply(_) | Event::Delete(_)) => {
-                p.arrivals.push(now);
+                p.schedule.changed(now);
                 changed.notify_one();
             }
             Err(e) => {
@@ -431,14 +456,6 @@ struct State<'a> {
     changed: &'a Notify,
 }
 
-/// One pass's input: the store's objects and what the watch said since the last pass.
-struct PassInput {
-    reservations: Vec<Arc<IPReservation>>,
-    full: bool,
-    arrivals: Vec<Instant>,
-    dir_trigger: Option<(Instant, Trigger)>,
-}
-
 fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -446,6 +463,9 @@ fn unix_now() -> i64 {
         .unwrap_or(0)
 }
 
+/// The thin async shell over [`Schedule`]: wakes on a watch's report, a failed pass's retry
+/// time or the periodic tick, asks the schedule what to do, runs the pass on a blocking thread
+/// and tells the schedule how it ended.
 async fn write_loop(
     config: &AgentConfig,
     state: State<'_>,
@@ -455,14 +475,7 @@ async fn write_loop(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
     tokio::pin!(shutdown);
-    let mut writers: Vec<NetworkWriter> = config
-        .networks
-        .iter()
-        .map(|n| NetworkWriter::new(&config.data_dir, n))
-        .collect();
-    let mut last_full: Option<Instant> = None;
-    // When the next try of a failed pass is due, and how many passes failed in a row.
-    let mut retry: Option<(Instant, u32)> = None;
+    let mut writers = Some(new_writers(config));
     let mut reported: HashSet<(String, String)> = HashSet::new();
     let State {
         store,
@@ -471,46 +484,46 @@ async fn write_loop(
     } = state;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
+        let retry_at = schedule(pending, |s| s.retry_at()).flatten();
         let wake_for_retry = async {
-            match retry {
-                Some((at, _)) => tokio::time::sleep_until(at).await,
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
+        let wake = tokio::select! {
             () = &mut shutdown => return Ok(()),
             () = changed.notified() => {
                 if let Some(path) = pending.lock().ok().and_then(|mut p| p.orphaned.take()) {
                     return Err(AgentError::DataDirOrphaned(path));
                 }
+                Wake::Changed
             }
-            () = wake_for_retry => {}
+            () = wake_for_retry => Wake::Retry,
             _ = tick.tick() => {
-                if let Some(at) = last_full {
+                if let Some(since) = schedule(pending, |s| s.since_full(Instant::now())).flatten() {
                     metrics
                         .seconds_since_full_sync
-                        .set(i64::try_from(at.elapsed().as_secs()).unwrap_or(i64::MAX));
-                    if at.elapsed() >= config.resync_interval
-                        && let Ok(mut p) = pending.lock()
-                    {
-                        p.full_needed = true;
-                    }
+                        .set(i64::try_from(since.as_secs()).unwrap_or(i64::MAX));
                 }
-                let due = pending.lock().map(|p| p.full_needed && p.listed).unwrap_or(false);
-                if !due {
-                    continue;
-                }
+                Wake::Tick
             }
-        }
-        if retry.is_some_and(|(at, _)| Instant::now() < at) {
-            continue;
-        }
-        let Some(input) = take_pass_input(store, pending, retry.is_some()) else {
+        };
+        // The store is read under the same lock, so a change the pass takes is in the store.
+        let Some((pass, reservations)) =
+            pending
+                .lock()
+                .ok()
+                .and_then(|mut p| match p.schedule.next(wake, Instant::now()) {
+                    Step::Wait => None,
+                    Step::Pass(pass) => Some((pass, store.state())),
+                })
+        else {
             continue;
         };
         let desired = desired_files(
             &config.node_name,
-            &view::reservations(input.reservations.iter().map(AsRef::as_ref)),
+            &view::reservations(reservations.iter().map(AsRef::as_ref)),
             config.default_retain_for,
         );
         metrics
@@ -520,124 +533,111 @@ async fn write_loop(
             .refused
             .set(i64::try_from(desired.refused.len()).unwrap_or(i64::MAX));
         report_refusals(store, &desired.refused, &mut reported, events).await;
-        let full = input.full;
-        let files = desired.files;
-        let moved = std::mem::take(&mut writers);
-        let joined = tokio::task::spawn_blocking(move || {
-            let mut moved = moved;
-            let results: Vec<_> = moved
-                .iter_mut()
-                .map(|w| {
-                    let r = if full {
-                        w.full_sync(&files)
-                    } else {
-                        w.apply(&files)
-                    };
-                    (w.network().to_owned(), r)
-                })
-                .collect();
-            (moved, results)
-        })
-        .await;
-        let (back, results) = match joined {
-            Ok(out) => out,
-            Err(e) => {
-                // The blocking task panicked or was cancelled: start from a full resync.
-                tracing::error!(error = %e, "reservation writer task failed");
-                metrics.sync_errors.with_label_values(&["pass"]).inc();
-                writers = config
-                    .networks
-                    .iter()
-                    .map(|n| NetworkWriter::new(&config.data_dir, n))
-                    .collect();
-                requeue(pending, input.arrivals, input.dir_trigger, &mut retry);
-                continue;
-            }
-        };
-        writers = back;
-        let mut ok = true;
-        for (network, result) in results {
-            match result {
-                Ok(report) => ok &= account(&network, &report, full, metrics),
-                Err(e) => {
-                    ok = false;
-                    metrics.sync_errors.with_label_values(&["pass"]).inc();
-                    tracing::warn!(network = %network, error = %error_chain(&e), "reservation sync failed; retrying");
-                }
-            }
+        // The controller posts the Warning for a malformed spec.retainFor (on every reservation
+        // it releases); the agent, which writes the same default, only leaves a trace.
+        for (key, malformed) in &desired.defaulted {
+            tracing::debug!(reservation = %key, error = %malformed, "default retention applied");
         }
-        if !ok {
-            requeue(pending, input.arrivals, input.dir_trigger, &mut retry);
-            continue;
-        }
-        retry = None;
-        for at in input.arrivals {
-            metrics.change_to_file.observe(at.elapsed().as_secs_f64());
-        }
-        if let Some((since, trigger)) = input.dir_trigger {
-            metrics
-                .directory_resyncs
-                .with_label_values(&[trigger.label()])
-                .inc();
-            tracing::info!(
-                reason = trigger.label(),
-                millis = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
-                "reservation files restored after: {trigger}"
-            );
-        }
-        if full {
-            last_full = Some(Instant::now());
-            metrics.full_syncs.inc();
-            metrics.last_full_sync.set(unix_now());
-            metrics.seconds_since_full_sync.set(0);
-            if !readiness.is_ready() {
-                tracing::info!("first full sync done: ready");
-            }
-            readiness.set(true);
+        let ok = write_pass(config, &mut writers, desired.files, pass.full, metrics).await;
+        let now = Instant::now();
+        if ok {
+            schedule(pending, |s| s.succeeded(&pass, now));
+            passed(&pass, metrics, readiness);
+        } else {
+            schedule(pending, |s| s.failed(pass, now));
         }
     }
 }
 
-/// Takes what the next pass needs; `None` before the first list completed. A retry after a
-/// failure is always a full resync.
-fn take_pass_input(
-    store: &Store<IPReservation>,
-    pending: &Mutex<Pending>,
-    retrying: bool,
-) -> Option<PassInput> {
-    let mut p = pending.lock().ok()?;
-    if !p.listed {
-        return None;
-    }
-    let full = std::mem::take(&mut p.full_needed) || retrying;
-    Some(PassInput {
-        reservations: store.state(),
-        full,
-        arrivals: std::mem::take(&mut p.arrivals),
-        dir_trigger: p.dir_trigger.take(),
+/// Writes `files` for every network on a blocking thread: a full resync or the changes only;
+/// `false` if a step failed. Writers are moved to the thread and back; a thread that panicked
+/// loses them, and new ones start from a full resync.
+async fn write_pass(
+    config: &AgentConfig,
+    writers: &mut Option<Vec<NetworkWriter>>,
+    files: BTreeMap<PodKey, ReservationFile>,
+    full: bool,
+    metrics: &AgentMetrics,
+) -> bool {
+    let mut moved = writers.take().unwrap_or_else(|| new_writers(config));
+    let joined = tokio::task::spawn_blocking(move || {
+        let results: Vec<_> = moved
+            .iter_mut()
+            .map(|w| {
+                let r = if full {
+                    w.full_sync(&files)
+                } else {
+                    w.apply(&files)
+                };
+                (w.network().to_owned(), r)
+            })
+            .collect();
+        (moved, results)
     })
+    .await;
+    let (back, results) = match joined {
+        Ok(out) => out,
+        Err(e) => {
+            tracing::error!(error = %e, "reservation writer task failed");
+            metrics.sync_errors.with_label_values(&["pass"]).inc();
+            return false;
+        }
+    };
+    *writers = Some(back);
+    let mut ok = true;
+    for (network, result) in results {
+        match result {
+            Ok(report) => ok &= account(&network, &report, full, metrics),
+            Err(e) => {
+                ok = false;
+                metrics.sync_errors.with_label_values(&["pass"]).inc();
+                tracing::warn!(network = %network, error = %error_chain(&e), "reservation sync failed; retrying");
+            }
+        }
+    }
+    ok
 }
 
-/// Puts a failed pass back: its changes are still pending and the next try is a full resync
-/// after a growing pause.
-fn requeue(
-    pending: &Mutex<Pending>,
-    arrivals: Vec<Instant>,
-    dir_trigger: Option<(Instant, Trigger)>,
-    retry: &mut Option<(Instant, u32)>,
-) {
-    if let Ok(mut p) = pending.lock() {
-        let mut waiting = arrivals;
-        waiting.append(&mut p.arrivals);
-        p.arrivals = waiting;
-        p.full_needed = true;
-        p.dir_trigger = match (dir_trigger, p.dir_trigger) {
-            (Some((at, a)), Some((_, b))) => Some((at, a.max(b))),
-            (earlier, later) => earlier.or(later),
-        };
+/// Records a pass that ended well: how long its changes took to reach disk, the directory
+/// trigger it answered, and (a full one) the resync, which makes the agent ready.
+fn passed(pass: &Pass, metrics: &AgentMetrics, readiness: &Readiness) {
+    for at in &pass.arrivals {
+        metrics.change_to_file.observe(at.elapsed().as_secs_f64());
     }
-    let failures = retry.map_or(1, |(_, n)| n.saturating_add(1));
-    *retry = Some((Instant::now() + Backoff::PASS.delay(failures), failures));
+    if let Some((since, trigger)) = pass.dir_trigger {
+        metrics
+            .directory_resyncs
+            .with_label_values(&[trigger.label()])
+            .inc();
+        tracing::info!(
+            reason = trigger.label(),
+            millis = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "reservation files restored after: {trigger}"
+        );
+    }
+    if pass.full {
+        metrics.full_syncs.inc();
+        metrics.last_full_sync.set(unix_now());
+        metrics.seconds_since_full_sync.set(0);
+        if !readiness.is_ready() {
+            tracing::info!("first full sync done: ready");
+        }
+        readiness.set(true);
+    }
+}
+
+/// One writer per network, knowing nothing yet (so its first pass reads the tree).
+fn new_writers(config: &AgentConfig) -> Vec<NetworkWriter> {
+    config
+        .networks
+        .iter()
+        .map(|n| NetworkWriter::new(&config.data_dir, n))
+        .collect()
+}
+
+/// Runs `f` on the schedule under its lock (`None` if a watch task panicked holding it).
+fn schedule<T>(pending: &Mutex<Pending>, f: impl FnOnce(&mut Schedule) -> T) -> Option<T> {
+    pending.lock().ok().map(|mut p| f(&mut p.schedule))
 }
 
 /// Counts and logs one network's pass; `false` if a step failed.
@@ -712,5 +712,67 @@ async fn report_refusals(
             action: "WriteReservationFile",
             note: &note,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn the_metrics_address_has_the_controllers_name_and_keeps_its_old_one() {
+        use clap::Parser as _;
+        let base = ["agent", "--node-name=n", "--network=cbr0"];
+        let cases: &[(&[&str], &str)] = &[
+            (&[], "0.0.0.0:9102"),
+            (&["--metrics-addr=127.0.0.1:9725"], "127.0.0.1:9725"),
+            (&["--probe-addr=127.0.0.1:9726"], "127.0.0.1:9726"),
+            (&["--probe-addr", "127.0.0.1:9727"], "127.0.0.1:9727"),
+        ];
+        for (flags, want) in cases {
+            let argv = base.iter().chain(flags.iter());
+            let got = Cli::try_parse_from(argv).map(|c| c.args.metrics_addr.to_string());
+            assert_eq!(got.as_deref().ok(), Some(*want), "{flags:?}: {got:?}");
+        }
+        let help = Cli::try_parse_from(["agent", "--help"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            help.contains("--metrics-addr <") && !help.contains("--probe-addr <"),
+            "{help}"
+        );
+    }
+
+    #[test]
+    fn interval_grammar() {
+        let cases: &[(&str, Option<u64>)] = &[
+            ("10m", Some(600)),
+            ("90s", Some(90)),
+            ("1h30m", Some(5_400)),
+            ("PT10M", Some(600)),
+            ("9000h", Some(32_400_000)),
+            ("1d", Some(86_400)),
+            ("2w", Some(1_209_600)),
+            ("1 month", None),
+            ("0s", None),
+            ("-5m", None),
+            ("10", None),
+            ("ten minutes", None),
+            ("", None),
+        ];
+        for (text, want) in cases {
+            let got = interval_arg(text);
+            assert_eq!(
+                got.as_ref().ok().map(Duration::as_secs),
+                *want,
+                "{text:?}: {got:?}"
+            );
+        }
     }
 }

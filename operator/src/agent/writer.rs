@@ -146,17 +146,20 @@ mod tests {
         files.iter().map(|f| (f.pod_key(), f.clone())).collect()
     }
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("ipkeep-agent-writer-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
+    /// A scratch directory (removed when dropped) and the data directory in it, not yet made.
+    fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("ipkeep-agent-writer-{name}-"))
+            .tempdir()
+            .unwrap();
+        let data = tmp.path().join("data");
+        (tmp, data)
     }
 
     #[test]
     fn creates_the_network_directory_with_host_local_modes() {
         use std::os::unix::fs::PermissionsExt;
-        let data = scratch("mkdir");
+        let (_tmp, data) = scratch("mkdir");
         let mut w = NetworkWriter::new(&data.join("nested"), "net1");
         let report = w.full_sync(&map(&[file("a", "10.0.0.1", None)])).unwrap();
         assert_eq!(report.written.len(), 1);
@@ -165,12 +168,11 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o755);
-        std::fs::remove_dir_all(&data).unwrap();
     }
 
     #[test]
     fn steady_state_touches_only_changed_files() {
-        let data = scratch("steady");
+        let (_tmp, data) = scratch("steady");
         let mut w = NetworkWriter::new(&data, "net1");
         let a = file("a", "10.0.0.1", None);
         let b = file("b", "10.0.0.2", None);
@@ -191,13 +193,12 @@ mod tests {
         assert_eq!(report.removed, vec![b.pod_key()]);
         assert!(!path_b.exists());
         assert_eq!(w.apply(&map(&[a2])).unwrap(), PassReport::default());
-        std::fs::remove_dir_all(&data).unwrap();
     }
 
     #[test]
     fn many_changes_go_in_batches_and_leave_a_snapshot_the_plugin_trusts() {
         use ipkeep_reservation::{Source, load_reservations, load_reservations_cached};
-        let data = scratch("batches");
+        let (_tmp, data) = scratch("batches");
         let mut w = NetworkWriter::new(&data, "net1");
         let files: Vec<ReservationFile> = (0..200)
             .map(|i| {
@@ -234,12 +235,11 @@ mod tests {
         assert_eq!((source, snapshot.len()), (Source::Index, 170));
         drop(lock);
         assert_eq!(w.apply(&map(&next)).unwrap(), PassReport::default());
-        std::fs::remove_dir_all(&data).unwrap();
     }
 
     #[test]
     fn full_sync_removes_stale_files_and_leftover_temporaries() {
-        let data = scratch("stale");
+        let (_tmp, data) = scratch("stale");
         let mut w = NetworkWriter::new(&data, "net1");
         let a = file("a", "10.0.0.1", None);
         w.full_sync(&map(&[a.clone(), file("gone", "10.0.0.9", None)]))
@@ -260,12 +260,11 @@ mod tests {
         left.sort();
         assert_eq!(left, ["a"]);
         assert!(std::path::Path::new("/etc/passwd").exists());
-        std::fs::remove_dir_all(&data).unwrap();
     }
 
     #[test]
     fn a_symlinked_network_directory_is_refused() {
-        let data = scratch("symlink");
+        let (_tmp, data) = scratch("symlink");
         std::fs::create_dir_all(data.join("elsewhere")).unwrap();
         std::os::unix::fs::symlink(data.join("elsewhere"), data.join("net1")).unwrap();
         let mut w = NetworkWriter::new(&data, "net1");
@@ -280,6 +279,5 @@ mod tests {
             std::fs::read_dir(data.join("elsewhere")).unwrap().count(),
             0
         );
-        std::fs::remove_dir_all(&data).unwrap();
     }
 }

@@ -15,7 +15,7 @@ use super::{
 };
 use crate::{
     key::Key,
-    retention::{self, FoundRetainFor, RetainFor, written},
+    retention::{self, Fallback, FoundRetainFor, RetainFor, written},
 };
 
 pub use crate::phase::Phase;
@@ -604,37 +604,33 @@ fn released(
     defaults: &Defaults,
     why: &str,
 ) {
-    let mut capped = None;
-    let mut retain = match &r.retain_for {
-        Some(Ok(asked)) => {
-            let held = retention::held_to(*asked, defaults.max_retain_for);
-            if held != *asked {
-                capped = Some((*asked, held));
-            }
-            held.duration()
-        }
-        Some(Err(e)) => {
-            plan.notice(
-                Subject::Reservation,
-                true,
-                reason::INVALID_ANNOTATION,
-                format!("spec.retainFor: {e}; the default retention applies"),
-            );
-            defaults.retain_for
-        }
-        None => defaults.retain_for,
-    };
-    let owner_released = r.release_with_owner && input.owner == OwnerState::Gone;
-    if owner_released {
-        retain = Duration::ZERO;
-    }
     let (released_at, fresh) = match (r.status.phase, r.status.released_at) {
         (Some(Phase::Released), Some(at)) => (at, false),
         // Made by hand and never bound: honoured from its creation.
         (None, _) if !r.managed => (r.created, true),
         _ => (now, true),
     };
-    let release_time = retention::release_time(released_at, retain);
+    let (mut release_time, fallback) = retention::release_time(
+        released_at,
+        r.retain_for.as_ref(),
+        defaults.retain_for,
+        defaults.max_retain_for,
+    );
+    let mut capped = None;
+    match fallback {
+        Some(Fallback::Malformed(e)) => plan.notice(
+            Subject::Reservation,
+            true,
+            reason::INVALID_ANNOTATION,
+            format!("spec.retainFor: {e}; the default retention applies"),
+        ),
+        Some(Fallback::Capped { asked, held }) => capped = Some((asked, held)),
+        None => {}
+    }
+    let owner_released = r.release_with_owner && input.owner == OwnerState::Gone;
+    if owner_released {
+        release_time = released_at;
+    }
     if input.node_gone {
         plan.delete = Some(DeleteReason::NodeGone);
         plan.notice(

@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::*;
 use crate::agent::view;
-use crate::crd::{IPReservation, IPReservationSpec, IPReservationStatus, IpString};
+use crate::crd::{ConflictStatus, IPReservation, IPReservationSpec, IPReservationStatus, IpString};
 
 const DAY: Duration = Duration::from_secs(86_400);
 /// 2026-11-21T12:00:00Z
@@ -48,8 +48,16 @@ fn released(mut r: IPReservation, release: Option<i64>, released_at: Option<i64>
     r
 }
 
+/// As the controller writes a conflict: `status.conflict` and a `Conflict` condition `True`;
+/// with another condition status, the condition only.
 fn conflicted(mut r: IPReservation, status: &str) -> IPReservation {
     let st = r.status.get_or_insert_with(Default::default);
+    if status == "True" {
+        st.conflict = Some(ConflictStatus {
+            ip: IpString("10.0.0.5".into()),
+            held_by: Key::new("db", "older"),
+        });
+    }
     st.conditions.push(Condition {
         type_: "Conflict".into(),
         status: status.into(),
@@ -72,37 +80,43 @@ fn release_time_rules() {
         r.spec.retain_for = Some(v.into());
         r
     };
-    let cases: Vec<(&str, IPReservation, Option<i64>)> = vec![
-        ("bound: null", bound(base()), None),
+    let cases: Vec<(&str, IPReservation, Option<i64>, Option<&str>)> = vec![
+        ("bound: null", bound(base()), None, None),
         (
             "released: the controller's releaseTime, exactly",
             released(base(), Some(CREATED + 100), Some(CREATED)),
             Some(CREATED + 100),
+            None,
         ),
         (
             "released, releaseTime already passed: still written as set",
             released(base(), Some(1), Some(0)),
             Some(1),
+            None,
         ),
         (
             "released without releaseTime: releasedAt + retainFor",
             released(with_retain(base(), "30m"), None, Some(CREATED + 10)),
             Some(CREATED + 10 + 1_800),
+            None,
         ),
         (
             "released without any time: creation + retainFor",
             released(with_retain(base(), "2h"), None, None),
             Some(CREATED + 7_200),
+            None,
         ),
         (
             "hand-made (no status): creation + default retainFor",
             base(),
             Some(CREATED + 86_400),
+            None,
         ),
         (
             "hand-made with retainFor 7d",
             with_retain(base(), "7d"),
             Some(CREATED + 7 * 86_400),
+            None,
         ),
         (
             "status without phase counts as hand-made",
@@ -112,13 +126,41 @@ fn release_time_rules() {
                 r
             },
             Some(CREATED + 45),
+            None,
+        ),
+        (
+            "hand-made with a malformed retainFor: creation + the default, as the controller does",
+            with_retain(base(), "05m"),
+            Some(CREATED + 86_400),
+            Some("05m"),
+        ),
+        (
+            "released without releaseTime, retainFor over the grammar's maximum: the default",
+            released(with_retain(base(), "367d"), None, Some(CREATED + 10)),
+            Some(CREATED + 10 + 86_400),
+            Some("367d"),
+        ),
+        (
+            "a malformed retainFor is not read once the controller set releaseTime",
+            released(
+                with_retain(base(), "05m"),
+                Some(CREATED + 100),
+                Some(CREATED),
+            ),
+            Some(CREATED + 100),
+            None,
         ),
     ];
-    for (what, r, want) in cases {
+    for (what, r, want, want_defaulted) in cases {
         let got = reservation_file(&view::reservation(&r), "node-a", DAY).unwrap();
-        let FileDecision::Write(f) = got else {
+        let FileDecision::Write { file: f, defaulted } = got else {
             panic!("{what}: expected a file, got {got:?}");
         };
+        assert_eq!(
+            defaulted.as_ref().map(RetainForError::written),
+            want_defaulted,
+            "{what}"
+        );
         assert_eq!(
             f.release_time,
             want.map(Timestamp::from_unix_secs),
@@ -137,8 +179,6 @@ fn decisions_and_refusals() {
     no_uid.metadata.uid = None;
     let mut no_created = ipr("db", "nocreated", "node-a", &["10.0.0.1"]);
     no_created.metadata.creation_timestamp = None;
-    let mut bad_retain = ipr("db", "badretain", "node-a", &["10.0.0.1"]);
-    bad_retain.spec.retain_for = Some("05m".into());
     let cases: Vec<(&str, IPReservation, &str)> = vec![
         (
             "other node",
@@ -153,6 +193,15 @@ fn decisions_and_refusals() {
         (
             "a resolved conflict is written",
             conflicted(bound(ipr("db", "a", "node-a", &["10.0.0.1"])), "False"),
+            "write",
+        ),
+        (
+            "a Conflict condition without status.conflict is written: the typed field decides",
+            {
+                let mut r = conflicted(bound(ipr("db", "a", "node-a", &["10.0.0.1"])), "True");
+                r.status.as_mut().unwrap().conflict = None;
+                r
+            },
             "write",
         ),
         (
@@ -202,16 +251,6 @@ fn decisions_and_refusals() {
             no_created,
             "no metadata.creationTimestamp",
         ),
-        (
-            "bad retainFor when the release time must be computed",
-            bad_retain.clone(),
-            "failed to parse retention \"05m\"",
-        ),
-        (
-            "bad retainFor is not read once the controller set the status",
-            released(bad_retain, Some(CREATED + 100), Some(CREATED)),
-            "write",
-        ),
     ];
     for (what, r, want) in cases {
         match (
@@ -220,7 +259,7 @@ fn decisions_and_refusals() {
         ) {
             (Ok(FileDecision::OtherNode), "other")
             | (Ok(FileDecision::Conflict), "conflict")
-            | (Ok(FileDecision::Write(_)), "write") => {}
+            | (Ok(FileDecision::Write { .. }), "write") => {}
             (Err(e), _) if !["other", "conflict", "write"].contains(&want) => {
                 let text = crate::logging::error_chain(&e);
                 assert!(text.contains(want), "{what}: {text:?} lacks {want:?}");
@@ -234,7 +273,7 @@ fn decisions_and_refusals() {
             (got, _) => panic!("{what}: got {got:?}, wanted {want}"),
         }
     }
-    let FileDecision::Write(f) = reservation_file(
+    let FileDecision::Write { file: f, .. } = reservation_file(
         &view::reservation(&bound(ipr("db", "v6", "node-a", &["::ffff:10.0.0.9"]))),
         "node-a",
         DAY,

@@ -139,15 +139,19 @@ fn which_events_ask_for_a_resync() {
     );
 }
 
-/// A data directory with both networks' `reserved/`, in a fresh scratch directory.
-fn tree(name: &str) -> PathBuf {
-    let root = std::env::temp_dir().join(format!("ipkeep-dirwatch-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+/// A data directory with both networks' `reserved/`, in a fresh scratch directory (removed
+/// when the guard drops), and that directory's path.
+fn tree(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("ipkeep-dirwatch-{name}-"))
+        .tempdir()
+        .unwrap();
+    let root = tmp.path().to_path_buf();
     let data = root.join("data");
     for net in nets() {
         std::fs::create_dir_all(data.join(&net).join("reserved/ns")).unwrap();
     }
-    root
+    (tmp, root)
 }
 
 /// The next wake, with the tests' deadline.
@@ -160,7 +164,7 @@ async fn next(watch: &mut DirWatch) -> Wake {
 
 #[tokio::test]
 async fn removals_and_replacements_wake_the_agent_and_its_own_writes_do_not() {
-    let root = tree("wake");
+    let (_tmp, root) = tree("wake");
     let data = root.join("data");
     let mut watch = DirWatch::new(&data, &nets()).unwrap();
 
@@ -215,12 +219,11 @@ async fn removals_and_replacements_wake_the_agent_and_its_own_writes_do_not() {
     watch.arm().unwrap();
     std::fs::rename(data.join("cbr0"), root.join("cbr0.bak")).unwrap();
     assert_eq!(next(&mut watch).await, Wake::Resync(Trigger::NetworkGone));
-    std::fs::remove_dir_all(&root).unwrap();
 }
 
 #[test]
 fn a_directory_deleted_while_still_held_is_orphaned() {
-    let root = tree("orphan");
+    let (_tmp, root) = tree("orphan");
     let dir = root.join("data");
     assert!(!orphaned(&dir));
     // Held open (as a bind mount holds its source), then deleted: /proc/self/fd/N still opens it.
@@ -235,14 +238,13 @@ fn a_directory_deleted_while_still_held_is_orphaned() {
         !orphaned(&dir),
         "a missing directory is not orphaned: it can be made again"
     );
-    std::fs::remove_dir_all(&root).unwrap();
 }
 
 /// A directory removed before it was ever watched (made and removed between two arms) is found
 /// missing, once the agent expects every directory, and not before.
 #[tokio::test]
 async fn a_directory_removed_before_it_was_watched_is_found_missing() {
-    let root = tree("missing");
+    let (_tmp, root) = tree("missing");
     let data = root.join("data");
     std::fs::remove_dir_all(data.join("cbr0-v6")).unwrap();
     let mut watch = DirWatch::new(&data, &nets()).unwrap();
@@ -271,5 +273,4 @@ async fn a_directory_removed_before_it_was_watched_is_found_missing() {
     expect.store(true, std::sync::atomic::Ordering::Relaxed);
     let (wake, _watch) = waiting.await.unwrap();
     assert_eq!(wake, Wake::Resync(Trigger::NetworkGone));
-    std::fs::remove_dir_all(&root).unwrap();
 }

@@ -122,23 +122,21 @@ fn binary(path: &Path, plugin: &[u8]) -> Binary {
 mod tests {
     use super::*;
 
-    fn scratch() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "ipkeep-incharge-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        ));
-        fs::create_dir_all(dir.join("conf")).unwrap();
-        fs::create_dir_all(dir.join("bin")).unwrap();
-        dir
+    /// A scratch directory (removed when dropped) with `conf/` and `bin/` in it.
+    fn scratch() -> tempfile::TempDir {
+        let tmp = tempfile::Builder::new()
+            .prefix("ipkeep-incharge-")
+            .tempdir()
+            .unwrap();
+        fs::create_dir_all(tmp.path().join("conf")).unwrap();
+        fs::create_dir_all(tmp.path().join("bin")).unwrap();
+        tmp
     }
 
     #[test]
     fn symlinks_are_skipped_and_other_files_ignored() {
-        let dir = scratch();
+        let tmp = scratch();
+        let dir = tmp.path();
         let conf = dir.join("conf");
         let outside = dir.join("outside.conflist");
         fs::write(
@@ -180,6 +178,5 @@ mod tests {
         assert_eq!(e.bin.ipkeep, Binary::Other);
         assert_eq!(e.bin.host_local, Binary::Missing);
         assert!(!e.bin.original_kept);
-        fs::remove_dir_all(&dir).unwrap();
     }
 }

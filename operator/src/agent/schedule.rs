@@ -1,0 +1,154 @@
+//! When the agent writes, and how much: a pure schedule over what the watches report and how
+//! each pass ended, with `now` passed in (no clock, no tokio), so every path is a table test.
+//!
+//! * Nothing is written before the first list completed; every relist makes the next pass a
+//!   full resync.
+//! * A reservation change wakes an incremental pass; a directory trigger ([`Trigger`]) or
+//!   `--resync-interval` since the last full pass makes the next pass a full one.
+//! * A failed pass puts its changes back and is tried again after [`Backoff::PASS`], as a full
+//!   resync; nothing runs before that time.
+
+use std::time::{Duration, Instant};
+
+use super::dirwatch::Trigger;
+use crate::backoff::Backoff;
+
+/// Why the write loop woke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// A watch reported something ([`Schedule::listed`], [`Schedule::changed`],
+    /// [`Schedule::directory`]).
+    Changed,
+    /// The retry time of a failed pass came ([`Schedule::retry_at`]).
+    Retry,
+    /// The periodic tick (each second): a full resync may be due.
+    Tick,
+}
+
+/// What the write loop does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing now.
+    Wait,
+    /// Run this pass, then report it with [`Schedule::succeeded`] or [`Schedule::failed`].
+    Pass(Pass),
+}
+
+/// One pass: full or incremental, and what it carries to disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pass {
+    /// A full resync (reads the tree, deletes stale files) rather than the changed files only.
+    pub full: bool,
+    /// When each change this pass writes arrived.
+    pub arrivals: Vec<Instant>,
+    /// The directory watch asked for this pass: since when, and its most severe cause.
+    pub dir_trigger: Option<(Instant, Trigger)>,
+}
+
+/// The agent's write schedule.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    resync_interval: Duration,
+    listed: bool,
+    full_needed: bool,
+    arrivals: Vec<Instant>,
+    dir_trigger: Option<(Instant, Trigger)>,
+    /// When the next try of a failed pass is due, and how many passes failed in a row.
+    retry: Option<(Instant, u32)>,
+    last_full: Option<Instant>,
+}
+
+impl Schedule {
+    /// A schedule that runs a full resync at least every `resync_interval`.
+    pub fn new(resync_interval: Duration) -> Schedule {
+        Schedule {
+            resync_interval,
+            listed: false,
+            full_needed: false,
+            arrivals: Vec::new(),
+            dir_trigger: None,
+            retry: None,
+            last_full: None,
+        }
+    }
+
+    /// A list of the reservations completed (the first, or a relist after a watch gap).
+    pub fn listed(&mut self, now: Instant) {
+        self.listed = true;
+        self.full_needed = true;
+        self.arrivals.push(now);
+    }
+
+    /// A reservation was added, changed or deleted.
+    pub fn changed(&mut self, now: Instant) {
+        self.arrivals.push(now);
+    }
+
+    /// The directory watch asks for a full resync.
+    pub fn directory(&mut self, trigger: Trigger, now: Instant) {
+        self.full_needed = true;
+        let (since, worst) = self.dir_trigger.unwrap_or((now, trigger));
+        self.dir_trigger = Some((since, worst.max(trigger)));
+    }
+
+    /// When a failed pass is tried again, if one failed.
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.retry.map(|(at, _)| at)
+    }
+
+    /// How long since the last full pass ended, once one has.
+    pub fn since_full(&self, now: Instant) -> Option<Duration> {
+        self.last_full.map(|at| now.saturating_duration_since(at))
+    }
+
+    /// What to do on waking at `now`.
+    pub fn next(&mut self, wake: Wake, now: Instant) -> Step {
+        if wake == Wake::Tick {
+            if self
+                .since_full(now)
+                .is_some_and(|since| since >= self.resync_interval)
+            {
+                self.full_needed = true;
+            }
+            if !(self.full_needed && self.listed) {
+                return Step::Wait;
+            }
+        }
+        if self.retry.is_some_and(|(at, _)| now < at) || !self.listed {
+            return Step::Wait;
+        }
+        // A retry after a failure is always a full resync.
+        let full = std::mem::take(&mut self.full_needed) || self.retry.is_some();
+        Step::Pass(Pass {
+            full,
+            arrivals: std::mem::take(&mut self.arrivals),
+            dir_trigger: self.dir_trigger.take(),
+        })
+    }
+
+    /// The pass ended well at `now`.
+    pub fn succeeded(&mut self, pass: &Pass, now: Instant) {
+        self.retry = None;
+        if pass.full {
+            self.last_full = Some(now);
+        }
+    }
+
+    /// The pass failed at `now`: its changes are pending again, and the next try is a full
+    /// resync after a growing pause.
+    pub fn failed(&mut self, pass: Pass, now: Instant) {
+        let mut waiting = pass.arrivals;
+        waiting.append(&mut self.arrivals);
+        self.arrivals = waiting;
+        self.full_needed = true;
+        self.dir_trigger = match (pass.dir_trigger, self.dir_trigger) {
+            (Some((at, a)), Some((_, b))) => Some((at, a.max(b))),
+            (earlier, later) => earlier.or(later),
+        };
+        let failures = self.retry.map_or(1, |(_, n)| n.saturating_add(1));
+        self.retry = Some((now + Backoff::PASS.delay(failures), failures));
+    }
+}
+
+#[cfg(test)]
+mod tests;
