@@ -11,9 +11,7 @@
 //! These tests fail, never skip, when either is missing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
+use ipkeep_e2e::testkit as shared;
 use std::{
     collections::BTreeSet,
     path::{Path, PathBuf},

@@ -9,9 +9,7 @@
 //! (`scripts/install-packaging-deps.sh`); fails, never skips, without them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
+use ipkeep_e2e::testkit as shared;
 use std::{
     io::Write,
     os::unix::fs::PermissionsExt,

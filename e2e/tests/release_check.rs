@@ -6,9 +6,7 @@
 //! Each case runs the repository's scripts in a scratch git repository of its own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
+use ipkeep_e2e::testkit as shared;
 use std::{path::Path, process::Command};
 
 use shared::{Scratch, repo_root};
