@@ -1,20 +1,51 @@
-//! The demo on real nodes: the control plane and two nodes running kubelet, containerd, runc and
+//! The demo's story on real nodes: the control plane and two nodes running kubelet, containerd, runc and
 //! kube-proxy ([`RealCluster`]), the chart installed with `helm install` as a user installs it
 //! (`make image`'s archive loaded into each node, `cni.replaceHostLocal=true`), and the story
 //! told with busybox pods: `web-1` deleted and back with the same address, shown from inside the
 //! pod and answered over the network from a pod on the other node, then a reservation expiring.
 //! Everything is removed by the real-node harness when the cluster is stopped or dropped.
 
-use std::{path::Path, time::Instant};
+use std::{
+    future::Future,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, api::DynamicObject};
 
 use super::{
-    DemoError, DemoOptions, Kubectl, STEP_DEADLINE, ipr_resource, note, reservation_phase,
-    run_command, say, show, statefulset, wait_for,
+    error::DemoError,
+    narrate::{
+        Kubectl, io_error, ipr_resource, kubectl, note, reservation_phase, run_command, say, show,
+        statefulset,
+    },
 };
 use crate::cluster::realnode::{RealCluster, RealClusterOptions, WORKLOAD_IMAGE};
+
+/// What the demo runs with.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// `make image`'s archive, loaded into every real node.
+    pub image_archive: PathBuf,
+    /// The Helm chart installed on the real nodes.
+    pub chart: PathBuf,
+    /// Keep everything running after the story until Ctrl-C.
+    pub keep: bool,
+}
+
+/// How long one step of the story may take before the demo gives up.
+const STEP_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Waits for one step of the story, giving up after [`STEP_DEADLINE`] (the library's one poll
+/// loop, [`crate::wait::wait_for`]).
+async fn wait_for<T, F, Fut>(what: &str, check: F) -> Result<T, DemoError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    Ok(crate::wait::wait_for(what, STEP_DEADLINE, check).await?)
+}
 
 /// The namespace of the story.
 const NS: &str = "demo";
@@ -50,7 +81,7 @@ fn pod_node(pod: &Pod) -> String {
 /// Writes `yaml` to `work/file`, prints it, and applies it.
 fn apply(k: &Kubectl, work: &Path, file: &str, yaml: &str) -> Result<(), DemoError> {
     let path = work.join(file);
-    std::fs::write(&path, yaml).map_err(super::io_error(format!("write {}", path.display())))?;
+    std::fs::write(&path, yaml).map_err(io_error(format!("write {}", path.display())))?;
     println!("\n$ cat {file}\n{yaml}");
     let p = path.display().to_string();
     show(k, &["-n", NS, "apply", "-f", &p]).map(|_| ())
@@ -66,7 +97,7 @@ pub(super) async fn story(
     t0: Instant,
 ) -> Result<(), DemoError> {
     let _ = std::fs::remove_dir_all(work);
-    std::fs::create_dir_all(work).map_err(super::io_error(format!("create {}", work.display())))?;
+    std::fs::create_dir_all(work).map_err(io_error(format!("create {}", work.display())))?;
     say(
         "Starting a real Kubernetes control plane on 127.0.0.1 (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) and two real nodes (kubelet, containerd, runc, kube-proxy; each in its own network and mount namespace, CNI: bridge + host-local like a flannel node)",
     );
@@ -99,7 +130,7 @@ pub(super) async fn story(
     let (repository, tag) = image.rsplit_once(':').unwrap_or((image.as_str(), "latest"));
     helm_install(c, options, repository, tag)?;
     // helm's --wait counts a DaemonSet's pods once Running; the story shows them Ready.
-    super::kubectl(
+    kubectl(
         &k,
         &[
             "-n",
@@ -128,7 +159,7 @@ pub(super) async fn story(
         let iprs = iprs.clone();
         async move { (reservation_phase(&iprs, &name).await.as_deref() == Some("Bound")).then_some(()) }
     };
-    super::kubectl(&k, &["create", "namespace", NS])?;
+    kubectl(&k, &["create", "namespace", NS])?;
 
     say(&format!(
         "1. An annotated StatefulSet with 3 replicas of busybox httpd, placed by the scheduler, and a client pod on {client_node}"
