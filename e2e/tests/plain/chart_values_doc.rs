@@ -199,7 +199,7 @@ fn docs_chart_md_holds_the_table_generated_from_values_yaml() {
         .map_or("", |(table, _)| table);
     panic!(
         "docs/chart.md's values table differs from charts/ipkeep/values.yaml at {}\n\
-         regenerate it: {UPDATE_ENV}=1 cargo test -p ipkeep-e2e --test chart_values_doc",
+         regenerate it: {UPDATE_ENV}=1 cargo test -p ipkeep-e2e --test plain chart_values_doc::",
         first_difference(&generated, found)
     );
 }
