@@ -202,8 +202,8 @@ image: packaging-deps plugin operator-static
 ## chart-test: the Helm chart and image tests alone (helm and the control plane from
 ## `make cluster-bins`; the components the chart runs are the static operator binary).
 chart-test: deps packaging-deps cluster-bins plugin operator-static
-	IPKEEP_OPERATOR_BIN=$(CURDIR)/$(OPERATOR_BIN) $(CARGO) test -p ipkeep-e2e \
-	  --test chart_helm --test image_build --test chart_install --test chart_rbac
+	IPKEEP_OPERATOR_BIN=$(CURDIR)/$(OPERATOR_BIN) $(CARGO) test -p ipkeep-e2e --test plain -- chart_helm:: image_build::
+	IPKEEP_OPERATOR_BIN=$(CURDIR)/$(OPERATOR_BIN) $(CARGO) test -p ipkeep-e2e --test plane -- chart_install:: chart_rbac::
 
 ## docker-plugin: the static `ipkeep-docker` at $(DOCKER_BIN) and the managed plugin bundle
 ## ($(DOCKER_PLUGIN_DIR): config.json + rootfs) that `docker plugin create ipkeep $(DOCKER_PLUGIN_DIR)`

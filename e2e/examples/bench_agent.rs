@@ -15,13 +15,9 @@
 //! Not a test: it prints figures; nothing is asserted about time.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "../tests/real_support/mod.rs"]
-mod real;
-#[path = "../tests/fixtures/shared.rs"]
-mod shared;
+use ipkeep_e2e::testkit::plane as real;
 
-#[path = "bench_support/mod.rs"]
-mod support;
+use ipkeep_e2e::testkit::bench as support;
 
 use std::{
     collections::HashMap,
@@ -193,7 +189,7 @@ async fn start_agent(plane: &Plane, node: &str, name: &str) -> Agent {
         "warn".into(),
         "--data-dir".into(),
         data_dir.display().to_string(),
-        "--probe-addr".into(),
+        "--metrics-addr".into(),
         probe.to_string(),
     ];
     let process = plane.operator(name, real::AGENT_ACCOUNT, &args).await;

@@ -18,13 +18,9 @@
 //! start-up (a LIST then would be a relist). Not a test: it prints figures.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "../tests/real_support/mod.rs"]
-mod real;
-#[path = "../tests/fixtures/shared.rs"]
-mod shared;
+use ipkeep_e2e::testkit::plane as real;
 
-#[path = "bench_support/mod.rs"]
-mod support;
+use ipkeep_e2e::testkit::bench as support;
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -99,7 +95,7 @@ async fn main() {
                 "cbr0".into(),
                 "--data-dir".into(),
                 data_dir.display().to_string(),
-                "--probe-addr".into(),
+                "--metrics-addr".into(),
                 agent_probe.to_string(),
                 "--log-level".into(),
                 "warn".into(),

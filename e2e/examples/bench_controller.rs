@@ -13,13 +13,9 @@
 //! reads "the controller is at N % of what this API server allows". Not a test: it prints figures.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "../tests/real_support/mod.rs"]
-mod real;
-#[path = "../tests/fixtures/shared.rs"]
-mod shared;
+use ipkeep_e2e::testkit::plane as real;
 
-#[path = "bench_support/mod.rs"]
-mod support;
+use ipkeep_e2e::testkit::bench as support;
 
 use std::time::{Duration, Instant};
 

@@ -1,11 +1,15 @@
 //! ipkeep's end-to-end test infrastructure: the real control plane and real nodes (kubelet,
 //! containerd, runc, kube-proxy) built from their Go modules ([`cluster`]), the proxy that injects
 //! API faults in front of the real kube-apiserver ([`proxy`]), and the local demo
-//! (`ipkeep-e2e demo`, `make demo`) on real nodes ([`demo`]).
+//! (`ipkeep-e2e demo`, `make demo`) on real nodes ([`demo`]); and what the tests, benches and demo
+//! share: the scenarios on a cluster with the chart ([`scenarios`]) and the test support
+//! ([`testkit`]).
 
 pub mod cluster;
 pub mod demo;
 pub mod proxy;
+pub mod scenarios;
+pub mod testkit;
 pub mod wait;
 
 /// An error and its sources on one line, `: `-separated, for messages to people.

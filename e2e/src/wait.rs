@@ -1,5 +1,5 @@
 //! Waiting on a condition with a deadline: the one poll loop of the demo and of every e2e test
-//! (the tests wrap it in `tests/fixtures/wait.rs`, which fails the test with the message).
+//! (the tests call it through [`crate::testkit::wait_for`], which fails the test with the message).
 
 use std::{future::Future, time::Duration};
 

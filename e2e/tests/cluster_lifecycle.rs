@@ -6,9 +6,7 @@
 //! Needs the binaries: `make cluster-bins` (or `IPKEEP_CLUSTER_BIN_DIR`); fails loudly without.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/scratch.rs"]
-mod scratch;
-
+use ipkeep_e2e::testkit::scratch;
 use std::{
     collections::BTreeMap,
     os::unix::process::CommandExt,

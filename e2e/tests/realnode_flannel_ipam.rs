@@ -13,17 +13,8 @@
 //! Needs root, `make cluster-bins node-bins flannel-bins image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
-#[path = "system/mod.rs"]
-mod system;
-
-#[path = "realnode_support/mod.rs"]
-mod realnode;
-
 use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork, RealNode, flannel};
-use system::*;
+use ipkeep_e2e::testkit::{system::*, *};
 
 /// The chart as a user who edits flannel's conflist installs it.
 const INSTALL: &[&str] = &["--set", "cni.replaceHostLocal=false"];

@@ -19,23 +19,14 @@
 //! `make cluster-bins node-bins flannel-bins image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
-#[path = "system/mod.rs"]
-mod system;
-
-#[path = "realnode_support/mod.rs"]
-mod realnode;
-
 use std::path::{Path, PathBuf};
 
 use ipkeep_e2e::cluster::realnode::{
     NodeCni, NodeDirs, PodNetwork, RealNode, flannel,
     layout::{K3S_FIRST_RELEASE, k3s_release_bin},
 };
-use realnode::{RELEASE, RELEASE_NS};
-use system::*;
+use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS};
+use ipkeep_e2e::testkit::{system::*, *};
 
 /// The chart as docs/chart.md's k3s section installs it.
 const INSTALL: &[&str] = &[

@@ -10,20 +10,11 @@
 //! `make cluster-bins`, `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
-#[path = "system/mod.rs"]
-mod system;
-
-#[path = "realnode_support/mod.rs"]
-mod realnode;
-
 use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork};
+use ipkeep_e2e::testkit::realnode::{TINY_ADDRESSES, apply_on_tiny};
+use ipkeep_e2e::testkit::{system::*, *};
 use ipkeep_operator::crd::Phase;
 use kube::ResourceExt;
-use realnode::{TINY_ADDRESSES, apply_on_tiny};
-use system::*;
 
 const NETWORK: PodNetwork = PodNetwork {
     dual_stack: false,

@@ -20,26 +20,15 @@
 //! Needs root, `make cluster-bins node-bins crio-bins image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
-#[path = "system/mod.rs"]
-mod system;
-
-#[path = "realnode_support/mod.rs"]
-mod realnode;
-
-#[path = "scenarios/retention.rs"]
-mod retention;
-
+use ipkeep_e2e::scenarios::retention;
 use std::path::PathBuf;
 
 use ipkeep_e2e::cluster::realnode::{
     NodeCni, NodeDirs, NodeRuntime, PodNetwork, RealNode, crio, layout::CNI_NETWORK,
 };
+use ipkeep_e2e::testkit::realnode::assert_on_eth0;
+use ipkeep_e2e::testkit::{system::*, *};
 use ipkeep_operator::crd::Phase;
-use realnode::assert_on_eth0;
-use system::*;
 
 /// This binary's nodes: two CRI-O nodes for the scenarios, a containerd one to compare.
 const NODES: u8 = 3;

@@ -15,20 +15,9 @@
 //! is `realnode_flannel_ipam.rs`. Needs root, `make cluster-bins node-bins flannel-bins image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
-#[path = "system/mod.rs"]
-mod system;
-
-#[path = "realnode_support/mod.rs"]
-mod realnode;
-
-#[path = "scenarios/keep_ip.rs"]
-mod keep_ip;
-
 use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork, flannel};
-use system::*;
+use ipkeep_e2e::scenarios::keep_ip;
+use ipkeep_e2e::testkit::{system::*, *};
 
 /// This binary's nodes: two for the scenarios, a tiny one (a /29 lease) for filling a range.
 const NODES: u8 = 3;

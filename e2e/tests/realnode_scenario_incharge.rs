@@ -26,23 +26,15 @@
 //! Needs root, `make cluster-bins`, `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
-#[path = "system/mod.rs"]
-mod system;
-
-#[path = "realnode_support/mod.rs"]
-mod realnode;
-
+use ipkeep_e2e::testkit as shared;
 use std::time::SystemTime;
 
 use ipkeep_e2e::cluster::realnode::{RealCluster, RealNode, layout::CNI_CONFLIST_FILE};
+use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS, agent_pod, wait_pod_condition};
+use ipkeep_e2e::testkit::*;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::{Api, api::ListParams};
-use realnode::{RELEASE, RELEASE_NS, agent_pod, wait_pod_condition};
-use system::*;
 
 /// The agent's metrics port (the chart's default).
 const METRICS_PORT: u16 = 9725;

@@ -14,20 +14,11 @@
 //! Needs root, `make cluster-bins`, `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
-#[path = "system/mod.rs"]
-mod system;
-
-#[path = "realnode_support/mod.rs"]
-mod realnode;
-
 use std::path::PathBuf;
 
 use ipkeep_e2e::cluster::realnode::RealNode;
+use ipkeep_e2e::testkit::{system::*, *};
 use ipkeep_operator::crd::Phase;
-use system::*;
 
 /// The CNI network the nodes' conflist names (flannel's and k3s's).
 const NETWORK: &str = "cbr0";

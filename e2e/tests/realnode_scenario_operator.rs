@@ -12,22 +12,14 @@
 //! Needs root, `make cluster-bins`, `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
-#[path = "system/mod.rs"]
-mod system;
-
-#[path = "realnode_support/mod.rs"]
-mod realnode;
-
+use ipkeep_e2e::testkit as shared;
 use std::collections::BTreeMap;
 
 use ipkeep_e2e::cluster::realnode::RealCluster;
+use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS, assert_on_eth0};
+use ipkeep_e2e::testkit::{system::*, *};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, api::ListParams};
-use realnode::{RELEASE, RELEASE_NS, assert_on_eth0};
-use system::*;
 
 /// The host-local every node starts with (Debian's, copied into each node's `/opt/cni/bin`).
 const DEBIAN_HOST_LOCAL: &str = "/usr/lib/cni/host-local";

@@ -20,20 +20,11 @@
 //! `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
-#[path = "system/mod.rs"]
-mod system;
-
-#[path = "realnode_support/mod.rs"]
-mod realnode;
-
 use std::time::Instant;
 
 use ipkeep_e2e::cluster::realnode::PodNetwork;
+use ipkeep_e2e::testkit::{system::*, *};
 use k8s_openapi::api::core::v1::Pod;
-use system::*;
 
 /// This binary's nodes: three plain ones.
 const NODES: u8 = 3;

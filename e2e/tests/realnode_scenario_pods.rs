@@ -11,34 +11,19 @@
 //!   from inside the container, `eth0` holds the kept address, and a pod on the other node reaches
 //!   it (`wget` to busybox `httpd`).
 //!
-//! One cluster with the chart installed serves every test of this binary (`realnode_support`):
+//! One cluster with the chart installed serves every test of this binary (`testkit::realnode`):
 //! three dual-stack real nodes, the third a tiny one (a /29, tainted so that only the tests that
 //! fill its range, one at a time, put pods there). Needs root, `make cluster-bins`,
 //! `make node-bins` and `make image`. With `IPKEEP_E2E_KUBECONFIG` the scenarios run on that
 //! cluster instead (see `docs/testing.md`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
-#[path = "system/mod.rs"]
-mod system;
-
-#[path = "realnode_support/mod.rs"]
-mod realnode;
-
-#[path = "scenarios/keep_ip.rs"]
-mod keep_ip;
-
-#[path = "scenarios/moved.rs"]
-mod moved;
-
-#[path = "scenarios/retention.rs"]
-mod retention;
-
 use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork};
-use realnode::assert_on_eth0;
-use system::*;
+use ipkeep_e2e::scenarios::keep_ip;
+use ipkeep_e2e::scenarios::moved;
+use ipkeep_e2e::scenarios::retention;
+use ipkeep_e2e::testkit::realnode::assert_on_eth0;
+use ipkeep_e2e::testkit::{system::*, *};
 
 /// This binary's nodes: two for the scenarios, the tiny one for filling a range; all dual-stack.
 const NODES: u8 = 3;

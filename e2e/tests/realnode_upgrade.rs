@@ -22,15 +22,7 @@
 //! `make node-bins`, `make image` and `make previous-release`; fails loudly, naming what to run.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
-#[path = "system/mod.rs"]
-mod system;
-
-#[path = "realnode_support/mod.rs"]
-mod realnode;
-
+use ipkeep_e2e::testkit as shared;
 use std::{
     collections::{BTreeMap, BTreeSet},
     hash::{DefaultHasher, Hash, Hasher},
@@ -44,14 +36,14 @@ use std::{
 };
 
 use ipkeep_e2e::cluster::realnode::{self as nodes, PodNetwork, RealCluster};
+use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS, REPLACE_HOST_LOCAL, assert_on_eth0};
+use ipkeep_e2e::testkit::{system::*, *};
 use ipkeep_operator::{
     crd::{IPReservation, Phase},
     crd_apply::{self, RELEASE_ANNOTATION},
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{Api, CustomResourceExt};
-use realnode::{RELEASE, RELEASE_NS, REPLACE_HOST_LOCAL, assert_on_eth0};
-use system::*;
 
 /// The previous release's build (`scripts/build-previous-release.sh --print-dir`): its image
 /// archive and chart, or the test fails naming what to run.

@@ -10,12 +10,6 @@
 //! `target/image/ipkeep.oci.tar`, or `IPKEEP_IMAGE_ARCHIVE`); fails loudly without them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
-#[path = "system/mod.rs"]
-mod system;
-
 use std::{
     io::{BufRead, BufReader},
     process::{Child, Command, Stdio},
@@ -23,7 +17,7 @@ use std::{
 };
 
 use ipkeep_e2e::cluster::realnode::{self, Slot};
-use system::*;
+use ipkeep_e2e::testkit::system::*;
 
 fn image_archive() -> std::path::PathBuf {
     let path = std::env::var_os("IPKEEP_IMAGE_ARCHIVE")

@@ -10,15 +10,7 @@
 //! Needs root, `make cluster-bins`, `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "fixtures/shared.rs"]
-mod shared;
-
-#[path = "system/mod.rs"]
-mod system;
-
-#[path = "realnode_support/mod.rs"]
-mod realnode;
-
+use ipkeep_e2e::testkit::realnode;
 use std::time::Duration;
 
 /// The CNI network the nodes' conflist names.

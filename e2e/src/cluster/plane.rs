@@ -593,6 +593,8 @@ impl Cluster {
         }
     }
 
+    /// Starts the components in order, each once the one it needs is ready: the certificates
+    /// and kubeconfigs, etcd, kube-apiserver, then kube-controller-manager and kube-scheduler.
     async fn boot(
         options: &ClusterOptions,
         bin_dir: &Path,
@@ -601,273 +603,22 @@ impl Cluster {
         spawner: &Spawner,
         running: &mut Running,
     ) -> Result<(Pki, PathBuf, kube::Config, Option<PathBuf>), ClusterError> {
-        let boot_started = Instant::now();
-        let pki_dir = dir.join("pki");
-        let logs = dir.join("logs");
-        for d in [&pki_dir, &logs] {
-            std::fs::create_dir(d).map_err(state_err("create a directory in", dir))?;
-        }
-        let extra_sans: Vec<String> = match &options.node_access {
-            Some(access) => vec![
-                access.address.to_string(),
-                access.service_ip.to_string(),
-                "kubernetes".into(),
-                "kubernetes.default".into(),
-                "kubernetes.default.svc".into(),
-                "kubernetes.default.svc.cluster.local".into(),
-            ],
-            None => Vec::new(),
+        let boot = Boot {
+            options,
+            bin_dir,
+            dir,
+            ports,
+            spawner,
+            logs: dir.join("logs"),
+            pgids: dir.join("pgids"),
+            started: Instant::now(),
         };
-        let pki = Pki::generate_with_sans(&pki_dir, &extra_sans)?;
-        let server = api_url(options, ports);
-        let write_kc = |file: &str, user: &str, cert: &super::pki::ClientCert| {
-            let path = dir.join(file);
-            let doc = kubeconfig(
-                &server,
-                &pki.ca_cert,
-                user,
-                &KubeUser::Cert {
-                    cert: cert.cert.clone(),
-                    key: cert.key.clone(),
-                },
-                None,
-            );
-            write_kubeconfig(&path, &doc).map(|()| path)
-        };
-        let admin_kc = write_kc("admin.kubeconfig", "admin", &pki.admin)?;
-        let kcm_kc = write_kc(
-            "kube-controller-manager.kubeconfig",
-            "system:kube-controller-manager",
-            &pki.controller_manager,
-        )?;
-        let sched_kc = write_kc(
-            "kube-scheduler.kubeconfig",
-            "system:kube-scheduler",
-            &pki.scheduler,
-        )?;
-        let sched_config = dir.join("kube-scheduler-config.yaml");
-        std::fs::write(
-            &sched_config,
-            format!(
-                "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nclientConnection:\n  kubeconfig: {}\nleaderElection:\n  leaderElect: false\n",
-                serde_json::to_string(&sched_kc).unwrap_or_default()
-            ),
-        )
-        .map_err(state_err("write the scheduler configuration in", dir))?;
-
-        let pgids = dir.join("pgids");
-        let extra = |name: &str| options.extra_args.get(name).cloned().unwrap_or_default();
-        let start = |name: &str, args: Vec<String>, running: &mut Running| {
-            let launch = Launch {
-                program: bin_dir.join(name),
-                args,
-                log: logs.join(format!("{name}.log")),
-                probe: None,
-            };
-            let c = Component::start(
-                spawner,
-                name,
-                &launch.program,
-                &launch.args,
-                &launch.log,
-                &pgids,
-            )?;
-            running.components.push(Arc::new(c));
-            running.launches.insert(name.to_owned(), launch);
-            Ok::<(), ClusterError>(())
-        };
-
-        // etcd
-        let etcd_client = format!("http://127.0.0.1:{}", ports.etcd_client);
-        let etcd_peer = format!("http://127.0.0.1:{}", ports.etcd_peer);
-        let mut args = vec![
-            arg("name", "ipkeep"),
-            path_arg("data-dir", &dir.join("etcd")),
-            arg("listen-client-urls", &etcd_client),
-            arg("advertise-client-urls", &etcd_client),
-            arg("listen-peer-urls", &etcd_peer),
-            arg("initial-advertise-peer-urls", &etcd_peer),
-            arg("initial-cluster", format!("ipkeep={etcd_peer}")),
-            // Test data: durability buys nothing and fsync costs seconds on a busy disk.
-            arg("unsafe-no-fsync", true),
-            arg("auto-compaction-retention", 1),
-            arg("log-level", "warn"),
-        ];
-        args.extend(extra("etcd"));
-        start("etcd", args, running)?;
-        let mut etcd_config =
-            kube::Config::new(etcd_client.parse().map_err(|e| ClusterError::Invalid {
-                what: "etcd URL",
-                value: format!("{etcd_client} ({e})"),
-                why: "not a URL",
-            })?);
-        etcd_config.auth_info = Default::default();
-        wait_ready(running, "etcd", etcd_config, "/readyz").await?;
-        running
-            .ready_after
-            .push(("etcd".into(), boot_started.elapsed().as_secs_f64()));
-
-        // kube-apiserver
-        let mut args = vec![
-            arg("etcd-servers", &etcd_client),
-            arg("secure-port", ports.apiserver),
-            path_arg("tls-cert-file", &pki.serving.cert),
-            path_arg("tls-private-key-file", &pki.serving.key),
-            path_arg("client-ca-file", &pki.ca_cert),
-            arg("authorization-mode", "Node,RBAC"),
-            arg("enable-admission-plugins", "NodeRestriction"),
-            arg(
-                "service-account-issuer",
-                "https://kubernetes.default.svc.cluster.local",
-            ),
-            path_arg("service-account-key-file", &pki.sa_pub),
-            path_arg("service-account-signing-key-file", &pki.sa_key),
-            arg("service-cluster-ip-range", SERVICE_CIDR),
-            arg("allow-privileged", true),
-            arg("profiling", false),
-            path_arg("cert-dir", &dir.join("apiserver-certs")),
-            // The API server reaches admission webhooks (ipkeep's placement webhook) at their
-            // Service's endpoints, not its ClusterIP: this host is the control plane and runs no
-            // kube-proxy, as on clusters whose control plane is not a node. Without endpoints (a
-            // chart installed on a plane without nodes) a call fails at once, never dials out.
-            arg("enable-aggregator-routing", true),
-        ];
-        match &options.node_access {
-            Some(access) => {
-                let kubelet_client = pki.client_cert(
-                    "apiserver-kubelet-client",
-                    "kube-apiserver-kubelet-client",
-                    Some("system:masters"),
-                )?;
-                args.extend([
-                    arg("bind-address", access.address),
-                    arg("advertise-address", access.address),
-                    path_arg("kubelet-client-certificate", &kubelet_client.cert),
-                    path_arg("kubelet-client-key", &kubelet_client.key),
-                    path_arg("kubelet-certificate-authority", &pki.ca_cert),
-                    arg("kubelet-preferred-address-types", "InternalIP"),
-                ]);
-            }
-            None => args.extend([
-                arg("bind-address", "127.0.0.1"),
-                arg("advertise-address", "127.0.0.1"),
-                // The apiserver's own address is loopback: nothing in-cluster could use it.
-                arg("endpoint-reconciler-type", "none"),
-            ]),
-        }
-        let audit_log = if options.audit_log {
-            let policy = dir.join("audit-policy.yaml");
-            std::fs::write(
-                &policy,
-                options.audit_policy.as_deref().unwrap_or(AUDIT_POLICY),
-            )
-            .map_err(state_err("write the audit policy in", dir))?;
-            let log = dir.join("audit.log");
-            args.extend([
-                path_arg("audit-policy-file", &policy),
-                path_arg("audit-log-path", &log),
-                // Every event is on disk before the request returns: tests read it right after.
-                arg("audit-log-mode", "blocking"),
-                arg("audit-log-format", "json"),
-            ]);
-            Some(log)
-        } else {
-            None
-        };
-        args.extend(extra("kube-apiserver"));
-        start("kube-apiserver", args, running)?;
-        let config = kube::Config::from_custom_kubeconfig(
-            Kubeconfig::read_from(&admin_kc).map_err(|source| ClusterError::ReadKubeconfig {
-                path: admin_kc.clone(),
-                source,
-            })?,
-            &KubeConfigOptions::default(),
-        )
-        .await
-        .map_err(|source| ClusterError::ReadKubeconfig {
-            path: admin_kc.clone(),
-            source,
-        })?;
-        wait_ready(running, "kube-apiserver", config.clone(), "/readyz").await?;
-        running.ready_after.push((
-            "kube-apiserver".into(),
-            boot_started.elapsed().as_secs_f64(),
-        ));
-
-        // kube-controller-manager and kube-scheduler, in parallel.
-        let common = |port: u16, kc: &Path| {
-            vec![
-                path_arg("authentication-kubeconfig", kc),
-                path_arg("authorization-kubeconfig", kc),
-                arg("bind-address", "127.0.0.1"),
-                arg("secure-port", port),
-                path_arg("tls-cert-file", &pki.serving.cert),
-                path_arg("tls-private-key-file", &pki.serving.key),
-                path_arg("client-ca-file", &pki.ca_cert),
-                arg(
-                    "authorization-always-allow-paths",
-                    "/healthz,/readyz,/livez,/metrics",
-                ),
-                arg("profiling", false),
-            ]
-        };
-        let mut args = common(ports.controller_manager, &kcm_kc);
-        args.extend([
-            path_arg("kubeconfig", &kcm_kc),
-            arg("leader-elect", false),
-            arg(
-                "controllers",
-                if options.fixture_nodes {
-                    "*,-node-lifecycle-controller"
-                } else {
-                    "*"
-                },
-            ),
-            // Each controller acts as its own ServiceAccount with its bootstrap role.
-            arg("use-service-account-credentials", true),
-            path_arg("service-account-private-key-file", &pki.sa_key),
-            path_arg("root-ca-file", &pki.ca_cert),
-            path_arg("cluster-signing-cert-file", &pki.ca_cert),
-            path_arg("cluster-signing-key-file", &pki.ca_key),
-            arg("service-cluster-ip-range", SERVICE_CIDR),
-            // Notice a registered node's Ready condition (and lift its not-ready taint) sooner.
-            arg("node-monitor-period", "1s"),
-            // A ResourceQuota on a custom resource (count/ipreservations.ipkeep.dev) created before
-            // the quota controller's discovery (every 30 s) found the CRD gets no usage for it
-            // until the next full resync: 5 minutes by default, which a loaded machine reached
-            // (the quota test gave up after 120 s). 10 s here.
-            arg("resource-quota-sync-period", "10s"),
-        ]);
-        args.extend(extra("kube-controller-manager"));
-        start("kube-controller-manager", args, running)?;
-        let mut args = common(ports.scheduler, &sched_kc);
-        args.push(path_arg("config", &sched_config));
-        args.extend(extra("kube-scheduler"));
-        start("kube-scheduler", args, running)?;
-        // kube-controller-manager serves no /readyz (404); its /healthz covers its controllers.
-        for (name, port, path) in [
-            (
-                "kube-controller-manager",
-                ports.controller_manager,
-                "/healthz",
-            ),
-            ("kube-scheduler", ports.scheduler, "/readyz"),
-        ] {
-            let mut c = config.clone();
-            c.cluster_url =
-                format!("https://127.0.0.1:{port}")
-                    .parse()
-                    .map_err(|e| ClusterError::Invalid {
-                        what: "component URL",
-                        value: format!("{port} ({e})"),
-                        why: "not a URL",
-                    })?;
-            wait_ready(running, name, c, path).await?;
-            running
-                .ready_after
-                .push((name.into(), boot_started.elapsed().as_secs_f64()));
-        }
-        Ok((pki, admin_kc, config, audit_log))
+        let credentials = boot.write_credentials()?;
+        let etcd = boot.start_etcd(running).await?;
+        let (config, audit_log) = boot.start_apiserver(running, &credentials, &etcd).await?;
+        boot.start_controller_manager_and_scheduler(running, &credentials, &config)
+            .await?;
+        Ok((credentials.pki, credentials.admin, config, audit_log))
     }
 
     /// The API server's URL (`https://127.0.0.1:PORT`).
@@ -1168,5 +919,363 @@ async fn probe_ready(
             });
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What every step of [`Cluster::boot`] starts its component with.
+struct Boot<'a> {
+    options: &'a ClusterOptions,
+    bin_dir: &'a Path,
+    /// The state directory.
+    dir: &'a Path,
+    ports: Ports,
+    spawner: &'a Spawner,
+    /// Where each component's log goes (`<name>.log`).
+    logs: PathBuf,
+    /// The process groups file the watchdog reads.
+    pgids: PathBuf,
+    /// When the first step began: each component's readiness is reported from here.
+    started: Instant,
+}
+
+/// The control plane's certificates and the kubeconfigs made from them.
+struct Credentials {
+    pki: Pki,
+    /// The admin's kubeconfig (what `Cluster::kubeconfig_path` names).
+    admin: PathBuf,
+    controller_manager: PathBuf,
+    /// The scheduler's configuration file (it names the scheduler's kubeconfig).
+    scheduler_config: PathBuf,
+    scheduler: PathBuf,
+}
+
+impl Boot<'_> {
+    /// The certificates (with the nodes' names for the API server when nodes reach it), the
+    /// admin's, kube-controller-manager's and kube-scheduler's kubeconfigs, and the scheduler's
+    /// configuration file.
+    fn write_credentials(&self) -> Result<Credentials, ClusterError> {
+        let (options, dir, ports) = (self.options, self.dir, self.ports);
+        let pki_dir = dir.join("pki");
+        for d in [&pki_dir, &self.logs] {
+            std::fs::create_dir(d).map_err(state_err("create a directory in", dir))?;
+        }
+        let extra_sans: Vec<String> = match &options.node_access {
+            Some(access) => vec![
+                access.address.to_string(),
+                access.service_ip.to_string(),
+                "kubernetes".into(),
+                "kubernetes.default".into(),
+                "kubernetes.default.svc".into(),
+                "kubernetes.default.svc.cluster.local".into(),
+            ],
+            None => Vec::new(),
+        };
+        let pki = Pki::generate_with_sans(&pki_dir, &extra_sans)?;
+        let server = api_url(options, ports);
+        let write_kc = |file: &str, user: &str, cert: &super::pki::ClientCert| {
+            let path = dir.join(file);
+            let doc = kubeconfig(
+                &server,
+                &pki.ca_cert,
+                user,
+                &KubeUser::Cert {
+                    cert: cert.cert.clone(),
+                    key: cert.key.clone(),
+                },
+                None,
+            );
+            write_kubeconfig(&path, &doc).map(|()| path)
+        };
+        let admin_kc = write_kc("admin.kubeconfig", "admin", &pki.admin)?;
+        let kcm_kc = write_kc(
+            "kube-controller-manager.kubeconfig",
+            "system:kube-controller-manager",
+            &pki.controller_manager,
+        )?;
+        let sched_kc = write_kc(
+            "kube-scheduler.kubeconfig",
+            "system:kube-scheduler",
+            &pki.scheduler,
+        )?;
+        let sched_config = dir.join("kube-scheduler-config.yaml");
+        std::fs::write(
+            &sched_config,
+            format!(
+                "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nclientConnection:\n  kubeconfig: {}\nleaderElection:\n  leaderElect: false\n",
+                serde_json::to_string(&sched_kc).unwrap_or_default()
+            ),
+        )
+        .map_err(state_err("write the scheduler configuration in", dir))?;
+
+        Ok(Credentials {
+            pki,
+            admin: admin_kc,
+            controller_manager: kcm_kc,
+            scheduler_config: sched_config,
+            scheduler: sched_kc,
+        })
+    }
+
+    /// The options' extra arguments for component `name`.
+    fn extra(&self, name: &str) -> Vec<String> {
+        self.options
+            .extra_args
+            .get(name)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Starts component `name` (the binary of that name) with `args`, its log in `logs/`.
+    fn start(
+        &self,
+        name: &str,
+        args: Vec<String>,
+        running: &mut Running,
+    ) -> Result<(), ClusterError> {
+        let launch = Launch {
+            program: self.bin_dir.join(name),
+            args,
+            log: self.logs.join(format!("{name}.log")),
+            probe: None,
+        };
+        let c = Component::start(
+            self.spawner,
+            name,
+            &launch.program,
+            &launch.args,
+            &launch.log,
+            &self.pgids,
+        )?;
+        running.components.push(Arc::new(c));
+        running.launches.insert(name.to_owned(), launch);
+        Ok(())
+    }
+
+    /// Waits until component `name` answers `path` at `config`'s address, and records when.
+    async fn wait_until_ready(
+        &self,
+        running: &mut Running,
+        name: &str,
+        config: kube::Config,
+        path: &'static str,
+    ) -> Result<(), ClusterError> {
+        wait_ready(running, name, config, path).await?;
+        running
+            .ready_after
+            .push((name.into(), self.started.elapsed().as_secs_f64()));
+        Ok(())
+    }
+
+    /// Starts etcd and waits until it is ready; its client URL.
+    async fn start_etcd(&self, running: &mut Running) -> Result<String, ClusterError> {
+        let (dir, ports) = (self.dir, self.ports);
+        let etcd_client = format!("http://127.0.0.1:{}", ports.etcd_client);
+        let etcd_peer = format!("http://127.0.0.1:{}", ports.etcd_peer);
+        let mut args = vec![
+            arg("name", "ipkeep"),
+            path_arg("data-dir", &dir.join("etcd")),
+            arg("listen-client-urls", &etcd_client),
+            arg("advertise-client-urls", &etcd_client),
+            arg("listen-peer-urls", &etcd_peer),
+            arg("initial-advertise-peer-urls", &etcd_peer),
+            arg("initial-cluster", format!("ipkeep={etcd_peer}")),
+            // Test data: durability buys nothing and fsync costs seconds on a busy disk.
+            arg("unsafe-no-fsync", true),
+            arg("auto-compaction-retention", 1),
+            arg("log-level", "warn"),
+        ];
+        args.extend(self.extra("etcd"));
+        self.start("etcd", args, running)?;
+        let mut etcd_config =
+            kube::Config::new(etcd_client.parse().map_err(|e| ClusterError::Invalid {
+                what: "etcd URL",
+                value: format!("{etcd_client} ({e})"),
+                why: "not a URL",
+            })?);
+        etcd_config.auth_info = Default::default();
+        self.wait_until_ready(running, "etcd", etcd_config, "/readyz")
+            .await?;
+        Ok(etcd_client)
+    }
+
+    /// Starts kube-apiserver on `etcd_client` (with the audit log when asked for) and waits
+    /// until it is ready; the admin's client configuration and the audit log's path.
+    async fn start_apiserver(
+        &self,
+        running: &mut Running,
+        credentials: &Credentials,
+        etcd_client: &str,
+    ) -> Result<(kube::Config, Option<PathBuf>), ClusterError> {
+        let (options, dir, ports, pki) = (self.options, self.dir, self.ports, &credentials.pki);
+        let admin_kc = &credentials.admin;
+        let mut args = vec![
+            arg("etcd-servers", etcd_client),
+            arg("secure-port", ports.apiserver),
+            path_arg("tls-cert-file", &pki.serving.cert),
+            path_arg("tls-private-key-file", &pki.serving.key),
+            path_arg("client-ca-file", &pki.ca_cert),
+            arg("authorization-mode", "Node,RBAC"),
+            arg("enable-admission-plugins", "NodeRestriction"),
+            arg(
+                "service-account-issuer",
+                "https://kubernetes.default.svc.cluster.local",
+            ),
+            path_arg("service-account-key-file", &pki.sa_pub),
+            path_arg("service-account-signing-key-file", &pki.sa_key),
+            arg("service-cluster-ip-range", SERVICE_CIDR),
+            arg("allow-privileged", true),
+            arg("profiling", false),
+            path_arg("cert-dir", &dir.join("apiserver-certs")),
+            // The API server reaches admission webhooks (ipkeep's placement webhook) at their
+            // Service's endpoints, not its ClusterIP: this host is the control plane and runs no
+            // kube-proxy, as on clusters whose control plane is not a node. Without endpoints (a
+            // chart installed on a plane without nodes) a call fails at once, never dials out.
+            arg("enable-aggregator-routing", true),
+        ];
+        match &options.node_access {
+            Some(access) => {
+                let kubelet_client = pki.client_cert(
+                    "apiserver-kubelet-client",
+                    "kube-apiserver-kubelet-client",
+                    Some("system:masters"),
+                )?;
+                args.extend([
+                    arg("bind-address", access.address),
+                    arg("advertise-address", access.address),
+                    path_arg("kubelet-client-certificate", &kubelet_client.cert),
+                    path_arg("kubelet-client-key", &kubelet_client.key),
+                    path_arg("kubelet-certificate-authority", &pki.ca_cert),
+                    arg("kubelet-preferred-address-types", "InternalIP"),
+                ]);
+            }
+            None => args.extend([
+                arg("bind-address", "127.0.0.1"),
+                arg("advertise-address", "127.0.0.1"),
+                // The apiserver's own address is loopback: nothing in-cluster could use it.
+                arg("endpoint-reconciler-type", "none"),
+            ]),
+        }
+        let audit_log = if options.audit_log {
+            let policy = dir.join("audit-policy.yaml");
+            std::fs::write(
+                &policy,
+                options.audit_policy.as_deref().unwrap_or(AUDIT_POLICY),
+            )
+            .map_err(state_err("write the audit policy in", dir))?;
+            let log = dir.join("audit.log");
+            args.extend([
+                path_arg("audit-policy-file", &policy),
+                path_arg("audit-log-path", &log),
+                // Every event is on disk before the request returns: tests read it right after.
+                arg("audit-log-mode", "blocking"),
+                arg("audit-log-format", "json"),
+            ]);
+            Some(log)
+        } else {
+            None
+        };
+        args.extend(self.extra("kube-apiserver"));
+        self.start("kube-apiserver", args, running)?;
+        let config = kube::Config::from_custom_kubeconfig(
+            Kubeconfig::read_from(admin_kc).map_err(|source| ClusterError::ReadKubeconfig {
+                path: admin_kc.clone(),
+                source,
+            })?,
+            &KubeConfigOptions::default(),
+        )
+        .await
+        .map_err(|source| ClusterError::ReadKubeconfig {
+            path: admin_kc.clone(),
+            source,
+        })?;
+        self.wait_until_ready(running, "kube-apiserver", config.clone(), "/readyz")
+            .await?;
+        Ok((config, audit_log))
+    }
+
+    /// Starts kube-controller-manager and kube-scheduler together and waits until both are
+    /// ready (`config`: the admin's, aimed at each in turn).
+    async fn start_controller_manager_and_scheduler(
+        &self,
+        running: &mut Running,
+        credentials: &Credentials,
+        config: &kube::Config,
+    ) -> Result<(), ClusterError> {
+        let (options, ports, pki) = (self.options, self.ports, &credentials.pki);
+        let (kcm_kc, sched_kc, sched_config) = (
+            &credentials.controller_manager,
+            &credentials.scheduler,
+            &credentials.scheduler_config,
+        );
+        let common = |port: u16, kc: &Path| {
+            vec![
+                path_arg("authentication-kubeconfig", kc),
+                path_arg("authorization-kubeconfig", kc),
+                arg("bind-address", "127.0.0.1"),
+                arg("secure-port", port),
+                path_arg("tls-cert-file", &pki.serving.cert),
+                path_arg("tls-private-key-file", &pki.serving.key),
+                path_arg("client-ca-file", &pki.ca_cert),
+                arg(
+                    "authorization-always-allow-paths",
+                    "/healthz,/readyz,/livez,/metrics",
+                ),
+                arg("profiling", false),
+            ]
+        };
+        let mut args = common(ports.controller_manager, kcm_kc);
+        args.extend([
+            path_arg("kubeconfig", kcm_kc),
+            arg("leader-elect", false),
+            arg(
+                "controllers",
+                if options.fixture_nodes {
+                    "*,-node-lifecycle-controller"
+                } else {
+                    "*"
+                },
+            ),
+            // Each controller acts as its own ServiceAccount with its bootstrap role.
+            arg("use-service-account-credentials", true),
+            path_arg("service-account-private-key-file", &pki.sa_key),
+            path_arg("root-ca-file", &pki.ca_cert),
+            path_arg("cluster-signing-cert-file", &pki.ca_cert),
+            path_arg("cluster-signing-key-file", &pki.ca_key),
+            arg("service-cluster-ip-range", SERVICE_CIDR),
+            // Notice a registered node's Ready condition (and lift its not-ready taint) sooner.
+            arg("node-monitor-period", "1s"),
+            // A ResourceQuota on a custom resource (count/ipreservations.ipkeep.dev) created before
+            // the quota controller's discovery (every 30 s) found the CRD gets no usage for it
+            // until the next full resync: 5 minutes by default, which a loaded machine reached
+            // (the quota test gave up after 120 s). 10 s here.
+            arg("resource-quota-sync-period", "10s"),
+        ]);
+        args.extend(self.extra("kube-controller-manager"));
+        self.start("kube-controller-manager", args, running)?;
+        let mut args = common(ports.scheduler, sched_kc);
+        args.push(path_arg("config", sched_config));
+        args.extend(self.extra("kube-scheduler"));
+        self.start("kube-scheduler", args, running)?;
+        // kube-controller-manager serves no /readyz (404); its /healthz covers its controllers.
+        for (name, port, path) in [
+            (
+                "kube-controller-manager",
+                ports.controller_manager,
+                "/healthz",
+            ),
+            ("kube-scheduler", ports.scheduler, "/readyz"),
+        ] {
+            let mut c = config.clone();
+            c.cluster_url =
+                format!("https://127.0.0.1:{port}")
+                    .parse()
+                    .map_err(|e| ClusterError::Invalid {
+                        what: "component URL",
+                        value: format!("{port} ({e})"),
+                        why: "not a URL",
+                    })?;
+            self.wait_until_ready(running, name, c, path).await?;
+        }
+        Ok(())
     }
 }

@@ -1,0 +1,198 @@
+//! Scenarios 1 and 2, one `pub async fn` each (`tests/realnode/` runs them on its real nodes with the chart installed, or on
+//! a user's cluster with `IPKEEP_E2E_KUBECONFIG`).
+
+use crate::testkit::realnode;
+use crate::testkit::{system::*, *};
+use ipkeep_operator::crd::Phase;
+
+pub async fn statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addresses() {
+    let sys = System::start(
+        "keep",
+        Options {
+            dual_stack: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    // No node named: the scheduler places the pods, and brings a returning one back to the node
+    // holding its addresses only because the placement webhook tells it to.
+    sys.apply(&statefulset("web", 3, true, &[], &retain(Some("1h"))));
+    let pods = sys
+        .wait_running("app=web", &["web-0", "web-1", "web-2"])
+        .await;
+    sys.check("three pods Running where the scheduler put them");
+    let dual = sys.dual_stack;
+    if dual {
+        sys.check("IPv4 and IPv6 addresses");
+    } else {
+        sys.skip(
+            "IPv4 and IPv6 addresses",
+            "dual-stack nodes (the cluster's nodes have one pod CIDR)",
+        );
+    }
+    for pod in pods.values() {
+        if dual {
+            assert_eq!(pod.ips.len(), 2, "dual-stack: {pod:?}");
+            assert!(pod.ips[0].is_ipv4() && pod.ips[1].is_ipv6(), "{pod:?}");
+        }
+        sys.wait_bound(pod).await;
+        if let Some(dir) = realnode::node_dir(&sys, "reservation files on the node", &pod.node) {
+            sys.wait_file(&dir.join("reserved").join(&sys.ns).join(&pod.name), true)
+                .await;
+        }
+    }
+    sys.check("every reservation Bound to its pod");
+    let before = pods["web-1"].clone();
+    let history = sys.record_reservations();
+
+    sys.kubectl(&["delete", "pod", "web-1", "--wait=false"]);
+    let after = sys.wait_recreated("web-1", &before.uid).await;
+    assert_eq!(
+        after.ips, before.ips,
+        "web-1 came back with other addresses"
+    );
+    assert_eq!(after.node, before.node, "web-1 came back to another node");
+    sys.check("web-1 re-created with the same addresses on its node, unpinned");
+    let r = sys.wait_bound(&after).await;
+    assert!(
+        r.status.as_ref().unwrap().release_time.is_none(),
+        "a Bound reservation has no release time: {r:?}"
+    );
+    // Bound to the old pod, Released once it is gone (a replacement without addresses yet does
+    // not hold them), Bound to the new one: what `kubectl get ipr` shows along the way.
+    let bindings = history.bindings("web-1");
+    eprintln!("web-1's reservation went {bindings:?}");
+    let steps: Vec<(Option<Phase>, Option<&str>)> =
+        bindings.iter().map(|(p, u)| (*p, u.as_deref())).collect();
+    assert_eq!(
+        steps,
+        [
+            (Some(Phase::Bound), Some(before.uid.as_str())),
+            (Some(Phase::Released), Some(before.uid.as_str())),
+            (Some(Phase::Bound), Some(after.uid.as_str())),
+        ],
+        "web-1's reservation did not go Bound -> Released -> Bound (nor was it deleted on the way)"
+    );
+    sys.check("reservation Bound -> Released -> Bound, never deleted");
+    // The other pods were not touched.
+    let now = sys.running("app=web").await;
+    for name in ["web-0", "web-2"] {
+        assert_eq!(now[name], pods[name], "{name} changed");
+    }
+    sys.check("the other pods untouched");
+
+    let table = sys.kubectl(&["get", "ipr"]);
+    eprintln!("kubectl get ipr:\n{table}");
+    let header = table.lines().next().unwrap_or_default();
+    for column in ["NAME", "IPS", "NODE", "PHASE", "RELEASE-TIME", "AGE"] {
+        assert!(header.contains(column), "no {column} column in:\n{table}");
+    }
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("web-1 "))
+        .unwrap_or_else(|| panic!("no web-1 row in:\n{table}"));
+    assert!(
+        row.contains(&before.ips[0].to_string())
+            && row.contains(&before.node)
+            && row.contains("Bound"),
+        "web-1 row: {row}"
+    );
+    sys.check("kubectl get ipr columns and row");
+}
+
+pub async fn unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_pool() {
+    // On this binary's own nodes the pods go to the tiny node, whose /29 the last step fills; on
+    // a user's cluster to its first node, and that step is skipped.
+    let tiny = match realnode::own() {
+        Some(_) => Some(realnode::tiny_alone().await),
+        None => None,
+    };
+    let sys = System::start("plain", Options::default()).await;
+    let node_a = match &tiny {
+        Some((_, node)) => node.name(),
+        None => sys.node_name(0).to_owned(),
+    };
+    let on_tiny = tiny.is_some();
+    let place = |yaml: String| {
+        if on_tiny {
+            realnode::tolerating_tiny(&yaml)
+        } else {
+            yaml
+        }
+    };
+    // An annotated pod next to it proves the controller is at work in this namespace.
+    sys.apply(&place(statefulset(
+        "kept",
+        1,
+        true,
+        &[&node_a],
+        &retain(None),
+    )));
+    sys.apply(&place(statefulset("plain", 1, true, &[&node_a], &[])));
+    let kept = sys.wait_running("app=kept", &["kept-0"]).await;
+    sys.wait_bound(&kept["kept-0"]).await;
+    let plain = sys.wait_running("app=plain", &["plain-0"]).await["plain-0"].clone();
+    assert!(
+        sys.reservations()
+            .get_opt("plain-0")
+            .await
+            .unwrap()
+            .is_none(),
+        "an unannotated pod got a reservation"
+    );
+    sys.check("the annotated pod Bound, the unannotated one without a reservation");
+    let dir = realnode::node_dir(&sys, "allocation and reservation files", &node_a);
+    if let Some(dir) = &dir {
+        let allocation = dir.join(plain.ips[0].to_string());
+        assert!(allocation.is_file(), "no allocation file {allocation:?}");
+    }
+
+    // Deleted: its address file goes (the address is back in the pool), no reservation appears.
+    sys.kubectl(&["scale", "statefulset", "plain", "--replicas=0"]);
+    wait_for("plain-0 gone", || async {
+        sys.pods()
+            .get_opt("plain-0")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    if let Some(dir) = &dir {
+        sys.wait_file(&dir.join(plain.ips[0].to_string()), false)
+            .await;
+        assert!(
+            !dir.join("reserved").join(&sys.ns).join("plain-0").exists(),
+            "a reservation file for an unannotated pod"
+        );
+    }
+    assert!(
+        sys.reservations()
+            .get_opt("plain-0")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    sys.check("deleted, still no reservation");
+    if !on_tiny {
+        sys.skip(
+            "the address handed out again on a full /29",
+            "own nodes (a tiny node with a /29)",
+        );
+        return;
+    }
+
+    // The address is handed out again: kept-0 holds one of the /29's addresses, so four pods
+    // fill the rest, and one of them must get plain-0's.
+    let fill = realnode::TINY_ADDRESSES - 1;
+    sys.apply(&place(statefulset("fill", fill, true, &[&node_a], &[])));
+    let names: Vec<String> = (0..fill).map(|i| format!("fill-{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let fill = sys.wait_running("app=fill", &names).await;
+    assert!(
+        fill.values().any(|p| p.ips[0] == plain.ips[0]),
+        "plain-0's address {} was not handed out again: {fill:?}",
+        plain.ips[0]
+    );
+    sys.check("the address handed out again");
+}

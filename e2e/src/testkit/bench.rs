@@ -1,0 +1,597 @@
+//! Shared by the benches (`examples/bench_controller.rs`, `bench_agent.rs`, `bench_api_cost.rs`):
+//! the real control plane they measure, the operator started as a separate
+//! process under the chart's ServiceAccounts, what `/proc` says about a process, the reference
+//! writes that give each figure its ceiling, a phase counter fed by a watch, and the audit log
+//! read back by user and verb.
+//!
+//! Every process a bench starts runs in its own process group with the parent-death signal set
+//! (the control plane harness's `Spawner`), so none outlives the bench, however it ends.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use crate::cluster::{
+    Cluster,
+    process::{Component, Spawner},
+};
+use futures::{StreamExt, TryStreamExt};
+use ipkeep_operator::crd::{IPReservation, Phase};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::json;
+
+use super::plane as real;
+
+/// The field manager of the reference writes (the controller's is `ipkeep-controller`).
+pub const BENCH_MANAGER: &str = "ipkeep-bench";
+
+/// The controller's default number of reconcile workers (`--workers`): the reference writes use
+/// as many in flight, and, like the controller, no client-side rate limit (kube-rs has none).
+pub const CONTROLLER_WORKERS: usize = 8;
+
+/// The API server under measurement, and what the benches need from it.
+pub struct Plane {
+    cluster: &'static Cluster,
+    scratch: PathBuf,
+    spawner: Spawner,
+}
+
+impl Plane {
+    /// Starts (or joins) the real control plane (kube-apiserver v1.34 with etcd,
+    /// controller-manager and scheduler, `make cluster-bins`), with the IPReservation CRD
+    /// installed and the chart's RBAC applied.
+    pub async fn start() -> Plane {
+        let cluster = real::cluster().await;
+        real::chart_rbac(cluster).await;
+        // Inside the state directory: the control plane's watchdog removes it however the bench
+        // ends.
+        let scratch = cluster.state_dir().join("bench");
+        std::fs::create_dir_all(&scratch).expect("failed to create the bench's scratch directory");
+        Plane {
+            cluster,
+            scratch,
+            spawner: Spawner::new().expect("failed to start the spawner thread"),
+        }
+    }
+
+    /// One line saying what is measured.
+    pub fn describe(&self) -> String {
+        format!(
+            "real kube-apiserver v1.34 at {} (etcd without fsync, audit log on, APF on)",
+            self.cluster.server()
+        )
+    }
+
+    /// An admin client (`system:masters`, exempt from APF).
+    pub fn admin(&self) -> Client {
+        self.cluster.client().expect("an admin client")
+    }
+
+    /// A client of the chart's ServiceAccount `account`.
+    pub async fn account_client(&self, account: &str) -> Client {
+        let ns = real::chart_rbac(self.cluster).await;
+        self.cluster
+            .service_account_client(ns, account)
+            .await
+            .unwrap_or_else(|e| panic!("failed to get a client of {account}: {e}"))
+    }
+
+    /// The audit log's name for the chart's ServiceAccount `account`.
+    pub async fn account_user(&self, account: &str) -> String {
+        format!(
+            "system:serviceaccount:{}:{account}",
+            real::chart_rbac(self.cluster).await
+        )
+    }
+
+    /// A kubeconfig of the chart's ServiceAccount `account` (a one-hour token).
+    pub async fn account_kubeconfig(&self, account: &str) -> PathBuf {
+        let path = self.scratch.join(format!("kubeconfig-{account}"));
+        real::account_kubeconfig(self.cluster, account, &path).await;
+        path
+    }
+
+    /// A new namespace `<prefix>-<n>`, ready for pods.
+    pub async fn namespace(&self, prefix: &str) -> String {
+        self.cluster
+            .fresh_namespace(prefix)
+            .await
+            .unwrap_or_else(|e| panic!("failed to create a namespace: {e}"))
+    }
+
+    /// Writes Node objects `names` (`Cluster::add_node`: Ready, untainted, no kubelet behind
+    /// them), so that the scheduler would bind pods to them and the pod garbage collector does
+    /// not delete the pods bound to them as orphans.
+    pub async fn add_nodes(&self, names: &[String]) {
+        for name in names {
+            self.cluster
+                .add_node(name)
+                .await
+                .unwrap_or_else(|e| panic!("failed to write the Node {name}: {e}"));
+        }
+    }
+
+    /// The kube-apiserver's process id.
+    pub fn apiserver_pid(&self) -> u32 {
+        self.cluster
+            .pids()
+            .get("kube-apiserver")
+            .copied()
+            .expect("the control plane runs kube-apiserver")
+    }
+
+    /// The audit log.
+    pub fn audit_log(&self) -> PathBuf {
+        self.cluster
+            .audit_log_path()
+            .expect("the shared control plane keeps an audit log")
+            .to_path_buf()
+    }
+
+    /// A scratch directory `name` of this run (removed with the control plane's state, or by
+    /// [`Plane::finish`]).
+    pub fn scratch(&self, name: &str) -> PathBuf {
+        let dir = self.scratch.join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("failed to create a scratch directory");
+        dir
+    }
+
+    /// Starts `ipkeep-operator <args>` as `account` (its own process group, killed if the bench
+    /// dies); its output goes to `<scratch>/<name>.log`.
+    pub async fn operator(&self, name: &str, account: &str, args: &[String]) -> Operator {
+        let kubeconfig = self.account_kubeconfig(account).await;
+        let bin = super::operator_binary();
+        let mut all = vec![
+            format!("KUBECONFIG={}", kubeconfig.display()),
+            bin.display().to_string(),
+        ];
+        all.extend(args.iter().cloned());
+        let log = self.scratch.join(format!("{name}.log"));
+        let component = Component::start(
+            &self.spawner,
+            name,
+            Path::new("env"),
+            &all,
+            &log,
+            &self.scratch.join("pgids"),
+        )
+        .unwrap_or_else(|e| panic!("failed to start {name}: {e}"));
+        Operator { component }
+    }
+
+    /// Removes the scratch directory (the real control plane's state goes when the bench exits).
+    pub fn finish(self) {
+        let _ = std::fs::remove_dir_all(&self.scratch);
+    }
+}
+
+/// An `ipkeep-operator` process started by [`Plane::operator`].
+pub struct Operator {
+    component: Component,
+}
+
+impl Operator {
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.component.pid()
+    }
+
+    /// Its peak resident memory so far.
+    pub fn peak_rss_kib(&self) -> u64 {
+        proc_kib(self.pid(), "VmHWM:")
+    }
+
+    /// Fails the bench with its log if it has exited.
+    pub fn check(&self) {
+        if let Some(status) = self.component.exit_status() {
+            panic!(
+                "{} exited ({status}); last lines of {}:\n{}",
+                self.component.name(),
+                self.component.log().display(),
+                crate::cluster::process::log_tail(self.component.log(), 25)
+            );
+        }
+    }
+
+    /// Waits until its `/readyz` at `probe` answers 200 (caches filled, first sync done);
+    /// returns how long that took.
+    pub async fn ready(&self, probe: SocketAddr) -> Duration {
+        let t = Instant::now();
+        loop {
+            if let Some(reply) = http_get(probe, "/readyz").await
+                && reply.starts_with("HTTP/1.1 200")
+            {
+                return t.elapsed();
+            }
+            self.check();
+            assert!(
+                t.elapsed() < Duration::from_secs(600),
+                "{} never became ready",
+                self.component.name()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after 5 s.
+    pub fn stop(self) {
+        self.component.stop(Duration::from_secs(5));
+    }
+}
+
+/// A loopback address with a port free a moment ago (for a probe server to bind).
+pub fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+}
+
+/// The whole HTTP/1.1 reply to `GET path` (plain HTTP, the probe servers), or None.
+pub async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.ok()?;
+    Some(reply)
+}
+
+/// A field of `/proc/<pid>/status` in KiB (`VmRSS:`, `VmHWM:`); 0 if unreadable.
+pub fn proc_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU seconds (user + system) process `pid` has used, from `/proc/<pid>/stat` (USER_HZ is 100
+/// on Linux whatever the kernel's HZ).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (ticks(11) + ticks(12)) as f64 / 100.0
+}
+
+/// The `p`th percentile (0..=100) of an ascending slice, nearest rank; NaN when empty.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// `part` as a percentage of `whole`.
+pub fn percent(part: f64, whole: f64) -> f64 {
+    100.0 * part / whole
+}
+
+/// The machine's load averages, one line.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Test address number `i` (198.18.0.0/15, the benchmarking range: never routed).
+pub fn test_ip(i: usize) -> String {
+    format!("198.{}.{}.{}", 18 + (i >> 16) % 2, (i >> 8) % 256, i % 256)
+}
+
+/// Runs `make(i)` for every `i` in `range` with at most `in_flight` at once; returns the time.
+pub async fn run_all<F, Fut>(range: std::ops::Range<usize>, in_flight: usize, make: F) -> Duration
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let t = Instant::now();
+    futures::stream::iter(range)
+        .map(make)
+        .buffer_unordered(in_flight)
+        .collect::<Vec<()>>()
+        .await;
+    t.elapsed()
+}
+
+/// A reservation body for server-side apply (spec only).
+pub fn reservation_spec(name: &str, ip: &str, node: &str, retain_for: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation",
+        "metadata": {"name": name},
+        "spec": {"ips": [ip], "nodeName": node, "retainFor": retain_for},
+    })
+}
+
+/// A status body for server-side apply of the status subresource.
+pub fn reservation_status(status: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation", "status": status})
+}
+
+/// What the API server allows for the controller's own writes, measured with a client of the
+/// controller's identity (same APF priority level, same RBAC), [`CONTROLLER_WORKERS`] in flight.
+#[derive(Debug, Clone, Copy)]
+pub struct Ceiling {
+    /// How many reservations.
+    pub n: usize,
+    /// Creating each as the controller does for a new Bound one: spec apply, then status apply.
+    pub bind: Duration,
+    /// One status apply each (the controller's write when a pod goes away).
+    pub release: Duration,
+    /// One delete each (an expiry's write).
+    pub delete: Duration,
+}
+
+impl Ceiling {
+    /// Measures it with `n` reservations in namespace `ns` (left empty afterwards).
+    pub async fn measure(client: &Client, ns: &str, n: usize) -> Ceiling {
+        let api: Api<IPReservation> = Api::namespaced(client.clone(), ns);
+        let apply = PatchParams::apply(BENCH_MANAGER).force();
+        let bind = run_all(0..n, CONTROLLER_WORKERS, |i| {
+            let (api, apply) = (api.clone(), apply.clone());
+            async move {
+                let name = format!("ceiling-{i}");
+                let spec = reservation_spec(&name, &test_ip(i), "node-0", "24h");
+                api.patch(&name, &apply, &Patch::Apply(&spec))
+                    .await
+                    .expect("reference spec apply");
+                let status =
+                    reservation_status(json!({"phase": "Bound", "podUID": format!("uid-{i}")}));
+                api.patch_status(&name, &apply, &Patch::Apply(&status))
+                    .await
+                    .expect("reference status apply");
+            }
+        })
+        .await;
+        let released_at = jiff::Timestamp::now().to_string();
+        let release_time =
+            (jiff::Timestamp::now() + jiff::SignedDuration::from_hours(24)).to_string();
+        let release = run_all(0..n, CONTROLLER_WORKERS, |i| {
+            let (api, apply) = (api.clone(), apply.clone());
+            let (at, until) = (released_at.clone(), release_time.clone());
+            async move {
+                let status = reservation_status(json!({
+                    "phase": "Released", "podUID": format!("uid-{i}"),
+                    "releasedAt": at, "releaseTime": until,
+                }));
+                api.patch_status(&format!("ceiling-{i}"), &apply, &Patch::Apply(&status))
+                    .await
+                    .expect("reference status apply");
+            }
+        })
+        .await;
+        let delete = run_all(0..n, CONTROLLER_WORKERS, |i| {
+            let api = api.clone();
+            async move {
+                api.delete(&format!("ceiling-{i}"), &DeleteParams::default())
+                    .await
+                    .expect("reference delete");
+            }
+        })
+        .await;
+        Ceiling {
+            n,
+            bind,
+            release,
+            delete,
+        }
+    }
+
+    /// Writes per second of the bind step (two per reservation).
+    pub fn bind_writes_per_sec(&self) -> f64 {
+        2.0 * self.n as f64 / self.bind.as_secs_f64()
+    }
+}
+
+/// How many reservations of a namespace are in each phase, kept by a watch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PhaseCount {
+    /// Present and Bound.
+    pub bound: usize,
+    /// Present and Released.
+    pub released: usize,
+    /// Present (any phase).
+    pub present: usize,
+    /// Deleted since the watch started.
+    pub deleted: usize,
+}
+
+impl PhaseCount {
+    /// Adds (`by` = 1) or removes (-1) a reservation in `phase` (`None`: not present).
+    fn tally(&mut self, phase: Option<Option<Phase>>, by: isize) {
+        let Some(phase) = phase else { return };
+        let add = |n: &mut usize| *n = n.saturating_add_signed(by);
+        add(&mut self.present);
+        match phase {
+            Some(Phase::Bound) => add(&mut self.bound),
+            Some(Phase::Released) => add(&mut self.released),
+            None => {}
+        }
+    }
+}
+
+/// A watch on a namespace's reservations publishing a [`PhaseCount`] on every change.
+pub struct PhaseWatch {
+    counts: tokio::sync::watch::Receiver<PhaseCount>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PhaseWatch {
+    /// Starts watching `ns` (and, if given, only reservations labelled `selector`).
+    pub fn start(client: Client, ns: &str, selector: Option<&str>) -> PhaseWatch {
+        let (tx, counts) = tokio::sync::watch::channel(PhaseCount::default());
+        let api: Api<IPReservation> = Api::namespaced(client, ns);
+        let mut cfg = watcher::Config::default();
+        if let Some(s) = selector {
+            cfg = cfg.labels(s);
+        }
+        let task = tokio::spawn(async move {
+            let mut phases: HashMap<String, Option<Phase>> = HashMap::new();
+            let mut count = PhaseCount::default();
+            let mut events = std::pin::pin!(watcher(api, cfg).default_backoff());
+            while let Ok(Some(event)) = events.try_next().await {
+                let (name, now) = match event {
+                    watcher::Event::Apply(r) | watcher::Event::InitApply(r) => {
+                        (r.name_any(), Some(r.status.as_ref().and_then(|s| s.phase)))
+                    }
+                    watcher::Event::Delete(r) => (r.name_any(), None),
+                    _ => continue,
+                };
+                let before = match now {
+                    Some(phase) => phases.insert(name, phase),
+                    None => phases.remove(&name),
+                };
+                count.tally(before, -1);
+                count.tally(now, 1);
+                if before.is_some() && now.is_none() {
+                    count.deleted += 1;
+                }
+                let _ = tx.send(count);
+            }
+        });
+        PhaseWatch { counts, task }
+    }
+
+    /// Waits until `done` holds (failing the bench after `limit`, saying what it saw); returns
+    /// the time waited.
+    pub async fn until(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        done: impl Fn(&PhaseCount) -> bool,
+    ) -> Duration {
+        let t = Instant::now();
+        let waited = tokio::time::timeout(limit, self.counts.wait_for(|c| done(c)))
+            .await
+            .map(|r| r.is_ok());
+        if waited != Ok(true) {
+            panic!(
+                "gave up after {} s waiting for {what}: {:?}",
+                limit.as_secs(),
+                *self.counts.borrow()
+            );
+        }
+        t.elapsed()
+    }
+
+    /// The counts now.
+    pub fn now(&self) -> PhaseCount {
+        *self.counts.borrow()
+    }
+}
+
+impl Drop for PhaseWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Where the audit log ends now: the start of what a bench step will read back.
+pub fn audit_mark(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+/// One audited request.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Audited {
+    /// `user.username`.
+    pub user: String,
+    /// `verb` (create, patch, update, delete, get, list, watch, ...).
+    pub verb: String,
+    /// Resource, with `/subresource` when there is one.
+    pub resource: String,
+}
+
+/// Requests audited between the marks `from` and `to` (`None`: the end), counted by user, verb
+/// and resource (each request once, whatever stages it was logged at).
+pub fn audited_between(path: &Path, from: u64, to: Option<u64>) -> BTreeMap<Audited, usize> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).expect("failed to open the audit log");
+    file.seek(SeekFrom::Start(from))
+        .expect("seek in the audit log");
+    let mut bytes = Vec::new();
+    match to {
+        Some(to) => file.take(to.saturating_sub(from)).read_to_end(&mut bytes),
+        None => file.read_to_end(&mut bytes),
+    }
+    .expect("failed to read the audit log");
+    let mut seen = std::collections::HashSet::new();
+    let mut counts = BTreeMap::new();
+    for line in String::from_utf8_lossy(&bytes).lines() {
+        let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let id = e["auditID"].as_str().unwrap_or_default().to_owned();
+        if !seen.insert(id) {
+            continue;
+        }
+        let r = &e["objectRef"];
+        let mut resource = r["resource"].as_str().unwrap_or("-").to_owned();
+        if let Some(sub) = r["subresource"].as_str() {
+            resource = format!("{resource}/{sub}");
+        }
+        let key = Audited {
+            user: e["user"]["username"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            verb: e["verb"].as_str().unwrap_or_default().to_owned(),
+            resource,
+        };
+        *counts.entry(key).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Waits until `user` has made no request for a second (their last writes of a step are in the
+/// audit log), then returns the mark of the log's end.
+pub async fn audit_settled(path: &Path, from: u64, user: &str) -> u64 {
+    let quiet = Duration::from_secs(1);
+    let limit = Instant::now() + Duration::from_secs(120);
+    let count = || -> usize {
+        audited_between(path, from, None)
+            .iter()
+            .filter(|(k, _)| k.user == user)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let mut last = (count(), Instant::now());
+    while last.1.elapsed() < quiet && Instant::now() < limit {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = count();
+        if now != last.0 {
+            last = (now, Instant::now());
+        }
+    }
+    audit_mark(path)
+}
+
+/// Whether an audited verb changes state.
+pub fn is_write(verb: &str) -> bool {
+    matches!(
+        verb,
+        "create" | "update" | "patch" | "delete" | "deletecollection"
+    )
+}

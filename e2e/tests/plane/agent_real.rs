@@ -1,0 +1,534 @@
+//! The node agent against the REAL control plane (kube-apiserver v1.34, `make cluster-bins`):
+//! the scenarios of `agent_support/scenarios.rs`, with `spec.nodeName` a real `selectableFields`
+//! entry the API server filters on, and each step of a reservation's life (created, changed,
+//! moved, deleted) measured from the API write to the file on disk; convergence through API
+//! faults — dropped watches, watches failing with 500 or answered `410 Expired`, failing lists,
+//! an outage of the API server's address — injected by a fault proxy (`ipkeep_e2e::proxy`)
+//! between the agent and kube-apiserver; the probe endpoints and metrics; the periodic resync
+//! and a data directory retried until usable.
+//!
+//! The agents run in this process (each "node" its own data directory) and, for the restart
+//! scenario, as the built binary, as the chart's agent ServiceAccount (the chart's RBAC rendered
+//! with the built helm and applied). Each test has its own nodes and namespace, and a fault test
+//! its own proxy, on the control plane the tests of this binary share.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use crate::agent_support as support;
+
+use ipkeep_e2e::testkit::plane as real;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use ipkeep_e2e::proxy::{Fault, FaultProxy, Rule, Verb};
+use ipkeep_operator::{crd::IPReservation, probes::ProbeServer};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflict_on_the_real_api_server() {
+    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let cluster = real::cluster().await;
+    scenarios::conflict_is_not_written(cluster.client().expect("client")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_agent_catches_up_on_the_real_api_server() {
+    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let cluster = real::cluster().await;
+    // The agent binary runs as the chart's agent ServiceAccount.
+    let scratch = Scratch::new("kubeconfig");
+    let kubeconfig = scratch.join("config");
+    real::account_kubeconfig(cluster, real::AGENT_ACCOUNT, &kubeconfig).await;
+    scenarios::killed_agent_catches_up(cluster.client().expect("client"), &kubeconfig).await;
+}
+
+/// The reservation lifecycle (`scenarios::reservation_lifecycle`, each step's time from its API
+/// write to the node's disk printed) with the agents holding only the chart's RBAC. Their watches
+/// carry the `spec.nodeName` field selector, which the real API server evaluates (the audit log
+/// shows the requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_on_the_real_api_server_as_the_agent_service_account() {
+    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let cluster = real::cluster().await;
+    let client = cluster.client().expect("client");
+    // The agents run as the chart's agent ServiceAccount: exactly the chart's RBAC.
+    let agent_client = real::agent_client(cluster).await;
+    let (a, b) = scenarios::reservation_lifecycle(client, agent_client).await;
+    // The filtering is the API server's: each agent's watch asked for its own node only.
+    for node in [&a, &b] {
+        let selector = format!("fieldSelector=spec.nodeName%3D{node}");
+        let watches = real::audited(cluster, &["/ipreservations?", &selector, "watch=true"]);
+        assert!(
+            !watches.is_empty(),
+            "the audit log holds no IPReservation watch with {selector}"
+        );
+        assert!(
+            watches.iter().all(|e| e["responseStatus"]["code"]
+                .as_i64()
+                .is_none_or(|c| c == 200)),
+            "a watch with {selector} was refused: {watches:?}"
+        );
+    }
+}
+
+/// The pods and addresses of the files of every network, for comparing with what the API holds.
+fn pods_and_ips(node: &Node) -> Vec<BTreeMap<String, Vec<std::net::IpAddr>>> {
+    NETWORKS
+        .iter()
+        .map(|n| {
+            node.files(n)
+                .into_iter()
+                .map(|(k, f)| (k.to_string(), f.ips))
+                .collect()
+        })
+        .collect()
+}
+
+async fn wait_pods(node: &Node, want: &[(&str, &str)], what: &str) {
+    let want: BTreeMap<String, Vec<std::net::IpAddr>> = want
+        .iter()
+        .map(|(k, ip)| ((*k).to_owned(), vec![ip.parse().unwrap()]))
+        .collect();
+    wait_for(what, || {
+        let got = pods_and_ips(node);
+        let ok = got.iter().all(|g| *g == want);
+        async move { ok.then_some(()) }
+    })
+    .await;
+}
+
+async fn wait_hits(proxy: &FaultProxy, id: ipkeep_e2e::proxy::RuleId, n: usize, what: &str) {
+    wait_for(what, || {
+        let hits = proxy.hits(id);
+        async move { (hits >= n).then_some(()) }
+    })
+    .await;
+}
+
+/// Dropped watches, watches failing with 500 and answered `410 Expired`, failing lists, an
+/// outage of the API server's address, with changes made while the agent could not see them
+/// and garbage planted on disk: the agent converges to exactly the reservations, and the relist
+/// was a full resync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converges_through_api_faults() {
+    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let cluster = real::cluster().await;
+    let client = cluster.client().expect("client");
+    let (agent_client, proxy) = real::proxied_account_client(cluster, real::AGENT_ACCOUNT).await;
+    let ns = namespace(&client, "agent-faults").await;
+    let a = Node::start(&agent_client, "node-a");
+    a.ready().await;
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
+    for (name, ip) in [("r1", "10.0.0.1"), ("r2", "10.0.0.2")] {
+        api.create(
+            &PostParams::default(),
+            &reservation(name, &a.name, &[ip], None),
+        )
+        .await
+        .expect("failed to create");
+    }
+    let r1 = format!("{ns}/r1");
+    let r2 = format!("{ns}/r2");
+    let r3 = format!("{ns}/r3");
+    wait_pods(
+        &a,
+        &[(&r1, "10.0.0.1"), (&r2, "10.0.0.2")],
+        "r1 and r2 on disk",
+    )
+    .await;
+    let full_before = a.metrics.full_syncs.get();
+
+    // 1. A dropped watch: resumes from its resourceVersion.
+    proxy.close_watches();
+    api.create(
+        &PostParams::default(),
+        &reservation("r3", &a.name, &["10.0.0.3"], None),
+    )
+    .await
+    .expect("failed to create r3");
+    wait_pods(
+        &a,
+        &[(&r1, "10.0.0.1"), (&r2, "10.0.0.2"), (&r3, "10.0.0.3")],
+        "r3 after a dropped watch",
+    )
+    .await;
+
+    // 2. Watches failing (500) while reservations change, then one answered 410 Expired (what a
+    //    compaction does to a resumed watch): the agent relists. Garbage planted meanwhile must
+    //    go in that resync.
+    let failing = proxy.add(
+        Rule::new(Fault::status(500))
+            .verb(Verb::Watch)
+            .resource("ipreservations")
+            .times(3),
+    );
+    let expired = proxy.add(
+        Rule::new(Fault::Expired)
+            .verb(Verb::Watch)
+            .resource("ipreservations")
+            .times(1),
+    );
+    proxy.close_watches();
+    api.delete("r1", &DeleteParams::default())
+        .await
+        .expect("failed to delete r1");
+    api.patch(
+        "r2",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"ips": ["10.0.0.22"]}})),
+    )
+    .await
+    .expect("failed to change r2");
+    let ns_dir = a.data_dir.join(NETWORKS[0]).join("reserved").join(&ns);
+    std::fs::write(ns_dir.join(".ipkeep-tmp-999-0"), b"{\"version\":1,").unwrap();
+    std::fs::write(
+        ns_dir.join("ghost"),
+        format!(
+            "{{\"version\":1,\"namespace\":\"{ns}\",\"pod\":\"ghost\",\"ips\":[\"10.0.0.9\"],\"releaseTime\":null,\"uid\":\"x\"}}\n"
+        ),
+    )
+    .unwrap();
+    wait_hits(&proxy, failing, 3, "the agent's watch to fail three times").await;
+    wait_hits(
+        &proxy,
+        expired,
+        1,
+        "the agent's watch to be answered 410 Expired",
+    )
+    .await;
+    let mut want_now = vec![(r2.as_str(), "10.0.0.22"), (r3.as_str(), "10.0.0.3")];
+    wait_pods(&a, &want_now, "convergence after failing watches and a 410").await;
+    wait_for("a full resync after the 410", || {
+        let n = a.metrics.full_syncs.get();
+        async move { (n > full_before).then_some(()) }
+    })
+    .await;
+    assert!(
+        !ns_dir.join(".ipkeep-tmp-999-0").exists(),
+        "the leftover temporary survived the resync"
+    );
+    assert!(
+        !ns_dir.join("ghost").exists(),
+        "the stale file survived the resync"
+    );
+    assert!(a.metrics.watch_errors.get() > 0, "no watch error was seen");
+
+    // 3. Lists failing too, then the API server's address going away (every connection dropped,
+    //    connections refused for a second) while reservations change, and the resumed watch
+    //    expired: the agent relists through the failing lists and sees the changes.
+    let lists = proxy.add(
+        Rule::new(Fault::status(500))
+            .verb(Verb::List)
+            .resource("ipreservations")
+            .times(2),
+    );
+    let expired_again = proxy.add(
+        Rule::new(Fault::Expired)
+            .verb(Verb::Watch)
+            .resource("ipreservations")
+            .times(1),
+    );
+    let addr = proxy.addr();
+    let changes = async {
+        wait_for("the proxy's port to refuse connections", || async move {
+            tokio::net::TcpStream::connect(addr)
+                .await
+                .is_err()
+                .then_some(())
+        })
+        .await;
+        api.delete("r3", &DeleteParams::default())
+            .await
+            .expect("failed to delete r3");
+        api.create(
+            &PostParams::default(),
+            &reservation("r4", &a.name, &["10.0.0.4"], None),
+        )
+        .await
+        .expect("failed to create r4");
+    };
+    tokio::join!(proxy.outage(Duration::from_secs(1)), changes);
+    wait_hits(
+        &proxy,
+        expired_again,
+        1,
+        "the resumed watch to be answered 410 Expired",
+    )
+    .await;
+    wait_hits(&proxy, lists, 2, "the agent's relist to fail twice").await;
+    let r4 = format!("{ns}/r4");
+    want_now = vec![(r2.as_str(), "10.0.0.22"), (r4.as_str(), "10.0.0.4")];
+    wait_pods(
+        &a,
+        &want_now,
+        "convergence after failing lists and an outage",
+    )
+    .await;
+    let data_dir = a.data_dir.clone();
+    a.stop().await;
+    for n in NETWORKS {
+        assert_eq!(
+            garbage_of(&data_dir, n),
+            Vec::<String>::new(),
+            "garbage left in {n}"
+        );
+    }
+}
+
+/// `/healthz` answers at once, `/readyz` only after the first full sync (held back here by
+/// failing lists), `/metrics` counts what the agent did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_and_metrics() {
+    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let cluster = real::cluster().await;
+    let client = cluster.client().expect("client");
+    let (agent_client, proxy) = real::proxied_account_client(cluster, real::AGENT_ACCOUNT).await;
+    let ns = namespace(&client, "agent-probes").await;
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
+    let node = unique("node-a");
+    api.create(
+        &PostParams::default(),
+        &reservation("m-0", &node, &["10.0.0.7"], None),
+    )
+    .await
+    .expect("failed to create");
+    let failing_lists = proxy.add(
+        Rule::new(Fault::status(500))
+            .verb(Verb::List)
+            .resource("ipreservations")
+            .times(3),
+    );
+    let scratch = Scratch::new(&node);
+    let a = Node::start_named(&agent_client, &node, scratch.path());
+    let probes = ProbeServer::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        a.registry.clone(),
+        a.readiness.clone(),
+    )
+    .await
+    .expect("failed to bind the probe server");
+    let addr = probes.local_addr().expect("a bound address");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(probes.run(async move {
+        let _ = stopped.await;
+    }));
+
+    assert_eq!(http_get(addr, "/healthz").await.0, 200);
+    let (code, _) = http_get(addr, "/readyz").await;
+    assert_eq!(
+        code, 503,
+        "ready before the first full sync (the lists are failing)"
+    );
+    wait_for("/readyz to answer 200", || async move {
+        (http_get(addr, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    assert_eq!(proxy.hits(failing_lists), 3, "the first three lists failed");
+    wait_file(&a.data_dir, &ns, "m-0", "m-0's file", |f| f.is_some()).await;
+    // The counters move right after the files (same pass).
+    let text = wait_for("/metrics to count the two written files", || async move {
+        let (code, text) = http_get(addr, "/metrics").await;
+        (code == 200 && text.contains("ipkeep_agent_files_written_total 2")).then_some(text)
+    })
+    .await;
+    for line in [
+        "ipkeep_agent_reservations 1",
+        "ipkeep_agent_full_syncs_total 1",
+        "ipkeep_agent_sync_errors_total{kind=\"file\"} 0",
+        "ipkeep_agent_sync_errors_total{kind=\"pass\"} 0",
+        "ipkeep_agent_change_to_file_seconds_count",
+        "ipkeep_agent_last_full_sync_timestamp_seconds",
+        "ipkeep_agent_files_removed_total 0",
+    ] {
+        assert!(text.contains(line), "/metrics lacks {line:?}:\n{text}");
+    }
+    let since: i64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ipkeep_agent_seconds_since_last_full_sync "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no seconds-since-full-sync gauge:\n{text}"));
+    assert!(
+        since >= 0,
+        "the gauge still says no full sync happened: {since}"
+    );
+    assert!(
+        a.metrics.watch_errors.get() >= 1,
+        "the failing lists were not counted"
+    );
+    api.delete("m-0", &DeleteParams::default())
+        .await
+        .expect("failed to delete");
+    wait_file(&a.data_dir, &ns, "m-0", "m-0's file to go", |f| f.is_none()).await;
+    // The counters move right after the files (same pass).
+    wait_for("/metrics to count the two removed files", || async move {
+        let (_, text) = http_get(addr, "/metrics").await;
+        (text.contains("ipkeep_agent_files_removed_total 2")
+            && text.contains("ipkeep_agent_reservations 0"))
+        .then_some(())
+    })
+    .await;
+    let _ = stop.send(());
+    serving.await.unwrap();
+    a.stop().await;
+}
+
+/// The periodic full resync repairs what someone changed on disk behind the agent's back (a file
+/// deleted, one edited, a stray file added) without any change in the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn periodic_resync_repairs_hand_edits() {
+    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let cluster = real::cluster().await;
+    let client = cluster.client().expect("client");
+    let agent_client = real::agent_client(cluster).await;
+    let ns = namespace(&client, "agent-resync").await;
+    let node = unique("node-r");
+    let scratch = Scratch::new(&node);
+    let a = Node::start_with(&agent_client, &node, scratch.path(), Duration::from_secs(1));
+    a.ready().await;
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
+    for (name, ip) in [("p0", "10.3.0.1"), ("p1", "10.3.0.2")] {
+        api.create(
+            &PostParams::default(),
+            &reservation(name, &node, &[ip], None),
+        )
+        .await
+        .expect("failed to create");
+    }
+    let p0 = format!("{ns}/p0");
+    let p1 = format!("{ns}/p1");
+    wait_pods(&a, &[(&p0, "10.3.0.1"), (&p1, "10.3.0.2")], "both files").await;
+    let full_before = a.metrics.full_syncs.get();
+    let ns_dir = a.data_dir.join(NETWORKS[0]).join("reserved").join(&ns);
+    std::fs::remove_file(ns_dir.join("p0")).unwrap();
+    let edited = std::fs::read_to_string(ns_dir.join("p1"))
+        .unwrap()
+        .replace("10.3.0.2", "10.3.0.99");
+    std::fs::write(ns_dir.join("p1"), edited).unwrap();
+    std::fs::write(
+        ns_dir.join("stray"),
+        format!(
+            "{{\"version\":1,\"namespace\":\"{ns}\",\"pod\":\"stray\",\"ips\":[\"10.3.0.7\"],\"releaseTime\":null,\"uid\":\"x\"}}\n"
+        ),
+    )
+    .unwrap();
+    wait_for("a periodic full resync", || {
+        let n = a.metrics.full_syncs.get();
+        async move { (n > full_before).then_some(()) }
+    })
+    .await;
+    wait_pods(
+        &a,
+        &[(&p0, "10.3.0.1"), (&p1, "10.3.0.2")],
+        "the hand edits repaired",
+    )
+    .await;
+    a.stop().await;
+}
+
+/// The data directory's watch: a network directory removed (`rm -rf`, as reset tools do), a
+/// `reserved/` moved away and the whole data directory removed are each repaired by a full resync
+/// at once, with the periodic resync an hour away; the metric counts each by its cause.
+#[tokio::test]
+async fn a_wiped_network_directory_is_restored_at_once() {
+    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let cluster = real::cluster().await;
+    let client = cluster.client().expect("client");
+    let agent_client = real::agent_client(cluster).await;
+    let ns = namespace(&client, "agent-wipe").await;
+    let node = unique("node-w");
+    let scratch = Scratch::new(&node);
+    let data = scratch.join("data");
+    let a = Node::start_named(&agent_client, &node, &data);
+    a.ready().await;
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &reservation("w-0", &node, &["10.5.0.1"], None),
+    )
+    .await
+    .expect("failed to create");
+    let w0 = format!("{ns}/w-0");
+    wait_pods(&a, &[(&w0, "10.5.0.1")], "the file").await;
+    type Wipe = fn(&std::path::Path);
+    let wipes: [(&str, Wipe, &str); 3] = [
+        (
+            "a network directory removed",
+            |d| std::fs::remove_dir_all(d.join(NETWORKS[0])).unwrap(),
+            "network_dir_removed",
+        ),
+        (
+            "a reserved/ moved away",
+            |d| {
+                let net = d.join(NETWORKS[1]);
+                std::fs::rename(net.join("reserved"), net.join("reserved.old")).unwrap();
+            },
+            "reserved_removed",
+        ),
+        (
+            "the data directory removed",
+            |d| std::fs::remove_dir_all(d).unwrap(),
+            "data_dir_removed",
+        ),
+    ];
+    for (what, wipe, reason) in wipes {
+        let counted = a.metrics.directory_resyncs.with_label_values(&[reason]);
+        let before = counted.get();
+        wipe(&a.data_dir);
+        wait_pods(
+            &a,
+            &[(&w0, "10.5.0.1")],
+            &format!("the file back after {what}"),
+        )
+        .await;
+        wait_for(
+            &format!("the resync after {what} counted as {reason}"),
+            || {
+                let n = counted.get();
+                async move { (n > before).then_some(()) }
+            },
+        )
+        .await;
+    }
+    a.stop().await;
+}
+
+/// A data directory the agent cannot use (a file where it should be) keeps it unready and counts
+/// failed passes; once the directory is usable the retried full sync writes the files and the
+/// agent becomes ready, without any change in the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_data_dir_is_retried_until_it_works() {
+    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let cluster = real::cluster().await;
+    let client = cluster.client().expect("client");
+    let agent_client = real::agent_client(cluster).await;
+    let ns = namespace(&client, "agent-retry").await;
+    let node = unique("node-e");
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &reservation("q-0", &node, &["10.4.0.1"], None),
+    )
+    .await
+    .expect("failed to create");
+    let parent = Scratch::new(&node);
+    let data_dir = parent.join("data");
+    std::fs::write(&data_dir, b"not a directory").unwrap();
+    let a = Node::start_named(&agent_client, &node, &data_dir);
+    // One failed pass counts once per network: wait for two passes (a first try and a retry).
+    let two_passes = 2 * NETWORKS.len() as u64;
+    wait_for("two failed passes", || {
+        let n = a.metrics.sync_errors.with_label_values(&["pass"]).get();
+        async move { (n >= two_passes).then_some(()) }
+    })
+    .await;
+    assert!(!a.readiness.is_ready(), "ready although no sync succeeded");
+    std::fs::remove_file(&data_dir).unwrap();
+    std::fs::create_dir(&data_dir).unwrap();
+    a.ready().await;
+    wait_file(&data_dir, &ns, "q-0", "q-0's file after the retry", |f| {
+        f.is_some()
+    })
+    .await;
+    a.stop().await;
+}
