@@ -669,6 +669,45 @@ mod tests {
         }
     }
 
+    /// A stalled body is answered 408 after [`BODY_TIMEOUT`], and a connection that sends
+    /// nothing is closed after [`IDLE_TIMEOUT`], also after a first request (tokio's clock is
+    /// paused and jumps ahead when everything waits).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn stalled_bodies_and_idle_connections_time_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path());
+        let cases: [(&[u8], &str, Duration); 2] = [
+            (
+                b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nab",
+                "HTTP/1.1 408 ",
+                BODY_TIMEOUT,
+            ),
+            (
+                b"POST /Plugin.Activate HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+                "HTTP/1.1 200 OK",
+                IDLE_TIMEOUT,
+            ),
+        ];
+        for (raw, status_line, after) in cases {
+            let started = tokio::time::Instant::now();
+            let all = until_closed(&server, raw).await;
+            assert!(all.starts_with(status_line), "{all}");
+            assert!(started.elapsed() >= after, "{:?}: {all}", started.elapsed());
+        }
+        let all = until_closed(&server, cases[0].0).await;
+        assert!(all.contains("not all of it arrived within 120s"), "{all}");
+    }
+
+    /// Everything the endpoint writes to a fresh connection after `raw`, until it closes it.
+    async fn until_closed(server: &Arc<Server>, raw: &[u8]) -> String {
+        let (mut client, conn) = UnixStream::pair().unwrap();
+        tokio::spawn(Arc::clone(server).serve_connection(conn));
+        client.write_all(raw).await.unwrap();
+        let mut all = String::new();
+        client.read_to_string(&mut all).await.unwrap();
+        all
+    }
+
     /// Keep-alive as the engine uses it, `Connection: close` and HTTP/1.0 honoured.
     #[tokio::test(flavor = "current_thread")]
     async fn keep_alive_and_close() {
