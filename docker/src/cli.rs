@@ -8,9 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::{Args, Parser, Subcommand};
 
 use crate::driver::{Driver, DriverConfig, DriverError};
-use crate::http::Limits;
 use crate::pool::AutoPools;
-use crate::server::{ServeError, Server, bind};
+use crate::server::{Limits, ServeError, Server, bind};
 
 /// ipkeep for Docker: a remote IPAM driver that gives a container re-created under the same
 /// name its address back (Docker Engine ≥ 29 sends the name).
@@ -87,6 +86,9 @@ pub enum RunError {
     /// The metrics could not be registered (never with the fixed set the driver has).
     #[error("failed to register the metrics")]
     Metrics(#[source] prometheus::Error),
+    /// The tokio runtime could not be built, or the socket registered with it.
+    #[error("failed to start the runtime serving the socket")]
+    Runtime(#[source] std::io::Error),
 }
 
 /// Runs the command (serving never returns unless the socket cannot be bound).
@@ -122,6 +124,14 @@ fn serve(args: ServeArgs) -> Result<(), RunError> {
         auto_pools: args.auto_pools,
         key_by_mac: args.key_by_mac,
     });
-    Arc::new(Server::new(driver, Limits::default()).map_err(RunError::Metrics)?).serve(listener);
-    Ok(())
+    let server = Arc::new(Server::new(driver, Limits::default()).map_err(RunError::Metrics)?);
+    // One thread, calls answered one at a time: each is a few file operations under its pool's
+    // lock (which already serialised calls on one pool), about a millisecond (make bench-docker).
+    tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(RunError::Runtime)?
+        .block_on(server.serve(listener))
+        .map_err(RunError::Runtime)
 }

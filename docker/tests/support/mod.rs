@@ -177,8 +177,35 @@ pub fn call(socket: &Path, path: &str, body: &str) -> std::io::Result<(u16, Valu
 
 /// Sends raw bytes and reads one answer: its status and JSON body.
 pub fn send_raw(socket: &Path, request: &[u8]) -> std::io::Result<(u16, Value)> {
+    let (status, body) = send_hostile(socket, request, false)?;
+    let value = serde_json::from_slice(&body).map_err(|e| {
+        std::io::Error::other(format!(
+            "answer is not JSON ({e}): {:?}",
+            String::from_utf8_lossy(&body)
+        ))
+    })?;
+    Ok((status, value))
+}
+
+/// Sends raw bytes and reads one answer: its status and raw body. A server refusing a request
+/// may close the connection before reading all of it, so a failed write is not an error here:
+/// the answer already written is still read (a Unix socket keeps what was sent before a close).
+pub fn send_raw_bytes(socket: &Path, request: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+    send_hostile(socket, request, true)
+}
+
+fn send_hostile(
+    socket: &Path,
+    request: &[u8],
+    tolerate_write_error: bool,
+) -> std::io::Result<(u16, Vec<u8>)> {
     let mut stream = UnixStream::connect(socket)?;
-    stream.write_all(request)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    if let Err(e) = stream.write_all(request)
+        && !tolerate_write_error
+    {
+        return Err(e);
+    }
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     reader.read_line(&mut line)?;
@@ -203,13 +230,7 @@ pub fn send_raw(socket: &Path, request: &[u8]) -> std::io::Result<(u16, Value)> 
     }
     let mut body = vec![0; length];
     reader.read_exact(&mut body)?;
-    let value = serde_json::from_slice(&body).map_err(|e| {
-        std::io::Error::other(format!(
-            "answer is not JSON ({e}): {:?}",
-            String::from_utf8_lossy(&body)
-        ))
-    })?;
-    Ok((status, value))
+    Ok((status, body))
 }
 
 /// Every file of the data directory that states something (allocation files, cursors, pool
