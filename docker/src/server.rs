@@ -336,7 +336,7 @@ impl Server {
     /// Answers one request read by hyper: the body is read only when its declared length fits
     /// [`Limits::max_body`], at most that many bytes of it (a chunked body is cut off there), and
     /// within [`BODY_TIMEOUT`].
-    async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Full<Bytes>> {
         let (parts, body) = req.into_parts();
         let max = self.limits.max_body;
         let too_large = || {
@@ -374,12 +374,21 @@ impl Server {
                 return res;
             }
         };
-        response(self.route(
-            parts.method.as_str(),
-            parts.uri.path(),
-            &bytes,
-            SystemTime::now(),
-        ))
+        // A call does blocking disk work under its pool's lock (fsyncs, and a wait for the lock
+        // while `ipkeep-docker list` or another call holds it): on the blocking pool, so one
+        // call never holds up the others' connections, as when each connection had its thread.
+        let server = Arc::clone(&self);
+        let answer = tokio::task::spawn_blocking(move || {
+            server.route(
+                parts.method.as_str(),
+                parts.uri.path(),
+                &bytes,
+                SystemTime::now(),
+            )
+        })
+        .await
+        .unwrap_or_else(|e| error_answer(500, format!("failed to answer the request: {e}")));
+        response(answer)
     }
 
     /// Serves one connection (keep-alive, as the engine's Go client uses it) until the peer
