@@ -209,9 +209,9 @@ pub async fn conflict_is_not_written(client: Client) {
     // As the controller writes a conflict: the typed `status.conflict` (what the agent reads)
     // and the condition for people; resolving it clears both.
     let condition = |status: &str| {
-        let conflict = (status == "True").then(|| {
-            json!({"ip": "10.244.1.5", "heldBy": {"namespace": ns.as_str(), "name": "web-old"}})
-        });
+        let conflict = (status == "True").then(
+            || json!({"ip": "10.244.1.5", "heldBy": {"namespace": ns.as_str(), "name": "web-old"}}),
+        );
         json!({"status": {"phase": "Bound", "conflict": conflict, "conditions": [{
             "type": "Conflict", "status": status, "reason": "AddressTaken",
             "message": "10.244.1.5 is held by an older reservation",
