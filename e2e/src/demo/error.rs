@@ -28,14 +28,12 @@ pub enum DemoError {
     /// The real nodes failed.
     #[error("failed to run the real nodes")]
     RealNodes(#[from] RealNodeError),
-    /// A command failed.
-    #[error("failed to run `{command}`: {detail}")]
-    Command {
-        /// The command line.
-        command: String,
-        /// Its exit status and output, or the spawn error.
-        detail: String,
-    },
+    /// A command could not be run, or failed.
+    #[error(transparent)]
+    Command(#[from] crate::command::CommandError),
+    /// The story did not go as told.
+    #[error("the story went wrong: {0}")]
+    Story(String),
     /// A Kubernetes API call failed.
     #[error("failed to {what}")]
     Api {

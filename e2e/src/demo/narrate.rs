@@ -1,10 +1,7 @@
 //! How the demo tells its story: headings and notes, the commands it runs printed with their
 //! output as a user would type them, and the manifests it applies.
 
-use std::{
-    path::PathBuf,
-    process::{Command, Stdio},
-};
+use std::{path::PathBuf, process::Command};
 
 use kube::{
     Api,
@@ -40,31 +37,16 @@ pub(super) fn show(k: &Kubectl, args: &[&str]) -> Result<String, DemoError> {
 pub(super) fn kubectl(k: &Kubectl, args: &[&str]) -> Result<String, DemoError> {
     let mut cmd = Command::new(&k.bin);
     cmd.env("KUBECONFIG", &k.kubeconfig).args(args);
-    run_command(format!("kubectl {}", args.join(" ")), &mut cmd)
+    run_command(&mut cmd)
 }
 
-/// Runs `cmd` (named `command` in errors) without input and returns its stdout; a failure to
-/// start or a non-zero exit is a [`DemoError::Command`] carrying its output.
-pub(super) fn run_command(command: String, cmd: &mut Command) -> Result<String, DemoError> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| DemoError::Command {
-            command: command.clone(),
-            detail: e.to_string(),
-        })?;
-    if !out.status.success() {
-        return Err(DemoError::Command {
-            command,
-            detail: format!(
-                "{}: {}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+/// Runs `cmd` without input and returns its stdout; a failure to start or a non-zero exit is a
+/// [`DemoError::Command`] with what it printed.
+pub(super) fn run_command(cmd: &mut Command) -> Result<String, DemoError> {
+    Ok(crate::command::stdout_of(
+        cmd,
+        crate::command::Stdin::Empty,
+    )?)
 }
 
 pub(super) fn io_error(what: String) -> impl FnOnce(std::io::Error) -> DemoError {

@@ -123,9 +123,11 @@ pub(super) async fn story(
     for n in &names {
         println!("{n}");
     }
-    let image = names.first().ok_or_else(|| DemoError::Command {
-        command: "ipkeep-e2e cluster load-image".into(),
-        detail: format!("{} holds no image", options.image_archive.display()),
+    let image = names.first().ok_or_else(|| {
+        DemoError::Story(format!(
+            "{} holds no image to load",
+            options.image_archive.display()
+        ))
     })?;
     let (repository, tag) = image.rsplit_once(':').unwrap_or((image.as_str(), "latest"));
     helm_install(c, options, repository, tag)?;
@@ -257,10 +259,9 @@ pub(super) async fn story(
     )?;
     show(&k, &["get", "ipr", "-A", "-o", "wide"])?;
     if new_ip != old_ip {
-        return Err(DemoError::Command {
-            command: "the demo's check".into(),
-            detail: format!("web-1 came back with {new_ip}, not {old_ip}"),
-        });
+        return Err(DemoError::Story(format!(
+            "web-1 came back with {new_ip}, not {old_ip}"
+        )));
     }
 
     say("3. A reservation expires: a StatefulSet `cache` with retain-for 5s, scaled to 0");
@@ -349,9 +350,6 @@ fn helm_install(
     println!("\n$ helm {}", args.join(" "));
     let mut helm = c.plane().helm();
     helm.args(&args);
-    print!(
-        "{}",
-        run_command(format!("helm {}", args.join(" ")), &mut helm)?
-    );
+    print!("{}", run_command(&mut helm)?);
     Ok(())
 }

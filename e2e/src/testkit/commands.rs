@@ -1,32 +1,25 @@
 //! Running the tools a test drives (kubectl, helm, …) and failing the test with their output when
 //! they fail.
 
-use std::{
-    io::Write,
-    process::{Command, Output, Stdio},
-};
+use std::process::{Command, Output};
 
-/// Runs `cmd` with `stdin` (none: an empty one) and returns what it did.
+use crate::command::{self, CommandError};
+
+/// Runs `cmd` with `stdin` (none: an empty one) and returns what it did; the test fails only
+/// when it cannot be run at all.
 pub fn run(mut cmd: Command, stdin: Option<&str>) -> Output {
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let program = cmd.get_program().to_string_lossy().into_owned();
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("failed to run {program}: {e}"));
-    let mut pipe = child.stdin.take().expect("a piped stdin");
-    if let Some(text) = stdin {
-        pipe.write_all(text.as_bytes())
-            .unwrap_or_else(|e| panic!("failed to write {program}'s stdin: {e}"));
-    }
-    drop(pipe);
-    child
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("failed to wait for {program}: {e}"))
+    command::run(&mut cmd, stdin).unwrap_or_else(|e| panic!("{}", crate::error_chain(&e)))
 }
 
-/// Its stdout; fails the test, naming `what` with the output, unless it succeeded.
+/// Runs `cmd` with `stdin` and returns what it did, or the test fails with the command and what
+/// it printed.
+pub fn checked(mut cmd: Command, stdin: Option<&str>) -> Output {
+    command::checked(&mut cmd, stdin)
+        .unwrap_or_else(|e: CommandError| panic!("{}", crate::error_chain(&e)))
+}
+
+/// The stdout of a command the test ran itself; the test fails, naming `what` (which can say
+/// what to install) with the output, unless it succeeded.
 pub fn ok(what: &str, out: Output) -> String {
     assert!(
         out.status.success(),
@@ -40,10 +33,8 @@ pub fn ok(what: &str, out: Output) -> String {
 
 /// Runs `cmd` with `args` and `stdin`; its stdout, or the test fails with its output.
 pub fn run_ok(mut cmd: Command, args: &[&str], stdin: Option<&str>) -> String {
-    let program = cmd.get_program().to_string_lossy().into_owned();
-    let program = program.rsplit('/').next().unwrap_or_default().to_owned();
     cmd.args(args);
-    ok(&format!("{program} {args:?}"), run(cmd, stdin))
+    String::from_utf8_lossy(&checked(cmd, stdin).stdout).into_owned()
 }
 
 /// Where kubectl runs: the test's own control plane, or a cluster named by a kubeconfig.

@@ -25,7 +25,7 @@ pub mod scratch;
 pub mod system;
 pub mod wait;
 
-pub use commands::{KubectlTarget, kubectl, kubectl_json, kubectl_ok, ok, run, run_ok};
+pub use commands::{KubectlTarget, checked, kubectl, kubectl_json, kubectl_ok, ok, run, run_ok};
 pub use plane::cluster;
 pub use replica::Replica;
 pub use repo::{chart_dir, cluster_bin_dir, crd_file, operator_binary, repo_crds, repo_root};

@@ -41,7 +41,7 @@ use ipkeep_e2e::cluster::{Cluster, shared};
 use ipkeep_e2e::testkit::plane::UninstallOnDrop;
 use serde_json::Value;
 use shared::{
-    DEADLINE, Scratch, chart_dir, kubectl_json, kubectl_ok, ok, operator_binary, wait_for,
+    DEADLINE, Scratch, chart_dir, checked, kubectl_json, kubectl_ok, ok, operator_binary, wait_for,
 };
 
 /// A container of a pod template as the API server holds it: its command line and environment,
@@ -790,15 +790,11 @@ async fn the_chart_grants_exactly_what_the_components_use() {
     // The agent's preStop, as the agent's account: while its DaemonSet exists (the pod is only
     // replaced) host-local stays ipkeep; once the DaemonSet is deleted the original is back.
     let run_pre_stop = || {
-        let out = Command::new(&pre_stop[0])
-            .args(&pre_stop[1..])
+        let mut cmd = Command::new(&pre_stop[0]);
+        cmd.args(&pre_stop[1..])
             .envs(agent_run.env.iter().map(|(k, v)| (k, v)))
-            .env("KUBECONFIG", &agent_kc)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        ok(&format!("the agent's preStop {pre_stop:?}"), out);
-        stderr
+            .env("KUBECONFIG", &agent_kc);
+        String::from_utf8_lossy(&checked(cmd, None).stderr).into_owned()
     };
     let replaced = run_pre_stop();
     assert!(replaced.contains("stays ipkeep"), "{replaced}");

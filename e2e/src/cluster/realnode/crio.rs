@@ -108,8 +108,9 @@ pub fn import_image(
         let mut command = host::node_command(node, bin_dir, "buildah");
         command.args(STORAGE).args(["--storage-driver", "overlay"]);
         command.args(args);
-        host::output_of(command)
+        crate::command::checked(&mut command, crate::command::Stdin::Empty)
             .map(drop)
+            .map_err(HostError::from)
             .map_err(|source: HostError| RealNodeError::Host {
                 node: node.name(),
                 stage: what.to_owned(),

@@ -7,34 +7,19 @@ use std::{
     net::Ipv4Addr,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use super::layout::{CGROUP_PARENT, NODE_PATHS, NodeLayout, Slot};
+use crate::command::{self, CommandError, Stdin};
 
 /// Failures on the host.
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
-    /// A command could not be started.
-    #[error("failed to run `{command}`")]
-    Spawn {
-        /// The command line.
-        command: String,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A command failed.
-    #[error("failed to run `{command}` ({status}): {stderr}")]
-    Failed {
-        /// The command line.
-        command: String,
-        /// Its exit status.
-        status: std::process::ExitStatus,
-        /// What it said.
-        stderr: String,
-    },
+    /// A command could not be run, or failed.
+    #[error(transparent)]
+    Command(#[from] CommandError),
     /// A file operation failed.
     #[error("failed to {action} {path}")]
     Io {
@@ -78,38 +63,10 @@ fn io_err(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> H
 
 /// Runs `program args` to completion; its stdout on success.
 pub fn run(program: &str, args: &[&str]) -> Result<String, HostError> {
-    let mut command = Command::new(program);
-    command.args(args);
-    output_of(command).map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-}
-
-/// Runs a prepared command to completion; its output on success, else what it said.
-pub fn output_of(mut command: Command) -> Result<Output, HostError> {
-    let line = command_line(&command);
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| HostError::Spawn {
-            command: line.clone(),
-            source,
-        })?;
-    if output.status.success() {
-        Ok(output)
-    } else {
-        Err(HostError::Failed {
-            command: line,
-            status: output.status,
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-        })
-    }
-}
-
-fn command_line(command: &Command) -> String {
-    std::iter::once(command.get_program())
-        .chain(command.get_args())
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect::<Vec<_>>()
-        .join(" ")
+    Ok(command::stdout_of(
+        Command::new(program).args(args),
+        Stdin::Empty,
+    )?)
 }
 
 /// Where Debian's runc is.
@@ -352,7 +309,7 @@ pub fn create_mount_ns(node: NodeLayout) -> Result<(), HostError> {
         ])
         .arg(&root)
         .args(NODE_PATHS);
-    output_of(command)?;
+    command::checked(&mut command, Stdin::Empty)?;
     Ok(())
 }
 

@@ -909,42 +909,12 @@ impl RealCluster {
     /// Runs the cluster's kubectl (admin) with `args`, `stdin` fed in; its stdout, or an error
     /// with what it said.
     pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, RealNodeError> {
-        use std::io::Write as _;
         let mut command = self.plane.kubectl();
-        command
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let line = format!("kubectl {}", args.join(" "));
-        let io = |source| RealNodeError::Io {
-            node: "-".into(),
-            what: line.clone(),
-            source,
-        };
-        let mut child = command.spawn().map_err(io)?;
-        if let Some(mut pipe) = child.stdin.take() {
-            pipe.write_all(stdin.unwrap_or_default().as_bytes())
-                .map_err(io)?;
-        }
-        let out = child.wait_with_output().map_err(io)?;
-        if !out.status.success() {
-            return Err(RealNodeError::Machine {
-                stage: line.clone(),
-                source: HostError::Failed {
-                    command: line,
-                    status: out.status,
-                    stderr: format!(
-                        "{}{}",
-                        String::from_utf8_lossy(&out.stdout),
-                        String::from_utf8_lossy(&out.stderr)
-                    )
-                    .trim()
-                    .to_owned(),
-                },
-            });
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        command.args(args);
+        crate::command::stdout_of(&mut command, stdin).map_err(|source| RealNodeError::Machine {
+            stage: format!("kubectl {}", args.join(" ")),
+            source: source.into(),
+        })
     }
 
     /// Waits until pod `namespace/name` is Ready (with a deadline) and returns it; fails early

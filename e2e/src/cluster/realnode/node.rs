@@ -19,6 +19,7 @@ use crate::cluster::{
     kubeconfig::{KubeUser, kubeconfig, write_kubeconfig},
     process::{Component, LOG_TAIL_LINES, log_tail, rss_kib},
 };
+use crate::command::{self, Stdin};
 
 /// How long a node's container runtime may take to answer.
 const RUNTIME_READY: Duration = Duration::from_secs(60);
@@ -379,7 +380,7 @@ impl RealNode {
         at(
             &self.name(),
             "run a command in it",
-            host::output_of(command).map(|o| String::from_utf8_lossy(&o.stdout).into_owned()),
+            command::stdout_of(&mut command, Stdin::Empty).map_err(HostError::from),
         )
     }
 
@@ -849,30 +850,13 @@ fn import_into_containerd(
         command.args(["--label", "io.cri-containerd.pinned=pinned"]);
     }
     command.arg("-");
-    let line = format!("ctr images import {}", archive.display());
-    let output = command
-        .stdin(Stdio::from(file))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|child| child.wait_with_output())
-        .map_err(|source| RealNodeError::Io {
-            node: name.clone(),
-            what: line.clone(),
-            source,
-        })?;
-    if !output.status.success() {
-        return Err(RealNodeError::Host {
-            node: name,
-            stage: "import an image".into(),
-            source: HostError::Failed {
-                command: line,
-                status: output.status,
-                stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-            },
-        });
-    }
-    Ok(())
+    at(
+        &name,
+        "import an image",
+        command::checked(&mut command, Stdin::File(file))
+            .map(drop)
+            .map_err(HostError::from),
+    )
 }
 
 /// Gives an image in a node's containerd a second name.
@@ -883,6 +867,8 @@ fn tag_image(node: NodeLayout, bin_dir: &Path, from: &str, to: &str) -> Result<(
     at(
         &node.name(),
         "tag an image",
-        host::output_of(command).map(drop),
+        command::checked(&mut command, Stdin::Empty)
+            .map(drop)
+            .map_err(HostError::from),
     )
 }
