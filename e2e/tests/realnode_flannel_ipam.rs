@@ -13,7 +13,7 @@
 //! Needs root, `make cluster-bins node-bins flannel-bins image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork, RealNode, flannel};
+use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork, RealNode, layout};
 use ipkeep_e2e::testkit::{system::*, *};
 
 /// The chart as a user who edits flannel's conflist installs it.
@@ -30,7 +30,7 @@ const NETWORK: PodNetwork = PodNetwork {
 
 /// kube-flannel's conflist with ipkeep as the IPAM, as a user edits it.
 fn conflist_with_ipkeep() -> serde_json::Value {
-    let mut conflist = flannel::kube_flannel_conflist();
+    let mut conflist = layout::kube_flannel_conflist();
     conflist["plugins"][0]["ipam"] = serde_json::json!({"type": "ipkeep"});
     conflist
 }
@@ -38,7 +38,7 @@ fn conflist_with_ipkeep() -> serde_json::Value {
 /// Writes `conflist` where kube-flannel's init container writes it on `node`.
 fn write_conflist(node: &RealNode, conflist: &serde_json::Value) {
     let path = node
-        .host_path(&format!("/etc/cni/net.d/{}", flannel::CONFLIST_FILE))
+        .host_path(&format!("/etc/cni/net.d/{}", layout::FLANNEL_CONFLIST_FILE))
         .unwrap();
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, serde_json::to_string_pretty(conflist).unwrap()).unwrap();

@@ -22,8 +22,8 @@
 use std::path::{Path, PathBuf};
 
 use ipkeep_e2e::cluster::realnode::{
-    NodeCni, NodeDirs, PodNetwork, RealNode, flannel,
-    layout::{K3S_FIRST_RELEASE, k3s_release_bin},
+    NodeCni, NodeDirs, PodNetwork, RealNode,
+    layout::{self, K3S_FIRST_RELEASE, k3s_release_bin},
 };
 use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS};
 use ipkeep_e2e::testkit::{system::*, *};
@@ -104,12 +104,12 @@ async fn on_k3s_directories_the_chart_replaces_the_host_local_link_survives_a_k3
             &format!(
                 "{}/{}",
                 NodeDirs::K3s.cni_conf_dir(),
-                flannel::CONFLIST_FILE
+                layout::FLANNEL_CONFLIST_FILE
             ),
         );
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(&conflist).unwrap(),
-            flannel::k3s_conflist()
+            layout::k3s_conflist()
         );
         assert_eq!(
             link_target(&dir.join("host-local.ipkeep-orig")),

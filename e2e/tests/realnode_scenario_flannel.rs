@@ -15,7 +15,7 @@
 //! is `realnode_flannel_ipam.rs`. Needs root, `make cluster-bins node-bins flannel-bins image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork, flannel};
+use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork, flannel, layout};
 use ipkeep_e2e::scenarios::keep_ip;
 use ipkeep_e2e::testkit::{system::*, *};
 
@@ -49,12 +49,14 @@ async fn on_flannel_a_deleted_pod_returns_with_its_address_reachable_through_vxl
         // The agent reads flannel's conflist as flannel does: no ipam of its own, so host-local,
         // which is ipkeep here.
         realnode::wait_pod_condition(c, &n.name(), "True", "InCharge").await;
-        let conflist =
-            realnode::read_node_file(n, &format!("/etc/cni/net.d/{}", flannel::CONFLIST_FILE));
+        let conflist = realnode::read_node_file(
+            n,
+            &format!("/etc/cni/net.d/{}", layout::FLANNEL_CONFLIST_FILE),
+        );
         let conflist: serde_json::Value = serde_json::from_str(&conflist).unwrap();
         assert_eq!(
             conflist,
-            flannel::kube_flannel_conflist(),
+            layout::kube_flannel_conflist(),
             "{}'s conflist",
             n.name()
         );

@@ -10,8 +10,9 @@ use ipkeep_operator::controller::{
         PodView, ReservationView, StatusView, Subject, Yield, decide, reason,
     },
     namespaces::Verdict,
+    optin::Mode,
     optin::{self, OptIn, Retain},
-    placement::{Mode, Placed},
+    placement::Placed,
 };
 use ipkeep_operator::{
     key::Key,

@@ -6,10 +6,9 @@ use std::collections::BTreeMap;
 
 use ipkeep_operator::{
     controller::{
-        optin::Retain,
+        optin::{Mode, Retain},
         placement::{
-            self, Decision, Mode, NodeFacts, PLACED, Placed, PodScheduling, Request, decide,
-            term_matches,
+            self, Decision, NodeFacts, PLACED, Placed, PodScheduling, Request, decide, term_matches,
         },
         webhook::{self, Caches},
     },

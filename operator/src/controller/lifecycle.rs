@@ -10,8 +10,9 @@ use jiff::Timestamp;
 use super::{
     budget::Budget,
     namespaces::Verdict,
+    optin::Mode,
     optin::{OptIn, Retain},
-    placement::{Mode, Placed},
+    placement::Placed,
 };
 use crate::{
     key::Key,

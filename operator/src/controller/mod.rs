@@ -144,7 +144,7 @@ pub struct Args {
     /// `ipkeep.dev/placement`): `preferred` (its reservation's node when that node can take it),
     /// `required` (only that node: the pod waits for it) or `none` (the scheduler decides alone).
     #[arg(long, env = "IPKEEP_DEFAULT_PLACEMENT", default_value = "preferred", value_parser = parse_mode)]
-    pub default_placement: placement::Mode,
+    pub default_placement: optin::Mode,
     /// Serve the placement webhook (HTTPS, POST /mutate-pods) on this address; without it no
     /// webhook is served.
     #[arg(long, env = "IPKEEP_WEBHOOK_ADDR")]
@@ -175,9 +175,8 @@ pub struct Args {
     pub webhook_cert_dir: Option<std::path::PathBuf>,
 }
 
-fn parse_mode(text: &str) -> Result<placement::Mode, String> {
-    placement::Mode::parse(text)
-        .ok_or_else(|| format!("{text:?} is none of preferred, required, none"))
+fn parse_mode(text: &str) -> Result<optin::Mode, String> {
+    optin::Mode::parse(text).ok_or_else(|| format!("{text:?} is none of preferred, required, none"))
 }
 
 /// The placement webhook's settings.
@@ -234,7 +233,7 @@ impl Settings {
         Settings {
             defaults: Defaults {
                 retain_for: default_retain_for,
-                placement: placement::Mode::Preferred,
+                placement: optin::Mode::Preferred,
                 max_retain_for: RetainFor::MAX,
             },
             node_budget: None,

@@ -1,9 +1,8 @@
 //! Contract 2: the annotations users write, on a pod or on its owning StatefulSet's own metadata
 //! (the pod's own annotation wins where both are set).
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, fmt};
 
-use super::placement::{self, Mode};
 use crate::retention::RetainFor;
 
 /// `ipkeep.dev/retain: "true"` keeps a pod's addresses after it is gone.
@@ -15,6 +14,47 @@ pub const RELEASE_WITH_OWNER: &str = "ipkeep.dev/release-with-owner";
 /// Annotation on a controller-made reservation naming the pod's owning StatefulSet (so the
 /// release-with-owner choice can be applied after the pod is gone).
 pub const OWNER_STATEFULSET: &str = "ipkeep.dev/owner-statefulset";
+
+/// `ipkeep.dev/placement` (on the pod or its StatefulSet): `preferred`, `required` or `none`.
+pub const PLACEMENT: &str = "ipkeep.dev/placement";
+
+/// What a pod asks for when it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Prefer the reservation's node; go elsewhere (with new addresses) when it cannot take the pod.
+    Preferred,
+    /// Only the reservation's node: the pod waits, as one with a local volume would.
+    Required,
+    /// Let the scheduler decide alone.
+    None,
+}
+
+impl Mode {
+    /// Parses an annotation or flag value.
+    pub fn parse(text: &str) -> Option<Mode> {
+        match text.trim() {
+            t if t.eq_ignore_ascii_case("preferred") => Some(Mode::Preferred),
+            t if t.eq_ignore_ascii_case("required") => Some(Mode::Required),
+            t if t.eq_ignore_ascii_case("none") => Some(Mode::None),
+            _ => None,
+        }
+    }
+
+    /// The value as written.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Preferred => "preferred",
+            Mode::Required => "required",
+            Mode::None => "none",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// What `ipkeep.dev/retain` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,12 +151,12 @@ pub fn opt_in(pod: &BTreeMap<String, String>, owner: Option<&BTreeMap<String, St
             )),
         }
     }
-    if let Some((value, on)) = get(placement::PLACEMENT) {
+    if let Some((value, on)) = get(PLACEMENT) {
         match Mode::parse(value) {
             Some(mode) => out.placement = Some(mode),
             None => out.problems.push(format!(
                 "annotation {}={value:?} on the {on} is none of \"preferred\", \"required\" or \"none\": the default placement applies",
-                placement::PLACEMENT
+                PLACEMENT
             )),
         }
     }

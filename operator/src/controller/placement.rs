@@ -14,10 +14,8 @@ use k8s_openapi::api::core::v1::{
 };
 use serde_json::{Value, json};
 
-use super::optin::Retain;
+use super::optin::{Mode, Retain};
 
-/// `ipkeep.dev/placement` (on the pod or its StatefulSet): `preferred`, `required` or `none`.
-pub const PLACEMENT: &str = "ipkeep.dev/placement";
 /// Written by the webhook on every pod it placed or could not place: what it did (see [`Placed`]).
 pub const PLACED: &str = "ipkeep.dev/placed";
 /// The weight of the preferred term: the largest the API allows, so that among nodes that fit it
@@ -26,44 +24,6 @@ pub const PREFERRED_WEIGHT: i32 = 100;
 /// The node field a term selects on: the node's name, exactly (labels such as
 /// `kubernetes.io/hostname` may differ from it).
 const NODE_NAME_FIELD: &str = "metadata.name";
-
-/// What a pod asks for when it returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Prefer the reservation's node; go elsewhere (with new addresses) when it cannot take the pod.
-    Preferred,
-    /// Only the reservation's node: the pod waits, as one with a local volume would.
-    Required,
-    /// Let the scheduler decide alone.
-    None,
-}
-
-impl Mode {
-    /// Parses an annotation or flag value.
-    pub fn parse(text: &str) -> Option<Mode> {
-        match text.trim() {
-            t if t.eq_ignore_ascii_case("preferred") => Some(Mode::Preferred),
-            t if t.eq_ignore_ascii_case("required") => Some(Mode::Required),
-            t if t.eq_ignore_ascii_case("none") => Some(Mode::None),
-            _ => None,
-        }
-    }
-
-    /// The value as written.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Preferred => "preferred",
-            Mode::Required => "required",
-            Mode::None => "none",
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// What the webhook recorded on a pod (annotation [`PLACED`]), read back by the controller.
 #[derive(Debug, Clone, PartialEq, Eq)]

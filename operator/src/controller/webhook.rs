@@ -43,7 +43,8 @@ use tokio_rustls::{
 
 use super::{
     optin,
-    placement::{self, Decision, Mode, NodeFacts, PodScheduling, Request as PlacementRequest},
+    optin::Mode,
+    placement::{self, Decision, NodeFacts, PodScheduling, Request as PlacementRequest},
     view,
 };
 use crate::{

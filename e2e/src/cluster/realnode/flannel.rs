@@ -13,14 +13,11 @@ use serde_json::json;
 
 use super::{
     RealNodeError,
-    layout::{CNI_NETWORK, NodeLayout, Slot},
+    layout::{NodeLayout, Slot},
 };
 
 /// The binaries `build.sh --flannel` builds: the daemon and the CNI plugin.
 pub const BINARIES: [&str; 2] = ["flanneld", "flannel"];
-
-/// Where kube-flannel's init container writes its conflist (`/etc/cni/net.d`).
-pub const CONFLIST_FILE: &str = "10-flannel.conflist";
 
 /// Where flanneld writes the node's lease for the CNI plugin (its default; `/run` is private
 /// to each node).
@@ -33,43 +30,6 @@ pub const USER: &str = "ipkeep-e2e:flannel";
 pub const VXLAN_DEVICE: &str = "flannel.1";
 /// Its IPv6 twin, on a dual-stack node.
 pub const VXLAN_DEVICE_V6: &str = "flannel-v6.1";
-
-/// kube-flannel's `cni-conf.json` as its manifest ships it (`Documentation/kube-flannel.yml`):
-/// network `cbr0`, flannel delegating to `bridge` with no `ipam` of its own (flannel's plugin
-/// writes the delegate's IPAM from the node's lease: `host-local` unless the top level names
-/// another type), then `portmap`.
-pub fn kube_flannel_conflist() -> serde_json::Value {
-    json!({
-        "name": CNI_NETWORK,
-        "cniVersion": "1.0.0",
-        "plugins": [
-            {
-                "type": "flannel",
-                "delegate": {"hairpinMode": true, "isDefaultGateway": true},
-            },
-            {"type": "portmap", "capabilities": {"portMappings": true}},
-        ],
-    })
-}
-
-/// k3s's flannel conflist, as k3s writes it on every start
-/// (`/var/lib/rancher/k3s/agent/etc/cni/net.d/10-flannel.conflist`, from its template unless
-/// `--flannel-cni-conf` names a file): kube-flannel's with `forceAddress` in the delegate and the
-/// `bandwidth` plugin last.
-pub fn k3s_conflist() -> serde_json::Value {
-    json!({
-        "name": CNI_NETWORK,
-        "cniVersion": "1.0.0",
-        "plugins": [
-            {
-                "type": "flannel",
-                "delegate": {"hairpinMode": true, "forceAddress": true, "isDefaultGateway": true},
-            },
-            {"type": "portmap", "capabilities": {"portMappings": true}},
-            {"type": "bandwidth", "capabilities": {"bandwidth": true}},
-        ],
-    })
-}
 
 /// flanneld's `net-conf.json` for the nodes of `slot`: the slot's pod range (every node's
 /// `spec.podCIDR` lies in it, which the subnet manager checks), the IPv6 one when dual-stack,
@@ -173,16 +133,6 @@ pub fn leased_subnet(subnet_env: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_conflist_is_kube_flannels_with_no_ipam_of_its_own() {
-        let c = kube_flannel_conflist();
-        assert_eq!(c["name"], "cbr0");
-        assert_eq!(c["plugins"][0]["type"], "flannel");
-        assert!(c["plugins"][0].get("ipam").is_none());
-        assert!(c["plugins"][0]["delegate"].get("ipam").is_none());
-        assert_eq!(c["plugins"][1]["type"], "portmap");
-    }
 
     #[test]
     fn net_conf_covers_every_node_of_the_slot_in_each_family() {

@@ -79,14 +79,10 @@ impl NodeCni {
                 CNI_CONFLIST_FILE,
                 cni_conflist(cidrs, runtime.cni_version()),
             ),
-            (NodeCni::Flannel, NodeDirs::Standard) => (
-                super::flannel::CONFLIST_FILE,
-                super::flannel::kube_flannel_conflist(),
-            ),
-            (NodeCni::Flannel, NodeDirs::K3s) => (
-                super::flannel::CONFLIST_FILE,
-                super::flannel::k3s_conflist(),
-            ),
+            (NodeCni::Flannel, NodeDirs::Standard) => {
+                (FLANNEL_CONFLIST_FILE, kube_flannel_conflist())
+            }
+            (NodeCni::Flannel, NodeDirs::K3s) => (FLANNEL_CONFLIST_FILE, k3s_conflist()),
         }
     }
 }
@@ -755,6 +751,46 @@ spec:
 /// The conflist's file name in `/etc/cni/net.d` (k3s's).
 pub const CNI_CONFLIST_FILE: &str = "10-cbr0.conflist";
 
+/// Where kube-flannel's init container writes its conflist (`/etc/cni/net.d`).
+pub const FLANNEL_CONFLIST_FILE: &str = "10-flannel.conflist";
+
+/// kube-flannel's `cni-conf.json` as its manifest ships it (`Documentation/kube-flannel.yml`):
+/// network `cbr0`, flannel delegating to `bridge` with no `ipam` of its own (flannel's plugin
+/// writes the delegate's IPAM from the node's lease: `host-local` unless the top level names
+/// another type), then `portmap`.
+pub fn kube_flannel_conflist() -> serde_json::Value {
+    json!({
+        "name": CNI_NETWORK,
+        "cniVersion": "1.0.0",
+        "plugins": [
+            {
+                "type": "flannel",
+                "delegate": {"hairpinMode": true, "isDefaultGateway": true},
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}},
+        ],
+    })
+}
+
+/// k3s's flannel conflist, as k3s writes it on every start
+/// (`/var/lib/rancher/k3s/agent/etc/cni/net.d/10-flannel.conflist`, from its template unless
+/// `--flannel-cni-conf` names a file): kube-flannel's with `forceAddress` in the delegate and the
+/// `bandwidth` plugin last.
+pub fn k3s_conflist() -> serde_json::Value {
+    json!({
+        "name": CNI_NETWORK,
+        "cniVersion": "1.0.0",
+        "plugins": [
+            {
+                "type": "flannel",
+                "delegate": {"hairpinMode": true, "forceAddress": true, "isDefaultGateway": true},
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}},
+            {"type": "bandwidth", "capabilities": {"bandwidth": true}},
+        ],
+    })
+}
+
 /// The routes a node's network namespace gets besides its own network: the Service range (so
 /// connections from the node itself reach kube-proxy's rules) and, on the bridge network, every
 /// other node's pod CIDR via that node (flannel sets those itself). No default route: nothing
@@ -775,6 +811,16 @@ pub fn node_routes(node: NodeLayout, nodes: u8, cni: NodeCni) -> Vec<(String, Op
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_conflist_is_kube_flannels_with_no_ipam_of_its_own() {
+        let c = kube_flannel_conflist();
+        assert_eq!(c["name"], "cbr0");
+        assert_eq!(c["plugins"][0]["type"], "flannel");
+        assert!(c["plugins"][0].get("ipam").is_none());
+        assert!(c["plugins"][0]["delegate"].get("ipam").is_none());
+        assert_eq!(c["plugins"][1]["type"], "portmap");
+    }
 
     #[test]
     fn slots_and_nodes_get_disjoint_names_and_addresses() {
