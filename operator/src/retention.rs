@@ -22,16 +22,6 @@ pub fn written(found: &FoundRetainFor) -> String {
     }
 }
 
-/// The retention a request gets under a maximum: the request, or the maximum when it is longer
-/// (kept as written either way, so events and `spec.retainFor` show what each side said).
-pub fn held_to(asked: RetainFor, max: RetainFor) -> RetainFor {
-    if asked.duration() > max.duration() {
-        max
-    } else {
-        asked
-    }
-}
-
 /// The release-time rule ([`effective_release_time`]) on the operator's clock: `releasedAt` plus
 /// the reservation's own `spec.retainFor` as found, held to `max`, or `default` when it has none
 /// or a malformed one — for a reservation made by hand that no pod has held yet, `releasedAt` is
@@ -55,26 +45,6 @@ pub fn release_time(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_request_is_held_to_the_maximum() {
-        let p = |s: &str| RetainFor::parse(s).unwrap();
-        let cases = [
-            ("30m", "7d", "30m"),
-            ("7d", "7d", "7d"),
-            ("168h", "7d", "168h"),
-            ("8d", "7d", "7d"),
-            ("366d", "1h", "1h"),
-            ("3601s", "1h", "1h"),
-        ];
-        for (asked, max, want) in cases {
-            assert_eq!(
-                held_to(p(asked), p(max)).to_string(),
-                want,
-                "{asked} under {max}"
-            );
-        }
-    }
 
     #[test]
     fn release_time_adds_and_saturates() {

@@ -110,6 +110,16 @@ impl RetainFor {
         Duration::from_secs(u64::from(self.count) * self.unit.seconds())
     }
 
+    /// This retention under a maximum: itself, or `max` when it is longer (kept as written
+    /// either way, so events and `spec.retainFor` show what each side said).
+    pub fn held_to(self, max: RetainFor) -> RetainFor {
+        if self.duration() > max.duration() {
+            max
+        } else {
+            self
+        }
+    }
+
     /// The CEL expression that caps a value matching [`RetainFor::PATTERN`] at
     /// [`RetainFor::MAX`] (the pattern cannot do arithmetic).
     pub fn cel_cap() -> String {
@@ -166,14 +176,14 @@ pub fn effective_release_time(
     let (retain, fallback) = match own {
         None => (default, None),
         Some(Err(e)) => (default, Some(Fallback::Malformed(e.clone()))),
-        Some(Ok(asked)) if asked.duration() > max.duration() => (
-            max.duration(),
-            Some(Fallback::Capped {
+        Some(Ok(asked)) => {
+            let held = asked.held_to(max);
+            let capped = (held != *asked).then_some(Fallback::Capped {
                 asked: *asked,
-                held: max,
-            }),
-        ),
-        Some(Ok(asked)) => (asked.duration(), None),
+                held,
+            });
+            (held.duration(), capped)
+        }
     };
     ReleaseTime {
         at: released_at.checked_add(retain).unwrap_or(Duration::MAX),
@@ -199,6 +209,26 @@ impl FromStr for RetainFor {
 #[allow(clippy::panic)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_is_held_to_the_maximum() {
+        let p = |s: &str| RetainFor::parse(s).unwrap();
+        let cases = [
+            ("30m", "7d", "30m"),
+            ("7d", "7d", "7d"),
+            ("168h", "7d", "168h"),
+            ("8d", "7d", "7d"),
+            ("366d", "1h", "1h"),
+            ("3601s", "1h", "1h"),
+        ];
+        for (asked, max, want) in cases {
+            assert_eq!(
+                p(asked).held_to(p(max)).to_string(),
+                want,
+                "{asked} under {max}"
+            );
+        }
+    }
 
     #[test]
     fn grammar() {

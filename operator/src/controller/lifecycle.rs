@@ -464,7 +464,7 @@ fn live(
     let retain_for = if owner_gone {
         r.and_then(|r| r.retain_for.clone())
     } else if let Some(asked) = pod.opt_in.retain_for {
-        let held = retention::held_to(asked, defaults.max_retain_for);
+        let held = asked.held_to(defaults.max_retain_for);
         if held != asked && r.is_none_or(|r| r.retain_for != Some(Ok(held))) {
             let (subject, on) = if pod.opt_in.retain_for_on_owner {
                 (Subject::StatefulSet, "the StatefulSet's")
