@@ -2,9 +2,10 @@
 //!
 //! On real nodes ([`story`]): the control plane and two nodes running kubelet,
 //! containerd, runc and kube-proxy, ipkeep installed with `helm install` from the chart and
-//! `make image`'s archive, and a busybox StatefulSet: its pods and addresses, `web-1` deleted and
-//! back with the same address (on `eth0` inside the pod, answering a pod on the other node),
-//! `kubectl get ipr -A`, and one reservation expiring. With `--keep` it then waits for Ctrl-C,
+//! `make image`'s archive, then the scenarios' own steps told as they happen
+//! ([`crate::scenarios`]): a busybox StatefulSet, its pods and addresses, `web-1` deleted and
+//! back with the same address (on `eth0` inside the pod, answering a client pod),
+//! `kubectl get ipr`, and one reservation expiring. With `--keep` it then waits for Ctrl-C,
 //! printing the `KUBECONFIG` to explore with. Whatever happens (an error, Ctrl-C, SIGTERM)
 //! everything it started is stopped and removed.
 
@@ -23,11 +24,10 @@ pub use story::DemoOptions;
 pub async fn run(options: DemoOptions) -> Result<(), DemoError> {
     preflight(&options)?;
     let t0 = Instant::now();
-    let work = std::env::temp_dir().join(format!("ipkeep-demo-{}", std::process::id()));
     let mut real: Option<RealCluster> = None;
     let mut told = false;
     let result = {
-        let story = story::story(&options, &work, &mut real, &mut told, t0);
+        let story = story::story(&options, &mut real, &mut told, t0);
         tokio::pin!(story);
         tokio::select! {
             r = &mut story => r,
@@ -47,7 +47,6 @@ pub async fn run(options: DemoOptions) -> Result<(), DemoError> {
     {
         eprintln!("demo: cleanup incomplete: {}", crate::error_chain(&e));
     }
-    let _ = std::fs::remove_dir_all(&work);
     if result.is_ok() {
         narrate::say(&format!(
             "Done in {:.0} s; nothing is left running.",

@@ -31,38 +31,9 @@ pub enum DemoError {
     /// A command could not be run, or failed.
     #[error(transparent)]
     Command(#[from] crate::command::CommandError),
-    /// The story did not go as told.
-    #[error("the story went wrong: {0}")]
-    Story(String),
-    /// A Kubernetes API call failed.
-    #[error("failed to {what}")]
-    Api {
-        /// What was asked.
-        what: String,
-        /// The client error.
-        #[source]
-        source: kube::Error,
-    },
-    /// A step of the story did not come true in time.
-    #[error("a step of the story took too long")]
-    Timeout(#[from] crate::wait::TimedOut),
-    /// A local file operation failed.
-    #[error("failed to {what}")]
-    Io {
-        /// What was done.
-        what: String,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A node failed.
-    #[error("failed to run node {node}: {detail}")]
-    Node {
-        /// The node.
-        node: String,
-        /// Why.
-        detail: String,
-    },
+    /// A step of the story failed, or did not go as told.
+    #[error("the story went wrong")]
+    Story(#[from] crate::scenarios::ScenarioError),
     /// Interrupted by Ctrl-C or SIGTERM (everything was cleaned up).
     #[error("interrupted; everything was stopped and removed")]
     Interrupted,

@@ -1,6 +1,8 @@
 //! Scenarios 1 and 2, one `pub async fn` each (`tests/realnode/` runs them on its real nodes with the chart installed, or on
 //! a user's cluster with `IPKEEP_E2E_KUBECONFIG`).
 
+use super::{Narrator, ScenarioError, TestLog, apply, ensure, or_fail, show};
+use crate::cluster::realnode::layout::client_pod;
 use crate::testkit::realnode;
 use crate::testkit::{system::*, *};
 use ipkeep_operator::crd::Phase;
@@ -14,12 +16,29 @@ pub async fn statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addre
         },
     )
     .await;
+    or_fail(keep_address(&sys, &mut TestLog).await);
+}
+
+/// Scenario 1, the demo's first two steps: a StatefulSet `web` of three annotated pods placed by
+/// the scheduler, `web-1` deleted and back with the same addresses on the same node (on its
+/// `eth0`, answering a client pod), its reservation Bound → Released → Bound and never deleted,
+/// the other pods untouched, and `kubectl get ipr` showing it.
+pub async fn keep_address(sys: &System, n: &mut dyn Narrator) -> Result<(), ScenarioError> {
+    let client_node = sys.node_name(0).to_owned();
+    n.step(&format!(
+        "An annotated StatefulSet with 3 replicas of busybox httpd, placed by the scheduler, and a client pod on {client_node}"
+    ));
     // No node named: the scheduler places the pods, and brings a returning one back to the node
     // holding its addresses only because the placement webhook tells it to.
-    sys.apply(&statefulset("web", 3, true, &[], &retain(Some("1h"))));
+    apply(
+        sys,
+        n,
+        &statefulset("web", 3, true, &[], &retain(Some("1h"))),
+    )?;
+    apply(sys, n, &client_pod(&client_node))?;
     let pods = sys
-        .wait_running("app=web", &["web-0", "web-1", "web-2"])
-        .await;
+        .try_wait_running("app=web", &["web-0", "web-1", "web-2"])
+        .await?;
     sys.check("three pods Running where the scheduler put them");
     let dual = sys.dual_stack;
     if dual {
@@ -32,72 +51,168 @@ pub async fn statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addre
     }
     for pod in pods.values() {
         if dual {
-            assert_eq!(pod.ips.len(), 2, "dual-stack: {pod:?}");
-            assert!(pod.ips[0].is_ipv4() && pod.ips[1].is_ipv6(), "{pod:?}");
+            ensure(
+                pod.ips.len() == 2 && pod.ips[0].is_ipv4() && pod.ips[1].is_ipv6(),
+                || format!("dual-stack: {pod:?}"),
+            )?;
         }
-        sys.wait_bound(pod).await;
-        if let Some(dir) = realnode::node_dir(&sys, "reservation files on the node", &pod.node) {
+        sys.try_wait_bound(pod).await?;
+        if let Some(dir) = realnode::node_dir(sys, "reservation files on the node", &pod.node) {
             sys.wait_file(&dir.join("reserved").join(&sys.ns).join(&pod.name), true)
                 .await;
         }
     }
     sys.check("every reservation Bound to its pod");
-    let before = pods["web-1"].clone();
-    let history = sys.record_reservations();
+    sys.try_wait_recreated("client", "").await?;
+    n.note(
+        "The pods got their addresses from the CNI chain, where ipkeep stands in host-local's place:",
+    );
+    show(sys, n, &["get", "pods", "-o", "wide"])?;
+    n.note(
+        "ipkeep's controller made one IPReservation per pod, named like the pod; the agents wrote them to each node's disk:",
+    );
+    show(sys, n, &["get", "ipr"])?;
 
-    sys.kubectl(&["delete", "pod", "web-1", "--wait=false"]);
-    let after = sys.wait_recreated("web-1", &before.uid).await;
-    assert_eq!(
-        after.ips, before.ips,
-        "web-1 came back with other addresses"
-    );
-    assert_eq!(after.node, before.node, "web-1 came back to another node");
+    n.step("Delete web-1: the StatefulSet re-creates it, and ipkeep gives it its address back");
+    let before = pods["web-1"].clone();
+    n.note(&format!(
+        "web-1 now: uid {}, IP {}, on {}",
+        before.uid,
+        addresses(&before),
+        before.node
+    ));
+    let history = sys.record_reservations();
+    show(sys, n, &["delete", "pod", "web-1", "--wait=false"])?;
+    let after = sys.try_wait_recreated("web-1", &before.uid).await?;
+    n.note(&format!(
+        "The scheduler put it on {} because ipkeep's placement webhook told it where the address lives:",
+        after.node
+    ));
+    show(
+        sys,
+        n,
+        &[
+            "get",
+            "pod",
+            "web-1",
+            "-o",
+            "jsonpath={.metadata.annotations.ipkeep\\.dev/placed}{\"\\n\"}{.spec.affinity.nodeAffinity}{\"\\n\"}",
+        ],
+    )?;
+    let same = after.ips == before.ips;
+    n.note(&format!(
+        "web-1 again: uid {} (a new pod), IP {} — {}",
+        after.uid,
+        addresses(&after),
+        if same {
+            "the same address"
+        } else {
+            "A DIFFERENT ADDRESS (this is a bug)"
+        }
+    ));
+    ensure(same, || {
+        format!("web-1 came back with {after:?}, not the addresses of {before:?}")
+    })?;
+    ensure(after.node == before.node, || {
+        format!("web-1 came back to {}, not {}", after.node, before.node)
+    })?;
     sys.check("web-1 re-created with the same addresses on its node, unpinned");
-    let r = sys.wait_bound(&after).await;
-    assert!(
-        r.status.as_ref().unwrap().release_time.is_none(),
-        "a Bound reservation has no release time: {r:?}"
-    );
+    let r = sys.try_wait_bound(&after).await?;
+    ensure(
+        r.status.as_ref().is_some_and(|s| s.release_time.is_none()),
+        || format!("a Bound reservation has no release time: {r:?}"),
+    )?;
     // Bound to the old pod, Released once it is gone (a replacement without addresses yet does
     // not hold them), Bound to the new one: what `kubectl get ipr` shows along the way.
     let bindings = history.bindings("web-1");
-    eprintln!("web-1's reservation went {bindings:?}");
     let steps: Vec<(Option<Phase>, Option<&str>)> =
         bindings.iter().map(|(p, u)| (*p, u.as_deref())).collect();
-    assert_eq!(
-        steps,
-        [
-            (Some(Phase::Bound), Some(before.uid.as_str())),
-            (Some(Phase::Released), Some(before.uid.as_str())),
-            (Some(Phase::Bound), Some(after.uid.as_str())),
-        ],
-        "web-1's reservation did not go Bound -> Released -> Bound (nor was it deleted on the way)"
-    );
+    ensure(
+        steps
+            == [
+                (Some(Phase::Bound), Some(before.uid.as_str())),
+                (Some(Phase::Released), Some(before.uid.as_str())),
+                (Some(Phase::Bound), Some(after.uid.as_str())),
+            ],
+        || {
+            format!(
+                "web-1's reservation did not go Bound -> Released -> Bound (nor was it deleted on the way): {bindings:?}"
+            )
+        },
+    )?;
     sys.check("reservation Bound -> Released -> Bound, never deleted");
-    // The other pods were not touched.
-    let now = sys.running("app=web").await;
+    let now = sys.try_running("app=web").await?;
     for name in ["web-0", "web-2"] {
-        assert_eq!(now[name], pods[name], "{name} changed");
+        ensure(now.get(name) == pods.get(name), || {
+            format!("{name} changed")
+        })?;
     }
     sys.check("the other pods untouched");
+    show(sys, n, &["get", "pods", "-o", "wide"])?;
 
-    let table = sys.kubectl(&["get", "ipr"]);
-    eprintln!("kubectl get ipr:\n{table}");
+    n.note("From inside the new pod: the kept address is on its eth0");
+    let eth0 = show(
+        sys,
+        n,
+        &["exec", "web-1", "--", "ip", "addr", "show", "eth0"],
+    )?;
+    for ip in &after.ips {
+        let inet = if ip.is_ipv4() { "inet" } else { "inet6" };
+        ensure(eth0.contains(&format!("{inet} {ip}/")), || {
+            format!("{ip} is not on web-1's eth0:\n{eth0}")
+        })?;
+    }
+    sys.check("the kept addresses on the new pod's eth0");
+    n.note(&format!(
+        "From the client pod on {client_node}: web-1 answers at that address"
+    ));
+    let url = format!("http://{}/", std::net::SocketAddr::new(after.ips[0], 8080));
+    let wget = [
+        "exec",
+        "client",
+        "--",
+        "wget",
+        "-qO-",
+        "-T",
+        "5",
+        url.as_str(),
+    ];
+    // httpd may not listen yet the moment the pod runs: until it answers.
+    crate::wait::wait_for(&format!("web-1 answering {url}"), DEADLINE, || async {
+        sys.try_kubectl(&wget, None).ok()
+    })
+    .await?;
+    show(sys, n, &wget)?;
+    sys.check("the kept address answers a client pod");
+
+    let table = show(sys, n, &["get", "ipr"])?;
     let header = table.lines().next().unwrap_or_default();
     for column in ["NAME", "IPS", "NODE", "PHASE", "RELEASE-TIME", "AGE"] {
-        assert!(header.contains(column), "no {column} column in:\n{table}");
+        ensure(header.contains(column), || {
+            format!("no {column} column in:\n{table}")
+        })?;
     }
     let row = table
         .lines()
         .find(|l| l.starts_with("web-1 "))
-        .unwrap_or_else(|| panic!("no web-1 row in:\n{table}"));
-    assert!(
+        .unwrap_or_default();
+    ensure(
         row.contains(&before.ips[0].to_string())
             && row.contains(&before.node)
             && row.contains("Bound"),
-        "web-1 row: {row}"
-    );
+        || format!("no Bound web-1 row with {before:?} in:\n{table}"),
+    )?;
     sys.check("kubectl get ipr columns and row");
+    Ok(())
+}
+
+/// A pod's addresses, comma-separated.
+fn addresses(pod: &RunningPod) -> String {
+    pod.ips
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub async fn unannotated_pod_gets_no_reservation_and_its_address_returns_to_the_pool() {

@@ -2,8 +2,12 @@
 //! a user's cluster with `IPKEEP_E2E_KUBECONFIG`). Scenarios 3 and 4 fill a range: they run on the
 //! tiny node (a /29) of this binary's own nodes, one at a time.
 
-use std::{collections::BTreeSet, time::SystemTime};
+use std::{
+    collections::BTreeSet,
+    time::{Duration, SystemTime},
+};
 
+use super::{Narrator, ScenarioError, TestLog, apply, ensure, or_fail, show};
 use crate::testkit::realnode::{self, TINY_ADDRESSES, apply_on_tiny};
 use crate::testkit::{system::*, *};
 use ipkeep_operator::crd::Phase;
@@ -89,51 +93,24 @@ pub async fn retain_for_3s_expires_at_its_release_time_and_the_address_is_alloca
     let (_tiny, node) = realnode::tiny_alone().await;
     let sys = System::start("expiry", Options::default()).await;
     let node_a = node.name();
-    apply_on_tiny(&sys, &node_a, "short", 1, &retain(Some("3s")));
-    let short = sys.wait_running("app=short", &["short-0"]).await["short-0"].clone();
-    sys.wait_bound(&short).await;
+    let n = &mut TestLog;
+    let yaml = realnode::tolerating_tiny(&statefulset(
+        "short",
+        1,
+        true,
+        &[&node_a],
+        &retain(Some("3s")),
+    ));
+    let short = or_fail(kept_for(&sys, n, &yaml, "short").await);
     let file = realnode::reserved_file(node, &sys.ns, "short-0");
     sys.wait_file(&file, true).await;
-    let history = sys.record_reservations();
-
-    sys.kubectl(&["scale", "statefulset", "short", "--replicas=0"]);
-    let released = sys
-        .wait_reservation("short-0", "Released with a release time", |r| {
-            phase(r) == Some(Phase::Released)
-                && r.status
-                    .as_ref()
-                    .and_then(|s| s.release_time.as_ref())
-                    .is_some()
-        })
-        .await;
-    let status = released.status.clone().unwrap();
-    let released_at = status.released_at.unwrap().0;
-    let release_time = status.release_time.unwrap().0;
-    assert_eq!(
-        release_time.duration_since(released_at).as_secs_f64(),
-        3.0,
-        "releaseTime is not releasedAt + 3s"
-    );
-    sys.check("Released with releaseTime = releasedAt + 3s");
-    let deleted_at = wait_for("short-0's reservation deleted", || async {
-        history.changes().iter().find_map(|c| match c {
-            (at, Change::Deleted(r)) if r.name_any() == "short-0" => Some(*at),
-            _ => None,
-        })
-    })
-    .await;
-    let release = SystemTime::UNIX_EPOCH
-        + std::time::Duration::from_nanos(release_time.as_nanosecond() as u64);
-    let late = deleted_at
-        .duration_since(release)
-        .unwrap_or_else(|e| panic!("deleted {:?} before its release time", e.duration()));
+    let late = or_fail(expires(&sys, n, &short, Duration::from_secs(3)).await);
     // How late is printed, not asserted (no wall-clock bounds in tests: a loaded machine is not
     // the controller's fault); `make bench-controller` holds the 1 s target over 1 000 expiries.
     eprintln!(
         "short-0 expired {:.3}s after its release time",
         late.as_secs_f64()
     );
-    sys.check("deleted at or after its release time");
     sys.wait_file(&file, false).await;
     sys.check("its file gone from the node");
 
@@ -148,6 +125,96 @@ pub async fn retain_for_3s_expires_at_its_release_time_and_the_address_is_alloca
         short.ips[0]
     );
     sys.check("the address allocated again on the full range");
+}
+
+/// Applies `yaml`, the StatefulSet `name` of one pod with a retention, and waits until its pod
+/// runs with its reservation Bound; the pod.
+pub async fn kept_for(
+    sys: &System,
+    n: &mut dyn Narrator,
+    yaml: &str,
+    name: &str,
+) -> Result<RunningPod, ScenarioError> {
+    apply(sys, n, yaml)?;
+    let pod = format!("{name}-0");
+    let running = sys
+        .try_wait_running(&format!("app={name}"), &[&pod])
+        .await?;
+    let kept = running[&pod].clone();
+    sys.try_wait_bound(&kept).await?;
+    Ok(kept)
+}
+
+/// Scenario 4's expiry, the demo's third step: `pod`'s StatefulSet scaled to 0, its reservation
+/// Released with a release time `retain_for` after it was released, and deleted at or after that
+/// time; how late.
+pub async fn expires(
+    sys: &System,
+    n: &mut dyn Narrator,
+    pod: &RunningPod,
+    retain_for: Duration,
+) -> Result<Duration, ScenarioError> {
+    let history = sys.record_reservations();
+    let set = pod
+        .name
+        .rsplit_once('-')
+        .map_or(pod.name.as_str(), |(s, _)| s);
+    show(sys, n, &["scale", "statefulset", set, "--replicas=0"])?;
+    let released = sys
+        .try_wait_reservation(&pod.name, "Released with a release time", |r| {
+            phase(r) == Some(Phase::Released)
+                && r.status
+                    .as_ref()
+                    .and_then(|s| s.release_time.as_ref())
+                    .is_some()
+        })
+        .await?;
+    let (released_at, release_time) = released
+        .status
+        .as_ref()
+        .and_then(|s| Some((s.released_at.as_ref()?.0, s.release_time.as_ref()?.0)))
+        .ok_or_else(|| ScenarioError::Check(format!("{} Released without releasedAt", pod.name)))?;
+    let held = release_time.duration_since(released_at).as_secs_f64();
+    ensure(held == retain_for.as_secs_f64(), || {
+        format!(
+            "{}: releaseTime is releasedAt + {held}s, not + {}s",
+            pod.name,
+            retain_for.as_secs_f64()
+        )
+    })?;
+    sys.check("Released with releaseTime = releasedAt + retain-for");
+    n.note(&format!(
+        "{} is gone; its address {} stays reserved (nobody else gets it) until RELEASE-TIME:",
+        pod.name, pod.ips[0]
+    ));
+    show(sys, n, &["get", "ipr", &pod.name])?;
+    let deleted_at = crate::wait::wait_for(
+        &format!("{}'s reservation deleted", pod.name),
+        DEADLINE,
+        || async {
+            history.changes().iter().find_map(|c| match c {
+                (at, Change::Deleted(r)) if r.name_any() == pod.name => Some(*at),
+                _ => None,
+            })
+        },
+    )
+    .await?;
+    let release = SystemTime::UNIX_EPOCH
+        + Duration::from_nanos(u64::try_from(release_time.as_nanosecond()).unwrap_or_default());
+    let late = deleted_at.duration_since(release).map_err(|e| {
+        ScenarioError::Check(format!(
+            "{} deleted {:?} before its release time",
+            pod.name,
+            e.duration()
+        ))
+    })?;
+    sys.check("deleted at or after its release time");
+    n.note(&format!(
+        "{} s later the controller deleted it, the agent removed the node's file, and the address is free again:",
+        retain_for.as_secs()
+    ));
+    show(sys, n, &["get", "ipr"])?;
+    Ok(late)
 }
 
 pub async fn scaled_to_zero_and_back_every_ordinal_gets_its_address_back() {

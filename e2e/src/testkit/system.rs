@@ -7,6 +7,9 @@
 //! Each test works in its own namespace, so the tests of one binary may share the nodes. Dropping
 //! a [`System`] deletes its namespace (and so its pods and reservations), also when an assertion
 //! failed; the nodes and the release stay for the binary's other tests.
+//!
+//! The steps a scenario shares with the demo ([`crate::scenarios`]) use the `try_` methods,
+//! which return a [`ScenarioError`]; the others fail the test that called them.
 
 use super::*;
 
@@ -121,6 +124,8 @@ pub struct Options {
     pub nodes: usize,
     /// Whether it wants dual-stack nodes (it gets them if the cluster's nodes have two pod CIDRs).
     pub dual_stack: bool,
+    /// The namespace's exact name (the demo's `demo`); none: a fresh generated one.
+    pub namespace: Option<String>,
 }
 
 impl Default for Options {
@@ -128,8 +133,61 @@ impl Default for Options {
         Options {
             nodes: 2,
             dual_stack: false,
+            namespace: None,
         }
     }
+}
+
+/// A step of a scenario that failed, or a check of it that did not hold.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// A Kubernetes API call failed.
+    #[error("failed to {what}")]
+    Api {
+        /// What was asked.
+        what: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The cluster's kubeconfig could not be read or used.
+    #[error("failed to load the kubeconfig {path}")]
+    Kubeconfig {
+        /// Its path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// kubectl could not be run, or failed.
+    #[error(transparent)]
+    Command(#[from] crate::command::CommandError),
+    /// Something did not come true in time.
+    #[error(transparent)]
+    Timeout(#[from] crate::wait::TimedOut),
+    /// A check did not hold: what was expected, and what was found.
+    #[error("{0}")]
+    Check(String),
+}
+
+/// `Ok` if `holds`, else the check's failure, `said` lazily.
+pub fn ensure(holds: bool, said: impl FnOnce() -> String) -> Result<(), ScenarioError> {
+    if holds {
+        Ok(())
+    } else {
+        Err(ScenarioError::Check(said()))
+    }
+}
+
+/// The value, or the test fails with the whole error chain (how tests run the `try_` steps).
+pub fn or_fail<T>(result: Result<T, ScenarioError>) -> T {
+    result.unwrap_or_else(|e| panic!("{}", crate::error_chain(&e)))
+}
+
+/// A [`ScenarioError::Api`] saying what was asked.
+fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ScenarioError {
+    let what = what.into();
+    move |source| ScenarioError::Api { what, source }
 }
 
 /// The whole system of one test: a namespace of its own on a cluster with the chart installed.
@@ -161,38 +219,49 @@ impl System {
         System::on(prefix, options, real).await
     }
 
+    /// A fresh namespace on `real`, a cluster with the chart installed; see [`System::try_on`].
+    pub async fn on(prefix: &str, options: Options, real: ChartCluster) -> System {
+        or_fail(System::try_on(prefix, options, real).await)
+    }
+
     /// A fresh namespace on `real`, a cluster with the chart installed: a client from its
     /// kubeconfig, the chart's CRD checked (not applied), its first `options.nodes` Ready
     /// untainted nodes. Starts no controller or agent: the chart's run.
-    pub async fn on(prefix: &str, options: Options, real: ChartCluster) -> System {
+    pub async fn try_on(
+        prefix: &str,
+        options: Options,
+        real: ChartCluster,
+    ) -> Result<System, ScenarioError> {
         let kubeconfig = real.kubeconfig.clone();
-        let config = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap_or_else(|e| {
-            panic!(
-                "failed to read the kubeconfig {}: {e}",
-                kubeconfig.display()
-            )
-        });
+        let bad_kubeconfig =
+            |e: Box<dyn std::error::Error + Send + Sync>| ScenarioError::Kubeconfig {
+                path: kubeconfig.clone(),
+                source: e,
+            };
+        let config = kube::config::Kubeconfig::read_from(&kubeconfig)
+            .map_err(|e| bad_kubeconfig(e.into()))?;
         let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
             .await
-            .unwrap_or_else(|e| panic!("failed to load {}: {e}", kubeconfig.display()));
-        let client = Client::try_from(config).expect("a client for the cluster");
+            .map_err(|e| bad_kubeconfig(e.into()))?;
+        let client = Client::try_from(config).map_err(api("make a client for the cluster"))?;
         let crds: Api<
             k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
         > = Api::all(client.clone());
         let crd = crds
             .get_opt("ipreservations.ipkeep.dev")
             .await
-            .unwrap_or_else(|e| panic!("failed to read the IPReservation CRD: {e}"));
-        assert!(
-            crd.is_some(),
-            "the cluster of {} has no CRD ipreservations.ipkeep.dev: install the chart first: helm install ipkeep charts/ipkeep --namespace ipkeep-system --create-namespace",
-            kubeconfig.display()
-        );
+            .map_err(api("read the IPReservation CRD"))?;
+        ensure(crd.is_some(), || {
+            format!(
+                "the cluster of {} has no CRD ipreservations.ipkeep.dev: install the chart first: helm install ipkeep charts/ipkeep --namespace ipkeep-system --create-namespace",
+                kubeconfig.display()
+            )
+        })?;
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
         let mut usable: Vec<(String, usize)> = nodes
             .list(&ListParams::default())
             .await
-            .expect("list the cluster's nodes")
+            .map_err(api("list the cluster's nodes"))?
             .items
             .into_iter()
             .filter(schedulable)
@@ -206,27 +275,31 @@ impl System {
             })
             .collect();
         usable.sort();
-        assert!(
-            usable.len() >= options.nodes,
-            "the cluster has {} Ready untainted nodes, this test needs {}",
-            usable.len(),
-            options.nodes
-        );
+        ensure(usable.len() >= options.nodes, || {
+            format!(
+                "the cluster has {} Ready untainted nodes, this test needs {}",
+                usable.len(),
+                options.nodes
+            )
+        })?;
         usable.truncate(options.nodes);
         let ns_api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
         let mut ns_obj = k8s_openapi::api::core::v1::Namespace::default();
-        ns_obj.metadata.generate_name = Some(format!("ipkeep-e2e-{prefix}-"));
+        match options.namespace {
+            Some(name) => ns_obj.metadata.name = Some(name),
+            None => ns_obj.metadata.generate_name = Some(format!("ipkeep-e2e-{prefix}-")),
+        }
         let ns = ns_api
             .create(&Default::default(), &ns_obj)
             .await
-            .expect("create the test's namespace")
+            .map_err(api("create the namespace"))?
             .name_any();
         eprintln!(
             "{ns}: on the cluster of {}, nodes {:?}",
             kubeconfig.display(),
             usable.iter().map(|(n, _)| n).collect::<Vec<_>>()
         );
-        System {
+        Ok(System {
             target: real,
             client,
             ns,
@@ -234,7 +307,7 @@ impl System {
             node_names: usable.into_iter().map(|(n, _)| n).collect(),
             checks: Mutex::default(),
             started: std::time::Instant::now(),
-        }
+        })
     }
 
     /// The name of the test's `i`-th node.
@@ -242,15 +315,22 @@ impl System {
         &self.node_names[i]
     }
 
+    /// The checks so far (a panic elsewhere does not lose them).
+    fn checks(&self) -> std::sync::MutexGuard<'_, Vec<(String, Option<String>)>> {
+        self.checks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Records a check the test made.
     pub fn check(&self, what: &str) {
-        self.checks.lock().unwrap().push((what.to_owned(), None));
+        self.checks().push((what.to_owned(), None));
     }
 
     /// Records a check this cluster cannot make because it lacks `needs`, and says so loudly
     /// (once per check); the summary lists it as skipped.
     pub fn skip(&self, what: &str, needs: &str) {
-        let mut checks = self.checks.lock().unwrap();
+        let mut checks = self.checks();
         if !checks.iter().any(|(w, h)| w == what && h.is_some()) {
             eprintln!("{}: skipped: {what} needs {needs}", self.ns);
             checks.push((what.to_owned(), Some(needs.to_owned())));
@@ -259,7 +339,7 @@ impl System {
 
     /// The summary of the test's checks: "ran N of M checks; skipped: ...".
     pub fn summary(&self) -> String {
-        let checks = self.checks.lock().unwrap();
+        let checks = self.checks();
         let mut seen: Vec<&(String, Option<String>)> = Vec::new();
         for c in checks.iter() {
             if !seen.contains(&c) {
@@ -283,20 +363,26 @@ impl System {
         )
     }
 
-    /// kubectl in the test's namespace.
+    /// kubectl in the test's namespace; its stdout.
     pub fn kubectl(&self, args: &[&str]) -> String {
-        let mut all = vec!["-n", self.ns.as_str()];
-        all.extend_from_slice(args);
-        kubectl_ok(&self.target, &all, None)
+        or_fail(self.try_kubectl(args, None))
+    }
+
+    /// kubectl in the test's namespace with `args` and `stdin`; its stdout.
+    pub fn try_kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, ScenarioError> {
+        let mut cmd = self.target.kubectl_command();
+        cmd.args(["-n", self.ns.as_str()]).args(args);
+        Ok(crate::command::stdout_of(&mut cmd, stdin)?)
     }
 
     /// `kubectl apply -f -` of `yaml` in the test's namespace.
     pub fn apply(&self, yaml: &str) -> String {
-        kubectl_ok(
-            &self.target,
-            &["-n", &self.ns, "apply", "-f", "-"],
-            Some(yaml),
-        )
+        or_fail(self.try_apply(yaml))
+    }
+
+    /// `kubectl apply -f -` of `yaml` in the test's namespace; what kubectl said.
+    pub fn try_apply(&self, yaml: &str) -> Result<String, ScenarioError> {
+        self.try_kubectl(&["apply", "-f", "-"], Some(yaml))
     }
 
     /// Pods of the namespace.
@@ -311,17 +397,26 @@ impl System {
 
     /// The running pods with addresses matching `labels`: name → what they are.
     pub async fn running(&self, labels: &str) -> BTreeMap<String, RunningPod> {
+        or_fail(self.try_running(labels).await)
+    }
+
+    /// The running pods with addresses matching `labels`: name → what they are.
+    pub async fn try_running(
+        &self,
+        labels: &str,
+    ) -> Result<BTreeMap<String, RunningPod>, ScenarioError> {
         let list = self
             .pods()
             .list(&ListParams::default().labels(labels))
             .await
-            .expect("list pods");
-        list.items
+            .map_err(api(format!("list the pods {labels}")))?;
+        Ok(list
+            .items
             .into_iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter_map(|p| RunningPod::of(&p))
             .map(|r| (r.name.clone(), r))
-            .collect()
+            .collect())
     }
 
     /// Applies the StatefulSet `name` of `replicas` pods kept for an hour, placed on `node`, and
@@ -358,24 +453,44 @@ impl System {
 
     /// Waits until exactly `names` run (with addresses) among pods matching `labels`.
     pub async fn wait_running(&self, labels: &str, names: &[&str]) -> BTreeMap<String, RunningPod> {
+        or_fail(self.try_wait_running(labels, names).await)
+    }
+
+    /// Waits until exactly `names` run (with addresses) among pods matching `labels`.
+    pub async fn try_wait_running(
+        &self,
+        labels: &str,
+        names: &[&str],
+    ) -> Result<BTreeMap<String, RunningPod>, ScenarioError> {
         let mut want: Vec<String> = names.iter().map(|s| (*s).to_owned()).collect();
         want.sort();
-        wait_for(&format!("pods {want:?} Running with addresses"), || async {
-            let running = self.running(labels).await;
+        let what = format!("pods {want:?} Running with addresses");
+        Ok(crate::wait::wait_for(&what, DEADLINE, || async {
+            let running = self.try_running(labels).await.ok()?;
             let got: Vec<String> = running.keys().cloned().collect();
             (got == want).then_some(running)
         })
-        .await
+        .await?)
     }
 
     /// Waits until `pod` runs with a UID other than `old_uid`, and returns it.
     pub async fn wait_recreated(&self, pod: &str, old_uid: &str) -> RunningPod {
-        wait_for(&format!("{pod} re-created and Running"), || async {
+        or_fail(self.try_wait_recreated(pod, old_uid).await)
+    }
+
+    /// Waits until `pod` runs with a UID other than `old_uid` (none: any), and returns it.
+    pub async fn try_wait_recreated(
+        &self,
+        pod: &str,
+        old_uid: &str,
+    ) -> Result<RunningPod, ScenarioError> {
+        let what = format!("{pod} re-created and Running");
+        Ok(crate::wait::wait_for(&what, DEADLINE, || async {
             let p = self.pods().get_opt(pod).await.ok()??;
             let r = RunningPod::of(&p)?;
             (r.uid != old_uid && p.metadata.deletion_timestamp.is_none()).then_some(r)
         })
-        .await
+        .await?)
     }
 
     /// Waits until the reservation of `pod` satisfies `check`.
@@ -385,20 +500,33 @@ impl System {
         what: &str,
         check: impl Fn(&IPReservation) -> bool,
     ) -> IPReservation {
-        wait_for(
-            &format!("reservation {}/{pod}: {what}", self.ns),
-            || async {
-                let r = self.reservations().get_opt(pod).await.ok()??;
-                check(&r).then_some(r)
-            },
-        )
-        .await
+        or_fail(self.try_wait_reservation(pod, what, check).await)
+    }
+
+    /// Waits until the reservation of `pod` satisfies `check`.
+    pub async fn try_wait_reservation(
+        &self,
+        pod: &str,
+        what: &str,
+        check: impl Fn(&IPReservation) -> bool,
+    ) -> Result<IPReservation, ScenarioError> {
+        let what = format!("reservation {}/{pod}: {what}", self.ns);
+        Ok(crate::wait::wait_for(&what, DEADLINE, || async {
+            let r = self.reservations().get_opt(pod).await.ok()??;
+            check(&r).then_some(r)
+        })
+        .await?)
     }
 
     /// Waits until the reservation of `pod` is Bound to `uid` with `ips`.
     pub async fn wait_bound(&self, pod: &RunningPod) -> IPReservation {
+        or_fail(self.try_wait_bound(pod).await)
+    }
+
+    /// Waits until the reservation of `pod` is Bound to its UID with its addresses on its node.
+    pub async fn try_wait_bound(&self, pod: &RunningPod) -> Result<IPReservation, ScenarioError> {
         let want: Vec<String> = pod.ips.iter().map(|i| i.to_string()).collect();
-        self.wait_reservation(
+        self.try_wait_reservation(
             &pod.name,
             &format!("Bound to {} with {want:?}", pod.uid),
             |r| {
@@ -472,21 +600,14 @@ impl Drop for System {
             self.ns,
             self.started.elapsed().as_secs_f64()
         );
-        if !self.checks.lock().unwrap().is_empty() {
+        if !self.checks().is_empty() {
             eprintln!("{}: {}", self.ns, self.summary());
         }
         // The namespace and everything in it go; the chart's controller and agents stay.
-        let out = kubectl(
-            &self.target,
-            &["delete", "namespace", &self.ns, "--wait=false"],
-            None,
-        );
-        if !out.status.success() {
-            eprintln!(
-                "failed to delete namespace {}: {}",
-                self.ns,
-                String::from_utf8_lossy(&out.stderr)
-            );
+        let mut delete = self.target.kubectl_command();
+        delete.args(["delete", "namespace", &self.ns, "--wait=false"]);
+        if let Err(e) = crate::command::checked(&mut delete, None) {
+            eprintln!("{}", crate::error_chain(&e));
         }
     }
 }
