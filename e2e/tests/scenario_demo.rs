@@ -33,7 +33,8 @@ fn image_archive() -> std::path::PathBuf {
     path
 }
 
-fn demo(extra: &[&str]) -> Child {
+/// The demo with `extra` arguments; its stdout piped, its stderr (where its error goes) as asked.
+fn demo(extra: &[&str], stderr: Stdio) -> Child {
     let bin_dir = ipkeep_e2e::cluster::bin_dir()
         .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
     Command::new(env!("CARGO_BIN_EXE_ipkeep-e2e"))
@@ -46,7 +47,7 @@ fn demo(extra: &[&str]) -> Child {
         .env("IPKEEP_CLUSTER_BIN_DIR", bin_dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("start ipkeep-e2e demo")
 }
@@ -107,7 +108,7 @@ fn make_demo_tells_the_story_cleans_up_after_itself_and_after_ctrl_c() {
         .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
     // Interrupted once the StatefulSet is running.
     let t0 = Instant::now();
-    let mut child = demo(&[]);
+    let mut child = demo(&[], Stdio::null());
     let pid = child.id();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut seen = String::new();
@@ -143,14 +144,15 @@ fn make_demo_tells_the_story_cleans_up_after_itself_and_after_ctrl_c() {
 
     // The next run works, to the end.
     let t0 = Instant::now();
-    let child = demo(&[]);
+    let child = demo(&[], Stdio::piped());
     let pid = child.id();
     let output = child.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
-        "demo failed ({}):\n{text}",
-        output.status
+        "demo failed ({}):\n{text}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
     );
     for step in [
         "1. An annotated StatefulSet with 3 replicas",

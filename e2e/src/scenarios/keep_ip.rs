@@ -167,16 +167,7 @@ pub async fn keep_address(sys: &System, n: &mut dyn Narrator) -> Result<(), Scen
         "From the client pod on {client_node}: web-1 answers at that address"
     ));
     let url = format!("http://{}/", std::net::SocketAddr::new(after.ips[0], 8080));
-    let wget = [
-        "exec",
-        "client",
-        "--",
-        "wget",
-        "-qO-",
-        "-T",
-        "5",
-        url.as_str(),
-    ];
+    let wget = ["exec", "client", "--", "wget", "-qO-", url.as_str()];
     // httpd may not listen yet the moment the pod runs: until it answers.
     crate::wait::wait_for(&format!("web-1 answering {url}"), DEADLINE, || async {
         sys.try_kubectl(&wget, None).ok()
