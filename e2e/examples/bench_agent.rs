@@ -149,9 +149,15 @@ async fn disk_side(admin: &Client, ns: &str, node: &str, plane: &Plane) {
     let mut changed = desired.clone();
     let mut pass = |count: usize, round: i64| {
         for (k, file) in changed.values_mut().take(count).enumerate() {
-            file.release_time = Some(Timestamp::from_unix_secs(
+            let release_time = Some(Timestamp::from_unix_secs(
                 BASE + round * 1_000 + i64::try_from(k).unwrap(),
             ));
+            *file = ReservationFile {
+                release_time,
+                ..ReservationFile::clone(file)
+            }
+            .validate()
+            .unwrap();
         }
         let t = Instant::now();
         assert_eq!(writer.apply(&changed).unwrap().written.len(), count);

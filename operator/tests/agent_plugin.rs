@@ -20,7 +20,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use ipkeep_operator::agent::writer::NetworkWriter;
-use ipkeep_reservation::{FORMAT_VERSION, PodKey, ReservationFile, Timestamp, load_reservations};
+use ipkeep_reservation::{
+    FORMAT_VERSION, PodKey, ReservationFile, Timestamp, ValidReservation, load_reservations,
+};
 use ipkeep_reservation::{NetworkDir, TEMP_PREFIX};
 
 const NETWORK: &str = "cbr0";
@@ -59,7 +61,7 @@ fn file(
     ip: IpAddr,
     release: Option<Timestamp>,
     uid: String,
-) -> ReservationFile {
+) -> ValidReservation {
     ReservationFile {
         version: FORMAT_VERSION,
         namespace: ns.into(),
@@ -69,13 +71,15 @@ fn file(
         uid,
         node_name: Some("node-a".into()),
     }
+    .validate()
+    .unwrap()
 }
 
 /// The desired set at writer step `step`: every stable reservation always active (release time
 /// null or far in the future), one of them changing (uid and release time) per step, and one
 /// churn reservation created or removed per step; so steps are single-file passes, and every
 /// fifth one is a full resync.
-fn desired_at(step: u64) -> BTreeMap<PodKey, ReservationFile> {
+fn desired_at(step: u64) -> BTreeMap<PodKey, ValidReservation> {
     let future = Timestamp::from_unix_secs(4_102_444_800); // 2100-01-01
     let mut out = BTreeMap::new();
     for i in 0..STABLE {

@@ -68,6 +68,11 @@ fn reservation_files(data_dir: &Path) -> Result<(), BenchError> {
         path: data_dir.join(NETWORK),
         detail,
     };
+    let desired = desired
+        .into_iter()
+        .map(ReservationFile::validate)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| failed(e.to_string()))?;
     let dir = NetworkDir::open(data_dir, NETWORK).map_err(|e| failed(e.to_string()))?;
     let report = ReservationWriter::new()
         .apply(&dir, &desired)

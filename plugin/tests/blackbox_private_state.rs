@@ -15,7 +15,9 @@ use std::time::{Duration, SystemTime};
 
 use common::{CniCall, CniOutcome, Scratch, host_local, ipkeep};
 use ipkeep_reservation::add::{WaitMarker, write_wait_marker};
-use ipkeep_reservation::{FORMAT_VERSION, PodKey, ReservationFile, Timestamp, write_reservation};
+use ipkeep_reservation::{
+    FORMAT_VERSION, PodKey, ReservationFile, Timestamp, ValidReservation, write_reservation,
+};
 
 /// A scratch directory with `outside/`, where a symlink planted in the network directory points.
 fn scratch() -> Scratch {
@@ -44,6 +46,11 @@ fn reservation(ns: &str, pod: &str, ip: &str) -> ReservationFile {
     }
 }
 
+/// [`reservation`], validated as the agent's writer takes it.
+fn valid_reservation(ns: &str, pod: &str, ip: &str) -> ValidReservation {
+    reservation(ns, pod, ip).validate().unwrap()
+}
+
 fn pod_args(ns: &str, pod: &str) -> String {
     format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={pod}")
 }
@@ -58,7 +65,7 @@ fn seed(s: &Scratch) {
         .args(&pod_args("db", "web-0"))
         .run(&ipkeep());
     out.ok();
-    write_reservation(&s.dir(), &reservation("db", "other", "10.1.0.200")).unwrap();
+    write_reservation(&s.dir(), &valid_reservation("db", "other", "10.1.0.200")).unwrap();
     let pod = PodKey::new(POD.0, POD.1).unwrap();
     let marker = WaitMarker {
         holder: "gone".into(),
@@ -434,7 +441,7 @@ fn a_directory_at_a_containers_index_file_blocks_nothing() {
 fn a_reservation_copied_in_by_hand_counts_at_the_next_add() {
     let s = scratch();
     let conf = net_conf(&s, "1.0.0");
-    write_reservation(&s.dir(), &reservation("db", "a", "10.1.0.200")).unwrap();
+    write_reservation(&s.dir(), &valid_reservation("db", "a", "10.1.0.200")).unwrap();
     let first = CniCall::new("ADD", "c1", &conf)
         .args(&pod_args("db", "x"))
         .run(&ipkeep());
@@ -475,7 +482,7 @@ fn a_reservation_copied_in_by_hand_counts_at_the_next_add() {
 fn a_hand_copy_still_in_progress_is_read_again_when_it_ends() {
     let s = scratch();
     let conf = net_conf(&s, "1.0.0");
-    write_reservation(&s.dir(), &reservation("db", "a", "10.1.0.200")).unwrap();
+    write_reservation(&s.dir(), &valid_reservation("db", "a", "10.1.0.200")).unwrap();
     let path = s.net().join("reserved/db/b");
     let json = reservation("db", "b", "10.1.0.3").to_json();
     // The ADD runs while `cp` has written half of the file.
@@ -526,7 +533,7 @@ fn age(path: &Path, age: Duration) {
 fn a_killed_writers_temporaries_are_removed_once_a_few_seconds_old() {
     let s = scratch();
     let conf = net_conf(&s, "1.0.0");
-    write_reservation(&s.dir(), &reservation("db", "a", "10.1.0.200")).unwrap();
+    write_reservation(&s.dir(), &valid_reservation("db", "a", "10.1.0.200")).unwrap();
     // What a writer killed between its temporary and the rename leaves (under `reserved/` for
     // the generation counter, under a namespace for a file).
     let young = s.net().join("reserved/db/.ipkeep-tmp-4242-0");

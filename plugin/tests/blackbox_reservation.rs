@@ -36,7 +36,8 @@ impl ReservationScratch for Scratch {
 
     /// The agent's write of a reservation.
     fn reserve(&self, ns: &str, pod: &str, ips: &[&str], release: Option<i64>) {
-        write_reservation(&self.dir(), &reservation(ns, pod, ips, release)).unwrap();
+        let file = reservation(ns, pod, ips, release).validate().unwrap();
+        write_reservation(&self.dir(), &file).unwrap();
     }
 
     fn holder(&self, ip: &str) -> Option<String> {

@@ -602,7 +602,7 @@ fn sigkill_during_reservation_adds_never_leaks_a_reserved_address_ipkeep() {
     let files: Vec<_> = pods
         .iter()
         .filter(|p| !p.reserved.is_empty())
-        .map(|p| reservation_file(p, 0))
+        .map(|p| reservation_file(p, 0).validate().unwrap())
         .collect();
     let report = ReservationWriter::new().apply(&dir, &files).unwrap();
     assert_eq!(report.written.len(), RESERVED_PODS, "{report:?}");
@@ -615,7 +615,8 @@ fn sigkill_during_reservation_adds_never_leaks_a_reserved_address_ipkeep() {
         // then, so plugin processes rebuild `.ipkeep/reserved.index` while they are being killed.
         if rng.chance(10) {
             let k = rng.below(RESERVED_PODS as u64) as usize;
-            write_reservation(&dir, &reservation_file(&pods[k], round + 1)).unwrap();
+            let file = reservation_file(&pods[k], round + 1).validate().unwrap();
+            write_reservation(&dir, &file).unwrap();
         }
         if rng.chance(15) {
             let _ = std::fs::remove_file(net_dir.join(".ipkeep").join("reserved.index"));

@@ -57,8 +57,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::{CniCall, CniOutcome};
 use ipkeep_reservation::{
-    FORMAT_VERSION, PodKey, ReservationFile, ReservationWriter, Timestamp, load_reservations,
-    remove_reservation, write_reservation,
+    FORMAT_VERSION, PodKey, ReservationFile, ReservationWriter, Timestamp, ValidReservation,
+    load_reservations, remove_reservation, write_reservation,
 };
 use ipkeep_reservation::{NetworkDir, TEMP_PREFIX};
 use system_support::{
@@ -280,16 +280,22 @@ fn writer_plan() -> Vec<PlannedOp> {
     plan
 }
 
+/// `file`, validated as the agent's writer takes it.
+fn valid(file: &ReservationFile) -> ValidReservation {
+    file.clone().validate().unwrap()
+}
+
 /// Applies one operation with the library writer; any failure fails the writer.
 fn apply(dir: &NetworkDir, op: &WriterOp) {
     match op {
-        WriterOp::Write(file) => write_reservation(dir, file).unwrap(),
+        WriterOp::Write(file) => write_reservation(dir, &valid(file)).unwrap(),
         WriterOp::Remove(key) => {
             remove_reservation(dir, &key.namespace, &key.pod).unwrap();
         }
         WriterOp::Sync(desired) => {
             // A writer that reads the tree, as the Write and Remove ops changed it behind its back.
-            let report = ReservationWriter::new().apply(dir, desired).unwrap();
+            let desired: Vec<_> = desired.iter().map(valid).collect();
+            let report = ReservationWriter::new().apply(dir, &desired).unwrap();
             assert!(
                 report.is_complete() && report.cleaned.is_empty(),
                 "sync must do exactly the planned changes: {report:?}"
@@ -326,6 +332,7 @@ fn reservation_writer_process() {
     let scratch = Scratch::new();
     let dir = NetworkDir::open(scratch.path(), NETWORK).unwrap();
     let initial: Vec<_> = initial_model().into_values().collect();
+    let initial: Vec<_> = initial.iter().map(valid).collect();
     ReservationWriter::new().apply(&dir, &initial).unwrap();
     let (mut writes, mut removes, mut syncs, mut expired) = (0, 0, 0, 0);
     for (k, planned) in plan.iter().enumerate() {
@@ -705,7 +712,7 @@ fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations(
     {
         let dir = NetworkDir::open(&data_dir, NETWORK).unwrap();
         let report = ReservationWriter::new()
-            .apply(&dir, initial.values())
+            .apply(&dir, &initial.values().map(valid).collect::<Vec<_>>())
             .unwrap();
         assert_eq!(report.written.len(), initial.len(), "{report:?}");
     }

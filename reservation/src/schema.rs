@@ -168,7 +168,7 @@ impl ReservationFile {
         for ip in &mut file.ips {
             *ip = ip.to_canonical();
         }
-        file.validate()?;
+        file.check()?;
         Ok(file)
     }
 
@@ -181,8 +181,15 @@ impl ReservationFile {
         out
     }
 
-    /// Checks names, version and addresses; the writer refuses what the reader would skip.
-    pub fn validate(&self) -> Result<(), SchemaError> {
+    /// The file, once its names, version and addresses are checked: what the writer takes, so it
+    /// never writes what the reader would skip.
+    pub fn validate(self) -> Result<ValidReservation, SchemaError> {
+        self.check()?;
+        Ok(ValidReservation(self))
+    }
+
+    /// The rule [`ReservationFile::validate`] and [`ReservationFile::from_json`] apply.
+    fn check(&self) -> Result<(), SchemaError> {
         if self.version != FORMAT_VERSION {
             return Err(SchemaError::UnsupportedVersion {
                 found: u64::from(self.version),
@@ -203,6 +210,26 @@ impl ReservationFile {
             }
         }
         Ok(())
+    }
+}
+
+/// A [`ReservationFile`] that passed [`ReservationFile::validate`]; only that builds one, so
+/// holding it proves the file may be written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidReservation(ReservationFile);
+
+impl ValidReservation {
+    /// The file itself.
+    pub fn into_inner(self) -> ReservationFile {
+        self.0
+    }
+}
+
+impl std::ops::Deref for ValidReservation {
+    type Target = ReservationFile;
+
+    fn deref(&self) -> &ReservationFile {
+        &self.0
     }
 }
 

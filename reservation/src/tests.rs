@@ -39,6 +39,21 @@ fn file(ns: &str, pod: &str, ips: &[&str], release: Option<i64>) -> ReservationF
     }
 }
 
+/// `file`, validated: what the writer takes.
+fn valid(file: &ReservationFile) -> ValidReservation {
+    file.clone().validate().unwrap()
+}
+
+/// Each of `files`, validated.
+fn all_valid(files: &[ReservationFile]) -> Vec<ValidReservation> {
+    files.iter().map(valid).collect()
+}
+
+/// [`write_reservation`] of `file`, validated.
+fn write(dir: &NetworkDir, file: &ReservationFile) -> Result<(), ReservedDirError> {
+    write_reservation(dir, &valid(file))
+}
+
 /// Every path below `root` (symlinks listed, never followed) with a digest of its content.
 fn tree(root: &Path) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
@@ -85,7 +100,7 @@ fn write_read_remove_round_trip() {
     let b = file("db", "web-1", &["10.1.0.8"], Some(1_795_262_400));
     let c = file("cache", "redis-0", &["10.1.0.9"], None);
     for f in [&a, &b, &c] {
-        write_reservation(&dir, f).unwrap();
+        write(&dir, f).unwrap();
     }
     let on_disk = std::fs::read(s.reserved().join("db/web-0")).unwrap();
     assert_eq!(on_disk, a.to_json());
@@ -112,7 +127,7 @@ fn write_read_remove_round_trip() {
         release_time: Some(Timestamp::from_unix_secs(5)),
         ..a.clone()
     };
-    write_reservation(&dir, &a2).unwrap();
+    write(&dir, &a2).unwrap();
     assert_eq!(read_reservation(&dir, "db", "web-0").unwrap(), Some(a2));
     let names: Vec<String> = std::fs::read_dir(s.reserved().join("db"))
         .unwrap()
@@ -130,10 +145,9 @@ fn write_read_remove_round_trip() {
     assert_eq!(load_reservations(&dir).len(), 2);
 }
 
+/// The writer takes only a [`ValidReservation`]: none of these becomes one.
 #[test]
-fn writer_refuses_invalid_reservations() {
-    let s = TempDir::new().unwrap();
-    let dir = s.net();
+fn invalid_reservations_do_not_validate() {
     let cases = [
         file("Bad", "p", &["10.0.0.1"], None),
         file("ns", "..", &["10.0.0.1"], None),
@@ -144,14 +158,19 @@ fn writer_refuses_invalid_reservations() {
             ..file("ns", "p", &["10.0.0.1"], None)
         },
     ];
-    for f in &cases {
-        let err = write_reservation(&dir, f).unwrap_err();
+    for f in cases {
+        let err = f.clone().validate().unwrap_err();
         assert!(
-            err.to_string().starts_with("failed to write reservation"),
-            "{err}"
+            matches!(
+                err,
+                SchemaError::InvalidNamespace { .. }
+                    | SchemaError::InvalidPodName { .. }
+                    | SchemaError::NoAddresses(_)
+                    | SchemaError::UnsupportedVersion { found: 2 }
+            ),
+            "{f:?}: {err}"
         );
     }
-    assert!(!s.reserved().exists(), "nothing written");
 }
 
 /// Plants every kind of garbage next to two valid reservations; returns the outside directory
@@ -277,7 +296,7 @@ fn symlinked_reserved_dir_is_skipped() {
     }
 
     // The writer replaces the symlink by a real directory and never writes through it.
-    write_reservation(&dir, &file("db", "web-1", &["10.1.0.8"], None)).unwrap();
+    write(&dir, &file("db", "web-1", &["10.1.0.8"], None)).unwrap();
     assert!(std::fs::symlink_metadata(s.reserved()).unwrap().is_dir());
     assert_eq!(tree(&outside), before);
     assert_eq!(load_reservations(&dir).len(), 1);
@@ -306,8 +325,6 @@ fn sync_makes_the_tree_exactly_the_desired_set() {
         file("db", "adir", &["10.1.0.11"], None),
         // New namespace.
         file("cache", "redis-0", &["10.1.0.12"], None),
-        // Invalid: refused, not written.
-        file("db", "Nope", &["10.1.0.13"], None),
     ];
     let report = sync(&dir, &desired);
     let keys = |v: &[PodKey]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
@@ -318,8 +335,6 @@ fn sync_makes_the_tree_exactly_the_desired_set() {
     );
     assert_eq!(report.unchanged, 1);
     assert_eq!(keys(&report.removed), ["gone/old-0"]);
-    assert_eq!(report.refused.len(), 1, "{:?}", report.refused);
-    assert_eq!(report.refused[0].key.to_string(), "db/Nope");
     assert!(report.failed.is_empty(), "{:?}", report.failed);
     assert_eq!(report.cleaned.len(), 11, "{:#?}", report.cleaned);
 
@@ -410,14 +425,14 @@ fn snapshot_is_used_when_valid_and_rebuilt_when_stale() {
         let (snapshot, source) = load_reservations_cached(&dir, &lock);
         assert_eq!((snapshot.len(), source), (0, Source::NoReservations));
     }
-    write_reservation(&dir, &file("db", "web-0", &["10.1.0.7", "fd00::7"], None)).unwrap();
-    write_reservation(
+    write(&dir, &file("db", "web-0", &["10.1.0.7", "fd00::7"], None)).unwrap();
+    write(
         &dir,
         &file("db", "web-1", &["10.1.0.8"], Some(1_795_262_400)),
     )
     .unwrap();
     // A conflicting reservation (same address, another pod) is kept as two records.
-    write_reservation(&dir, &file("cache", "r-0", &["10.1.0.8"], None)).unwrap();
+    write(&dir, &file("cache", "r-0", &["10.1.0.8"], None)).unwrap();
     let check = |want: Source| {
         let lock = dir.lock().unwrap();
         let (snapshot, source) = load_reservations_cached(&dir, &lock);
@@ -461,12 +476,12 @@ fn snapshot_is_used_when_valid_and_rebuilt_when_stale() {
     // A tree without a counter (built by hand) is scanned once, then its snapshot is trusted.
     check(Source::Rescanned);
     check(Source::Index);
-    write_reservation(&dir, &file("db", "web-0", &["10.1.0.7"], None)).unwrap();
+    write(&dir, &file("db", "web-0", &["10.1.0.7"], None)).unwrap();
     check(Source::Index);
 
     // Garbage planted later is reported from the snapshot too.
     symlink("/etc/passwd", s.reserved().join("cache/link")).unwrap();
-    write_reservation(&dir, &file("db", "web-3", &["10.1.0.11"], None)).unwrap();
+    write(&dir, &file("db", "web-3", &["10.1.0.11"], None)).unwrap();
     {
         let lock = dir.lock().unwrap();
         let (snapshot, source) = load_reservations_cached(&dir, &lock);
@@ -618,7 +633,7 @@ fn sync_writes_in_batches_and_leaves_a_valid_snapshot() {
         assert_eq!((snapshot.len(), source), (150, Source::Index));
         assert_snapshot_matches(&snapshot, &load_reservations(&dir));
     }
-    write_reservation(&dir, &file("ns-0", "pod-0", &["10.2.9.9"], None)).unwrap();
+    write(&dir, &file("ns-0", "pod-0", &["10.2.9.9"], None)).unwrap();
     assert_eq!(generation(&s), after_sync + 1);
     assert!(!remove_reservation(&dir, "ns-0", "absent").unwrap());
     assert_eq!(generation(&s), after_sync + 1, "no change, no bump");
@@ -641,7 +656,7 @@ fn sync_reports_what_it_cannot_fix_and_does_the_rest() {
         file("db", "web-1", &["10.1.0.8"], None),
     ];
     let mut writer = ReservationWriter::new();
-    let report = writer.apply(&dir, &desired).unwrap();
+    let report = writer.apply(&dir, &all_valid(&desired)).unwrap();
     assert!(!report.failed.is_empty(), "{report:?}");
     let written: Vec<String> = report.written.iter().map(ToString::to_string).collect();
     assert_eq!(written, ["db/web-1"]);
@@ -656,12 +671,12 @@ fn sync_reports_what_it_cannot_fix_and_does_the_rest() {
     // nothing.
     std::fs::remove_dir_all(&squat).unwrap();
     let scans = full_scans();
-    let report = writer.apply(&dir, &desired).unwrap();
+    let report = writer.apply(&dir, &all_valid(&desired)).unwrap();
     assert!(full_scans() > scans, "the tree was not read again");
     assert!(report.is_complete(), "{report:?}");
     assert_eq!(report.written, vec![PodKey::new("db", "web-0").unwrap()]);
     let scans = full_scans();
-    let report = writer.apply(&dir, &desired).unwrap();
+    let report = writer.apply(&dir, &all_valid(&desired)).unwrap();
     assert_eq!(full_scans(), scans, "a writer that knows the tree read it");
     assert!(
         report.changed_nothing() && report.unchanged == 2,
@@ -680,8 +695,8 @@ fn add_flow_on_real_files() {
     }
     let s = TempDir::new().unwrap();
     let dir = s.net();
-    write_reservation(&dir, &file("db", "web-0", &["10.1.0.7"], None)).unwrap();
-    write_reservation(
+    write(&dir, &file("db", "web-0", &["10.1.0.7"], None)).unwrap();
+    write(
         &dir,
         &file("db", "web-1", &["10.1.0.2"], Some(1_795_262_460)),
     )
@@ -765,7 +780,9 @@ fn add_flow_on_real_files() {
 
 /// A full sync by a writer that knows nothing (as after an agent's restart).
 fn sync(dir: &NetworkDir, desired: &[ReservationFile]) -> ApplyReport {
-    ReservationWriter::new().apply(dir, desired).unwrap()
+    ReservationWriter::new()
+        .apply(dir, &all_valid(desired))
+        .unwrap()
 }
 
 /// Full scans this thread ran so far.
@@ -806,7 +823,7 @@ fn a_writer_that_knows_the_tree_patches_the_snapshot_without_reading_it() {
     // A lone pod in its own namespace, to be removed (its directory goes with it).
     desired.push(file("lone", "only", &["10.3.1.1"], None));
     let mut writer = ReservationWriter::new();
-    writer.apply(&dir, &desired).unwrap();
+    writer.apply(&dir, &all_valid(&desired)).unwrap();
     assert_eq!(snapshot_source(&dir), Source::Index);
     let generation = generation_of(&s);
 
@@ -822,7 +839,7 @@ fn a_writer_that_knows_the_tree_patches_the_snapshot_without_reading_it() {
         file("ns-1", "pod-new", &["10.3.2.1", "fd00::3:201"], None),
         file("fresh", "r-0", &["10.3.0.5"], None),
     ]);
-    let report = writer.apply(&dir, &next).unwrap();
+    let report = writer.apply(&dir, &all_valid(&next)).unwrap();
     assert_eq!(
         full_scans(),
         scans,
@@ -852,7 +869,7 @@ fn a_writer_that_knows_the_tree_patches_the_snapshot_without_reading_it() {
     assert!(set.get("ns-2", "pod-2").is_none());
 
     // Nothing to do: no lock section at all, no bump.
-    let report = writer.apply(&dir, &next).unwrap();
+    let report = writer.apply(&dir, &all_valid(&next)).unwrap();
     assert!(
         report.changed_nothing() && report.is_complete(),
         "{report:?}"
@@ -861,18 +878,10 @@ fn a_writer_that_knows_the_tree_patches_the_snapshot_without_reading_it() {
     assert_eq!(generation_of(&s), generation + 1, "no change, no bump");
     assert_eq!(snapshot_source(&dir), Source::Index);
 
-    // An invalid file is refused and the rest is written.
-    let mut bad = file("ns-0", "pod-bad", &["10.3.3.1"], None);
-    bad.ips.clear();
+    // One more file is written alone.
     let good = file("ns-0", "pod-good", &["10.3.3.2"], None);
-    next.extend([bad.clone(), good.clone()]);
-    let report = writer.apply(&dir, &next).unwrap();
-    assert_eq!(report.refused.len(), 1, "{report:?}");
-    assert_eq!(report.refused[0].key, bad.pod_key());
-    assert!(matches!(
-        report.refused[0].reason,
-        SchemaError::NoAddresses(_)
-    ));
+    next.push(good.clone());
+    let report = writer.apply(&dir, &all_valid(&next)).unwrap();
     assert!(report.failed.is_empty(), "{report:?}");
     assert_eq!(report.written, vec![good.pod_key()]);
     assert_eq!(snapshot_source(&dir), Source::Index);
@@ -954,7 +963,7 @@ fn patching_falls_back_to_a_scan_when_the_tree_holds_more_than_expected() {
     // stamp in the patched snapshot: the plugin's next read rescans.
     sync(&dir, std::slice::from_ref(&a));
     std::fs::create_dir(s.reserved().join("side")).unwrap();
-    write_reservation(&dir, &file("side", "s-0", &["10.4.3.1"], None)).unwrap();
+    write(&dir, &file("side", "s-0", &["10.4.3.1"], None)).unwrap();
     assert_eq!(snapshot_source(&dir), Source::Index);
     {
         let lock = dir.lock().unwrap();

@@ -1,17 +1,17 @@
 //! The write side of the `reserved/` tree: the only code that changes reservation files.
 //!
-//! [`ReservationWriter::apply`] makes a network's `reserved/` equal to a desired set of files:
-//! it refuses invalid files, computes the diff (against the tree it reads under the lock when it
-//! knows nothing, else against what its last call left), and carries the changes out in batches
-//! of at most [`WRITE_BATCH`] writes and [`WRITE_BATCH`] removals, each batch one hold of the
-//! network's lock. In every hold the generation counter is bumped durably before the first
-//! change, every file is written atomically (temporary file, fsync, rename), each changed
-//! directory is fsync'd once at the end, and the plugin's snapshot is patched with the changes
-//! instead of rebuilt from a scan (it is rebuilt when it was not valid beforehand, describes
-//! garbage, a step failed, or a changed directory holds anything but what the patch expects —
-//! a file put there by hand). A writer killed in the middle leaves the bumped counter and the
-//! old snapshot, which the plugin then does not trust. A call that finds nothing to change
-//! changes nothing, not even the counter, so the snapshot stays valid.
+//! [`ReservationWriter::apply`] makes a network's `reserved/` equal to a desired set of files: it
+//! takes only files that passed validation ([`ValidReservation`]), computes the diff (against the
+//! tree it reads under the lock when it knows nothing, else against what its last call left), and
+//! carries the changes out in batches of at most [`WRITE_BATCH`] writes and [`WRITE_BATCH`]
+//! removals, each batch one hold of the network's lock. In every hold the generation counter is
+//! bumped durably before the first change, every file is written atomically (temporary file,
+//! fsync, rename), each changed directory is fsync'd once at the end, and the plugin's snapshot is
+//! patched with the changes instead of rebuilt from a scan (it is rebuilt when it was not valid
+//! beforehand, describes garbage, a step failed, or a changed directory holds anything but what
+//! the patch expects — a file put there by hand). A writer killed in the middle leaves the bumped
+//! counter and the old snapshot, which the plugin then does not trust. A call that finds nothing
+//! to change changes nothing, not even the counter, so the snapshot stays valid.
 //!
 //! [`write_reservation`] and [`remove_reservation`] are the same batch for one file.
 
@@ -23,7 +23,9 @@ use crate::netdir::{DirFd, EntryKind, NetDirError, NetworkDir, SubDir};
 use super::scan::{
     GENERATION_NAME, RESERVED_DIR, ReservedDirError, Skipped, load_reservations, read_generation,
 };
-use super::schema::{PodKey, ReservationFile, SchemaError, validate_namespace, validate_pod_name};
+use super::schema::{
+    PodKey, ReservationFile, ValidReservation, validate_namespace, validate_pod_name,
+};
 use super::snapshot;
 
 /// How many writes (and, separately, how many removals) one hold of the network's lock carries:
@@ -35,17 +37,6 @@ const FILE_MODE: u32 = 0o644;
 
 /// How deep the writer descends when it deletes a directory found where a file should be.
 const MAX_GARBAGE_DEPTH: usize = 8;
-
-/// A desired file [`ReservationWriter::apply`] refused to write.
-#[derive(Debug, thiserror::Error)]
-#[error("refused to write reservation {key}")]
-pub struct Refused {
-    /// The reservation, as named in the refused file.
-    pub key: PodKey,
-    /// Why it can never be written.
-    #[source]
-    pub reason: SchemaError,
-}
 
 /// What a step that failed was doing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,8 +85,6 @@ pub struct ApplyReport {
     /// Garbage deleted from `reserved/` (leftover temporaries, symlinks, directories where files
     /// belong, undecodable files), with why each was garbage.
     pub cleaned: Vec<Skipped>,
-    /// Desired files refused as invalid (never written).
-    pub refused: Vec<Refused>,
     /// Steps that failed (the writer then forgets what it knew: its next call reads the tree).
     pub failed: Vec<StepFailure>,
 }
@@ -106,9 +95,9 @@ impl ApplyReport {
         self.written.is_empty() && self.removed.is_empty() && self.cleaned.is_empty()
     }
 
-    /// Whether every desired file was accepted and every step succeeded.
+    /// Whether every step succeeded.
     pub fn is_complete(&self) -> bool {
-        self.refused.is_empty() && self.failed.is_empty()
+        self.failed.is_empty()
     }
 }
 
@@ -138,27 +127,19 @@ impl ReservationWriter {
     /// Makes `reserved/` in `dir` exactly the `desired` files (see the module docs; of two
     /// desired files for one pod the last wins). When the writer knows nothing it first reads
     /// the tree under the lock and deletes, in that same hold, the garbage, the files no desired
-    /// file matches and the empty namespace directories. Refused files and failed steps are in
+    /// file matches and the empty namespace directories. Failed steps are in
     /// the report and the rest goes on; only failing to take the lock, to sync a directory or
     /// to update the snapshot ends the call early, as an error.
     pub fn apply<'a>(
         &mut self,
         dir: &NetworkDir,
-        desired: impl IntoIterator<Item = &'a ReservationFile>,
+        desired: impl IntoIterator<Item = &'a ValidReservation>,
     ) -> Result<ApplyReport, ReservedDirError> {
         let mut report = ApplyReport::default();
-        let mut want: BTreeMap<PodKey, &ReservationFile> = BTreeMap::new();
-        for file in desired {
-            match file.validate() {
-                Ok(()) => {
-                    want.insert(file.pod_key(), file);
-                }
-                Err(reason) => report.refused.push(Refused {
-                    key: file.pod_key(),
-                    reason,
-                }),
-            }
-        }
+        let want: BTreeMap<PodKey, &ReservationFile> = desired
+            .into_iter()
+            .map(|file| (file.pod_key(), &**file))
+            .collect();
         let (mut on_disk, removes) = match self.known.take() {
             Some(known) => {
                 let stale = known
@@ -319,11 +300,13 @@ fn run_batch(
 /// network directory when a directory had to be created), then updates the snapshot.
 /// Like [`ReservationWriter::apply`], it must not run at the same time as another writer call
 /// for the same network.
-pub fn write_reservation(dir: &NetworkDir, file: &ReservationFile) -> Result<(), ReservedDirError> {
-    file.validate()?;
+pub fn write_reservation(
+    dir: &NetworkDir,
+    file: &ValidReservation,
+) -> Result<(), ReservedDirError> {
     let mut report = ApplyReport::default();
     // A one-off batch: what it leaves on disk is not remembered.
-    run_batch(dir, &[file], &[], &mut report, &mut BTreeMap::new())?;
+    run_batch(dir, &[&**file], &[], &mut report, &mut BTreeMap::new())?;
     match report.failed.into_iter().next() {
         Some(failure) => Err(failure.error),
         None => Ok(()),

@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use ipkeep_reservation::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError, Timestamp};
+use ipkeep_reservation::{
+    FORMAT_VERSION, PodKey, ReservationFile, SchemaError, Timestamp, ValidReservation,
+};
 
 use crate::key::Key;
 use crate::phase::Phase;
@@ -89,8 +91,8 @@ pub enum Refusal {
 pub enum FileDecision {
     /// This file must exist.
     Write {
-        /// The file.
-        file: ReservationFile,
+        /// The file, validated.
+        file: ValidReservation,
         /// Its release time used the default retention in place of this malformed
         /// `spec.retainFor` (as the controller does; the caller warns).
         defaulted: Option<RetainForError>,
@@ -182,7 +184,8 @@ pub fn reservation_file(
         uid,
         node_name: Some(node.to_owned()),
     };
-    file.validate()
+    let file = file
+        .validate()
         .map_err(|source| Refusal::InvalidFile { pod, source })?;
     Ok(FileDecision::Write { file, defaulted })
 }
@@ -191,7 +194,7 @@ pub fn reservation_file(
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Desired {
     /// The files that must exist, by pod.
-    pub files: BTreeMap<PodKey, ReservationFile>,
+    pub files: BTreeMap<PodKey, ValidReservation>,
     /// Reservations not written because the controller marked them `Conflict`.
     pub conflicts: Vec<Key>,
     /// Reservations refused, and why.

@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
-use ipkeep_reservation::{PodKey, ReservationFile};
+use ipkeep_reservation::{PodKey, ValidReservation};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector::store::Writer};
@@ -555,7 +555,7 @@ async fn write_loop(
 async fn write_pass(
     config: &AgentConfig,
     writers: &mut Option<Vec<NetworkWriter>>,
-    files: BTreeMap<PodKey, ReservationFile>,
+    files: BTreeMap<PodKey, ValidReservation>,
     full: bool,
     metrics: &AgentMetrics,
 ) -> bool {

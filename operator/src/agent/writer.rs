@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ipkeep_reservation::{
-    ApplyReport, PodKey, ReservationFile, ReservationWriter, ReservedDirError,
+    ApplyReport, PodKey, ReservationWriter, ReservedDirError, ValidReservation,
 };
 use ipkeep_reservation::{NetDirError, NetworkDir};
 
@@ -51,13 +51,12 @@ pub struct PassReport {
 
 impl From<ApplyReport> for PassReport {
     fn from(report: ApplyReport) -> Self {
-        let refused = report.refused.iter().map(|r| super::error_chain(r));
         let failed = report.failed.iter().map(|f| super::error_chain(f));
         Self {
             written: report.written,
             removed: report.removed,
             cleaned: report.cleaned.into_iter().map(|s| s.path).collect(),
-            failed: refused.chain(failed).collect(),
+            failed: failed.collect(),
         }
     }
 }
@@ -100,7 +99,7 @@ impl NetworkWriter {
     /// leftover temporaries.
     pub fn full_sync(
         &mut self,
-        desired: &BTreeMap<PodKey, ReservationFile>,
+        desired: &BTreeMap<PodKey, ValidReservation>,
     ) -> Result<PassReport, WriterError> {
         self.writer.forget();
         self.apply(desired)
@@ -111,7 +110,7 @@ impl NetworkWriter {
     /// nothing (no pass yet, or a step of the last one failed).
     pub fn apply(
         &mut self,
-        desired: &BTreeMap<PodKey, ReservationFile>,
+        desired: &BTreeMap<PodKey, ValidReservation>,
     ) -> Result<PassReport, WriterError> {
         let dir = self.open()?;
         let report = self
@@ -128,7 +127,7 @@ impl NetworkWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ipkeep_reservation::{FORMAT_VERSION, Timestamp, read_reservation};
+    use ipkeep_reservation::{FORMAT_VERSION, ReservationFile, Timestamp, read_reservation};
 
     fn file(pod: &str, ip: &str, release: Option<i64>) -> ReservationFile {
         ReservationFile {
@@ -142,8 +141,11 @@ mod tests {
         }
     }
 
-    fn map(files: &[ReservationFile]) -> BTreeMap<PodKey, ReservationFile> {
-        files.iter().map(|f| (f.pod_key(), f.clone())).collect()
+    fn map(files: &[ReservationFile]) -> BTreeMap<PodKey, ValidReservation> {
+        files
+            .iter()
+            .map(|f| (f.pod_key(), f.clone().validate().unwrap()))
+            .collect()
     }
 
     /// A scratch directory (removed when dropped) and the data directory in it, not yet made.
@@ -229,7 +231,8 @@ mod tests {
         assert!(report.failed.is_empty(), "{:?}", report.failed);
         assert_eq!(generation(), before + 3, "one bump per batch of 64");
         let dir = NetworkDir::open(&data, "net1").unwrap();
-        assert_eq!(load_reservations(&dir).files, map(&next));
+        let on_disk: BTreeMap<_, _> = next.iter().map(|f| (f.pod_key(), f.clone())).collect();
+        assert_eq!(load_reservations(&dir).files, on_disk);
         let lock = dir.lock().unwrap();
         let (snapshot, source) = load_reservations_cached(&dir, &lock);
         assert_eq!((source, snapshot.len()), (Source::Index, 170));
