@@ -62,7 +62,7 @@ pub enum ClusterError {
         script: PathBuf,
         /// Why.
         #[source]
-        source: std::io::Error,
+        source: crate::command::CommandError,
     },
     /// A port asked for is in use.
     #[error(
@@ -256,24 +256,12 @@ pub fn bin_dir() -> Result<PathBuf, ClusterError> {
         Some(dir) => PathBuf::from(dir),
         None => {
             let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster/build.sh");
-            let out = std::process::Command::new(&script)
-                .arg("--print-bin-dir")
-                .output()
-                .map_err(|source| ClusterError::BinDir {
-                    script: script.clone(),
-                    source,
-                })?;
-            if !out.status.success() {
-                return Err(ClusterError::BinDir {
-                    script,
-                    source: std::io::Error::other(format!(
-                        "it exited {}: {}",
-                        out.status,
-                        String::from_utf8_lossy(&out.stderr).trim()
-                    )),
-                });
-            }
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+            let out = crate::command::stdout_of(
+                std::process::Command::new(&script).arg("--print-bin-dir"),
+                None,
+            )
+            .map_err(|source| ClusterError::BinDir { script, source })?;
+            PathBuf::from(out.trim())
         }
     };
     check_bin_dir(&dir)?;

@@ -133,12 +133,13 @@ impl<'a> UninstallOnDrop<'a> {
 impl Drop for UninstallOnDrop<'_> {
     fn drop(&mut self) {
         // `--ignore-not-found`: the test may have uninstalled it already.
-        let _ = self
-            .cluster
-            .helm()
+        let mut uninstall = self.cluster.helm();
+        uninstall
             .args(["uninstall", &self.release, "-n", &self.namespace])
-            .args(["--ignore-not-found", "--wait", "--timeout", "60s"])
-            .output();
+            .args(["--ignore-not-found", "--wait", "--timeout", "60s"]);
+        if let Err(e) = crate::command::checked(&mut uninstall, None) {
+            eprintln!("{}", crate::error_chain(&e));
+        }
     }
 }
 

@@ -70,14 +70,6 @@ pub fn cluster_bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("IPKEEP_CLUSTER_BIN_DIR").filter(|v| !v.is_empty()) {
         return PathBuf::from(dir);
     }
-    let out = Command::new(repo_root().join("e2e/cluster/build.sh"))
-        .arg("--print-bin-dir")
-        .output()
-        .expect("failed to run e2e/cluster/build.sh");
-    assert!(
-        out.status.success(),
-        "e2e/cluster/build.sh --print-bin-dir failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    let build = Command::new(repo_root().join("e2e/cluster/build.sh"));
+    PathBuf::from(super::run_ok(build, &["--print-bin-dir"], None).trim())
 }

@@ -137,14 +137,13 @@ fn set_args(sets: &[&str]) -> Vec<String> {
 
 /// `helm template` with these values arguments: the YAML text, or helm's stderr when it refused.
 fn template(scratch: &Path, values: &[String], extra: &[&str]) -> Result<String, String> {
-    let out = helm(scratch)
-        .args(["template", RELEASE])
+    let mut cmd = helm(scratch);
+    cmd.args(["template", RELEASE])
         .arg(chart_dir())
         .args(["--namespace", NAMESPACE, "--kube-version", KUBE_VERSION])
         .args(extra)
-        .args(values)
-        .output()
-        .unwrap();
+        .args(values);
+    let out = shared::run(cmd, None);
     let (stdout, stderr) = text(&out);
     if out.status.success() {
         Ok(stdout)
@@ -275,12 +274,11 @@ fn helm_lint_strict_passes_for_every_variant() {
 
     let dir = Scratch::new("chart-lint");
     for v in VARIANTS {
-        let out = helm(dir.path())
-            .args(["lint", "--strict", "--kube-version", KUBE_VERSION])
+        let mut lint = helm(dir.path());
+        lint.args(["lint", "--strict", "--kube-version", KUBE_VERSION])
             .arg(chart_dir())
-            .args(v.args())
-            .output()
-            .unwrap();
+            .args(v.args());
+        let out = shared::run(lint, None);
         let (stdout, stderr) = text(&out);
         assert!(
             out.status.success() && stdout.contains("1 chart(s) linted, 0 chart(s) failed"),
@@ -310,11 +308,9 @@ fn every_variant_validates_against_the_kubernetes_schemas() {
          spec: {containers: [{name: c, image: i}]}\n",
     )
     .unwrap();
-    let out = Command::new(&validate)
-        .args(["-k", KUBE_VERSION, "--strict"])
-        .arg(&broken)
-        .output()
-        .unwrap();
+    let mut check = Command::new(&validate);
+    check.args(["-k", KUBE_VERSION, "--strict"]).arg(&broken);
+    let out = shared::run(check, None);
     assert!(
         !out.status.success(),
         "kubernetes-validate --strict accepted a Deployment with spec.replica: {:?}",
@@ -327,11 +323,9 @@ fn every_variant_validates_against_the_kubernetes_schemas() {
         let docs = documents(&yaml);
         let file = dir.join(format!("{}.yaml", v.name));
         std::fs::write(&file, &yaml).unwrap();
-        let out = Command::new(&validate)
-            .args(["-k", KUBE_VERSION, "--strict"])
-            .arg(&file)
-            .output()
-            .unwrap();
+        let mut check = Command::new(&validate);
+        check.args(["-k", KUBE_VERSION, "--strict"]).arg(&file);
+        let out = shared::run(check, None);
         let (stdout, stderr) = text(&out);
         assert!(
             out.status.success(),
@@ -1010,12 +1004,12 @@ fn the_chart_holds_the_generated_crd_and_the_workspace_version() {
     );
     // A cluster older than selectableFields is refused before anything is installed.
     let dir = Scratch::new("chart-kube-version");
-    let err = helm(dir.path())
+    let mut template = helm(dir.path());
+    template
         .args(["template", RELEASE])
         .arg(chart_dir())
-        .args(["--kube-version", "1.31.0"])
-        .output()
-        .unwrap();
+        .args(["--kube-version", "1.31.0"]);
+    let err = shared::run(template, None);
     assert!(!err.status.success());
     assert!(text(&err).1.contains("kubeVersion"), "{:?}", text(&err));
 }
@@ -1053,16 +1047,14 @@ fn notes(test: &str, variant: &Variant) -> String {
          notes: {{ include \"ipkeep.notesUnderTest\" . | quote }}\n",
     )
     .unwrap();
-    let out = helm(dir.path())
+    let mut template = helm(dir.path());
+    template
         .args(["template", RELEASE])
         .arg(&copy)
         .args(["--namespace", NAMESPACE, "--kube-version", KUBE_VERSION])
         .args(["--show-only", "templates/notes-under-test.yaml"])
-        .args(variant.args())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "rendering NOTES.txt failed: {stderr}");
+        .args(variant.args());
+    let (stdout, _) = text(&shared::checked(template, None));
     let docs = documents(&stdout);
     docs[0]["data"]["notes"].as_str().unwrap().to_owned()
 }

@@ -24,9 +24,7 @@ fn bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("IPKEEP_IMAGE_BIN_DIR").filter(|v| !v.is_empty()) {
         return PathBuf::from(dir);
     }
-    let out = Command::new("rustc").arg("-vV").output().unwrap();
-    let host = String::from_utf8(out.stdout)
-        .unwrap()
+    let host = shared::run_ok(Command::new("rustc"), &["-vV"], None)
         .lines()
         .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
         .unwrap();
@@ -106,16 +104,9 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
     // The OCI layout: index -> manifest -> config and layers.
     let layout = work.join("layout");
     std::fs::create_dir_all(&layout).unwrap();
-    ok(
-        "tar -xf (the OCI archive)",
-        Command::new("tar")
-            .arg("-xf")
-            .arg(&archive)
-            .arg("-C")
-            .arg(&layout)
-            .output()
-            .unwrap(),
-    );
+    let mut untar = Command::new("tar");
+    untar.arg("-xf").arg(&archive).arg("-C").arg(&layout);
+    shared::checked(untar, None);
     let index: Value =
         serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
     let manifests = index["manifests"].as_array().unwrap();
@@ -177,16 +168,13 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
     let layers = manifest["layers"].as_array().unwrap();
     assert!(!layers.is_empty());
     for layer in layers {
-        ok(
-            "tar -xf (an image layer)",
-            Command::new("tar")
-                .arg("-xf")
-                .arg(blob(&layout, layer["digest"].as_str().unwrap()))
-                .arg("-C")
-                .arg(&rootfs)
-                .output()
-                .unwrap(),
-        );
+        let mut untar = Command::new("tar");
+        untar
+            .arg("-xf")
+            .arg(blob(&layout, layer["digest"].as_str().unwrap()))
+            .arg("-C")
+            .arg(&rootfs);
+        shared::checked(untar, None);
     }
     let mut entries: Vec<String> = std::fs::read_dir(&rootfs)
         .unwrap()
@@ -252,14 +240,10 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
     std::fs::create_dir_all(&control).unwrap();
     // Copied by cp, not in this process: a file this process held open for writing could leak
     // into a child forked meanwhile by another test and make the exec fail with ETXTBSY.
-    ok(
-        "cp (the control binary)",
-        Command::new("cp")
-            .arg(rootfs.join("ipkeep-operator"))
-            .arg(control.join("ipkeep-operator"))
-            .output()
-            .unwrap(),
-    );
+    let mut cp = Command::new("cp");
+    cp.arg(rootfs.join("ipkeep-operator"))
+        .arg(control.join("ipkeep-operator"));
+    shared::checked(cp, None);
     std::fs::set_permissions(
         control.join("ipkeep-operator"),
         std::fs::Permissions::from_mode(0o500),

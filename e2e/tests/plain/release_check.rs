@@ -46,21 +46,16 @@ fn repository(name: &str, version: &str, chart: &str, changelog: &str) -> Scratc
 }
 
 fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .current_dir(dir)
-        .args([
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "-c",
-            "init.defaultBranch=main",
-        ])
-        .args(args)
-        .output()
-        .expect("git is installed");
-    assert!(out.status.success(), "git {args:?}: {out:?}");
-    String::from_utf8(out.stdout).unwrap()
+    let mut git = Command::new("git");
+    git.current_dir(dir).args([
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@t",
+        "-c",
+        "init.defaultBranch=main",
+    ]);
+    shared::run_ok(git, args, None)
 }
 
 /// Runs `scripts/<script> <args>` in `dir`: (success, stdout, stderr).

@@ -314,21 +314,18 @@ fn run_pod(cluster: &Cluster, ns: &str, ip: &str) {
 }
 
 fn reservation(cluster: &Cluster, ns: &str, name: &str) -> Option<Value> {
-    let out = cluster
-        .kubectl()
-        .args([
-            "get",
-            "ipreservations",
-            name,
-            "-n",
-            ns,
-            "-o",
-            "json",
-            "--ignore-not-found",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    let mut get = cluster.kubectl();
+    get.args([
+        "get",
+        "ipreservations",
+        name,
+        "-n",
+        ns,
+        "-o",
+        "json",
+        "--ignore-not-found",
+    ]);
+    let out = checked(get, None);
     if out.stdout.is_empty() {
         None
     } else {
@@ -427,17 +424,13 @@ async fn the_chart_grants_exactly_what_the_components_use() {
     .unwrap();
 
     let release = "rbac";
-    ok(
-        "helm install",
-        cluster
-            .helm()
-            .args(["install", release])
-            .arg(chart_dir())
-            .args(["-n", &ns, "--set", "cni.replaceHostLocal=true"])
-            .args(["--set", "controller.normalEvents=true"])
-            .output()
-            .unwrap(),
-    );
+    let mut install = cluster.helm();
+    install
+        .args(["install", release])
+        .arg(chart_dir())
+        .args(["-n", &ns, "--set", "cni.replaceHostLocal=true"])
+        .args(["--set", "controller.normalEvents=true"]);
+    checked(install, None);
     let installed = t0.elapsed();
     let _uninstall = UninstallOnDrop::new(cluster, release, &ns);
     let fullname = format!("{release}-ipkeep");
@@ -987,18 +980,14 @@ async fn with_a_namespace_selector_the_controller_lists_and_watches_namespaces_o
         "--set",
         "policy.admission.enabled=false",
     ];
-    ok(
-        "helm install",
-        cluster
-            .helm()
-            .args(["install", release])
-            .arg(chart_dir())
-            .args(["-n", &ns])
-            .args(values)
-            .args(["--set", &format!("controller.namespaceSelector={SELECTOR}")])
-            .output()
-            .unwrap(),
-    );
+    let mut install = cluster.helm();
+    install
+        .args(["install", release])
+        .arg(chart_dir())
+        .args(["-n", &ns])
+        .args(values)
+        .args(["--set", &format!("controller.namespaceSelector={SELECTOR}")]);
+    checked(install, None);
     let _uninstall = UninstallOnDrop::new(cluster, release, &ns);
     let controller_sa = format!("{release}-ipkeep-controller");
 
@@ -1120,12 +1109,7 @@ async fn with_a_namespace_selector_the_controller_lists_and_watches_namespaces_o
         used.is_subset(&granted),
         "used {used:?}, granted {granted:?}"
     );
-    ok(
-        "helm uninstall",
-        cluster
-            .helm()
-            .args(["uninstall", release, "-n", &ns])
-            .output()
-            .unwrap(),
-    );
+    let mut uninstall = cluster.helm();
+    uninstall.args(["uninstall", release, "-n", &ns]);
+    checked(uninstall, None);
 }

@@ -101,12 +101,12 @@ async fn service_account_credentials_carry_exactly_their_rbac_and_are_audited() 
         .write_service_account_kubeconfig(&ns, "reader", &kubeconfig)
         .await
         .expect("write the token kubeconfig");
+    // `can-i` exits 1 when the answer is "no": its exit status is not checked, its answer is.
     let can_i = |verb: &str, resource: &str| {
-        let out = std::process::Command::new(cluster.bin("kubectl"))
-            .env("KUBECONFIG", &kubeconfig)
-            .args(["auth", "can-i", verb, resource])
-            .output()
-            .expect("run kubectl");
+        let mut cmd = std::process::Command::new(cluster.bin("kubectl"));
+        cmd.env("KUBECONFIG", &kubeconfig)
+            .args(["auth", "can-i", verb, resource]);
+        let out = shared::run(cmd, None);
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     };
     assert_eq!(can_i("list", "configmaps"), "yes");
@@ -256,16 +256,9 @@ async fn the_built_helm_reaches_the_control_plane_with_its_state_inside() {
         .await
         .expect("the shared control plane");
     assert!(real.server().starts_with("https://127.0.0.1:"));
-    let helm = real
-        .helm()
-        .args(["list", "-A", "-o", "json"])
-        .output()
-        .expect("run helm");
-    assert!(
-        helm.status.success(),
-        "{}",
-        String::from_utf8_lossy(&helm.stderr)
-    );
+    let mut list = real.helm();
+    list.args(["list", "-A", "-o", "json"]);
+    let helm = shared::checked(list, None);
     // Other suites of this plane may have installed releases: each is in a namespace of this
     // control plane, so the list came from it and from no other cluster.
     let releases: serde_json::Value =
@@ -599,11 +592,9 @@ async fn kubectl_runs_through_the_fault_proxy() {
         .kubeconfig_through(&direct, &through)
         .expect("rewrite it");
     let kubectl = |args: &[&str]| {
-        std::process::Command::new(cluster.bin("kubectl"))
-            .env("KUBECONFIG", &through)
-            .args(args)
-            .output()
-            .expect("run kubectl")
+        let mut cmd = std::process::Command::new(cluster.bin("kubectl"));
+        cmd.env("KUBECONFIG", &through).args(args);
+        shared::run(cmd, None)
     };
     let ok = kubectl(&["get", "configmaps", "-o", "name"]);
     assert!(
@@ -684,11 +675,9 @@ async fn the_fault_proxy_subcommand_takes_rules_over_http() {
     );
     assert!(post("/rules", r#"{"fault": {"kind": "nap"}}"#).starts_with("HTTP/1.1 400"));
     let kubectl = || {
-        std::process::Command::new(cluster.bin("kubectl"))
-            .env("KUBECONFIG", &through)
-            .args(["get", "configmaps"])
-            .output()
-            .expect("run kubectl")
+        let mut cmd = std::process::Command::new(cluster.bin("kubectl"));
+        cmd.env("KUBECONFIG", &through).args(["get", "configmaps"]);
+        shared::run(cmd, None)
     };
     let failed = kubectl();
     assert!(!failed.status.success(), "the rule did not apply");

@@ -61,10 +61,9 @@ impl Kubectl {
             .args(args)
             .env_remove("KUBECONFIG");
         let shown = format!("kubectl {}", args.join(" "));
-        let out = tokio::task::spawn_blocking(move || cmd.output())
+        let out = tokio::task::spawn_blocking(move || shared::run(cmd, None))
             .await
-            .unwrap()
-            .unwrap_or_else(|e| panic!("failed to run {shown}: {e}"));
+            .unwrap_or_else(|e| panic!("{shown}: {e}"));
         Run {
             ok: out.status.success(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
