@@ -7,12 +7,9 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-#[path = "../tests/support/dockerd.rs"]
-mod dockerd;
-
 use std::time::{Duration, Instant};
 
-use dockerd::{Dockerd, IMAGE, legacy_plugin, require_docker};
+use support::dockerd::{Dockerd, IMAGE, legacy_plugin, require_docker};
 use support::{address_of, scratch};
 
 const NAMES: usize = 500;

@@ -204,12 +204,7 @@ fn a_container_gets_its_address_back_through_stop_recreate_network_rm_and_driver
         web
     );
 
-    let listed = std::process::Command::new(support::driver_binary())
-        .args(["list", "--data-dir"])
-        .arg(&d.data_dir)
-        .output()
-        .unwrap();
-    let listed = String::from_utf8(listed.stdout).unwrap();
+    let listed = list(&d.data_dir);
     for line in [
         "ipkeep-local_198.18.7.0-24  198.18.7.1    web",
         "ipkeep-local_198.18.7.0-24  198.18.7.254  (gateway)",
@@ -628,19 +623,22 @@ fn metrics_pass_promtool() {
 fn list_prints_only_the_header_and_creates_nothing_without_data() {
     let dir = scratch("emptylist");
     let data = dir.path().join("never");
+    assert_eq!(list(&data), "POOL  ADDRESS  NAME  STATE\n");
+    assert!(!data.exists(), "list created {}", data.display());
+}
+
+/// `ipkeep-docker list --data-dir <data_dir>`, which must succeed: what it printed.
+fn list(data_dir: &std::path::Path) -> String {
     let out = std::process::Command::new(support::driver_binary())
         .args(["list", "--data-dir"])
-        .arg(&data)
+        .arg(data_dir)
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "list --data-dir {}: {}",
+        data_dir.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "POOL  ADDRESS  NAME  STATE\n"
-    );
-    assert!(!data.exists(), "list created {}", data.display());
+    String::from_utf8(out.stdout).unwrap()
 }

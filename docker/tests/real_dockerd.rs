@@ -10,13 +10,10 @@
 
 mod support;
 
-#[path = "support/dockerd.rs"]
-mod dockerd;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use dockerd::{Dockerd, IMAGE, legacy_plugin, require_docker};
+use support::dockerd::{Dockerd, IMAGE, legacy_plugin, require_docker};
 use support::{metric, scratch};
 
 /// The allocation files of a pool: address → `(owner, kind)`.

@@ -14,6 +14,22 @@ use ipkeep_operator::install_cni::{
     install, reclaim_host_local, replace_host_local, restore_host_local,
 };
 
+/// `ipkeep-operator install-cni <args>`, which must succeed: what it said on stderr.
+fn install_cni(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ipkeep-operator"))
+        .arg("install-cni")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "install-cni {args:?}: {out:?}");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+/// The `--to` argument for `bin`.
+fn to(bin: &Path) -> String {
+    format!("--to={}", bin.display())
+}
+
 /// A scratch directory (removed when dropped) with an `image/` in it, and its path.
 fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::Builder::new()
@@ -161,17 +177,7 @@ fn the_subcommand_is_safe_to_rerun() {
     let (_tmp, dir) = scratch("cli");
     let src = write_source(&dir, b"plugin");
     let bin = dir.join("host/bin");
-    let run = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_ipkeep-operator"))
-            .args(["install-cni", "--from"])
-            .arg(&src)
-            .arg("--to")
-            .arg(&bin)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        String::from_utf8(out.stderr).unwrap()
-    };
+    let run = || install_cni(&[&format!("--from={}", src.display()), &to(&bin)]);
     assert!(run().contains("installed"));
     assert!(run().contains("up to date"));
     assert_eq!(fs::read(bin.join("ipkeep")).unwrap(), b"plugin");
@@ -387,16 +393,8 @@ fn the_chart_command_lines_replace_and_restore() {
     let (_tmp, dir) = scratch("cli-replace");
     let bin = host_local_dir(&dir, b"the real host-local");
     let src = write_source(&dir, b"plugin");
-    let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_ipkeep-operator"))
-            .arg("install-cni")
-            .args(args)
-            .arg(format!("--to={}", bin.display()))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{args:?}: {out:?}");
-        String::from_utf8(out.stderr).unwrap()
-    };
+    let to = to(&bin);
+    let run = |args: &[&str]| install_cni(&[args, &[to.as_str()]].concat());
     let from = format!("--from={}", src.display());
     let first = run(&[&from, "--replace-host-local"]);
     assert!(first.contains("kept the original"), "{first}");

@@ -15,17 +15,19 @@
 //! Knobs for debugging (never needed in CI): `IPKEEP_DIFF_CASES=name1,name2` runs only those cases
 //! (the summary says so), `IPKEEP_DIFF_DUMP=1` prints both outputs of every step.
 
-#[path = "differential/cases.rs"]
-mod cases;
 mod common;
+/// The cases, in `differential/cases.rs` beside this file.
+mod differential {
+    pub mod cases;
+}
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
 
-use cases::{Case, Seed, Step};
 use common::Scratch;
+use differential::cases::{self, Case, Seed, Step};
 use serde_json::Value;
 
 // ── Deliberate differences: the ONE place that lists them ───────────────────────────────────

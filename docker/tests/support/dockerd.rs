@@ -400,13 +400,13 @@ pub fn legacy_plugin(
     dir: &Path,
     prefix: &str,
     extra: &[&str],
-) -> (String, PluginSocket, crate::support::Driver) {
+) -> (String, PluginSocket, super::Driver) {
     assert!(
         PLUGIN_PREFIXES.contains(&prefix),
         "add {prefix:?} to PLUGIN_PREFIXES"
     );
     let name = format!("{prefix}{}", std::process::id());
     let socket = PluginSocket::new(&name);
-    let driver = crate::support::Driver::start_at(&socket.path, dir, extra);
+    let driver = super::Driver::start_at(&socket.path, dir, extra);
     (name, socket, driver)
 }

@@ -1,7 +1,10 @@
 //! What the driver's tests share: a scratch directory, the driver process (started, killed,
 //! restarted), a client that sends requests byte for byte as the engine's Go client does, and a
-//! snapshot of the data directory to prove a refused request changed nothing.
+//! snapshot of the data directory to prove a refused request changed nothing; and a real
+//! `dockerd` ([`dockerd`]).
 #![allow(dead_code)]
+
+pub mod dockerd;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
