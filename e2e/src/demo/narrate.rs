@@ -32,12 +32,24 @@ impl Narrator for Story {
     }
 
     fn ran(&mut self, namespace: &str, args: &[&str], manifest: Option<&str>, output: &str) {
-        let line = format!("kubectl -n {namespace} {}", args.join(" "));
+        let words: Vec<String> = args.iter().map(|a| shell_word(a)).collect();
+        let line = format!("kubectl -n {namespace} {}", words.join(" "));
         match manifest {
             Some(yaml) => println!("\n$ {line} <<EOF\n{yaml}EOF"),
             None => println!("\n$ {line}"),
         }
         print!("{output}");
+    }
+}
+
+/// `word` as a shell reads it back: single-quoted when it holds anything the shell would
+/// interpret (a jsonpath's braces and quotes, say).
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
     }
 }
 
@@ -62,4 +74,24 @@ pub(super) fn kubectl(k: &Kubectl, args: &[&str]) -> Result<String, DemoError> {
     let mut cmd = Command::new(&k.bin);
     cmd.env("KUBECONFIG", &k.kubeconfig).args(args);
     Ok(crate::command::stdout_of(&mut cmd, None)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_word;
+
+    #[test]
+    fn words_are_quoted_only_when_the_shell_would_read_them_otherwise() {
+        for (word, shown) in [
+            ("get", "get"),
+            ("--replicas=0", "--replicas=0"),
+            ("http://198.19.137.3:8080/", "http://198.19.137.3:8080/"),
+            ("", "''"),
+            ("a b", "'a b'"),
+            (r#"jsonpath={.a\.b}{"\n"}"#, r#"'jsonpath={.a\.b}{"\n"}'"#),
+            ("it's", r#"'it'\''s'"#),
+        ] {
+            assert_eq!(shell_word(word), shown, "{word:?}");
+        }
+    }
 }
