@@ -24,6 +24,7 @@
 pub mod budget;
 pub mod cache;
 pub mod expectations;
+pub mod fresh;
 pub mod index;
 pub mod lifecycle;
 pub mod metrics;
@@ -463,6 +464,7 @@ pub async fn run(
         nodes: nodes.clone(),
         index: AddressIndex::default(),
         expectations: Expectations::default(),
+        fresh: fresh::FreshPods::default(),
         events,
         metrics: metrics.clone(),
         defaults: settings.defaults.clone(),

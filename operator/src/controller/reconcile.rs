@@ -22,6 +22,7 @@ use super::{
     budget::{self, Budget, Held},
     cache::{CachedPod, CachedReservation},
     expectations::Expectations,
+    fresh::{FreshPods, Seen},
     index::AddressIndex,
     lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, Yield, decide},
     metrics::Metrics,
@@ -56,6 +57,8 @@ pub struct Context {
     pub events: Publisher,
     /// The controller's writes the reservation cache has not shown yet.
     pub expectations: Expectations,
+    /// The fresh reads of pods that expiries of one namespace share.
+    pub fresh: FreshPods,
     /// The controller's metrics.
     pub metrics: Metrics,
     /// Defaults from the flags.
@@ -579,8 +582,9 @@ async fn execute(
     Ok(plan.requeue_at.map_or(Next::AwaitChange, Next::At))
 }
 
-/// Deletes a reservation after checking the pod against the API server (never the cache), with
-/// uid and resourceVersion preconditions so a reservation changed meanwhile is never deleted.
+/// Deletes a reservation after checking the pod against the API server (never the cache: a GET,
+/// or a LIST that expiries of one namespace share, see [`super::fresh`]), with uid and
+/// resourceVersion preconditions so a reservation changed meanwhile is never deleted.
 async fn delete(
     key: &Key,
     ctx: &Context,
@@ -589,15 +593,26 @@ async fn delete(
     reason: DeleteReason,
     owner_annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<Next, ReconcileError> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    let fresh = pods
-        .get_opt(&key.name)
-        .await
-        .map_err(|source| ReconcileError::RecheckPod {
-            key: key.clone(),
-            source,
-        })?;
-    let fresh = fresh.as_ref().map(CachedPod::project);
+    let recheck = |source| ReconcileError::RecheckPod {
+        key: key.clone(),
+        source,
+    };
+    let seen = match reason {
+        DeleteReason::Expired { .. } => ctx
+            .fresh
+            .expiry_check(&ctx.client, &key.namespace, &key.name)
+            .await
+            .map_err(recheck)?,
+        _ => Seen::ReadIt,
+    };
+    let fresh = match seen {
+        Seen::Absent => None,
+        Seen::ReadIt => {
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.namespace);
+            let pod = pods.get_opt(&key.name).await.map_err(recheck)?;
+            pod.as_ref().map(CachedPod::project)
+        }
+    };
     let hold = match (reason, &fresh) {
         (
             DeleteReason::Expired { .. } | DeleteReason::NodeGone | DeleteReason::Yielded,
