@@ -53,15 +53,25 @@ struct Args {
     /// Run the controller with `--normal-events=true` (one more Event write per transition).
     #[arg(long)]
     normal_events: bool,
+    /// Also write each size's figures as CSV to this file (what `scripts/plot_controller.py` draws).
+    #[arg(long)]
+    csv: Option<std::path::PathBuf>,
 }
 
 /// The figures of one size.
 struct Row {
     pods: usize,
+    /// From the controller's start to the first reservation Bound (its LISTs, filling its
+    /// caches, its first writes).
+    first_bound: Duration,
     bind: Duration,
     release: Duration,
     deletes: Duration,
     peak_rss_kib: u64,
+    /// The controller's CPU seconds from its start until every reservation was Bound.
+    bind_cpu: f64,
+    /// kube-apiserver's CPU seconds over the same interval.
+    bind_apiserver_cpu: f64,
     ceiling: Ceiling,
 }
 
@@ -118,6 +128,9 @@ async fn main() {
     }
     print_memory(&rows);
     expiry.print();
+    if let Some(path) = &args.csv {
+        write_csv(path, &rows);
+    }
     println!("  whole run: {:.0} s", started.elapsed().as_secs_f64());
     plane.finish();
 }
@@ -149,11 +162,18 @@ async fn one_size(
         made.as_secs_f64()
     );
     let mut phases = PhaseWatch::start(admin.clone(), &ns, None);
+    let apiserver_cpu = support::cpu_seconds(plane.apiserver_pid());
     let controller =
         start_controller(plane, &ns, &format!("controller-{pods}"), normal_events).await;
-    let bind = phases
-        .until("every reservation Bound", PATIENCE, |c| c.bound >= pods)
+    let first_bound = phases
+        .until("the first reservation Bound", PATIENCE, |c| c.bound >= 1)
         .await;
+    let bind = first_bound
+        + phases
+            .until("every reservation Bound", PATIENCE, |c| c.bound >= pods)
+            .await;
+    let bind_cpu = support::cpu_seconds(controller.pid());
+    let bind_apiserver_cpu = support::cpu_seconds(plane.apiserver_pid()) - apiserver_cpu;
     controller.check();
     eprintln!(
         "bench: all {pods} Bound {:.1} s after the controller started",
@@ -186,10 +206,13 @@ async fn one_size(
     controller.stop();
     Row {
         pods,
+        first_bound,
         bind,
         release,
         deletes,
         peak_rss_kib,
+        bind_cpu,
+        bind_apiserver_cpu,
         ceiling,
     }
 }
@@ -241,6 +264,10 @@ fn print_row(r: &Row) {
         percent(c.bind.as_secs_f64(), r.bind.as_secs_f64())
     );
     println!(
+        "    first Bound     {:>7.1} s after the controller started (LISTs, caches filled, first writes)",
+        r.first_bound.as_secs_f64()
+    );
+    println!(
         "    all Released    {:>7.1} s after the first pod delete (deletes took {:.1} s; ceiling: 1 status apply each in {:.1} s) → {:.0} %",
         r.release.as_secs_f64(),
         r.deletes.as_secs_f64(),
@@ -248,9 +275,43 @@ fn print_row(r: &Row) {
         percent(c.release.as_secs_f64(), r.release.as_secs_f64())
     );
     println!(
-        "    controller peak RSS {:.1} MiB",
-        r.peak_rss_kib as f64 / 1024.0
+        "    controller peak RSS {:.1} MiB ({:.2} KiB per pod)",
+        r.peak_rss_kib as f64 / 1024.0,
+        r.peak_rss_kib as f64 / r.pods as f64
     );
+    println!(
+        "    CPU until all Bound: controller {:.1} s ({:.0} % of one core), kube-apiserver {:.1} s ({:.0} %)",
+        r.bind_cpu,
+        100.0 * r.bind_cpu / r.bind.as_secs_f64(),
+        r.bind_apiserver_cpu,
+        100.0 * r.bind_apiserver_cpu / r.bind.as_secs_f64()
+    );
+}
+
+/// The rows as CSV, one line per size: times and their ceilings in seconds, peak RSS in MiB,
+/// CPU seconds until all Bound, and the load average when the file was written.
+fn write_csv(path: &std::path::Path, rows: &[Row]) {
+    let mut text = String::from(
+        "pods,first_bound_s,bound_s,bound_ceiling_s,released_s,released_ceiling_s,deletes_s,peak_rss_mib,controller_cpu_s,apiserver_cpu_s,load_average\n",
+    );
+    for r in rows {
+        text.push_str(&format!(
+            "{},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{}\n",
+            r.pods,
+            r.first_bound.as_secs_f64(),
+            r.bind.as_secs_f64(),
+            r.ceiling.bind.as_secs_f64(),
+            r.release.as_secs_f64(),
+            r.ceiling.release.as_secs_f64(),
+            r.deletes.as_secs_f64(),
+            r.peak_rss_kib as f64 / 1024.0,
+            r.bind_cpu,
+            r.bind_apiserver_cpu,
+            support::load_average().replace(' ', "/")
+        ));
+    }
+    std::fs::write(path, text)
+        .unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
 }
 
 /// RSS per 1 000 pods from the smallest and largest sizes, and a 150 000-pod projection.

@@ -2,20 +2,25 @@
 //! changes report which other reservations must be looked at again.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_operator::{controller::index::AddressIndex, crd::IPReservation, key::Key};
+use ipkeep_operator::{
+    controller::{index::AddressIndex, lifecycle::ReservationView, view},
+    crd::IPReservation,
+    key::Key,
+};
 use serde_json::json;
 
 fn key(name: &str) -> Key {
     Key::new("ns", name)
 }
 
-fn reservation(name: &str, node: &str, ips: &[&str], created: &str) -> IPReservation {
-    serde_json::from_value(json!({
+fn reservation(name: &str, node: &str, ips: &[&str], created: &str) -> ReservationView {
+    let r: IPReservation = serde_json::from_value(json!({
         "apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation",
         "metadata": {"name": name, "namespace": "ns", "creationTimestamp": created},
         "spec": {"ips": ips, "nodeName": node},
     }))
-    .unwrap()
+    .unwrap();
+    view::reservation_view(&r)
 }
 
 #[test]

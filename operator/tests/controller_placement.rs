@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use ipkeep_operator::{
     controller::{
+        cache::CachedReservation,
         optin::{Mode, Retain},
         placement::{
             self, Decision, NodeFacts, PLACED, Placed, PodScheduling, Request, decide, term_matches,
@@ -388,25 +389,29 @@ fn the_patch_sets_the_affinity_and_records_what_was_done() {
 
 /// Caches filled as the controller's watches fill them.
 fn caches(reservations: &[Value], statefulsets: &[Value], nodes: &[Value]) -> Caches {
-    fn fill<K>(objects: &[Value]) -> reflector::Store<K>
+    /// As a watch fills it: each object through `project`, as the controller's watch does.
+    fn fill<K, C>(objects: &[Value], project: impl Fn(K) -> C) -> reflector::Store<C>
     where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + 'static,
-        K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+        K: serde::de::DeserializeOwned,
+        C: reflector::Lookup + Clone + 'static,
+        C::DynamicType: Default + Eq + std::hash::Hash + Clone,
     {
-        let (store, mut writer) = reflector::store::<K>();
+        let (store, mut writer) = reflector::store::<C>();
         writer.apply_watcher_event(&watcher::Event::Init);
         for o in objects {
-            writer.apply_watcher_event(&watcher::Event::InitApply(
+            writer.apply_watcher_event(&watcher::Event::InitApply(project(
                 serde_json::from_value(o.clone()).expect("an object"),
-            ));
+            )));
         }
         writer.apply_watcher_event(&watcher::Event::InitDone);
         store
     }
     Caches {
-        reservations: fill::<IPReservation>(reservations),
-        statefulsets: fill::<PartialObjectMeta<StatefulSet>>(statefulsets),
-        nodes: fill::<Node>(nodes),
+        reservations: fill(reservations, |r: IPReservation| {
+            CachedReservation::project(&r)
+        }),
+        statefulsets: fill(statefulsets, |s: PartialObjectMeta<StatefulSet>| s),
+        nodes: fill(nodes, |n: Node| n),
         default_mode: Mode::Preferred,
     }
 }

@@ -915,6 +915,70 @@ async fn a_restarted_controller_never_deletes_the_reservation_of_a_live_pod() {
     assert_eq!(deletions.entries(), Vec::new(), "a reservation was deleted");
 }
 
+/// Expiries due in the same second share one fresh read of their namespace's pods (a LIST, not a
+/// GET each; issue 28), and still never delete the reservation of a live pod: ten reservations
+/// due together, one of them named like a live pod the controller's cache cannot see (outside its
+/// `--pod-selector`, as a pod created a moment ago would be). The nine others are deleted, none
+/// before its release time; the tenth only once its pod is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiries_due_together_spare_the_reservation_of_a_live_pod_the_cache_cannot_see() {
+    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let selector = |s: &mut ipkeep_operator::controller::Settings| {
+        s.pod_selector = Some("ipkeep.dev/enabled=true".into());
+    };
+    with_controller_settings("ctl-burst", selector, |client, ns, _| async move {
+        let (deletions, watch_task) = DeletionLog::watch(&client, &ns);
+        let live = "burst-3";
+        create_running_pod(&client, &ns, live, NODE, &["10.244.1.203"], &BTreeMap::new()).await;
+        let due = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() + 5).unwrap();
+        let released_at = due - jiff::SignedDuration::from_secs(60);
+        let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
+        let apply = PatchParams::apply("ipkeep-test").force();
+        let names: Vec<String> = (0..10).map(|i| format!("burst-{i}")).collect();
+        for (i, name) in names.iter().enumerate() {
+            let spec = json!({
+                "apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation",
+                "metadata": {"name": name},
+                "spec": {"ips": [format!("10.244.1.{}", 200 + i)], "nodeName": NODE, "retainFor": "60s"},
+            });
+            api.patch(name, &apply, &Patch::Apply(&spec)).await.unwrap();
+            let status = json!({
+                "apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation",
+                "status": {"phase": "Released", "releasedAt": released_at.to_string(), "releaseTime": due.to_string()},
+            });
+            api.patch_status(name, &apply, &Patch::Apply(&status))
+                .await
+                .unwrap();
+        }
+        for name in names.iter().filter(|n| *n != live) {
+            wait_reservation_gone(&client, &ns, name).await;
+        }
+        assert!(
+            api.get_opt(live).await.unwrap().is_some(),
+            "the reservation of the live pod {live} was deleted with the others"
+        );
+        let pod_gone = jiff::Timestamp::now();
+        delete_pod(&client, &ns, live).await;
+        wait_reservation_gone(&client, &ns, live).await;
+        watch_task.abort();
+        let seen = deletions.entries();
+        assert_eq!(seen.len(), names.len(), "each reservation deleted once: {seen:?}");
+        for (key, when, release) in &seen {
+            assert!(
+                *when >= release.expect("a release time"),
+                "{key} deleted at {when}, before its release time"
+            );
+            if *key == format!("{ns}/{live}") {
+                assert!(
+                    *when >= pod_gone,
+                    "{key} deleted at {when}, while its pod lived (deleted at {pod_gone})"
+                );
+            }
+        }
+    })
+    .await;
+}
+
 /// A fresh namespace with a controller of its own (the chart's controller ServiceAccount), and
 /// an admin client.
 async fn controller_in(prefix: &str) -> (Client, String, RunningController) {

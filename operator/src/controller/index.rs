@@ -1,30 +1,34 @@
 //! Which reservations claim each address of each node: conflict detection without scanning every
 //! reservation on every reconcile.
+//!
+//! Kept small, as it holds an entry per reservation (issue 28): a key is one allocation shared by
+//! the three maps, a node name one per node, and an address's claimants a short list (almost
+//! always one; a B-tree set of one costs a whole node, about 550 bytes).
 
 use std::{
     collections::{BTreeSet, HashMap},
     net::IpAddr,
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 
 use jiff::Timestamp;
 
-use super::lifecycle::Claim;
-use crate::crd::IPReservation;
+use super::lifecycle::{Claim, ReservationView};
 use crate::key::Key;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
-    node: String,
+    node: Arc<str>,
     ips: Vec<IpAddr>,
     created: Timestamp,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    by_key: HashMap<Key, Entry>,
-    by_address: HashMap<(String, IpAddr), BTreeSet<Key>>,
-    by_node: HashMap<String, BTreeSet<Key>>,
+    by_key: HashMap<Arc<Key>, Entry>,
+    /// Each address's claimants, sorted.
+    by_address: HashMap<(Arc<str>, IpAddr), Vec<Arc<Key>>>,
+    by_node: HashMap<Arc<str>, BTreeSet<Arc<Key>>>,
 }
 
 /// The address index of the reservations the controller sees.
@@ -33,20 +37,16 @@ pub struct AddressIndex {
     inner: Mutex<Inner>,
 }
 
-fn entry(r: &IPReservation) -> Entry {
+fn entry(inner: &Inner, r: &ReservationView) -> Entry {
+    // One allocation per node name, shared by every entry on it.
+    let node = inner
+        .by_node
+        .get_key_value(r.node_name.as_str())
+        .map_or_else(|| Arc::from(r.node_name.as_str()), |(n, _)| n.clone());
     Entry {
-        node: r.spec.node_name.clone(),
-        ips: r
-            .spec
-            .ips
-            .iter()
-            .filter_map(|ip| ip.0.parse().ok())
-            .collect(),
-        created: r
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map_or(Timestamp::UNIX_EPOCH, |t| t.0),
+        node,
+        ips: r.ips.iter().filter_map(|ip| ip.parse().ok()).collect(),
+        created: r.created,
     }
 }
 
@@ -57,9 +57,9 @@ impl AddressIndex {
 
     /// Records a reservation; returns the other reservations whose claims it touches (added or
     /// dropped), which must be reconciled again.
-    pub fn upsert(&self, key: Key, r: &IPReservation) -> Vec<Key> {
-        let new = entry(r);
+    pub fn upsert(&self, key: Key, r: &ReservationView) -> Vec<Key> {
         let mut inner = self.lock();
+        let new = entry(&inner, r);
         if inner.by_key.get(&key) == Some(&new) {
             return Vec::new();
         }
@@ -76,7 +76,7 @@ impl AddressIndex {
         self.lock()
             .by_node
             .get(node)
-            .map(|keys| keys.iter().cloned().collect())
+            .map(|keys| keys.iter().map(|k| Key::clone(k)).collect())
             .unwrap_or_default()
     }
 
@@ -86,10 +86,11 @@ impl AddressIndex {
     }
 
     /// Replaces the whole index (after a full list).
-    pub fn rebuild<'a>(&self, all: impl IntoIterator<Item = (Key, &'a IPReservation)>) {
+    pub fn rebuild<'a>(&self, all: impl IntoIterator<Item = (Key, &'a ReservationView)>) {
         let mut fresh = Inner::default();
         for (key, r) in all {
-            insert(&mut fresh, key, entry(r));
+            let e = entry(&fresh, r);
+            insert(&mut fresh, key, e);
         }
         *self.lock() = fresh;
     }
@@ -110,7 +111,7 @@ impl AddressIndex {
                 .iter()
                 .filter_map(|k| {
                     inner.by_key.get(k).map(|e| Claim {
-                        key: k.clone(),
+                        key: Key::clone(k),
                         created: e.created,
                     })
                 })
@@ -125,11 +126,14 @@ impl AddressIndex {
 
 /// Records `key`'s entry; returns the reservations already claiming one of its addresses.
 fn insert(inner: &mut Inner, key: Key, e: Entry) -> Vec<Key> {
+    let key = Arc::new(key);
     let mut touched = Vec::new();
     for ip in &e.ips {
-        let set = inner.by_address.entry((e.node.clone(), *ip)).or_default();
-        touched.extend(set.iter().cloned());
-        set.insert(key.clone());
+        let claimants = inner.by_address.entry((e.node.clone(), *ip)).or_default();
+        touched.extend(claimants.iter().map(|k| Key::clone(k)));
+        if let Err(at) = claimants.binary_search(&key) {
+            claimants.insert(at, key.clone());
+        }
     }
     inner
         .by_node
@@ -151,10 +155,10 @@ fn remove(inner: &mut Inner, key: &Key) -> Vec<Key> {
         }
         for ip in &old.ips {
             let slot = (old.node.clone(), *ip);
-            if let Some(set) = inner.by_address.get_mut(&slot) {
-                set.remove(key);
-                touched.extend(set.iter().cloned());
-                if set.is_empty() {
+            if let Some(claimants) = inner.by_address.get_mut(&slot) {
+                claimants.retain(|k| **k != *key);
+                touched.extend(claimants.iter().map(|k| Key::clone(k)));
+                if claimants.is_empty() {
                     inner.by_address.remove(&slot);
                 }
             }

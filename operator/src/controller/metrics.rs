@@ -12,8 +12,8 @@ use prometheus::{
     proto::MetricFamily,
 };
 
-use super::{budget, view};
-use crate::crd::{IPReservation, Phase};
+use super::{budget, cache::CachedReservation, view};
+use crate::crd::Phase;
 
 /// The metrics the controller updates as it works.
 #[derive(Debug, Clone)]
@@ -45,7 +45,7 @@ impl Metrics {
     /// Creates the metrics and registers them, plus the cache-derived ones, in `registry`.
     pub fn register(
         registry: &Registry,
-        reservations: Store<IPReservation>,
+        reservations: Store<CachedReservation>,
         nodes: Store<Node>,
         node_budget: Option<u64>,
     ) -> Result<Metrics, MetricsError> {
@@ -123,7 +123,7 @@ impl Metrics {
 /// Reservations by phase, seconds until the next expiry, and each node's held addresses and
 /// budget, computed from the caches on scrape.
 struct CacheCollector {
-    store: Store<IPReservation>,
+    store: Store<CachedReservation>,
     nodes: Store<Node>,
     node_budget: Option<u64>,
     phases: prometheus::IntGaugeVec,
@@ -135,7 +135,7 @@ struct CacheCollector {
 
 impl CacheCollector {
     fn new(
-        store: Store<IPReservation>,
+        store: Store<CachedReservation>,
         nodes: Store<Node>,
         node_budget: Option<u64>,
     ) -> Result<CacheCollector, prometheus::Error> {
@@ -191,14 +191,14 @@ impl Collector for CacheCollector {
         let mut earliest: Option<Timestamp> = None;
         let mut held: HashMap<String, i64> = HashMap::new();
         for r in self.store.state() {
-            let status = r.status.as_ref();
-            match status.and_then(|s| s.phase) {
+            let status = &r.view.status;
+            match status.phase {
                 Some(Phase::Bound) => bound += 1,
                 Some(Phase::Released) => {
                     released += 1;
-                    *held.entry(r.spec.node_name.clone()).or_default() += 1;
-                    if let Some(t) = status.and_then(|s| s.release_time.as_ref()) {
-                        earliest = Some(earliest.map_or(t.0, |e| e.min(t.0)));
+                    *held.entry(r.view.node_name.clone()).or_default() += 1;
+                    if let Some(t) = status.release_time {
+                        earliest = Some(earliest.map_or(t, |e| e.min(t)));
                     }
                 }
                 None => none += 1,

@@ -1,7 +1,7 @@
 //! The controller (`ipkeep-operator controller`): keeps each annotated pod's IPReservation in step
 //! with the pod and deletes reservations at their release time.
 //!
-//! Shape: four watches (pods trimmed to what the lifecycle reads, reservations, StatefulSets'
+//! Shape: four watches (pods and reservations projected to what decisions read, StatefulSets'
 //! metadata, nodes' pod CIDRs) fill caches and enqueue the pod names they touch; sharded workers
 //! (a name always lands on the same shard, so one name is never reconciled twice at once) take
 //! names from a scheduler that also holds each reservation's release time. Only the leader runs
@@ -22,7 +22,9 @@
 //! its watches (sharing them needs the `unstable-runtime` streams API).
 
 pub mod budget;
+pub mod cache;
 pub mod expectations;
+pub mod fresh;
 pub mod index;
 pub mod lifecycle;
 pub mod metrics;
@@ -43,7 +45,7 @@ use std::{
     time::Duration,
 };
 
-use futures::{StreamExt, channel::mpsc};
+use futures::{StreamExt, TryStreamExt, channel::mpsc};
 use jiff::Timestamp;
 use k8s_openapi::api::{
     apps::v1::StatefulSet,
@@ -53,7 +55,8 @@ use kube::{
     Api, Client, ResourceExt,
     core::PartialObjectMeta,
     runtime::{
-        WatchStreamExt, reflector,
+        WatchStreamExt,
+        reflector::{self, reflector},
         scheduler::{ScheduleRequest, scheduler},
         watcher,
     },
@@ -62,6 +65,7 @@ use prometheus::Registry;
 use tokio::{task::JoinSet, time::Instant};
 
 use self::{
+    cache::{CachedPod, CachedReservation},
     expectations::Expectations,
     index::AddressIndex,
     lifecycle::Defaults,
@@ -430,8 +434,8 @@ pub async fn run(
 ) -> Result<(), ControllerError> {
     let registry = Registry::new();
     let readiness = Arc::new(Readiness::default());
-    let (pods, pod_writer) = reflector::store::<Pod>();
-    let (reservations, reservation_writer) = reflector::store::<IPReservation>();
+    let (pods, pod_writer) = reflector::store::<CachedPod>();
+    let (reservations, reservation_writer) = reflector::store::<CachedReservation>();
     let (statefulsets, sts_writer) = reflector::store::<PartialObjectMeta<StatefulSet>>();
     let (nodes, node_writer) = reflector::store::<Node>();
     let (namespace_store, namespace_writer) = reflector::store::<PartialObjectMeta<Namespace>>();
@@ -460,6 +464,7 @@ pub async fn run(
         nodes: nodes.clone(),
         index: AddressIndex::default(),
         expectations: Expectations::default(),
+        fresh: fresh::FreshPods::default(),
         events,
         metrics: metrics.clone(),
         defaults: settings.defaults.clone(),
@@ -804,29 +809,29 @@ fn enqueue_everything(ctx: &Context, queue: &Queue) {
         return;
     }
     for p in ctx.pods.state() {
-        queue.enqueue(Key::of(p.as_ref()));
+        queue.enqueue(p.key());
     }
     for r in ctx.reservations.state() {
-        queue.enqueue(Key::of(r.as_ref()));
+        queue.enqueue(r.key());
     }
 }
 
 async fn watch_pods(
     api: Api<Pod>,
     cfg: watcher::Config,
-    writer: reflector::store::Writer<Pod>,
+    writer: reflector::store::Writer<CachedPod>,
     ctx: Arc<Context>,
     queue: Arc<Queue>,
 ) {
-    let mut events = std::pin::pin!(
+    let mut events = std::pin::pin!(reflector(
+        writer,
         watcher(api, cfg)
             .default_backoff()
-            .modify(view::trim_pod)
-            .reflect(writer)
-    );
+            .map_ok(|e| cache::projected(e, CachedPod::project)),
+    ));
     while let Some(event) = events.next().await {
         match event {
-            Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => queue.enqueue(Key::of(&p)),
+            Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => queue.enqueue(p.key()),
             // After a (re)list, pods deleted during a gap left the cache without a Delete event:
             // look at every name again.
             Ok(watcher::Event::InitDone) => enqueue_everything(&ctx, &queue),
@@ -838,35 +843,35 @@ async fn watch_pods(
 
 async fn watch_reservations(
     api: Api<IPReservation>,
-    writer: reflector::store::Writer<IPReservation>,
+    writer: reflector::store::Writer<CachedReservation>,
     ctx: Arc<Context>,
     queue: Arc<Queue>,
 ) {
-    let mut events = std::pin::pin!(
+    let mut events = std::pin::pin!(reflector(
+        writer,
         watcher(api, watcher::Config::default())
             .default_backoff()
-            .modify(|r: &mut IPReservation| r.metadata.managed_fields = None)
-            .reflect(writer)
-    );
+            .map_ok(|e| cache::projected(e, CachedReservation::project)),
+    ));
     while let Some(event) = events.next().await {
         match event {
             Ok(watcher::Event::Apply(r)) => {
-                let key = Key::of(&r);
+                let key = r.key();
                 ctx.expectations
-                    .observed(&key, r.metadata.resource_version.as_deref());
-                for other in ctx.index.upsert(key.clone(), &r) {
+                    .observed(&key, r.resource_version.as_deref());
+                for other in ctx.index.upsert(key.clone(), &r.view) {
                     queue.enqueue(other);
                 }
                 // One more held address on its node may push others over the node's budget.
-                if r.status.as_ref().and_then(|s| s.phase) == Some(crate::phase::Phase::Released) {
-                    for other in reconcile::node_yielding(&ctx, &r.spec.node_name).yielded {
+                if r.view.status.phase == Some(crate::phase::Phase::Released) {
+                    for other in reconcile::node_yielding(&ctx, &r.view.node_name).yielded {
                         queue.enqueue(other);
                     }
                 }
                 queue.enqueue(key);
             }
             Ok(watcher::Event::Delete(r)) => {
-                let key = Key::of(&r);
+                let key = r.key();
                 ctx.expectations.observed(&key, None);
                 // Room under the namespace's ResourceQuota.
                 for waiting in ctx.over_quota.take(&key.namespace) {
@@ -880,8 +885,7 @@ async fn watch_reservations(
             Ok(watcher::Event::InitDone) => {
                 ctx.expectations.clear();
                 let all = ctx.reservations.state();
-                ctx.index
-                    .rebuild(all.iter().map(|r| (Key::of(r.as_ref()), r.as_ref())));
+                ctx.index.rebuild(all.iter().map(|r| (r.key(), &r.view)));
                 enqueue_everything(&ctx, &queue);
             }
             Ok(_) => {}
@@ -909,22 +913,15 @@ async fn watch_statefulsets(
             Ok(watcher::Event::Apply(s) | watcher::Event::Delete(s)) => {
                 let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
                 for p in ctx.pods.state() {
-                    if p.namespace().as_deref() == Some(ns.as_str())
-                        && view::pod_owner_statefulset(&p).as_deref() == Some(name.as_str())
-                    {
-                        queue.enqueue(Key::of(p.as_ref()));
+                    if p.namespace == ns && p.owner_statefulset.as_deref() == Some(name.as_str()) {
+                        queue.enqueue(p.key());
                     }
                 }
                 for r in ctx.reservations.state() {
-                    let owner = r
-                        .metadata
-                        .annotations
-                        .as_ref()
-                        .and_then(|a| a.get(optin::OWNER_STATEFULSET));
-                    if r.namespace().as_deref() == Some(ns.as_str())
-                        && owner.map(String::as_str) == Some(name.as_str())
+                    if r.namespace == ns
+                        && r.view.owner_statefulset.as_deref() == Some(name.as_str())
                     {
-                        queue.enqueue(Key::of(r.as_ref()));
+                        queue.enqueue(r.key());
                     }
                 }
             }
@@ -953,8 +950,8 @@ async fn watch_nodes(
             Ok(watcher::Event::Delete(n)) => {
                 let name = n.name_any();
                 for r in ctx.reservations.state() {
-                    if r.spec.node_name == name {
-                        queue.enqueue(Key::of(r.as_ref()));
+                    if r.view.node_name == name {
+                        queue.enqueue(r.key());
                     }
                 }
             }
@@ -1027,8 +1024,8 @@ fn enqueue_namespace(ctx: &Context, queue: &Queue, namespace: &str) {
     let reservations = ctx.reservations.state();
     let keys = pods
         .iter()
-        .map(|p| Key::of(p.as_ref()))
-        .chain(reservations.iter().map(|r| Key::of(r.as_ref())));
+        .map(|p| p.key())
+        .chain(reservations.iter().map(|r| r.key()));
     for key in keys.filter(|k| k.namespace == namespace) {
         queue.enqueue(key);
     }

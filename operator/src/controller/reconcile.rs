@@ -11,7 +11,7 @@ use k8s_openapi::api::{
     core::v1::{Namespace, Node, Pod},
 };
 use kube::{
-    Api, Client, Resource, ResourceExt,
+    Api, Client, Resource,
     api::{DeleteParams, Patch, PatchParams, Preconditions},
     core::PartialObjectMeta,
     runtime::reflector::{ObjectRef, Store},
@@ -20,7 +20,9 @@ use serde_json::json;
 
 use super::{
     budget::{self, Budget, Held},
+    cache::{CachedPod, CachedReservation},
     expectations::Expectations,
+    fresh::{FreshPods, Seen},
     index::AddressIndex,
     lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, Yield, decide},
     metrics::Metrics,
@@ -41,10 +43,10 @@ pub const FIELD_MANAGER: &str = "ipkeep-controller";
 pub struct Context {
     /// The API client (the pre-delete check and every write go through it).
     pub client: Client,
-    /// Trimmed pods (see [`view::trim_pod`]).
-    pub pods: Store<Pod>,
-    /// Every IPReservation in the watched scope.
-    pub reservations: Store<IPReservation>,
+    /// Pods, projected (see [`CachedPod`]).
+    pub pods: Store<CachedPod>,
+    /// Every IPReservation in the watched scope, projected (see [`CachedReservation`]).
+    pub reservations: Store<CachedReservation>,
     /// StatefulSets' metadata (their own ipkeep annotations).
     pub statefulsets: Store<PartialObjectMeta<StatefulSet>>,
     /// Nodes, trimmed to their labels and pod CIDRs.
@@ -55,6 +57,8 @@ pub struct Context {
     pub events: Publisher,
     /// The controller's writes the reservation cache has not shown yet.
     pub expectations: Expectations,
+    /// The fresh reads of pods that expiries of one namespace share.
+    pub fresh: FreshPods,
     /// The controller's metrics.
     pub metrics: Metrics,
     /// Defaults from the flags.
@@ -321,20 +325,20 @@ pub fn node_yielding(ctx: &Context, node: &str) -> NodeYielding {
             let r = ctx
                 .reservations
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))?;
-            let status = r.status.as_ref()?;
+            let status = &r.view.status;
             if status.phase != Some(lifecycle::Phase::Released) {
                 return None;
             }
             let alive = ctx
                 .pods
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
-                .is_some_and(|p| !view::pod_finished(&p));
+                .is_some_and(|p| !p.finished);
             if alive {
                 return None;
             }
-            let by_hand = status.pod_uid.is_none() && !view::reservation_view(&r).managed;
+            let by_hand = status.pod_uid.is_none() && !r.view.managed;
             Some(Held {
-                released_at: status.released_at.as_ref()?.0,
+                released_at: status.released_at?,
                 key,
                 by_hand,
             })
@@ -368,13 +372,12 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
         .reservations
         .get(&ObjectRef::new(&key.name).within(&key.namespace));
     let owner_name = pod
-        .as_deref()
-        .and_then(view::pod_owner_statefulset)
+        .as_ref()
+        .and_then(|p| p.owner_statefulset.clone())
         .or_else(|| {
             reservation
                 .as_ref()
-                .and_then(|r| r.metadata.annotations.as_ref())
-                .and_then(|a| a.get(optin::OWNER_STATEFULSET).cloned())
+                .and_then(|r| r.view.owner_statefulset.clone())
         });
     let owner = owner_name.as_ref().and_then(|n| {
         ctx.statefulsets
@@ -386,13 +389,10 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
         (Some(_), None) => OwnerState::Gone,
     };
     let owner_annotations = owner.as_ref().and_then(|o| o.metadata.annotations.clone());
-    let pod_view = pod
-        .as_deref()
-        .map(|p| view::pod_view(p, owner_annotations.as_ref()));
-    let reservation_view = reservation.as_deref().map(view::reservation_view);
+    let pod_view = pod.as_ref().map(|p| p.view(owner_annotations.as_ref()));
+    let reservation_view = reservation.as_ref().map(|r| &r.view);
     let conflict = reservation.as_ref().and_then(|_| ctx.index.conflict(key));
     let yields = reservation_view
-        .as_ref()
         .filter(|r| r.status.phase == Some(lifecycle::Phase::Released))
         .and_then(|r| node_yielding(ctx, &r.node_name).of(key));
     let namespace = match &ctx.namespaces {
@@ -416,13 +416,12 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
         .map(|n| view::node_pod_cidrs(&n));
     let input = Input {
         pod: pod_view.as_ref(),
-        reservation: reservation_view.as_ref(),
+        reservation: reservation_view,
         owner: owner_state,
         conflict: conflict.as_ref().map(|(ip, holder)| (*ip, holder)),
         node_pod_cidrs: cidrs.as_deref(),
         // Reconciles run only once every cache was filled: a node missing here is gone.
         node_gone: reservation_view
-            .as_ref()
             .is_some_and(|r| ctx.nodes.get(&ObjectRef::new(&r.node_name)).is_none()),
         yields: yields.as_ref(),
         namespace,
@@ -454,8 +453,8 @@ async fn execute(
     key: &Key,
     ctx: &Context,
     plan: Plan,
-    pod: Option<Arc<Pod>>,
-    reservation: Option<Arc<IPReservation>>,
+    pod: Option<Arc<CachedPod>>,
+    reservation: Option<Arc<CachedReservation>>,
     owner: Option<&PartialObjectMeta<StatefulSet>>,
     owner_annotations: Option<BTreeMap<String, String>>,
 ) -> Result<Next, ReconcileError> {
@@ -474,9 +473,7 @@ async fn execute(
     let mut current = reservation.as_deref().cloned();
     let mut wrote = false;
     if let Some(spec) = &plan.spec {
-        let managed = current
-            .as_ref()
-            .is_none_or(|r| view::reservation_view(r).managed);
+        let managed = current.as_ref().is_none_or(|r| r.view.managed);
         let mut metadata = json!({"name": key.name, "namespace": key.namespace});
         if managed {
             let mut annotations = serde_json::Map::new();
@@ -527,7 +524,7 @@ async fn execute(
                     let quoted = quota_refusal(&e).unwrap_or_default();
                     emit(
                         ctx,
-                        p.object_ref(&()),
+                        p.object_ref(),
                         true,
                         lifecycle::reason::NOT_RESERVED,
                         format!(
@@ -544,25 +541,21 @@ async fn execute(
                 });
             }
         };
-        current = Some(written);
+        current = Some(CachedReservation::project(&written));
         wrote = true;
     }
     if let Some(r) = &current {
-        let generation = r.metadata.generation;
-        let observed = r.status.as_ref().and_then(|s| s.observed_generation);
-        let stale_generation = r.status.is_some() && observed != generation;
+        let generation = r.generation;
+        let stale_generation = r.has_status && r.observed_generation != generation;
         if plan.status.is_some() || stale_generation {
-            let status = plan
-                .status
-                .clone()
-                .unwrap_or_else(|| view::reservation_view(r).status);
+            let status = plan.status.clone().unwrap_or_else(|| r.view.status.clone());
             let body = json!({
                 "apiVersion": "ipkeep.dev/v1alpha1",
                 "kind": "IPReservation",
                 "status": view::status_object(&status, generation),
             });
-            current = Some(
-                api.patch_status(
+            let written = api
+                .patch_status(
                     &key.name,
                     &PatchParams::apply(FIELD_MANAGER).force(),
                     &Patch::Apply(&body),
@@ -571,16 +564,16 @@ async fn execute(
                 .map_err(|source| ReconcileError::ApplyStatus {
                     key: key.clone(),
                     source,
-                })?,
-            );
+                })?;
+            current = Some(CachedReservation::project(&written));
             wrote = true;
         }
     }
-    if wrote && let Some(version) = current.as_ref().and_then(|r| r.resource_version()) {
+    if wrote && let Some(version) = current.as_ref().and_then(|r| r.resource_version.clone()) {
         let cached = || {
             ctx.reservations
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
-                .and_then(|r| r.resource_version())
+                .and_then(|r| r.resource_version.clone())
         };
         ctx.expectations
             .expect(key.clone(), version, cached, std::time::Instant::now());
@@ -589,30 +582,43 @@ async fn execute(
     Ok(plan.requeue_at.map_or(Next::AwaitChange, Next::At))
 }
 
-/// Deletes a reservation after checking the pod against the API server (never the cache), with
-/// uid and resourceVersion preconditions so a reservation changed meanwhile is never deleted.
+/// Deletes a reservation after checking the pod against the API server (never the cache: a GET,
+/// or a LIST that expiries of one namespace share, see [`super::fresh`]), with uid and
+/// resourceVersion preconditions so a reservation changed meanwhile is never deleted.
 async fn delete(
     key: &Key,
     ctx: &Context,
     api: &Api<IPReservation>,
-    r: &IPReservation,
+    r: &CachedReservation,
     reason: DeleteReason,
     owner_annotations: Option<&BTreeMap<String, String>>,
 ) -> Result<Next, ReconcileError> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.namespace);
-    let fresh = pods
-        .get_opt(&key.name)
-        .await
-        .map_err(|source| ReconcileError::RecheckPod {
-            key: key.clone(),
-            source,
-        })?;
+    let recheck = |source| ReconcileError::RecheckPod {
+        key: key.clone(),
+        source,
+    };
+    let seen = match reason {
+        DeleteReason::Expired { .. } => ctx
+            .fresh
+            .expiry_check(&ctx.client, &key.namespace, &key.name)
+            .await
+            .map_err(recheck)?,
+        _ => Seen::ReadIt,
+    };
+    let fresh = match seen {
+        Seen::Absent => None,
+        Seen::ReadIt => {
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.namespace);
+            let pod = pods.get_opt(&key.name).await.map_err(recheck)?;
+            pod.as_ref().map(CachedPod::project)
+        }
+    };
     let hold = match (reason, &fresh) {
         (
             DeleteReason::Expired { .. } | DeleteReason::NodeGone | DeleteReason::Yielded,
             Some(p),
-        ) => !view::pod_finished(p),
-        (DeleteReason::OptedOut, Some(p)) => view::pod_opted_in(p, owner_annotations),
+        ) => !p.finished,
+        (DeleteReason::OptedOut, Some(p)) => p.opted_in(owner_annotations),
         (_, None) => false,
     };
     if hold {
@@ -620,7 +626,7 @@ async fn delete(
         return Ok(Next::RetryMs(1_000));
     }
     if reason == DeleteReason::NodeGone {
-        let node = &r.spec.node_name;
+        let node = &r.view.node_name;
         let nodes: Api<Node> = Api::all(ctx.client.clone());
         let exists = nodes
             .get_metadata_opt(node)
@@ -637,8 +643,8 @@ async fn delete(
     }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: r.metadata.uid.clone(),
-            resource_version: r.metadata.resource_version.clone(),
+            uid: r.uid.clone(),
+            resource_version: r.resource_version.clone(),
         }),
         ..DeleteParams::default()
     };
@@ -651,28 +657,17 @@ async fn delete(
                 tracing::info!(%key, late_seconds = late, "reservation expired and was deleted");
                 let note = format!(
                     "release time {due} reached and no pod of this name is alive: deleted, {} free",
-                    r.spec
-                        .ips
-                        .iter()
-                        .map(|ip| ip.0.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    r.view.ips.join(", ")
                 );
-                emit(
-                    ctx,
-                    r.object_ref(&()),
-                    false,
-                    lifecycle::reason::EXPIRED,
-                    note,
-                );
+                emit(ctx, r.object_ref(), false, lifecycle::reason::EXPIRED, note);
             } else if reason == DeleteReason::Yielded {
                 ctx.metrics
                     .yielded
-                    .with_label_values(&[r.spec.node_name.as_str()])
+                    .with_label_values(&[r.view.node_name.as_str()])
                     .inc();
-                tracing::info!(%key, node = %r.spec.node_name, "reservation yielded to its node's budget and was deleted");
+                tracing::info!(%key, node = %r.view.node_name, "reservation yielded to its node's budget and was deleted");
             } else if reason == DeleteReason::NodeGone {
-                tracing::info!(%key, node = %r.spec.node_name, "reservation deleted: its node is gone");
+                tracing::info!(%key, node = %r.view.node_name, "reservation deleted: its node is gone");
             } else {
                 tracing::info!(%key, "reservation ended: the pod no longer asks for it");
             }
@@ -690,14 +685,14 @@ async fn delete(
 
 /// The objects besides the reservation that a plan's Events may be about.
 struct About<'a> {
-    pod: Option<&'a Pod>,
+    pod: Option<&'a CachedPod>,
     owner: Option<&'a PartialObjectMeta<StatefulSet>>,
 }
 
-fn publish(ctx: &Context, plan: &Plan, about: &About<'_>, r: Option<&IPReservation>) {
-    let pod = about.pod.map(|p| p.object_ref(&()));
+fn publish(ctx: &Context, plan: &Plan, about: &About<'_>, r: Option<&CachedReservation>) {
+    let pod = about.pod.map(CachedPod::object_ref);
     let owner = about.owner.map(|o| o.object_ref(&()));
-    let reservation = r.map(|r| r.object_ref(&()));
+    let reservation = r.map(CachedReservation::object_ref);
     for notice in &plan.notices {
         let targets = match notice.subject {
             Subject::Pod => [pod.as_ref(), None],

@@ -1,14 +1,15 @@
 //! The boundary between Kubernetes objects and the lifecycle's plain views: trimming what the
-//! caches keep, and converting pods and reservations into [`PodView`] and [`ReservationView`].
+//! node, StatefulSet and Namespace caches keep, and converting reservations into
+//! [`ReservationView`] (pods go through [`super::cache::CachedPod`]).
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 use jiff::Timestamp;
 use k8s_openapi::{
     api::{
         apps::v1::StatefulSet,
-        core::v1::{Namespace, Node, NodeSpec, NodeStatus, Pod, PodSpec, PodStatus},
+        core::v1::{Namespace, Node, NodeSpec, NodeStatus, Pod},
     },
     apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time},
 };
@@ -16,36 +17,16 @@ use kube::core::PartialObjectMeta;
 
 use super::{
     budget::{self, NodeFacts},
-    lifecycle::{Conflict, NameSource, PodView, ReservationView, StatusView},
+    lifecycle::{Conflict, NameSource, ReservationView, StatusView},
     optin,
-    placement::{self, Placed},
 };
 use crate::{
     crd::{self, CONDITION_CONFLICT, ConflictStatus, IPReservation, IPReservationStatus, IpString},
     retention::RetainFor,
 };
 
-/// Keeps only what the controller reads from a pod, so 10 000 pods cost little memory.
-pub fn trim_pod(pod: &mut Pod) {
-    // Whether the name was generated decides whether the pod may be reserved.
-    let generated = pod.metadata.generate_name.take().filter(|g| !g.is_empty());
-    trim_meta(&mut pod.metadata);
-    pod.metadata.generate_name = generated;
-    if let Some(owners) = &mut pod.metadata.owner_references {
-        owners.retain(|o| o.controller == Some(true));
-    }
-    pod.spec = pod.spec.take().map(|s| PodSpec {
-        node_name: s.node_name,
-        host_network: s.host_network,
-        ..PodSpec::default()
-    });
-    pod.status = pod.status.take().map(|s| PodStatus {
-        phase: s.phase,
-        pod_ip: s.pod_ip,
-        pod_ips: s.pod_ips,
-        ..PodStatus::default()
-    });
-}
+/// The prefix of the only annotations the controller reads.
+pub const ANNOTATION_PREFIX: &str = "ipkeep.dev/";
 
 /// Keeps only a node's labels (the placement webhook checks a pod's own node affinity against
 /// them) and pod CIDRs.
@@ -120,7 +101,7 @@ fn trim_meta(meta: &mut ObjectMeta) {
     meta.generate_name = None;
     meta.creation_timestamp = None;
     if let Some(annotations) = &mut meta.annotations {
-        annotations.retain(|k, _| k.starts_with("ipkeep.dev/"));
+        annotations.retain(|k, _| k.starts_with(ANNOTATION_PREFIX));
         if annotations.is_empty() {
             meta.annotations = None;
         }
@@ -150,53 +131,6 @@ pub fn pod_name_source(pod: &Pod) -> NameSource {
         pod.metadata.generate_name.as_deref(),
         pod.metadata.name.as_deref().unwrap_or_default(),
     )
-}
-
-/// Whether a pod holds no addresses any more (`Succeeded` or `Failed`).
-pub fn pod_finished(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
-/// The lifecycle's view of a pod, given its owner's annotations.
-pub fn pod_view(pod: &Pod, owner_annotations: Option<&BTreeMap<String, String>>) -> PodView {
-    let empty = BTreeMap::new();
-    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
-    let status = pod.status.as_ref();
-    let mut ips: Vec<IpAddr> = status
-        .and_then(|s| s.pod_ips.as_ref())
-        .map(|list| list.iter().filter_map(|p| p.ip.parse().ok()).collect())
-        .unwrap_or_default();
-    if ips.is_empty()
-        && let Some(ip) = status
-            .and_then(|s| s.pod_ip.as_deref())
-            .and_then(|s| s.parse().ok())
-    {
-        ips.push(ip);
-    }
-    let spec = pod.spec.as_ref();
-    PodView {
-        uid: pod.metadata.uid.clone().unwrap_or_default(),
-        node_name: spec
-            .and_then(|s| s.node_name.clone())
-            .filter(|n| !n.is_empty()),
-        ips,
-        running: status.and_then(|s| s.phase.as_deref()) == Some("Running"),
-        finished: pod_finished(pod),
-        host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
-        opt_in: optin::opt_in(annotations, owner_annotations),
-        owner_statefulset: pod_owner_statefulset(pod),
-        placed: Placed::parse(annotations.get(placement::PLACED).map(String::as_str)),
-        name: pod_name_source(pod),
-    }
-}
-
-/// Whether a live pod asks for a reservation (the check before deleting an opted-out one).
-pub fn pod_opted_in(pod: &Pod, owner_annotations: Option<&BTreeMap<String, String>>) -> bool {
-    let view = pod_view(pod, owner_annotations);
-    !view.finished && view.opt_in.retain != optin::Retain::No
 }
 
 /// The lifecycle's view of a reservation.

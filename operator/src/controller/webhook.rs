@@ -42,15 +42,13 @@ use tokio_rustls::{
 };
 
 use super::{
+    cache::CachedReservation,
     optin,
     optin::Mode,
     placement::{self, Decision, NodeFacts, PodScheduling, Request as PlacementRequest},
     view,
 };
-use crate::{
-    crd::IPReservation,
-    probes::{Gate, accept_until, reply},
-};
+use crate::probes::{Gate, accept_until, reply};
 
 /// The path the chart registers.
 pub const PATH: &str = "/mutate-pods";
@@ -60,8 +58,8 @@ const MAX_BODY: usize = 3 * 1024 * 1024;
 /// What the webhook reads: the controller's caches and its default.
 #[derive(Clone)]
 pub struct Caches {
-    /// Every IPReservation in the watched scope.
-    pub reservations: Store<IPReservation>,
+    /// Every IPReservation in the watched scope, projected.
+    pub reservations: Store<CachedReservation>,
     /// StatefulSets' metadata (their own ipkeep annotations).
     pub statefulsets: Store<PartialObjectMeta<StatefulSet>>,
     /// Nodes, trimmed to their labels and pod CIDRs.
@@ -349,16 +347,14 @@ fn decide(request: &AdmissionRequest<Pod>, pod: &Pod, caches: &Caches) -> Decisi
     let reservation = caches
         .reservations
         .get(&ObjectRef::new(name).within(namespace));
-    let reservation_view = reservation.as_deref().map(view::reservation_view);
-    let node = reservation_view
-        .as_ref()
-        .and_then(|r| caches.nodes.get(&ObjectRef::new(&r.node_name)));
+    let reservation_view = reservation.as_ref().map(|r| &r.view);
+    let node = reservation_view.and_then(|r| caches.nodes.get(&ObjectRef::new(&r.node_name)));
     let spec = pod.spec.as_ref();
     placement::decide(&PlacementRequest {
         retain: opt_in.retain,
         mode: opt_in.placement_or(caches.default_mode),
-        reservation_node: reservation_view.as_ref().map(|r| r.node_name.as_str()),
-        reservation_by_hand: reservation_view.as_ref().is_some_and(|r| !r.managed),
+        reservation_node: reservation_view.map(|r| r.node_name.as_str()),
+        reservation_by_hand: reservation_view.is_some_and(|r| !r.managed),
         node: node.as_ref().map(|n| NodeFacts {
             name: n.metadata.name.as_deref().unwrap_or(""),
             labels: n.metadata.labels.as_ref().unwrap_or(&empty),

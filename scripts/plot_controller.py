@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Draws the controller bench's figures against pod count, beside their ceilings.
+
+Reads the CSV files `bench_controller --csv FILE` writes (one or more runs; rows are merged by
+pod count, the last run of a size wins) and writes one PNG: time to all Bound and to all
+Released beside the ceilings measured in the same run, and the controller's peak RSS.
+
+    python3 scripts/plot_controller.py OUT.png RUN.csv [RUN.csv ...]
+"""
+
+import csv
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read(paths):
+    rows = {}
+    for path in paths:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                rows[int(row["pods"])] = {k: v for k, v in row.items()}
+    return [rows[p] for p in sorted(rows)]
+
+
+def main(out, paths):
+    rows = read(paths)
+    pods = [int(r["pods"]) for r in rows]
+    col = lambda name: [float(r[name]) for r in rows]  # noqa: E731
+    fig, (times, memory) = plt.subplots(1, 2, figsize=(11, 4.2))
+    times.plot(pods, col("bound_s"), "o-", label="controller: all Bound")
+    times.plot(pods, col("bound_ceiling_s"), "o--", label="ceiling: spec + status apply each")
+    times.plot(pods, col("released_s"), "s-", label="controller: all Released")
+    times.plot(pods, col("released_ceiling_s"), "s--", label="ceiling: one status apply each")
+    times.plot(pods, col("deletes_s"), "s:", label="the bench's own pod deletes")
+    times.set_xlabel("annotated pods")
+    times.set_ylabel("seconds")
+    times.set_title("time, beside the API server's ceiling")
+    times.legend(fontsize="small")
+    times.grid(alpha=0.3)
+    memory.plot(pods, col("peak_rss_mib"), "o-", label="controller peak RSS")
+    memory.set_xlabel("annotated pods")
+    memory.set_ylabel("MiB")
+    memory.set_title("memory")
+    memory.grid(alpha=0.3)
+    memory.legend(fontsize="small")
+    loads = sorted({r["load_average"].replace("/", " ") for r in rows})
+    fig.suptitle("ipkeep controller on the real kube-apiserver (load average " + "; ".join(loads) + ")",
+                 fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2:])
