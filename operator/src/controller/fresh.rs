@@ -13,10 +13,13 @@
 //! What the proof covers, in either form: no pod of that name existed when the API server answered
 //! a read sent after the delete was decided (the GET) or at most [`FRESH_FOR`] before it (the
 //! shared LIST). What neither form excludes (Kubernetes has no precondition across two objects): a
-//! pod created between that read and the DELETE. The GET left one round trip for it; the shared
-//! LIST leaves at most [`FRESH_FOR`] more. Such a pod is new (its first address comes from its node after the
-//! scheduler, the kubelet and the sandbox, seconds later), and the controller reserves the
-//! addresses a running annotated pod has, so it would still keep them.
+//! pod created between that read and the DELETE. The GET leaves one round trip for it. For the
+//! shared LIST the delete also looks in the pod cache just before it is sent: the pod watch began
+//! before the LIST, so a pod created since reached the cache within the watch's lag, and a name the
+//! cache shows is read with a GET as a lone expiry's is; what is left open is that lag (milliseconds,
+//! the order of the GET's round trip), not [`FRESH_FOR`]. Such a pod is new (its first address comes
+//! from its node after the scheduler, the kubelet and the sandbox, seconds later), and the controller
+//! reserves the addresses a running annotated pod has, so it would still keep them.
 
 use std::{
     collections::{HashMap, HashSet},

@@ -605,6 +605,20 @@ async fn delete(
             .map_err(recheck)?,
         _ => Seen::ReadIt,
     };
+    // A shared LIST can be up to FRESH_FOR old: a pod created since then reached the pod watch,
+    // which started before that LIST, within the watch's lag. If the cache shows one now, read
+    // it as a lone expiry would, so what the LIST leaves open is that lag, not FRESH_FOR.
+    let seen = match seen {
+        Seen::Absent
+            if ctx
+                .pods
+                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .is_some() =>
+        {
+            Seen::ReadIt
+        }
+        seen => seen,
+    };
     let fresh = match seen {
         Seen::Absent => None,
         Seen::ReadIt => {
