@@ -133,9 +133,12 @@ bench-controller: deps cluster-bins
 
 ## bench-scale: the controller bench at Kubernetes' scale: 30 000 and 100 000 annotated pods, each
 ## beside its ceiling, and RSS per 1 000 pods from the slope between them (hours on 2 busy cores;
-## etcd and kube-apiserver hold the 100 000 pods beside it). `make bench-controller` stays short.
+## etcd and kube-apiserver hold the 100 000 pods beside it), then 1 000 node agents' watches on the
+## real kube-apiserver (its memory and CPU per agent, projected to 5 000 nodes). `make
+## bench-controller` and `make bench-agent` stay short.
 bench-scale: deps cluster-bins
 	@$(BENCH_ENV) && $(CARGO) run --release -p ipkeep-e2e --example bench_controller -- --sizes 30000,100000 $(ARGS)
+	@$(BENCH_ENV) && $(CARGO) run --release -p ipkeep-e2e --example bench_agent -- --agents 0 --fan-out 1000
 
 ## bench-agent: the node agent against the real API server: change → file latency with 5 000
 ## reservations at 100 changes/s beside a bare watch's, and what 50 agents add to the

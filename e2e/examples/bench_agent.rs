@@ -11,6 +11,13 @@
 //!   reservations with a field selector: the kube-apiserver's CPU (from `/proc`) idle and under
 //!   100 changes/s, and its resident memory, before and after they start — projected to 5 000
 //!   nodes. Its reference: the CPU the same changes cost without any agent.
+//! * `--fan-out N` (`make bench-scale`, N ≥ 1 000): N agents measured rather than projected, each
+//!   the agent's own code in this process ([`ipkeep_e2e::testkit::bench_agents`]) with its own
+//!   client and watch, started in `--fan-out-steps` steps. At each step: the kube-apiserver's
+//!   resident memory (median of one sample a second), its CPU idle and under `--rate` changes/s
+//!   (spread over every agent's node), and the watches it counts; the slope per agent from a
+//!   least-squares line through the steps, projected to 5 000 nodes; then the one agent's change
+//!   → file latency again, under the fan-out, beside the same without it.
 //!
 //! Not a test: it prints figures; nothing is asserted about time.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -18,6 +25,7 @@
 use ipkeep_e2e::testkit::plane as real;
 
 use ipkeep_e2e::testkit::bench as support;
+use ipkeep_e2e::testkit::bench_agents::{Fleet, line};
 
 use std::{
     collections::HashMap,
@@ -69,6 +77,16 @@ struct Args {
     /// Seconds of each CPU measurement window.
     #[arg(long, default_value_t = 20)]
     window: u64,
+    /// Agents run in this process for the measured fan-out (`make bench-scale`: 1 000); 0 skips
+    /// it.
+    #[arg(long, default_value_t = 0)]
+    fan_out: usize,
+    /// Steps the fan-out grows in (the slope is fitted through them).
+    #[arg(long, default_value_t = 4)]
+    fan_out_steps: usize,
+    /// Reservations per node of the fan-out.
+    #[arg(long, default_value_t = 5)]
+    fan_out_per_node: usize,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -86,9 +104,12 @@ async fn main() {
         made.as_secs_f64()
     );
     disk_side(&admin, &ns, node, &plane).await;
-    latency(&plane, &admin, &ns, node, &args).await;
+    let alone = latency(&plane, &admin, &ns, node, &args, 0).await;
     if args.agents > 0 {
         many_agents(&plane, &admin, &args).await;
+    }
+    if args.fan_out > 0 {
+        fan_out(&plane, &admin, &ns, node, &args, alone).await;
     }
     println!(
         "  load average after: {} (2 cores shared with other work)",
@@ -213,12 +234,13 @@ impl Agent {
     }
 }
 
-/// Change number `k`: which reservation, and the release time it gets.
-fn change(k: usize, n: usize) -> (String, i64) {
+/// Change number `k` of latency run `round`: which reservation, and the release time it gets
+/// (each round's its own, so that no file already holds it).
+fn change(k: usize, n: usize, round: i64) -> (String, i64) {
     // 7 919 is prime, so the first n changes touch n different reservations.
     (
         format!("r-{}", (k * 7_919) % n),
-        BASE + i64::try_from(k).unwrap(),
+        BASE + round * 100_000_000 + i64::try_from(k).unwrap(),
     )
 }
 
@@ -276,9 +298,23 @@ fn bare_watch(
     (task, seen, ready)
 }
 
+/// Change → file of one run: p50 and p99 in seconds.
+#[derive(Debug, Clone, Copy)]
+struct Latency {
+    p50: f64,
+    p99: f64,
+}
+
 /// One agent, its node's reservations changing at `--rate`: change → file, beside change → watch.
-async fn latency(plane: &Plane, admin: &Client, ns: &str, node: &str, args: &Args) {
-    let agent = start_agent(plane, node, "agent-latency").await;
+async fn latency(
+    plane: &Plane,
+    admin: &Client,
+    ns: &str,
+    node: &str,
+    args: &Args,
+    round: i64,
+) -> Latency {
+    let agent = start_agent(plane, node, &format!("agent-latency-{round}")).await;
     let first_sync = agent.ready().await;
     println!(
         "  one agent: start → first full sync of {} reservations {}; RSS then {:.1} MiB",
@@ -306,7 +342,7 @@ async fn latency(plane: &Plane, admin: &Client, ns: &str, node: &str, args: &Arg
     let t = Instant::now();
     for k in 0..n {
         tick.tick().await;
-        let (name, release) = change(k, args.reservations);
+        let (name, release) = change(k, args.reservations, round);
         let now = Instant::now();
         sent.lock().unwrap().insert(release, now);
         pending
@@ -351,6 +387,10 @@ async fn latency(plane: &Plane, admin: &Client, ns: &str, node: &str, args: &Arg
         agent.process.peak_rss_kib() as f64 / 1024.0
     );
     agent.process.stop();
+    Latency {
+        p50: percentile(&file, 50.0),
+        p99: percentile(&file, 99.0),
+    }
 }
 
 /// Polls every pending file until it holds its wanted release time; records send → on disk.
@@ -491,5 +531,183 @@ async fn many_agents(plane: &Plane, admin: &Client, args: &Args) {
         added_rss / n / 1024.0,
         added_rss / n * 5_000.0 / 1024.0,
         agents_rss as f64 / n / 1024.0
+    );
+}
+
+/// What the API server showed with `agents` agents watching.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    agents: usize,
+    /// Median resident memory over the idle window, KiB.
+    rss_kib: f64,
+    /// CPU seconds per second, idle and under `--rate` changes/s.
+    idle: f64,
+    churn: f64,
+    /// The change rate the churn window reached (the writes are sequential: under load, less
+    /// than `--rate`), and its CPU per change in milliseconds.
+    rate: f64,
+    per_change_ms: f64,
+    /// IPReservation watches the API server counts (`apiserver_longrunning_requests`).
+    watches: u64,
+}
+
+/// The API server's CPU over `window` with no writes, and its resident memory's median, sampled
+/// once a second meanwhile (KiB).
+async fn idle_window(pid: u32, window: Duration) -> (f64, f64) {
+    let before = support::cpu_seconds(pid);
+    let t = Instant::now();
+    let mut rss = Vec::new();
+    while t.elapsed() < window {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        rss.push(support::proc_kib(pid, "VmRSS:") as f64);
+    }
+    let cores = (support::cpu_seconds(pid) - before) / t.elapsed().as_secs_f64();
+    rss.sort_by(f64::total_cmp);
+    (cores, percentile(&rss, 50.0))
+}
+
+/// The IPReservation watches open on the API server, from its own metrics.
+async fn watches_counted(admin: &Client) -> u64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = admin
+        .request_text(request)
+        .await
+        .expect("the API server's metrics");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("apiserver_longrunning_requests{")
+                && l.contains("resource=\"ipreservations\"")
+                && l.contains("verb=\"WATCH\"")
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+async fn measure_step(
+    plane: &Plane,
+    admin: &Client,
+    api: &Api<IPReservation>,
+    names: &[String],
+    agents: usize,
+    args: &Args,
+    k: &mut usize,
+) -> Step {
+    let pid = plane.apiserver_pid();
+    let window = Duration::from_secs(args.window);
+    let (idle, rss_kib) = idle_window(pid, window).await;
+    let first = *k;
+    let churn = cpu_window(pid, api, names, args.rate, window, k).await;
+    let rate = (*k - first) as f64 / window.as_secs_f64();
+    let step = Step {
+        agents,
+        rss_kib,
+        idle,
+        churn,
+        rate,
+        per_change_ms: (churn - idle) / rate * 1000.0,
+        watches: watches_counted(admin).await,
+    };
+    println!(
+        "    {:>5} agents: RSS {:>6.0} MiB, idle {:.3} cores, {:.0} changes/s {:.3} cores ({:.2} CPU ms per change above idle), {} IPReservation watches open",
+        step.agents,
+        step.rss_kib / 1024.0,
+        step.idle,
+        step.rate,
+        step.churn,
+        step.per_change_ms,
+        step.watches
+    );
+    step
+}
+
+/// `--fan-out` agents in this process, in steps: what each adds to the API server, measured, and
+/// the one agent's latency under them.
+async fn fan_out(
+    plane: &Plane,
+    admin: &Client,
+    latency_ns: &str,
+    latency_node: &str,
+    args: &Args,
+    alone: Latency,
+) {
+    let pid = plane.apiserver_pid();
+    let ns = plane.namespace("bench-fan-out").await;
+    let nodes: Vec<String> = (0..args.fan_out).map(|i| format!("fan-{i}")).collect();
+    let total = args.fan_out * args.fan_out_per_node;
+    let made = create_reservations(admin, &ns, 0..total, |i| nodes[i % nodes.len()].clone()).await;
+    println!(
+        "  fan-out: {} agents in this process, each its own client and watch, {} reservations per node ({total} created in {:.1} s); kube-apiserver:",
+        args.fan_out,
+        args.fan_out_per_node,
+        made.as_secs_f64()
+    );
+    let names: Vec<String> = (0..total).map(|i| format!("r-{i}")).collect();
+    let api: Api<IPReservation> = Api::namespaced(admin.clone(), &ns);
+    let data_root = plane.scratch("fan-out");
+    let mut k = 0;
+    let mut steps = vec![measure_step(plane, admin, &api, &names, 0, args, &mut k).await];
+    let mut start_cpu = 0.0;
+    let mut start_time = Duration::ZERO;
+    let mut fleet = Fleet::default();
+    let count = args.fan_out_steps.max(1);
+    for step in 1..=count {
+        let upto = args.fan_out * step / count;
+        let cpu0 = support::cpu_seconds(pid);
+        let t = Instant::now();
+        fleet
+            .grow(
+                &nodes[fleet.len()..upto],
+                NETWORK,
+                &data_root,
+                || plane.account_client(real::AGENT_ACCOUNT),
+                Duration::from_secs(600),
+            )
+            .await;
+        start_cpu += support::cpu_seconds(pid) - cpu0;
+        start_time += t.elapsed();
+        steps.push(measure_step(plane, admin, &api, &names, fleet.len(), args, &mut k).await);
+    }
+    let under = latency(plane, admin, latency_ns, latency_node, args, 1).await;
+    fleet.check();
+    fleet.stop().await;
+    let _ = std::fs::remove_dir_all(&data_root);
+
+    let n = args.fan_out as f64;
+    println!(
+        "    start-up (each agent lists its node's reservations and opens its watch): {start_cpu:.2} CPU s in {:.1} s, {:.4} CPU s per agent",
+        start_time.as_secs_f64(),
+        start_cpu / n
+    );
+    let fit = |y: fn(&Step) -> f64| {
+        let points: Vec<(f64, f64)> = steps.iter().map(|s| (s.agents as f64, y(s))).collect();
+        line(&points).unwrap_or((f64::NAN, f64::NAN))
+    };
+    let (rss_slope, rss0) = fit(|s| s.rss_kib);
+    let (idle_slope, idle0) = fit(|s| s.idle);
+    let (change_slope, change0) = fit(|s| s.per_change_ms);
+    let at_5000 = change0 + change_slope * 5_000.0;
+    println!(
+        "    slope (least squares through the {} steps) → 5 000 nodes: memory {:+.1} KiB per agent → {:.0} MiB at 5 000 ({:+.0} MiB); idle CPU {:+.5} cores per agent → {:.2} cores at 5 000; per change {:+.5} CPU ms per agent ({:.2} ms without agents) → {:.2} ms at 5 000, {:.2} cores at {} changes/s",
+        steps.len(),
+        rss_slope,
+        (rss0 + rss_slope * 5_000.0) / 1024.0,
+        rss_slope * 5_000.0 / 1024.0,
+        idle_slope,
+        idle0 + idle_slope * 5_000.0,
+        change_slope,
+        change0,
+        at_5000,
+        at_5000 * args.rate as f64 / 1000.0,
+        args.rate
+    );
+    println!(
+        "    one agent's change → file under {} other agents' watches: p50 {}, p99 {}; alone p50 {}, p99 {} → {:.2}x at p50, {:.2}x at p99",
+        args.fan_out,
+        ms(under.p50),
+        ms(under.p99),
+        ms(alone.p50),
+        ms(alone.p99),
+        under.p50 / alone.p50,
+        under.p99 / alone.p99
     );
 }

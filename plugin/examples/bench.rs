@@ -9,6 +9,9 @@
 //! (`target/release/ipkeep`, built by `cargo build --release -p ipkeep-plugin`); host-local from
 //! `$REFERENCE_CNI_DIR/host-local` (default `/usr/lib/cni`). Peak RSS comes from `/usr/bin/time -f %M`
 //! (GNU time reports the child's `ru_maxrss` from `wait4`) on separate, untimed cycles.
+//! The exec floor — what a runtime pays to exec any static program twice, for an ADD and a DEL,
+//! when it does nothing — is Debian's static busybox run as `true`, its cycles interleaved with
+//! ipkeep's in an empty /16; the bench prints ipkeep's cycle as a multiple of it.
 //! Scratch directories go to `$IPKEEP_BENCH_DIR` if set (e.g. a tmpfs, to take fsync out of the
 //! picture), else the system temp dir. The load average is printed before and after: the numbers
 //! only mean something on an otherwise quiet machine.
@@ -24,6 +27,13 @@ use std::time::{Duration, Instant};
 const NETWORK: &str = "benchnet";
 const SUBNET_BASE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 0);
 const GNU_TIME: &str = "/usr/bin/time";
+/// The static no-op of the exec floor (Debian's `busybox-static`, `make deps`), run through a link
+/// named `true` so that it runs that applet.
+const STATIC_NO_OP: &str = "/bin/busybox";
+/// Cycles of each side in the floor comparison.
+const FLOOR_CYCLES: usize = 300;
+/// The goal: ipkeep's ADD+DEL within this multiple of the exec floor (issue 28).
+const FLOOR_TARGET: f64 = 1.25;
 /// Untimed cycles per plugin and scenario that run under `/usr/bin/time` for the peak RSS.
 const RSS_CYCLES: usize = 3;
 
@@ -185,6 +195,11 @@ fn find_plugins() -> Result<[Plugin; 2], BenchError> {
             &PathBuf::from(GNU_TIME),
             "install the Debian package `time` (`make deps`)",
         ),
+        (
+            "a static no-op",
+            &PathBuf::from(STATIC_NO_OP),
+            "install the Debian package `busybox-static` (`make deps`)",
+        ),
     ] {
         if !path.is_file() {
             return Err(BenchError::Missing {
@@ -320,7 +335,11 @@ fn invoke(
     let start = Instant::now();
     let mut child = cmd.spawn().map_err(spawn_error)?;
     if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(config.as_bytes()).map_err(spawn_error)?;
+        // The floor's no-op may exit before the configuration is written: not an error of its.
+        match stdin.write_all(config.as_bytes()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            written => written.map_err(spawn_error)?,
+        }
     }
     let output = child.wait_with_output().map_err(spawn_error)?;
     let took = start.elapsed();
@@ -412,6 +431,8 @@ struct Side<'a> {
     dir: DataDir,
     allocated: usize,
     cycles: usize,
+    /// Whether its ADD answers with an address to check (not the floor's no-op).
+    answers: bool,
 }
 
 /// Runs both sides' cycles interleaved, the order alternating every round, so that neither gets a
@@ -434,7 +455,9 @@ fn interleave(sides: [Side<'_>; 2]) -> Result<[Samples; 2], BenchError> {
                 &format!("warmup{i}"),
                 &mut Samples::default(),
             )?;
-            check_fresh(side.plugin, side.allocated, &result)?;
+            if side.answers {
+                check_fresh(side.plugin, side.allocated, &result)?;
+            }
         }
     }
     rustix::fs::sync();
@@ -462,6 +485,7 @@ fn measure(plugins: &[Plugin; 2], scenario: &Scenario) -> Result<[Samples; 2], B
             dir: DataDir::seeded(plugins[k].name, scenario.allocated, scenario.extra_state)?,
             allocated: scenario.allocated,
             cycles: scenario.cycles[k],
+            answers: true,
         })
     };
     interleave([side(0)?, side(1)?])
@@ -475,12 +499,58 @@ fn measure_reservation_cost(ipkeep: &Plugin) -> Result<[Samples; 2], BenchError>
             dir: DataDir::seeded(label, 0, extra_state)?,
             allocated: 0,
             cycles: RESERVATION_CYCLES,
+            answers: true,
         })
     };
     interleave([
         side("no-reservations", no_extra_state)?,
         side("reservations", reservation_files)?,
     ])
+}
+
+/// The exec floor (two execs of a static no-op, with the same environment and stdin) against
+/// ipkeep's ADD+DEL in an empty /16, interleaved.
+fn measure_floor(ipkeep: &Plugin) -> Result<[Samples; 2], BenchError> {
+    let base = scratch_root();
+    let bin = tempfile::Builder::new()
+        .prefix("ipkeep-bench-no-op-")
+        .tempdir_in(&base)
+        .map_err(io_error("create", &base))?;
+    let path = bin.path().join("true");
+    std::os::unix::fs::symlink(STATIC_NO_OP, &path).map_err(io_error("link", &path))?;
+    let no_op = Plugin {
+        name: "no-op",
+        path,
+    };
+    let side = |plugin, label: &str, answers| -> Result<Side<'_>, BenchError> {
+        Ok(Side {
+            plugin,
+            dir: DataDir::seeded(label, 0, no_extra_state)?,
+            allocated: 0,
+            cycles: FLOOR_CYCLES,
+            answers,
+        })
+    };
+    interleave([side(&no_op, "no-op", false)?, side(ipkeep, "floor", true)?])
+}
+
+/// The floor lines: both cycles and ipkeep's as a multiple of the floor's.
+fn floor_report([floor, ipkeep]: &[Samples; 2]) -> String {
+    let (f50, f99) = percentiles(&floor.cycle);
+    let (i50, i99) = percentiles(&ipkeep.cycle);
+    let ratio = 1.0 / speedup(f50, i50);
+    format!(
+        "\nexec floor: two execs of a static no-op ({STATIC_NO_OP} as `true`), interleaved with ipkeep's ADD+DEL in an empty /16 ({FLOOR_CYCLES} cycles each):\nfloor cycle p50 {} p99 {}; ipkeep cycle p50 {} p99 {}; ipkeep / floor (p50): {ratio:.2}   target <= {FLOOR_TARGET}x: {}\n",
+        ms(f50),
+        ms(f99),
+        ms(i50),
+        ms(i99),
+        if ratio <= FLOOR_TARGET {
+            "met"
+        } else {
+            "MISSED"
+        }
+    )
 }
 
 /// The reservation-cost lines: ADD and cycle, with and without reservations, and the ratio.
@@ -681,7 +751,14 @@ fn run() -> Result<String, BenchError> {
         "  reservation cost: done in {:.1} s",
         start.elapsed().as_secs_f64()
     );
+    let start = Instant::now();
+    let floor = measure_floor(&plugins[1])?;
+    eprintln!(
+        "  exec floor: done in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
     let mut table = report(&plugins, &results);
+    table.push_str(&floor_report(&floor));
     table.push_str(&reservation_report(&reservation_cost));
     table.push_str(&size_report(&plugins));
     let _ = writeln!(

@@ -3,7 +3,8 @@
 //! with what it printed ([`run_ok`], [`kubectl_ok`]), the repository's files and built binaries
 //! ([`repo_root`], [`operator_binary`]), a controller replica ([`Replica`]) or one in this process
 //! ([`controller`]), the shared control plane with the CRD ([`plane`]), the whole system on real
-//! nodes with the chart installed ([`system`], [`realnode`]) and the benches' plane ([`bench`]).
+//! nodes with the chart installed ([`system`], [`realnode`]) and the benches' plane ([`bench`]), with
+//! [`bench_agents`], many agents in this process for `make bench-scale`.
 //!
 //! Test support fails the test that called it, so it panics with what went wrong rather than
 //! returning errors (hence the `allow`s below, which the rest of the crate does not have).
@@ -15,6 +16,7 @@
 )]
 
 pub mod bench;
+pub mod bench_agents;
 pub mod commands;
 pub mod controller;
 pub mod plane;

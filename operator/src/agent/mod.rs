@@ -287,6 +287,31 @@ pub async fn run(
     readiness: Arc<Readiness>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
+    run_agent(client, config, metrics, readiness, shutdown, true).await
+}
+
+/// [`run`] without the data directory's inotify watch (only the periodic resync repairs a
+/// removed directory): for `make bench-scale`, which runs a thousand agents in one process to
+/// measure their watches' cost on the API server; inotify instances are a per-user limit (128
+/// by default) that a thousand agents on one machine would exhaust.
+pub async fn run_without_dir_watch(
+    client: Client,
+    config: AgentConfig,
+    metrics: AgentMetrics,
+    readiness: Arc<Readiness>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    run_agent(client, config, metrics, readiness, shutdown, false).await
+}
+
+async fn run_agent(
+    client: Client,
+    config: AgentConfig,
+    metrics: AgentMetrics,
+    readiness: Arc<Readiness>,
+    shutdown: impl Future<Output = ()>,
+    dir_watch: bool,
+) -> Result<(), AgentError> {
     if config.node_name.is_empty() {
         return Err(AgentError::NoNodeName);
     }
@@ -309,13 +334,15 @@ pub async fn run(
         changed.clone(),
         metrics.clone(),
     ));
-    let dirs = tokio::spawn(watch_directories(
-        config.data_dir.clone(),
-        config.networks.clone(),
-        pending.clone(),
-        changed.clone(),
-        readiness.clone(),
-    ));
+    let dirs = dir_watch.then(|| {
+        tokio::spawn(watch_directories(
+            config.data_dir.clone(),
+            config.networks.clone(),
+            pending.clone(),
+            changed.clone(),
+            readiness.clone(),
+        ))
+    });
     tracing::info!(
         node = %config.node_name,
         data_dir = %config.data_dir.display(),
@@ -349,7 +376,9 @@ pub async fn run(
     };
     let result = write_loop(&config, state, &metrics, &readiness, &events, shutdown).await;
     watch.abort();
-    dirs.abort();
+    if let Some(task) = dirs {
+        task.abort();
+    }
     if let Some(task) = in_charge {
         task.abort();
     }
