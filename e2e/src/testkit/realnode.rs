@@ -186,6 +186,12 @@ pub enum Access {
     Spoils,
 }
 
+/// Whether a test of shape `wanted` may use the running cluster of shape `running`: only one of
+/// its shape that no test spoiled.
+fn serves(running: Option<Shape>, spoiled: bool, wanted: Shape) -> bool {
+    running == Some(wanted) && !spoiled
+}
+
 /// The one cluster of this test binary that runs, and what it is.
 struct Running {
     /// The running cluster and its shape.
@@ -224,21 +230,28 @@ impl Running {
         }
     }
 
+    /// The running cluster if it serves a test of `shape` ([`serves`]), checked to be up (the
+    /// test fails if one of its daemons died).
+    fn serving(&self, shape: Shape) -> Option<&'static RealCluster> {
+        let (_, c) = self
+            .current
+            .filter(|(s, _)| serves(Some(*s), self.spoiled, shape))?;
+        if let Err(e) = c.check() {
+            panic!("{}", crate::error_chain(&e));
+        }
+        Some(c)
+    }
+
     /// Makes the running cluster one of `shape`: the current one if it is, else the current one
     /// stopped and one of `shape` started (its image loaded and its chart installed).
     async fn ensure(&mut self, shape: Shape) -> &'static RealCluster {
         if let Some((_, why)) = self.failed.iter().find(|(s, _)| *s == shape) {
             panic!("the real-node cluster of {shape:?} failed to start earlier: {why}");
         }
-        match self.current {
-            Some((s, c)) if s == shape && !self.spoiled => {
-                if let Err(e) = c.check() {
-                    panic!("{}", crate::error_chain(&e));
-                }
-                return c;
-            }
-            _ => self.stop_current(),
+        if let Some(c) = self.serving(shape) {
+            return c;
         }
+        self.stop_current();
         let t0 = Instant::now();
         let options = RealClusterOptions {
             nodes: shape.nodes,
@@ -292,15 +305,29 @@ static CURRENT: std::sync::Mutex<Option<&'static RealCluster>> = std::sync::Mute
 /// The guard of a test on the real nodes ([`use_shape`]): while it lives, the nodes stay as the
 /// test's shape says.
 pub struct Nodes {
-    guard: Guard,
-}
-
-enum Guard {
-    Shared(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'static, Running>),
-    Alone(tokio::sync::RwLockWriteGuard<'static, Running>),
+    /// Held with the other tests of its shape (only held, never read).
+    _shared: Option<tokio::sync::RwLockReadGuard<'static, Running>>,
+    /// Held alone.
+    alone: Option<tokio::sync::RwLockWriteGuard<'static, Running>>,
 }
 
 impl Nodes {
+    /// Held with the other tests of its shape.
+    fn shared(guard: tokio::sync::RwLockReadGuard<'static, Running>) -> Nodes {
+        Nodes {
+            _shared: Some(guard),
+            alone: None,
+        }
+    }
+
+    /// Held alone.
+    fn alone(guard: tokio::sync::RwLockWriteGuard<'static, Running>) -> Nodes {
+        Nodes {
+            _shared: None,
+            alone: Some(guard),
+        }
+    }
+
     /// The cluster the test holds; `None` on a user's cluster.
     pub fn cluster(&self) -> Option<&'static RealCluster> {
         own()
@@ -309,7 +336,7 @@ impl Nodes {
 
 impl Drop for Nodes {
     fn drop(&mut self) {
-        if let Guard::Alone(running) = &mut self.guard
+        if let Some(running) = &mut self.alone
             && running.spoiled
         {
             running.stop_current();
@@ -323,42 +350,26 @@ impl Drop for Nodes {
 /// goes there.
 pub async fn use_shape(shape: Shape, access: Access) -> Nodes {
     if on_users_cluster() {
-        return Nodes {
-            guard: match access {
-                Access::Shared => Guard::Shared(NODES.read().await),
-                Access::Alone | Access::Spoils => Guard::Alone(NODES.write().await),
-            },
+        return match access {
+            Access::Shared => Nodes::shared(NODES.read().await),
+            Access::Alone | Access::Spoils => Nodes::alone(NODES.write().await),
         };
     }
     if access == Access::Shared {
         let running = NODES.read().await;
-        if let Some((s, c)) = running.current
-            && s == shape
-            && !running.spoiled
-        {
-            if let Err(e) = c.check() {
-                panic!("{}", crate::error_chain(&e));
-            }
-            return Nodes {
-                guard: Guard::Shared(running),
-            };
+        if running.serving(shape).is_some() {
+            return Nodes::shared(running);
         }
     }
     let mut running = NODES.write().await;
     running.ensure(shape).await;
     match access {
         // Downgraded in place: no test of another shape gets in between.
-        Access::Shared => Nodes {
-            guard: Guard::Shared(running.downgrade()),
-        },
-        Access::Alone => Nodes {
-            guard: Guard::Alone(running),
-        },
+        Access::Shared => Nodes::shared(running.downgrade()),
+        Access::Alone => Nodes::alone(running),
         Access::Spoils => {
             running.spoiled = true;
-            Nodes {
-                guard: Guard::Alone(running),
-            }
+            Nodes::alone(running)
         }
     }
 }
@@ -369,9 +380,7 @@ pub async fn use_shape(shape: Shape, access: Access) -> Nodes {
 pub async fn use_machine_alone() -> Nodes {
     let mut running = NODES.write().await;
     running.stop_current();
-    Nodes {
-        guard: Guard::Alone(running),
-    }
+    Nodes::alone(running)
 }
 
 /// The default nodes ([`Shape::default_chart`]), shared with the other tests of that shape.
@@ -819,4 +828,78 @@ pub fn dump(sys: &System, c: &RealCluster, dir: &std::path::Path) {
         None,
     );
     eprintln!("--- agent logs:\n{}", String::from_utf8_lossy(&logs.stdout));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OTHER_INSTALL: &[&str] = &["--set", "cni.replaceHostLocal=false"];
+    const SAME_INSTALL: &[&str] = &["--set", "cni.replaceHostLocal=true"];
+
+    #[test]
+    fn a_test_uses_the_running_cluster_only_when_it_has_the_test_s_shape_and_is_not_spoiled() {
+        let default = Shape::default_chart();
+        let dual = PodNetwork {
+            dual_stack: true,
+            ..PLAIN
+        };
+        let other_install = Shape {
+            chart: Some(OTHER_INSTALL),
+            ..default
+        };
+        let same_install = Shape {
+            chart: Some(SAME_INSTALL),
+            ..default
+        };
+        let cases = [
+            ("nothing runs", None, false, default, false),
+            ("the same shape", Some(default), false, default, true),
+            (
+                "the same shape, spoiled",
+                Some(default),
+                true,
+                default,
+                false,
+            ),
+            (
+                "more nodes",
+                Some(Shape::chart(3, PLAIN)),
+                false,
+                default,
+                false,
+            ),
+            (
+                "another network",
+                Some(Shape::chart(2, dual)),
+                false,
+                default,
+                false,
+            ),
+            (
+                "nothing installed",
+                Some(Shape::bare(2, PLAIN)),
+                false,
+                default,
+                false,
+            ),
+            (
+                "other install arguments",
+                Some(other_install),
+                false,
+                default,
+                false,
+            ),
+            (
+                "equal arguments, another slice",
+                Some(same_install),
+                false,
+                default,
+                true,
+            ),
+        ];
+        for (case, running, spoiled, wanted, expected) in cases {
+            assert_eq!(serves(running, spoiled, wanted), expected, "{case}");
+        }
+    }
 }
