@@ -198,7 +198,7 @@ operator-static:
 ## previous-release: the release an upgrade starts from (CHANGELOG.md's newest other than the
 ## workspace version), built from its own commit into its image archive and chart, in a cache
 ## outside the work tree keyed by its version and commit (~/.cache/ipkeep/release-<v>-<commit>);
-## a no-op once built. e2e/tests/realnode_upgrade.rs upgrades from it and rolls back to it.
+## a no-op once built. e2e/tests/realnode/upgrade.rs upgrades from it and rolls back to it.
 previous-release: packaging-deps
 	@scripts/build-previous-release.sh >/dev/null
 

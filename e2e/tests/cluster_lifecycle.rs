@@ -6,6 +6,7 @@
 //! Needs the binaries: `make cluster-bins` (or `IPKEEP_CLUSTER_BIN_DIR`); fails loudly without.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use ipkeep_e2e::command;
 use ipkeep_e2e::testkit::scratch;
 use std::{
     collections::BTreeMap,
@@ -23,14 +24,20 @@ use scratch::Scratch;
 
 const E2E: &str = env!("CARGO_BIN_EXE_ipkeep-e2e");
 
+/// Sends `sig` (`-INT`, `-KILL`) to `pid` with kill(1); the test fails if kill does.
+fn signal(sig: &str, pid: u32) {
+    command::checked(Command::new("kill").args([sig, &pid.to_string()]), None)
+        .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
+}
+
 fn e2e(args: &[&str], state_dir: &Path) -> Output {
-    Command::new(E2E)
+    let mut command = Command::new(E2E);
+    command
         .args(["cluster"])
         .args(args)
         .arg("--state-dir")
-        .arg(state_dir)
-        .output()
-        .expect("run ipkeep-e2e")
+        .arg(state_dir);
+    command::run(&mut command, None).unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)))
 }
 
 fn text(out: &Output) -> String {
@@ -114,11 +121,13 @@ fn cluster_up_env_and_down_leave_nothing_behind() {
 
     // The built kubectl reaches it with the admin kubeconfig.
     let bin_dir = ipkeep_e2e::cluster::bin_dir().expect("binaries");
-    let readyz = Command::new(bin_dir.join("kubectl"))
-        .env("KUBECONFIG", dir.join("admin.kubeconfig"))
-        .args(["get", "--raw", "/readyz"])
-        .output()
-        .expect("kubectl");
+    let readyz = command::run(
+        Command::new(bin_dir.join("kubectl"))
+            .env("KUBECONFIG", dir.join("admin.kubeconfig"))
+            .args(["get", "--raw", "/readyz"]),
+        None,
+    )
+    .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
     assert_eq!(
         String::from_utf8_lossy(&readyz.stdout).trim(),
         "ok",
@@ -173,11 +182,7 @@ fn ctrl_c_stops_a_foreground_control_plane() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let pids = ready_pids(&dir);
-    let int = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(int.success());
+    signal("-INT", child.id());
     let out = child.wait_with_output().expect("wait");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{}: {stderr}", out.status);
@@ -205,11 +210,7 @@ fn ctrl_c_while_cluster_up_waits_stops_the_half_started_control_plane() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let int = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(int.success());
+    signal("-INT", child.id());
     let out = child.wait_with_output().expect("wait");
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.success() {
@@ -238,11 +239,7 @@ fn a_supervisor_killed_with_sigkill_takes_every_component_with_it() {
         .trim()
         .parse()
         .expect("owner pid");
-    let status = Command::new("kill")
-        .args(["-KILL", &owner.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
+    signal("-KILL", owner);
     let mut all = pids.clone();
     all.insert("supervisor".into(), owner);
     wait_all_gone("after SIGKILL of the supervisor", &all, &dir);
@@ -364,13 +361,7 @@ async fn a_component_that_dies_mid_run_is_named() {
     assert_eq!(rss.len(), 4, "{rss:?}");
     let pids = cluster.pids();
     let scheduler = pids["kube-scheduler"];
-    assert!(
-        Command::new("kill")
-            .args(["-KILL", &scheduler.to_string()])
-            .status()
-            .expect("kill")
-            .success()
-    );
+    signal("-KILL", scheduler);
     let started = Instant::now();
     let err = loop {
         if let Err(e) = cluster.check() {

@@ -1,14 +1,20 @@
-//! Real nodes with ipkeep installed the way the README tells a user (for the
-//! `realnode_scenario_*.rs` tests): the shared two-node cluster of the test binary
-//! (`crate::cluster::realnode::shared`: kubelet, containerd, runc and kube-proxy per node),
-//! `make image`'s archive imported into every node's containerd, and `helm install` from
-//! `charts/ipkeep` with that image and `cni.replaceHostLocal=true` — once per test binary. Each
-//! test then works in a [`System`] of its own namespace on those nodes, with the chart's
-//! controller and agents.
+//! Real nodes with ipkeep installed the way the README tells a user, for the `realnode` test
+//! binary (`e2e/tests/realnode/`, one module per suite): a control plane and real nodes
+//! (`crate::cluster::realnode`: kubelet, containerd or CRI-O, kube-proxy per node), `make
+//! image`'s archive imported into every node, and `helm install` from `charts/ipkeep` with that
+//! image and `cni.replaceHostLocal=true`. Each test then works in a [`System`] of its own
+//! namespace on those nodes, with the chart's controller and agents.
 //!
-//! A binary may ask for other nodes first ([`choose`]: dual-stack, a tiny node). With
-//! `IPKEEP_E2E_KUBECONFIG` set, [`use_real_nodes`] starts nothing and the scenarios run on that
-//! cluster instead, each check of this binary's own nodes' disks skipped with one line.
+//! A test says which [`Shape`] of cluster it needs ([`use_shape`], [`use_nodes`]: how many
+//! nodes, dual-stack, a tiny node, flannel, CRI-O, the k3s layout, the chart or not) and how it
+//! holds it ([`Access`]). One cluster runs at a time: the tests of its shape share it; a test of
+//! another shape waits until they are done, then the cluster is stopped — everything it made
+//! removed — and one of the new shape started. The last one is removed when the binary exits:
+//! the control plane's watchdog sees its owner gone and runs `ipkeep-e2e cluster reap-nodes`;
+//! after a crash of even the watchdog, the next start (or `cluster down`) removes it.
+//!
+//! With `IPKEEP_E2E_KUBECONFIG` set, [`use_shape`] starts nothing and the scenarios run on that
+//! cluster instead, each check of the binary's own nodes' disks skipped with one line.
 //!
 //! Needs root, `make cluster-bins`, `make node-bins` and `make image` (or
 //! `IPKEEP_IMAGE_ARCHIVE`); fails loudly, naming what to run, without them.
@@ -16,11 +22,12 @@
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
-    sync::OnceLock,
+    time::Instant,
 };
 
 use crate::cluster::realnode::{
-    self, PodNetwork, RealCluster, RealNode, TINY_TAINT, layout::CNI_NETWORK,
+    NodeCni, NodeDirs, PodNetwork, RealCluster, RealClusterOptions, RealNode, TINY_TAINT,
+    layout::CNI_NETWORK,
 };
 
 use super::{
@@ -63,55 +70,6 @@ pub fn image_values(reference: &str) -> Vec<String> {
 /// helm against the cluster; its stdout, or the test fails with its output.
 pub fn helm(c: &RealCluster, args: &[&str]) -> String {
     run_ok(c.plane().helm(), args, None)
-}
-
-static INSTALLED: tokio::sync::OnceCell<&'static RealCluster> = tokio::sync::OnceCell::const_new();
-
-/// The nodes this binary's shared cluster has: how many, and their pods' network.
-static NODES_CHOSEN: OnceLock<(u8, PodNetwork)> = OnceLock::new();
-
-/// The `helm install` arguments this binary's shared cluster gets besides the image's.
-static INSTALL_CHOSEN: OnceLock<&'static [&'static str]> = OnceLock::new();
-
-/// The README's install: `host-local` replaced by ipkeep.
-pub const REPLACE_HOST_LOCAL: &[&str] = &["--set", "cni.replaceHostLocal=true"];
-
-/// This binary's shared cluster gets the chart installed with `extra` instead of
-/// [`REPLACE_HOST_LOCAL`]; called by each of its tests before anything else (the first call
-/// decides).
-pub fn choose_install(extra: &'static [&'static str]) {
-    INSTALL_CHOSEN.get_or_init(|| extra);
-}
-
-/// This binary's shared cluster gets `nodes` nodes with `network` instead of two plain ones;
-/// called by each of its tests before anything else (the first call decides; the cluster fails
-/// to come up for a test that asks for other nodes).
-pub fn choose(nodes: u8, network: PodNetwork) {
-    NODES_CHOSEN.get_or_init(|| (nodes, network));
-}
-
-/// The shared real-node cluster with the image loaded and the chart installed (once per test
-/// binary); every pod of the release Ready. Returns the cluster.
-pub async fn installed() -> &'static RealCluster {
-    let (nodes, network) = NODES_CHOSEN
-        .get()
-        .copied()
-        .unwrap_or((2, PodNetwork::default()));
-    let c = realnode::shared_with(nodes, network)
-        .await
-        .unwrap_or_else(|e| panic!("{}", crate::error_chain(&e)));
-    INSTALLED
-        .get_or_init(|| async {
-            let names = c
-                .load_image(&image_archive())
-                .unwrap_or_else(|e| panic!("{}", crate::error_chain(&e)));
-            assert_eq!(names.len(), 1, "one image in the archive: {names:?}");
-            let values = image_values(&names[0]);
-            let extra = INSTALL_CHOSEN.get().copied().unwrap_or(REPLACE_HOST_LOCAL);
-            install(c, &values, extra).await;
-            c
-        })
-        .await
 }
 
 /// `helm upgrade --install` of the chart with the image `values` and `extra` arguments, then
@@ -165,52 +123,296 @@ fn chart_cluster(c: &RealCluster) -> ChartCluster {
     }
 }
 
-/// The tests of one binary share its two nodes: a test that takes a node away (drain, restart,
-/// reboot) holds this exclusively, the others hold it shared, so none of them sees a node go
-/// away under it.
-static NODES: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+/// The README's install: `host-local` replaced by ipkeep.
+pub const REPLACE_HOST_LOCAL: &[&str] = &["--set", "cni.replaceHostLocal=true"];
 
-/// Makes [`System::start`] put this binary's tests on the installed real nodes (the shared
-/// scenarios of `scenarios/` run there); the nodes are shared with the other tests that hold
-/// the guard. On a user's cluster ([`on_users_cluster`]) it starts nothing: [`System::start`]
-/// goes there.
-pub async fn use_real_nodes() -> tokio::sync::RwLockReadGuard<'static, ()> {
-    if !on_users_cluster() {
-        run_on_chart_cluster(chart_cluster(installed().await));
+/// What a test needs of the real nodes: how many, their pods' network, and whether the chart is
+/// installed on them (with which `helm install` arguments besides the image's). Tests of equal
+/// shapes share one cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// How many nodes.
+    pub nodes: u8,
+    /// Their pods' network.
+    pub network: PodNetwork,
+    /// The chart installed with these arguments; `None`: nothing installed (the test installs
+    /// what it needs, and leaves the cluster changed: see [`Access::Spoils`]).
+    pub chart: Option<&'static [&'static str]>,
+}
+
+impl Shape {
+    /// `nodes` nodes with `network`, the chart installed as the README says.
+    pub const fn chart(nodes: u8, network: PodNetwork) -> Shape {
+        Shape {
+            nodes,
+            network,
+            chart: Some(REPLACE_HOST_LOCAL),
+        }
     }
-    NODES.read().await
+
+    /// `nodes` nodes with `network` and nothing installed.
+    pub const fn bare(nodes: u8, network: PodNetwork) -> Shape {
+        Shape {
+            nodes,
+            network,
+            chart: None,
+        }
+    }
+
+    /// Two plain containerd nodes with the chart installed as the README says: the default.
+    pub const fn default_chart() -> Shape {
+        Shape::chart(2, PLAIN)
+    }
+}
+
+/// Containerd nodes on the bridge network in the standard layout, IPv4 only.
+pub const PLAIN: PodNetwork = PodNetwork {
+    dual_stack: false,
+    tiny_nodes: 0,
+    cni: NodeCni::Bridge,
+    dirs: NodeDirs::Standard,
+    crio_nodes: 0,
+};
+
+/// How a test holds the real nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// With the other tests of the same shape.
+    Shared,
+    /// Alone: it takes a node away (drain, restart, reboot) or the API; no other test runs.
+    Alone,
+    /// Alone, and it leaves the cluster other than its shape says (uninstalls the chart,
+    /// installs its own): the cluster is stopped when the test ends.
+    Spoils,
+}
+
+/// Whether a test of shape `wanted` may use the running cluster of shape `running`: only one of
+/// its shape that no test spoiled.
+fn serves(running: Option<Shape>, spoiled: bool, wanted: Shape) -> bool {
+    running == Some(wanted) && !spoiled
+}
+
+/// The one cluster of this test binary that runs, and what it is.
+struct Running {
+    /// The running cluster and its shape.
+    current: Option<(Shape, &'static RealCluster)>,
+    /// The current cluster is spoiled: it goes before anyone uses it again.
+    spoiled: bool,
+    /// The shapes that failed to start, with why: each fails once, its other tests say so.
+    failed: Vec<(Shape, String)>,
+}
+
+impl Running {
+    /// Stops the current cluster: everything it started is removed (processes, mounts,
+    /// namespaces, veths, firewall rules, cgroups; sysctls restored when no other cluster of the
+    /// machine runs).
+    fn stop_current(&mut self) {
+        self.spoiled = false;
+        *CURRENT.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let Some((shape, c)) = self.current.take() else {
+            return;
+        };
+        let t0 = Instant::now();
+        match c.stop() {
+            Ok(done) => eprintln!(
+                "ipkeep-e2e nodes: stopped the cluster of {shape:?} in {:.1}s{}",
+                t0.elapsed().as_secs_f64(),
+                if done.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", done.join(", "))
+                }
+            ),
+            Err(e) => eprintln!(
+                "ipkeep-e2e nodes: cleanup of the cluster of {shape:?} incomplete: {}",
+                crate::error_chain(&e)
+            ),
+        }
+    }
+
+    /// The running cluster if it serves a test of `shape` ([`serves`]), checked to be up (the
+    /// test fails if one of its daemons died).
+    fn serving(&self, shape: Shape) -> Option<&'static RealCluster> {
+        let (_, c) = self
+            .current
+            .filter(|(s, _)| serves(Some(*s), self.spoiled, shape))?;
+        if let Err(e) = c.check() {
+            panic!("{}", crate::error_chain(&e));
+        }
+        Some(c)
+    }
+
+    /// Makes the running cluster one of `shape`: the current one if it is, else the current one
+    /// stopped and one of `shape` started (its image loaded and its chart installed).
+    async fn ensure(&mut self, shape: Shape) -> &'static RealCluster {
+        if let Some((_, why)) = self.failed.iter().find(|(s, _)| *s == shape) {
+            panic!("the real-node cluster of {shape:?} failed to start earlier: {why}");
+        }
+        if let Some(c) = self.serving(shape) {
+            return c;
+        }
+        self.stop_current();
+        let t0 = Instant::now();
+        let options = RealClusterOptions {
+            nodes: shape.nodes,
+            network: shape.network,
+            ..RealClusterOptions::default()
+        };
+        let c = match RealCluster::start(options).await {
+            // Never freed: a `&'static` a test was handed stays a valid reference; the cluster
+            // behind it is stopped (and everything it made removed) when its shape's turn ends.
+            Ok(c) => &*Box::leak(Box::new(c)),
+            Err(e) => {
+                let why = crate::error_chain(&e);
+                self.failed.push((shape, why.clone()));
+                panic!("{why}");
+            }
+        };
+        eprintln!(
+            "ipkeep-e2e nodes: cluster of {} real nodes ({shape:?}) ready in {:.1}s at {}",
+            c.nodes().len(),
+            t0.elapsed().as_secs_f64(),
+            c.plane().server()
+        );
+        self.current = Some((shape, c));
+        *CURRENT.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
+        if let Some(extra) = shape.chart {
+            let names = c
+                .load_image(&image_archive())
+                .unwrap_or_else(|e| panic!("{}", crate::error_chain(&e)));
+            assert_eq!(names.len(), 1, "one image in the archive: {names:?}");
+            install(c, &image_values(&names[0]), extra).await;
+            run_on_chart_cluster(chart_cluster(c));
+        }
+        c
+    }
+}
+
+/// The tests of the binary share its one running cluster: those of the running shape hold this
+/// shared, a test that needs the nodes to itself (or another shape, or the whole machine)
+/// holds it exclusively. libtest hands the tests out in name order, so one module's tests come
+/// together and the shape changes about once per module.
+static NODES: tokio::sync::RwLock<Running> = tokio::sync::RwLock::const_new(Running {
+    current: None,
+    spoiled: false,
+    failed: Vec::new(),
+});
+
+/// The running cluster, for the test that holds [`NODES`] (read without taking [`NODES`] again,
+/// which a waiting writer would block).
+static CURRENT: std::sync::Mutex<Option<&'static RealCluster>> = std::sync::Mutex::new(None);
+
+/// The guard of a test on the real nodes ([`use_shape`]): while it lives, the nodes stay as the
+/// test's shape says.
+pub struct Nodes {
+    /// Held with the other tests of its shape (only held, never read).
+    _shared: Option<tokio::sync::RwLockReadGuard<'static, Running>>,
+    /// Held alone.
+    alone: Option<tokio::sync::RwLockWriteGuard<'static, Running>>,
+}
+
+impl Nodes {
+    /// Held with the other tests of its shape.
+    fn shared(guard: tokio::sync::RwLockReadGuard<'static, Running>) -> Nodes {
+        Nodes {
+            _shared: Some(guard),
+            alone: None,
+        }
+    }
+
+    /// Held alone.
+    fn alone(guard: tokio::sync::RwLockWriteGuard<'static, Running>) -> Nodes {
+        Nodes {
+            _shared: None,
+            alone: Some(guard),
+        }
+    }
+
+    /// The cluster the test holds; `None` on a user's cluster.
+    pub fn cluster(&self) -> Option<&'static RealCluster> {
+        own()
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        if let Some(running) = &mut self.alone
+            && running.spoiled
+        {
+            running.stop_current();
+        }
+    }
+}
+
+/// The real nodes of `shape` for the calling test, held as `access` says: the running cluster
+/// if it has that shape, else (once every test on it is done) it is stopped and one of `shape`
+/// started. On a user's cluster ([`on_users_cluster`]) it starts nothing, and [`System::start`]
+/// goes there.
+pub async fn use_shape(shape: Shape, access: Access) -> Nodes {
+    if on_users_cluster() {
+        return match access {
+            Access::Shared => Nodes::shared(NODES.read().await),
+            Access::Alone | Access::Spoils => Nodes::alone(NODES.write().await),
+        };
+    }
+    if access == Access::Shared {
+        let running = NODES.read().await;
+        if running.serving(shape).is_some() {
+            return Nodes::shared(running);
+        }
+    }
+    let mut running = NODES.write().await;
+    running.ensure(shape).await;
+    match access {
+        // Downgraded in place: no test of another shape gets in between.
+        Access::Shared => Nodes::shared(running.downgrade()),
+        Access::Alone => Nodes::alone(running),
+        Access::Spoils => {
+            running.spoiled = true;
+            Nodes::alone(running)
+        }
+    }
+}
+
+/// The whole machine for the calling test: no cluster of this binary runs (the running one is
+/// stopped) and no other test runs meanwhile. For the tests that start and stop clusters of
+/// their own and check what the machine is left with.
+pub async fn use_machine_alone() -> Nodes {
+    let mut running = NODES.write().await;
+    running.stop_current();
+    Nodes::alone(running)
+}
+
+/// The default nodes ([`Shape::default_chart`]), shared with the other tests of that shape.
+pub async fn use_real_nodes() -> Nodes {
+    use_shape(Shape::default_chart(), Access::Shared).await
 }
 
 /// As [`use_real_nodes`], for a test that takes a node away: no other test runs meanwhile.
-pub async fn use_real_nodes_alone() -> tokio::sync::RwLockWriteGuard<'static, ()> {
-    if !on_users_cluster() {
-        run_on_chart_cluster(chart_cluster(installed().await));
-    }
-    NODES.write().await
+pub async fn use_real_nodes_alone() -> Nodes {
+    use_shape(Shape::default_chart(), Access::Alone).await
 }
 
-/// [`use_real_nodes`] on this binary's `nodes` nodes with `network` ([`choose`]): every test of
-/// a binary that wants other nodes than two plain ones starts with this (or [`use_nodes_alone`]).
-pub async fn use_nodes(
-    nodes: u8,
-    network: PodNetwork,
-) -> tokio::sync::RwLockReadGuard<'static, ()> {
-    choose(nodes, network);
-    use_real_nodes().await
+/// [`use_real_nodes`] on `nodes` nodes with `network`.
+pub async fn use_nodes(nodes: u8, network: PodNetwork) -> Nodes {
+    use_shape(Shape::chart(nodes, network), Access::Shared).await
 }
 
 /// As [`use_nodes`], for a test that takes a node away ([`use_real_nodes_alone`]).
-pub async fn use_nodes_alone(
-    nodes: u8,
-    network: PodNetwork,
-) -> tokio::sync::RwLockWriteGuard<'static, ()> {
-    choose(nodes, network);
-    use_real_nodes_alone().await
+pub async fn use_nodes_alone(nodes: u8, network: PodNetwork) -> Nodes {
+    use_shape(Shape::chart(nodes, network), Access::Alone).await
 }
 
-/// This binary's own installed nodes, once a test started them; `None` on a user's cluster.
+/// The installed nodes the calling test holds ([`use_shape`]); the test fails if it holds none.
+pub fn installed() -> &'static RealCluster {
+    own().expect(
+        "no real-node cluster: the test takes one first (testkit::realnode::use_nodes and the like)",
+    )
+}
+
+/// The own nodes the calling test holds ([`use_shape`]); `None` on a user's cluster.
 pub fn own() -> Option<&'static RealCluster> {
-    INSTALLED.get().copied()
+    *CURRENT.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// host-local's data directory of the nodes' network on `node`, as the machine sees it.
@@ -365,7 +567,7 @@ static TINY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// knows every address of the range is its own to fill.
 pub async fn tiny_alone() -> (tokio::sync::MutexGuard<'static, ()>, &'static RealNode) {
     let guard = TINY.lock().await;
-    let c = installed().await;
+    let c = installed();
     let node = tiny(c);
     // Its /29 has fewer addresses than the kubelet admits pods, so the controller's default node
     // budget is 0 Released reservations; the tests that fill it hold addresses on purpose and set
@@ -459,7 +661,7 @@ pub fn tolerating_tiny(yaml: &str) -> String {
 /// A fresh [`System`] on the installed real nodes: a namespace of its own, the nodes, the chart's
 /// controller and agents.
 pub async fn system(prefix: &str) -> (System, &'static RealCluster) {
-    let c = installed().await;
+    let c = installed();
     let sys = System::on(prefix, Options::default(), chart_cluster(c)).await;
     (sys, c)
 }
@@ -523,7 +725,7 @@ pub async fn deleted_graceful_or_forced_returns_reachable(
     let (sys, _) = system(prefix).await;
     let (node_a, node_b) = (sys.node_name(0).to_owned(), sys.node_name(1).to_owned());
     let history = sys.record_reservations();
-    sys.apply(&realnode::layout::client_pod(&node_b));
+    sys.apply(&crate::cluster::realnode::layout::client_pod(&node_b));
     let before = sys.run_retained("web", 2, &node_a).await;
     sys.wait_running("", &["client", "web-0", "web-1"]).await;
     for p in before.values() {
@@ -604,10 +806,7 @@ pub fn dump(sys: &System, c: &RealCluster, dir: &std::path::Path) {
         "--- kubectl get ipr:\n{}",
         String::from_utf8_lossy(&ipr.stdout)
     );
-    let files = std::process::Command::new("ls")
-        .arg("-laR")
-        .arg(dir)
-        .output();
+    let files = crate::command::run(std::process::Command::new("ls").arg("-laR").arg(dir), None);
     if let Ok(out) = files {
         eprintln!(
             "--- {}:\n{}",
@@ -629,4 +828,78 @@ pub fn dump(sys: &System, c: &RealCluster, dir: &std::path::Path) {
         None,
     );
     eprintln!("--- agent logs:\n{}", String::from_utf8_lossy(&logs.stdout));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OTHER_INSTALL: &[&str] = &["--set", "cni.replaceHostLocal=false"];
+    const SAME_INSTALL: &[&str] = &["--set", "cni.replaceHostLocal=true"];
+
+    #[test]
+    fn a_test_uses_the_running_cluster_only_when_it_has_the_test_s_shape_and_is_not_spoiled() {
+        let default = Shape::default_chart();
+        let dual = PodNetwork {
+            dual_stack: true,
+            ..PLAIN
+        };
+        let other_install = Shape {
+            chart: Some(OTHER_INSTALL),
+            ..default
+        };
+        let same_install = Shape {
+            chart: Some(SAME_INSTALL),
+            ..default
+        };
+        let cases = [
+            ("nothing runs", None, false, default, false),
+            ("the same shape", Some(default), false, default, true),
+            (
+                "the same shape, spoiled",
+                Some(default),
+                true,
+                default,
+                false,
+            ),
+            (
+                "more nodes",
+                Some(Shape::chart(3, PLAIN)),
+                false,
+                default,
+                false,
+            ),
+            (
+                "another network",
+                Some(Shape::chart(2, dual)),
+                false,
+                default,
+                false,
+            ),
+            (
+                "nothing installed",
+                Some(Shape::bare(2, PLAIN)),
+                false,
+                default,
+                false,
+            ),
+            (
+                "other install arguments",
+                Some(other_install),
+                false,
+                default,
+                false,
+            ),
+            (
+                "equal arguments, another slice",
+                Some(same_install),
+                false,
+                default,
+                true,
+            ),
+        ];
+        for (case, running, spoiled, wanted, expected) in cases {
+            assert_eq!(serves(running, spoiled, wanted), expected, "{case}");
+        }
+    }
 }

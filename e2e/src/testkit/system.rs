@@ -18,7 +18,7 @@ use std::{
     net::IpAddr,
     path::{Path, PathBuf},
     process::Command,
-    sync::{Arc, Mutex, OnceLock},
+    sync::{Arc, Mutex},
     time::SystemTime,
 };
 
@@ -49,13 +49,14 @@ impl KubectlTarget for ChartCluster {
 /// kubeconfig never makes `make test` touch their cluster.
 pub const REAL_CLUSTER_ENV: &str = "IPKEEP_E2E_KUBECONFIG";
 
-/// This test binary's own cluster with the chart installed (set once by [`run_on_chart_cluster`]).
-static CHART_CLUSTER: OnceLock<ChartCluster> = OnceLock::new();
+/// This test binary's own cluster with the chart installed (named by [`run_on_chart_cluster`]).
+static CHART_CLUSTER: Mutex<Option<ChartCluster>> = Mutex::new(None);
 
 /// From now on, [`System::start`] puts the tests of this binary on `cluster` (the chart
-/// installed on this binary's real nodes).
+/// installed on this binary's real nodes; the last call wins: one binary runs its clusters one
+/// after the other).
 pub fn run_on_chart_cluster(cluster: ChartCluster) {
-    CHART_CLUSTER.get_or_init(|| cluster);
+    *CHART_CLUSTER.lock().unwrap_or_else(|p| p.into_inner()) = Some(cluster);
 }
 
 /// Whether the scenarios run on a user's cluster named by `IPKEEP_E2E_KUBECONFIG` rather than
@@ -88,7 +89,10 @@ pub fn scenario_cluster() -> Option<ChartCluster> {
                 .map_or_else(|| PathBuf::from("kubectl"), PathBuf::from),
         });
     }
-    CHART_CLUSTER.get().cloned()
+    CHART_CLUSTER
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
 }
 
 /// One `#[tokio::test]` per scenario `module::name` (an `async fn()`), each run where

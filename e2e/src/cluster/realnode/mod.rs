@@ -3,9 +3,10 @@
 //! and cgroup, on a host bridge, with a flannel/k3s-style CNI network (`bridge` + `host-local`,
 //! network `cbr0`). See `docs/real-nodes.md` for the layout and what the real components did.
 //!
-//! Tests share one cluster per test binary ([`shared`]); [`RealCluster::start`] starts one of
-//! their own. Everything is removed when the cluster is dropped; after a crash, the next start
-//! (or `ipkeep-e2e cluster down`) removes what the crashed run left ([`cleanup_stale`]).
+//! [`RealCluster::start`] starts a cluster (the `realnode` test binary runs one at a time, shared
+//! by the tests of its shape: `crate::testkit::realnode`). Everything is removed when the
+//! cluster is stopped or dropped; after a crash, the next start (or `ipkeep-e2e cluster down`)
+//! removes what the crashed run left ([`cleanup_stale`]).
 
 pub mod crio;
 pub mod flannel;
@@ -188,9 +189,6 @@ pub enum RealNodeError {
         #[source]
         source: kube::Error,
     },
-    /// The shared cluster of this test binary failed to start earlier.
-    #[error("the shared real-node cluster of this test binary failed to start: {0}")]
-    Shared(String),
 }
 
 /// What to start.
@@ -222,24 +220,11 @@ impl Default for RealClusterOptions {
 
 /// Runs a script that prints a directory on its last stdout line.
 fn script_dir(script: &Path, args: &[&str]) -> Result<PathBuf, RealNodeError> {
-    let out = std::process::Command::new(script)
-        .args(args)
-        .output()
+    let text = crate::command::stdout_of(std::process::Command::new(script).args(args), None)
         .map_err(|e| RealNodeError::Script {
             script: script.to_owned(),
-            why: e.to_string(),
+            why: crate::error_chain(&e),
         })?;
-    if !out.status.success() {
-        return Err(RealNodeError::Script {
-            script: script.to_owned(),
-            why: format!(
-                "it exited {}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
     Ok(PathBuf::from(
         text.lines().last().unwrap_or_default().trim(),
     ))
@@ -1051,60 +1036,6 @@ pub fn load_image(
         node::import_image(n.clone(), archive, false, &also)?;
     }
     Ok(names)
-}
-
-static SHARED: tokio::sync::OnceCell<Result<RealCluster, String>> =
-    tokio::sync::OnceCell::const_new();
-
-/// The real-node cluster (two nodes) shared by every test of this test binary, started on first
-/// use and removed when the process exits: the control plane's watchdog stops the daemons, and
-/// the next start (or `cluster down`) removes what they left (see [`cleanup_stale`]).
-pub async fn shared() -> Result<&'static RealCluster, RealNodeError> {
-    shared_with(2, PodNetwork::default()).await
-}
-
-/// As [`shared`], a cluster of `nodes` nodes with `network`: every test of the binary must ask
-/// for the same (the first one starts it; another wish fails, naming both).
-pub async fn shared_with(
-    nodes: u8,
-    network: PodNetwork,
-) -> Result<&'static RealCluster, RealNodeError> {
-    let started = SHARED
-        .get_or_init(|| async {
-            let t0 = Instant::now();
-            let options = RealClusterOptions {
-                nodes,
-                network,
-                ..RealClusterOptions::default()
-            };
-            match RealCluster::start(options).await {
-                Ok(c) => {
-                    eprintln!(
-                        "ipkeep-e2e nodes: shared cluster of {} real nodes ready in {:.1}s at {}",
-                        c.nodes().len(),
-                        t0.elapsed().as_secs_f64(),
-                        c.plane().server()
-                    );
-                    Ok(c)
-                }
-                Err(e) => Err(crate::error_chain(&e)),
-            }
-        })
-        .await;
-    match started {
-        Ok(cluster) if cluster.nodes.len() != usize::from(nodes) || cluster.network != network => {
-            Err(RealNodeError::Invalid {
-                what: "shared cluster",
-                value: format!("{nodes} nodes, {network:?}"),
-                why: "this test binary's shared cluster was started with other nodes; its tests must all ask for the same",
-            })
-        }
-        Ok(cluster) => {
-            cluster.check()?;
-            Ok(cluster)
-        }
-        Err(e) => Err(RealNodeError::Shared(e.clone())),
-    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //!   reservation file lies in the network flannel named (`cbr0`).
 //!
 //! The other route, `"ipam": {"type": "ipkeep"}` in flannel's conflist with no replaced binary,
-//! is `realnode_flannel_ipam.rs`. Needs root, `make cluster-bins node-bins flannel-bins image`.
+//! is `realnode/flannel_ipam.rs`. Needs root, `make cluster-bins node-bins flannel-bins image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork, flannel, layout};
@@ -44,7 +44,7 @@ async fn on_flannel_a_deleted_pod_returns_with_its_address_reachable_through_vxl
         return;
     }
     let _nodes = realnode::use_nodes(NODES, NETWORK).await;
-    let c = realnode::installed().await;
+    let c = realnode::installed();
     for n in c.nodes() {
         // The agent reads flannel's conflist as flannel does: no ipam of its own, so host-local,
         // which is ipkeep here.

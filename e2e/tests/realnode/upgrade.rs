@@ -35,7 +35,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipkeep_e2e::cluster::realnode::{self as nodes, PodNetwork, RealCluster};
+use ipkeep_e2e::cluster::realnode::{self as nodes, RealCluster};
 use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS, REPLACE_HOST_LOCAL, assert_on_eth0};
 use ipkeep_e2e::testkit::{system::*, *};
 use ipkeep_operator::{
@@ -49,17 +49,12 @@ use kube::{Api, CustomResourceExt};
 /// archive and chart, or the test fails naming what to run.
 fn previous_release() -> PathBuf {
     let script = shared::repo_root().join("scripts/build-previous-release.sh");
-    let out = std::process::Command::new(&script)
-        .arg("--print-dir")
-        .output()
-        .unwrap_or_else(|e| panic!("failed to run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} --print-dir: {}",
-        script.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dir = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    let printed = ipkeep_e2e::command::stdout_of(
+        std::process::Command::new(&script).arg("--print-dir"),
+        None,
+    )
+    .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
+    let dir = PathBuf::from(printed.trim());
     for part in ["ipkeep.oci.tar", "chart/Chart.yaml"] {
         assert!(
             dir.join(part).is_file(),
@@ -378,9 +373,14 @@ async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation()
     let previous_version = chart_version(&previous_chart);
     let version = chart_version(&shared::chart_dir());
     assert_ne!(previous_version, version, "the previous release is another");
-    let c = nodes::shared_with(2, PodNetwork::default())
-        .await
-        .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
+    // Two plain nodes with nothing installed, to this test alone: it installs the releases
+    // itself, and the cluster goes with it.
+    let held = realnode::use_shape(
+        realnode::Shape::bare(2, realnode::PLAIN),
+        realnode::Access::Spoils,
+    )
+    .await;
+    let c = held.cluster().expect("this binary's own nodes");
     let image = |archive: &Path| {
         let names = c
             .load_image(archive)

@@ -56,7 +56,7 @@ fn node_running(c: &ipkeep_e2e::cluster::realnode::RealCluster, runtime: NodeRun
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_cri_o_the_agents_are_in_charge_and_a_deleted_pod_returns_with_its_address() {
     let _nodes = realnode::use_nodes(NODES, NETWORK).await;
-    let c = realnode::installed().await;
+    let c = realnode::installed();
     for n in c.nodes() {
         let info = kubectl_ok(
             c.plane(),
@@ -158,11 +158,7 @@ fn log_bridge_calls(node: &RealNode) {
     );
     let tmp = bin.join(".bridge.tmp");
     std::fs::write(&tmp, script).unwrap();
-    std::process::Command::new("chmod")
-        .arg("0755")
-        .arg(&tmp)
-        .status()
-        .unwrap();
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     std::fs::rename(&tmp, bin.join("bridge")).unwrap();
 }
 
@@ -188,7 +184,7 @@ fn leak(node: &RealNode) -> (String, String) {
     node.exec(&["ip", "netns", "add", "ipkeep-e2e-leak"])
         .unwrap();
     let out = cnitool(node, "add");
-    let result: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let result: serde_json::Value = serde_json::from_str(&out).unwrap();
     let ip = result["ips"][0]["address"]
         .as_str()
         .and_then(|a| a.split('/').next())
@@ -209,21 +205,15 @@ fn leak(node: &RealNode) -> (String, String) {
 
 /// `cnitool VERB` of the leak's network namespace on `node` (libcni over the node's conflist
 /// and plugins); its stdout, or the test fails with what it said.
-fn cnitool(node: &RealNode, verb: &str) -> Vec<u8> {
+fn cnitool(node: &RealNode, verb: &str) -> String {
     let cnitool = crio::bin_dir().unwrap().join("cnitool");
     let mut command = node.command(&cnitool.to_string_lossy());
     command
         .env("CNI_PATH", "/opt/cni/bin")
         .env("NETCONFPATH", "/etc/cni/net.d")
         .args([verb, CNI_NETWORK, LEAK_NETNS]);
-    let out = command.output().unwrap();
-    assert!(
-        out.status.success(),
-        "cnitool {verb} on {}: {}",
-        node.name(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
+    ipkeep_e2e::command::stdout_of(&mut command, None)
+        .unwrap_or_else(|e| panic!("on {}: {}", node.name(), ipkeep_e2e::error_chain(&e)))
 }
 
 /// The leak's DEL through libcni (what no runtime sends on a containerd node), and its network

@@ -29,8 +29,7 @@ const BUDGET: u32 = 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_earliest_released_yield_so_that_every_pod_the_node_admits_gets_an_address() {
-    realnode::choose(2, NETWORK);
-    let _nodes = realnode::use_real_nodes().await;
+    let _nodes = realnode::use_nodes(2, NETWORK).await;
     let (_tiny, node) = realnode::tiny_alone().await;
     let c = realnode::own().expect("this binary's own nodes");
     let tiny = node.name();

@@ -108,7 +108,7 @@ async fn agent_restarts(c: &ipkeep_e2e::cluster::realnode::RealCluster, node_nam
 }
 
 /// Scenario 7's agent fault: the agent's process on a node SIGKILLed (its pod stays; the kubelet
-/// restarts its container — `realnode_scenario_operator.rs` deletes the pod instead), and while
+/// restarts its container — `realnode/operator.rs` deletes the pod instead), and while
 /// it is down the StatefulSet scales from 3 to 5 and `web-0` is deleted and re-created: `web-0`
 /// keeps its addresses, all five reservations end Bound with their files on the node's disk,
 /// and none is deleted on the way.

@@ -21,11 +21,9 @@ use std::{
 use ipkeep_e2e::cluster::realnode::{
     self, RealCluster, RealClusterOptions, Slot, WORKLOAD_IMAGE, flannel, host::KUBELET_SYSCTLS,
 };
+use ipkeep_e2e::command;
 
 const POD_READY: Duration = Duration::from_secs(120);
-
-/// One test at a time in this binary (see the module docs).
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A busybox pod pinned to `node` that says hello on stdout, then serves `/www` on port 8080.
 fn web_pod(name: &str, node: &str) -> String {
@@ -50,7 +48,7 @@ fn web_pod(name: &str, node: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_on_two_real_nodes_talk_and_answer_exec_and_logs() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _machine = ipkeep_e2e::testkit::realnode::use_machine_alone().await;
     let t0 = Instant::now();
     let c = match RealCluster::start(RealClusterOptions::default()).await {
         Ok(c) => c,
@@ -186,23 +184,22 @@ async fn pods_on_two_real_nodes_talk_and_answer_exec_and_logs() {
     );
 }
 
-fn e2e(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ipkeep-e2e"))
-        .args(args)
-        .output()
-        .expect("run ipkeep-e2e")
+fn e2e_command(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ipkeep-e2e"));
+    command.args(args);
+    command
 }
 
+/// `ipkeep-e2e ARGS`, whatever its exit status.
+fn e2e(args: &[&str]) -> Output {
+    command::run(&mut e2e_command(args), None)
+        .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)))
+}
+
+/// `ipkeep-e2e ARGS`'s stdout; the test fails with what it said if it fails.
 fn e2e_ok(args: &[&str]) -> String {
-    let out = e2e(args);
-    assert!(
-        out.status.success(),
-        "ipkeep-e2e {args:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    command::stdout_of(&mut e2e_command(args), None)
+        .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)))
 }
 
 /// The machine's own values: the record of a cluster still running or being cleaned up (its
@@ -328,7 +325,7 @@ fn down_leaves_nothing(dir: &Path, slot: Slot, machine: &[(String, String)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_up_nodes_load_image_and_down_leave_nothing_and_restore_sysctls() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _machine = ipkeep_e2e::testkit::realnode::use_machine_alone().await;
     let machine = machine_sysctls();
     let dir = state_dir("rn-down");
     let slot = up_one_node(&dir);
@@ -341,7 +338,7 @@ async fn cluster_up_nodes_load_image_and_down_leave_nothing_and_restore_sysctls(
 /// nodes when asked for one that is not there; `down` leaves nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_up_with_flannel_answers_exec_inside_each_node_and_down_leaves_nothing() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _machine = ipkeep_e2e::testkit::realnode::use_machine_alone().await;
     let machine = machine_sysctls();
     let dir = state_dir("rn-flannel");
     let d = dir.to_str().unwrap();
@@ -415,7 +412,7 @@ async fn cluster_up_with_flannel_answers_exec_inside_each_node_and_down_leaves_n
 /// refused, naming its runtime); `down` leaves nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_up_with_a_cri_o_node_loads_images_into_each_runtime_and_strikes_nodes_by_hand() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _machine = ipkeep_e2e::testkit::realnode::use_machine_alone().await;
     let machine = machine_sysctls();
     let dir = state_dir("rn-crio");
     let d = dir.to_str().unwrap();
@@ -471,7 +468,7 @@ fn supervisor_and_watchdog(dir: &Path) -> (u32, u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_supervisor_leaves_nothing_once_its_watchdog_or_cluster_down_ran() {
-    let _one = ONE_AT_A_TIME.lock().await;
+    let _machine = ipkeep_e2e::testkit::realnode::use_machine_alone().await;
     let machine = machine_sysctls();
 
     // SIGKILL of the supervisor: its watchdog stops the daemons and reaps the nodes.

@@ -9,30 +9,14 @@
 //! `target/image/ipkeep.oci.tar`, or `IPKEEP_IMAGE_ARCHIVE`); fails loudly without them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::{
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{path::Path, time::Duration};
 
-use ipkeep_e2e::cluster::realnode::{self, RealCluster, WORKLOAD_IMAGE};
+use ipkeep_e2e::cluster::realnode::{RealCluster, WORKLOAD_IMAGE};
+use ipkeep_e2e::testkit::realnode as testkit;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, api::ListParams};
 
 const READY: Duration = Duration::from_secs(180);
-
-fn image_archive() -> PathBuf {
-    let path = std::env::var_os("IPKEEP_IMAGE_ARCHIVE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/image/ipkeep.oci.tar")
-        });
-    assert!(
-        path.is_file(),
-        "{} is missing: run `make image` (or set IPKEEP_IMAGE_ARCHIVE)",
-        path.display()
-    );
-    path
-}
 
 fn pod_ips(pod: &Pod) -> Vec<String> {
     pod.status
@@ -97,17 +81,22 @@ fn client_pod(node: &str) -> String {
     .to_string()
 }
 
-async fn cluster() -> &'static RealCluster {
-    match realnode::shared().await {
-        Ok(c) => c,
-        Err(e) => panic!("{}", ipkeep_e2e::error_chain(&e)),
-    }
+/// Two plain nodes with nothing installed, to this test alone: it installs the chart itself, and
+/// the cluster goes with it.
+async fn cluster() -> (testkit::Nodes, &'static RealCluster) {
+    let nodes = testkit::use_shape(
+        testkit::Shape::bare(2, testkit::PLAIN),
+        testkit::Access::Spoils,
+    )
+    .await;
+    let c = nodes.cluster().expect("this binary's own nodes");
+    (nodes, c)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_installs_on_real_nodes_and_a_deleted_statefulset_pod_keeps_its_address() {
-    let archive = image_archive();
-    let c = cluster().await;
+    let archive = testkit::image_archive();
+    let (_nodes, c) = cluster().await;
 
     // The image, as a user without a registry loads it.
     let names = c.load_image(&archive).unwrap();
@@ -115,19 +104,20 @@ async fn the_chart_installs_on_real_nodes_and_a_deleted_statefulset_pod_keeps_it
     let (repository, tag) = names[0].rsplit_once(':').unwrap();
 
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/ipkeep");
-    let out = c
-        .plane()
-        .helm()
-        .args(["install", "ipkeep"])
-        .arg(&chart)
-        .args(["--namespace", "ipkeep-system", "--create-namespace"])
-        .args(["--set", &format!("image.repository={repository}")])
-        .args(["--set", &format!("image.tag={tag}")])
-        .args(["--set", "image.pullPolicy=Never"])
-        .args(["--set", "cni.replaceHostLocal=true"])
-        .args(["--wait", "--timeout", "3m"])
-        .output()
-        .unwrap();
+    let out = ipkeep_e2e::command::run(
+        c.plane()
+            .helm()
+            .args(["install", "ipkeep"])
+            .arg(&chart)
+            .args(["--namespace", "ipkeep-system", "--create-namespace"])
+            .args(["--set", &format!("image.repository={repository}")])
+            .args(["--set", &format!("image.tag={tag}")])
+            .args(["--set", "image.pullPolicy=Never"])
+            .args(["--set", "cni.replaceHostLocal=true"])
+            .args(["--wait", "--timeout", "3m"]),
+        None,
+    )
+    .unwrap();
     assert!(
         out.status.success(),
         "helm install failed: {}{}\n{}",

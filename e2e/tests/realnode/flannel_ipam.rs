@@ -62,9 +62,11 @@ async fn flannel_conflist_naming_ipkeep_keeps_addresses_and_pods_from_before_the
     ) {
         return;
     }
-    realnode::choose(2, NETWORK);
-    realnode::choose_install(INSTALL);
-    let _nodes = realnode::use_real_nodes_alone().await;
+    let shape = realnode::Shape {
+        chart: Some(INSTALL),
+        ..realnode::Shape::chart(2, NETWORK)
+    };
+    let _nodes = realnode::use_shape(shape, realnode::Access::Alone).await;
     let (sys, c) = realnode::system("fl-ipam").await;
     let node_a = sys.node_name(0).to_owned();
     let a = realnode::node(c, &node_a);

@@ -60,6 +60,9 @@ async fn churn_one(sys: &System, pods: &BTreeMap<String, RunningPod>, pod: &str,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_and_leader_pods_deleted_and_helm_upgrade_while_pods_churn_then_helm_uninstall() {
+    // It uninstalls the chart at the end: the cluster goes with the test.
+    let _nodes =
+        realnode::use_shape(realnode::Shape::default_chart(), realnode::Access::Spoils).await;
     let (sys, c) = realnode::system("rn-operator").await;
     let node_a = sys.node_name(0).to_owned();
     let history = sys.record_reservations();

@@ -91,10 +91,13 @@ async fn on_k3s_directories_the_chart_replaces_the_host_local_link_survives_a_k3
     ) {
         return;
     }
-    realnode::choose(2, NETWORK);
-    realnode::choose_install(INSTALL);
-    let _nodes = realnode::use_real_nodes_alone().await;
-    let c = realnode::installed().await;
+    // It uninstalls the chart at the end: the cluster goes with the test.
+    let shape = realnode::Shape {
+        chart: Some(INSTALL),
+        ..realnode::Shape::chart(2, NETWORK)
+    };
+    let _nodes = realnode::use_shape(shape, realnode::Access::Spoils).await;
+    let c = realnode::installed();
     for n in c.nodes() {
         // The agent reads k3s's conflist where k3s writes it and sees ipkeep in charge.
         realnode::wait_pod_condition(c, &n.name(), "True", "InCharge").await;
