@@ -4,7 +4,7 @@
 //! fixture Node `node-a`, and the controller runs as the chart's controller ServiceAccount. As in
 //! `controller_real.rs`, no kubelet: the test reports the pods Running with addresses. The node
 //! budget (part 2) on a fixture Node whose budget its annotation sets; on real nodes, with real
-//! address exhaustion, in `realnode_scenario_budget.rs`.
+//! address exhaustion, in `e2e/tests/realnode/budget.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ipkeep_e2e::testkit as shared;

@@ -525,7 +525,7 @@ async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation()
         );
     }
     eprintln!(
-        "realnode_upgrade: {previous_version} → {version} → {previous_version}: nodes and images {:.1}s, install {:.1}s, upgrade {:.1}s, rollback {:.1}s, total {:.1}s",
+        "realnode upgrade: {previous_version} → {version} → {previous_version}: nodes and images {:.1}s, install {:.1}s, upgrade {:.1}s, rollback {:.1}s, total {:.1}s",
         started.as_secs_f64(),
         installed.as_secs_f64(),
         upgraded.as_secs_f64(),
