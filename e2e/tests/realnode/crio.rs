@@ -150,10 +150,13 @@ fn log_bridge_calls(node: &RealNode) {
     if !real.exists() {
         std::fs::rename(bin.join("bridge"), &real).unwrap();
     }
+    // GC's stdin is complete on disk before the call is logged: the test reads it as soon as it
+    // sees the call (logged first, a read could find the file still empty).
     let script = format!(
         "#!/bin/sh\n\
+         if [ \"$CNI_COMMAND\" = GC ]; then cat > {GC_STDIN}.tmp && mv {GC_STDIN}.tmp {GC_STDIN}; fi\n\
          echo \"$CNI_COMMAND $CNI_CONTAINERID\" >> {CALLS}\n\
-         if [ \"$CNI_COMMAND\" = GC ]; then cat > {GC_STDIN}; exec /opt/cni/bin/bridge.real < {GC_STDIN}; fi\n\
+         if [ \"$CNI_COMMAND\" = GC ]; then exec /opt/cni/bin/bridge.real < {GC_STDIN}; fi\n\
          exec /opt/cni/bin/bridge.real \"$@\"\n"
     );
     let tmp = bin.join(".bridge.tmp");
