@@ -1,5 +1,5 @@
 //! The agents' fan-out of `make bench-scale` (`bench_agent --fan-out N`): many node agents in
-//! this process, each the agent's own code ([`ipkeep_operator::agent::run_without_dir_watch`]:
+//! this process, each the agent's own code ([`ipkeep_operator::agent::run`] with `watch_data_dir: false`:
 //! its reflector, its write loop, its files) with its own client (its own ServiceAccount token and
 //! connection) and so its own watch of its node's reservations on the API server. One process
 //! rather than a thousand: the machine is shared, and a thousand runtimes would measure this
@@ -12,7 +12,7 @@ use std::{
 };
 
 use ipkeep_operator::{
-    agent::{AgentConfig, AgentError, AgentMetrics, run_without_dir_watch},
+    agent::{AgentConfig, AgentError, AgentMetrics, run},
     probes::Readiness,
 };
 use kube::Client;
@@ -76,18 +76,13 @@ impl Fleet {
                 default_retain_for: Duration::from_secs(86_400),
                 resync_interval: Duration::from_secs(600),
                 in_charge: None,
+                watch_data_dir: false,
             };
             let metrics = AgentMetrics::register(&prometheus::Registry::new())
                 .expect("the agent's metrics register in a new registry");
-            let task = tokio::spawn(run_without_dir_watch(
-                client,
-                config,
-                metrics,
-                ready.clone(),
-                async move {
-                    let _ = stopped.await;
-                },
-            ));
+            let task = tokio::spawn(run(client, config, metrics, ready.clone(), async move {
+                let _ = stopped.await;
+            }));
             self.agents.push(InProcess {
                 node: node.clone(),
                 ready,

@@ -122,6 +122,7 @@ impl Node {
             default_retain_for: Duration::from_secs(86_400),
             resync_interval,
             in_charge: None,
+            watch_data_dir: true,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn({

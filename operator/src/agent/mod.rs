@@ -182,6 +182,10 @@ pub struct AgentConfig {
     pub resync_interval: Duration,
     /// Whether and how to check that ipkeep is in charge on the node (`None`: no check).
     pub in_charge: Option<incharge::report::Reporter>,
+    /// Whether to watch the data directory with inotify (a removed directory is repaired at
+    /// once, not at the next resync). Off only where a thousand agents share one machine (the
+    /// bench's fan-out): inotify instances are a per-user limit, 128 by default.
+    pub watch_data_dir: bool,
 }
 
 /// Errors of the agent as a whole (disk and watch errors are retried, not returned).
@@ -259,6 +263,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             networks: args.networks,
             default_retain_for: args.default_retain_for,
             resync_interval: args.resync_interval,
+            watch_data_dir: true,
         };
         let result = run(client, config, metrics, readiness, shutdown::signal()).await;
         let _ = stop_tx.send(true);
@@ -287,31 +292,6 @@ pub async fn run(
     readiness: Arc<Readiness>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
-    run_agent(client, config, metrics, readiness, shutdown, true).await
-}
-
-/// [`run`] without the data directory's inotify watch (only the periodic resync repairs a
-/// removed directory): for `make bench-scale`, which runs a thousand agents in one process to
-/// measure their watches' cost on the API server; inotify instances are a per-user limit (128
-/// by default) that a thousand agents on one machine would exhaust.
-pub async fn run_without_dir_watch(
-    client: Client,
-    config: AgentConfig,
-    metrics: AgentMetrics,
-    readiness: Arc<Readiness>,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), AgentError> {
-    run_agent(client, config, metrics, readiness, shutdown, false).await
-}
-
-async fn run_agent(
-    client: Client,
-    config: AgentConfig,
-    metrics: AgentMetrics,
-    readiness: Arc<Readiness>,
-    shutdown: impl Future<Output = ()>,
-    dir_watch: bool,
-) -> Result<(), AgentError> {
     if config.node_name.is_empty() {
         return Err(AgentError::NoNodeName);
     }
@@ -334,7 +314,7 @@ async fn run_agent(
         changed.clone(),
         metrics.clone(),
     ));
-    let dirs = dir_watch.then(|| {
+    let dirs = config.watch_data_dir.then(|| {
         tokio::spawn(watch_directories(
             config.data_dir.clone(),
             config.networks.clone(),
