@@ -2,9 +2,10 @@
 //! with the pod and deletes reservations at their release time.
 //!
 //! Shape: four watches (pods and reservations projected to what decisions read, StatefulSets'
-//! metadata, nodes' pod CIDRs) fill caches and enqueue the pod names they touch; sharded workers
-//! (a name always lands on the same shard, so one name is never reconciled twice at once) take
-//! names from a scheduler that also holds each reservation's release time. Only the leader runs
+//! metadata, nodes' pod CIDRs) fill caches and enqueue the pod names they touch; a scheduler holds
+//! each name until it is due (a reservation's release time is a scheduled run), and the workers
+//! take due names from one [`WorkQueue`] that never hands out a name being reconciled, so one name
+//! is never reconciled twice at once and no worker idles while names wait. Only the leader runs
 //! the workers; a standby keeps its caches warm and takes over when the lease is free. A failed
 //! reconcile is tried again after [`Backoff::RECONCILE`] (the `error_policy` of kube's shape).
 //!
@@ -14,11 +15,11 @@
 //! and either may be missing: rooted at IPReservation, a newly annotated pod (no reservation yet)
 //! would never be reconciled; rooted at Pod, a deleted pod's reservation would never be released
 //! or expired. Bridging that needs a synthetic root store or a finalizer on every pod (a write
-//! per pod). Its other gifts we have from the same crate: each shard is kube-runtime's
-//! `scheduler` (the queue `Controller` is built on: one run per key at a time, runs scheduled at
-//! an instant, so a release time is a scheduled run), a name always hashes to the same shard,
-//! and the caches are its reflector stores. Leader election also fits better: the watches and
-//! caches run on every replica, and only the shards wait for the lease, where `Controller` owns
+//! per pod). Its other gifts we have from the same crate: the scheduler is kube-runtime's
+//! `scheduler` (the queue `Controller` is built on: a key scheduled once at its earliest instant),
+//! the work queue keeps `Controller`'s rule of one run per key at a time, and the caches are its
+//! reflector stores. Leader election also fits better: the watches and
+//! caches run on every replica, and only the workers wait for the lease, where `Controller` owns
 //! its watches (sharing them needs the `unstable-runtime` streams API).
 
 pub mod budget;
@@ -35,11 +36,11 @@ pub mod reconcile;
 pub mod view;
 pub mod webhook;
 pub mod webhook_tls;
+pub mod workqueue;
 
 use std::{
-    collections::hash_map::DefaultHasher,
+    collections::HashMap,
     future::Future,
-    hash::{Hash, Hasher},
     net::SocketAddr,
     sync::{Arc, RwLock},
     time::Duration,
@@ -72,6 +73,7 @@ use self::{
     metrics::Metrics,
     namespaces::{NamespaceSelector, Verdicts},
     reconcile::{Context, Next, SelectedNamespaces},
+    workqueue::WorkQueue,
 };
 use crate::{
     backoff::Backoff,
@@ -137,7 +139,7 @@ pub struct Args {
     /// This replica's identity in the Lease (default: `POD_NAME`, else host name and process id).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
-    /// Reconcile workers (each pod name always goes to the same one).
+    /// Reconcile workers (one name is never reconciled by two at once).
     #[arg(long, env = "IPKEEP_WORKERS", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub workers: u16,
     /// Also post Normal Events (`Reserved`, `Released`, `Rebound`, `Expired`, …), one write to the
@@ -223,7 +225,7 @@ pub struct Settings {
     pub metrics_addr: SocketAddr,
     /// Leader election, or none (a single replica).
     pub lease: Option<LeaseSettings>,
-    /// Number of reconcile shards.
+    /// Number of reconcile workers.
     pub workers: usize,
     /// Which Events are posted.
     pub events: Policy,
@@ -377,22 +379,21 @@ fn default_identity() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-/// The work queue: one scheduler per shard, fed only while this replica leads.
+/// The work queue's front: one scheduler (names and the instant each is due, a name scheduled
+/// once at its earliest), fed only while this replica leads; [`work`] drains it into the
+/// [`WorkQueue`] the workers take from.
 #[derive(Debug, Default)]
 struct Queue {
-    shards: RwLock<Option<Vec<mpsc::UnboundedSender<ScheduleRequest<Key>>>>>,
+    scheduler: RwLock<Option<mpsc::UnboundedSender<ScheduleRequest<Key>>>>,
 }
 
 impl Queue {
     fn enqueue_at(&self, key: Key, run_at: Instant) {
-        let shards = self.shards.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(shards) = shards.as_ref().filter(|s| !s.is_empty()) {
-            let mut h = DefaultHasher::new();
-            key.hash(&mut h);
-            let shard = (h.finish() % shards.len() as u64) as usize;
-            // A closed shard means the controller is stopping; nothing is lost that a restart
+        let scheduler = self.scheduler.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(scheduler) = scheduler.as_ref() {
+            // A closed scheduler means the controller is stopping; nothing is lost that a restart
             // does not redo.
-            let _ = shards[shard].unbounded_send(ScheduleRequest {
+            let _ = scheduler.unbounded_send(ScheduleRequest {
                 message: key,
                 run_at,
             });
@@ -404,10 +405,15 @@ impl Queue {
     }
 
     fn active(&self) -> bool {
-        self.shards
+        self.scheduler
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .is_some()
+    }
+
+    /// No reconcile may start from here on.
+    fn close(&self) {
+        *self.scheduler.write().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
@@ -582,7 +588,7 @@ pub async fn run(
     };
     readiness.set(false);
     metrics.leader.set(0);
-    *queue.shards.write().unwrap_or_else(|e| e.into_inner()) = None;
+    queue.close();
     let _ = stop_tx.send(true);
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
@@ -707,7 +713,7 @@ async fn lead(
         () = stopped(stop) => Ok(()),
     };
     // No reconcile may run once the lease is given up.
-    *queue.shards.write().unwrap_or_else(|e| e.into_inner()) = None;
+    queue.close();
     ctx.metrics.leader.set(0);
     drop(leading);
     released.release().await;
@@ -743,54 +749,93 @@ impl std::fmt::Debug for ReleaseOnDrop {
     }
 }
 
-/// Runs the reconcile shards; never returns on its own.
+/// Runs the scheduler and the workers; never returns on its own.
 async fn work(workers: usize, ctx: Arc<Context>, queue: Arc<Queue>) -> Result<(), ControllerError> {
-    let mut receivers = Vec::new();
-    let mut senders = Vec::new();
-    for _ in 0..workers.max(1) {
-        let (tx, rx) = mpsc::unbounded();
-        senders.push(tx);
-        receivers.push(rx);
-    }
-    *queue.shards.write().unwrap_or_else(|e| e.into_inner()) = Some(senders);
+    let (tx, rx) = mpsc::unbounded();
+    *queue.scheduler.write().unwrap_or_else(|e| e.into_inner()) = Some(tx);
     enqueue_everything(&ctx, &queue);
-    let shards = receivers
-        .into_iter()
-        .map(|rx| shard(rx, ctx.clone(), queue.clone()));
-    futures::future::join_all(shards).await;
+    let ready = Arc::new(Ready::default());
+    let feed = {
+        let ready = ready.clone();
+        async move {
+            let mut due = std::pin::pin!(scheduler(rx));
+            while let Some(key) = due.next().await {
+                ready.add(key);
+            }
+        }
+    };
+    let failures = Arc::new(std::sync::Mutex::new(HashMap::new()));
+    let workers = (0..workers.max(1))
+        .map(|_| worker(ready.clone(), failures.clone(), ctx.clone(), queue.clone()));
+    futures::future::join(feed, futures::future::join_all(workers)).await;
     Ok(())
 }
 
-async fn shard(
-    rx: mpsc::UnboundedReceiver<ScheduleRequest<Key>>,
-    ctx: Arc<Context>,
-    queue: Arc<Queue>,
-) {
-    let mut failures: std::collections::HashMap<Key, u32> = std::collections::HashMap::new();
-    let mut keys = std::pin::pin!(scheduler(rx));
-    while let Some(key) = keys.next().await {
+/// The [`WorkQueue`] the workers share, and the wake-up of an idle one.
+#[derive(Debug, Default)]
+struct Ready {
+    names: std::sync::Mutex<WorkQueue<Key>>,
+    added: tokio::sync::Notify,
+}
+
+impl Ready {
+    fn names(&self) -> std::sync::MutexGuard<'_, WorkQueue<Key>> {
+        self.names.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add(&self, key: Key) {
+        if self.names().add(key) {
+            self.added.notify_one();
+        }
+    }
+
+    /// The next name no other worker is reconciling; waits for one.
+    async fn take(&self) -> Key {
+        loop {
+            if let Some(key) = self.names().take() {
+                return key;
+            }
+            // A name added since the look above left a permit: this returns at once.
+            self.added.notified().await;
+        }
+    }
+
+    fn done(&self, key: &Key) {
+        if self.names().done(key) {
+            self.added.notify_one();
+        }
+    }
+}
+
+/// Consecutive failures per name, for the backoff.
+type Failures = Arc<std::sync::Mutex<HashMap<Key, u32>>>;
+
+async fn worker(ready: Arc<Ready>, failures: Failures, ctx: Arc<Context>, queue: Arc<Queue>) {
+    loop {
+        let key = ready.take().await;
         let started = std::time::Instant::now();
         let result = reconcile::reconcile(&key, &ctx).await;
         ctx.metrics
             .reconcile_duration
             .observe(started.elapsed().as_secs_f64());
+        let mut failed = failures.lock().unwrap_or_else(|e| e.into_inner());
         match result {
             Ok(next) => {
-                failures.remove(&key);
+                failed.remove(&key);
                 match next {
                     Next::AwaitChange => {}
                     Next::At(t) => {
                         let wait = t.duration_since(Timestamp::now());
                         let wait = Duration::try_from(wait).unwrap_or(Duration::ZERO);
-                        queue.enqueue_at(key, Instant::now() + wait);
+                        queue.enqueue_at(key.clone(), Instant::now() + wait);
                     }
                     Next::RetryMs(ms) => {
-                        queue.enqueue_at(key, Instant::now() + Duration::from_millis(ms));
+                        queue.enqueue_at(key.clone(), Instant::now() + Duration::from_millis(ms));
                     }
                 }
             }
             Err(e) => {
-                let n = failures.entry(key.clone()).or_insert(0);
+                let n = failed.entry(key.clone()).or_insert(0);
                 *n = n.saturating_add(1);
                 let delay = Backoff::RECONCILE.delay(*n);
                 ctx.metrics
@@ -798,9 +843,11 @@ async fn shard(
                     .with_label_values(&[e.kind()])
                     .inc();
                 tracing::warn!(%key, error = %error_chain(&e), retry_in_ms = delay.as_millis() as u64, "reconcile failed");
-                queue.enqueue_at(key, Instant::now() + delay);
+                queue.enqueue_at(key.clone(), Instant::now() + delay);
             }
         }
+        drop(failed);
+        ready.done(&key);
     }
 }
 
