@@ -1112,7 +1112,8 @@ impl Boot<'_> {
             path_arg("service-account-signing-key-file", &pki.sa_key),
             arg("service-cluster-ip-range", SERVICE_CIDR),
             arg("allow-privileged", true),
-            arg("profiling", false),
+            // /debug/pprof, for the controller bench's profiles (admin only, on loopback).
+            arg("profiling", true),
             path_arg("cert-dir", &dir.join("apiserver-certs")),
             // The API server reaches admission webhooks (ipkeep's placement webhook) at their
             // Service's endpoints, not its ClusterIP: this host is the control plane and runs no

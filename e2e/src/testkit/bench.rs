@@ -127,6 +127,25 @@ impl Plane {
             .expect("the control plane runs kube-apiserver")
     }
 
+    /// A CPU profile of kube-apiserver over the next `seconds` (its `/debug/pprof/profile`, read
+    /// as admin), written to `path` for `go tool pprof`.
+    pub async fn apiserver_cpu_profile(&self, seconds: u64, path: &Path) {
+        let request = http::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
+            .body(Vec::new())
+            .expect("a valid request");
+        let mut body = self
+            .admin()
+            .request_stream(request)
+            .await
+            .unwrap_or_else(|e| panic!("failed to profile kube-apiserver: {e}"));
+        let mut profile = Vec::new();
+        futures::AsyncReadExt::read_to_end(&mut body, &mut profile)
+            .await
+            .unwrap_or_else(|e| panic!("failed to read kube-apiserver's profile: {e}"));
+        std::fs::write(path, profile)
+            .unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
+    }
+
     /// The audit log.
     pub fn audit_log(&self) -> PathBuf {
         self.cluster
