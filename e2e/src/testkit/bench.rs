@@ -755,10 +755,13 @@ mod tests {
         }
     }
 
+    /// A case: its name, what the watch saw, how many released once, what is wrong.
+    type Case<'a> = (&'a str, WriteCount, usize, &'a [(&'a str, usize)]);
+
     #[test]
     fn a_failover_audit_accepts_each_release_once_and_nothing_else() {
         let released = ["a".to_owned(), "b".to_owned()];
-        let cases: &[(&str, WriteCount, usize, &[(&str, usize)])] = &[
+        let cases: &[Case] = &[
             (
                 "each once",
                 counts(&[("a", 1), ("b", 1), ("m", 2)], &[]),
