@@ -22,6 +22,9 @@ DEBIAN_PACKAGES=(
   'deps|iproute2|command -v ip'
   # GNU time: the peak memory figures of make bench.
   'deps|time|[ -x /usr/bin/time ]'
+  # The controller bench's plot (scripts/plot_controller.py, run with the system's python3, not
+  # the .venv) and the test that draws docs/controller-bench.csv with it.
+  'deps|python3-matplotlib|/usr/bin/python3 -c "import matplotlib"'
   # setpriv (every control plane process dies with its owner), nsenter and unshare (real nodes).
   'deps|util-linux|command -v setpriv && command -v nsenter && command -v unshare'
   # kill(1): the tests signal the processes they start (they exec it: bash's builtin is no help).

@@ -1,17 +1,24 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draws the controller bench's figures against pod count, beside their ceilings.
 
 Reads the CSV files `bench_controller --csv FILE` writes (one or more runs; rows are merged by
 pod count, the last run of a size wins) and writes one PNG: time to all Bound and to all
 Released beside the ceilings measured in the same run, and the controller's peak RSS.
 
-    python3 scripts/plot_controller.py OUT.png RUN.csv [RUN.csv ...]
+    /usr/bin/python3 scripts/plot_controller.py OUT.png RUN.csv [RUN.csv ...]
+
+`bench_controller --csv RUN.csv --plot OUT.png` runs it. It runs with the system's Python and
+Debian's python3-matplotlib (`make deps` installs it), not the project's .venv.
 """
 
 import csv
 import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError as e:
+    sys.exit(f"plot_controller.py: {e}: install Debian's python3-matplotlib (make deps, "
+             "or apt-get install python3-matplotlib) and run it with /usr/bin/python3")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -7,6 +7,16 @@
 //! pod deleted → time until every reservation is Released; the controller's peak RSS. Then
 //! `--expiries` reservations due in the same second → how late each expiry fires (p50/p99/max).
 //!
+//! `--failover`: at the largest size, once every reservation is Bound by a leader (two
+//! controllers with leader election on, one Lease), the leader is SIGKILLed and, at that instant,
+//! `--failover-pods` pods deleted: SIGKILL → the standby's first write (the first Released, seen
+//! through a watch) and → all of them Released, beside the goal: the Lease duration + the time to
+//! LIST the pods as the controller. Every write the API server made to the reservations from just
+//! before the SIGKILL until the standby has reconciled every key is recorded by a watch: each
+//! deleted pod's reservation must be written exactly once, every other not at all (the bench
+//! exits non-zero otherwise). The standby's start-up (process start → /readyz) is printed too.
+//! `--plot PNG` draws the CSV it wrote with `scripts/plot_controller.py`.
+//!
 //! Beside each figure, its ceiling, measured in the same run: the same writes of the same
 //! objects made by a plain client of the controller's identity with as many in flight as the
 //! controller has workers (server-side apply of spec and status; delete), so each figure also
@@ -30,7 +40,9 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
-use support::{Ceiling, Operator, PhaseWatch, Plane, percent, percentile, test_ip};
+use support::{
+    Ceiling, Operator, PhaseWatch, Plane, WriteAudit, Writes, percent, percentile, test_ip,
+};
 
 /// How many pod writes the bench makes at once while setting a size up (admin, exempt from APF).
 const SETUP_IN_FLIGHT: usize = 32;
@@ -56,6 +68,28 @@ struct Args {
     /// Also write each size's figures as CSV to this file (what `scripts/plot_controller.py` draws).
     #[arg(long)]
     csv: Option<std::path::PathBuf>,
+    /// Then draw that CSV into this PNG (`/usr/bin/python3 scripts/plot_controller.py`; needs
+    /// Debian's python3-matplotlib: `make deps`).
+    #[arg(long, requires = "csv")]
+    plot: Option<std::path::PathBuf>,
+    /// At the largest size: a standby, the leader SIGKILLed, the standby's takeover measured and
+    /// its writes audited (see the module docs).
+    #[arg(long)]
+    failover: bool,
+    /// Pods deleted at the SIGKILL: the standby's work.
+    #[arg(long, default_value_t = 100)]
+    failover_pods: usize,
+    /// The Lease duration of the two controllers of `--failover`, in seconds (the controller's
+    /// default).
+    #[arg(long, default_value_t = 15)]
+    lease_duration: u64,
+}
+
+/// The leader election of `--failover`.
+struct Election {
+    lease_namespace: String,
+    lease_secs: u64,
+    victims: usize,
 }
 
 /// The figures of one size.
@@ -88,19 +122,28 @@ async fn main() {
     let as_controller = plane.account_client(real::CONTROLLER_ACCOUNT).await;
     eprintln!("bench: measuring {}", plane.describe());
 
+    let largest = args.sizes.iter().copied().max().unwrap_or(0);
+    let election = Election {
+        lease_namespace: plane.release_namespace().await.to_owned(),
+        lease_secs: args.lease_duration,
+        victims: args.failover_pods.min(largest),
+    };
     let mut rows = Vec::new();
+    let mut failover = None;
     for &pods in &args.sizes {
-        rows.push(
-            one_size(
-                &plane,
-                &admin,
-                &as_controller,
-                &nodes,
-                pods,
-                args.normal_events,
-            )
-            .await,
-        );
+        let elect = (args.failover && pods == largest && failover.is_none()).then_some(&election);
+        let (row, report) = one_size(
+            &plane,
+            &admin,
+            &as_controller,
+            &nodes,
+            pods,
+            args.normal_events,
+            elect,
+        )
+        .await;
+        rows.push(row);
+        failover = failover.or(report);
     }
     let expiry = expiries(
         &plane,
@@ -113,9 +156,14 @@ async fn main() {
 
     println!("controller bench on {}", plane.describe());
     println!(
-        "  pods on {} nodes (Node objects, Ready, no kubelet), controller with its default {} workers, no leader election, Normal Events {}; load average now {}",
+        "  pods on {} nodes (Node objects, Ready, no kubelet), controller with its default {} workers, {}, Normal Events {}; load average now {}",
         nodes.len(),
         support::CONTROLLER_WORKERS,
+        if failover.is_some() {
+            "no leader election (two controllers with it at the failover's size)"
+        } else {
+            "no leader election"
+        },
         if args.normal_events {
             "on"
         } else {
@@ -127,12 +175,44 @@ async fn main() {
         print_row(r);
     }
     print_memory(&rows);
+    if let Some(f) = &failover {
+        f.print();
+    }
     expiry.print();
     if let Some(path) = &args.csv {
         write_csv(path, &rows);
+        if let Some(png) = &args.plot {
+            plot(png, path);
+        }
     }
     println!("  whole run: {:.0} s", started.elapsed().as_secs_f64());
     plane.finish();
+    if failover.is_some_and(|f| !f.audit.wrong.is_empty()) {
+        eprintln!(
+            "bench: the failover wrote a reservation twice, or one it had no reason to (above)"
+        );
+        std::process::exit(1);
+    }
+}
+
+/// `/usr/bin/python3 scripts/plot_controller.py png csv`; exits the bench if it fails.
+fn plot(png: &std::path::Path, csv: &std::path::Path) {
+    let script = ipkeep_e2e::testkit::repo_root().join("scripts/plot_controller.py");
+    match std::process::Command::new("/usr/bin/python3")
+        .arg(&script)
+        .arg(png)
+        .arg(csv)
+        .status()
+    {
+        Ok(s) if s.success() => println!("  plot: {}", png.display()),
+        outcome => {
+            eprintln!(
+                "bench: {} failed ({outcome:?}): it needs /usr/bin/python3 with Debian's python3-matplotlib (make deps, or apt-get install python3-matplotlib)",
+                script.display()
+            );
+            std::process::exit(1);
+        }
+    }
 }
 
 async fn one_size(
@@ -142,7 +222,8 @@ async fn one_size(
     nodes: &[String],
     pods: usize,
     normal_events: bool,
-) -> Row {
+    election: Option<&Election>,
+) -> (Row, Option<Failover>) {
     let ceiling_ns = plane.namespace("ceiling").await;
     let ceiling = Ceiling::measure(as_controller, &ceiling_ns, pods).await;
     eprintln!(
@@ -163,8 +244,14 @@ async fn one_size(
     );
     let mut phases = PhaseWatch::start(admin.clone(), &ns, None);
     let apiserver_cpu = support::cpu_seconds(plane.apiserver_pid());
-    let controller =
-        start_controller(plane, &ns, &format!("controller-{pods}"), normal_events).await;
+    let (controller, probe) = start_controller(
+        plane,
+        &ns,
+        &format!("controller-{pods}"),
+        normal_events,
+        election.map(|e| (e, "leader")),
+    )
+    .await;
     let first_bound = phases
         .until("the first reservation Bound", PATIENCE, |c| c.bound >= 1)
         .await;
@@ -180,9 +267,57 @@ async fn one_size(
         bind.as_secs_f64()
     );
 
+    // With --failover, the standby takes over here and releases the rest.
+    let (controller, failover, released_already) = match election {
+        Some(e) => {
+            let (standby, report) = failover(
+                plane,
+                admin,
+                as_controller,
+                &ns,
+                pods,
+                e,
+                normal_events,
+                &mut phases,
+                (controller, probe),
+            )
+            .await;
+            (standby, Some(report), e.victims)
+        }
+        None => (controller, None, 0),
+    };
+
     let t = Instant::now();
     let pod_api: Api<Pod> = Api::namespaced(admin.clone(), &ns);
-    let deletes = support::run_all(0..pods, SETUP_IN_FLIGHT, |i| {
+    let deletes = delete_pods(&pod_api, released_already..pods).await;
+    phases
+        .until("every reservation Released", PATIENCE, |c| {
+            c.released >= pods
+        })
+        .await;
+    let release = t.elapsed();
+    controller.check();
+    let peak_rss_kib = controller
+        .peak_rss_kib()
+        .max(failover.as_ref().map_or(0, |f| f.leader_peak_rss_kib));
+    controller.stop();
+    let row = Row {
+        pods,
+        first_bound,
+        bind,
+        release,
+        deletes,
+        peak_rss_kib,
+        bind_cpu,
+        bind_apiserver_cpu,
+        ceiling,
+    };
+    (row, failover)
+}
+
+/// Deletes pods `pod-<i>` for `i` in `range` (grace period 0, as a kubelet would once they stop).
+async fn delete_pods(pod_api: &Api<Pod>, range: std::ops::Range<usize>) -> Duration {
+    support::run_all(range, SETUP_IN_FLIGHT, |i| {
         let pod_api = pod_api.clone();
         async move {
             pod_api
@@ -194,26 +329,216 @@ async fn one_size(
                 .expect("pod delete");
         }
     })
+    .await
+}
+
+/// The figures of `--failover`.
+struct Failover {
+    pods: usize,
+    victims: usize,
+    lease_secs: u64,
+    /// A LIST of all the pods by the controller's identity (pages of 500), timed just before the
+    /// SIGKILL.
+    list: Duration,
+    /// The standby's process start → its /readyz (caches filled).
+    standby_ready: Duration,
+    /// SIGKILL → the first reservation Released (the standby's first write).
+    first_write: Duration,
+    /// SIGKILL → every deleted pod's reservation Released.
+    all_released: Duration,
+    /// SIGKILL → the standby's reconcile count reached the number of pods.
+    reconciled: Duration,
+    leader_peak_rss_kib: u64,
+    audit: WriteAudit,
+}
+
+/// The name of the reservation the bench writes to mark the end of the audited writes.
+const MARKER: &str = "bench-marker";
+
+/// `--failover` once every reservation is Bound by `leader`: starts the standby, SIGKILLs the
+/// leader and deletes `election.victims` pods at that instant, measures the takeover, audits
+/// every write. Returns the standby (now leading) and the figures.
+#[allow(clippy::too_many_arguments)]
+async fn failover(
+    plane: &Plane,
+    admin: &Client,
+    as_controller: &Client,
+    ns: &str,
+    pods: usize,
+    election: &Election,
+    normal_events: bool,
+    phases: &mut PhaseWatch,
+    leader: (Operator, std::net::SocketAddr),
+) -> (Operator, Failover) {
+    let (leader, leader_probe) = leader;
+    assert_eq!(
+        support::metric(leader_probe, "ipkeep_controller_leader").await,
+        Some(1.0),
+        "the first controller leads"
+    );
+    let (standby, probe) = start_controller(
+        plane,
+        ns,
+        &format!("standby-{pods}"),
+        normal_events,
+        Some((election, "standby")),
+    )
     .await;
+    let standby_ready = standby.ready(probe).await;
+    assert_eq!(
+        support::metric(probe, "ipkeep_controller_leader").await,
+        Some(0.0),
+        "the second controller waits for the lease"
+    );
+    let (listed, list) = list_pods(as_controller, ns).await;
+    assert_eq!(listed, pods, "the LIST returned every pod");
+    eprintln!(
+        "bench: standby ready {:.1} s after its start; LIST of {pods} pods {:.2} s; SIGKILL to the leader",
+        standby_ready.as_secs_f64(),
+        list.as_secs_f64()
+    );
+
+    let mut writes = Writes::start(admin.clone(), ns).await;
+    let leader_peak_rss_kib = leader.peak_rss_kib();
+    let killed = Instant::now();
+    leader.kill();
+    let pod_api: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let victims = election.victims;
+    let deleting = tokio::spawn(async move { delete_pods(&pod_api, 0..victims).await });
     phases
-        .until("every reservation Released", PATIENCE, |c| {
-            c.released >= pods
+        .until("the standby's first Released", PATIENCE, |c| {
+            c.released >= 1
         })
         .await;
-    let release = t.elapsed();
-    controller.check();
-    let peak_rss_kib = controller.peak_rss_kib();
-    controller.stop();
-    Row {
+    let first_write = killed.elapsed();
+    phases
+        .until("the deleted pods' reservations Released", PATIENCE, |c| {
+            c.released >= victims
+        })
+        .await;
+    let all_released = killed.elapsed();
+    deleting.await.expect("the pod deletes");
+    standby_reconciled(&standby, probe, pods).await;
+    let reconciled = killed.elapsed();
+    leader.stop();
+
+    // The marker: once the watch shows it, it has shown every write made before it.
+    let api: Api<IPReservation> = Api::namespaced(admin.clone(), ns);
+    let apply = PatchParams::apply(support::BENCH_MANAGER).force();
+    let spec = support::reservation_spec(MARKER, &test_ip(200_000), "node-0", "24h");
+    api.patch(MARKER, &apply, &Patch::Apply(&spec))
+        .await
+        .expect("the marker");
+    writes.seen(MARKER, 1, PATIENCE).await;
+    let seen = writes.stop();
+    api.delete(MARKER, &DeleteParams::default())
+        .await
+        .expect("the marker's delete");
+    let released: Vec<String> = (0..victims).map(|i| format!("pod-{i}")).collect();
+    let audit = WriteAudit::of(&seen, &released, MARKER);
+    let report = Failover {
         pods,
-        first_bound,
-        bind,
-        release,
-        deletes,
-        peak_rss_kib,
-        bind_cpu,
-        bind_apiserver_cpu,
-        ceiling,
+        victims,
+        lease_secs: election.lease_secs,
+        list,
+        standby_ready,
+        first_write,
+        all_released,
+        reconciled,
+        leader_peak_rss_kib,
+        audit,
+    };
+    (standby, report)
+}
+
+/// LISTs every pod of `ns` as the controller's reflector does (pages of 500, each dropped once
+/// counted); returns how many and how long it took.
+async fn list_pods(as_controller: &Client, ns: &str) -> (usize, Duration) {
+    let api = Api::<Pod>::namespaced(as_controller.clone(), ns);
+    let t = Instant::now();
+    let (mut listed, mut next) = (0, None::<String>);
+    loop {
+        let mut params = kube::api::ListParams::default().limit(500);
+        if let Some(token) = next.take() {
+            params = params.continue_token(&token);
+        }
+        let page = api
+            .list(&params)
+            .await
+            .expect("a LIST of the pods as the controller");
+        listed += page.items.len();
+        next = page.metadata.continue_.filter(|c| !c.is_empty());
+        if next.is_none() {
+            return (listed, t.elapsed());
+        }
+    }
+}
+
+/// Waits until the standby's reconcile count (its duration histogram's) reaches `pods`: it has
+/// reconciled every key at least once since it took over.
+async fn standby_reconciled(standby: &Operator, probe: std::net::SocketAddr, pods: usize) {
+    let t = Instant::now();
+    loop {
+        let count = support::metric(probe, "ipkeep_controller_reconcile_duration_seconds_count")
+            .await
+            .unwrap_or(0.0);
+        if count >= pods as f64 {
+            return;
+        }
+        standby.check();
+        assert!(
+            t.elapsed() < PATIENCE,
+            "the standby reconciled only {count} keys of {pods}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Failover {
+    fn goal(&self) -> Duration {
+        Duration::from_secs(self.lease_secs) + self.list
+    }
+
+    fn print(&self) {
+        println!(
+            "  failover at {} pods (two controllers, leader election on, Lease duration {} s):",
+            self.pods, self.lease_secs
+        );
+        println!(
+            "    standby ready {:.1} s after its process started (caches filled, /readyz)",
+            self.standby_ready.as_secs_f64()
+        );
+        println!(
+            "    SIGKILL → standby's first write {:>6.1} s (goal: Lease {} s + LIST of {} pods {:.2} s = {:.1} s) → {:.0} % of the goal",
+            self.first_write.as_secs_f64(),
+            self.lease_secs,
+            self.pods,
+            self.list.as_secs_f64(),
+            self.goal().as_secs_f64(),
+            percent(self.first_write.as_secs_f64(), self.goal().as_secs_f64())
+        );
+        println!(
+            "    SIGKILL → all {} deleted pods' reservations Released {:.1} s; → the standby reconciled {} keys {:.1} s",
+            self.victims,
+            self.all_released.as_secs_f64(),
+            self.pods,
+            self.reconciled.as_secs_f64()
+        );
+        println!(
+            "    writes the API server saw from before the SIGKILL until then: {} of {} Released exactly once, {} other reservations written: {}",
+            self.audit.once,
+            self.victims,
+            self.pods - self.victims,
+            if self.audit.wrong.is_empty() {
+                "none (no reservation written twice)".to_owned()
+            } else {
+                format!("WRONG {:?}", self.audit.wrong)
+            }
+        );
+        println!(
+            "    (process start → first write at each size is the \"first Bound\" line above; this size's Released is the standby's, for the other {} pods)",
+            self.pods - self.victims
+        );
     }
 }
 
@@ -236,21 +561,41 @@ async fn create_running_pod(client: Client, ns: String, i: usize, node: String) 
         .expect("pod status");
 }
 
-async fn start_controller(plane: &Plane, ns: &str, name: &str, normal_events: bool) -> Operator {
-    let args: Vec<String> = [
+/// Starts a controller of `ns`'s pods with its probes at a free port; with `election`, leader
+/// election on as identity `.1`, else off.
+async fn start_controller(
+    plane: &Plane,
+    ns: &str,
+    name: &str,
+    normal_events: bool,
+    election: Option<(&Election, &str)>,
+) -> (Operator, std::net::SocketAddr) {
+    let probe = support::free_addr();
+    let mut args: Vec<String> = [
         "controller",
         "--namespace",
         ns,
         "--metrics-addr",
-        "127.0.0.1:0",
-        "--leader-elect=false",
+        &probe.to_string(),
         &format!("--normal-events={normal_events}"),
         "--log-level",
         "warn",
     ]
     .map(String::from)
     .to_vec();
-    plane.operator(name, real::CONTROLLER_ACCOUNT, &args).await
+    match election {
+        Some((e, identity)) => args.extend([
+            "--leader-elect=true".to_owned(),
+            format!("--lease-namespace={}", e.lease_namespace),
+            format!("--lease-duration={}", e.lease_secs),
+            format!("--identity={identity}"),
+        ]),
+        None => args.push("--leader-elect=false".to_owned()),
+    }
+    (
+        plane.operator(name, real::CONTROLLER_ACCOUNT, &args).await,
+        probe,
+    )
 }
 
 fn print_row(r: &Row) {
@@ -417,7 +762,8 @@ async fn expiries(
         }
     })
     .await;
-    let controller = start_controller(plane, &ns, "controller-expiry", normal_events).await;
+    let (controller, _) =
+        start_controller(plane, &ns, "controller-expiry", normal_events, None).await;
     let slack = due.duration_since(Timestamp::now()).as_secs_f64();
     eprintln!("bench: {n} reservations due at {due} ({slack:.1} s from now)");
     let mut lateness = Vec::with_capacity(n);

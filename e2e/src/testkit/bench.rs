@@ -186,6 +186,11 @@ impl Plane {
         Operator { component }
     }
 
+    /// The release namespace the chart's RBAC was applied in: where the controller's Lease may live.
+    pub async fn release_namespace(&self) -> &'static str {
+        real::chart_rbac(self.cluster).await
+    }
+
     /// Removes the scratch directory (the real control plane's state goes when the bench exits).
     pub fn finish(self) {
         let _ = std::fs::remove_dir_all(&self.scratch);
@@ -240,6 +245,15 @@ impl Operator {
         }
     }
 
+    /// SIGKILL to its process group now (a leader dying without releasing its lease).
+    pub fn kill(&self) {
+        use rustix::process::{Pid, Signal, kill_process_group};
+        if let Some(pid) = i32::try_from(self.pid()).ok().and_then(Pid::from_raw) {
+            kill_process_group(pid, Signal::KILL)
+                .unwrap_or_else(|e| panic!("failed to SIGKILL {}: {e}", self.component.name()));
+        }
+    }
+
     /// SIGTERM, then SIGKILL after 5 s.
     pub fn stop(self) {
         self.component.stop(Duration::from_secs(5));
@@ -262,6 +276,16 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     let mut reply = String::new();
     stream.read_to_string(&mut reply).await.ok()?;
     Some(reply)
+}
+
+/// The value of the unlabelled sample `name` on the `/metrics` page at `probe`, if it answers and
+/// has one.
+pub async fn metric(probe: SocketAddr, name: &str) -> Option<f64> {
+    let reply = http_get(probe, "/metrics").await?;
+    reply.lines().find_map(|l| {
+        let (key, value) = l.split_once(' ')?;
+        (key == name).then(|| value.trim().parse().ok()).flatten()
+    })
 }
 
 /// A field of `/proc/<pid>/status` in KiB (`VmRSS:`, `VmHWM:`); 0 if unreadable.
@@ -640,4 +664,193 @@ pub fn is_write(verb: &str) -> bool {
         verb,
         "create" | "update" | "patch" | "delete" | "deletecollection"
     )
+}
+
+/// Every write the API server made to a namespace's reservations from a point on, as a watch from
+/// that resourceVersion sees them: each ADDED or MODIFIED event is one write (a new
+/// resourceVersion), each DELETED one delete.
+pub struct Writes {
+    task: tokio::task::JoinHandle<()>,
+    seen: tokio::sync::watch::Receiver<WriteCount>,
+}
+
+/// What [`Writes`] has seen so far.
+#[derive(Debug, Clone, Default)]
+pub struct WriteCount {
+    /// Writes (ADDED or MODIFIED) by reservation name.
+    pub writes: BTreeMap<String, usize>,
+    /// Deletes by reservation name.
+    pub deletes: BTreeMap<String, usize>,
+}
+
+impl Writes {
+    /// Starts recording the writes to `ns`'s reservations made after now (a LIST gives the
+    /// resourceVersion the watch starts from; a watch that ends is resumed from the last one seen).
+    pub async fn start(client: Client, ns: &str) -> Writes {
+        use kube::api::{ListParams, WatchEvent, WatchParams};
+        let api: Api<IPReservation> = Api::namespaced(client, ns);
+        let mut version = api
+            .list_metadata(&ListParams::default().limit(1))
+            .await
+            .expect("a LIST of the reservations")
+            .metadata
+            .resource_version
+            .expect("a LIST has a resourceVersion");
+        let (tx, seen) = tokio::sync::watch::channel(WriteCount::default());
+        let task = tokio::spawn(async move {
+            loop {
+                let mut events = std::pin::pin!(
+                    api.watch(&WatchParams::default().timeout(290), &version)
+                        .await
+                        .expect("a watch of the reservations")
+                );
+                while let Some(event) = events.try_next().await.expect("the reservations' watch") {
+                    let (r, deleted) = match event {
+                        WatchEvent::Added(r) | WatchEvent::Modified(r) => (r, false),
+                        WatchEvent::Deleted(r) => (r, true),
+                        WatchEvent::Bookmark(b) => {
+                            version = b.metadata.resource_version;
+                            continue;
+                        }
+                        WatchEvent::Error(e) => panic!("the reservations' watch failed: {e:?}"),
+                    };
+                    version = r.resource_version().unwrap_or_default();
+                    tx.send_modify(|c| {
+                        let counts = if deleted {
+                            &mut c.deletes
+                        } else {
+                            &mut c.writes
+                        };
+                        *counts.entry(r.name_any()).or_insert(0) += 1;
+                    });
+                }
+            }
+        });
+        Writes { task, seen }
+    }
+
+    /// Waits until `n` writes to `name` have been seen (failing the bench after `limit`): the
+    /// watch delivers in resourceVersion order, so every write made before them has been seen too.
+    pub async fn seen(&mut self, name: &str, n: usize, limit: Duration) {
+        let waited = tokio::time::timeout(
+            limit,
+            self.seen
+                .wait_for(|c| c.writes.get(name).is_some_and(|&w| w >= n)),
+        )
+        .await;
+        assert!(
+            matches!(waited, Ok(Ok(_))),
+            "the reservations' watch never showed {n} writes to {name}"
+        );
+    }
+
+    /// Stops recording; what was seen.
+    pub fn stop(self) -> WriteCount {
+        self.seen.borrow().clone()
+    }
+}
+
+/// Whether the writes a [`Writes`] saw are the ones a failover may make: each of `released`
+/// written exactly once (its Release), nothing else written or deleted (`ignore`: the bench's own).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteAudit {
+    /// Of `released`, how many were written exactly once.
+    pub once: usize,
+    /// Every other reservation written or deleted, and how often (the `released` ones written
+    /// more than once or never among them): empty when the failover wrote nothing twice.
+    pub wrong: BTreeMap<String, usize>,
+}
+
+impl WriteAudit {
+    /// Audits `seen` against the names expected to be released once.
+    pub fn of(seen: &WriteCount, released: &[String], ignore: &str) -> WriteAudit {
+        let count = |map: &BTreeMap<String, usize>, name: &str| map.get(name).copied().unwrap_or(0);
+        let mut audit = WriteAudit::default();
+        for name in released {
+            match (count(&seen.writes, name), count(&seen.deletes, name)) {
+                (1, 0) => audit.once += 1,
+                (w, d) => {
+                    audit.wrong.insert(name.clone(), w + d);
+                }
+            }
+        }
+        for (name, n) in seen.writes.iter().chain(&seen.deletes) {
+            if name != ignore && !released.contains(name) {
+                *audit.wrong.entry(name.clone()).or_insert(0) += n;
+            }
+        }
+        audit
+    }
+}
+
+impl Drop for Writes {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(writes: &[(&str, usize)], deletes: &[(&str, usize)]) -> WriteCount {
+        let map = |v: &[(&str, usize)]| v.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect();
+        WriteCount {
+            writes: map(writes),
+            deletes: map(deletes),
+        }
+    }
+
+    /// A case: its name, what the watch saw, how many released once, what is wrong.
+    type Case<'a> = (&'a str, WriteCount, usize, &'a [(&'a str, usize)]);
+
+    #[test]
+    fn a_failover_audit_accepts_each_release_once_and_nothing_else() {
+        let released = ["a".to_owned(), "b".to_owned()];
+        let cases: &[Case] = &[
+            (
+                "each once",
+                counts(&[("a", 1), ("b", 1), ("m", 2)], &[]),
+                2,
+                &[],
+            ),
+            (
+                "one twice",
+                counts(&[("a", 2), ("b", 1)], &[]),
+                1,
+                &[("a", 2)],
+            ),
+            ("one never", counts(&[("a", 1)], &[]), 1, &[("b", 0)]),
+            (
+                "another written",
+                counts(&[("a", 1), ("b", 1), ("c", 1)], &[]),
+                2,
+                &[("c", 1)],
+            ),
+            (
+                "another deleted",
+                counts(&[("a", 1), ("b", 1)], &[("c", 1)]),
+                2,
+                &[("c", 1)],
+            ),
+            (
+                "a released one deleted",
+                counts(&[("a", 1), ("b", 1)], &[("a", 1)]),
+                1,
+                &[("a", 2)],
+            ),
+            (
+                "the bench's own ignored",
+                counts(&[("a", 1), ("b", 1)], &[("m", 1)]),
+                2,
+                &[],
+            ),
+        ];
+        for (case, seen, once, wrong) in cases {
+            let audit = WriteAudit::of(seen, &released, "m");
+            let wrong: BTreeMap<String, usize> =
+                wrong.iter().map(|(k, n)| ((*k).to_owned(), *n)).collect();
+            assert_eq!((audit.once, audit.wrong), (*once, wrong), "{case}");
+        }
+    }
 }
