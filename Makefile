@@ -134,14 +134,17 @@ bench-controller: deps cluster-bins
 ## bench-scale: the controller bench at Kubernetes' scale: 1 000, 10 000, 30 000 and 100 000
 ## annotated pods, each beside its ceiling, RSS per 1 000 pods from the slope, and at 100 000 a
 ## leader SIGKILLed beside its standby (takeover beside the Lease duration + a LIST, every write
-## audited); writes docs/controller-bench.csv and draws docs/controller-bench.png from it (hours on
+## audited); writes docs/controller-bench.csv and draws docs/controller-bench.png from it, and
+## kube-apiserver's CPU profiles of each large size's Bound step, ceiling and controller, into
+## target/bench-profiles (`go tool pprof -top FILE`; hours on
 ## 2 busy cores; etcd and kube-apiserver hold the 100 000 pods beside it). Then 1 000 node agents'
 ## watches on the real kube-apiserver (its memory and CPU per agent, projected to 5 000 nodes).
 ## `make bench-controller` and `make bench-agent` stay short.
 bench-scale: deps cluster-bins
 	@$(BENCH_ENV) && $(CARGO) run --release -p ipkeep-e2e --example bench_controller -- \
 	  --sizes 1000,10000,30000,100000 --failover \
-	  --csv docs/controller-bench.csv --plot docs/controller-bench.png $(ARGS)
+	  --csv docs/controller-bench.csv --plot docs/controller-bench.png \
+	  --profile $(CURDIR)/target/bench-profiles $(ARGS)
 	@$(BENCH_ENV) && $(CARGO) run --release -p ipkeep-e2e --example bench_agent -- --agents 0 --fan-out 1000
 
 ## bench-agent: the node agent against the real API server: change → file latency with 5 000

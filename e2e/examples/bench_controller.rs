@@ -72,6 +72,11 @@ struct Args {
     /// Debian's python3-matplotlib: `make deps`).
     #[arg(long, requires = "csv")]
     plot: Option<std::path::PathBuf>,
+    /// kube-apiserver's CPU profile over seconds 3–18 of each size's ceiling Bound step and of
+    /// its controller's, into this directory (`ceiling-N.pprof`, `controller-N.pprof`; read them
+    /// with `go tool pprof -top FILE`), at sizes of 10 000 pods or more.
+    #[arg(long)]
+    profile: Option<std::path::PathBuf>,
     /// At the largest size: a standby, the leader SIGKILLed, the standby's takeover measured and
     /// its writes audited (see the module docs).
     #[arg(long)]
@@ -138,7 +143,10 @@ async fn main() {
             &as_controller,
             &nodes,
             pods,
-            args.normal_events,
+            &Knobs {
+                normal_events: args.normal_events,
+                profile: args.profile.as_deref(),
+            },
             elect,
         )
         .await;
@@ -215,17 +223,53 @@ fn plot(png: &std::path::Path, csv: &std::path::Path) {
     }
 }
 
+/// How each size is run, besides its size.
+struct Knobs<'a> {
+    normal_events: bool,
+    /// Where kube-apiserver's CPU profiles go, if taken.
+    profile: Option<&'a std::path::Path>,
+}
+
+/// Profiles are taken from this long after a step starts (past the controller's start-up)...
+const PROFILE_FROM: Duration = Duration::from_secs(3);
+/// ...for this many seconds, at sizes whose steps last longer.
+const PROFILE_SECONDS: u64 = 15;
+const PROFILE_FROM_PODS: usize = 10_000;
+
+impl Knobs<'_> {
+    /// kube-apiserver's CPU profile of `step` at `pods`, when asked for and the size is large
+    /// enough for the step to outlast it.
+    async fn profile(&self, plane: &Plane, pods: usize, step: &str) {
+        let Some(dir) = self.profile.filter(|_| pods >= PROFILE_FROM_PODS) else {
+            return;
+        };
+        std::fs::create_dir_all(dir)
+            .unwrap_or_else(|e| panic!("failed to create {}: {e}", dir.display()));
+        tokio::time::sleep(PROFILE_FROM).await;
+        let path = dir.join(format!("{step}-{pods}.pprof"));
+        plane.apiserver_cpu_profile(PROFILE_SECONDS, &path).await;
+        eprintln!(
+            "bench: kube-apiserver's profile of the {step} at {pods}: {}",
+            path.display()
+        );
+    }
+}
+
 async fn one_size(
     plane: &Plane,
     admin: &Client,
     as_controller: &Client,
     nodes: &[String],
     pods: usize,
-    normal_events: bool,
+    knobs: &Knobs<'_>,
     election: Option<&Election>,
 ) -> (Row, Option<Failover>) {
+    let normal_events = knobs.normal_events;
     let ceiling_ns = plane.namespace("ceiling").await;
-    let ceiling = Ceiling::measure(as_controller, &ceiling_ns, pods).await;
+    let (ceiling, ()) = tokio::join!(
+        Ceiling::measure(as_controller, &ceiling_ns, pods, plane.apiserver_pid()),
+        knobs.profile(plane, pods, "ceiling"),
+    );
     eprintln!(
         "bench: ceiling for {pods}: bind {:.1} s, release {:.1} s, delete {:.1} s",
         ceiling.bind.as_secs_f64(),
@@ -252,13 +296,16 @@ async fn one_size(
         election.map(|e| (e, "leader")),
     )
     .await;
-    let first_bound = phases
-        .until("the first reservation Bound", PATIENCE, |c| c.bound >= 1)
-        .await;
-    let bind = first_bound
-        + phases
+    let bound = async {
+        let first_bound = phases
+            .until("the first reservation Bound", PATIENCE, |c| c.bound >= 1)
+            .await;
+        let all = phases
             .until("every reservation Bound", PATIENCE, |c| c.bound >= pods)
             .await;
+        (first_bound, first_bound + all)
+    };
+    let ((first_bound, bind), ()) = tokio::join!(bound, knobs.profile(plane, pods, "controller"));
     let bind_cpu = support::cpu_seconds(controller.pid());
     let bind_apiserver_cpu = support::cpu_seconds(plane.apiserver_pid()) - apiserver_cpu;
     controller.check();
@@ -631,17 +678,27 @@ fn print_row(r: &Row) {
         r.bind_apiserver_cpu,
         100.0 * r.bind_apiserver_cpu / r.bind.as_secs_f64()
     );
+    // Whether kube-apiserver works harder per write for the controller than for the ceiling's
+    // client, or only gets less of the machine.
+    let per_write = |cpu: f64| 1_000.0 * cpu / (2 * r.pods) as f64;
+    println!(
+        "    kube-apiserver CPU per Bound write: {:.2} ms for the controller, {:.2} ms for the ceiling's client ({:.2}x)",
+        per_write(r.bind_apiserver_cpu),
+        per_write(c.bind_apiserver_cpu),
+        r.bind_apiserver_cpu / c.bind_apiserver_cpu
+    );
 }
 
 /// The rows as CSV, one line per size: times and their ceilings in seconds, peak RSS in MiB,
-/// CPU seconds until all Bound, and the load average when the file was written.
+/// CPU seconds until all Bound (the controller's, kube-apiserver's, and kube-apiserver's over the
+/// ceiling's Bound step), and the load average when the file was written.
 fn write_csv(path: &std::path::Path, rows: &[Row]) {
     let mut text = String::from(
-        "pods,first_bound_s,bound_s,bound_ceiling_s,released_s,released_ceiling_s,deletes_s,peak_rss_mib,controller_cpu_s,apiserver_cpu_s,load_average\n",
+        "pods,first_bound_s,bound_s,bound_ceiling_s,released_s,released_ceiling_s,deletes_s,peak_rss_mib,controller_cpu_s,apiserver_cpu_s,ceiling_apiserver_cpu_s,load_average\n",
     );
     for r in rows {
         text.push_str(&format!(
-            "{},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{}\n",
+            "{},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{}\n",
             r.pods,
             r.first_bound.as_secs_f64(),
             r.bind.as_secs_f64(),
@@ -652,6 +709,7 @@ fn write_csv(path: &std::path::Path, rows: &[Row]) {
             r.peak_rss_kib as f64 / 1024.0,
             r.bind_cpu,
             r.bind_apiserver_cpu,
+            r.ceiling.bind_apiserver_cpu,
             support::load_average().replace(' ', "/")
         ));
     }
@@ -725,7 +783,7 @@ async fn expiries(
     normal_events: bool,
 ) -> Expiry {
     let ceiling_ns = plane.namespace("ceiling").await;
-    let ceiling = Ceiling::measure(as_controller, &ceiling_ns, n).await;
+    let ceiling = Ceiling::measure(as_controller, &ceiling_ns, n, plane.apiserver_pid()).await;
     let ns = plane.namespace("bench-expiry").await;
     // Due well after the set-up and the controller's start; released 90 s before, so whatever a
     // reconcile computes, the release time is this one second.

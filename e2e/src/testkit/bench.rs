@@ -388,18 +388,22 @@ pub struct Ceiling {
     pub release: Duration,
     /// One delete each (an expiry's write).
     pub delete: Duration,
+    /// kube-apiserver's CPU seconds over the bind step.
+    pub bind_apiserver_cpu: f64,
 }
 
 /// The longest one step of a ceiling may take before the bench gives up.
 const CEILING_PATIENCE: Duration = Duration::from_secs(1_800);
 
 impl Ceiling {
-    /// Measures it with `n` reservations in namespace `ns` (left empty afterwards).
-    pub async fn measure(client: &Client, ns: &str, n: usize) -> Ceiling {
+    /// Measures it with `n` reservations in namespace `ns` (left empty afterwards), and the CPU
+    /// kube-apiserver (`apiserver_pid`) spends on the bind step.
+    pub async fn measure(client: &Client, ns: &str, n: usize, apiserver_pid: u32) -> Ceiling {
         let api: Api<IPReservation> = Api::namespaced(client.clone(), ns);
         let apply = PatchParams::apply(BENCH_MANAGER).force();
         let mut seen = PhaseWatch::start(client.clone(), ns, None);
         let t = Instant::now();
+        let cpu = cpu_seconds(apiserver_pid);
         run_all(0..n, CONTROLLER_WORKERS, |i| {
             let (api, apply) = (api.clone(), apply.clone());
             async move {
@@ -421,6 +425,7 @@ impl Ceiling {
         })
         .await;
         let bind = t.elapsed();
+        let bind_apiserver_cpu = cpu_seconds(apiserver_pid) - cpu;
         let released_at = jiff::Timestamp::now().to_string();
         let release_time =
             (jiff::Timestamp::now() + jiff::SignedDuration::from_hours(24)).to_string();
@@ -466,6 +471,7 @@ impl Ceiling {
             bind,
             release,
             delete,
+            bind_apiserver_cpu,
         }
     }
 
