@@ -133,6 +133,25 @@ async fn main() {
         lease_secs: args.lease_duration,
         victims: args.failover_pods.min(largest),
     };
+    // Each size's figures are printed as soon as they are measured: a run of hours that fails
+    // late keeps what it measured.
+    println!("controller bench on {}", plane.describe());
+    println!(
+        "  pods on {} nodes (Node objects, Ready, no kubelet), controller with its default {} workers, {}, Normal Events {}; load average at the start {}",
+        nodes.len(),
+        support::CONTROLLER_WORKERS,
+        if args.failover {
+            "no leader election (two controllers with it at the failover's size)"
+        } else {
+            "no leader election"
+        },
+        if args.normal_events {
+            "on"
+        } else {
+            "off (the default)"
+        },
+        support::load_average()
+    );
     let mut rows = Vec::new();
     let mut failover = None;
     for &pods in &args.sizes {
@@ -150,6 +169,7 @@ async fn main() {
             elect,
         )
         .await;
+        print_row(&row);
         rows.push(row);
         failover = failover.or(report);
     }
@@ -162,26 +182,7 @@ async fn main() {
     )
     .await;
 
-    println!("controller bench on {}", plane.describe());
-    println!(
-        "  pods on {} nodes (Node objects, Ready, no kubelet), controller with its default {} workers, {}, Normal Events {}; load average now {}",
-        nodes.len(),
-        support::CONTROLLER_WORKERS,
-        if failover.is_some() {
-            "no leader election (two controllers with it at the failover's size)"
-        } else {
-            "no leader election"
-        },
-        if args.normal_events {
-            "on"
-        } else {
-            "off (the default)"
-        },
-        support::load_average()
-    );
-    for r in &rows {
-        print_row(r);
-    }
+    println!("  load average now {}", support::load_average());
     print_memory(&rows);
     if let Some(f) = &failover {
         f.print();

@@ -48,9 +48,14 @@ pub async fn service_account_token(
         })
 }
 
+/// How long the ServiceAccount tokens the tests and benches hand out live: a day, because
+/// `make bench-scale` runs for hours and its controllers use theirs throughout (with one hour, the
+/// 100 000-pod run met 401 Unauthorized after its first hour).
+pub const TOKEN_LIFETIME_SECS: i64 = 86_400;
+
 impl Cluster {
-    /// Writes to `path` a kubeconfig for ServiceAccount `namespace/name` with a fresh one-hour
-    /// token, its context defaulting to `namespace`.
+    /// Writes to `path` a kubeconfig for ServiceAccount `namespace/name` with a fresh
+    /// [`TOKEN_LIFETIME_SECS`] token, its context defaulting to `namespace`.
     pub async fn write_service_account_kubeconfig(
         &self,
         namespace: &str,
@@ -58,7 +63,7 @@ impl Cluster {
         path: &Path,
     ) -> Result<(), ClusterError> {
         let client = self.client()?;
-        let token = service_account_token(&client, namespace, name, 3600).await?;
+        let token = service_account_token(&client, namespace, name, TOKEN_LIFETIME_SECS).await?;
         let doc = kubeconfig(
             self.server(),
             self.ca_path(),
@@ -71,14 +76,14 @@ impl Cluster {
     }
 
     /// A client configuration that authenticates as ServiceAccount `namespace/name` with a
-    /// fresh one-hour token (point it through a fault proxy with `FaultProxy::config_through`).
+    /// fresh [`TOKEN_LIFETIME_SECS`] token (point it through a fault proxy with `FaultProxy::config_through`).
     pub async fn service_account_config(
         &self,
         namespace: &str,
         name: &str,
     ) -> Result<kube::Config, ClusterError> {
         let admin = self.client()?;
-        let token = service_account_token(&admin, namespace, name, 3600).await?;
+        let token = service_account_token(&admin, namespace, name, TOKEN_LIFETIME_SECS).await?;
         let mut config = self.config();
         config.auth_info = kube::config::AuthInfo {
             token: Some(token.into()),

@@ -91,7 +91,7 @@ impl Plane {
         )
     }
 
-    /// A kubeconfig of the chart's ServiceAccount `account` (a one-hour token).
+    /// A kubeconfig of the chart's ServiceAccount `account` (a one-day token).
     pub async fn account_kubeconfig(&self, account: &str) -> PathBuf {
         let path = self.scratch.join(format!("kubeconfig-{account}"));
         real::account_kubeconfig(self.cluster, account, &path).await;
