@@ -2,11 +2,11 @@
 //! reservation on every reconcile.
 //!
 //! Kept small, as it holds an entry per reservation (issue 28): a key is one allocation shared by
-//! the three maps, a node name one per node, and an address's claimants a short list (almost
-//! always one; a B-tree set of one costs a whole node, about 550 bytes).
+//! the three maps, a node name one per node, and an address's claimants its one key (a list only
+//! when several claim it; a B-tree set of one costs a whole node, about 550 bytes).
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeSet, HashMap, hash_map::Entry as Slot},
     net::IpAddr,
     sync::{Arc, Mutex},
 };
@@ -19,15 +19,55 @@ use crate::key::Key;
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
     node: Arc<str>,
-    ips: Vec<IpAddr>,
+    ips: Box<[IpAddr]>,
     created: Timestamp,
+}
+
+/// An address's claimants, sorted: almost always one, kept without a list of its own.
+#[derive(Debug, Clone)]
+enum Claimants {
+    One(Arc<Key>),
+    Many(Vec<Arc<Key>>),
+}
+
+impl Claimants {
+    fn as_slice(&self) -> &[Arc<Key>] {
+        match self {
+            Claimants::One(k) => std::slice::from_ref(k),
+            Claimants::Many(keys) => keys,
+        }
+    }
+
+    /// Adds `key` in order, unless present.
+    fn insert(&mut self, key: Arc<Key>) {
+        let mut keys = self.as_slice().to_vec();
+        if let Err(at) = keys.binary_search(&key) {
+            keys.insert(at, key);
+            *self = Claimants::Many(keys);
+        }
+    }
+
+    /// Drops `key`; `None` when no claimant is left.
+    fn without(&self, key: &Key) -> Option<Claimants> {
+        let mut keys: Vec<Arc<Key>> = self
+            .as_slice()
+            .iter()
+            .filter(|k| ***k != *key)
+            .cloned()
+            .collect();
+        match keys.len() {
+            0 => None,
+            1 => keys.pop().map(Claimants::One),
+            _ => Some(Claimants::Many(keys)),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     by_key: HashMap<Arc<Key>, Entry>,
     /// Each address's claimants, sorted.
-    by_address: HashMap<(Arc<str>, IpAddr), Vec<Arc<Key>>>,
+    by_address: HashMap<(Arc<str>, IpAddr), Claimants>,
     by_node: HashMap<Arc<str>, BTreeSet<Arc<Key>>>,
 }
 
@@ -108,6 +148,7 @@ impl AddressIndex {
                 continue;
             };
             let claims: Vec<Claim> = set
+                .as_slice()
                 .iter()
                 .filter_map(|k| {
                     inner.by_key.get(k).map(|e| Claim {
@@ -129,10 +170,15 @@ fn insert(inner: &mut Inner, key: Key, e: Entry) -> Vec<Key> {
     let key = Arc::new(key);
     let mut touched = Vec::new();
     for ip in &e.ips {
-        let claimants = inner.by_address.entry((e.node.clone(), *ip)).or_default();
-        touched.extend(claimants.iter().map(|k| Key::clone(k)));
-        if let Err(at) = claimants.binary_search(&key) {
-            claimants.insert(at, key.clone());
+        match inner.by_address.entry((e.node.clone(), *ip)) {
+            Slot::Vacant(slot) => {
+                slot.insert(Claimants::One(key.clone()));
+            }
+            Slot::Occupied(mut slot) => {
+                let claimants = slot.get_mut();
+                touched.extend(claimants.as_slice().iter().map(|k| Key::clone(k)));
+                claimants.insert(key.clone());
+            }
         }
     }
     inner
@@ -155,11 +201,15 @@ fn remove(inner: &mut Inner, key: &Key) -> Vec<Key> {
         }
         for ip in &old.ips {
             let slot = (old.node.clone(), *ip);
-            if let Some(claimants) = inner.by_address.get_mut(&slot) {
-                claimants.retain(|k| **k != *key);
-                touched.extend(claimants.iter().map(|k| Key::clone(k)));
-                if claimants.is_empty() {
-                    inner.by_address.remove(&slot);
+            if let Some(claimants) = inner.by_address.get(&slot) {
+                match claimants.without(key) {
+                    Some(left) => {
+                        touched.extend(left.as_slice().iter().map(|k| Key::clone(k)));
+                        inner.by_address.insert(slot, left);
+                    }
+                    None => {
+                        inner.by_address.remove(&slot);
+                    }
                 }
             }
         }

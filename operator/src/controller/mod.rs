@@ -904,8 +904,7 @@ async fn watch_reservations(
         match event {
             Ok(watcher::Event::Apply(r)) => {
                 let key = r.key();
-                ctx.expectations
-                    .observed(&key, r.resource_version.as_deref());
+                ctx.expectations.observed(&key, r.resource_version());
                 for other in ctx.index.upsert(key.clone(), &r.view) {
                     queue.enqueue(other);
                 }
@@ -960,12 +959,12 @@ async fn watch_statefulsets(
             Ok(watcher::Event::Apply(s) | watcher::Event::Delete(s)) => {
                 let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
                 for p in ctx.pods.state() {
-                    if p.namespace == ns && p.owner_statefulset.as_deref() == Some(name.as_str()) {
+                    if p.namespace() == ns && p.owner_statefulset() == Some(name.as_str()) {
                         queue.enqueue(p.key());
                     }
                 }
                 for r in ctx.reservations.state() {
-                    if r.namespace == ns
+                    if r.namespace() == ns
                         && r.view.owner_statefulset.as_deref() == Some(name.as_str())
                     {
                         queue.enqueue(r.key());

@@ -373,7 +373,7 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
         .get(&ObjectRef::new(&key.name).within(&key.namespace));
     let owner_name = pod
         .as_ref()
-        .and_then(|p| p.owner_statefulset.clone())
+        .and_then(|p| p.owner_statefulset().map(str::to_owned))
         .or_else(|| {
             reservation
                 .as_ref()
@@ -569,11 +569,15 @@ async fn execute(
             wrote = true;
         }
     }
-    if wrote && let Some(version) = current.as_ref().and_then(|r| r.resource_version.clone()) {
+    if wrote
+        && let Some(version) = current
+            .as_ref()
+            .and_then(|r| r.resource_version().map(str::to_owned))
+    {
         let cached = || {
             ctx.reservations
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))
-                .and_then(|r| r.resource_version.clone())
+                .and_then(|r| r.resource_version().map(str::to_owned))
         };
         ctx.expectations
             .expect(key.clone(), version, cached, std::time::Instant::now());
@@ -657,8 +661,8 @@ async fn delete(
     }
     let params = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: r.uid.clone(),
-            resource_version: r.resource_version.clone(),
+            uid: r.uid(),
+            resource_version: r.resource_version().map(str::to_owned),
         }),
         ..DeleteParams::default()
     };
