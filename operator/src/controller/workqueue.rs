@@ -102,9 +102,17 @@ mod tests {
         (out, left)
     }
 
+    /// What a case is, the ops, each op's outcome, what is left waiting.
+    type Case = (
+        &'static str,
+        &'static [Op],
+        &'static [&'static str],
+        &'static [&'static str],
+    );
+
     #[test]
     fn one_reconcile_per_name_and_nothing_lost() {
-        let cases: &[(&str, &[Op], &[&str], &[&str])] = &[
+        let cases: &[Case] = &[
             (
                 "in order of readiness",
                 &[Add("a"), Add("b"), Take],
