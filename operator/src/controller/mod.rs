@@ -384,23 +384,25 @@ fn default_identity() -> String {
 /// [`WorkQueue`] the workers take from.
 #[derive(Debug, Default)]
 struct Queue {
-    scheduler: RwLock<Option<mpsc::UnboundedSender<ScheduleRequest<Key>>>>,
+    scheduler: RwLock<Option<mpsc::UnboundedSender<ScheduleRequest<Arc<Key>>>>>,
 }
 
 impl Queue {
-    fn enqueue_at(&self, key: Key, run_at: Instant) {
+    /// Schedules `key` (one allocation of it, shared by the scheduler's two entries and the work
+    /// queue's: at start-up every name is queued at once).
+    fn enqueue_at(&self, key: impl Into<Arc<Key>>, run_at: Instant) {
         let scheduler = self.scheduler.read().unwrap_or_else(|e| e.into_inner());
         if let Some(scheduler) = scheduler.as_ref() {
             // A closed scheduler means the controller is stopping; nothing is lost that a restart
             // does not redo.
             let _ = scheduler.unbounded_send(ScheduleRequest {
-                message: key,
+                message: key.into(),
                 run_at,
             });
         }
     }
 
-    fn enqueue(&self, key: Key) {
+    fn enqueue(&self, key: impl Into<Arc<Key>>) {
         self.enqueue_at(key, Instant::now());
     }
 
@@ -774,23 +776,23 @@ async fn work(workers: usize, ctx: Arc<Context>, queue: Arc<Queue>) -> Result<()
 /// The [`WorkQueue`] the workers share, and the wake-up of an idle one.
 #[derive(Debug, Default)]
 struct Ready {
-    names: std::sync::Mutex<WorkQueue<Key>>,
+    names: std::sync::Mutex<WorkQueue<Arc<Key>>>,
     added: tokio::sync::Notify,
 }
 
 impl Ready {
-    fn names(&self) -> std::sync::MutexGuard<'_, WorkQueue<Key>> {
+    fn names(&self) -> std::sync::MutexGuard<'_, WorkQueue<Arc<Key>>> {
         self.names.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn add(&self, key: Key) {
+    fn add(&self, key: Arc<Key>) {
         if self.names().add(key) {
             self.added.notify_one();
         }
     }
 
     /// The next name no other worker is reconciling; waits for one.
-    async fn take(&self) -> Key {
+    async fn take(&self) -> Arc<Key> {
         loop {
             if let Some(key) = self.names().take() {
                 return key;
@@ -800,7 +802,7 @@ impl Ready {
         }
     }
 
-    fn done(&self, key: &Key) {
+    fn done(&self, key: &Arc<Key>) {
         if self.names().done(key) {
             self.added.notify_one();
         }
@@ -821,7 +823,7 @@ async fn worker(ready: Arc<Ready>, failures: Failures, ctx: Arc<Context>, queue:
         let mut failed = failures.lock().unwrap_or_else(|e| e.into_inner());
         match result {
             Ok(next) => {
-                failed.remove(&key);
+                failed.remove(&*key);
                 match next {
                     Next::AwaitChange => {}
                     Next::At(t) => {
@@ -835,7 +837,7 @@ async fn worker(ready: Arc<Ready>, failures: Failures, ctx: Arc<Context>, queue:
                 }
             }
             Err(e) => {
-                let n = failed.entry(key.clone()).or_insert(0);
+                let n = failed.entry(Key::clone(&key)).or_insert(0);
                 *n = n.saturating_add(1);
                 let delay = Backoff::RECONCILE.delay(*n);
                 ctx.metrics
