@@ -368,6 +368,23 @@ pub fn reservation_spec(name: &str, ip: &str, node: &str, retain_for: &str) -> s
     })
 }
 
+/// The spec apply the controller makes for an annotated pod without a retention of its own (its
+/// label, its annotations, none here, and the pod's address and node), so that the ceiling
+/// writes the same objects as the controller; the statuses carry its `observedGeneration` too.
+fn controllers_spec(name: &str, ip: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation",
+        "metadata": {
+            "name": name,
+            "labels": {
+                ipkeep_operator::crd::MANAGED_BY_LABEL: ipkeep_operator::crd::MANAGED_BY_VALUE,
+            },
+            "annotations": {},
+        },
+        "spec": {"ips": [ip], "nodeName": "node-0"},
+    })
+}
+
 /// A status body for server-side apply of the status subresource.
 pub fn reservation_status(status: serde_json::Value) -> serde_json::Value {
     json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation", "status": status})
@@ -408,12 +425,12 @@ impl Ceiling {
             let (api, apply) = (api.clone(), apply.clone());
             async move {
                 let name = format!("ceiling-{i}");
-                let spec = reservation_spec(&name, &test_ip(i), "node-0", "24h");
+                let spec = controllers_spec(&name, &test_ip(i));
                 api.patch(&name, &apply, &Patch::Apply(&spec))
                     .await
                     .expect("reference spec apply");
                 let status =
-                    reservation_status(json!({"phase": "Bound", "podUID": format!("uid-{i}")}));
+                    reservation_status(json!({"phase": "Bound", "podUID": format!("uid-{i}"), "observedGeneration": 1}));
                 api.patch_status(&name, &apply, &Patch::Apply(&status))
                     .await
                     .expect("reference status apply");
@@ -435,7 +452,7 @@ impl Ceiling {
             let (at, until) = (released_at.clone(), release_time.clone());
             async move {
                 let status = reservation_status(json!({
-                    "phase": "Released", "podUID": format!("uid-{i}"),
+                    "phase": "Released", "podUID": format!("uid-{i}"), "observedGeneration": 1,
                     "releasedAt": at, "releaseTime": until,
                 }));
                 api.patch_status(&format!("ceiling-{i}"), &apply, &Patch::Apply(&status))
