@@ -204,21 +204,12 @@ async fn main() {
     }
 }
 
-/// `/usr/bin/python3 scripts/plot_controller.py png csv`; exits the bench if it fails.
+/// Draws the CSV into `png` ([`support::plot_controller`]); exits the bench if it fails.
 fn plot(png: &std::path::Path, csv: &std::path::Path) {
-    let script = ipkeep_e2e::testkit::repo_root().join("scripts/plot_controller.py");
-    match std::process::Command::new("/usr/bin/python3")
-        .arg(&script)
-        .arg(png)
-        .arg(csv)
-        .status()
-    {
-        Ok(s) if s.success() => println!("  plot: {}", png.display()),
-        outcome => {
-            eprintln!(
-                "bench: {} failed ({outcome:?}): it needs /usr/bin/python3 with Debian's python3-matplotlib (make deps, or apt-get install python3-matplotlib)",
-                script.display()
-            );
+    match support::plot_controller(png, csv) {
+        Ok(()) => println!("  plot: {}", png.display()),
+        Err(e) => {
+            eprintln!("bench: {e}: it needs {}", support::PLOT_NEEDS);
             std::process::exit(1);
         }
     }

@@ -278,6 +278,22 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     Some(reply)
 }
 
+/// What the controller plot needs: the system's Python with Debian's python3-matplotlib.
+pub const PLOT_NEEDS: &str = "/usr/bin/python3 with Debian's python3-matplotlib (make deps, or apt-get install python3-matplotlib)";
+
+/// Draws `csv` (what `bench_controller --csv` writes) into `png` with
+/// `/usr/bin/python3 scripts/plot_controller.py`; [`PLOT_NEEDS`] says what it runs on.
+pub fn plot_controller(png: &Path, csv: &Path) -> Result<(), crate::command::CommandError> {
+    crate::command::checked(
+        std::process::Command::new("/usr/bin/python3")
+            .arg(super::repo_root().join("scripts/plot_controller.py"))
+            .arg(png)
+            .arg(csv),
+        None,
+    )
+    .map(|_| ())
+}
+
 /// The value of the unlabelled sample `name` on the `/metrics` page at `probe`, if it answers and
 /// has one.
 pub async fn metric(probe: SocketAddr, name: &str) -> Option<f64> {
