@@ -3,8 +3,9 @@
 //!
 //! For each size (`--sizes`, default 1000,10000): that many annotated running pods on a handful
 //! of Node objects (no kubelet: the bench writes the pods' status and deletes them with grace
-//! period 0) → time from the controller's start until every reservation is Bound; every
-//! pod deleted → time until every reservation is Released; the controller's peak RSS. Then
+//! period 0) → time from the controller's start until every reservation is Bound; the controller
+//! stopped, every pod deleted, a new controller started → time from its start until every
+//! reservation is Released; the controller's peak RSS. Then
 //! `--expiries` reservations due in the same second → how late each expiry fires (p50/p99/max).
 //!
 //! `--failover`: at the largest size, once every reservation is Bound by a leader (two
@@ -104,7 +105,10 @@ struct Row {
     /// caches, its first writes).
     first_bound: Duration,
     bind: Duration,
+    /// From a second controller's start, with every pod deleted while none ran, to every
+    /// reservation Released.
     release: Duration,
+    /// The bench's own pod deletes before that start (admin, 32 in flight).
     deletes: Duration,
     peak_rss_kib: u64,
     /// The controller's CPU seconds from its start until every reservation was Bound.
@@ -326,19 +330,30 @@ async fn one_size(
         None => (controller, None, 0),
     };
 
-    let t = Instant::now();
-    let pod_api: Api<Pod> = Api::namespaced(admin.clone(), &ns);
-    let deletes = delete_pods(&pod_api, released_already..pods).await;
-    phases
-        .until("every reservation Released", PATIENCE, |c| {
-            c.released >= pods
-        })
-        .await;
-    let release = t.elapsed();
+    // Released is measured like Bound, from a controller's start: the pods are deleted while no
+    // controller runs (as across an upgrade), so the bench's own deletes, made as admin, are not
+    // in the time: it is the controller's release rate against the ceiling's status applies.
     controller.check();
     let peak_rss_kib = controller
         .peak_rss_kib()
         .max(failover.as_ref().map_or(0, |f| f.leader_peak_rss_kib));
+    controller.stop();
+    let pod_api: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    let deletes = delete_pods(&pod_api, released_already..pods).await;
+    let (controller, _) = start_controller(
+        plane,
+        &ns,
+        &format!("controller-{pods}-release"),
+        normal_events,
+        None,
+    )
+    .await;
+    let release = phases
+        .until("every reservation Released", PATIENCE, |c| {
+            c.released >= pods
+        })
+        .await;
+    controller.check();
     controller.stop();
     let row = Row {
         pods,
@@ -652,11 +667,11 @@ fn print_row(r: &Row) {
         r.first_bound.as_secs_f64()
     );
     println!(
-        "    all Released    {:>7.1} s after the first pod delete (deletes took {:.1} s; ceiling: 1 status apply each in {:.1} s) → {:.0} %",
+        "    all Released    {:>7.1} s after a controller started with every pod gone (ceiling: 1 status apply each in {:.1} s) → {:.0} %; the bench's deletes before it {:.1} s",
         r.release.as_secs_f64(),
-        r.deletes.as_secs_f64(),
         c.release.as_secs_f64(),
-        percent(c.release.as_secs_f64(), r.release.as_secs_f64())
+        percent(c.release.as_secs_f64(), r.release.as_secs_f64()),
+        r.deletes.as_secs_f64()
     );
     println!(
         "    controller peak RSS {:.1} MiB ({:.2} KiB per pod)",
