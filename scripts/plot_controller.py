@@ -3,7 +3,9 @@
 
 Reads the CSV files `bench_controller --csv FILE` writes (one or more runs; rows are merged by
 pod count, the last run of a size wins) and writes one PNG: time to all Bound and to all
-Released beside the ceilings measured in the same run, and the controller's peak RSS.
+Released beside the ceilings measured in the same run, and the controller's peak RSS; the time to
+all Bound and the memory are projected to 150 000 pods (Kubernetes' published limit) along the
+line through the smallest and the largest size.
 
     /usr/bin/python3 scripts/plot_controller.py OUT.png RUN.csv [RUN.csv ...]
 
@@ -33,6 +35,18 @@ def read(paths):
     return [rows[p] for p in sorted(rows)]
 
 
+KUBERNETES_PODS = 150_000
+
+
+def projected(axes, pods, values, style, label):
+    """A dotted line from the largest size to 150 000 pods, along the smallest-to-largest slope."""
+    if len(pods) < 2 or pods[-1] >= KUBERNETES_PODS:
+        return
+    per_pod = (values[-1] - values[0]) / (pods[-1] - pods[0])
+    axes.plot([pods[-1], KUBERNETES_PODS],
+              [values[-1], values[-1] + per_pod * (KUBERNETES_PODS - pods[-1])], style, label=label)
+
+
 def main(out, paths):
     rows = read(paths)
     pods = [int(r["pods"]) for r in rows]
@@ -40,6 +54,8 @@ def main(out, paths):
     fig, (times, memory) = plt.subplots(1, 2, figsize=(11, 4.2))
     times.plot(pods, col("bound_s"), "o-", label="controller: all Bound")
     times.plot(pods, col("bound_ceiling_s"), "o--", label="ceiling: spec + status apply each")
+    projected(times, pods, col("bound_s"), "C0:", "controller: all Bound, projected")
+    projected(times, pods, col("bound_ceiling_s"), "C1:", "ceiling, projected")
     times.plot(pods, col("released_s"), "s-", label="controller: all Released (started with the pods gone)")
     times.plot(pods, col("released_ceiling_s"), "s--", label="ceiling: one status apply each")
     times.set_xlabel("annotated pods")
@@ -48,6 +64,8 @@ def main(out, paths):
     times.legend(fontsize="small")
     times.grid(alpha=0.3)
     memory.plot(pods, col("peak_rss_mib"), "o-", label="controller peak RSS")
+    projected(memory, pods, col("peak_rss_mib"), "C0:", "projected")
+    memory.plot([KUBERNETES_PODS], [300], "rx", label="goal: 300 MiB at 150 000 (2 KiB per pod)")
     memory.set_xlabel("annotated pods")
     memory.set_ylabel("MiB")
     memory.set_title("memory")

@@ -187,7 +187,7 @@ async fn main() {
     .await;
 
     println!("  load average now {}", support::load_average());
-    print_memory(&rows);
+    print_slopes(&rows);
     if let Some(f) = &failover {
         f.print();
     }
@@ -724,26 +724,41 @@ fn write_csv(path: &std::path::Path, rows: &[Row]) {
         .unwrap_or_else(|e| panic!("failed to write {}: {e}", path.display()));
 }
 
-/// RSS per 1 000 pods from the smallest and largest sizes, and a 150 000-pod projection.
-fn print_memory(rows: &[Row]) {
-    let (Some(small), Some(large)) = (
-        rows.iter().min_by_key(|r| r.pods),
-        rows.iter().max_by_key(|r| r.pods),
-    ) else {
+/// Kubernetes' published limit, where each slope is projected to.
+const KUBERNETES_PODS: f64 = 150_000.0;
+
+/// The line through the smallest and the largest size of `value`: (per pod, at zero pods).
+fn slope(rows: &[Row], value: impl Fn(&Row) -> f64) -> Option<(f64, f64)> {
+    let small = rows.iter().min_by_key(|r| r.pods)?;
+    let large = rows.iter().max_by_key(|r| r.pods)?;
+    if large.pods == small.pods {
+        return None;
+    }
+    let per_pod = (value(large) - value(small)) / (large.pods - small.pods) as f64;
+    Some((per_pod, value(small) - per_pod * small.pods as f64))
+}
+
+/// RSS per 1 000 pods, and the time until all are Bound (the controller's and its ceiling's),
+/// from the smallest and largest sizes, each projected to 150 000 pods.
+fn print_slopes(rows: &[Row]) {
+    let Some((per_pod, base)) = slope(rows, |r| r.peak_rss_kib as f64) else {
+        println!("  slopes per 1 000 pods: need two sizes (--sizes 1000,10000)");
         return;
     };
-    if large.pods == small.pods {
-        println!("  RSS per 1 000 pods: needs two sizes (--sizes 1000,10000)");
-        return;
-    }
-    let per_pod =
-        (large.peak_rss_kib as f64 - small.peak_rss_kib as f64) / (large.pods - small.pods) as f64;
-    let base = small.peak_rss_kib as f64 - per_pod * small.pods as f64;
     println!(
         "  controller RSS: {:.2} MiB per 1 000 pods above a {:.1} MiB base → {:.0} MiB projected for 150 000 pods",
         per_pod * 1_000.0 / 1024.0,
         base / 1024.0,
-        (base + per_pod * 150_000.0) / 1024.0
+        (base + per_pod * KUBERNETES_PODS) / 1024.0
+    );
+    let projected = |value: fn(&Row) -> f64| {
+        slope(rows, value).map_or(f64::NAN, |(per_pod, base)| base + per_pod * KUBERNETES_PODS)
+    };
+    let controller = projected(|r| r.bind.as_secs_f64());
+    let ceiling = projected(|r| r.ceiling.bind.as_secs_f64());
+    println!(
+        "  all Bound projected for 150 000 pods: controller {controller:.0} s, ceiling {ceiling:.0} s → {:.0} %",
+        percent(ceiling, controller)
     );
 }
 
