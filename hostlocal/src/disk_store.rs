@@ -9,7 +9,9 @@
 //! because the exclusive create fails on it, but is never read, followed or deleted.
 //!
 //! IP files are created atomically and exclusively: written as a temporary in
-//! `<net>/.ipkeep/tmp/`, then hard-linked to `<net>/<ip>` (`EEXIST` = taken), so neither a
+//! `<net>/.ipkeep/tmp/` (a spare a DEL left there, rewritten, when there is one: a DEL moves the
+//! files it removes there, up to `SPARES`, so that an ADD in steady state creates no inode), then
+//! hard-linked to `<net>/<ip>` (`EEXIST` = taken), so neither a
 //! reader nor a process killed at any instant ever leaves a half-written file (host-local's
 //! `O_EXCL` create followed by a write leaves an empty one when killed in between). IP files and
 //! `last_reserved_ip.*` are created with mode 0600 (as upstream host-local ≥ v1.4.0; Debian's
@@ -26,7 +28,7 @@
 //!
 //! # The index (`<net>/.ipkeep/`, ipkeep's private directory; host-local ignores it)
 //! * `containers/<containerID>` — JSON: the container's (ip, ifname, pod) records. Written
-//!   temp+rename without fsync: it is a cache, rebuilt from the IP files whenever in doubt.
+//!   temp (or spare) in `tmp/` + rename without fsync: it is a cache, rebuilt from the IP files whenever in doubt.
 //!   Container IDs longer than 200 bytes are stored under `~<fnv64 of the id>`.
 //! * `stamp` — the (dev, ino, mtime ns, ctime ns) of the network directory and of
 //!   `.ipkeep/containers/` and `.ipkeep/tmp/`, as seen right after ipkeep's last change. Every
@@ -519,13 +521,13 @@ impl<'a> DiskStore<'a> {
     ) -> Result<(), StoreError> {
         let key = index_key(container_id);
         let written = if entries.is_empty() {
-            self.containers.remove(&key).map(|_| ())
+            self.containers.retire(&key, &self.tmp).map(|_| ())
         } else {
-            self.containers.write_atomic(
+            self.tmp.write_atomic_in(
+                &self.containers,
                 &key,
                 serialize_index(container_id, entries).as_bytes(),
                 FILE_MODE,
-                false,
             )
         };
         // Sticky: a later successful write (a failed ADD's clean-up) does not make up for a
@@ -663,7 +665,7 @@ impl Store for DiskStore<'_> {
             return Ok(false);
         }
         self.mark_dirty()?;
-        let removed = self.net.remove(&ip.to_string())?;
+        let removed = self.net.retire(&ip.to_string(), &self.tmp)?;
         let mut entries = self.attachments_of(id)?;
         entries.retain(|e| e.ip != ip);
         self.write_index(id, &entries)?;
@@ -700,7 +702,7 @@ impl Store for DiskStore<'_> {
         self.mark_dirty()?;
         let mut freed = Vec::new();
         for ip in &to_free {
-            if self.net.remove(&ip.to_string())? {
+            if self.net.retire(&ip.to_string(), &self.tmp)? {
                 freed.push(*ip);
             }
         }

@@ -12,6 +12,10 @@
 //! The exec floor — what a runtime pays to exec any static program twice, for an ADD and a DEL,
 //! when it does nothing — is Debian's static busybox run as `true`, its cycles interleaved with
 //! ipkeep's in an empty /16; the bench prints ipkeep's cycle as a multiple of it.
+//! An A/B of two ipkeep builds goes through the floor comparison: `IPKEEP_CANDIDATE_BIN` names the
+//! second build, whose cycles are interleaved with the floor's and ipkeep's in the same run;
+//! `IPKEEP_BENCH_FLOOR_CYCLES` sets the cycles per side (default 300) and
+//! `IPKEEP_BENCH_FLOOR_ONLY=1` skips the host-local scenarios, for repeated A/B runs.
 //! Scratch directories go to `$IPKEEP_BENCH_DIR` if set (e.g. a tmpfs, to take fsync out of the
 //! picture), else the system temp dir. The load average is printed before and after: the numbers
 //! only mean something on an otherwise quiet machine.
@@ -30,7 +34,7 @@ const GNU_TIME: &str = "/usr/bin/time";
 /// The static no-op of the exec floor (Debian's `busybox-static`, `make deps`), run through a link
 /// named `true` so that it runs that applet.
 const STATIC_NO_OP: &str = "/bin/busybox";
-/// Cycles of each side in the floor comparison.
+/// Cycles of each side in the floor comparison, unless `IPKEEP_BENCH_FLOOR_CYCLES` says otherwise.
 const FLOOR_CYCLES: usize = 300;
 /// The goal: ipkeep's ADD+DEL within this multiple of the exec floor (issue 28).
 const FLOOR_TARGET: f64 = 1.25;
@@ -152,6 +156,8 @@ enum BenchError {
     SeededAddressReturned { plugin: PathBuf, address: String },
     #[error("failed to write the reservation files in {}: {detail}", path.display())]
     Reservations { path: PathBuf, detail: String },
+    #[error("failed to read IPKEEP_BENCH_FLOOR_CYCLES {text:?}: not a positive number")]
+    FloorCycles { text: String },
     #[error("failed to read the peak RSS written by {GNU_TIME}: {text:?}")]
     Rss { text: String },
 }
@@ -435,10 +441,10 @@ struct Side<'a> {
     answers: bool,
 }
 
-/// Runs both sides' cycles interleaved, the order alternating every round, so that neither gets a
+/// Runs the sides' cycles interleaved, the order rotating every round, so that none gets a
 /// quieter machine; then their peak RSS.
-fn interleave(sides: [Side<'_>; 2]) -> Result<[Samples; 2], BenchError> {
-    let mut samples = [Samples::default(), Samples::default()];
+fn interleave<const N: usize>(sides: [Side<'_>; N]) -> Result<[Samples; N], BenchError> {
+    let mut samples: [Samples; N] = std::array::from_fn(|_| Samples::default());
     // Seeding thousands of files (and removing the last scenario's) leaves the file system busy
     // writing back for seconds, which slowed every measured file creation by milliseconds and made
     // the figures depend on the scenario order: let it settle first.
@@ -461,10 +467,10 @@ fn interleave(sides: [Side<'_>; 2]) -> Result<[Samples; 2], BenchError> {
         }
     }
     rustix::fs::sync();
-    let rounds = sides[0].cycles.max(sides[1].cycles);
+    let rounds = sides.iter().map(|side| side.cycles).max().unwrap_or(0);
     for round in 0..rounds {
-        for step in 0..2 {
-            let k = (round + step) % 2;
+        for step in 0..N {
+            let k = (round + step) % N;
             if round < sides[k].cycles {
                 let container = format!("bench{round}");
                 cycle(sides[k].plugin, &sides[k].dir, &container, &mut samples[k])?;
@@ -508,9 +514,47 @@ fn measure_reservation_cost(ipkeep: &Plugin) -> Result<[Samples; 2], BenchError>
     ])
 }
 
+/// What the floor comparison runs: how many cycles per side, and a second ipkeep build if any.
+#[derive(Debug)]
+struct FloorRun {
+    cycles: usize,
+    candidate: Option<Plugin>,
+}
+
+impl FloorRun {
+    /// From `IPKEEP_BENCH_FLOOR_CYCLES` and `IPKEEP_CANDIDATE_BIN`.
+    fn from_env() -> Result<Self, BenchError> {
+        let cycles = match std::env::var("IPKEEP_BENCH_FLOOR_CYCLES") {
+            Ok(text) => text
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or(BenchError::FloorCycles { text })?,
+            Err(_) => FLOOR_CYCLES,
+        };
+        let candidate = std::env::var_os("IPKEEP_CANDIDATE_BIN").map(PathBuf::from);
+        if let Some(path) = &candidate
+            && !path.is_file()
+        {
+            return Err(BenchError::Missing {
+                what: "the candidate ipkeep",
+                path: path.clone(),
+                hint: "IPKEEP_CANDIDATE_BIN names a second ipkeep build to compare",
+            });
+        }
+        Ok(Self {
+            cycles,
+            candidate: candidate.map(|path| Plugin {
+                name: "candidate",
+                path,
+            }),
+        })
+    }
+}
+
 /// The exec floor (two execs of a static no-op, with the same environment and stdin) against
-/// ipkeep's ADD+DEL in an empty /16, interleaved.
-fn measure_floor(ipkeep: &Plugin) -> Result<[Samples; 2], BenchError> {
+/// ipkeep's ADD+DEL in an empty /16 (and the candidate's, if any), interleaved; the floor first.
+fn measure_floor(ipkeep: &Plugin, run: &FloorRun) -> Result<Vec<Samples>, BenchError> {
     let base = scratch_root();
     let bin = tempfile::Builder::new()
         .prefix("ipkeep-bench-no-op-")
@@ -527,30 +571,61 @@ fn measure_floor(ipkeep: &Plugin) -> Result<[Samples; 2], BenchError> {
             plugin,
             dir: DataDir::seeded(label, 0, no_extra_state)?,
             allocated: 0,
-            cycles: FLOOR_CYCLES,
+            cycles: run.cycles,
             answers,
         })
     };
-    interleave([side(&no_op, "no-op", false)?, side(ipkeep, "floor", true)?])
+    let floor = side(&no_op, "no-op", false)?;
+    let ipkeep = side(ipkeep, "floor", true)?;
+    Ok(match &run.candidate {
+        Some(candidate) => Vec::from(interleave([
+            floor,
+            ipkeep,
+            side(candidate, "candidate", true)?,
+        ])?),
+        None => Vec::from(interleave([floor, ipkeep])?),
+    })
 }
 
-/// The floor lines: both cycles and ipkeep's as a multiple of the floor's.
-fn floor_report([floor, ipkeep]: &[Samples; 2]) -> String {
+/// The floor lines: the floor's cycle, each build's and its multiple of the floor's (and the
+/// candidate's as a multiple of ipkeep's).
+fn floor_report(run: &FloorRun, samples: &[Samples]) -> String {
+    let Some((floor, builds)) = samples.split_first() else {
+        return String::new();
+    };
     let (f50, f99) = percentiles(&floor.cycle);
-    let (i50, i99) = percentiles(&ipkeep.cycle);
-    let ratio = 1.0 / speedup(f50, i50);
-    format!(
-        "\nexec floor: two execs of a static no-op ({STATIC_NO_OP} as `true`), interleaved with ipkeep's ADD+DEL in an empty /16 ({FLOOR_CYCLES} cycles each):\nfloor cycle p50 {} p99 {}; ipkeep cycle p50 {} p99 {}; ipkeep / floor (p50): {ratio:.2}   target <= {FLOOR_TARGET}x: {}\n",
+    let mut out = format!(
+        "\nexec floor: two execs of a static no-op ({STATIC_NO_OP} as `true`), interleaved with ipkeep's ADD+DEL in an empty /16 ({} cycles each):\nfloor cycle p50 {} p99 {}\n",
+        run.cycles,
         ms(f50),
         ms(f99),
-        ms(i50),
-        ms(i99),
-        if ratio <= FLOOR_TARGET {
-            "met"
-        } else {
-            "MISSED"
-        }
-    )
+    );
+    let names = std::iter::once("ipkeep").chain(run.candidate.as_ref().map(|c| c.name));
+    for (name, build) in names.zip(builds) {
+        let (b50, b99) = percentiles(&build.cycle);
+        let ratio = 1.0 / speedup(f50, b50);
+        let _ = writeln!(
+            out,
+            "{name} cycle p50 {} p99 {}; {name} / floor (p50): {ratio:.2}   target <= {FLOOR_TARGET}x: {}",
+            ms(b50),
+            ms(b99),
+            if ratio <= FLOOR_TARGET {
+                "met"
+            } else {
+                "MISSED"
+            }
+        );
+    }
+    if let [ipkeep, candidate] = builds {
+        let (i50, _) = percentiles(&ipkeep.cycle);
+        let (c50, _) = percentiles(&candidate.cycle);
+        let _ = writeln!(
+            out,
+            "candidate / ipkeep cycle (p50): {:.3}",
+            1.0 / speedup(i50, c50)
+        );
+    }
+    out
 }
 
 /// The reservation-cost lines: ADD and cycle, with and without reservations, and the ratio.
@@ -733,33 +808,41 @@ fn run() -> Result<String, BenchError> {
         "ADD+DEL cycles per plugin (ipkeep rebuilds its index from the seeded files in the first), then"
     );
     eprintln!("the measured cycles, interleaved.");
-    let scenarios = scenarios();
-    let mut results = Vec::new();
-    for scenario in &scenarios {
+    let floor_run = FloorRun::from_env()?;
+    let floor_only = std::env::var_os("IPKEEP_BENCH_FLOOR_ONLY").is_some_and(|v| v == "1");
+    let mut table = String::new();
+    let mut reservation_cost = None;
+    if !floor_only {
+        let scenarios = scenarios();
+        let mut results = Vec::new();
+        for scenario in &scenarios {
+            let start = Instant::now();
+            let samples = measure(&plugins, scenario)?;
+            eprintln!(
+                "  {}: done in {:.1} s",
+                scenario.name,
+                start.elapsed().as_secs_f64()
+            );
+            results.push((scenario, samples));
+        }
+        table = report(&plugins, &results);
         let start = Instant::now();
-        let samples = measure(&plugins, scenario)?;
+        reservation_cost = Some(measure_reservation_cost(&plugins[1])?);
         eprintln!(
-            "  {}: done in {:.1} s",
-            scenario.name,
+            "  reservation cost: done in {:.1} s",
             start.elapsed().as_secs_f64()
         );
-        results.push((scenario, samples));
     }
     let start = Instant::now();
-    let reservation_cost = measure_reservation_cost(&plugins[1])?;
-    eprintln!(
-        "  reservation cost: done in {:.1} s",
-        start.elapsed().as_secs_f64()
-    );
-    let start = Instant::now();
-    let floor = measure_floor(&plugins[1])?;
+    let floor = measure_floor(&plugins[1], &floor_run)?;
     eprintln!(
         "  exec floor: done in {:.1} s",
         start.elapsed().as_secs_f64()
     );
-    let mut table = report(&plugins, &results);
-    table.push_str(&floor_report(&floor));
-    table.push_str(&reservation_report(&reservation_cost));
+    table.push_str(&floor_report(&floor_run, &floor));
+    if let Some(cost) = &reservation_cost {
+        table.push_str(&reservation_report(cost));
+    }
     table.push_str(&size_report(&plugins));
     let _ = writeln!(
         table,

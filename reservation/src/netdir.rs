@@ -27,6 +27,16 @@ use rustix::io::Errno;
 /// The prefix of every temporary file this module creates; such names never parse as an IP.
 pub const TEMP_PREFIX: &str = ".ipkeep-tmp-";
 
+/// The prefix of the spare files [`DirFd::retire`] keeps for the next creation (`spare.0`, …);
+/// such names never parse as an IP either.
+pub const SPARE_PREFIX: &str = "spare.";
+
+/// At most this many spares per directory: a dual-stack container's ADD uses three files.
+pub const SPARES: usize = 4;
+
+/// Largest file kept or taken as a spare: an allocation file or an index record.
+const SPARE_MAX_LEN: i64 = 4096;
+
 /// Name of the lock file host-local and ipkeep both `flock`.
 const LOCK_NAME: &str = "lock";
 
@@ -387,16 +397,7 @@ impl DirFd {
             drop(fd);
             return self.write_atomic(name, bytes, mode, false);
         }
-        let mut written = 0;
-        while written < bytes.len() {
-            let rest = bytes.get(written..).unwrap_or_default();
-            match rustix::io::pwrite(&fd, rest, written as u64) {
-                Ok(0) => return Err(self.io("write", &self.child_path(name), Errno::IO)),
-                Ok(n) => written += n,
-                Err(Errno::INTR) => {}
-                Err(errno) => return Err(self.io("write", &self.child_path(name), errno)),
-            }
-        }
+        pwrite_all(&fd, bytes).map_err(|errno| self.io("write", &self.child_path(name), errno))?;
         if u64::try_from(stat.st_size).unwrap_or(0) > bytes.len() as u64 {
             rustix::fs::ftruncate(&fd, bytes.len() as u64)
                 .map_err(|e| self.io("truncate", &self.child_path(name), e))?;
@@ -406,8 +407,9 @@ impl DirFd {
 
     /// Creates `name` in `target` with `bytes` as content, exclusively (like `O_EXCL`) and without
     /// the file ever being visible half-written: a temporary file is written in this directory,
-    /// then hard-linked to `target/name`. Returns `false` if `name` already exists (whatever its
-    /// type). The temporary file is removed in every case.
+    /// then hard-linked to `target/name` (a spare [`DirFd::retire`] left here is rewritten instead
+    /// when there is one). Returns `false` if `name` already exists (whatever its type). The
+    /// temporary file is removed in every case.
     ///
     /// Not fsync'd: a process killed at any instant leaves either no file or the whole file, which
     /// is what the allocation files need (see `disk_store`'s module docs for why a power loss
@@ -420,7 +422,9 @@ impl DirFd {
         mode: u32,
     ) -> Result<bool, NetDirError> {
         check_name(name)?;
-        let temp = self.write_temp(bytes, mode, false)?;
+        // A spare whose link failed is removed too: host-local would read its content as this
+        // container's allocation.
+        let temp = self.spare_or_temp(bytes, mode)?;
         let linked =
             rustix::fs::linkat(&self.fd, temp.as_str(), &target.fd, name, AtFlags::empty());
         let _ = rustix::fs::unlinkat(&self.fd, temp.as_str(), AtFlags::empty());
@@ -429,6 +433,126 @@ impl DirFd {
             Err(Errno::EXIST) => Ok(false),
             Err(errno) => Err(target.io("create", &target.child_path(name), errno)),
         }
+    }
+
+    /// Replaces `target/name` with `bytes` through a rename from this directory (a spare, else a
+    /// fresh temporary file, removed if the rename fails), without fsync: for a cache record that
+    /// is rebuilt whenever in doubt. Readers see the old or the new content, never a mix.
+    pub fn write_atomic_in(
+        &self,
+        target: &DirFd,
+        name: &str,
+        bytes: &[u8],
+        mode: u32,
+    ) -> Result<(), NetDirError> {
+        check_name(name)?;
+        let temp = self.spare_or_temp(bytes, mode)?;
+        if let Err(errno) = rustix::fs::renameat(&self.fd, temp.as_str(), &target.fd, name) {
+            let _ = rustix::fs::unlinkat(&self.fd, temp.as_str(), AtFlags::empty());
+            return Err(target.io("rename", &target.child_path(name), errno));
+        }
+        Ok(())
+    }
+
+    /// Removes the file `name`, keeping its inode as an empty spare in `spares` (moved there under
+    /// a free `spare.N` name, never replacing one, then truncated) for the next
+    /// [`DirFd::create_exclusive_in`] or [`DirFd::write_atomic_in`] from `spares`: creating an inode
+    /// costs tens of µs on ext4, renaming and rewriting one a few. Removed outright when every
+    /// spare name is taken or the file system cannot rename without replacing. `false` if `name`
+    /// did not exist.
+    ///
+    /// Emptied because host-local reads every file below the network directory, `.ipkeep/`
+    /// included, and takes one holding `<containerID>\r\n<ifname>` for that container's
+    /// allocation. A process killed between the rename and the truncation leaves a spare with the
+    /// old content, under ipkeep's dirty stamp: the next ipkeep command's rebuild removes it.
+    pub fn retire(&self, name: &str, spares: &DirFd) -> Result<bool, NetDirError> {
+        check_name(name)?;
+        for slot in 0..SPARES {
+            let spare = format!("{SPARE_PREFIX}{slot}");
+            match rustix::fs::renameat_with(
+                &self.fd,
+                name,
+                &spares.fd,
+                spare.as_str(),
+                rustix::fs::RenameFlags::NOREPLACE,
+            ) {
+                Ok(()) => {
+                    if !spares.empty_in_place(&spare) {
+                        spares.remove_tree(&spare, 16)?;
+                    }
+                    return Ok(true);
+                }
+                Err(Errno::EXIST) => {}
+                Err(_) => break,
+            }
+        }
+        self.remove(name)
+    }
+
+    /// Truncates `name` to zero if it is a regular file with one link; whether it did. Never opens
+    /// anything else.
+    fn empty_in_place(&self, name: &str) -> bool {
+        rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)
+            .ok()
+            .and_then(|st| self.open_single_file(name, &st))
+            .is_some_and(|fd| rustix::fs::ftruncate(&fd, 0).is_ok())
+    }
+
+    /// `name`, which `lstat` found as `st`, opened for writing if it is a regular file of at most
+    /// [`SPARE_MAX_LEN`] bytes with one link, and the open file is still that one: never opened
+    /// when `lstat` says it is anything else, never followed.
+    fn open_single_file(&self, name: &str, st: &rustix::fs::Stat) -> Option<OwnedFd> {
+        let single = |st: &rustix::fs::Stat| {
+            FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+                && st.st_nlink == 1
+                && st.st_size <= SPARE_MAX_LEN
+        };
+        if !single(st) {
+            return None;
+        }
+        let flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let fd = rustix::fs::openat(&self.fd, name, flags, Mode::empty()).ok()?;
+        let now = rustix::fs::fstat(&fd).ok()?;
+        (now.st_dev == st.st_dev && now.st_ino == st.st_ino && single(&now)).then_some(fd)
+    }
+
+    /// `bytes` in a file of this directory that nothing else names: a spare rewritten in place if
+    /// one is usable, else a fresh temporary file.
+    fn spare_or_temp(&self, bytes: &[u8], mode: u32) -> Result<String, NetDirError> {
+        match self.rewrite_spare(bytes, mode) {
+            Some(name) => Ok(name),
+            None => self.write_temp(bytes, mode, false),
+        }
+    }
+
+    /// Rewrites the first usable spare with `bytes` and returns its name. Usable: a regular file
+    /// with one link, at most [`SPARE_MAX_LEN`] bytes, no permission beyond `mode` and readable and
+    /// writable by its owner; anything else at a spare's name is removed (never opened unless
+    /// `lstat` called it a regular file, never followed). Written in place, truncated only to a
+    /// non-zero length (see [`DirFd::overwrite`] for why not to zero); one that cannot be written
+    /// is removed.
+    fn rewrite_spare(&self, bytes: &[u8], mode: u32) -> Option<String> {
+        let wanted = mode & 0o7777;
+        for slot in 0..SPARES {
+            let name = format!("{SPARE_PREFIX}{slot}");
+            let Ok(st) = rustix::fs::statat(&self.fd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            else {
+                continue;
+            };
+            let perm = st.st_mode & 0o7777;
+            if perm & !wanted == 0
+                && perm & 0o600 == 0o600
+                && let Some(fd) = self.open_single_file(&name, &st)
+                && pwrite_all(&fd, bytes).is_ok()
+                // Shrunk only when the old content was longer, never to zero.
+                && (u64::try_from(st.st_size).unwrap_or(0) <= bytes.len() as u64
+                    || rustix::fs::ftruncate(&fd, bytes.len() as u64).is_ok())
+            {
+                return Some(name);
+            }
+            let _ = self.remove_tree(&name, 16);
+        }
+        None
     }
 
     /// Writes `bytes` to a fresh temporary file in this directory and returns its name.
@@ -639,6 +763,21 @@ impl DirFd {
             errno,
         }
     }
+}
+
+/// Writes all of `bytes` at offset 0.
+fn pwrite_all(fd: &OwnedFd, bytes: &[u8]) -> Result<(), Errno> {
+    let mut written = 0;
+    while written < bytes.len() {
+        let rest = bytes.get(written..).unwrap_or_default();
+        match rustix::io::pwrite(fd, rest, written as u64) {
+            Ok(0) => return Err(Errno::IO),
+            Ok(n) => written += n,
+            Err(Errno::INTR) => {}
+            Err(errno) => return Err(errno),
+        }
+    }
+    Ok(())
 }
 
 fn io_errno(e: &std::io::Error) -> Errno {
@@ -1020,6 +1159,95 @@ mod tests {
                 .unwrap()
         );
         assert!(!s.path().join("victim").exists());
+    }
+
+    #[test]
+    fn retired_files_are_reused_as_empty_spares_and_bounded() {
+        use std::os::unix::fs::MetadataExt;
+        let s = TempDir::new().unwrap();
+        let dir = NetworkDir::open(s.path(), "net1").unwrap();
+        let tmp = dir.subdir(&[".ipkeep", "tmp"], true).unwrap().unwrap();
+        let inode = |rel: &str| std::fs::metadata(s.path().join(rel)).unwrap().ino();
+        assert!(
+            tmp.create_exclusive_in(&dir, "10.1.0.2", b"c1\r\neth0", 0o600)
+                .unwrap()
+        );
+        let first = inode("net1/10.1.0.2");
+        assert!(dir.retire("10.1.0.2", &tmp).unwrap());
+        assert!(!dir.retire("10.1.0.2", &tmp).unwrap(), "already gone");
+        // The spare is empty: host-local reads every file below the network directory.
+        assert_eq!(tmp.list().unwrap(), vec![format!("{SPARE_PREFIX}0")]);
+        assert!(std::fs::read(tmp.child_path("spare.0")).unwrap().is_empty());
+        // The next creation rewrites the spare: the same inode, the new content, no spare left.
+        assert!(
+            tmp.create_exclusive_in(&dir, "10.1.0.3", b"c2\r\neth1", 0o600)
+                .unwrap()
+        );
+        assert_eq!(inode("net1/10.1.0.3"), first);
+        assert_eq!(
+            std::fs::read(s.path().join("net1/10.1.0.3")).unwrap(),
+            b"c2\r\neth1"
+        );
+        assert!(tmp.list().unwrap().is_empty());
+        // A failed creation removes the spare it used: its content names a container.
+        assert!(dir.retire("10.1.0.3", &tmp).unwrap());
+        std::fs::write(s.path().join("net1/10.1.0.4"), b"x").unwrap();
+        assert!(
+            !tmp.create_exclusive_in(&dir, "10.1.0.4", b"c3\r\neth0", 0o600)
+                .unwrap()
+        );
+        assert!(tmp.list().unwrap().is_empty());
+        // At most SPARES: further files are removed.
+        for i in 0..SPARES + 2 {
+            let name = format!("10.1.1.{i}");
+            std::fs::write(dir.child_path(&name), b"c\r\neth0").unwrap();
+            std::fs::set_permissions(
+                dir.child_path(&name),
+                std::fs::Permissions::from_mode(0o600),
+            )
+            .unwrap();
+            assert!(dir.retire(&name, &tmp).unwrap());
+            assert!(!dir.child_path(&name).exists());
+        }
+        assert_eq!(tmp.list().unwrap().len(), SPARES);
+        // Replacing a record through a spare of another directory.
+        let records = dir
+            .subdir(&[".ipkeep", "containers"], true)
+            .unwrap()
+            .unwrap();
+        tmp.write_atomic_in(&records, "c1", b"{}", 0o600).unwrap();
+        assert_eq!(std::fs::read(records.child_path("c1")).unwrap(), b"{}");
+        assert_eq!(tmp.list().unwrap().len(), SPARES - 1);
+    }
+
+    #[test]
+    fn spares_that_ipkeep_did_not_leave_are_removed_never_followed_or_written_through() {
+        let s = TempDir::new().unwrap();
+        let dir = NetworkDir::open(s.path(), "net1").unwrap();
+        let tmp = dir.subdir(&[".ipkeep", "tmp"], true).unwrap().unwrap();
+        let victim = s.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        // A symlink, a hard link to a file elsewhere, a file others may read, a directory.
+        symlink(&victim, tmp.child_path("spare.0")).unwrap();
+        std::fs::hard_link(&victim, tmp.child_path("spare.1")).unwrap();
+        std::fs::write(tmp.child_path("spare.2"), b"").unwrap();
+        std::fs::set_permissions(
+            tmp.child_path("spare.2"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        std::fs::create_dir(tmp.child_path("spare.3")).unwrap();
+        assert!(
+            tmp.create_exclusive_in(&dir, "10.1.0.2", b"c1\r\neth0", 0o600)
+                .unwrap()
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert!(tmp.list().unwrap().is_empty(), "{:?}", tmp.list());
+        // Retiring a hard-linked file moves the name, never truncating the other link's file.
+        std::fs::hard_link(&victim, dir.child_path("10.1.0.3")).unwrap();
+        assert!(dir.retire("10.1.0.3", &tmp).unwrap());
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert!(tmp.list().unwrap().is_empty());
     }
 
     #[test]
