@@ -110,6 +110,8 @@ struct Row {
     release: Duration,
     /// The bench's own pod deletes before that start (admin, 32 in flight).
     deletes: Duration,
+    /// The largest peak RSS of the size's controllers (the one to Bound, a failover's leader, the
+    /// one to Released).
     peak_rss_kib: u64,
     /// The controller's CPU seconds from its start until every reservation was Bound.
     bind_cpu: f64,
@@ -354,6 +356,8 @@ async fn one_size(
         })
         .await;
     controller.check();
+    // The larger of the two: the second holds every reservation and queues each for its expiry.
+    let peak_rss_kib = peak_rss_kib.max(controller.peak_rss_kib());
     controller.stop();
     let row = Row {
         pods,
