@@ -7,9 +7,13 @@
 //! `bench_controller --sizes 1000,10000 --expiries 10` (release operator, the same loaded machine,
 //! peak RSS as `VmHWM`), 32.2 → 50.4 MiB at 1 000 → 10 000 pods (2.02 MiB per 1 000 pods) with
 //! glibc's default arenas, 22.5 → 33.3 MiB (1.20 MiB per 1 000) with `MALLOC_ARENA_MAX=1`; its
-//! 50.4 MiB was reached within 3 s of the start, before any reservation existed. The controller
-//! spends a few percent of one core, so one arena's lock costs nothing measurable. Tried and not
-//! kept: mimalloc as the global allocator, 59.3 MiB at 1 000 pods.
+//! 50.4 MiB was reached within 3 s of the start, before any reservation existed. The controller as
+//! built here (it sets the variable itself), on a quieter machine (load 1–3): 24.9 → 34.4 MiB,
+//! 1.05 MiB per 1 000 pods above 23.8 MiB, and again 25.3 → 34.5 MiB, 1.02 per 1 000; glibc's
+//! default arenas between the two: 31.8 → 48.6 MiB, 1.86 per 1 000. All Bound at 10 000 pods at
+//! 84 % of the ceiling with one arena, 85 % with the default (one arena's lock costs nothing
+//! measurable at the controller's few percent of a core). Tried and not kept: mimalloc as the
+//! global allocator, 59.3 MiB at 1 000 pods.
 //!
 //! The setting is glibc's environment variable, read when the process starts (setting it from
 //! code needs `mallopt`, an `unsafe` call): the controller starts itself again in place (`exec`,
