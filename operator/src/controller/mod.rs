@@ -28,6 +28,7 @@ pub mod expectations;
 pub mod fresh;
 pub mod index;
 pub mod lifecycle;
+pub mod malloc;
 pub mod metrics;
 pub mod namespaces;
 pub mod optin;
@@ -309,7 +310,12 @@ pub enum ControllerError {
 
 /// Runs `ipkeep-operator controller` until SIGTERM/SIGINT.
 pub fn main(args: Args) -> anyhow::Result<()> {
+    // Before any thread exists; returns only when it did not start the process again.
+    let arena = malloc::one_arena();
     logging::init(&args.log)?;
+    if let Err(e) = arena {
+        tracing::warn!(error = %e, "failed to start again with one malloc arena; running with glibc's default arenas");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
