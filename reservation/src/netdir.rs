@@ -397,12 +397,8 @@ impl DirFd {
             drop(fd);
             return self.write_atomic(name, bytes, mode, false);
         }
-        pwrite_all(&fd, bytes).map_err(|errno| self.io("write", &self.child_path(name), errno))?;
-        if u64::try_from(stat.st_size).unwrap_or(0) > bytes.len() as u64 {
-            rustix::fs::ftruncate(&fd, bytes.len() as u64)
-                .map_err(|e| self.io("truncate", &self.child_path(name), e))?;
-        }
-        Ok(())
+        rewrite_in_place(&fd, &stat, bytes)
+            .map_err(|(op, errno)| self.io(op, &self.child_path(name), errno))
     }
 
     /// Creates `name` in `target` with `bytes` as content, exclusively (like `O_EXCL`) and without
@@ -543,10 +539,7 @@ impl DirFd {
             if perm & !wanted == 0
                 && perm & 0o600 == 0o600
                 && let Some(fd) = self.open_single_file(&name, &st)
-                && pwrite_all(&fd, bytes).is_ok()
-                // Shrunk only when the old content was longer, never to zero.
-                && (u64::try_from(st.st_size).unwrap_or(0) <= bytes.len() as u64
-                    || rustix::fs::ftruncate(&fd, bytes.len() as u64).is_ok())
+                && rewrite_in_place(&fd, &st, bytes).is_ok()
             {
                 return Some(name);
             }
@@ -763,6 +756,21 @@ impl DirFd {
             errno,
         }
     }
+}
+
+/// Replaces the content of the open file `fd`, which `stat` describes, with `bytes` in place:
+/// written over from offset 0, then shrunk only if the old content was longer, never truncated to
+/// zero (see [`DirFd::overwrite`] for why). The failed step's name with its errno.
+fn rewrite_in_place(
+    fd: &OwnedFd,
+    stat: &rustix::fs::Stat,
+    bytes: &[u8],
+) -> Result<(), (&'static str, Errno)> {
+    pwrite_all(fd, bytes).map_err(|errno| ("write", errno))?;
+    if u64::try_from(stat.st_size).unwrap_or(0) > bytes.len() as u64 {
+        rustix::fs::ftruncate(fd, bytes.len() as u64).map_err(|errno| ("truncate", errno))?;
+    }
+    Ok(())
 }
 
 /// Writes all of `bytes` at offset 0.
