@@ -21,7 +21,12 @@
 //! Beside each figure, its ceiling, measured in the same run: the same writes of the same
 //! objects made by a plain client of the controller's identity with as many in flight as the
 //! controller has workers (server-side apply of spec and status; delete), so each figure also
-//! reads "the controller is at N % of what this API server allows". Not a test: it prints figures.
+//! reads "the controller is at N % of what this API server allows". kube-apiserver's CPU is
+//! sampled once a second through both `Bound` steps and printed per write for each tenth of the
+//! step's writes, the controller's beside the ceiling's: where in the step kube-apiserver works
+//! harder for the controller (its start-up falls in the first tenth). `--ceiling-watches N` holds
+//! N cluster-wide IPReservation watches open beside the ceiling's writes, as the controller holds
+//! one on its own. Not a test: it prints figures.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ipkeep_e2e::testkit::plane as real;
@@ -89,6 +94,11 @@ struct Args {
     /// default).
     #[arg(long, default_value_t = 15)]
     lease_duration: u64,
+    /// Cluster-wide IPReservation watches held open, as the controller's identity, beside each
+    /// size's ceiling: 1 gives the ceiling's writes the watch the controller holds on its own
+    /// writes (what that watch costs kube-apiserver, measured).
+    #[arg(long, default_value_t = 0)]
+    ceiling_watches: usize,
 }
 
 /// The leader election of `--failover`.
@@ -117,6 +127,8 @@ struct Row {
     bind_cpu: f64,
     /// kube-apiserver's CPU seconds over the same interval.
     bind_apiserver_cpu: f64,
+    /// kube-apiserver's CPU per write in each tenth of the same interval's writes.
+    bind_cpu_by_tenth: Vec<Option<f64>>,
     ceiling: Ceiling,
 }
 
@@ -170,6 +182,7 @@ async fn main() {
             pods,
             &Knobs {
                 normal_events: args.normal_events,
+                ceiling_watches: args.ceiling_watches,
                 profile: args.profile.as_deref(),
             },
             elect,
@@ -224,6 +237,8 @@ fn plot(png: &std::path::Path, csv: &std::path::Path) {
 /// How each size is run, besides its size.
 struct Knobs<'a> {
     normal_events: bool,
+    /// `--ceiling-watches`.
+    ceiling_watches: usize,
     /// Where kube-apiserver's CPU profiles go, if taken.
     profile: Option<&'a std::path::Path>,
 }
@@ -265,7 +280,13 @@ async fn one_size(
     let normal_events = knobs.normal_events;
     let ceiling_ns = plane.namespace("ceiling").await;
     let (ceiling, ()) = tokio::join!(
-        Ceiling::measure(as_controller, &ceiling_ns, pods, plane.apiserver_pid()),
+        Ceiling::measure(
+            as_controller,
+            &ceiling_ns,
+            pods,
+            plane.apiserver_pid(),
+            knobs.ceiling_watches
+        ),
         knobs.profile(plane, pods, "ceiling"),
     );
     eprintln!(
@@ -286,6 +307,7 @@ async fn one_size(
     );
     let mut phases = PhaseWatch::start(admin.clone(), &ns, None);
     let apiserver_cpu = support::cpu_seconds(plane.apiserver_pid());
+    let trace = phases.trace_cpu(plane.apiserver_pid());
     let (controller, probe) = start_controller(
         plane,
         &ns,
@@ -306,6 +328,7 @@ async fn one_size(
     let bind = first_bound + all;
     let bind_cpu = support::cpu_seconds(controller.pid());
     let bind_apiserver_cpu = support::cpu_seconds(plane.apiserver_pid()) - apiserver_cpu;
+    let bind_cpu_by_tenth = support::cpu_per_write_by_tenth(&trace.stop(2 * pods), 2 * pods);
     controller.check();
     eprintln!(
         "bench: all {pods} Bound {:.1} s after the controller started",
@@ -368,6 +391,7 @@ async fn one_size(
         peak_rss_kib,
         bind_cpu,
         bind_apiserver_cpu,
+        bind_cpu_by_tenth,
         ceiling,
     };
     (row, failover)
@@ -698,6 +722,18 @@ fn print_row(r: &Row) {
         per_write(c.bind_apiserver_cpu),
         r.bind_apiserver_cpu / c.bind_apiserver_cpu
     );
+    // Where in the step the difference is: the first tenth holds the controller's start-up.
+    let tenths = |t: &[Option<f64>]| {
+        t.iter()
+            .map(|ms| ms.map_or_else(|| "-".to_owned(), |ms| format!("{ms:.2}")))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!(
+        "    kube-apiserver CPU ms per write by tenth of the step's writes: controller {}; ceiling {}",
+        tenths(&r.bind_cpu_by_tenth),
+        tenths(&c.bind_cpu_by_tenth)
+    );
 }
 
 /// The rows as CSV, one line per size: times and their ceilings in seconds, peak RSS in MiB,
@@ -809,7 +845,7 @@ async fn expiries(
     normal_events: bool,
 ) -> Expiry {
     let ceiling_ns = plane.namespace("ceiling").await;
-    let ceiling = Ceiling::measure(as_controller, &ceiling_ns, n, plane.apiserver_pid()).await;
+    let ceiling = Ceiling::measure(as_controller, &ceiling_ns, n, plane.apiserver_pid(), 0).await;
     let ns = plane.namespace("bench-expiry").await;
     // Due well after the set-up and the controller's start; released 90 s before, so whatever a
     // reconcile computes, the release time is this one second.

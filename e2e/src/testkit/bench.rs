@@ -411,7 +411,7 @@ pub fn reservation_status(status: serde_json::Value) -> serde_json::Value {
 /// and observed as the controller's are: each step ends when a [`PhaseWatch`] on the namespace
 /// has seen every write, so the ceiling pays for the one watch the bench puts beside the
 /// controller too (the controller's own watches stay its cost).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Ceiling {
     /// How many reservations.
     pub n: usize,
@@ -423,6 +423,8 @@ pub struct Ceiling {
     pub delete: Duration,
     /// kube-apiserver's CPU seconds over the bind step.
     pub bind_apiserver_cpu: f64,
+    /// kube-apiserver's CPU per write in each tenth of the bind step's writes.
+    pub bind_cpu_by_tenth: Vec<Option<f64>>,
 }
 
 /// The longest one step of a ceiling may take before the bench gives up.
@@ -430,13 +432,23 @@ const CEILING_PATIENCE: Duration = Duration::from_secs(1_800);
 
 impl Ceiling {
     /// Measures it with `n` reservations in namespace `ns` (left empty afterwards), and the CPU
-    /// kube-apiserver (`apiserver_pid`) spends on the bind step.
-    pub async fn measure(client: &Client, ns: &str, n: usize, apiserver_pid: u32) -> Ceiling {
+    /// kube-apiserver (`apiserver_pid`) spends on the bind step; `watches` cluster-wide
+    /// IPReservation watches of `client` stay open beside it throughout (each as the
+    /// controller's own on its writes).
+    pub async fn measure(
+        client: &Client,
+        ns: &str,
+        n: usize,
+        apiserver_pid: u32,
+        watches: usize,
+    ) -> Ceiling {
         let api: Api<IPReservation> = Api::namespaced(client.clone(), ns);
         let apply = PatchParams::apply(BENCH_MANAGER).force();
         let mut seen = PhaseWatch::start(client.clone(), ns, None);
+        let _watches: Vec<Drain> = (0..watches).map(|_| Drain::all(client.clone())).collect();
         let t = Instant::now();
         let cpu = cpu_seconds(apiserver_pid);
+        let trace = seen.trace_cpu(apiserver_pid);
         run_all(0..n, CONTROLLER_WORKERS, |i| {
             let (api, apply) = (api.clone(), apply.clone());
             async move {
@@ -459,6 +471,7 @@ impl Ceiling {
         .await;
         let bind = t.elapsed();
         let bind_apiserver_cpu = cpu_seconds(apiserver_pid) - cpu;
+        let bind_cpu_by_tenth = cpu_per_write_by_tenth(&trace.stop(2 * n), 2 * n);
         let released_at = jiff::Timestamp::now().to_string();
         let release_time =
             (jiff::Timestamp::now() + jiff::SignedDuration::from_hours(24)).to_string();
@@ -505,12 +518,32 @@ impl Ceiling {
             release,
             delete,
             bind_apiserver_cpu,
+            bind_cpu_by_tenth,
         }
     }
 
     /// Writes per second of the bind step (two per reservation).
     pub fn bind_writes_per_sec(&self) -> f64 {
         2.0 * self.n as f64 / self.bind.as_secs_f64()
+    }
+}
+
+/// A cluster-wide IPReservation watch whose events are read and dropped, until dropped itself.
+struct Drain(tokio::task::JoinHandle<()>);
+
+impl Drain {
+    fn all(client: Client) -> Drain {
+        let api: Api<IPReservation> = Api::all(client);
+        Drain(tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+            while events.next().await.is_some() {}
+        }))
+    }
+}
+
+impl Drop for Drain {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -528,6 +561,12 @@ pub struct PhaseCount {
 }
 
 impl PhaseCount {
+    /// The writes that made these counts: a spec apply for each reservation present, a status
+    /// apply more for each Bound.
+    pub fn writes(&self) -> usize {
+        self.present + self.bound
+    }
+
     /// Adds (`by` = 1) or removes (-1) a reservation in `phase` (`None`: not present).
     fn tally(&mut self, phase: Option<Option<Phase>>, by: isize) {
         let Some(phase) = phase else { return };
@@ -609,6 +648,106 @@ impl PhaseWatch {
     pub fn now(&self) -> PhaseCount {
         *self.counts.borrow()
     }
+
+    /// Samples kube-apiserver's (`apiserver_pid`) CPU beside this watch's writes once a second,
+    /// from now until [`CpuTrace::stop`].
+    pub fn trace_cpu(&self, apiserver_pid: u32) -> CpuTrace {
+        let counts = self.counts.clone();
+        let start = cpu_seconds(apiserver_pid);
+        let points = std::sync::Arc::new(std::sync::Mutex::new(vec![TracePoint {
+            writes: 0,
+            cpu: 0.0,
+        }]));
+        let task = tokio::spawn({
+            let points = points.clone();
+            async move {
+                let mut tick = tokio::time::interval(TRACE_EVERY);
+                loop {
+                    tick.tick().await;
+                    let point = TracePoint {
+                        writes: counts.borrow().writes(),
+                        cpu: cpu_seconds(apiserver_pid) - start,
+                    };
+                    points.lock().unwrap_or_else(|e| e.into_inner()).push(point);
+                }
+            }
+        });
+        CpuTrace {
+            points,
+            task,
+            apiserver_pid,
+            start,
+        }
+    }
+}
+
+/// How often a [`CpuTrace`] samples.
+const TRACE_EVERY: Duration = Duration::from_secs(1);
+
+/// kube-apiserver's CPU seconds since the trace started, when a namespace had seen `writes`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TracePoint {
+    /// Writes seen: each reservation present is one (its spec apply), each Bound one more.
+    pub writes: usize,
+    /// kube-apiserver's CPU seconds since the trace started.
+    pub cpu: f64,
+}
+
+/// kube-apiserver's CPU beside a step's writes over time ([`PhaseWatch::trace_cpu`]): where in
+/// the step its CPU per write goes.
+pub struct CpuTrace {
+    points: std::sync::Arc<std::sync::Mutex<Vec<TracePoint>>>,
+    task: tokio::task::JoinHandle<()>,
+    apiserver_pid: u32,
+    /// kube-apiserver's CPU seconds when the trace started.
+    start: f64,
+}
+
+impl CpuTrace {
+    /// Ends it, with a last point taken now at `writes`: the points, oldest first.
+    pub fn stop(self, writes: usize) -> Vec<TracePoint> {
+        self.task.abort();
+        let mut points = self
+            .points
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let last_writes = points.last().map_or(0, |p| p.writes);
+        points.push(TracePoint {
+            writes: writes.max(last_writes),
+            cpu: cpu_seconds(self.apiserver_pid) - self.start,
+        });
+        points
+    }
+}
+
+impl Drop for CpuTrace {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// kube-apiserver's CPU milliseconds per write in each tenth of a step's `total` writes. The CPU
+/// at a tenth's boundary is read where the points first reached that many writes, interpolated
+/// between the two points around it, so the first tenth holds whatever came before the first
+/// write (a LIST); `None` for a tenth past the last point.
+pub fn cpu_per_write_by_tenth(points: &[TracePoint], total: usize) -> Vec<Option<f64>> {
+    let cpu_at = |writes: usize| {
+        let i = points.iter().position(|p| p.writes >= writes)?;
+        let b = points.get(i)?;
+        let Some(a) = i.checked_sub(1).and_then(|i| points.get(i)) else {
+            return Some(b.cpu);
+        };
+        let span = (b.writes - a.writes) as f64;
+        Some(a.cpu + (b.cpu - a.cpu) * (writes - a.writes) as f64 / span)
+    };
+    (0..10)
+        .map(|k| {
+            let (from, to) = (total * k / 10, total * (k + 1) / 10);
+            let cpu = cpu_at(to)? - cpu_at(from)?;
+            (to > from).then(|| 1_000.0 * cpu / (to - from) as f64)
+        })
+        .collect()
 }
 
 impl Drop for PhaseWatch {
@@ -842,6 +981,47 @@ mod tests {
 
     /// A case: its name, what the watch saw, how many released once, what is wrong.
     type Case<'a> = (&'a str, WriteCount, usize, &'a [(&'a str, usize)]);
+
+    #[test]
+    fn cpu_per_write_is_split_by_tenths_of_the_writes() {
+        let p = |writes, cpu| TracePoint { writes, cpu };
+        // 100 writes: (points, expected ms per write for each tenth).
+        let cases: [(&[TracePoint], [Option<f64>; 10]); 3] = [
+            // Even: 10 writes and 0.02 CPU s a second.
+            (
+                &[0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100].map(|w| p(w, w as f64 / 500.0)),
+                [Some(2.0); 10],
+            ),
+            // The first tenth paid 0.1 CPU s before any write (a LIST), the rest evenly.
+            (
+                &[p(0, 0.0), p(0, 0.1), p(10, 0.12), p(100, 0.3)],
+                [
+                    Some(12.0),
+                    Some(2.0),
+                    Some(2.0),
+                    Some(2.0),
+                    Some(2.0),
+                    Some(2.0),
+                    Some(2.0),
+                    Some(2.0),
+                    Some(2.0),
+                    Some(2.0),
+                ],
+            ),
+            // Nothing seen past the start: no tenth is spanned.
+            (&[p(0, 0.0), p(0, 1.0)], [None; 10]),
+        ];
+        for (points, want) in cases {
+            let got = cpu_per_write_by_tenth(points, 100);
+            assert_eq!(got.len(), 10);
+            for (g, w) in got.iter().zip(want) {
+                match (g, w) {
+                    (Some(g), Some(w)) => assert!((g - w).abs() < 1e-9, "{got:?} != {want:?}"),
+                    (g, w) => assert_eq!(*g, w, "{got:?} != {want:?}"),
+                }
+            }
+        }
+    }
 
     #[test]
     fn a_failover_audit_accepts_each_release_once_and_nothing_else() {
