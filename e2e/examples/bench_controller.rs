@@ -306,7 +306,6 @@ async fn one_size(
         made.as_secs_f64()
     );
     let mut phases = PhaseWatch::start(admin.clone(), &ns, None);
-    let apiserver_cpu = support::cpu_seconds(plane.apiserver_pid());
     let trace = phases.trace_cpu(plane.apiserver_pid());
     let (controller, probe) = start_controller(
         plane,
@@ -327,8 +326,7 @@ async fn one_size(
     );
     let bind = first_bound + all;
     let bind_cpu = support::cpu_seconds(controller.pid());
-    let bind_apiserver_cpu = support::cpu_seconds(plane.apiserver_pid()) - apiserver_cpu;
-    let bind_cpu_by_tenth = support::cpu_per_write_by_tenth(&trace.stop(2 * pods), 2 * pods);
+    let (bind_apiserver_cpu, bind_cpu_by_tenth) = trace.finish(2 * pods);
     controller.check();
     eprintln!(
         "bench: all {pods} Bound {:.1} s after the controller started",

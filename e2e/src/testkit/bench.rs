@@ -447,7 +447,6 @@ impl Ceiling {
         let mut seen = PhaseWatch::start(client.clone(), ns, None);
         let _watches: Vec<Drain> = (0..watches).map(|_| Drain::all(client.clone())).collect();
         let t = Instant::now();
-        let cpu = cpu_seconds(apiserver_pid);
         let trace = seen.trace_cpu(apiserver_pid);
         run_all(0..n, CONTROLLER_WORKERS, |i| {
             let (api, apply) = (api.clone(), apply.clone());
@@ -470,8 +469,7 @@ impl Ceiling {
         })
         .await;
         let bind = t.elapsed();
-        let bind_apiserver_cpu = cpu_seconds(apiserver_pid) - cpu;
-        let bind_cpu_by_tenth = cpu_per_write_by_tenth(&trace.stop(2 * n), 2 * n);
+        let (bind_apiserver_cpu, bind_cpu_by_tenth) = trace.finish(2 * n);
         let released_at = jiff::Timestamp::now().to_string();
         let release_time =
             (jiff::Timestamp::now() + jiff::SignedDuration::from_hours(24)).to_string();
@@ -686,11 +684,11 @@ const TRACE_EVERY: Duration = Duration::from_secs(1);
 
 /// kube-apiserver's CPU seconds since the trace started, when a namespace had seen `writes`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TracePoint {
+struct TracePoint {
     /// Writes seen: each reservation present is one (its spec apply), each Bound one more.
-    pub writes: usize,
+    writes: usize,
     /// kube-apiserver's CPU seconds since the trace started.
-    pub cpu: f64,
+    cpu: f64,
 }
 
 /// kube-apiserver's CPU beside a step's writes over time ([`PhaseWatch::trace_cpu`]): where in
@@ -704,8 +702,16 @@ pub struct CpuTrace {
 }
 
 impl CpuTrace {
+    /// Ends it, with a last point taken now at `writes` (the step's total): kube-apiserver's CPU
+    /// seconds since the trace started, and its CPU per write in each tenth of the writes.
+    pub fn finish(self, writes: usize) -> (f64, Vec<Option<f64>>) {
+        let points = self.stop(writes);
+        let cpu = points.last().map_or(0.0, |p| p.cpu);
+        (cpu, cpu_per_write_by_tenth(&points, writes))
+    }
+
     /// Ends it, with a last point taken now at `writes`: the points, oldest first.
-    pub fn stop(self, writes: usize) -> Vec<TracePoint> {
+    fn stop(&self, writes: usize) -> Vec<TracePoint> {
         self.task.abort();
         let mut points = self
             .points
@@ -731,7 +737,7 @@ impl Drop for CpuTrace {
 /// at a tenth's boundary is read where the points first reached that many writes, interpolated
 /// between the two points around it, so the first tenth holds whatever came before the first
 /// write (a LIST); `None` for a tenth past the last point.
-pub fn cpu_per_write_by_tenth(points: &[TracePoint], total: usize) -> Vec<Option<f64>> {
+fn cpu_per_write_by_tenth(points: &[TracePoint], total: usize) -> Vec<Option<f64>> {
     let cpu_at = |writes: usize| {
         let i = points.iter().position(|p| p.writes >= writes)?;
         let b = points.get(i)?;
