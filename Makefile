@@ -18,16 +18,24 @@ endif
 # on any node whatever its C library, starts faster and maps less memory than a dynamic binary.
 HOST_TRIPLE := $(shell rustc -vV | sed -n 's/^host: //p')
 PLUGIN_BIN := target/$(HOST_TRIPLE)/release/ipkeep
-# The image is FROM scratch: the operator is linked statically too.
-OPERATOR_BIN := target/$(HOST_TRIPLE)/release/ipkeep-operator
+# The image is FROM scratch: the operator is linked statically too. The daemons are built with
+# the workspace's daemon profile, the plugin with its release profile (Cargo.toml says why).
+OPERATOR_BIN := target/$(HOST_TRIPLE)/daemon/ipkeep-operator
 IMAGE_ARCHIVE := target/image/ipkeep.oci.tar
 # The Docker driver, static like the others: it is the managed plugin bundle's whole rootfs.
-DOCKER_BIN := target/$(HOST_TRIPLE)/release/ipkeep-docker
+DOCKER_BIN := target/$(HOST_TRIPLE)/daemon/ipkeep-docker
 DOCKER_PLUGIN_DIR := target/docker-plugin
+# The fast tier's test targets (make check): the crates' own tests and the integration suites
+# that run as any user with nothing installed. Each other suite needs root, Go-built binaries,
+# Debian's reference plugins or dockerd, and fails loudly without them: make test runs them all.
+FAST_TESTS := --lib --bins --test blackbox --test blackbox_private_state --test blackbox_reservation \
+  --test agent_install_cni --test agent_plugin --test controller_cli --test controller_index \
+  --test controller_lifecycle --test controller_placement --test controller_view \
+  --test controller_webhook_tls --test crd_drift --test contract --test storm
 # Announces a step and how long it took (a cold static release build takes minutes).
 STEP := scripts/step.sh
 
-.PHONY: all build plugin test lint deps packaging-deps docker-deps demo bench bench-controller bench-scale bench-agent \
+.PHONY: all build plugin check test lint deps packaging-deps docker-deps demo bench bench-controller bench-scale bench-agent \
   bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins flannel-bins crio-bins docker-plugin \
   bench-docker plan-demo plan-test check-fresh release release-check previous-release
 
@@ -89,6 +97,13 @@ lint: release-check
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+## check: the fast tier, the first thing to run: make lint, then every test that needs neither
+## root, nor the Go-built binaries, nor an install step: the pure tests of every crate, the plugin
+## exec'd on scratch directories, the operator's and the Docker driver's tests. A few minutes once
+## built, as any user. The slow suites (real namespaces, control plane, nodes, dockerd) are make test.
+check: lint
+	$(CARGO) test --workspace $(FAST_TESTS)
+
 ## test: every test CI runs (needs root for the network-namespace tests and the real nodes); the
 ## plugin's suites run twice, against the debug build and against the static release binary that
 ## ships. The image archive (`make image`) is what the chart test installs on the real nodes.
@@ -118,18 +133,17 @@ bench: deps plugin
 
 # The benches measure the real control plane; each prints its figures with the ceiling measured
 # in the same run. See docs/benchmarks.md. BENCH_ENV exports the built control plane binaries
-# (make cluster-bins, a prerequisite of each) and the release operator.
-BENCH_ENV = bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
-	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" \
-	    IPKEEP_OPERATOR_BIN=$(CURDIR)/target/release/ipkeep-operator && \
-	  $(CARGO) build --release -p ipkeep-operator --bin ipkeep-operator
+# (make cluster-bins) and the operator the image ships (make operator-static), both prerequisites
+# of each bench; the bench harnesses are built with the same daemon profile.
+BENCH_ENV = export IPKEEP_CLUSTER_BIN_DIR="$$(e2e/cluster/build.sh --print-bin-dir)" \
+	    IPKEEP_OPERATOR_BIN=$(CURDIR)/$(OPERATOR_BIN)
 
 ## bench-controller: the controller binary against the real API server with 1 000 and 10 000
 ## annotated pods (ARGS="--sizes 1000,10000,30000" for more): time until every reservation is
 ## Bound and Released, peak RSS, lateness of 1 000 expiries due in the same second, each beside
 ## the API server's ceiling for the same writes.
-bench-controller: deps cluster-bins
-	@$(BENCH_ENV) && $(CARGO) run --release -p ipkeep-e2e --example bench_controller -- $(ARGS)
+bench-controller: deps cluster-bins operator-static
+	@$(BENCH_ENV) && $(CARGO) run --profile daemon -p ipkeep-e2e --example bench_controller -- $(ARGS)
 
 ## bench-scale: the controller bench at Kubernetes' scale: 1 000, 10 000, 30 000 and 100 000
 ## annotated pods, each beside its ceiling, RSS per 1 000 pods from the slope, and at 100 000 a
@@ -140,24 +154,24 @@ bench-controller: deps cluster-bins
 ## 2 busy cores; etcd and kube-apiserver hold the 100 000 pods beside it). Then 1 000 node agents'
 ## watches on the real kube-apiserver (its memory and CPU per agent, projected to 5 000 nodes).
 ## `make bench-controller` and `make bench-agent` stay short.
-bench-scale: deps cluster-bins
-	@$(BENCH_ENV) && $(CARGO) run --release -p ipkeep-e2e --example bench_controller -- \
+bench-scale: deps cluster-bins operator-static
+	@$(BENCH_ENV) && $(CARGO) run --profile daemon -p ipkeep-e2e --example bench_controller -- \
 	  --sizes 1000,10000,30000,100000 --failover \
 	  --csv docs/controller-bench.csv --plot docs/controller-bench.png \
 	  --profile $(CURDIR)/target/bench-profiles $(ARGS)
-	@$(BENCH_ENV) && $(CARGO) run --release -p ipkeep-e2e --example bench_agent -- --agents 0 --fan-out 1000
+	@$(BENCH_ENV) && $(CARGO) run --profile daemon -p ipkeep-e2e --example bench_agent -- --agents 0 --fan-out 1000
 
 ## bench-agent: the node agent against the real API server: change → file latency with 5 000
 ## reservations at 100 changes/s beside a bare watch's, and what 50 agents add to the
 ## kube-apiserver's CPU and memory (projected to 5 000 nodes).
-bench-agent: deps cluster-bins
-	@$(BENCH_ENV) && $(CARGO) run --release -p ipkeep-e2e --example bench_agent -- $(ARGS)
+bench-agent: deps cluster-bins operator-static
+	@$(BENCH_ENV) && $(CARGO) run --profile daemon -p ipkeep-e2e --example bench_agent -- $(ARGS)
 
 ## bench-api-cost: what one pod's lifecycle (create → delete → re-create → delete → expire) costs
 ## the real API server, per verb, for the controller and the agent, from the audit log; says
 ## whether "at most 4 writes per pod" and "no LIST after start-up" hold.
-bench-api-cost: deps cluster-bins
-	@$(BENCH_ENV) && $(CARGO) run --release -p ipkeep-e2e --example bench_api_cost -- $(ARGS)
+bench-api-cost: deps cluster-bins operator-static
+	@$(BENCH_ENV) && $(CARGO) run --profile daemon -p ipkeep-e2e --example bench_api_cost -- $(ARGS)
 
 ## demo: the whole system on this machine, on real nodes: the control plane and two nodes running
 ## kubelet, containerd, runc and kube-proxy, ipkeep installed with `helm install` from charts/ipkeep
@@ -193,14 +207,11 @@ crds:
 	$(CARGO) run -q -p ipkeep-operator -- crd > crds/ipreservations.ipkeep.dev.yaml
 	cp crds/ipreservations.ipkeep.dev.yaml charts/ipkeep/crds/ipreservations.ipkeep.dev.yaml
 
-## operator-static: the release `ipkeep-operator`, statically linked, at $(OPERATOR_BIN).
-# The workspace's release profile (fat LTO, one codegen unit) is the plugin's: it is exec'd per pod
-# and every page it maps costs. The operator is a long-running daemon: thin LTO and 16 codegen units
-# build it several times faster on two cores for the same speed where it matters (the network).
+## operator-static: `ipkeep-operator` as the image ships it (the daemon profile), statically
+## linked, at $(OPERATOR_BIN).
 operator-static:
-	@$(STEP) operator-static "ipkeep-operator, a static release build" env RUSTFLAGS="-C target-feature=+crt-static" \
-	  $(CARGO) build -q --locked --release -p ipkeep-operator --target $(HOST_TRIPLE) \
-	  --config 'profile.release.lto="thin"' --config 'profile.release.codegen-units=16'
+	@$(STEP) operator-static "ipkeep-operator, a static daemon-profile build" env RUSTFLAGS="-C target-feature=+crt-static" \
+	  $(CARGO) build -q --locked --profile daemon -p ipkeep-operator --target $(HOST_TRIPLE)
 
 ## previous-release: the release an upgrade starts from (CHANGELOG.md's newest other than the
 ## workspace version), built from its own commit into its image archive and chart, in a cache
@@ -210,10 +221,11 @@ previous-release: packaging-deps
 	@scripts/build-previous-release.sh >/dev/null
 
 ## image: the runtime image (FROM scratch, both static binaries, user 65532) built offline with
-## buildah into the OCI archive $(IMAGE_ARCHIVE), named ipkeep:<version>.
+## buildah into the OCI archive $(IMAGE_ARCHIVE), named ipkeep:<version> unless IMAGE_REF names it
+## (make image IMAGE_REF=localhost/ipkeep:dev IMAGE_ARCHIVE=target/image/ipkeep-local.oci.tar).
 image: packaging-deps plugin operator-static
 	@$(STEP) image "the image archive $(IMAGE_ARCHIVE) (buildah)" \
-	  ./scripts/build-image.sh target/$(HOST_TRIPLE)/release $(IMAGE_ARCHIVE)
+	  ./scripts/build-image.sh $(PLUGIN_BIN) $(OPERATOR_BIN) $(IMAGE_ARCHIVE) $(IMAGE_REF)
 
 ## chart-test: the Helm chart and image tests alone (helm and the control plane from
 ## `make cluster-bins`; the components the chart runs are the static operator binary).
@@ -223,20 +235,18 @@ chart-test: deps packaging-deps cluster-bins plugin operator-static
 
 ## docker-plugin: the static `ipkeep-docker` at $(DOCKER_BIN) and the managed plugin bundle
 ## ($(DOCKER_PLUGIN_DIR): config.json + rootfs) that `docker plugin create ipkeep $(DOCKER_PLUGIN_DIR)`
-## takes. A long-running daemon like the operator: built with the operator's thin LTO.
+## takes. A long-running daemon like the operator: built with the same daemon profile.
 # Its readelf check needs binutils, which no install step has to add: the C linker Rust uses needs it.
 docker-plugin:
-	@$(STEP) docker-plugin "ipkeep-docker, a static release build" env RUSTFLAGS="-C target-feature=+crt-static" \
-	  $(CARGO) build -q --locked --release -p ipkeep-docker --target $(HOST_TRIPLE) \
-	  --config 'profile.release.lto="thin"' --config 'profile.release.codegen-units=16'
+	@$(STEP) docker-plugin "ipkeep-docker, a static daemon-profile build" env RUSTFLAGS="-C target-feature=+crt-static" \
+	  $(CARGO) build -q --locked --profile daemon -p ipkeep-docker --target $(HOST_TRIPLE)
 	./scripts/build-docker-plugin.sh $(DOCKER_BIN) $(DOCKER_PLUGIN_DIR)
 
 ## bench-docker: RequestAddress latency through the driver's socket (p50/p99), and `docker run`
 ## on a network of the driver beside one of Docker's built-in IPAM, on a dockerd started for the
 ## run (needs root; installs what it needs with make docker-deps).
 bench-docker: docker-deps docker-plugin
-	IPKEEP_DOCKER_BIN=$(CURDIR)/$(DOCKER_BIN) $(CARGO) run --release -p ipkeep-docker --example bench_docker \
-	  --config 'profile.release.lto="thin"' --config 'profile.release.codegen-units=16'
+	IPKEEP_DOCKER_BIN=$(CURDIR)/$(DOCKER_BIN) $(CARGO) run --profile daemon -p ipkeep-docker --example bench_docker
 
 ## bench-e2e: figures on two real nodes (docs/real-nodes.md) with the chart installed from
 ## `make image`'s archive: `kubectl delete pod` to the successor Ready for a retained StatefulSet

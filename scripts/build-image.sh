@@ -2,11 +2,12 @@
 # Builds ipkeep's runtime image with buildah, offline and without a container engine: FROM scratch,
 # the two static binaries the workspace built, non-root. The Dockerfile's runtime stage says the same.
 #
-#   scripts/build-image.sh BIN_DIR OUT_ARCHIVE [TAG]
+#   scripts/build-image.sh PLUGIN_BIN OPERATOR_BIN OUT_ARCHIVE [TAG]
 #
-# BIN_DIR holds `ipkeep` and `ipkeep-operator` (statically linked: a FROM scratch image has no C
-# library); OUT_ARCHIVE is written as an OCI archive (`oci-archive:` for buildah, skopeo, podman)
-# with the reference name TAG (default ipkeep:<workspace version>).
+# PLUGIN_BIN is `ipkeep` (the release profile), OPERATOR_BIN `ipkeep-operator` (the daemon
+# profile), both statically linked: a FROM scratch image has no C library (make image builds them).
+# OUT_ARCHIVE is written as an OCI archive (`oci-archive:` for buildah, skopeo, podman) with the
+# reference name TAG (default ipkeep:<workspace version>).
 # buildah keeps its storage under $IPKEEP_BUILDAH_ROOT (default target/buildah) with the vfs driver,
 # which works as root without overlay support; nothing is left in the machine's own image store.
 set -euo pipefail
@@ -14,19 +15,20 @@ cd "$(dirname "$0")/.."
 
 die() { echo "build-image: error: $*" >&2; exit 1; }
 
-[ $# -ge 2 ] && [ $# -le 3 ] || die "usage: $0 BIN_DIR OUT_ARCHIVE [TAG]"
-bin_dir=$1
-out=$2
+[ $# -ge 3 ] && [ $# -le 4 ] || die "usage: $0 PLUGIN_BIN OPERATOR_BIN OUT_ARCHIVE [TAG]"
+plugin_bin=$1
+operator_bin=$2
+out=$3
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
-tag=${3:-ipkeep:$version}
+tag=${4:-ipkeep:$version}
 
 command -v buildah >/dev/null 2>&1 \
   || die "buildah is not installed: run scripts/install-packaging-deps.sh (Debian package buildah)"
-for b in ipkeep ipkeep-operator; do
-  [ -x "$bin_dir/$b" ] || die "$bin_dir/$b is missing: run 'make image' (it builds the static binaries first)"
+for b in "$plugin_bin" "$operator_bin"; do
+  [ -x "$b" ] || die "$b is missing: run 'make image' (it builds the static binaries first)"
   # A FROM scratch image has no dynamic loader: refuse a binary that asks for one.
-  if LC_ALL=C readelf -lW "$bin_dir/$b" | grep 'Requesting program interpreter' >/dev/null; then
-    die "$bin_dir/$b is dynamically linked; build it with RUSTFLAGS='-C target-feature=+crt-static' (make image does)"
+  if LC_ALL=C readelf -lW "$b" | grep 'Requesting program interpreter' >/dev/null; then
+    die "$b is dynamically linked; build it with RUSTFLAGS='-C target-feature=+crt-static' (make image does)"
   fi
 done
 
@@ -42,8 +44,8 @@ bh() { buildah --root "$root/storage" --runroot "$root/run" --storage-driver vfs
 
 ctr=$(bh from --name "ipkeep-image-$$" scratch)
 trap 'bh rm "$ctr" >/dev/null 2>&1 || true' EXIT
-bh copy --quiet --chmod 0555 "$ctr" "$bin_dir/ipkeep" /ipkeep
-bh copy --quiet --chmod 0555 "$ctr" "$bin_dir/ipkeep-operator" /ipkeep-operator
+bh copy --quiet --chmod 0555 "$ctr" "$plugin_bin" /ipkeep
+bh copy --quiet --chmod 0555 "$ctr" "$operator_bin" /ipkeep-operator
 # 65532: the conventional "nonroot" uid/gid of distroless images; the chart's controller runs as it.
 bh config --os linux --arch "$arch" --user 65532:65532 \
   --entrypoint '["/ipkeep-operator"]' --cmd '' --workingdir / \

@@ -25,6 +25,7 @@ esac
 triple=$(rustc -vV | sed -n 's/^host: //p')
 target_dir=${CARGO_TARGET_DIR:-target}
 release=$target_dir/$triple/release
+daemon=$target_dir/$triple/daemon
 
 parts=()
 minutes=0
@@ -42,7 +43,7 @@ mapfile -t missing < <(debian_packages_missing "${steps[@]}")
 [ -d "$(e2e/cluster/build.sh --print-node-bin-dir)" ] \
   || part 2 "the node binaries (kubelet, kube-proxy, containerd, its runc shim, ctr, pause) from their Go modules, once per machine, and the node images"
 [ -x "$release/ipkeep" ] || part 0 "ipkeep (the CNI plugin), a static release build"
-[ -x "$release/ipkeep-operator" ] || part 3 "ipkeep-operator (controller, agent, install-cni), a static release build"
+[ -x "$daemon/ipkeep-operator" ] || part 3 "ipkeep-operator (controller, agent, install-cni), a static daemon-profile build"
 part 0 "the image ipkeep:<version> (buildah) from those two"
 case $goal in
   demo)
@@ -53,7 +54,7 @@ case $goal in
       || part 2 "flanneld and flannel's CNI plugin from their Go modules, once per machine"
     [ -d "$(e2e/cluster/build.sh --print-crio-bin-dir)" ] \
       || part 3 "CRI-O and the upstream CNI plugins from their Go modules, once per machine"
-    [ -x "$release/ipkeep-docker" ] || part 2 "ipkeep-docker (the Docker IPAM driver), a static release build"
+    [ -x "$daemon/ipkeep-docker" ] || part 2 "ipkeep-docker (the Docker IPAM driver), a static daemon-profile build"
     [ -f "$(scripts/build-previous-release.sh --print-dir)/ipkeep.oci.tar" ] \
       || part 8 "the previous release (the upgrade test's start: its image and chart) from its own commit, once per release"
     [ -x "$target_dir/debug/ipkeep-e2e" ] || part 8 "make lint (clippy) and the test binaries, debug builds"

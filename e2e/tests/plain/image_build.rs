@@ -4,8 +4,9 @@
 //! `ipkeep-operator --version` and the plugin's CNI `VERSION`. It also checks the image holds
 //! nothing else and that the Dockerfile's runtime stage says what the built image is.
 //!
-//! The binaries come from `IPKEEP_IMAGE_BIN_DIR`, else `target/<host triple>/release/`
-//! (`make image` builds them, statically linked). Needs root (chroot, buildah's storage) and buildah
+//! The binaries come from `IPKEEP_IMAGE_PLUGIN_BIN` and `IPKEEP_IMAGE_OPERATOR_BIN`, else where
+//! `make image` builds them, statically linked, each with its profile: `target/<host
+//! triple>/release/ipkeep` and `target/<host triple>/daemon/ipkeep-operator`. Needs root (chroot, buildah's storage) and buildah
 //! (`scripts/install-packaging-deps.sh`); fails, never skips, without them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -20,15 +21,16 @@ use std::{
 use serde_json::Value;
 use shared::{ok, repo_root as root};
 
-fn bin_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("IPKEEP_IMAGE_BIN_DIR").filter(|v| !v.is_empty()) {
-        return PathBuf::from(dir);
+/// The static binary `name` built with Cargo `profile`, or the path the variable `env` names.
+fn image_bin(env: &str, profile: &str, name: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(env).filter(|v| !v.is_empty()) {
+        return PathBuf::from(path);
     }
     let host = shared::run_ok(Command::new("rustc"), &["-vV"], None)
         .lines()
         .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
         .unwrap();
-    root().join("target").join(host).join("release")
+    root().join("target").join(host).join(profile).join(name)
 }
 
 fn blob(layout: &Path, digest: &str) -> PathBuf {
@@ -71,12 +73,14 @@ fn run_in_image(
 
 #[test]
 fn the_image_runs_both_binaries_as_its_non_root_user() {
-    let bins = bin_dir();
-    for b in ["ipkeep", "ipkeep-operator"] {
+    let plugin = image_bin("IPKEEP_IMAGE_PLUGIN_BIN", "release", "ipkeep");
+    let operator = image_bin("IPKEEP_IMAGE_OPERATOR_BIN", "daemon", "ipkeep-operator");
+    for b in [&plugin, &operator] {
         assert!(
-            bins.join(b).is_file(),
-            "{} missing: run: make image (builds both static release binaries) or set IPKEEP_IMAGE_BIN_DIR",
-            bins.join(b).display()
+            b.is_file(),
+            "{} missing: run: make image (builds both static binaries) or set \
+             IPKEEP_IMAGE_PLUGIN_BIN and IPKEEP_IMAGE_OPERATOR_BIN",
+            b.display()
         );
     }
     assert!(
@@ -93,7 +97,8 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
     ok(
         "scripts/build-image.sh (run scripts/install-packaging-deps.sh if buildah is missing)",
         Command::new(root().join("scripts/build-image.sh"))
-            .arg(&bins)
+            .arg(&plugin)
+            .arg(&operator)
             .arg(&archive)
             .arg("ipkeep:image-test")
             .env("IPKEEP_BUILDAH_ROOT", work.join("buildah"))
@@ -154,7 +159,7 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
     for expected in [
         "RUSTFLAGS=\"-C target-feature=+crt-static\"",
         "cargo build --locked --release -p ipkeep-plugin",
-        "cargo build --locked --release -p ipkeep-operator",
+        "cargo build --locked --profile daemon -p ipkeep-operator",
     ] {
         assert!(
             builder.contains(expected),
