@@ -3,7 +3,7 @@
 //! Everything below the network directory is reached relative to an open directory file
 //! descriptor and never through a symbolic link (`O_NOFOLLOW`, `AT_SYMLINK_NOFOLLOW`), so a
 //! symlink planted in the state directory cannot make the plugin (which runs as root) read or
-//! write anywhere else. Every name handed to this module must be a single path component; it is
+//! write anywhere else. Every name handed to this crate must be a single path component; it is
 //! checked here again even though callers validate their own names, because this is the last line
 //! before the file system.
 //!
@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
-/// The prefix of every temporary file this module creates; such names never parse as an IP.
+/// The prefix of every temporary file this crate creates; such names never parse as an IP.
 pub const TEMP_PREFIX: &str = ".ipkeep-tmp-";
 
 /// The prefix of the spare files [`DirFd::retire`] keeps for the next creation (`spare.0`, …);
