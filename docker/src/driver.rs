@@ -19,7 +19,7 @@ use ipkeep_hostlocal::allocator::{self, AllocError};
 use ipkeep_hostlocal::range::{RangeError, RangeSet};
 use ipkeep_hostlocal::store::{Store, StoreError};
 use ipkeep_hostlocal::{DiskStore, Occupant};
-use ipkeep_reservation::netdir::{EntryKind, NetDirError, NetworkDir};
+use ipkeep_netdir::{EntryKind, NetDirError, NetworkDir};
 use ipkeep_reservation::{RetainFor, RetainForError};
 
 use crate::decide::{

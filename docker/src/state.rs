@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use ipkeep_reservation::netdir::{DirFd, NetDirError};
+use ipkeep_netdir::{DirFd, NetDirError};
 
 use crate::decide::Retention;
 

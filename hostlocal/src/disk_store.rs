@@ -61,9 +61,7 @@ use std::net::IpAddr;
 use std::time::SystemTime;
 
 use crate::store::{LegacyRelease, Owner, PodRef, Store, StoreError, is_valid_container_id};
-use ipkeep_reservation::netdir::{
-    EntryKind, NetDirError, NetworkDir, NetworkLock, SubDir, TEMP_PREFIX,
-};
+use ipkeep_netdir::{EntryKind, NetDirError, NetworkDir, NetworkLock, SubDir, TEMP_PREFIX};
 use ipkeep_reservation::private_state::{self, Found};
 use ipkeep_reservation::{CivilTime, Timestamp};
 
@@ -136,9 +134,9 @@ const MAX_INDEX_STAMP_LEN: usize = 512;
 /// The stamp of the network directory and of the index's own directories, so that a change to
 /// either behind ipkeep's back (a file planted in `.ipkeep/containers/`) means a rebuild too.
 fn index_stamp_text(
-    net: &ipkeep_reservation::netdir::FileStat,
-    containers: &ipkeep_reservation::netdir::FileStat,
-    tmp: &ipkeep_reservation::netdir::FileStat,
+    net: &ipkeep_netdir::FileStat,
+    containers: &ipkeep_netdir::FileStat,
+    tmp: &ipkeep_netdir::FileStat,
 ) -> String {
     let (n, c, t) = (net, containers, tmp);
     format!(
@@ -190,7 +188,7 @@ pub fn go_log_time(now: SystemTime) -> String {
 /// Opens (creating it if needed) one of ipkeep's private directories; something that is not a
 /// directory at that name (a planted symlink, a file, a FIFO) is removed, never followed.
 fn private_dir(
-    parent: &ipkeep_reservation::netdir::DirFd,
+    parent: &ipkeep_netdir::DirFd,
     name: &str,
     log: &mut Vec<String>,
 ) -> Result<SubDir, NetDirError> {
@@ -615,7 +613,7 @@ impl Store for DiskStore<'_> {
                 "invalid characters in containerID {id:?}"
             )));
         }
-        ipkeep_reservation::netdir::check_name(ifname)?;
+        ipkeep_netdir::check_name(ifname)?;
         let content = Owner::content(id, ifname);
         // Larger files are skipped as garbage when read back: CHECK and DEL would never find
         // this allocation, so it would leak.
@@ -641,7 +639,7 @@ impl Store for DiskStore<'_> {
                 NetDirError::Io { errno, .. } => StoreError::Message(format!(
                     "open {}: {}",
                     self.net.child_path(&last).display(),
-                    ipkeep_reservation::netdir::go_errno_text(errno)
+                    ipkeep_netdir::go_errno_text(errno)
                 )),
                 other => other.into(),
             });

@@ -25,10 +25,7 @@ const MAX_FILE: u64 = 16 * 1024 * 1024;
 pub fn read(path: &str) -> Result<Dns, String> {
     let go_err = |op: &str, e: &std::io::Error| {
         let errno = rustix::io::Errno::from_io_error(e).unwrap_or(rustix::io::Errno::IO);
-        format!(
-            "{op} {path}: {}",
-            ipkeep_reservation::netdir::go_errno_text(errno)
-        )
+        format!("{op} {path}: {}", ipkeep_netdir::go_errno_text(errno))
     };
     let file = std::fs::File::open(path).map_err(|e| go_err("open", &e))?;
     let mut bytes = Vec::new();

@@ -101,7 +101,7 @@ pub struct PodRef {
 pub enum StoreError {
     /// The disk layer failed.
     #[error(transparent)]
-    Disk(#[from] ipkeep_reservation::netdir::NetDirError),
+    Disk(#[from] ipkeep_netdir::NetDirError),
     /// An error whose text is host-local's (e.g. `open …/last_reserved_ip.0: is a directory`).
     #[error("{0}")]
     Message(String),

@@ -65,7 +65,7 @@ const RESERVATIONS: usize = 1_000;
 /// as the agent writes them (which also keeps the plugin's snapshot of them current). Their
 /// addresses sit at 198.18.100.0 and up, away from the cycles' round robin; host-local ignores them.
 fn reservation_files(data_dir: &Path) -> Result<(), BenchError> {
-    use ipkeep_reservation::NetworkDir;
+    use ipkeep_netdir::NetworkDir;
     use ipkeep_reservation::{FORMAT_VERSION, ReservationFile, ReservationWriter};
     let desired: Vec<ReservationFile> = (0..RESERVATIONS)
         .map(|i| ReservationFile {

@@ -16,9 +16,9 @@ use ipkeep_hostlocal::config::{self, IpamConfig};
 use ipkeep_hostlocal::gojson::Value;
 use ipkeep_hostlocal::result::{CniResult, result_json};
 use ipkeep_hostlocal::store::{LegacyRelease, Owner, PodRef, Store};
+use ipkeep_netdir::NetworkDir;
 use ipkeep_reservation::Timestamp;
 use ipkeep_reservation::add::DEFAULT_GRACE;
-use ipkeep_reservation::netdir::NetworkDir;
 
 mod reservations;
 

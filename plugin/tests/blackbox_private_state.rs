@@ -14,8 +14,8 @@ use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 use common::{CniCall, CniOutcome, Scratch, host_local, ipkeep};
+use ipkeep_netdir::{SPARE_PREFIX, SPARES};
 use ipkeep_reservation::add::{WaitMarker, write_wait_marker};
-use ipkeep_reservation::netdir::{SPARE_PREFIX, SPARES};
 use ipkeep_reservation::{
     FORMAT_VERSION, PodKey, ReservationFile, Timestamp, ValidReservation, write_reservation,
 };

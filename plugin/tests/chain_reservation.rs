@@ -29,7 +29,7 @@ use chain_support::{
     BRIDGE_PLUGIN, Cleanup, addresses_in, ip, require_root_and_bridge, result_cidrs, try_ip, unique,
 };
 use common::{CniCall, CniOutcome};
-use ipkeep_reservation::NetworkDir;
+use ipkeep_netdir::NetworkDir;
 use ipkeep_reservation::{
     FORMAT_VERSION, ReservationFile, Timestamp, read_reservation, write_reservation,
 };

@@ -340,7 +340,7 @@ fn find_temps(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
         if entry
             .file_name()
             .to_string_lossy()
-            .starts_with(ipkeep_reservation::TEMP_PREFIX)
+            .starts_with(ipkeep_netdir::TEMP_PREFIX)
         {
             out.push(entry.path());
         }
@@ -386,7 +386,7 @@ fn temporaries_of_killed_processes_are_removed_ipkeep() {
 /// Puts a temporary named like one of a process that no longer exists into `dir` and every
 /// directory below it.
 fn plant_temps(dir: &Path, planted: &mut Vec<std::path::PathBuf>) {
-    let temp = dir.join(format!("{}999999-0", ipkeep_reservation::TEMP_PREFIX));
+    let temp = dir.join(format!("{}999999-0", ipkeep_netdir::TEMP_PREFIX));
     std::fs::write(&temp, "c1\r\neth0").unwrap();
     planted.push(temp);
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -468,7 +468,7 @@ fn reservation_file(pod: &PodModel, uid: usize) -> ipkeep_reservation::Reservati
 }
 
 /// The invariants of the reservation crash test that hold whatever instant processes died at.
-fn check_reservation_disk(dir: &ipkeep_reservation::NetworkDir, pods: &[PodModel], when: &str) {
+fn check_reservation_disk(dir: &ipkeep_netdir::NetworkDir, pods: &[PodModel], when: &str) {
     use ipkeep_reservation::add::{ReservationLookup, read_wait_marker};
     use ipkeep_reservation::{PodKey, Timestamp, load_reservations_cached};
     let net_dir = dir.path();
@@ -565,7 +565,7 @@ fn check_reservation_disk(dir: &ipkeep_reservation::NetworkDir, pods: &[PodModel
 
 #[test]
 fn sigkill_during_reservation_adds_never_leaks_a_reserved_address_ipkeep() {
-    use ipkeep_reservation::NetworkDir;
+    use ipkeep_netdir::NetworkDir;
     use ipkeep_reservation::add::{TRY_AGAIN_LATER_CODE, read_wait_marker};
     use ipkeep_reservation::{PodKey, ReservationWriter, write_reservation};
     let binary = common::ipkeep();

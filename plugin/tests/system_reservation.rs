@@ -56,11 +56,11 @@ use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::{CniCall, CniOutcome};
+use ipkeep_netdir::{NetworkDir, TEMP_PREFIX};
 use ipkeep_reservation::{
     FORMAT_VERSION, PodKey, ReservationFile, ReservationWriter, Timestamp, ValidReservation,
     load_reservations, remove_reservation, write_reservation,
 };
-use ipkeep_reservation::{NetworkDir, TEMP_PREFIX};
 use system_support::{
     Holder, Rng, Scratch, describe, finish, nested_ip_named, net_config, result_ips, spawn,
 };

@@ -81,10 +81,8 @@
 //! the scan and patched by the writer) ← `writer.rs` (the write side: the diff against disk, the
 //! batches, garbage). `decision.rs` and `wait.rs` serve the plugin's ADD.
 
-// The network directory (host-local's `<dataDir>/<network>` and its lock) and ipkeep's private
-// directory in it: the agent's writer and the plugin both go through them, and the allocator's
-// disk store builds on them.
-pub mod netdir;
+// ipkeep's private directory in the network directory (`ipkeep-netdir`): the agent's writer and
+// the plugin both go through it, and the allocator's disk store builds on it.
 pub mod private_state;
 
 mod decision;
@@ -97,8 +95,9 @@ mod wait;
 mod writer;
 
 // The contract the agent (operator), the Docker driver and the plugin share: the file, its
-// times, the network directory it lives in, the writer and the readers.
-pub use netdir::{NetDirError, NetworkDir, TEMP_PREFIX};
+// times, the network directory it lives in (`ipkeep-netdir`'s, named here because the writer and
+// the readers take it and return its errors), the writer and the readers.
+pub use ipkeep_netdir::{NetDirError, NetworkDir, TEMP_PREFIX};
 pub use retain_for::{Fallback, ReleaseTime, RetainFor, RetainForError, effective_release_time};
 pub use scan::{ReservationSet, ReservedDirError, Skipped, load_reservations, read_reservation};
 pub use schema::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError, ValidReservation};

@@ -12,7 +12,7 @@
 
 use rustix::fs::{AtFlags, FileType};
 
-use crate::netdir::{DirFd, EntryKind, FileStat, NetDirError, SubDir};
+use ipkeep_netdir::{DirFd, EntryKind, FileStat, NetDirError, SubDir};
 
 pub use crate::snapshot::SNAPSHOT_NAME;
 pub use crate::wait::WAIT_DIR;
@@ -221,7 +221,7 @@ fn fix_dir_mode(dir: &SubDir, mode: u32, log: &mut Vec<String>) -> Result<(), Ne
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::netdir::NetworkDir;
+    use ipkeep_netdir::NetworkDir;
     use std::os::unix::fs::PermissionsExt;
     use tempfile::TempDir;
 

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::netdir::{DirFd, EntryKind, FileStat, NetDirError, NetworkDir, SubDir, TEMP_PREFIX};
+use ipkeep_netdir::{DirFd, EntryKind, FileStat, NetDirError, NetworkDir, SubDir, TEMP_PREFIX};
 
 use super::schema::{
     MAX_FILE_LEN, PodKey, ReservationFile, SchemaError, validate_namespace, validate_pod_name,

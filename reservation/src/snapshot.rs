@@ -40,8 +40,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
-use crate::netdir::{EntryKind, NetDirError, NetworkDir, NetworkLock};
 use crate::private_state::PRIVATE_DIR;
+use ipkeep_netdir::{EntryKind, NetDirError, NetworkDir, NetworkLock};
 
 use super::decision::ReservationLookup;
 use super::scan::{
@@ -569,11 +569,11 @@ impl ReservationSnapshot {
 
     /// Whether every watched entry below `reserved` still has the stamp the scan saw: one
     /// `lstat` per namespace directory (and per skipped file).
-    fn watched_unchanged(&self, reserved: &crate::netdir::DirFd) -> bool {
+    fn watched_unchanged(&self, reserved: &ipkeep_netdir::DirFd) -> bool {
         self.watched().all(|(name, recorded)| {
             rustix::fs::statat(reserved.fd(), name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
                 .is_ok_and(|st| {
-                    SnapshotDirStamp::from(crate::netdir::FileStat::from_stat(&st)) == recorded
+                    SnapshotDirStamp::from(ipkeep_netdir::FileStat::from_stat(&st)) == recorded
                 })
         })
     }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::add::*;
 use super::*;
-use crate::netdir::NetworkDir;
+use ipkeep_netdir::NetworkDir;
 
 use tempfile::TempDir;
 

@@ -3,8 +3,8 @@
 //! first finds the pod's reserved address held by the pod's previous container. Like the rest of
 //! `.ipkeep/` it is the plugin's own: host-local ignores it, and losing it only restarts a wait.
 
-use crate::netdir::{NetDirError, NetworkDir};
 use crate::private_state::{self, Found};
+use ipkeep_netdir::{NetDirError, NetworkDir};
 
 use super::decision::WaitMarker;
 use super::schema::PodKey;
@@ -49,7 +49,7 @@ pub fn write_wait_marker(
     marker: &WaitMarker,
     found: &mut Vec<String>,
 ) -> Result<(), NetDirError> {
-    let mut parent: Option<crate::netdir::SubDir> = None;
+    let mut parent: Option<ipkeep_netdir::SubDir> = None;
     for name in [PRIVATE_DIR, WAIT_DIR, pod.namespace.as_str()] {
         let next = match &parent {
             None => private_state::open_dir(dir, name, true, found)?,

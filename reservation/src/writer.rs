@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use crate::netdir::{DirFd, EntryKind, NetDirError, NetworkDir, SubDir};
+use ipkeep_netdir::{DirFd, EntryKind, NetDirError, NetworkDir, SubDir};
 
 use super::scan::{
     GENERATION_NAME, RESERVED_DIR, ReservedDirError, Skipped, load_reservations, read_generation,

@@ -34,7 +34,7 @@ use std::fmt;
 use serde_json::Value;
 
 use ipkeep_hostlocal::config::DEFAULT_DATA_DIR;
-use ipkeep_reservation::netdir::go_clean;
+use ipkeep_netdir::go_clean;
 
 /// The IPAM type of ipkeep's plugin.
 pub const IPKEEP_TYPE: &str = "ipkeep";

@@ -296,7 +296,7 @@ pub async fn run(
         return Err(AgentError::NoNodeName);
     }
     for network in &config.networks {
-        if ipkeep_reservation::netdir::check_name(network).is_err() || network.is_empty() {
+        if ipkeep_netdir::check_name(network).is_err() || network.is_empty() {
             return Err(AgentError::InvalidNetwork(network.clone()));
         }
     }

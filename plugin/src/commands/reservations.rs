@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use ipkeep_hostlocal::config::IpamConfig;
 use ipkeep_hostlocal::{DiskStore, Occupant};
+use ipkeep_netdir::NetworkDir;
 use ipkeep_reservation::add::{
     CurrentHolder, DecisionInput, MarkerAction, Outcome, RESERVED_DIR, RangeSetPlan,
     ReservationLookup, ReservationSnapshot, TRY_AGAIN_LATER_CODE, decide, load_reservations_at,
     prune_wait_markers, read_wait_marker, remove_wait_marker, write_wait_marker,
 };
-use ipkeep_reservation::netdir::NetworkDir;
 use ipkeep_reservation::{PodKey, ReservationFile, Source, Timestamp, read_reservation};
 
 use super::CniError;

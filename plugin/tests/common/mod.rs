@@ -229,8 +229,8 @@ impl Scratch {
     }
 
     /// `<dataDir>/net1` opened as the agent and the plugin open it.
-    pub fn dir(&self) -> ipkeep_reservation::NetworkDir {
-        ipkeep_reservation::NetworkDir::open(&self.data(), "net1").unwrap()
+    pub fn dir(&self) -> ipkeep_netdir::NetworkDir {
+        ipkeep_netdir::NetworkDir::open(&self.data(), "net1").unwrap()
     }
 }
 
