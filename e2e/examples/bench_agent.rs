@@ -39,7 +39,7 @@ use clap::Parser;
 use futures::TryStreamExt;
 use ipkeep_operator::{
     agent::{desired::desired_files, view, writer::NetworkWriter},
-    crd::IPReservation,
+    api::IPReservation,
 };
 use ipkeep_reservation::{ReservationFile, Timestamp};
 use kube::{

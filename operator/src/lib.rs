@@ -1,18 +1,15 @@
-//! ipkeep's operator: the IPReservation resource ([`crd`]), the controller that keeps reservations
+//! ipkeep's operator: the IPReservation resource ([`api`]), the controller that keeps reservations
 //! in step with annotated pods and expires them ([`controller`]), and the node agent that mirrors
 //! its node's reservations to the files the plugin reads ([`agent`]).
 
 pub mod agent;
+pub mod api;
 pub mod backoff;
 pub mod check;
 pub mod controller;
-pub mod crd;
 pub mod crd_apply;
 pub mod events;
 pub mod install_cni;
-pub mod key;
 pub mod logging;
-pub mod phase;
 pub mod probes;
-pub mod retention;
 pub mod shutdown;

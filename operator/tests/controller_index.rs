@@ -3,9 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ipkeep_operator::{
+    api::IPReservation,
+    api::Key,
     controller::{index::AddressIndex, lifecycle::ReservationView, view},
-    crd::IPReservation,
-    key::Key,
 };
 use serde_json::json;
 

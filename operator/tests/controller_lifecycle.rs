@@ -15,8 +15,8 @@ use ipkeep_operator::controller::{
     placement::Placed,
 };
 use ipkeep_operator::{
-    key::Key,
-    retention::{FoundRetainFor, RetainFor},
+    api::Key,
+    api::retention::{FoundRetainFor, RetainFor},
 };
 use jiff::Timestamp;
 

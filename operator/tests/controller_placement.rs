@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use ipkeep_operator::{
+    api::IPReservation,
     controller::{
         cache::CachedReservation,
         optin::{Mode, Retain},
@@ -13,7 +14,6 @@ use ipkeep_operator::{
         },
         webhook::{self, Caches},
     },
-    crd::IPReservation,
 };
 use k8s_openapi::api::{
     apps::v1::StatefulSet,

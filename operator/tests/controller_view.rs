@@ -3,12 +3,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ipkeep_operator::{
+    api::IPReservation,
+    api::Key,
     controller::{
         lifecycle::{Conflict, Phase, StatusView},
         view,
     },
-    crd::IPReservation,
-    key::Key,
 };
 use serde_json::json;
 

@@ -16,9 +16,9 @@ use ipkeep_reservation::{
     FORMAT_VERSION, PodKey, ReservationFile, SchemaError, Timestamp, ValidReservation,
 };
 
-use crate::key::Key;
-use crate::phase::Phase;
-use crate::retention::{Fallback, FoundRetainFor, RetainFor, RetainForError, release_time};
+use crate::api::Key;
+use crate::api::Phase;
+use crate::api::retention::{Fallback, FoundRetainFor, RetainFor, RetainForError, release_time};
 
 /// What planning reads of one IPReservation.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -43,12 +43,12 @@ use kube::runtime::{WatchStreamExt, reflector::store::Writer};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Notify;
 
-use crate::crd::IPReservation;
+use crate::api::IPReservation;
+use crate::api::Key;
+use crate::api::retention::{RetainFor, RetainForError};
 use crate::events::{EventType, Notice, Publisher};
-use crate::key::Key;
 use crate::logging::{self, LogArgs, error_chain};
 use crate::probes::{ProbeServer, Readiness};
-use crate::retention::{RetainFor, RetainForError};
 use crate::shutdown;
 
 use self::desired::{Refusal, desired_files};

@@ -6,7 +6,7 @@
 use kube::ResourceExt;
 
 use super::desired::Reservation;
-use crate::{crd::IPReservation, key::Key, retention::RetainFor};
+use crate::api::{IPReservation, Key, retention::RetainFor};
 
 /// Drops what the agent never reads (`managedFields` is most of an object's size).
 pub fn trim(ipr: &mut IPReservation) {

@@ -31,7 +31,7 @@ use super::{
     placement::{self, Placed},
     view,
 };
-use crate::{crd::IPReservation, key::Key};
+use crate::api::{IPReservation, Key};
 
 /// A pod as the controller keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]

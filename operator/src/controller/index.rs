@@ -14,7 +14,7 @@ use std::{
 use jiff::Timestamp;
 
 use super::lifecycle::{Claim, ReservationView};
-use crate::key::Key;
+use crate::api::Key;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {

@@ -13,7 +13,7 @@ use prometheus::{
 };
 
 use super::{budget, cache::CachedReservation, view};
-use crate::crd::Phase;
+use crate::api::Phase;
 
 /// The metrics the controller updates as it works.
 #[derive(Debug, Clone)]

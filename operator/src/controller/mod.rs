@@ -77,13 +77,13 @@ use self::{
     workqueue::WorkQueue,
 };
 use crate::{
+    api::IPReservation,
+    api::Key,
+    api::retention::RetainFor,
     backoff::Backoff,
-    crd::IPReservation,
     events::{Policy, Publisher},
-    key::Key,
     logging::{self, LogArgs, error_chain},
     probes::{ProbeServer, Readiness},
-    retention::RetainFor,
 };
 
 /// Command-line flags of `ipkeep-operator controller` (each also read from the environment).
@@ -917,7 +917,7 @@ async fn watch_reservations(
                     queue.enqueue(other);
                 }
                 // One more held address on its node may push others over the node's budget.
-                if r.view.status.phase == Some(crate::phase::Phase::Released) {
+                if r.view.status.phase == Some(crate::api::Phase::Released) {
                     for other in reconcile::node_yielding(&ctx, &r.view.node_name).yielded {
                         queue.enqueue(other);
                     }

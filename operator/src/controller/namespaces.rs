@@ -10,7 +10,7 @@ use std::{
 
 use kube::core::{Expression, Selector, SelectorExt};
 
-use crate::key::Key;
+use crate::api::Key;
 
 /// A parsed `--namespace-selector`, with the text it was given (Events quote it).
 #[derive(Debug, Clone, PartialEq, Eq)]

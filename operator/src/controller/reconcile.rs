@@ -30,10 +30,10 @@ use super::{
     optin, view,
 };
 use crate::{
-    crd::{self, IPReservation},
+    api::Key,
+    api::retention,
+    api::{self, IPReservation},
     events::{EventType, Notice, Outcome, Publisher},
-    key::Key,
-    retention,
 };
 
 /// The field manager of every write the controller makes (spec and status).
@@ -483,7 +483,7 @@ async fn execute(
             if spec.release_with_owner {
                 annotations.insert(optin::RELEASE_WITH_OWNER.into(), json!("true"));
             }
-            metadata["labels"] = json!({crd::MANAGED_BY_LABEL: crd::MANAGED_BY_VALUE});
+            metadata["labels"] = json!({api::MANAGED_BY_LABEL: api::MANAGED_BY_VALUE});
             metadata["annotations"] = serde_json::Value::Object(annotations);
         }
         let mut body_spec = json!({"ips": spec.ips, "nodeName": spec.node_name});

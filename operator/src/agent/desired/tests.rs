@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::*;
 use crate::agent::view;
-use crate::crd::{ConflictStatus, IPReservation, IPReservationSpec, IPReservationStatus, IpString};
+use crate::api::{ConflictStatus, IPReservation, IPReservationSpec, IPReservationStatus, IpString};
 
 const DAY: Duration = Duration::from_secs(86_400);
 /// 2026-11-21T12:00:00Z

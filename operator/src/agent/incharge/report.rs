@@ -4,7 +4,7 @@
 //!   Normal `InCharge` when it is fixed);
 //! * `ipkeep_agent_in_charge{network}` (1 or 0) and `ipkeep_agent_not_in_charge{network,reason}`;
 //! * the condition [`POD_CONDITION`] on the agent's own pod (what `ipkeep-operator check` reads);
-//! * the condition `Unprotected` ([`crate::crd::CONDITION_UNPROTECTED`]) on each of the node's
+//! * the condition `Unprotected` ([`crate::api::CONDITION_UNPROTECTED`]) on each of the node's
 //!   reservations while any of its networks is not in charge (`kubectl get ipr` shows its reason),
 //!   written with server-side apply under [`FIELD_MANAGER`], so the controller's own status
 //!   fields and its `Conflict` condition are untouched, and removed by applying none.
@@ -24,9 +24,9 @@ use serde_json::json;
 
 use super::evidence::{self, Sources};
 use super::{Evidence, Explained, Reason, Verdict, decide};
-use crate::crd::{CONDITION_UNPROTECTED, IPReservation};
+use crate::api::Key;
+use crate::api::{CONDITION_UNPROTECTED, IPReservation};
 use crate::events::{EventType, Notice, Publisher, node_ref};
-use crate::key::Key;
 use crate::logging::error_chain;
 
 /// How often the evidence is read.
