@@ -12,4 +12,5 @@ pub mod events;
 pub mod install_cni;
 pub mod logging;
 pub mod probes;
+pub mod rules;
 pub mod shutdown;

@@ -5,7 +5,8 @@
 use ipkeep_operator::{
     api::IPReservation,
     api::Key,
-    controller::{index::AddressIndex, lifecycle::ReservationView, view},
+    controller::{index::AddressIndex, view},
+    rules::lifecycle::ReservationView,
 };
 use serde_json::json;
 

@@ -8,11 +8,12 @@ use ipkeep_operator::{
     api::IPReservation,
     controller::{
         cache::CachedReservation,
-        optin::{Mode, Retain},
-        placement::{
-            self, Decision, NodeFacts, PLACED, Placed, PodScheduling, Request, decide, term_matches,
-        },
+        placement::{self, Decision, NodeFacts, PodScheduling, Request, decide, term_matches},
         webhook::{self, Caches},
+    },
+    rules::{
+        optin::{Mode, Retain},
+        placement::{PLACED, Placed},
     },
 };
 use k8s_openapi::api::{

@@ -19,12 +19,10 @@
 //! * When the agent is down the files stay as they were: the plugin keeps honouring them, and
 //!   stops honouring each at its `releaseTime` by itself.
 
-pub mod desired;
 pub mod dirwatch;
 pub mod hostlocal;
 pub mod incharge;
 pub mod metrics;
-pub mod schedule;
 pub mod view;
 pub mod writer;
 
@@ -51,11 +49,11 @@ use crate::logging::{self, LogArgs, error_chain};
 use crate::probes::{ProbeServer, Readiness};
 use crate::shutdown;
 
-use self::desired::{Refusal, desired_files};
 use self::dirwatch::{DirWatch, Wake as DirWake};
 pub use self::metrics::AgentMetrics;
-use self::schedule::{Pass, Schedule, Step, Wake};
 use self::writer::{NetworkWriter, PassReport};
+use crate::rules::desired::{Refusal, desired_files};
+use crate::rules::schedule::{Pass, Schedule, Step, Wake};
 
 /// The pause before the data directory's watch is set up again after it failed.
 const WATCH_RETRY: Duration = Duration::from_secs(30);

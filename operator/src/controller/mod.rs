@@ -22,16 +22,12 @@
 //! caches run on every replica, and only the workers wait for the lease, where `Controller` owns
 //! its watches (sharing them needs the `unstable-runtime` streams API).
 
-pub mod budget;
 pub mod cache;
 pub mod expectations;
 pub mod fresh;
 pub mod index;
-pub mod lifecycle;
 pub mod malloc;
 pub mod metrics;
-pub mod namespaces;
-pub mod optin;
 pub mod placement;
 pub mod reconcile;
 pub mod view;
@@ -70,9 +66,7 @@ use self::{
     cache::{CachedPod, CachedReservation},
     expectations::Expectations,
     index::AddressIndex,
-    lifecycle::Defaults,
     metrics::Metrics,
-    namespaces::{NamespaceSelector, Verdicts},
     reconcile::{Context, Next, SelectedNamespaces},
     workqueue::WorkQueue,
 };
@@ -84,6 +78,11 @@ use crate::{
     events::{Policy, Publisher},
     logging::{self, LogArgs, error_chain},
     probes::{ProbeServer, Readiness},
+    rules::{
+        lifecycle::Defaults,
+        namespaces::{self, NamespaceSelector, Verdicts},
+        optin,
+    },
 };
 
 /// Command-line flags of `ipkeep-operator controller` (each also read from the environment).

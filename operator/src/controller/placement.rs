@@ -3,10 +3,11 @@
 //! Addresses are node-local, so a reservation can only be honoured on its node. The scheduler does
 //! not know that; the admission webhook ([`super::webhook`]) tells it by adding a node affinity term
 //! for the reservation's node to the pod being created. This module is the whole rule, as plain
-//! data: which pods get a term, which term, what is recorded on the pod, and why a pod that asked
-//! got nothing. No Kubernetes client, no clock, no I/O.
+//! data: which pods get a term, which term, and why a pod that asked got nothing (what is recorded
+//! on the pod is [`crate::rules::placement`]). No Kubernetes client, no clock, no I/O; its terms are
+//! the API's own types, so it stays beside the webhook rather than among the rules.
 
-use std::{collections::BTreeMap, fmt};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
@@ -14,65 +15,17 @@ use k8s_openapi::api::core::v1::{
 };
 use serde_json::{Value, json};
 
-use super::optin::{Mode, Retain};
+use crate::rules::{
+    optin::{Mode, Retain},
+    placement::{PLACED, Placed},
+};
 
-/// Written by the webhook on every pod it placed or could not place: what it did (see [`Placed`]).
-pub const PLACED: &str = "ipkeep.dev/placed";
 /// The weight of the preferred term: the largest the API allows, so that among nodes that fit it
 /// outweighs spreading and balancing (each scores at most 100 before its plugin weight).
 pub const PREFERRED_WEIGHT: i32 = 100;
 /// The node field a term selects on: the node's name, exactly (labels such as
 /// `kubernetes.io/hostname` may differ from it).
 const NODE_NAME_FIELD: &str = "metadata.name";
-
-/// What the webhook recorded on a pod (annotation [`PLACED`]), read back by the controller.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Placed {
-    /// No record: the webhook did not see the pod (unreachable, not registered, or the pod was
-    /// created before it was).
-    Unseen,
-    /// A term for this node was added.
-    On {
-        /// Preferred or required.
-        mode: Mode,
-        /// The reservation's node.
-        node: String,
-    },
-    /// The pod asked for placement and got none; why.
-    Skipped(String),
-}
-
-impl Placed {
-    /// Reads the annotation's value (absent: [`Placed::Unseen`]).
-    pub fn parse(value: Option<&str>) -> Placed {
-        let Some(value) = value else {
-            return Placed::Unseen;
-        };
-        if let Some(why) = value.strip_prefix("skipped: ") {
-            return Placed::Skipped(why.to_string());
-        }
-        match value.split_once(' ') {
-            Some((mode, node)) => match Mode::parse(mode) {
-                Some(mode @ (Mode::Preferred | Mode::Required)) if !node.is_empty() => Placed::On {
-                    mode,
-                    node: node.to_string(),
-                },
-                _ => Placed::Skipped(format!("unreadable record {value:?}")),
-            },
-            None => Placed::Skipped(format!("unreadable record {value:?}")),
-        }
-    }
-}
-
-impl fmt::Display for Placed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Placed::Unseen => Ok(()),
-            Placed::On { mode, node } => write!(f, "{mode} {node}"),
-            Placed::Skipped(why) => write!(f, "skipped: {why}"),
-        }
-    }
-}
 
 /// The node a reservation is on, as the controller's node cache has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

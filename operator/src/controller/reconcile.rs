@@ -19,15 +19,18 @@ use kube::{
 use serde_json::json;
 
 use super::{
-    budget::{self, Budget, Held},
     cache::{CachedPod, CachedReservation},
     expectations::Expectations,
     fresh::{FreshPods, Seen},
     index::AddressIndex,
-    lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, Yield, decide},
     metrics::Metrics,
+    view,
+};
+use crate::rules::{
+    budget::{self, Budget, Held},
+    lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, Yield, decide},
     namespaces::{self, NamespaceSelector, Told},
-    optin, view,
+    optin,
 };
 use crate::{
     api::Key,
@@ -326,7 +329,7 @@ pub fn node_yielding(ctx: &Context, node: &str) -> NodeYielding {
                 .reservations
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))?;
             let status = &r.view.status;
-            if status.phase != Some(lifecycle::Phase::Released) {
+            if status.phase != Some(crate::api::Phase::Released) {
                 return None;
             }
             let alive = ctx
@@ -393,7 +396,7 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
     let reservation_view = reservation.as_ref().map(|r| &r.view);
     let conflict = reservation.as_ref().and_then(|_| ctx.index.conflict(key));
     let yields = reservation_view
-        .filter(|r| r.status.phase == Some(lifecycle::Phase::Released))
+        .filter(|r| r.status.phase == Some(crate::api::Phase::Released))
         .and_then(|r| node_yielding(ctx, &r.node_name).of(key));
     let namespace = match &ctx.namespaces {
         None => namespaces::Verdict::Selected,

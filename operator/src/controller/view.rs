@@ -15,7 +15,7 @@ use k8s_openapi::{
 };
 use kube::core::PartialObjectMeta;
 
-use super::{
+use crate::rules::{
     budget::{self, NodeFacts},
     lifecycle::{Conflict, NameSource, ReservationView, StatusView},
     optin,

@@ -2,7 +2,7 @@
 //! controller replica (leader and standbys alike, so a failover never stops admission) from the
 //! same caches the reconciles read. For a pod that asks for retention and has a reservation, it adds
 //! a node affinity term for the reservation's node ([`placement::decide`]) and records what it did
-//! on the pod (annotation [`placement::PLACED`]); the controller reads that record back to say when
+//! on the pod (annotation [`crate::rules::placement::PLACED`]); the controller reads that record back to say when
 //! a returning pod was not placed (Warning `PlacementMissed` / `PlacementSkipped`).
 //!
 //! It never refuses a pod: any failure answers "allowed, unchanged" (and the chart registers it
@@ -43,12 +43,11 @@ use tokio_rustls::{
 
 use super::{
     cache::CachedReservation,
-    optin,
-    optin::Mode,
     placement::{self, Decision, NodeFacts, PodScheduling, Request as PlacementRequest},
     view,
 };
 use crate::probes::{Gate, accept_until, reply};
+use crate::rules::{optin, optin::Mode};
 
 /// The path the chart registers.
 pub const PATH: &str = "/mutate-pods";

@@ -226,6 +226,3 @@ pub fn desired_files<'a>(
     }
     desired
 }
-
-#[cfg(test)]
-mod tests;

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::dirwatch::Trigger;
+use crate::agent::dirwatch::Trigger;
 use crate::backoff::Backoff;
 
 /// Why the write loop woke.

@@ -19,7 +19,7 @@ use crate::{
     api::retention::{self, Fallback, FoundRetainFor, RetainFor, written},
 };
 
-pub use crate::api::Phase;
+use crate::api::Phase;
 
 /// What the lifecycle needs to know about a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,9 +3,12 @@ use std::time::Duration;
 use ipkeep_reservation::{PodKey, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use super::*;
 use crate::agent::view;
-use crate::api::{ConflictStatus, IPReservation, IPReservationSpec, IPReservationStatus, IpString};
+use crate::api::retention::RetainForError;
+use crate::api::{
+    ConflictStatus, IPReservation, IPReservationSpec, IPReservationStatus, IpString, Key, Phase,
+};
+use crate::rules::desired::*;
 
 const DAY: Duration = Duration::from_secs(86_400);
 /// 2026-11-21T12:00:00Z
