@@ -413,7 +413,7 @@ pub fn json(lines: &[Line]) -> String {
 }
 
 fn why(e: &kube::Error) -> String {
-    crate::logging::error_chain(e)
+    crate::runtime::logging::error_chain(e)
 }
 
 /// Reads what the checks need from the cluster.

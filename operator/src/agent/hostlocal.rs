@@ -25,9 +25,9 @@ use prometheus::IntCounterVec;
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use tokio::sync::mpsc;
 
-use crate::events::{EventType, Notice, Publisher, node_ref};
 use crate::install_cni::{self, HOST_LOCAL, Reclaim};
-use crate::logging::error_chain;
+use crate::runtime::events::{EventType, Notice, Publisher, node_ref};
+use crate::runtime::logging::error_chain;
 
 /// How often the directory is checked even without an event (a watch lost, a bind mount
 /// replaced under the agent).

@@ -3,6 +3,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
+    time::Duration,
 };
 
 use jiff::Timestamp;
@@ -20,7 +21,6 @@ use serde_json::json;
 
 use super::{
     cache::{CachedPod, CachedReservation},
-    expectations::Expectations,
     fresh::{FreshPods, Seen},
     index::AddressIndex,
     metrics::Metrics,
@@ -36,7 +36,9 @@ use crate::{
     api::Key,
     api::retention,
     api::{self, IPReservation},
-    events::{EventType, Notice, Outcome, Publisher},
+    runtime::events::{EventType, Notice, Outcome, Publisher},
+    runtime::expectations::Expectations,
+    runtime::{backoff::Backoff, logging::error_chain},
 };
 
 /// The field manager of every write the controller makes (spec and status).
@@ -277,6 +279,76 @@ pub enum Next {
     /// Soon: a delete was held back or raced, or the cache has not shown this controller's last
     /// write yet; re-check after this many milliseconds (a change still enqueues it sooner).
     RetryMs(u64),
+}
+
+impl Context {
+    /// The context of a controller run: its caches (filled by the watches), Events, metrics and
+    /// settings; the index, expectations and bookkeeping start empty.
+    pub(super) fn new(
+        client: Client,
+        caches: &super::watches::Caches,
+        events: Publisher,
+        metrics: Metrics,
+        settings: &super::Settings,
+    ) -> Context {
+        Context {
+            client,
+            pods: caches.pods.clone(),
+            reservations: caches.reservations.clone(),
+            statefulsets: caches.statefulsets.clone(),
+            nodes: caches.nodes.clone(),
+            index: AddressIndex::default(),
+            expectations: Expectations::default(),
+            fresh: FreshPods::default(),
+            events,
+            metrics,
+            defaults: settings.defaults.clone(),
+            node_budget: settings.node_budget,
+            over_quota: OverQuota::default(),
+            namespaces: (settings.namespace_selector.clone()).map(|selector| SelectedNamespaces {
+                selector,
+                store: caches.namespaces.clone(),
+            }),
+            told: Told::default(),
+        }
+    }
+}
+
+/// One worker's turn on `key`: reconciles it, times it, and says when to look at it again
+/// (`None`: only when a change enqueues it).
+pub(super) async fn turn(
+    key: Arc<Key>,
+    ctx: Arc<Context>,
+) -> Result<Option<Duration>, ReconcileError> {
+    let started = std::time::Instant::now();
+    let result = reconcile(&key, &ctx).await;
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    Ok(match result? {
+        Next::AwaitChange => None,
+        Next::At(t) => {
+            Some(Duration::try_from(t.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO))
+        }
+        Next::RetryMs(ms) => Some(Duration::from_millis(ms)),
+    })
+}
+
+/// The error policy (kube-runtime's name): a failed reconcile is counted by its kind, logged, and
+/// tried again after [`Backoff::RECONCILE`]'s delay for its `failures` in a row.
+pub(super) fn error_policy(
+    metrics: &Metrics,
+    key: &Key,
+    e: &ReconcileError,
+    failures: u32,
+) -> Duration {
+    let delay = Backoff::RECONCILE.delay(failures);
+    metrics
+        .reconcile_errors
+        .with_label_values(&[e.kind()])
+        .inc();
+    tracing::warn!(%key, error = %error_chain(e), retry_in_ms = delay.as_millis() as u64, "reconcile failed");
+    delay
 }
 
 /// A node's budget and the Released reservations on it that must yield to it.

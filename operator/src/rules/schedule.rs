@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use crate::agent::dirwatch::Trigger;
-use crate::backoff::Backoff;
+use crate::runtime::backoff::Backoff;
 
 /// Why the write loop woke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

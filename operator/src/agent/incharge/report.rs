@@ -26,8 +26,8 @@ use super::evidence::{self, Sources};
 use super::{Evidence, Explained, Reason, Verdict, decide};
 use crate::api::Key;
 use crate::api::{CONDITION_UNPROTECTED, IPReservation};
-use crate::events::{EventType, Notice, Publisher, node_ref};
-use crate::logging::error_chain;
+use crate::runtime::events::{EventType, Notice, Publisher, node_ref};
+use crate::runtime::logging::error_chain;
 
 /// How often the evidence is read.
 pub const POLL: Duration = Duration::from_secs(2);

@@ -264,7 +264,7 @@ fn decisions_and_refusals() {
             | (Ok(FileDecision::Conflict), "conflict")
             | (Ok(FileDecision::Write { .. }), "write") => {}
             (Err(e), _) if !["other", "conflict", "write"].contains(&want) => {
-                let text = crate::logging::error_chain(&e);
+                let text = crate::runtime::logging::error_chain(&e);
                 assert!(text.contains(want), "{what}: {text:?} lacks {want:?}");
                 if let Some(source) = std::error::Error::source(&e) {
                     assert!(
