@@ -8,12 +8,12 @@ use ipkeep_operator::{
     api::IPReservation,
     controller::{
         cache::CachedReservation,
-        placement::{self, Decision, NodeFacts, PodScheduling, Request, decide, term_matches},
+        placement::{self, Decision, PodScheduling, Request, decide, term_matches},
         webhook::{self, Caches},
     },
     rules::{
         optin::{Mode, Retain},
-        placement::{PLACED, Placed},
+        placement::{NodeFacts, PLACED, Placed},
     },
 };
 use k8s_openapi::api::{

@@ -49,10 +49,10 @@ use super::{
 };
 use super::{
     cache::CachedReservation,
-    placement::{self, Decision, NodeFacts, PodScheduling, Request as PlacementRequest},
+    placement::{self, Decision, PodScheduling, Request as PlacementRequest},
     view,
 };
-use crate::rules::{optin, optin::Mode};
+use crate::rules::{optin, optin::Mode, placement::NodeFacts};
 use crate::runtime::probes::{Gate, Readiness, accept_until, reply};
 use crate::runtime::shutdown::stopped;
 
