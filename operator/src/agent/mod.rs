@@ -6,7 +6,7 @@
 //!   through the plugin library's writer ([`writer`]).
 //! * Built like the controller: the watch (field selector `spec.nodeName=<node>`, all
 //!   namespaces) fills kube's reflector store; [`view`] turns what the store holds into the
-//!   plain [`desired::Reservation`]s that planning reads. Every relist (start, and after any
+//!   plain [`crate::rules::desired::Reservation`]s that planning reads. Every relist (start, and after any
 //!   watch gap: a 410, a dropped connection that cannot resume) makes the next pass a full
 //!   resync, which also deletes stale files and leftover temporaries; other passes touch only
 //!   the files that change.

@@ -1,6 +1,6 @@
 //! The boundary between the agent's Kubernetes objects and its planning's plain data: what the
 //! store keeps of an IPReservation ([`trim`]) and the [`Reservation`] that
-//! [`super::desired`] plans over ([`reservation`]), as `controller/view.rs` does for the
+//! [`crate::rules::desired`] plans over ([`reservation`]), as `controller/view.rs` does for the
 //! controller's lifecycle.
 
 use kube::ResourceExt;

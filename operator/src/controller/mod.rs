@@ -7,7 +7,7 @@
 //! take due names from one work queue ([`crate::runtime::queue`]) that never hands out a name being reconciled, so one name
 //! is never reconciled twice at once and no worker idles while names wait. Only the leader runs
 //! the workers; a standby keeps its caches warm and takes over when the lease is free. A failed
-//! reconcile is tried again after [`reconcile::error_policy`]'s delay (kube's shape).
+//! reconcile is tried again after its error policy's delay (kube's `error_policy`).
 //!
 //! Why not kube-runtime's `Controller`: its unit of work is one object of one root kind, and it
 //! reconciles only what its root store holds (a queued reference whose object is not in the

@@ -1,5 +1,5 @@
 //! Which reservation files should exist on this node: pure functions over plain data (the
-//! [`Reservation`]s that [`super::view`] makes of the node's IPReservations, and the files found on
+//! [`Reservation`]s that `agent::view` makes of the node's IPReservations, and the files found on
 //! disk), with no Kubernetes type, client, disk or clock.
 //!
 //! * [`reservation_file`] turns one reservation into the file the plugin reads, or says why it

@@ -1,8 +1,8 @@
 //! Which namespaces may keep addresses (`--namespace-selector`): the one parser of Kubernetes'
 //! label selector grammar (`a=b`, `a==b`, `a!=b`, `a in (x,y)`, `a notin (x,y)`, `a`, `!a`,
-//! comma-separated, all must hold), matching as the API server matches (apimachinery's `labels.Selector`, said here as
-//! [`Requirement`]s), and
-//! what a reconcile is told about a pod's namespace. No Kubernetes client, no clock.
+//! comma-separated, all must hold), matching as the API server matches (apimachinery's
+//! `labels.Selector`, said here as requirements), and what a reconcile is told about a pod's
+//! namespace. No Kubernetes client, no clock.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
