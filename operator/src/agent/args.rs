@@ -4,7 +4,10 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use super::{AgentError, incharge};
 use crate::{
-    api::retention::{RetainFor, RetainForError},
+    api::{
+        Key,
+        retention::{RetainFor, RetainForError},
+    },
     runtime::logging::LogArgs,
 };
 
@@ -131,7 +134,8 @@ impl Args {
             networks: self.networks.clone(),
             data_dir: self.data_dir.to_string_lossy().into_owned(),
             node: self.node_name.clone(),
-            pod: self.pod_namespace.clone().zip(self.pod_name.clone()),
+            pod: (self.pod_namespace.clone().zip(self.pod_name.clone()))
+                .map(|(namespace, name)| Key::new(namespace, name)),
         }))
     }
 }

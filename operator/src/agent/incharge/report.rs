@@ -47,8 +47,8 @@ pub struct Reporter {
     pub data_dir: String,
     /// This node's name.
     pub node: String,
-    /// The agent's own pod (namespace, name), whose condition says the node's state.
-    pub pod: Option<(String, String)>,
+    /// The agent's own pod, whose condition says the node's state.
+    pub pod: Option<Key>,
 }
 
 /// The node as a whole: protected when every network is in charge.
@@ -260,10 +260,10 @@ fn announce(
 
 async fn write_pod_condition(
     client: &Client,
-    pod: Option<&(String, String)>,
+    pod: Option<&Key>,
     state: &NodeState,
 ) -> Result<(), kube::Error> {
-    let Some((namespace, name)) = pod else {
+    let Some(Key { namespace, name }) = pod else {
         return Ok(());
     };
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
