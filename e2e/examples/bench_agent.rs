@@ -38,8 +38,9 @@ use std::{
 use clap::Parser;
 use futures::TryStreamExt;
 use ipkeep_operator::{
-    agent::{desired::desired_files, view, writer::NetworkWriter},
-    crd::IPReservation,
+    agent::{view, writer::NetworkWriter},
+    api::IPReservation,
+    rules::desired::desired_files,
 };
 use ipkeep_reservation::{ReservationFile, Timestamp};
 use kube::{

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use futures::TryStreamExt;
-use ipkeep_operator::crd::IPReservation;
+use ipkeep_operator::api::IPReservation;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{

@@ -24,9 +24,9 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
 use crate::agent::incharge::report::POD_CONDITION;
+use crate::api::Key;
+use crate::api::{CONDITION_CONFLICT, CONDITION_UNPROTECTED, IPReservation};
 use crate::controller::reconcile::FIELD_MANAGER as CONTROLLER_MANAGER;
-use crate::crd::{CONDITION_CONFLICT, CONDITION_UNPROTECTED, IPReservation};
-use crate::key::Key;
 
 /// The CRD's name.
 const CRD_NAME: &str = "ipreservations.ipkeep.dev";
@@ -413,7 +413,7 @@ pub fn json(lines: &[Line]) -> String {
 }
 
 fn why(e: &kube::Error) -> String {
-    crate::logging::error_chain(e)
+    crate::runtime::logging::error_chain(e)
 }
 
 /// Reads what the checks need from the cluster.

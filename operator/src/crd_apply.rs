@@ -17,7 +17,7 @@ use kube::{
 };
 use serde_json::Value;
 
-use crate::crd::IPReservation;
+use crate::api::IPReservation;
 
 /// The field manager of the CRD's fields (the controller's, as for reservations).
 pub const FIELD_MANAGER: &str = "ipkeep-controller";

@@ -178,7 +178,7 @@ impl DaemonSetSeen {
             Err(kube::Error::Api(status)) if matches!(status.code, 401 | 403) => {
                 Self::CredentialsRevoked(status.code)
             }
-            Err(e) => Self::Unknown(crate::logging::error_chain(&e)),
+            Err(e) => Self::Unknown(crate::runtime::logging::error_chain(&e)),
         }
     }
 

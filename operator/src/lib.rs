@@ -1,18 +1,13 @@
-//! ipkeep's operator: the IPReservation resource ([`crd`]), the controller that keeps reservations
+//! ipkeep's operator: the IPReservation resource ([`api`]), the controller that keeps reservations
 //! in step with annotated pods and expires them ([`controller`]), and the node agent that mirrors
-//! its node's reservations to the files the plugin reads ([`agent`]).
+//! its node's reservations to the files the plugin reads ([`agent`]). Both are built the same way:
+//! the decisions in [`rules`] (no Kubernetes types), the machinery in [`runtime`].
 
 pub mod agent;
-pub mod backoff;
+pub mod api;
 pub mod check;
 pub mod controller;
-pub mod crd;
 pub mod crd_apply;
-pub mod events;
 pub mod install_cni;
-pub mod key;
-pub mod logging;
-pub mod phase;
-pub mod probes;
-pub mod retention;
-pub mod shutdown;
+pub mod rules;
+pub mod runtime;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use ipkeep_operator::{agent, check, controller, crd, install_cni};
+use ipkeep_operator::{agent, api, check, controller, install_cni};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -38,7 +38,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Controller(args) => controller::main(args),
         Command::Agent(args) => agent::main(args),
-        Command::Crd => crd::crd_yaml()
+        Command::Crd => api::crd_yaml()
             .map(|yaml| print!("{yaml}"))
             .map_err(anyhow::Error::from),
         Command::InstallCni(args) => install_cni::main(args),

@@ -3,9 +3,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ipkeep_operator::{
-    controller::{index::AddressIndex, lifecycle::ReservationView, view},
-    crd::IPReservation,
-    key::Key,
+    api::IPReservation,
+    api::Key,
+    controller::{index::AddressIndex, view},
+    rules::lifecycle::ReservationView,
 };
 use serde_json::json;
 

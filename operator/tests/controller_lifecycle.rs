@@ -3,10 +3,10 @@
 
 use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
-use ipkeep_operator::controller::{
+use ipkeep_operator::rules::{
     budget::{Budget, Source},
     lifecycle::{
-        Conflict, Defaults, DeleteReason, DesiredSpec, Input, NameSource, OwnerState, Phase, Plan,
+        Conflict, Defaults, DeleteReason, DesiredSpec, Input, NameSource, OwnerState, Plan,
         PodView, ReservationView, StatusView, Subject, Yield, decide, reason,
     },
     namespaces::Verdict,
@@ -15,8 +15,9 @@ use ipkeep_operator::controller::{
     placement::Placed,
 };
 use ipkeep_operator::{
-    key::Key,
-    retention::{FoundRetainFor, RetainFor},
+    api::Key,
+    api::Phase,
+    api::retention::{FoundRetainFor, RetainFor},
 };
 use jiff::Timestamp;
 
@@ -563,7 +564,7 @@ fn the_younger_of_two_reservations_claiming_an_address_gets_a_conflict() {
 
 #[test]
 fn conflict_holder_is_the_oldest_claim() {
-    use ipkeep_operator::controller::lifecycle::{Claim, holder};
+    use ipkeep_operator::rules::lifecycle::{Claim, holder};
     let a = Claim {
         key: Key::new("ns", "a"),
         created: t("2026-01-01T00:00:00Z"),

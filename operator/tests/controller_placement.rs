@@ -5,15 +5,16 @@
 use std::collections::BTreeMap;
 
 use ipkeep_operator::{
+    api::IPReservation,
     controller::{
         cache::CachedReservation,
-        optin::{Mode, Retain},
-        placement::{
-            self, Decision, NodeFacts, PLACED, Placed, PodScheduling, Request, decide, term_matches,
-        },
+        placement::{self, Decision, PodScheduling, Request, decide, term_matches},
         webhook::{self, Caches},
     },
-    crd::IPReservation,
+    rules::{
+        optin::{Mode, Retain},
+        placement::{NodeFacts, PLACED, Placed},
+    },
 };
 use k8s_openapi::api::{
     apps::v1::StatefulSet,

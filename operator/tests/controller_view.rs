@@ -3,12 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ipkeep_operator::{
-    controller::{
-        lifecycle::{Conflict, Phase, StatusView},
-        view,
-    },
-    crd::IPReservation,
-    key::Key,
+    api::{IPReservation, Key, Phase},
+    controller::view,
+    rules::lifecycle::{Conflict, StatusView},
 };
 use serde_json::json;
 

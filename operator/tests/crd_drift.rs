@@ -2,7 +2,7 @@
 
 #[test]
 fn committed_crd_matches_the_rust_types() {
-    let generated = ipkeep_operator::crd::crd_yaml().expect("the CRD serializes");
+    let generated = ipkeep_operator::api::crd_yaml().expect("the CRD serializes");
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../crds/ipreservations.ipkeep.dev.yaml"

@@ -5,7 +5,7 @@ use std::{net::IpAddr, time::Instant};
 
 use crate::testkit::realnode;
 use crate::testkit::{system::*, *};
-use ipkeep_operator::crd::Phase;
+use ipkeep_operator::api::Phase;
 
 fn in_cidr(ip: IpAddr, cidr: &str) -> bool {
     let net: ipnet_lite::Net = cidr.parse().unwrap();

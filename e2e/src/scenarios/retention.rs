@@ -10,7 +10,7 @@ use std::{
 use super::{Narrator, ScenarioError, TestLog, apply, ensure, or_fail, show};
 use crate::testkit::realnode::{self, TINY_ADDRESSES, apply_on_tiny};
 use crate::testkit::{system::*, *};
-use ipkeep_operator::crd::Phase;
+use ipkeep_operator::api::Phase;
 use kube::ResourceExt;
 
 pub async fn released_address_is_never_handed_to_another_pod_even_when_the_range_is_full() {

@@ -19,7 +19,7 @@ use crate::cluster::{
     process::{Component, Spawner},
 };
 use futures::{StreamExt, TryStreamExt};
-use ipkeep_operator::crd::{IPReservation, Phase};
+use ipkeep_operator::api::{IPReservation, Phase};
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, Patch, PatchParams},
@@ -393,7 +393,7 @@ fn controllers_spec(name: &str, ip: &str) -> serde_json::Value {
         "metadata": {
             "name": name,
             "labels": {
-                ipkeep_operator::crd::MANAGED_BY_LABEL: ipkeep_operator::crd::MANAGED_BY_VALUE,
+                ipkeep_operator::api::MANAGED_BY_LABEL: ipkeep_operator::api::MANAGED_BY_VALUE,
             },
             "annotations": {},
         },

@@ -13,7 +13,7 @@ use std::{
 
 use ipkeep_operator::{
     agent::{AgentConfig, AgentError, AgentMetrics, run},
-    probes::Readiness,
+    runtime::probes::Readiness,
 };
 use kube::Client;
 use tokio::{sync::oneshot, task::JoinHandle};

@@ -13,8 +13,8 @@ use std::{
 use crate::cluster::force_delete_pod;
 use futures::StreamExt;
 use ipkeep_operator::{
+    api::{IPReservation, Phase},
     controller::{self, Settings, Started},
-    crd::{IPReservation, Phase},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;

@@ -23,7 +23,7 @@ use std::{
 };
 
 use futures::StreamExt;
-use ipkeep_operator::crd::{IPReservation, Phase};
+use ipkeep_operator::api::{IPReservation, Phase};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::{Api, Client, ResourceExt, api::ListParams, runtime::watcher};
 

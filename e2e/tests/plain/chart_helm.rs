@@ -1277,7 +1277,7 @@ fn the_admission_policy_holds_the_controllers_maximum_and_grammar() {
         let policy = find(&docs, "ValidatingAdmissionPolicy", "ipkeep-annotations");
         assert_eq!(
             variable(policy, "pattern"),
-            format!("'{}'", ipkeep_operator::retention::RetainFor::PATTERN)
+            format!("'{}'", ipkeep_operator::api::retention::RetainFor::PATTERN)
         );
         assert_eq!(variable(policy, "max"), format!("'{max}'"));
         let controller = find(&docs, "Deployment", "ipkeep-controller");

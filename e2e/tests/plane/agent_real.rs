@@ -20,7 +20,7 @@ use ipkeep_e2e::testkit::plane as real;
 use std::{collections::BTreeMap, time::Duration};
 
 use ipkeep_e2e::proxy::{Fault, FaultProxy, Rule, Verb};
-use ipkeep_operator::{crd::IPReservation, probes::ProbeServer};
+use ipkeep_operator::{api::IPReservation, runtime::probes::ProbeServer};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::*;

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use ipkeep_operator::agent::{AgentConfig, AgentMetrics, run};
-use ipkeep_operator::crd::{IPReservation, IPReservationSpec, IpString};
-use ipkeep_operator::probes::Readiness;
+use ipkeep_operator::api::{IPReservation, IPReservationSpec, IpString};
+use ipkeep_operator::runtime::probes::Readiness;
 use ipkeep_reservation::NetworkDir;
 use ipkeep_reservation::{PodKey, ReservationFile, load_reservations};
 use k8s_openapi::api::core::v1::Namespace;

@@ -23,7 +23,7 @@ use ipkeep_e2e::testkit::plane as real;
 use std::path::Path;
 
 use ipkeep_e2e::cluster::Cluster;
-use ipkeep_operator::crd::IPReservation;
+use ipkeep_operator::api::IPReservation;
 use ipkeep_operator::crd_apply::{FIELD_MANAGER, RELEASE_ANNOTATION};
 use kube::CustomResourceExt;
 use serde_json::{Value, json};

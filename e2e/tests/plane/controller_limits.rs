@@ -19,9 +19,9 @@ use std::{net::SocketAddr, time::Duration};
 
 use controller::*;
 use ipkeep_operator::{
+    api::retention::RetainFor,
+    api::{IPReservation, Phase},
     controller::Settings,
-    crd::{IPReservation, Phase},
-    retention::RetainFor,
 };
 use k8s_openapi::api::{
     apps::v1::{Deployment, StatefulSet},

@@ -36,7 +36,7 @@ use ipkeep_e2e::{
     cluster::force_delete_pod,
     proxy::{Fault, FaultProxy, Rule, Verb},
 };
-use ipkeep_operator::crd::{IPReservation, Phase};
+use ipkeep_operator::api::{IPReservation, Phase};
 use k8s_openapi::api::{apps::v1::StatefulSet, coordination::v1::Lease, core::v1::Pod};
 use kube::{
     Api, Client, ResourceExt,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ipkeep_e2e::testkit::{controller::*, wait_for};
-use ipkeep_operator::crd::{IPReservation, Phase};
+use ipkeep_operator::api::{IPReservation, Phase};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{

@@ -10,7 +10,7 @@ use ipkeep_e2e::testkit as shared;
 use std::{path::PathBuf, process::Command};
 
 use ipkeep_e2e::cluster::Cluster;
-use ipkeep_operator::crd::IPReservation;
+use ipkeep_operator::api::IPReservation;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api,

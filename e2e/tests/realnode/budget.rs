@@ -13,7 +13,7 @@
 use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork};
 use ipkeep_e2e::testkit::realnode::{TINY_ADDRESSES, apply_on_tiny};
 use ipkeep_e2e::testkit::{system::*, *};
-use ipkeep_operator::crd::Phase;
+use ipkeep_operator::api::Phase;
 use kube::ResourceExt;
 
 const NETWORK: PodNetwork = PodNetwork {

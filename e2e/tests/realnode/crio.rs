@@ -28,7 +28,7 @@ use ipkeep_e2e::cluster::realnode::{
 };
 use ipkeep_e2e::testkit::realnode::assert_on_eth0;
 use ipkeep_e2e::testkit::{system::*, *};
-use ipkeep_operator::crd::Phase;
+use ipkeep_operator::api::Phase;
 
 /// This binary's nodes: two CRI-O nodes for the scenarios, a containerd one to compare.
 const NODES: u8 = 3;

@@ -127,7 +127,7 @@ fn agent_started(pod: &Pod) -> SystemTime {
 }
 
 /// The reservation's `Unprotected` reason, if it carries one.
-fn unprotected(r: &ipkeep_operator::crd::IPReservation) -> Option<String> {
+fn unprotected(r: &ipkeep_operator::api::IPReservation) -> Option<String> {
     r.status
         .as_ref()?
         .conditions

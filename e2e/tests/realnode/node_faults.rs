@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 use ipkeep_e2e::cluster::realnode::RealNode;
 use ipkeep_e2e::testkit::{system::*, *};
-use ipkeep_operator::crd::Phase;
+use ipkeep_operator::api::Phase;
 
 /// The CNI network the nodes' conflist names (flannel's and k3s's).
 const NETWORK: &str = "cbr0";

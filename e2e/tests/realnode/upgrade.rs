@@ -39,7 +39,7 @@ use ipkeep_e2e::cluster::realnode::{self as nodes, RealCluster};
 use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS, REPLACE_HOST_LOCAL, assert_on_eth0};
 use ipkeep_e2e::testkit::{system::*, *};
 use ipkeep_operator::{
-    crd::{IPReservation, Phase},
+    api::{IPReservation, Phase},
     crd_apply::{self, RELEASE_ANNOTATION},
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -4,11 +4,8 @@
 //! a returning pod needs them instead of at the next periodic resync.
 //!
 //! * Which event asks for a resync is pure ([`classify`], over plain values); the inotify
-//!   descriptor and its reads are the I/O at the edge ([`DirWatch`]), through `rustix`'s safe
-//!   inotify API (already the plugin's system-call layer, so no new dependency). A thread of its
-//!   own waits for events (`poll` with a timeout, so it ends soon after the watch is dropped) and
-//!   hands them to the async side: registering a descriptor with the runtime needs `unsafe`,
-//!   which the workspace forbids.
+//!   descriptor and its reads are the I/O at the edge ([`DirWatch`], over the runtime's
+//!   [`FileWatch`]).
 //! * Three kinds of directory are watched, and only for what happens to them, never for the files
 //!   the agent itself writes into `reserved/` (no feedback): the data directory (entries named
 //!   after a configured network), each network directory (the entry `reserved`) and each
@@ -31,16 +28,13 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
-use rustix::event::{PollFd, PollFlags, Timespec};
-use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
-use tokio::sync::mpsc;
+use rustix::fs::inotify::{ReadFlags, WatchFlags};
+
+use crate::{rules::schedule::Trigger, runtime::filewatch::FileWatch};
 
 /// How long a burst of events must pause before its resync runs.
 pub const QUIET: Duration = Duration::from_millis(100);
@@ -48,11 +42,6 @@ pub const QUIET: Duration = Duration::from_millis(100);
 pub const BURST: Duration = Duration::from_secs(1);
 /// How often the watches are set again while a watched directory is missing.
 pub const REARM: Duration = Duration::from_secs(1);
-/// How long the reader thread waits for events before it checks whether the watch was dropped.
-const READER_POLL: Timespec = Timespec {
-    tv_sec: 0,
-    tv_nsec: 500_000_000,
-};
 
 /// The entry of a network directory that holds the reservation files.
 const RESERVED: &str = "reserved";
@@ -66,55 +55,6 @@ pub enum Watched {
     Network(usize),
     /// That network's `reserved/`.
     Reserved(usize),
-}
-
-/// Why a resync was asked for; the order is severity (a burst reports its most severe cause).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Trigger {
-    /// The kernel dropped events (its queue overflowed): anything may have happened.
-    Overflow,
-    /// A directory was moved in over a network directory or `reserved/`.
-    Replaced,
-    /// A `reserved/` was deleted or moved away.
-    ReservedGone,
-    /// A network directory was deleted or moved away.
-    NetworkGone,
-    /// The data directory itself was deleted or moved away.
-    DataDirGone,
-}
-
-impl Trigger {
-    /// Every trigger, for registering the metric's labels.
-    pub const ALL: [Trigger; 5] = [
-        Trigger::Overflow,
-        Trigger::Replaced,
-        Trigger::ReservedGone,
-        Trigger::NetworkGone,
-        Trigger::DataDirGone,
-    ];
-
-    /// The `reason` label of `ipkeep_agent_directory_resyncs_total`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Trigger::Overflow => "events_lost",
-            Trigger::Replaced => "replaced",
-            Trigger::ReservedGone => "reserved_removed",
-            Trigger::NetworkGone => "network_dir_removed",
-            Trigger::DataDirGone => "data_dir_removed",
-        }
-    }
-}
-
-impl std::fmt::Display for Trigger {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Trigger::Overflow => "directory events were lost",
-            Trigger::Replaced => "a network directory or reserved/ was replaced",
-            Trigger::ReservedGone => "a reserved/ directory was removed",
-            Trigger::NetworkGone => "a network directory was removed",
-            Trigger::DataDirGone => "the data directory was removed",
-        })
-    }
 }
 
 /// What one event means: `Some` when the reservation files may be gone.
@@ -206,23 +146,10 @@ pub enum DirWatchError {
     Read(#[source] io::Error),
 }
 
-/// One event as read, owned.
-#[derive(Debug, Clone)]
-struct RawEvent {
-    wd: i32,
-    flags: ReadFlags,
-    name: Option<String>,
-}
-
-/// What the reader thread hands over: a batch of events, or the error that stopped it.
-type Batch = io::Result<Vec<RawEvent>>;
-
 /// The inotify watch of the data directory, its network directories and their `reserved/`.
 #[derive(Debug)]
 pub struct DirWatch {
-    fd: Arc<OwnedFd>,
-    /// Batches from the reader thread, which ends once this is dropped.
-    batches: mpsc::UnboundedReceiver<Batch>,
+    inotify: FileWatch,
     data_dir: PathBuf,
     networks: Vec<String>,
     /// Watch descriptor → what it watches.
@@ -232,18 +159,9 @@ pub struct DirWatch {
 impl DirWatch {
     /// Creates the inotify instance and its reader thread, and watches what exists now.
     pub fn new(data_dir: &Path, networks: &[String]) -> Result<Self, DirWatchError> {
-        let fd = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC)
-            .map_err(|e| DirWatchError::Init(e.into()))?;
-        let fd = Arc::new(fd);
-        let (tx, batches) = mpsc::unbounded_channel();
-        let reader_fd = fd.clone();
-        std::thread::Builder::new()
-            .name("ipkeep-dirwatch".to_owned())
-            .spawn(move || read_loop(&reader_fd, &tx))
-            .map_err(DirWatchError::Init)?;
+        let inotify = FileWatch::new("ipkeep-dirwatch").map_err(DirWatchError::Init)?;
         let mut watch = Self {
-            fd,
-            batches,
+            inotify,
             data_dir: data_dir.to_owned(),
             networks: networks.to_vec(),
             watches: HashMap::new(),
@@ -275,7 +193,7 @@ impl DirWatch {
     fn arm(&mut self) -> Result<Vec<Watched>, DirWatchError> {
         let mut missing = Vec::new();
         for (path, watched, flags) in self.targets() {
-            match inotify::add_watch(&*self.fd, path.as_path(), flags) {
+            match self.inotify.add(&path, flags) {
                 Ok(wd) => {
                     self.watches.insert(wd, watched);
                 }
@@ -293,47 +211,15 @@ impl DirWatch {
         Ok(missing)
     }
 
-    /// Reads the events the kernel holds now; `WouldBlock` when there are none.
-    fn read_ready(fd: &OwnedFd) -> Batch {
-        let mut buf = [MaybeUninit::<u8>::uninit(); 4096];
-        let mut reader = inotify::Reader::new(fd.as_fd(), &mut buf);
-        let mut events = Vec::new();
-        loop {
-            match reader.next() {
-                Ok(e) => events.push(RawEvent {
-                    wd: e.wd(),
-                    flags: e.events(),
-                    name: e
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .filter(|n| !n.is_empty()),
-                }),
-                Err(e) if e == rustix::io::Errno::WOULDBLOCK => break,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        if events.is_empty() {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        Ok(events)
-    }
-
     /// Waits for events (at most `wait`, if given: `None` when none came); the triggers they
     /// hold.
     async fn events(
         &mut self,
         wait: Option<Duration>,
     ) -> Result<Option<Vec<Trigger>>, DirWatchError> {
-        let batch = match wait {
-            Some(d) => match tokio::time::timeout(d, self.batches.recv()).await {
-                Ok(b) => b,
-                Err(_) => return Ok(None),
-            },
-            None => self.batches.recv().await,
+        let Some(events) = self.inotify.next(wait).await.map_err(DirWatchError::Read)? else {
+            return Ok(None);
         };
-        let events = batch
-            .unwrap_or_else(|| Err(io::Error::other("the reader thread stopped")))
-            .map_err(DirWatchError::Read)?;
         let mut triggers = Vec::new();
         for e in events {
             let watched = self.watches.get(&e.wd).copied();
@@ -343,7 +229,7 @@ impl DirWatch {
             {
                 // A directory moved away is no longer the one at its path: stop watching it
                 // (its path is watched again, on whatever is there, by the next arm).
-                let _ = inotify::remove_watch(&*self.fd, e.wd);
+                self.inotify.remove(e.wd);
             }
             if let Some(t) = classify(watched, e.flags, e.name.as_deref(), &self.networks) {
                 triggers.push(t);
@@ -393,32 +279,6 @@ impl DirWatch {
         }
         self.arm()?;
         Ok(Wake::Resync(worst))
-    }
-}
-
-/// The reader thread: waits for events and hands each batch over, until the watch is dropped or
-/// reading fails.
-fn read_loop(fd: &OwnedFd, tx: &mpsc::UnboundedSender<Batch>) {
-    while !tx.is_closed() {
-        let mut fds = [PollFd::new(fd, PollFlags::IN)];
-        match rustix::event::poll(&mut fds, Some(&READER_POLL)) {
-            Ok(0) => continue,
-            Ok(_) => {}
-            Err(e) if e == rustix::io::Errno::INTR => continue,
-            Err(e) => {
-                let _ = tx.send(Err(e.into()));
-                return;
-            }
-        }
-        match DirWatch::read_ready(fd) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            batch => {
-                let failed = batch.is_err();
-                if tx.send(batch).is_err() || failed {
-                    return;
-                }
-            }
-        }
     }
 }
 

@@ -4,8 +4,8 @@
 //! multi-call binary writes `host-local` again, and from then on the node's real host-local hands a
 //! reserved address to the next pod while everything looks protected.
 //!
-//! The agent watches the directory (inotify on the directory, through `rustix` as the data
-//! directory's watch does) and, whenever an event names `host-local` (or the kernel dropped events),
+//! The agent watches the directory (inotify on the directory, the runtime's [`FileWatch`] as the
+//! data directory's watch uses) and, whenever an event names `host-local` (or the kernel dropped events),
 //! and every [`CHECK_EVERY`] as a safety net, runs [`install_cni::reclaim_host_local`]: what was
 //! written becomes the new `host-local.ipkeep-orig` (so an uninstall puts back the newest
 //! original) and ipkeep is renamed over `host-local` again, each step a link or a rename, never a
@@ -22,12 +22,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use prometheus::IntCounterVec;
-use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
-use tokio::sync::mpsc;
+use rustix::fs::inotify::{ReadFlags, WatchFlags};
+use tokio::time::Instant;
 
-use crate::events::{EventType, Notice, Publisher, node_ref};
 use crate::install_cni::{self, HOST_LOCAL, Reclaim};
-use crate::logging::error_chain;
+use crate::runtime::events::{EventType, Notice, Publisher, node_ref};
+use crate::runtime::filewatch::{FileEvent, FileWatch};
+use crate::runtime::logging::error_chain;
 
 /// How often the directory is checked even without an event (a watch lost, a bind mount
 /// replaced under the agent).
@@ -71,29 +72,56 @@ pub async fn run(guard: Guard, events: Publisher, reclaimed: IntCounterVec) {
         reclaimed.with_label_values(&[how.label()]).reset();
     }
     loop {
-        let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-        let watching = match watch(&guard.dir, tx) {
-            Ok(()) => true,
+        let mut watching = match watch(&guard.dir) {
+            Ok(w) => Some(w),
             Err(e) => {
                 tracing::warn!(dir = %guard.dir.display(), error = %e, "cannot watch the CNI bin directory; checking it every {}s only", CHECK_EVERY.as_secs());
-                false
+                None
             }
         };
         loop {
             check(&guard, &events, &reclaimed);
-            let woke = tokio::time::timeout(CHECK_EVERY, rx.recv()).await;
-            match woke {
-                Ok(Some(())) => {
-                    tokio::time::sleep(SETTLE).await;
-                    while rx.try_recv().is_ok() {}
+            match &mut watching {
+                Some(watch) => {
+                    // The watch failed: set it up again.
+                    if !woken(watch).await {
+                        break;
+                    }
                 }
-                // The reader thread ended (the watch failed): set it up again.
-                Ok(None) if watching => break,
-                Ok(None) | Err(_) => {}
+                None => tokio::time::sleep(CHECK_EVERY).await,
             }
         }
         tokio::time::sleep(REARM).await;
     }
+}
+
+/// Waits until an event names `host-local` (or the kernel dropped events), then lets the burst
+/// settle, or until [`CHECK_EVERY`] passed; `false` when the watch failed.
+async fn woken(watch: &mut FileWatch) -> bool {
+    let deadline = Instant::now() + CHECK_EVERY;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match watch.next(Some(left)).await {
+            Ok(Some(batch)) if batch.iter().any(names_host_local) => {
+                tokio::time::sleep(SETTLE).await;
+                watch.drain();
+                return true;
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Whether an event may be about `host-local`: it names it, names nothing (the directory itself),
+/// or says the kernel dropped events.
+fn names_host_local(event: &FileEvent) -> bool {
+    event
+        .name
+        .as_deref()
+        .is_none_or(|n| n.as_bytes() == HOST_LOCAL.as_bytes())
+        || event.flags.intersects(ReadFlags::QUEUE_OVERFLOW)
 }
 
 fn check(guard: &Guard, events: &Publisher, reclaimed: &IntCounterVec) {
@@ -118,12 +146,10 @@ fn check(guard: &Guard, events: &Publisher, reclaimed: &IntCounterVec) {
     }
 }
 
-/// Starts a thread that sends `()` for every event naming `host-local` in `dir` (or a queue
-/// overflow); it ends when reading fails or the receiver is gone.
-fn watch(dir: &Path, tx: mpsc::UnboundedSender<()>) -> std::io::Result<()> {
-    let fd = inotify::init(CreateFlags::CLOEXEC)?;
-    inotify::add_watch(
-        &fd,
+/// Watches `dir` for anything that can replace, change or remove an entry, or the directory.
+fn watch(dir: &Path) -> std::io::Result<FileWatch> {
+    let watch = FileWatch::new("host-local-watch")?;
+    watch.add(
         dir,
         WatchFlags::CLOSE_WRITE
             | WatchFlags::MOVED_TO
@@ -134,26 +160,29 @@ fn watch(dir: &Path, tx: mpsc::UnboundedSender<()>) -> std::io::Result<()> {
             | WatchFlags::DELETE_SELF
             | WatchFlags::MOVE_SELF,
     )?;
-    std::thread::Builder::new()
-        .name("host-local-watch".into())
-        .spawn(move || {
-            let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
-            let mut reader = inotify::Reader::new(&fd, &mut buf);
-            loop {
-                match reader.next() {
-                    Ok(event) => {
-                        let ours = event
-                            .file_name()
-                            .is_none_or(|n| n.to_bytes() == HOST_LOCAL.as_bytes())
-                            || event.events().intersects(ReadFlags::QUEUE_OVERFLOW);
-                        if ours && tx.send(()).is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) if e == rustix::io::Errno::INTR => {}
-                    Err(_) => return,
-                }
-            }
-        })?;
-    Ok(())
+    Ok(watch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write of another entry does not wake the guard; one of `host-local` does, well before
+    /// the periodic check.
+    #[tokio::test]
+    async fn a_write_of_host_local_wakes_the_guard() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut watch = watch(dir.path()).unwrap();
+        std::fs::write(dir.path().join("bridge"), b"x").unwrap();
+        let other = tokio::time::timeout(Duration::from_millis(700), woken(&mut watch)).await;
+        assert!(other.is_err(), "woken by another entry: {other:?}");
+        let started = Instant::now();
+        std::fs::write(dir.path().join(HOST_LOCAL), b"x").unwrap();
+        assert!(woken(&mut watch).await, "the watch failed");
+        assert!(
+            started.elapsed() < CHECK_EVERY / 2,
+            "{:?}",
+            started.elapsed()
+        );
+    }
 }

@@ -153,7 +153,7 @@ impl AgentMetrics {
         for kind in ["file", "pass"] {
             m.sync_errors.with_label_values(&[kind]).reset();
         }
-        for trigger in super::dirwatch::Trigger::ALL {
+        for trigger in crate::rules::schedule::Trigger::ALL {
             m.directory_resyncs
                 .with_label_values(&[trigger.label()])
                 .reset();

@@ -1,12 +1,12 @@
 //! The boundary between the agent's Kubernetes objects and its planning's plain data: what the
 //! store keeps of an IPReservation ([`trim`]) and the [`Reservation`] that
-//! [`super::desired`] plans over ([`reservation`]), as `controller/view.rs` does for the
+//! [`crate::rules::desired`] plans over ([`reservation`]), as `controller/view.rs` does for the
 //! controller's lifecycle.
 
 use kube::ResourceExt;
 
-use super::desired::Reservation;
-use crate::{crd::IPReservation, key::Key, retention::RetainFor};
+use crate::api::{IPReservation, Key, retention::RetainFor};
+use crate::rules::desired::Reservation;
 
 /// Drops what the agent never reads (`managedFields` is most of an object's size).
 pub fn trim(ipr: &mut IPReservation) {
@@ -34,3 +34,7 @@ pub fn reservation(ipr: &IPReservation) -> Reservation {
 pub fn reservations<'a>(all: impl IntoIterator<Item = &'a IPReservation>) -> Vec<Reservation> {
     all.into_iter().map(reservation).collect()
 }
+
+// The view and the rule together: from the objects the API gives to the files desired.
+#[cfg(test)]
+mod tests;

@@ -25,13 +25,13 @@ use std::{
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::runtime::{reflector::Lookup, watcher};
 
-use super::{
+use super::view;
+use crate::api::{IPReservation, Key};
+use crate::rules::{
     lifecycle::{NameSource, PodView, ReservationView},
     optin,
-    placement::{self, Placed},
-    view,
+    placement::{PLACED, Placed},
 };
-use crate::{crd::IPReservation, key::Key};
 
 /// A pod as the controller keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,7 +136,7 @@ impl CachedPod {
             host_network: self.host_network,
             opt_in: optin::opt_in(&annotations, owner_annotations),
             owner_statefulset: self.owner_statefulset.as_deref().map(str::to_owned),
-            placed: Placed::parse(annotations.get(placement::PLACED).map(String::as_str)),
+            placed: Placed::parse(annotations.get(PLACED).map(String::as_str)),
             name: self.name_source.to_view(),
         }
     }

@@ -13,8 +13,8 @@ use std::{
 
 use jiff::Timestamp;
 
-use super::lifecycle::{Claim, ReservationView};
-use crate::key::Key;
+use crate::api::Key;
+use crate::rules::lifecycle::{Claim, ReservationView};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
@@ -157,7 +157,7 @@ impl AddressIndex {
                     })
                 })
                 .collect();
-            if let Some(holder) = super::lifecycle::holder(&my_claim, &claims) {
+            if let Some(holder) = crate::rules::lifecycle::holder(&my_claim, &claims) {
                 return Some((*ip, holder.key.clone()));
             }
         }

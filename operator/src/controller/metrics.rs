@@ -12,8 +12,9 @@ use prometheus::{
     proto::MetricFamily,
 };
 
-use super::{budget, cache::CachedReservation, view};
-use crate::crd::Phase;
+use super::{cache::CachedReservation, view};
+use crate::api::Phase;
+use crate::rules::budget;
 
 /// The metrics the controller updates as it works.
 #[derive(Debug, Clone)]

@@ -1,12 +1,10 @@
-//! Placement: bringing a returning pod back to the node whose range holds its reserved addresses.
-//!
-//! Addresses are node-local, so a reservation can only be honoured on its node. The scheduler does
-//! not know that; the admission webhook ([`super::webhook`]) tells it by adding a node affinity term
-//! for the reservation's node to the pod being created. This module is the whole rule, as plain
-//! data: which pods get a term, which term, what is recorded on the pod, and why a pod that asked
-//! got nothing. No Kubernetes client, no clock, no I/O.
+//! Placement at the API's boundary: the webhook's [`Request`] (the pod's own affinity as the API
+//! types it) becomes the rule's plain view ([`crate::rules::placement::Ask`]), and the rule's
+//! verdict becomes the pod's whole affinity with the term added ([`Decision`]) and the JSON patch
+//! that writes it ([`patch`]). Which pods get a term, and why one that asked got nothing, is the
+//! rule's; this module only translates.
 
-use std::{collections::BTreeMap, fmt};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
@@ -14,75 +12,17 @@ use k8s_openapi::api::core::v1::{
 };
 use serde_json::{Value, json};
 
-use super::optin::{Mode, Retain};
+use crate::rules::{
+    optin::{Mode, Retain},
+    placement::{
+        self as rule, Ask, Constraints, NODE_NAME_FIELD, NodeFacts, PLACED, Placed, Requirement,
+        Term, Verdict,
+    },
+};
 
-/// Written by the webhook on every pod it placed or could not place: what it did (see [`Placed`]).
-pub const PLACED: &str = "ipkeep.dev/placed";
 /// The weight of the preferred term: the largest the API allows, so that among nodes that fit it
 /// outweighs spreading and balancing (each scores at most 100 before its plugin weight).
 pub const PREFERRED_WEIGHT: i32 = 100;
-/// The node field a term selects on: the node's name, exactly (labels such as
-/// `kubernetes.io/hostname` may differ from it).
-const NODE_NAME_FIELD: &str = "metadata.name";
-
-/// What the webhook recorded on a pod (annotation [`PLACED`]), read back by the controller.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Placed {
-    /// No record: the webhook did not see the pod (unreachable, not registered, or the pod was
-    /// created before it was).
-    Unseen,
-    /// A term for this node was added.
-    On {
-        /// Preferred or required.
-        mode: Mode,
-        /// The reservation's node.
-        node: String,
-    },
-    /// The pod asked for placement and got none; why.
-    Skipped(String),
-}
-
-impl Placed {
-    /// Reads the annotation's value (absent: [`Placed::Unseen`]).
-    pub fn parse(value: Option<&str>) -> Placed {
-        let Some(value) = value else {
-            return Placed::Unseen;
-        };
-        if let Some(why) = value.strip_prefix("skipped: ") {
-            return Placed::Skipped(why.to_string());
-        }
-        match value.split_once(' ') {
-            Some((mode, node)) => match Mode::parse(mode) {
-                Some(mode @ (Mode::Preferred | Mode::Required)) if !node.is_empty() => Placed::On {
-                    mode,
-                    node: node.to_string(),
-                },
-                _ => Placed::Skipped(format!("unreadable record {value:?}")),
-            },
-            None => Placed::Skipped(format!("unreadable record {value:?}")),
-        }
-    }
-}
-
-impl fmt::Display for Placed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Placed::Unseen => Ok(()),
-            Placed::On { mode, node } => write!(f, "{mode} {node}"),
-            Placed::Skipped(why) => write!(f, "skipped: {why}"),
-        }
-    }
-}
-
-/// The node a reservation is on, as the controller's node cache has it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeFacts<'a> {
-    /// `metadata.name`.
-    pub name: &'a str,
-    /// `metadata.labels`.
-    pub labels: &'a BTreeMap<String, String>,
-}
-
 /// What the pod being created says about where it may run.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PodScheduling<'a> {
@@ -144,39 +84,38 @@ impl Decision {
     }
 }
 
-/// Decides what a pod being created gets.
+/// Decides what a pod being created gets: the rule's verdict, with the pod's affinity.
 pub fn decide(req: &Request<'_>) -> Decision {
-    let asks = req.retain == Retain::Yes || req.reservation_by_hand;
-    let Some(node_name) = req.reservation_node.filter(|_| asks) else {
-        return Decision::Pass;
+    let ask = Ask {
+        retain: req.retain,
+        mode: req.mode,
+        reservation_node: req.reservation_node,
+        reservation_by_hand: req.reservation_by_hand,
+        node: req.node,
+        pod: constraints(&req.pod),
     };
-    if req.mode == Mode::None {
-        return Decision::Pass;
+    match rule::verdict(&ask) {
+        Verdict::Pass => Decision::Pass,
+        Verdict::Skip(why) => Decision::Skip(why),
+        Verdict::Place { mode, node } => match with_term(req.pod.affinity, mode, &node) {
+            Some(affinity) => Decision::Place {
+                mode,
+                node,
+                affinity,
+            },
+            None => Decision::Pass,
+        },
     }
-    if let Some(bound) = req.pod.node_name.filter(|n| !n.is_empty()) {
-        return if bound == node_name {
-            Decision::Pass
-        } else {
-            Decision::Skip(format!(
-                "the pod names node {bound} itself (spec.nodeName), not {node_name} where its addresses are reserved"
-            ))
-        };
-    }
-    let Some(node) = req.node.as_ref().filter(|n| n.name == node_name) else {
-        return Decision::Skip(format!(
-            "node {node_name}, where its addresses are reserved, no longer exists"
-        ));
-    };
-    if let Some(why) = excluded_by_pod(&req.pod, node) {
-        return Decision::Skip(format!(
-            "{why} excludes node {node_name}, where its addresses are reserved; nothing was added to it"
-        ));
-    }
-    let mut affinity = req.pod.affinity.cloned().unwrap_or_default();
+}
+
+/// The pod's whole affinity with a term for `node` added (everything of its own kept); `None`
+/// for [`Mode::None`].
+fn with_term(own: Option<&Affinity>, mode: Mode, node_name: &str) -> Option<Affinity> {
+    let mut affinity = own.cloned().unwrap_or_default();
     let node_affinity = affinity
         .node_affinity
         .get_or_insert_with(NodeAffinity::default);
-    match req.mode {
+    match mode {
         Mode::Preferred => node_affinity
             .preferred_during_scheduling_ignored_during_execution
             .get_or_insert_with(Vec::new)
@@ -197,7 +136,7 @@ pub fn decide(req: &Request<'_>) -> Decision {
                 // match keeps the pod's own rule and adds ours. An empty term matches nothing and
                 // must stay so (adding a requirement would make it match).
                 for term in &mut required.node_selector_terms {
-                    if !term_is_empty(term) {
+                    if !rule::term_is_empty(&term_view(term)) {
                         term.match_fields
                             .get_or_insert_with(Vec::new)
                             .push(name_requirement(node_name));
@@ -205,13 +144,44 @@ pub fn decide(req: &Request<'_>) -> Decision {
                 }
             }
         }
-        Mode::None => return Decision::Pass,
+        Mode::None => return None,
     }
-    Decision::Place {
-        mode: req.mode,
-        node: node_name.to_string(),
-        affinity,
+    Some(affinity)
+}
+
+/// The pod's constraints as the rule reads them.
+fn constraints<'a>(pod: &PodScheduling<'a>) -> Constraints<'a> {
+    let required = pod
+        .affinity
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    Constraints {
+        node_name: pod.node_name,
+        node_selector: pod.node_selector,
+        required: required.map(|r| r.node_selector_terms.iter().map(term_view).collect()),
     }
+}
+
+/// A node selector term as the rule reads it.
+fn term_view(term: &NodeSelectorTerm) -> Term<'_> {
+    Term {
+        expressions: requirements(&term.match_expressions),
+        fields: requirements(&term.match_fields),
+    }
+}
+
+fn requirements(list: &Option<Vec<NodeSelectorRequirement>>) -> Vec<Requirement<'_>> {
+    list.iter()
+        .flatten()
+        .map(|r| Requirement {
+            key: &r.key,
+            operator: &r.operator,
+            values: r.values.as_deref().unwrap_or_default(),
+        })
+        .collect()
 }
 
 /// The JSON patch (RFC 6902) that applies `decision` to a pod whose metadata has `annotations`.
@@ -250,71 +220,8 @@ fn name_requirement(node: &str) -> NodeSelectorRequirement {
     }
 }
 
-fn term_is_empty(term: &NodeSelectorTerm) -> bool {
-    term.match_expressions.as_ref().is_none_or(Vec::is_empty)
-        && term.match_fields.as_ref().is_none_or(Vec::is_empty)
-}
-
-/// Which of the pod's own hard constraints rules `node` out, if one does.
-fn excluded_by_pod(pod: &PodScheduling<'_>, node: &NodeFacts<'_>) -> Option<&'static str> {
-    if let Some(selector) = pod.node_selector
-        && !selector
-            .iter()
-            .all(|(k, v)| node.labels.get(k).is_some_and(|l| l == v))
-    {
-        return Some("the pod's nodeSelector");
-    }
-    let required = pod
-        .affinity
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| {
-            n.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        });
-    if let Some(required) = required
-        && !required
-            .node_selector_terms
-            .iter()
-            .any(|t| term_matches(t, node))
-    {
-        return Some("the pod's required node affinity");
-    }
-    None
-}
-
-/// Whether a node selector term selects `node`, as the scheduler reads it: its requirements
-/// ANDed; an empty term selects nothing.
+/// Whether a node selector term selects `node`, as the scheduler reads it (the rule's
+/// [`rule::term_matches`] on the term's view).
 pub fn term_matches(term: &NodeSelectorTerm, node: &NodeFacts<'_>) -> bool {
-    if term_is_empty(term) {
-        return false;
-    }
-    let labels_ok = term
-        .match_expressions
-        .iter()
-        .flatten()
-        .all(|r| requirement_matches(r, node.labels.get(&r.key).map(String::as_str)));
-    let fields_ok = term.match_fields.iter().flatten().all(|r| {
-        // The API accepts only metadata.name here; any other field selects nothing.
-        r.key == NODE_NAME_FIELD && requirement_matches(r, Some(node.name))
-    });
-    labels_ok && fields_ok
-}
-
-fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let values = r.values.as_deref().unwrap_or_default();
-    let int = |s: &str| s.trim().parse::<i64>().ok();
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" => {
-            matches!((value.and_then(int), values.first().and_then(|x| int(x))), (Some(v), Some(x)) if v > x)
-        }
-        "Lt" => {
-            matches!((value.and_then(int), values.first().and_then(|x| int(x))), (Some(v), Some(x)) if v < x)
-        }
-        // An operator the scheduler does not know selects nothing (the API refuses it anyway).
-        _ => false,
-    }
+    rule::term_matches(&term_view(term), node)
 }

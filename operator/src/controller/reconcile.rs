@@ -3,6 +3,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
+    time::Duration,
 };
 
 use jiff::Timestamp;
@@ -19,21 +20,25 @@ use kube::{
 use serde_json::json;
 
 use super::{
-    budget::{self, Budget, Held},
     cache::{CachedPod, CachedReservation},
-    expectations::Expectations,
     fresh::{FreshPods, Seen},
     index::AddressIndex,
-    lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, Yield, decide},
     metrics::Metrics,
+    view,
+};
+use crate::rules::{
+    budget::{self, Budget, Held},
+    lifecycle::{self, Defaults, DeleteReason, Input, OwnerState, Plan, Subject, Yield, decide},
     namespaces::{self, NamespaceSelector, Told},
-    optin, view,
+    optin,
 };
 use crate::{
-    crd::{self, IPReservation},
-    events::{EventType, Notice, Outcome, Publisher},
-    key::Key,
-    retention,
+    api::Key,
+    api::retention,
+    api::{self, IPReservation},
+    runtime::events::{EventType, Notice, Outcome, Publisher},
+    runtime::expectations::Expectations,
+    runtime::{backoff::Backoff, logging::error_chain},
 };
 
 /// The field manager of every write the controller makes (spec and status).
@@ -276,6 +281,76 @@ pub enum Next {
     RetryMs(u64),
 }
 
+impl Context {
+    /// The context of a controller run: its caches (filled by the watches), Events, metrics and
+    /// settings; the index, expectations and bookkeeping start empty.
+    pub(super) fn new(
+        client: Client,
+        caches: &super::watches::Caches,
+        events: Publisher,
+        metrics: Metrics,
+        settings: &super::Settings,
+    ) -> Context {
+        Context {
+            client,
+            pods: caches.pods.clone(),
+            reservations: caches.reservations.clone(),
+            statefulsets: caches.statefulsets.clone(),
+            nodes: caches.nodes.clone(),
+            index: AddressIndex::default(),
+            expectations: Expectations::default(),
+            fresh: FreshPods::default(),
+            events,
+            metrics,
+            defaults: settings.defaults.clone(),
+            node_budget: settings.node_budget,
+            over_quota: OverQuota::default(),
+            namespaces: (settings.namespace_selector.clone()).map(|selector| SelectedNamespaces {
+                selector,
+                store: caches.namespaces.clone(),
+            }),
+            told: Told::default(),
+        }
+    }
+}
+
+/// One worker's turn on `key`: reconciles it, times it, and says when to look at it again
+/// (`None`: only when a change enqueues it).
+pub(super) async fn turn(
+    key: Arc<Key>,
+    ctx: Arc<Context>,
+) -> Result<Option<Duration>, ReconcileError> {
+    let started = std::time::Instant::now();
+    let result = reconcile(&key, &ctx).await;
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    Ok(match result? {
+        Next::AwaitChange => None,
+        Next::At(t) => {
+            Some(Duration::try_from(t.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO))
+        }
+        Next::RetryMs(ms) => Some(Duration::from_millis(ms)),
+    })
+}
+
+/// The error policy (kube-runtime's name): a failed reconcile is counted by its kind, logged, and
+/// tried again after [`Backoff::RECONCILE`]'s delay for its `failures` in a row.
+pub(super) fn error_policy(
+    metrics: &Metrics,
+    key: &Key,
+    e: &ReconcileError,
+    failures: u32,
+) -> Duration {
+    let delay = Backoff::RECONCILE.delay(failures);
+    metrics
+        .reconcile_errors
+        .with_label_values(&[e.kind()])
+        .inc();
+    tracing::warn!(%key, error = %error_chain(e), retry_in_ms = delay.as_millis() as u64, "reconcile failed");
+    delay
+}
+
 /// A node's budget and the Released reservations on it that must yield to it.
 #[derive(Debug, Default)]
 pub struct NodeYielding {
@@ -326,7 +401,7 @@ pub fn node_yielding(ctx: &Context, node: &str) -> NodeYielding {
                 .reservations
                 .get(&ObjectRef::new(&key.name).within(&key.namespace))?;
             let status = &r.view.status;
-            if status.phase != Some(lifecycle::Phase::Released) {
+            if status.phase != Some(crate::api::Phase::Released) {
                 return None;
             }
             let alive = ctx
@@ -393,7 +468,7 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
     let reservation_view = reservation.as_ref().map(|r| &r.view);
     let conflict = reservation.as_ref().and_then(|_| ctx.index.conflict(key));
     let yields = reservation_view
-        .filter(|r| r.status.phase == Some(lifecycle::Phase::Released))
+        .filter(|r| r.status.phase == Some(crate::api::Phase::Released))
         .and_then(|r| node_yielding(ctx, &r.node_name).of(key));
     let namespace = match &ctx.namespaces {
         None => namespaces::Verdict::Selected,
@@ -483,7 +558,7 @@ async fn execute(
             if spec.release_with_owner {
                 annotations.insert(optin::RELEASE_WITH_OWNER.into(), json!("true"));
             }
-            metadata["labels"] = json!({crd::MANAGED_BY_LABEL: crd::MANAGED_BY_VALUE});
+            metadata["labels"] = json!({api::MANAGED_BY_LABEL: api::MANAGED_BY_VALUE});
             metadata["annotations"] = serde_json::Value::Object(annotations);
         }
         let mut body_spec = json!({"ips": spec.ips, "nodeName": spec.node_name});

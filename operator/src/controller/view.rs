@@ -15,14 +15,14 @@ use k8s_openapi::{
 };
 use kube::core::PartialObjectMeta;
 
-use super::{
+use crate::rules::{
     budget::{self, NodeFacts},
     lifecycle::{Conflict, NameSource, ReservationView, StatusView},
     optin,
 };
 use crate::{
-    crd::{self, CONDITION_CONFLICT, ConflictStatus, IPReservation, IPReservationStatus, IpString},
-    retention::RetainFor,
+    api::retention::RetainFor,
+    api::{self, CONDITION_CONFLICT, ConflictStatus, IPReservation, IPReservationStatus, IpString},
 };
 
 /// The prefix of the only annotations the controller reads.
@@ -145,8 +145,8 @@ pub fn reservation_view(r: &IPReservation) -> ReservationView {
         managed: meta
             .labels
             .as_ref()
-            .and_then(|l| l.get(crd::MANAGED_BY_LABEL))
-            .is_some_and(|v| v == crd::MANAGED_BY_VALUE),
+            .and_then(|l| l.get(api::MANAGED_BY_LABEL))
+            .is_some_and(|v| v == api::MANAGED_BY_VALUE),
         created: meta
             .creation_timestamp
             .as_ref()

@@ -2,7 +2,7 @@
 //! controller replica (leader and standbys alike, so a failover never stops admission) from the
 //! same caches the reconciles read. For a pod that asks for retention and has a reservation, it adds
 //! a node affinity term for the reservation's node ([`placement::decide`]) and records what it did
-//! on the pod (annotation [`placement::PLACED`]); the controller reads that record back to say when
+//! on the pod (annotation [`crate::rules::placement::PLACED`]); the controller reads that record back to say when
 //! a returning pod was not placed (Warning `PlacementMissed` / `PlacementSkipped`).
 //!
 //! It never refuses a pod: any failure answers "allowed, unchanged" (and the chart registers it
@@ -23,6 +23,7 @@ use k8s_openapi::api::{
     apps::v1::StatefulSet,
     core::v1::{Node, Pod},
 };
+use kube::Client;
 use kube::{
     core::{
         PartialObjectMeta,
@@ -31,7 +32,7 @@ use kube::{
     runtime::reflector::{ObjectRef, Store},
 };
 use prometheus::{IntCounterVec, Opts, Registry};
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, sync::watch, task::JoinSet};
 use tokio_rustls::{
     TlsAcceptor,
     rustls::{
@@ -42,13 +43,18 @@ use tokio_rustls::{
 };
 
 use super::{
+    ControllerError, Settings, WebhookSettings,
+    metrics::MetricsError,
+    webhook_tls::{TlsSource, keep},
+};
+use super::{
     cache::CachedReservation,
-    optin,
-    optin::Mode,
-    placement::{self, Decision, NodeFacts, PodScheduling, Request as PlacementRequest},
+    placement::{self, Decision, PodScheduling, Request as PlacementRequest},
     view,
 };
-use crate::probes::{Gate, accept_until, reply};
+use crate::rules::{optin, optin::Mode, placement::NodeFacts};
+use crate::runtime::probes::{Gate, Readiness, accept_until, reply};
+use crate::runtime::shutdown::stopped;
 
 /// The path the chart registers.
 pub const PATH: &str = "/mutate-pods";
@@ -156,6 +162,68 @@ impl std::fmt::Debug for WebhookServer {
         f.debug_struct("WebhookServer")
             .field("listener", &self.listener)
             .finish_non_exhaustive()
+    }
+}
+
+/// The webhook bound and not yet serving: what [`super::run`] starts once the probes are bound.
+pub(super) struct Serving {
+    server: WebhookServer,
+    slot: Arc<CertSlot>,
+    metrics: WebhookMetrics,
+    tls: TlsSource,
+    caches: Caches,
+}
+
+impl Serving {
+    /// Binds the webhook's address and registers its metrics; `/readyz` waits for its
+    /// certificate.
+    pub(super) async fn bind(
+        settings: &WebhookSettings,
+        caches: &super::watches::Caches,
+        controller: &Settings,
+        registry: &Registry,
+        readiness: &Readiness,
+    ) -> Result<Serving, ControllerError> {
+        let slot = Arc::new(CertSlot::default());
+        let server = WebhookServer::bind(settings.addr, slot.clone()).await?;
+        let metrics = WebhookMetrics::register(registry).map_err(MetricsError)?;
+        readiness.require(slot.clone());
+        Ok(Serving {
+            server,
+            slot,
+            metrics,
+            tls: settings.tls.clone(),
+            caches: Caches {
+                reservations: caches.reservations.clone(),
+                statefulsets: caches.statefulsets.clone(),
+                nodes: caches.nodes.clone(),
+                default_mode: controller.defaults.placement,
+            },
+        })
+    }
+
+    /// The address bound.
+    pub(super) fn local_addr(&self) -> Option<SocketAddr> {
+        self.server.local_addr()
+    }
+
+    /// Serves reviews, and keeps the certificate, on `tasks` until `stop` turns true.
+    pub(super) fn spawn(
+        self,
+        tasks: &mut JoinSet<()>,
+        client: &Client,
+        stop: &watch::Receiver<bool>,
+    ) {
+        let run = self
+            .server
+            .run(self.caches, self.metrics, stopped(stop.clone()));
+        tasks.spawn(run);
+        tasks.spawn(keep(
+            client.clone(),
+            self.tls,
+            self.slot,
+            stopped(stop.clone()),
+        ));
     }
 }
 

@@ -35,7 +35,7 @@ use tokio_rustls::rustls::{
 };
 
 use super::webhook::CertSlot;
-use crate::backoff::Backoff;
+use crate::runtime::backoff::Backoff;
 
 /// Secret keys: the serving pair, as `kubernetes.io/tls` and cert-manager name them, the CAs to
 /// trust (`ca.crt`, one or two PEM certificates) and the newest CA's key (`ca.key`).
@@ -251,7 +251,7 @@ pub async fn keep(
             Err(e) => {
                 failures = failures.saturating_add(1);
                 let delay = Backoff::PASS.delay(failures);
-                tracing::warn!(error = %crate::logging::error_chain(&e), retry_in_ms = delay.as_millis() as u64, "placement webhook certificate not ready");
+                tracing::warn!(error = %crate::runtime::logging::error_chain(&e), retry_in_ms = delay.as_millis() as u64, "placement webhook certificate not ready");
                 delay
             }
         };

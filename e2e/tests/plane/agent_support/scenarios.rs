@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ipkeep_operator::crd::IPReservation;
+use ipkeep_operator::api::IPReservation;
 use ipkeep_reservation::{ReservationFile, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};

@@ -4,7 +4,7 @@
 //!   Normal `InCharge` when it is fixed);
 //! * `ipkeep_agent_in_charge{network}` (1 or 0) and `ipkeep_agent_not_in_charge{network,reason}`;
 //! * the condition [`POD_CONDITION`] on the agent's own pod (what `ipkeep-operator check` reads);
-//! * the condition `Unprotected` ([`crate::crd::CONDITION_UNPROTECTED`]) on each of the node's
+//! * the condition `Unprotected` ([`crate::api::CONDITION_UNPROTECTED`]) on each of the node's
 //!   reservations while any of its networks is not in charge (`kubectl get ipr` shows its reason),
 //!   written with server-side apply under [`FIELD_MANAGER`], so the controller's own status
 //!   fields and its `Conflict` condition are untouched, and removed by applying none.
@@ -24,10 +24,10 @@ use serde_json::json;
 
 use super::evidence::{self, Sources};
 use super::{Evidence, Explained, Reason, Verdict, decide};
-use crate::crd::{CONDITION_UNPROTECTED, IPReservation};
-use crate::events::{EventType, Notice, Publisher, node_ref};
-use crate::key::Key;
-use crate::logging::error_chain;
+use crate::api::Key;
+use crate::api::{CONDITION_UNPROTECTED, IPReservation};
+use crate::runtime::events::{EventType, Notice, Publisher, node_ref};
+use crate::runtime::logging::error_chain;
 
 /// How often the evidence is read.
 pub const POLL: Duration = Duration::from_secs(2);
@@ -47,8 +47,8 @@ pub struct Reporter {
     pub data_dir: String,
     /// This node's name.
     pub node: String,
-    /// The agent's own pod (namespace, name), whose condition says the node's state.
-    pub pod: Option<(String, String)>,
+    /// The agent's own pod, whose condition says the node's state.
+    pub pod: Option<Key>,
 }
 
 /// The node as a whole: protected when every network is in charge.
@@ -260,10 +260,10 @@ fn announce(
 
 async fn write_pod_condition(
     client: &Client,
-    pod: Option<&(String, String)>,
+    pod: Option<&Key>,
     state: &NodeState,
 ) -> Result<(), kube::Error> {
-    let Some((namespace, name)) = pod else {
+    let Some(Key { namespace, name }) = pod else {
         return Ok(());
     };
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);

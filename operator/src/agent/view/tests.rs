@@ -3,9 +3,12 @@ use std::time::Duration;
 use ipkeep_reservation::{PodKey, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use super::*;
 use crate::agent::view;
-use crate::crd::{ConflictStatus, IPReservation, IPReservationSpec, IPReservationStatus, IpString};
+use crate::api::retention::RetainForError;
+use crate::api::{
+    ConflictStatus, IPReservation, IPReservationSpec, IPReservationStatus, IpString, Key, Phase,
+};
+use crate::rules::desired::*;
 
 const DAY: Duration = Duration::from_secs(86_400);
 /// 2026-11-21T12:00:00Z
@@ -261,7 +264,7 @@ fn decisions_and_refusals() {
             | (Ok(FileDecision::Conflict), "conflict")
             | (Ok(FileDecision::Write { .. }), "write") => {}
             (Err(e), _) if !["other", "conflict", "write"].contains(&want) => {
-                let text = crate::logging::error_chain(&e);
+                let text = crate::runtime::logging::error_chain(&e);
                 assert!(text.contains(want), "{what}: {text:?} lacks {want:?}");
                 if let Some(source) = std::error::Error::source(&e) {
                     assert!(

@@ -15,11 +15,11 @@ use super::{
     placement::Placed,
 };
 use crate::{
-    key::Key,
-    retention::{self, Fallback, FoundRetainFor, RetainFor, written},
+    api::Key,
+    api::retention::{self, Fallback, FoundRetainFor, RetainFor, written},
 };
 
-pub use crate::phase::Phase;
+use crate::api::Phase;
 
 /// What the lifecycle needs to know about a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]

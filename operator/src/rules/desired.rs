@@ -1,5 +1,5 @@
 //! Which reservation files should exist on this node: pure functions over plain data (the
-//! [`Reservation`]s that [`super::view`] makes of the node's IPReservations, and the files found on
+//! [`Reservation`]s that `agent::view` makes of the node's IPReservations, and the files found on
 //! disk), with no Kubernetes type, client, disk or clock.
 //!
 //! * [`reservation_file`] turns one reservation into the file the plugin reads, or says why it
@@ -16,9 +16,9 @@ use ipkeep_reservation::{
     FORMAT_VERSION, PodKey, ReservationFile, SchemaError, Timestamp, ValidReservation,
 };
 
-use crate::key::Key;
-use crate::phase::Phase;
-use crate::retention::{Fallback, FoundRetainFor, RetainFor, RetainForError, release_time};
+use crate::api::Key;
+use crate::api::Phase;
+use crate::api::retention::{Fallback, FoundRetainFor, RetainFor, RetainForError, release_time};
 
 /// What planning reads of one IPReservation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,6 +226,3 @@ pub fn desired_files<'a>(
     }
     desired
 }
-
-#[cfg(test)]
-mod tests;

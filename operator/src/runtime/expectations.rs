@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::key::Key;
+use crate::api::Key;
 
 /// How long a reconcile waits for the cache to show the controller's own write.
 pub const PATIENCE: Duration = Duration::from_secs(5);

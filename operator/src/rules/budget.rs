@@ -10,7 +10,7 @@ use ipkeep_hostlocal::{
 };
 use jiff::Timestamp;
 
-use crate::key::Key;
+use crate::api::Key;
 
 /// The Node annotation that sets its budget by hand (a whole number of Released reservations).
 pub const NODE_BUDGET: &str = "ipkeep.dev/node-budget";

@@ -1,22 +1,51 @@
 //! Which namespaces may keep addresses (`--namespace-selector`): the one parser of Kubernetes'
 //! label selector grammar (`a=b`, `a==b`, `a!=b`, `a in (x,y)`, `a notin (x,y)`, `a`, `!a`,
-//! comma-separated, all must hold), matching as the API server matches (kube's [`Selector`]), and
-//! what a reconcile is told about a pod's namespace. No Kubernetes client, no clock.
+//! comma-separated, all must hold), matching as the API server matches (apimachinery's
+//! `labels.Selector`, said here as requirements), and what a reconcile is told about a pod's
+//! namespace. No Kubernetes client, no clock.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     fmt,
 };
 
-use kube::core::{Expression, Selector, SelectorExt};
-
-use crate::key::Key;
+use crate::api::Key;
 
 /// A parsed `--namespace-selector`, with the text it was given (Events quote it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NamespaceSelector {
     text: String,
-    selector: Selector,
+    requirements: Vec<Requirement>,
+}
+
+/// One requirement of a label selector; a selector holds when all of its requirements do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Requirement {
+    /// The key is set and its value is one of these.
+    In(String, BTreeSet<String>),
+    /// The key is not set, or its value is none of these.
+    NotIn(String, BTreeSet<String>),
+    /// The key is set.
+    Exists(String),
+    /// The key is not set.
+    DoesNotExist(String),
+    /// The key is set to this value.
+    Equal(String, String),
+    /// The key is not set, or set to another value.
+    NotEqual(String, String),
+}
+
+impl Requirement {
+    fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        match self {
+            Requirement::In(key, values) => labels.get(key).is_some_and(|v| values.contains(v)),
+            Requirement::NotIn(key, values) => labels.get(key).is_none_or(|v| !values.contains(v)),
+            Requirement::Exists(key) => labels.contains_key(key),
+            Requirement::DoesNotExist(key) => !labels.contains_key(key),
+            Requirement::Equal(key, value) => labels.get(key) == Some(value),
+            Requirement::NotEqual(key, value) => labels.get(key) != Some(value),
+        }
+    }
 }
 
 /// Why a selector's text is not a label selector.
@@ -34,21 +63,21 @@ pub struct SelectorError {
 impl NamespaceSelector {
     /// Parses `text`; an empty text selects every namespace.
     pub fn parse(text: &str) -> Result<NamespaceSelector, SelectorError> {
-        let selector = Parser::new(text).selector()?;
+        let requirements = Parser::new(text).requirements()?;
         Ok(NamespaceSelector {
             text: text.trim().to_owned(),
-            selector,
+            requirements,
         })
     }
 
     /// Whether it selects every namespace (no requirement at all).
     pub fn selects_all(&self) -> bool {
-        self.selector.selects_all()
+        self.requirements.is_empty()
     }
 
     /// Whether a namespace with these labels is selected.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.selector.matches(labels)
+        self.requirements.iter().all(|r| r.matches(labels))
     }
 
     /// The text as given (trimmed).
@@ -249,13 +278,13 @@ impl<'t> Parser<'t> {
         }
     }
 
-    fn selector(mut self) -> Result<Selector, SelectorError> {
-        let mut expressions = Vec::new();
+    fn requirements(mut self) -> Result<Vec<Requirement>, SelectorError> {
+        let mut requirements = Vec::new();
         if *self.peek() == Token::End {
-            return Ok(Selector::default());
+            return Ok(requirements);
         }
         loop {
-            expressions.push(self.requirement()?);
+            requirements.push(self.requirement()?);
             match self.take() {
                 (_, Token::End) => break,
                 (_, Token::Comma) => {}
@@ -264,33 +293,33 @@ impl<'t> Parser<'t> {
                 }
             }
         }
-        Ok(expressions.into_iter().collect())
+        Ok(requirements)
     }
 
-    fn requirement(&mut self) -> Result<Expression, SelectorError> {
+    fn requirement(&mut self) -> Result<Requirement, SelectorError> {
         if *self.peek() == Token::Not {
             self.take();
             let key = self.key()?;
-            return Ok(Expression::DoesNotExist(key));
+            return Ok(Requirement::DoesNotExist(key));
         }
         let key = self.key()?;
         match self.peek().clone() {
-            Token::Comma | Token::End => Ok(Expression::Exists(key)),
+            Token::Comma | Token::End => Ok(Requirement::Exists(key)),
             Token::Equals => {
                 self.take();
-                Ok(Expression::Equal(key, self.value()?))
+                Ok(Requirement::Equal(key, self.value()?))
             }
             Token::NotEquals => {
                 self.take();
-                Ok(Expression::NotEqual(key, self.value()?))
+                Ok(Requirement::NotEqual(key, self.value()?))
             }
             Token::Word(w) if w == "in" || w == "notin" => {
                 self.take();
                 let values = self.values()?;
                 Ok(if w == "in" {
-                    Expression::In(key, values)
+                    Requirement::In(key, values)
                 } else {
-                    Expression::NotIn(key, values)
+                    Requirement::NotIn(key, values)
                 })
             }
             other => {

@@ -10,9 +10,8 @@ use kube::{
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::key::Key;
-pub use crate::phase::Phase;
-use crate::retention::RetainFor;
+use super::key::Key;
+use super::{phase::Phase, retention::RetainFor};
 
 /// The API group of ipkeep's resources.
 pub const GROUP: &str = "ipkeep.dev";

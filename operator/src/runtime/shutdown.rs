@@ -27,3 +27,9 @@ pub async fn signal() {
         }
     }
 }
+
+/// Completes once `stop` turns true (or its sender is gone): how a task spawned beside the main
+/// loop learns that the process is stopping.
+pub async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}

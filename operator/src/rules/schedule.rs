@@ -10,8 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::dirwatch::Trigger;
-use crate::backoff::Backoff;
+use crate::runtime::backoff::Backoff;
 
 /// Why the write loop woke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +146,55 @@ impl Schedule {
         };
         let failures = self.retry.map_or(1, |(_, n)| n.saturating_add(1));
         self.retry = Some((now + Backoff::PASS.delay(failures), failures));
+    }
+}
+
+/// Why the data directory's watch (`agent::dirwatch`) asked for a resync; the order is severity (a burst reports its most severe cause).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Trigger {
+    /// The kernel dropped events (its queue overflowed): anything may have happened.
+    Overflow,
+    /// A directory was moved in over a network directory or `reserved/`.
+    Replaced,
+    /// A `reserved/` was deleted or moved away.
+    ReservedGone,
+    /// A network directory was deleted or moved away.
+    NetworkGone,
+    /// The data directory itself was deleted or moved away.
+    DataDirGone,
+}
+
+impl Trigger {
+    /// Every trigger, for registering the metric's labels.
+    pub const ALL: [Trigger; 5] = [
+        Trigger::Overflow,
+        Trigger::Replaced,
+        Trigger::ReservedGone,
+        Trigger::NetworkGone,
+        Trigger::DataDirGone,
+    ];
+
+    /// The `reason` label of `ipkeep_agent_directory_resyncs_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Trigger::Overflow => "events_lost",
+            Trigger::Replaced => "replaced",
+            Trigger::ReservedGone => "reserved_removed",
+            Trigger::NetworkGone => "network_dir_removed",
+            Trigger::DataDirGone => "data_dir_removed",
+        }
+    }
+}
+
+impl std::fmt::Display for Trigger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Trigger::Overflow => "directory events were lost",
+            Trigger::Replaced => "a network directory or reserved/ was replaced",
+            Trigger::ReservedGone => "a reserved/ directory was removed",
+            Trigger::NetworkGone => "a network directory was removed",
+            Trigger::DataDirGone => "the data directory was removed",
+        })
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, fmt};
 
-use crate::retention::RetainFor;
+use crate::api::retention::RetainFor;
 
 /// `ipkeep.dev/retain: "true"` keeps a pod's addresses after it is gone.
 pub const RETAIN: &str = "ipkeep.dev/retain";

@@ -1,0 +1,312 @@
+//! The agent's write loop: wakes on a watch's report, a failed pass's retry time or the periodic
+//! tick, asks the write schedule ([`crate::rules::schedule`]) what to do, computes the desired
+//! files ([`crate::rules::desired`]) and writes them through [`super::writer`].
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    future::Future,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use ipkeep_reservation::{PodKey, ValidReservation};
+use kube::{
+    Resource, ResourceExt,
+    runtime::reflector::{ObjectRef, Store},
+};
+use tokio::sync::Notify;
+
+use super::{
+    AgentConfig, AgentError, AgentMetrics, view,
+    writer::{NetworkWriter, PassReport},
+};
+use crate::{
+    api::{IPReservation, Key},
+    rules::{
+        desired::{Refusal, desired_files},
+        schedule::{Pass, Schedule, Step, Wake},
+    },
+    runtime::{
+        events::{EventType, Notice, Publisher},
+        logging::error_chain,
+        probes::Readiness,
+    },
+};
+
+/// What the watches tell the write loop; the reservations themselves are in the reflector
+/// store.
+#[derive(Debug)]
+pub(super) struct Pending {
+    /// What they reported, as the write schedule keeps it.
+    pub(super) schedule: Schedule,
+    /// The data directory was deleted under the agent's mount: the agent must stop.
+    pub(super) orphaned: Option<PathBuf>,
+}
+
+/// What the watch fills and the write loop reads.
+#[derive(Clone, Copy)]
+pub(super) struct State<'a> {
+    pub(super) store: &'a Store<IPReservation>,
+    pub(super) pending: &'a Mutex<Pending>,
+    pub(super) changed: &'a Notify,
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// The thin async shell over [`Schedule`]: wakes on a watch's report, a failed pass's retry
+/// time or the periodic tick, asks the schedule what to do, runs the pass on a blocking thread
+/// and tells the schedule how it ended.
+pub(super) async fn write_loop(
+    config: &AgentConfig,
+    state: State<'_>,
+    metrics: &AgentMetrics,
+    readiness: &Readiness,
+    events: &Publisher,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    tokio::pin!(shutdown);
+    let mut writers = Some(new_writers(config));
+    let mut reported: HashSet<(String, String)> = HashSet::new();
+    let State {
+        store,
+        pending,
+        changed,
+    } = state;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        let retry_at = schedule(pending, |s| s.retry_at()).flatten();
+        let wake_for_retry = async {
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                None => std::future::pending().await,
+            }
+        };
+        let wake = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            () = changed.notified() => {
+                if let Some(path) = pending.lock().ok().and_then(|mut p| p.orphaned.take()) {
+                    return Err(AgentError::DataDirOrphaned(path));
+                }
+                Wake::Changed
+            }
+            () = wake_for_retry => Wake::Retry,
+            _ = tick.tick() => {
+                if let Some(since) = schedule(pending, |s| s.since_full(Instant::now())).flatten() {
+                    metrics
+                        .seconds_since_full_sync
+                        .set(i64::try_from(since.as_secs()).unwrap_or(i64::MAX));
+                }
+                Wake::Tick
+            }
+        };
+        // The store is read under the same lock, so a change the pass takes is in the store.
+        let Some((pass, reservations)) =
+            pending
+                .lock()
+                .ok()
+                .and_then(|mut p| match p.schedule.next(wake, Instant::now()) {
+                    Step::Wait => None,
+                    Step::Pass(pass) => Some((pass, store.state())),
+                })
+        else {
+            continue;
+        };
+        let desired = desired_files(
+            &config.node_name,
+            &view::reservations(reservations.iter().map(AsRef::as_ref)),
+            config.default_retain_for,
+        );
+        metrics
+            .reservations
+            .set(i64::try_from(desired.files.len()).unwrap_or(i64::MAX));
+        metrics
+            .refused
+            .set(i64::try_from(desired.refused.len()).unwrap_or(i64::MAX));
+        report_refusals(store, &desired.refused, &mut reported, events).await;
+        // The controller posts the Warning for a malformed spec.retainFor (on every reservation
+        // it releases); the agent, which writes the same default, only leaves a trace.
+        for (key, malformed) in &desired.defaulted {
+            tracing::debug!(reservation = %key, error = %malformed, "default retention applied");
+        }
+        let ok = write_pass(config, &mut writers, desired.files, pass.full, metrics).await;
+        let now = Instant::now();
+        if ok {
+            schedule(pending, |s| s.succeeded(&pass, now));
+            passed(&pass, metrics, readiness);
+        } else {
+            schedule(pending, |s| s.failed(pass, now));
+        }
+    }
+}
+
+/// Writes `files` for every network on a blocking thread: a full resync or the changes only;
+/// `false` if a step failed. Writers are moved to the thread and back; a thread that panicked
+/// loses them, and new ones start from a full resync.
+async fn write_pass(
+    config: &AgentConfig,
+    writers: &mut Option<Vec<NetworkWriter>>,
+    files: BTreeMap<PodKey, ValidReservation>,
+    full: bool,
+    metrics: &AgentMetrics,
+) -> bool {
+    let mut moved = writers.take().unwrap_or_else(|| new_writers(config));
+    let joined = tokio::task::spawn_blocking(move || {
+        let results: Vec<_> = moved
+            .iter_mut()
+            .map(|w| {
+                let r = if full {
+                    w.full_sync(&files)
+                } else {
+                    w.apply(&files)
+                };
+                (w.network().to_owned(), r)
+            })
+            .collect();
+        (moved, results)
+    })
+    .await;
+    let (back, results) = match joined {
+        Ok(out) => out,
+        Err(e) => {
+            tracing::error!(error = %e, "reservation writer task failed");
+            metrics.sync_errors.with_label_values(&["pass"]).inc();
+            return false;
+        }
+    };
+    *writers = Some(back);
+    let mut ok = true;
+    for (network, result) in results {
+        match result {
+            Ok(report) => ok &= account(&network, &report, full, metrics),
+            Err(e) => {
+                ok = false;
+                metrics.sync_errors.with_label_values(&["pass"]).inc();
+                tracing::warn!(network = %network, error = %error_chain(&e), "reservation sync failed; retrying");
+            }
+        }
+    }
+    ok
+}
+
+/// Records a pass that ended well: how long its changes took to reach disk, the directory
+/// trigger it answered, and (a full one) the resync, which makes the agent ready.
+fn passed(pass: &Pass, metrics: &AgentMetrics, readiness: &Readiness) {
+    for at in &pass.arrivals {
+        metrics.change_to_file.observe(at.elapsed().as_secs_f64());
+    }
+    if let Some((since, trigger)) = pass.dir_trigger {
+        metrics
+            .directory_resyncs
+            .with_label_values(&[trigger.label()])
+            .inc();
+        tracing::info!(
+            reason = trigger.label(),
+            millis = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "reservation files restored after: {trigger}"
+        );
+    }
+    if pass.full {
+        metrics.full_syncs.inc();
+        metrics.last_full_sync.set(unix_now());
+        metrics.seconds_since_full_sync.set(0);
+        if !readiness.is_ready() {
+            tracing::info!("first full sync done: ready");
+        }
+        readiness.set(true);
+    }
+}
+
+/// One writer per network, knowing nothing yet (so its first pass reads the tree).
+fn new_writers(config: &AgentConfig) -> Vec<NetworkWriter> {
+    config
+        .networks
+        .iter()
+        .map(|n| NetworkWriter::new(&config.data_dir, n))
+        .collect()
+}
+
+/// Runs `f` on the schedule under its lock (`None` if a watch task panicked holding it).
+fn schedule<T>(pending: &Mutex<Pending>, f: impl FnOnce(&mut Schedule) -> T) -> Option<T> {
+    pending.lock().ok().map(|mut p| f(&mut p.schedule))
+}
+
+/// Counts and logs one network's pass; `false` if a step failed.
+fn account(network: &str, report: &PassReport, full: bool, metrics: &AgentMetrics) -> bool {
+    metrics.files_written.inc_by(report.written.len() as u64);
+    metrics.files_removed.inc_by(report.removed.len() as u64);
+    metrics.garbage_cleaned.inc_by(report.cleaned.len() as u64);
+    for key in &report.written {
+        tracing::debug!(network, pod = %key, "reservation file written");
+    }
+    for key in &report.removed {
+        tracing::info!(network, pod = %key, "reservation file removed");
+    }
+    for path in &report.cleaned {
+        tracing::info!(network, path = %path.display(), "garbage removed from reserved/");
+    }
+    for failure in &report.failed {
+        metrics.sync_errors.with_label_values(&["file"]).inc();
+        tracing::warn!(network, error = %failure, "reservation file step failed");
+    }
+    if full {
+        tracing::info!(
+            network,
+            written = report.written.len(),
+            removed = report.removed.len(),
+            cleaned = report.cleaned.len(),
+            failed = report.failed.len(),
+            "full resync done"
+        );
+    }
+    report.failed.is_empty()
+}
+
+/// Logs each refused reservation and publishes one Warning Event per object version.
+async fn report_refusals(
+    store: &Store<IPReservation>,
+    refused: &[(Key, Refusal)],
+    reported: &mut HashSet<(String, String)>,
+    events: &Publisher,
+) {
+    if refused.is_empty() {
+        reported.clear();
+        return;
+    }
+    let refused: Vec<(&Key, &Refusal, Arc<IPReservation>)> = refused
+        .iter()
+        .filter_map(|(key, refusal)| {
+            let obj = store.get(&ObjectRef::new(&key.name).within(&key.namespace))?;
+            Some((key, refusal, obj))
+        })
+        .collect();
+    let version_of = |obj: &IPReservation| {
+        (
+            obj.uid().unwrap_or_default(),
+            obj.resource_version().unwrap_or_default(),
+        )
+    };
+    // Forget versions no longer refused, so the set stays as small as the refusals.
+    let current: HashSet<(String, String)> =
+        refused.iter().map(|(_, _, obj)| version_of(obj)).collect();
+    reported.retain(|v| current.contains(v));
+    for (key, refusal, obj) in refused {
+        if !reported.insert(version_of(&obj)) {
+            continue;
+        }
+        let note = error_chain(refusal);
+        tracing::warn!(reservation = %key, error = %note, "reservation refused: no file written");
+        events.publish(Notice {
+            regarding: obj.object_ref(&()),
+            type_: EventType::Warning,
+            reason: "InvalidReservation",
+            action: "WriteReservationFile",
+            note: &note,
+        });
+    }
+}

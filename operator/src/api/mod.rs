@@ -1,0 +1,15 @@
+//! The operator's API, said once: the IPReservation resource and its status, the namespace/name
+//! [`Key`] a pod and its reservation share, the [`Phase`] a reservation is in, and retention
+//! ([`retention`]). The controller, the agent, `check` and e2e all import it from here.
+
+mod crd;
+mod key;
+mod phase;
+pub mod retention;
+
+pub use crd::{
+    CONDITION_CONFLICT, CONDITION_UNPROTECTED, ConflictStatus, CrdError, GROUP, IPReservation,
+    IPReservationSpec, IPReservationStatus, IpString, MANAGED_BY_LABEL, MANAGED_BY_VALUE, crd_yaml,
+};
+pub use key::Key;
+pub use phase::Phase;
