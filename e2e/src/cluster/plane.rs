@@ -42,7 +42,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Failures of the control plane harness. Each says what to do next.
 #[derive(Debug, thiserror::Error)]
-pub enum ClusterError {
+pub enum ControlPlaneError {
     /// The binaries are not built.
     #[error(
         "failed to find the control plane binaries: {dir} has no {missing}; run: make cluster-bins (or set IPKEEP_CLUSTER_BIN_DIR)"
@@ -206,7 +206,7 @@ impl std::fmt::Display for ComponentReport {
 /// What to start. `Default` is what tests want: free ports, a new directory under the system
 /// temp dir, the binaries from `IPKEEP_CLUSTER_BIN_DIR` or the version-keyed build cache.
 #[derive(Debug, Clone, Default)]
-pub struct ClusterOptions {
+pub struct ControlPlaneOptions {
     /// Where the binaries are; default: [`bin_dir`].
     pub bin_dir: Option<PathBuf>,
     /// Use exactly this state directory (it must not exist); default: a new
@@ -227,7 +227,7 @@ pub struct ClusterOptions {
     /// A command (program and arguments) the watchdog runs after the owner died and it stopped
     /// the components (real nodes: `ipkeep-e2e cluster reap-nodes`); empty for none.
     pub cleanup_command: Vec<String>,
-    /// The Nodes are fixtures with no kubelet behind them ([`Cluster::add_node`]): run
+    /// The Nodes are fixtures with no kubelet behind them ([`ControlPlane::add_node`]): run
     /// kube-controller-manager without its node lifecycle controller, which would judge them by
     /// heartbeats nobody sends (NotReady after its grace period, tainted, their pods evicted).
     /// Off for real nodes, whose faults it must notice.
@@ -251,7 +251,7 @@ pub const SERVICE_CIDR: &str = "198.18.128.0/20";
 
 /// The directory of the control plane binaries: `IPKEEP_CLUSTER_BIN_DIR`, else what
 /// `e2e/cluster/build.sh --print-bin-dir` names; checked to hold every binary.
-pub fn bin_dir() -> Result<PathBuf, ClusterError> {
+pub fn bin_dir() -> Result<PathBuf, ControlPlaneError> {
     let dir = match std::env::var_os("IPKEEP_CLUSTER_BIN_DIR").filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir),
         None => {
@@ -260,7 +260,7 @@ pub fn bin_dir() -> Result<PathBuf, ClusterError> {
                 std::process::Command::new(&script).arg("--print-bin-dir"),
                 None,
             )
-            .map_err(|source| ClusterError::BinDir { script, source })?;
+            .map_err(|source| ControlPlaneError::BinDir { script, source })?;
             PathBuf::from(out.trim())
         }
     };
@@ -268,10 +268,10 @@ pub fn bin_dir() -> Result<PathBuf, ClusterError> {
     Ok(dir)
 }
 
-fn check_bin_dir(dir: &Path) -> Result<(), ClusterError> {
+fn check_bin_dir(dir: &Path) -> Result<(), ControlPlaneError> {
     for b in COMPONENT_BINARIES {
         if !dir.join(b).is_file() {
-            return Err(ClusterError::BinariesMissing {
+            return Err(ControlPlaneError::BinariesMissing {
                 dir: dir.to_owned(),
                 missing: b.to_owned(),
             });
@@ -281,7 +281,7 @@ fn check_bin_dir(dir: &Path) -> Result<(), ClusterError> {
 }
 
 /// The API server's URL: on the nodes' address when it serves nodes, else on loopback.
-fn api_url(options: &ClusterOptions, ports: Ports) -> String {
+fn api_url(options: &ControlPlaneOptions, ports: Ports) -> String {
     let host = options
         .node_access
         .as_ref()
@@ -289,18 +289,18 @@ fn api_url(options: &ClusterOptions, ports: Ports) -> String {
     format!("https://{host}:{}", ports.apiserver)
 }
 
-fn free_port() -> Result<u16, ClusterError> {
+fn free_port() -> Result<u16, ControlPlaneError> {
     let l = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
-        .map_err(ClusterError::NoFreePort)?;
+        .map_err(ControlPlaneError::NoFreePort)?;
     l.local_addr()
         .map(|a| a.port())
-        .map_err(ClusterError::NoFreePort)
+        .map_err(ControlPlaneError::NoFreePort)
 }
 
-fn check_port_free(port: u16, what: &str) -> Result<u16, ClusterError> {
+fn check_port_free(port: u16, what: &str) -> Result<u16, ControlPlaneError> {
     match TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)) {
         Ok(_) => Ok(port),
-        Err(_) => Err(ClusterError::PortTaken {
+        Err(_) => Err(ControlPlaneError::PortTaken {
             port,
             what: what.to_owned(),
         }),
@@ -322,9 +322,12 @@ pub struct Ports {
     pub scheduler: u16,
 }
 
-fn state_err(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ClusterError {
+fn state_err(
+    action: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> ControlPlaneError {
     let path = path.to_owned();
-    move |source| ClusterError::StateDir {
+    move |source| ControlPlaneError::StateDir {
         action,
         path,
         source,
@@ -421,7 +424,7 @@ struct Running {
 
 /// A running control plane. Dropping it stops everything and removes its state directory;
 /// so does the death of the process that owns it (see [`super::process`]).
-pub struct Cluster {
+pub struct ControlPlane {
     state_dir: PathBuf,
     bin_dir: PathBuf,
     ports: Ports,
@@ -436,9 +439,9 @@ pub struct Cluster {
     spawner: Spawner,
 }
 
-impl std::fmt::Debug for Cluster {
+impl std::fmt::Debug for ControlPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cluster")
+        f.debug_struct("ControlPlane")
             .field("state_dir", &self.state_dir)
             .field("server", &self.server)
             .field("ports", &self.ports)
@@ -458,18 +461,18 @@ fn path_arg(name: &str, value: &Path) -> String {
 
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n";
 
-impl Cluster {
+impl ControlPlane {
     /// Starts a control plane and returns once every component answers its readiness probe
     /// (`/readyz`; the controller-manager only has `/healthz`).
     ///
     /// Free ports are found by binding port 0 and letting go, so another process can take one
     /// before the component binds it: a component that then fails with "address already in use"
     /// on a port the harness picked is retried (twice) on new ports, and says so.
-    pub async fn start(options: ClusterOptions) -> Result<Cluster, ClusterError> {
+    pub async fn start(options: ControlPlaneOptions) -> Result<ControlPlane, ControlPlaneError> {
         let mut attempt = 1;
         loop {
             match Self::start_once(&options).await {
-                Err(ClusterError::Exited { report, .. })
+                Err(ControlPlaneError::Exited { report, .. })
                     if attempt < 3
                         && report.tail.contains("address already in use")
                         && !(report.name == "kube-apiserver"
@@ -486,7 +489,7 @@ impl Cluster {
         }
     }
 
-    async fn start_once(options: &ClusterOptions) -> Result<Cluster, ClusterError> {
+    async fn start_once(options: &ControlPlaneOptions) -> Result<ControlPlane, ControlPlaneError> {
         let started = Instant::now();
         let bin_dir = match &options.bin_dir {
             Some(d) => {
@@ -545,7 +548,7 @@ impl Cluster {
                 for c in &running.components {
                     c.announce_death();
                 }
-                let cluster = Cluster {
+                let cluster = ControlPlane {
                     server: api_url(options, ports),
                     ca: pki.ca_cert.clone(),
                     pki,
@@ -584,13 +587,13 @@ impl Cluster {
     /// Starts the components in order, each once the one it needs is ready: the certificates
     /// and kubeconfigs, etcd, kube-apiserver, then kube-controller-manager and kube-scheduler.
     async fn boot(
-        options: &ClusterOptions,
+        options: &ControlPlaneOptions,
         bin_dir: &Path,
         dir: &Path,
         ports: Ports,
         spawner: &Spawner,
         running: &mut Running,
-    ) -> Result<(Pki, PathBuf, kube::Config, Option<PathBuf>), ClusterError> {
+    ) -> Result<(Pki, PathBuf, kube::Config, Option<PathBuf>), ControlPlaneError> {
         let boot = Boot {
             options,
             bin_dir,
@@ -639,7 +642,7 @@ impl Cluster {
         self.ports
     }
 
-    /// The API server's audit log, when started with [`ClusterOptions::audit_log`].
+    /// The API server's audit log, when started with [`ControlPlaneOptions::audit_log`].
     pub fn audit_log_path(&self) -> Option<&Path> {
         self.audit_log.as_deref()
     }
@@ -675,8 +678,8 @@ impl Cluster {
 
     /// A new admin client, bound to the calling tokio runtime (a client must not outlive the
     /// runtime that made it, so each test makes its own).
-    pub fn client(&self) -> Result<Client, ClusterError> {
-        Client::try_from(self.config()).map_err(|source| ClusterError::ClientConfig {
+    pub fn client(&self) -> Result<Client, ControlPlaneError> {
+        Client::try_from(self.config()).map_err(|source| ControlPlaneError::ClientConfig {
             path: self.kubeconfig.clone(),
             source,
         })
@@ -725,7 +728,7 @@ impl Cluster {
         program: &Path,
         args: &[String],
         log: &Path,
-    ) -> Result<Component, ClusterError> {
+    ) -> Result<Component, ControlPlaneError> {
         let c = Component::start(
             &self.spawner,
             name,
@@ -739,14 +742,14 @@ impl Cluster {
     }
 
     /// Ok while every component runs; else which one died, how, and the end of its log.
-    pub fn check(&self) -> Result<(), ClusterError> {
+    pub fn check(&self) -> Result<(), ControlPlaneError> {
         let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let Some(r) = running.as_ref() else {
-            return Err(ClusterError::Stopped(self.state_dir.clone()));
+            return Err(ControlPlaneError::Stopped(self.state_dir.clone()));
         };
         for c in &r.components {
             if let Some(status) = c.exit_status() {
-                return Err(ClusterError::Died {
+                return Err(ControlPlaneError::Died {
                     report: ComponentReport::of(c),
                     pid: c.pid(),
                     status,
@@ -759,8 +762,12 @@ impl Cluster {
     /// Kills component `name` (`etcd`, `kube-apiserver`, ...) with SIGKILL as a crash would,
     /// leaves it down for `down`, starts it again with the same flags, state and port, and
     /// returns once it is ready again. The others keep running (and reconnect on their own).
-    pub async fn restart_component(&self, name: &str, down: Duration) -> Result<(), ClusterError> {
-        let not_running = || ClusterError::Invalid {
+    pub async fn restart_component(
+        &self,
+        name: &str,
+        down: Duration,
+    ) -> Result<(), ControlPlaneError> {
+        let not_running = || ControlPlaneError::Invalid {
             what: "component to restart",
             value: name.to_owned(),
             why: "not a running component of this control plane",
@@ -832,7 +839,7 @@ fn stop_running(running: &mut Running, state_dir: &Path, grace: Duration) {
     running.watchdog.finish();
 }
 
-impl Drop for Cluster {
+impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
     }
@@ -845,9 +852,9 @@ async fn wait_ready(
     name: &str,
     config: kube::Config,
     path: &'static str,
-) -> Result<(), ClusterError> {
+) -> Result<(), ControlPlaneError> {
     let Some(component) = running.components.iter().find(|c| c.name() == name) else {
-        return Err(ClusterError::Invalid {
+        return Err(ControlPlaneError::Invalid {
             what: "component",
             value: name.to_owned(),
             why: "not started",
@@ -864,7 +871,7 @@ async fn probe_ready(
     component: &Component,
     mut config: kube::Config,
     path: &str,
-) -> Result<(), ClusterError> {
+) -> Result<(), ControlPlaneError> {
     let name = component.name();
     config.connect_timeout = Some(Duration::from_secs(2));
     config.read_timeout = Some(Duration::from_secs(5));
@@ -873,7 +880,7 @@ async fn probe_ready(
         config.cluster_url.to_string().trim_end_matches('/'),
         path
     );
-    let client = Client::try_from(config).map_err(|source| ClusterError::Api {
+    let client = Client::try_from(config).map_err(|source| ControlPlaneError::Api {
         what: format!("build a client to probe {name}"),
         source,
     })?;
@@ -881,7 +888,7 @@ async fn probe_ready(
     let mut last: String;
     loop {
         if let Some(status) = component.exit_status() {
-            return Err(ClusterError::Exited {
+            return Err(ControlPlaneError::Exited {
                 report: ComponentReport::of(component),
                 status,
             });
@@ -898,7 +905,7 @@ async fn probe_ready(
             Err(e) => last = e.to_string(),
         }
         if started.elapsed() > READY_TIMEOUT {
-            return Err(ClusterError::NotReady {
+            return Err(ControlPlaneError::NotReady {
                 report: ComponentReport::of(component),
                 why: format!(
                     "{url} was not ready after {}s (last answer: {last})",
@@ -910,9 +917,9 @@ async fn probe_ready(
     }
 }
 
-/// What every step of [`Cluster::boot`] starts its component with.
+/// What every step of [`ControlPlane::boot`] starts its component with.
 struct Boot<'a> {
-    options: &'a ClusterOptions,
+    options: &'a ControlPlaneOptions,
     bin_dir: &'a Path,
     /// The state directory.
     dir: &'a Path,
@@ -929,7 +936,7 @@ struct Boot<'a> {
 /// The control plane's certificates and the kubeconfigs made from them.
 struct Credentials {
     pki: Pki,
-    /// The admin's kubeconfig (what `Cluster::kubeconfig_path` names).
+    /// The admin's kubeconfig (what `ControlPlane::kubeconfig_path` names).
     admin: PathBuf,
     controller_manager: PathBuf,
     /// The scheduler's configuration file (it names the scheduler's kubeconfig).
@@ -941,7 +948,7 @@ impl Boot<'_> {
     /// The certificates (with the nodes' names for the API server when nodes reach it), the
     /// admin's, kube-controller-manager's and kube-scheduler's kubeconfigs, and the scheduler's
     /// configuration file.
-    fn write_credentials(&self) -> Result<Credentials, ClusterError> {
+    fn write_credentials(&self) -> Result<Credentials, ControlPlaneError> {
         let (options, dir, ports) = (self.options, self.dir, self.ports);
         let pki_dir = dir.join("pki");
         for d in [&pki_dir, &self.logs] {
@@ -1019,7 +1026,7 @@ impl Boot<'_> {
         name: &str,
         args: Vec<String>,
         running: &mut Running,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<(), ControlPlaneError> {
         let launch = Launch {
             program: self.bin_dir.join(name),
             args,
@@ -1046,7 +1053,7 @@ impl Boot<'_> {
         name: &str,
         config: kube::Config,
         path: &'static str,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<(), ControlPlaneError> {
         wait_ready(running, name, config, path).await?;
         running
             .ready_after
@@ -1055,7 +1062,7 @@ impl Boot<'_> {
     }
 
     /// Starts etcd and waits until it is ready; its client URL.
-    async fn start_etcd(&self, running: &mut Running) -> Result<String, ClusterError> {
+    async fn start_etcd(&self, running: &mut Running) -> Result<String, ControlPlaneError> {
         let (dir, ports) = (self.dir, self.ports);
         let etcd_client = format!("http://127.0.0.1:{}", ports.etcd_client);
         let etcd_peer = format!("http://127.0.0.1:{}", ports.etcd_peer);
@@ -1075,11 +1082,15 @@ impl Boot<'_> {
         args.extend(self.extra("etcd"));
         self.start("etcd", args, running)?;
         let mut etcd_config =
-            kube::Config::new(etcd_client.parse().map_err(|e| ClusterError::Invalid {
-                what: "etcd URL",
-                value: format!("{etcd_client} ({e})"),
-                why: "not a URL",
-            })?);
+            kube::Config::new(
+                etcd_client
+                    .parse()
+                    .map_err(|e| ControlPlaneError::Invalid {
+                        what: "etcd URL",
+                        value: format!("{etcd_client} ({e})"),
+                        why: "not a URL",
+                    })?,
+            );
         etcd_config.auth_info = Default::default();
         self.wait_until_ready(running, "etcd", etcd_config, "/readyz")
             .await?;
@@ -1093,7 +1104,7 @@ impl Boot<'_> {
         running: &mut Running,
         credentials: &Credentials,
         etcd_client: &str,
-    ) -> Result<(kube::Config, Option<PathBuf>), ClusterError> {
+    ) -> Result<(kube::Config, Option<PathBuf>), ControlPlaneError> {
         let (options, dir, ports, pki) = (self.options, self.dir, self.ports, &credentials.pki);
         let admin_kc = &credentials.admin;
         let mut args = vec![
@@ -1166,14 +1177,16 @@ impl Boot<'_> {
         args.extend(self.extra("kube-apiserver"));
         self.start("kube-apiserver", args, running)?;
         let config = kube::Config::from_custom_kubeconfig(
-            Kubeconfig::read_from(admin_kc).map_err(|source| ClusterError::ReadKubeconfig {
-                path: admin_kc.clone(),
-                source,
+            Kubeconfig::read_from(admin_kc).map_err(|source| {
+                ControlPlaneError::ReadKubeconfig {
+                    path: admin_kc.clone(),
+                    source,
+                }
             })?,
             &KubeConfigOptions::default(),
         )
         .await
-        .map_err(|source| ClusterError::ReadKubeconfig {
+        .map_err(|source| ControlPlaneError::ReadKubeconfig {
             path: admin_kc.clone(),
             source,
         })?;
@@ -1189,7 +1202,7 @@ impl Boot<'_> {
         running: &mut Running,
         credentials: &Credentials,
         config: &kube::Config,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<(), ControlPlaneError> {
         let (options, ports, pki) = (self.options, self.ports, &credentials.pki);
         let (kcm_kc, sched_kc, sched_config) = (
             &credentials.controller_manager,
@@ -1255,14 +1268,13 @@ impl Boot<'_> {
             ("kube-scheduler", ports.scheduler, "/readyz"),
         ] {
             let mut c = config.clone();
-            c.cluster_url =
-                format!("https://127.0.0.1:{port}")
-                    .parse()
-                    .map_err(|e| ClusterError::Invalid {
-                        what: "component URL",
-                        value: format!("{port} ({e})"),
-                        why: "not a URL",
-                    })?;
+            c.cluster_url = format!("https://127.0.0.1:{port}").parse().map_err(|e| {
+                ControlPlaneError::Invalid {
+                    what: "component URL",
+                    value: format!("{port} ({e})"),
+                    why: "not a URL",
+                }
+            })?;
             self.wait_until_ready(running, name, c, path).await?;
         }
         Ok(())

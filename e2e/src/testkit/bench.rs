@@ -15,7 +15,7 @@ use std::{
 };
 
 use crate::cluster::{
-    Cluster,
+    ControlPlane,
     process::{Component, Spawner},
 };
 use futures::{StreamExt, TryStreamExt};
@@ -27,7 +27,7 @@ use kube::{
 };
 use serde_json::json;
 
-use super::plane as real;
+use super::plane;
 
 /// The field manager of the reference writes (the controller's is `ipkeep-controller`).
 pub const BENCH_MANAGER: &str = "ipkeep-bench";
@@ -38,7 +38,7 @@ pub const CONTROLLER_WORKERS: usize = 8;
 
 /// The API server under measurement, and what the benches need from it.
 pub struct Plane {
-    cluster: &'static Cluster,
+    cluster: &'static ControlPlane,
     scratch: PathBuf,
     spawner: Spawner,
 }
@@ -48,8 +48,8 @@ impl Plane {
     /// controller-manager and scheduler, `make cluster-bins`), with the IPReservation CRD
     /// installed and the chart's RBAC applied.
     pub async fn start() -> Plane {
-        let cluster = real::cluster().await;
-        real::chart_rbac(cluster).await;
+        let cluster = plane::control_plane().await;
+        plane::chart_rbac(cluster).await;
         // Inside the state directory: the control plane's watchdog removes it however the bench
         // ends.
         let scratch = cluster.state_dir().join("bench");
@@ -76,7 +76,7 @@ impl Plane {
 
     /// A client of the chart's ServiceAccount `account`.
     pub async fn account_client(&self, account: &str) -> Client {
-        let ns = real::chart_rbac(self.cluster).await;
+        let ns = plane::chart_rbac(self.cluster).await;
         self.cluster
             .service_account_client(ns, account)
             .await
@@ -87,14 +87,14 @@ impl Plane {
     pub async fn account_user(&self, account: &str) -> String {
         format!(
             "system:serviceaccount:{}:{account}",
-            real::chart_rbac(self.cluster).await
+            plane::chart_rbac(self.cluster).await
         )
     }
 
     /// A kubeconfig of the chart's ServiceAccount `account` (a one-day token).
     pub async fn account_kubeconfig(&self, account: &str) -> PathBuf {
         let path = self.scratch.join(format!("kubeconfig-{account}"));
-        real::account_kubeconfig(self.cluster, account, &path).await;
+        plane::account_kubeconfig(self.cluster, account, &path).await;
         path
     }
 
@@ -106,7 +106,7 @@ impl Plane {
             .unwrap_or_else(|e| panic!("failed to create a namespace: {e}"))
     }
 
-    /// Writes Node objects `names` (`Cluster::add_node`: Ready, untainted, no kubelet behind
+    /// Writes Node objects `names` (`ControlPlane::add_node`: Ready, untainted, no kubelet behind
     /// them), so that the scheduler would bind pods to them and the pod garbage collector does
     /// not delete the pods bound to them as orphans.
     pub async fn add_nodes(&self, names: &[String]) {
@@ -188,7 +188,7 @@ impl Plane {
 
     /// The release namespace the chart's RBAC was applied in: where the controller's Lease may live.
     pub async fn release_namespace(&self) -> &'static str {
-        real::chart_rbac(self.cluster).await
+        plane::chart_rbac(self.cluster).await
     }
 
     /// Removes the scratch directory (the real control plane's state goes when the bench exits).

@@ -272,7 +272,7 @@ pub async fn with_controller_settings<F, Fut>(
     F: FnOnce(Client, String, std::net::SocketAddr) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let cluster = plane::cluster().await;
+    let cluster = plane::control_plane().await;
     plane::node_a(cluster).await;
     let ns = cluster
         .fresh_namespace(prefix)

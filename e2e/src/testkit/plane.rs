@@ -17,7 +17,7 @@ use kube::Api;
 
 use super::{chart_dir, crd_file, kubectl_ok, run_ok, wait_for};
 use crate::{
-    cluster::{Cluster, shared},
+    cluster::{ControlPlane, shared},
     proxy::FaultProxy,
 };
 
@@ -31,7 +31,7 @@ pub const NODE_B: &str = "node-b";
 
 /// The shared control plane of this test binary with the IPReservation CRD applied (once) and
 /// Established for longer than the API server's just-established window.
-pub async fn cluster() -> &'static Cluster {
+pub async fn control_plane() -> &'static ControlPlane {
     let cluster = shared().await.unwrap_or_else(|e| {
         panic!(
             "the real control plane did not start (build its binaries with `make cluster-bins` or set IPKEEP_CLUSTER_BIN_DIR): {}",
@@ -65,7 +65,7 @@ pub async fn cluster() -> &'static Cluster {
 /// other server answers 404 for it): a one-time wait of the control plane that would otherwise
 /// land in a test's first measured step. `lastTransitionTime` has one-second resolution, hence
 /// three seconds.
-async fn past_the_just_established_window(cluster: &Cluster) {
+async fn past_the_just_established_window(cluster: &ControlPlane) {
     let client = cluster.client().expect("an admin client");
     let crds: Api<CustomResourceDefinition> = Api::all(client);
     let crd = crds
@@ -95,18 +95,24 @@ async fn past_the_just_established_window(cluster: &Cluster) {
 /// `helm install`) holds this exclusively, every other test holds it shared.
 static PLANE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
-/// The shared control plane with the CRD ([`cluster`]), for a test that changes nothing
+/// The shared control plane with the CRD ([`control_plane`]), for a test that changes nothing
 /// cluster-wide; it shares the plane with the other tests that hold the guard.
-pub async fn use_plane() -> (tokio::sync::RwLockReadGuard<'static, ()>, &'static Cluster) {
+pub async fn use_plane() -> (
+    tokio::sync::RwLockReadGuard<'static, ()>,
+    &'static ControlPlane,
+) {
     let guard = PLANE.read().await;
-    (guard, cluster().await)
+    (guard, control_plane().await)
 }
 
 /// As [`use_plane`], for a test that changes what every other test sees: no other test runs
 /// on the plane meanwhile. The test leaves the cluster-wide objects as it found them.
-pub async fn use_plane_alone() -> (tokio::sync::RwLockWriteGuard<'static, ()>, &'static Cluster) {
+pub async fn use_plane_alone() -> (
+    tokio::sync::RwLockWriteGuard<'static, ()>,
+    &'static ControlPlane,
+) {
     let guard = PLANE.write().await;
-    (guard, cluster().await)
+    (guard, control_plane().await)
 }
 
 /// Uninstalls a Helm release when dropped, whether its test passed or failed: a release left
@@ -114,14 +120,14 @@ pub async fn use_plane_alone() -> (tokio::sync::RwLockWriteGuard<'static, ()>, &
 /// what the plane's other tests see. A test that uninstalls it itself, to check what that leaves,
 /// makes this a no-op.
 pub struct UninstallOnDrop<'a> {
-    cluster: &'a Cluster,
+    cluster: &'a ControlPlane,
     release: String,
     namespace: String,
 }
 
 impl<'a> UninstallOnDrop<'a> {
     /// Guards `release` in `namespace`.
-    pub fn new(cluster: &'a Cluster, release: &str, namespace: &str) -> Self {
+    pub fn new(cluster: &'a ControlPlane, release: &str, namespace: &str) -> Self {
         UninstallOnDrop {
             cluster,
             release: release.to_owned(),
@@ -147,8 +153,12 @@ static RBAC: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
 static NODE_A: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
 static NODE_B_OBJECT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
 
-/// The fixture Node `name` (`Cluster::add_node`), written once per test binary.
-async fn fixture_node(cell: &'static tokio::sync::OnceCell<()>, cluster: &Cluster, name: &str) {
+/// The fixture Node `name` (`ControlPlane::add_node`), written once per test binary.
+async fn fixture_node(
+    cell: &'static tokio::sync::OnceCell<()>,
+    cluster: &ControlPlane,
+    name: &str,
+) {
     cell.get_or_init(|| async {
         cluster
             .add_node(name)
@@ -159,18 +169,18 @@ async fn fixture_node(cell: &'static tokio::sync::OnceCell<()>, cluster: &Cluste
 }
 
 /// The Node [`NODE`].
-pub async fn node_a(cluster: &Cluster) {
+pub async fn node_a(cluster: &ControlPlane) {
     fixture_node(&NODE_A, cluster, NODE).await;
 }
 
 /// The Node [`NODE_B`].
-pub async fn node_b(cluster: &Cluster) {
+pub async fn node_b(cluster: &ControlPlane) {
     fixture_node(&NODE_B_OBJECT, cluster, NODE_B).await;
 }
 
 /// The audit log lines (JSON events) of the shared control plane whose request URI contains
 /// every one of `needles`.
-pub fn audited(cluster: &Cluster, needles: &[&str]) -> Vec<serde_json::Value> {
+pub fn audited(cluster: &ControlPlane, needles: &[&str]) -> Vec<serde_json::Value> {
     let path = cluster
         .audit_log_path()
         .expect("the shared control plane keeps an audit log");
@@ -199,7 +209,7 @@ pub const AGENT_ACCOUNT: &str = "ipkeep-agent";
 /// values) with the built helm into a fresh release namespace and applies it, once per test
 /// binary; returns the release namespace. Clients of [`CONTROLLER_ACCOUNT`] and
 /// [`AGENT_ACCOUNT`] there hold exactly the rights the chart grants.
-pub async fn chart_rbac(cluster: &'static Cluster) -> &'static str {
+pub async fn chart_rbac(cluster: &'static ControlPlane) -> &'static str {
     RBAC.get_or_init(|| async {
         let ns = cluster
             .fresh_namespace("ipkeep-release")
@@ -230,7 +240,7 @@ pub async fn chart_rbac(cluster: &'static Cluster) -> &'static str {
 /// A client of the chart's ServiceAccount `account` whose requests go through a fault proxy of
 /// its own (the test's own requests go straight to the API server), and that proxy.
 pub async fn proxied_account_client(
-    cluster: &'static Cluster,
+    cluster: &'static ControlPlane,
     account: &str,
 ) -> (kube::Client, FaultProxy) {
     let ns = chart_rbac(cluster).await;
@@ -247,7 +257,7 @@ pub async fn proxied_account_client(
 }
 
 /// A client of the controller's ServiceAccount (exactly the chart's RBAC).
-pub async fn controller_client(cluster: &'static Cluster) -> kube::Client {
+pub async fn controller_client(cluster: &'static ControlPlane) -> kube::Client {
     let ns = chart_rbac(cluster).await;
     cluster
         .service_account_client(ns, CONTROLLER_ACCOUNT)
@@ -256,7 +266,7 @@ pub async fn controller_client(cluster: &'static Cluster) -> kube::Client {
 }
 
 /// A client of the agent's ServiceAccount (exactly the chart's RBAC).
-pub async fn agent_client(cluster: &'static Cluster) -> kube::Client {
+pub async fn agent_client(cluster: &'static ControlPlane) -> kube::Client {
     let ns = chart_rbac(cluster).await;
     cluster
         .service_account_client(ns, AGENT_ACCOUNT)
@@ -265,7 +275,7 @@ pub async fn agent_client(cluster: &'static Cluster) -> kube::Client {
 }
 
 /// Writes a kubeconfig of `account` (in the release namespace) to `path`.
-pub async fn account_kubeconfig(cluster: &'static Cluster, account: &str, path: &Path) {
+pub async fn account_kubeconfig(cluster: &'static ControlPlane, account: &str, path: &Path) {
     let ns = chart_rbac(cluster).await;
     cluster
         .write_service_account_kubeconfig(ns, account, path)

@@ -8,14 +8,14 @@
 //! Needs the binaries: `make cluster-bins` (or `IPKEEP_CLUSTER_BIN_DIR`); fails loudly without.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 
-use ipkeep_e2e::cluster::{Cluster, shared};
+use ipkeep_e2e::cluster::{ControlPlane, shared};
 use ipkeep_e2e::testkit::plane::UninstallOnDrop;
-use shared::{chart_dir, kubectl_json, kubectl_ok, run_ok, wait_for};
+use testkit::{chart_dir, kubectl_json, kubectl_ok, run_ok, wait_for};
 
 /// helm against the cluster (its homes in the cluster's state directory).
-fn helm(cluster: &Cluster, args: &[&str]) -> String {
+fn helm(cluster: &ControlPlane, args: &[&str]) -> String {
     run_ok(cluster.helm(), args, None)
 }
 
@@ -26,7 +26,7 @@ const NAMESPACED: &str = "deployments,replicasets,daemonsets,controllerrevisions
 const CLUSTER_SCOPED: &str = "clusterroles,clusterrolebindings";
 
 /// Every object of the release still in the cluster, as `kind/name`.
-fn release_objects(cluster: &Cluster, namespace: &str, release: &str) -> Vec<String> {
+fn release_objects(cluster: &ControlPlane, namespace: &str, release: &str) -> Vec<String> {
     let selector = format!("app.kubernetes.io/instance={release}");
     let mut names: Vec<String> = Vec::new();
     for (kinds, scope) in [

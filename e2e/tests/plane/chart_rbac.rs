@@ -28,7 +28,7 @@
 //! builds); fails loudly without them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -37,10 +37,10 @@ use std::{
     time::Instant,
 };
 
-use ipkeep_e2e::cluster::{Cluster, shared};
+use ipkeep_e2e::cluster::{ControlPlane, shared};
 use ipkeep_e2e::testkit::plane::UninstallOnDrop;
 use serde_json::Value;
-use shared::{
+use testkit::{
     DEADLINE, Scratch, chart_dir, checked, kubectl_json, kubectl_ok, ok, operator_binary, wait_for,
 };
 
@@ -292,7 +292,7 @@ fn pod_yaml(ns: &str, node: &str) -> String {
 }
 
 /// Sets the pod's status as a kubelet would once the CNI plugin gave it `ip`.
-fn run_pod(cluster: &Cluster, ns: &str, ip: &str) {
+fn run_pod(cluster: &ControlPlane, ns: &str, ip: &str) {
     let status = format!(
         r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"hostIP":"192.0.2.10","conditions":[{{"type":"Ready","status":"True"}}]}}}}"#
     );
@@ -313,7 +313,7 @@ fn run_pod(cluster: &Cluster, ns: &str, ip: &str) {
     );
 }
 
-fn reservation(cluster: &Cluster, ns: &str, name: &str) -> Option<Value> {
+fn reservation(cluster: &ControlPlane, ns: &str, name: &str) -> Option<Value> {
     let mut get = cluster.kubectl();
     get.args([
         "get",
@@ -333,7 +333,7 @@ fn reservation(cluster: &Cluster, ns: &str, name: &str) -> Option<Value> {
     }
 }
 
-fn events(cluster: &Cluster, ns: &str, reporter: &str) -> Vec<Value> {
+fn events(cluster: &ControlPlane, ns: &str, reporter: &str) -> Vec<Value> {
     let list = kubectl_json(cluster, &["get", "events.events.k8s.io", "-n", ns]);
     list["items"]
         .as_array()
@@ -361,7 +361,7 @@ fn namespace_verbs(access: &BTreeSet<Access>) -> BTreeSet<String> {
 /// release's namespace and the workload's, and a scratch directory with the node's files under
 /// `fs_root`.
 struct Setup {
-    cluster: &'static Cluster,
+    cluster: &'static ControlPlane,
     audit_log: PathBuf,
     ns: String,
     work: String,
@@ -537,7 +537,7 @@ async fn the_chart_grants_exactly_what_the_components_use() {
     // writes the file the plugin reads.
     kubectl_ok(cluster, &["apply", "-f", "-"], Some(&pod_yaml(&work, node)));
     run_pod(cluster, &work, "10.244.1.17");
-    let phase = |cluster: &Cluster| {
+    let phase = |cluster: &ControlPlane| {
         reservation(cluster, &work, "web-0")
             .map(|r| r["status"]["phase"].as_str().unwrap_or_default().to_owned())
     };
@@ -556,7 +556,7 @@ async fn the_chart_grants_exactly_what_the_components_use() {
 
     // The node's network renamed under the agent (agent.networks no longer names it): the agent
     // marks the reservation Unprotected, and unmarks it when the name is back.
-    let unprotected = |cluster: &Cluster| {
+    let unprotected = |cluster: &ControlPlane| {
         reservation(cluster, &work, "web-0").is_some_and(|r| {
             r["status"]["conditions"]
                 .as_array()
@@ -700,13 +700,13 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         "the API server to accept the refused reservation (the CRD change to take effect)",
         &mut [&mut agent, &mut controller],
         || {
-            shared::kubectl(cluster, &["apply", "-f", "-"], Some(&refused("one")))
+            testkit::kubectl(cluster, &["apply", "-f", "-"], Some(&refused("one")))
                 .status
                 .success()
         },
     )
     .await;
-    let agent_event_count = |cluster: &Cluster| {
+    let agent_event_count = |cluster: &ControlPlane| {
         events(cluster, &work, "ipkeep-agent")
             .iter()
             .filter(|e| e["reason"] == "InvalidReservation")
@@ -899,7 +899,7 @@ async fn the_chart_grants_exactly_what_the_components_use() {
                 "-",
             ])
             .env("KUBECONFIG", &controller_kc);
-        shared::run(kubectl, Some(&yaml))
+        testkit::run(kubectl, Some(&yaml))
     };
     ok(
         "server-side apply of a new reservation as the controller",
@@ -1002,7 +1002,7 @@ async fn with_a_namespace_selector_the_controller_lists_and_watches_namespaces_o
             "templates/controller-rbac.yaml",
         ];
         args.extend(values);
-        let yaml = shared::run_ok(cluster.helm(), &args, None);
+        let yaml = testkit::run_ok(cluster.helm(), &args, None);
         // One JSON object per rendered document.
         let json = kubectl_ok(
             cluster,

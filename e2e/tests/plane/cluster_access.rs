@@ -7,12 +7,12 @@
 //! Needs the binaries: `make cluster-bins` (or `IPKEEP_CLUSTER_BIN_DIR`); fails loudly without.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 
 use std::time::{Duration, Instant};
 
 use ipkeep_e2e::{
-    cluster::Cluster,
+    cluster::ControlPlane,
     proxy::{Fault, FaultProxy, Rule, Verb},
 };
 use k8s_openapi::api::{
@@ -26,7 +26,7 @@ use kube::{
     Api,
     api::{ListParams, PostParams},
 };
-use shared::{wait_for, within};
+use testkit::{wait_for, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_account_credentials_carry_exactly_their_rbac_and_are_audited() {
@@ -106,7 +106,7 @@ async fn service_account_credentials_carry_exactly_their_rbac_and_are_audited() 
         let mut cmd = std::process::Command::new(cluster.bin("kubectl"));
         cmd.env("KUBECONFIG", &kubeconfig)
             .args(["auth", "can-i", verb, resource]);
-        let out = shared::run(cmd, None);
+        let out = testkit::run(cmd, None);
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     };
     assert_eq!(can_i("list", "configmaps"), "yes");
@@ -258,7 +258,7 @@ async fn the_built_helm_reaches_the_control_plane_with_its_state_inside() {
     assert!(real.server().starts_with("https://127.0.0.1:"));
     let mut list = real.helm();
     list.args(["list", "-A", "-o", "json"]);
-    let helm = shared::checked(list, None);
+    let helm = testkit::checked(list, None);
     // Other suites of this plane may have installed releases: each is in a namespace of this
     // control plane, so the list came from it and from no other cluster.
     let releases: serde_json::Value =
@@ -268,13 +268,13 @@ async fn the_built_helm_reaches_the_control_plane_with_its_state_inside() {
         let ns = release["namespace"]
             .as_str()
             .expect("a release's namespace");
-        shared::kubectl_ok(real, &["get", "namespace", ns], None);
+        testkit::kubectl_ok(real, &["get", "namespace", ns], None);
     }
 }
 
 /// A ServiceAccount `proxied` in `ns` that may do anything with configmaps there, and a client of
 /// it through `proxy`.
-async fn proxied_client(cluster: &Cluster, proxy: &FaultProxy, ns: &str) -> kube::Client {
+async fn proxied_client(cluster: &ControlPlane, proxy: &FaultProxy, ns: &str) -> kube::Client {
     let admin = cluster.client().expect("client");
     let pp = PostParams::default();
     let objects = [
@@ -312,7 +312,9 @@ async fn proxied_client(cluster: &Cluster, proxy: &FaultProxy, ns: &str) -> kube
 
 /// The shared control plane, a fresh namespace `prefix-…`, a fault proxy of the test's own, and a
 /// client of the ServiceAccount `proxied` of that namespace through it ([`proxied_client`]).
-async fn through_a_proxy(prefix: &str) -> (&'static Cluster, String, FaultProxy, kube::Client) {
+async fn through_a_proxy(
+    prefix: &str,
+) -> (&'static ControlPlane, String, FaultProxy, kube::Client) {
     let cluster = ipkeep_e2e::cluster::shared()
         .await
         .expect("the shared control plane");
@@ -594,7 +596,7 @@ async fn kubectl_runs_through_the_fault_proxy() {
     let kubectl = |args: &[&str]| {
         let mut cmd = std::process::Command::new(cluster.bin("kubectl"));
         cmd.env("KUBECONFIG", &through).args(args);
-        shared::run(cmd, None)
+        testkit::run(cmd, None)
     };
     let ok = kubectl(&["get", "configmaps", "-o", "name"]);
     assert!(
@@ -677,7 +679,7 @@ async fn the_fault_proxy_subcommand_takes_rules_over_http() {
     let kubectl = || {
         let mut cmd = std::process::Command::new(cluster.bin("kubectl"));
         cmd.env("KUBECONFIG", &through).args(["get", "configmaps"]);
-        shared::run(cmd, None)
+        testkit::run(cmd, None)
     };
     let failed = kubectl();
     assert!(!failed.status.success(), "the rule did not apply");

@@ -6,7 +6,7 @@
 //! Needs the binaries: `make cluster-bins` (or `IPKEEP_CLUSTER_BIN_DIR`); fails loudly without.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 
 use std::collections::BTreeMap;
 
@@ -17,7 +17,7 @@ use kube::{
     api::{DynamicObject, ListParams, PostParams},
     core::{ApiResource, GroupVersionKind},
 };
-use shared::{kubectl, kubectl_ok, wait_for};
+use testkit::{kubectl, kubectl_ok, wait_for};
 
 const CRD: &str = r#"
 apiVersion: apiextensions.k8s.io/v1

@@ -7,17 +7,18 @@
 //! address exhaustion, in `e2e/tests/realnode/budget.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 
 use ipkeep_e2e::testkit::controller;
+use ipkeep_e2e::testkit::controller::{
+    create_running_pod, delete_pod, phase, retain, scrape, start_controller_with, wait_event,
+    wait_reservation, wait_reservation_gone,
+};
 
-use ipkeep_e2e::testkit::plane as real;
-
-use ipkeep_e2e::testkit::controller as real_controller;
+use ipkeep_e2e::testkit::plane;
 
 use std::{net::SocketAddr, time::Duration};
 
-use controller::*;
 use ipkeep_operator::{
     controller::Settings,
     crd::{IPReservation, Phase},
@@ -31,7 +32,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{ListParams, Patch, PatchParams, PostParams},
 };
-use real::NODE;
+use plane::NODE;
 use serde_json::json;
 
 /// Runs `scenario` (as admin) in a fresh namespace with a controller of its own (one hour's
@@ -45,7 +46,7 @@ where
         s.defaults.retain_for = Duration::from_secs(3_600);
         s.defaults.max_retain_for = RetainFor::parse(max).unwrap();
     };
-    real_controller::with_controller_settings(prefix, adjust, scenario).await;
+    controller::with_controller_settings(prefix, adjust, scenario).await;
 }
 
 /// The pod template of the workloads below: bound to [`NODE`], annotated `retain`.
@@ -63,7 +64,7 @@ fn template(app: &str, annotations: serde_json::Value) -> serde_json::Value {
 /// next address from `ips`; returns their names.
 async fn run_pods(client: &Client, ns: &str, app: &str, ips: &[&str]) -> Vec<String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let names = shared::wait_for(
+    let names = testkit::wait_for(
         &format!("{} pods app={app} bound to {NODE}", ips.len()),
         || async {
             let list = pods
@@ -239,7 +240,7 @@ async fn a_retention_over_the_maximum_is_held_to_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_its_nodes_budget_the_earliest_released_yields() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
+    let cluster = plane::control_plane().await;
     let node = "lim-budget-node";
     cluster.add_node(node).await.expect("the fixture Node");
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client().unwrap());
@@ -306,13 +307,13 @@ async fn over_its_nodes_budget_the_earliest_released_yields() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
+    let cluster = plane::control_plane().await;
     let ns = cluster
         .fresh_namespace("lim-policy")
         .await
         .expect("a fresh namespace");
-    let chart = shared::chart_dir();
-    let rendered = shared::run_ok(
+    let chart = testkit::chart_dir();
+    let rendered = testkit::run_ok(
         cluster.helm(),
         &[
             "template",
@@ -335,7 +336,7 @@ async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
             "{anchor}  matchResources:\n    namespaceSelector:\n      matchLabels: {{kubernetes.io/metadata.name: {ns}}}\n"
         ),
     );
-    shared::kubectl_ok(cluster, &["apply", "-f", "-"], Some(&scoped));
+    testkit::kubectl_ok(cluster, &["apply", "-f", "-"], Some(&scoped));
 
     let c = cluster.client().unwrap();
     let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
@@ -353,7 +354,7 @@ async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
         .unwrap()
     };
     // The policy takes effect once the API server has compiled it.
-    shared::wait_for("the policy refusing retain-for 2h", || async {
+    testkit::wait_for("the policy refusing retain-for 2h", || async {
         let refused = pods
             .create(&dry, &pod(json!({"ipkeep.dev/retain-for": "2h"})))
             .await
@@ -443,7 +444,7 @@ async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
     )
     .await
     .unwrap();
-    shared::kubectl_ok(cluster, &["delete", "-f", "-"], Some(&scoped));
+    testkit::kubectl_ok(cluster, &["delete", "-f", "-"], Some(&scoped));
     cluster
         .check()
         .expect("every control plane component still runs");
@@ -466,7 +467,7 @@ async fn over_quota_a_pod_waits_for_room_and_is_told_why() {
         .unwrap();
         quotas.create(&PostParams::default(), &quota).await.unwrap();
         // The quota controller computes its usage first; until then the API server refuses all.
-        shared::wait_for("the ResourceQuota's usage computed", || async {
+        testkit::wait_for("the ResourceQuota's usage computed", || async {
             let q = quotas.get("reservations").await.ok()?;
             q.status?
                 .used?
@@ -520,15 +521,15 @@ async fn over_quota_a_pod_waits_for_room_and_is_told_why() {
 async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_relabelled_out() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
     const SELECTOR: &str = "ipkeep.dev/reserve=true";
-    let cluster = real::cluster().await;
-    real::node_a(cluster).await;
+    let cluster = plane::control_plane().await;
+    plane::node_a(cluster).await;
     // The chart's controller RBAC with the selector set, in a release namespace of its own.
     let release_ns = cluster
         .fresh_namespace("lim-nsel-release")
         .await
         .expect("a release namespace");
-    let chart = shared::chart_dir();
-    let rendered = shared::run_ok(
+    let chart = testkit::chart_dir();
+    let rendered = testkit::run_ok(
         cluster.helm(),
         &[
             "template",
@@ -544,7 +545,7 @@ async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_rel
         None,
     );
     assert!(rendered.contains("namespaces"), "{rendered}");
-    shared::kubectl_ok(cluster, &["apply", "-f", "-"], Some(&rendered));
+    testkit::kubectl_ok(cluster, &["apply", "-f", "-"], Some(&rendered));
     let account = cluster
         .service_account_client(&release_ns, "nsel-ipkeep-controller")
         .await
@@ -607,7 +608,7 @@ async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_rel
     pods.patch("outside", &PatchParams::default(), &Patch::Merge(&touched))
         .await
         .unwrap();
-    let after = shared::wait_for("a reconcile of the changed pod", || async {
+    let after = testkit::wait_for("a reconcile of the changed pod", || async {
         let text = scrape(probes).await;
         (reconciles(&text) > reconciles(&before)).then_some(text)
     })
@@ -650,7 +651,7 @@ async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_rel
         7_200,
         "the ordinary retention (the pod's 2h)"
     );
-    shared::wait_for("the pod told its reservation is Released", || async {
+    testkit::wait_for("the pod told its reservation is Released", || async {
         let text = scrape(probes).await;
         (not_reserved(&text) == 2).then_some(())
     })

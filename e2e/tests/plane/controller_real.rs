@@ -19,19 +19,25 @@
 //! garbage collector deleted them, finishes each Terminating pod's deletion as a kubelet would.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 
 use ipkeep_e2e::testkit::controller;
 
-use ipkeep_e2e::testkit::plane as real;
-
-use ipkeep_e2e::testkit::controller as real_controller;
+use ipkeep_e2e::testkit::plane;
 
 use std::{collections::BTreeMap, time::Duration};
 
-use crate::controller_scenarios::*;
-use controller::*;
+use crate::controller_scenarios::{
+    annotation_removed_ends_the_reservation, bound_released_rebound,
+    hand_made_reservations_and_conflicts, returning_pod_on_another_node,
+    short_retention_expires_on_time,
+};
 use ipkeep_e2e::testkit::Replica;
+use ipkeep_e2e::testkit::controller::{
+    DeletionLog, RunningController, bound_to, create_running_pod, delete_pod, phase, retain,
+    scrape, start_controller_in, wait_event, wait_reservation, wait_reservation_gone,
+    with_controller_settings,
+};
 use ipkeep_e2e::{
     cluster::force_delete_pod,
     proxy::{Fault, FaultProxy, Rule, Verb},
@@ -42,7 +48,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
-use real::NODE;
+use plane::NODE;
 use serde_json::json;
 
 /// Runs `scenario` (as admin) in a fresh namespace of the real control plane with a controller of
@@ -52,7 +58,7 @@ where
     F: FnOnce(Client, String) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    real_controller::with_controller_settings(prefix, |_| {}, |c, ns, _| scenario(c, ns)).await;
+    controller::with_controller_settings(prefix, |_| {}, |c, ns, _| scenario(c, ns)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -94,7 +100,7 @@ async fn hand_made_reservations_are_honoured_and_conflicts_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reservations_of_a_deleted_node_are_released() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
+    let cluster = plane::control_plane().await;
     let node = "ctl-gone-node";
     cluster.add_node(node).await.expect("the fixture Node");
     with_controller("ctl-gone", |c, ns| async move {
@@ -163,7 +169,7 @@ fn assert_invalid<T: std::fmt::Debug>(result: Result<T, kube::Error>, case: &str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cel_rules_reject_bad_reservations_with_422() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
+    let cluster = plane::control_plane().await;
     let ns = cluster.fresh_namespace("ctl-cel").await.expect("namespace");
     let client = cluster.client().expect("client");
     let api: Api<IPReservation> = Api::namespaced(client, &ns);
@@ -376,18 +382,18 @@ fn spawn_replica(kubeconfig: &std::path::Path, ns: &str, lease_ns: &str, id: &st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    real::node_a(cluster).await;
+    let cluster = plane::control_plane().await;
+    plane::node_a(cluster).await;
     let ns = cluster
         .fresh_namespace("ctl-leader")
         .await
         .expect("namespace");
     let client = cluster.client().expect("client");
     // The chart's ServiceAccount: its Lease rights are one Lease in the release namespace.
-    let release_ns = real::chart_rbac(cluster).await;
-    let scratch = shared::Scratch::new("leader-real");
+    let release_ns = plane::chart_rbac(cluster).await;
+    let scratch = testkit::Scratch::new("leader-real");
     let kubeconfig = scratch.join("kubeconfig");
-    real::account_kubeconfig(cluster, real::CONTROLLER_ACCOUNT, &kubeconfig).await;
+    plane::account_kubeconfig(cluster, plane::CONTROLLER_ACCOUNT, &kubeconfig).await;
     let mut replicas = vec![
         (
             "replica-a",
@@ -398,7 +404,7 @@ async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
             spawn_replica(&kubeconfig, &ns, release_ns, "replica-b"),
         ),
     ];
-    let leader = shared::wait_for("a replica to hold the Lease", || {
+    let leader = testkit::wait_for("a replica to hold the Lease", || {
         let client = client.clone();
         async move { holder(&client, release_ns).await }
     })
@@ -498,7 +504,7 @@ fn statefulset(name: &str, replicas: i32, annotations: serde_json::Value) -> Sta
 /// Waits for the StatefulSet's pods `<set>-0..n` (not being deleted) bound to [`NODE`], and
 /// returns their UIDs by name.
 async fn scheduled_pods(pods: &Api<Pod>, set: &str, n: usize) -> BTreeMap<String, String> {
-    shared::wait_for(
+    testkit::wait_for(
         &format!("{n} pods of StatefulSet {set} bound to {NODE} by the scheduler"),
         || async {
             let list = pods
@@ -597,7 +603,7 @@ async fn the_garbage_collector_deleting_statefulset_pods_keeps_their_reservation
         for set in ["keep", "cascade"] {
             sets.delete(set, &DeleteParams::background()).await.unwrap();
         }
-        let terminating = shared::wait_for(
+        let terminating = testkit::wait_for(
             "the garbage collector to delete every pod of both StatefulSets (all Terminating)",
             || async {
                 let list = pods.list(&ListParams::default()).await.ok()?;
@@ -651,7 +657,7 @@ async fn the_garbage_collector_deleting_statefulset_pods_keeps_their_reservation
         }
         finish("keep-1").await;
         finish("cascade-0").await;
-        shared::wait_for("every pod of both StatefulSets gone", || async {
+        testkit::wait_for("every pod of both StatefulSets gone", || async {
             let left = pods.list(&ListParams::default()).await.ok()?;
             left.items.is_empty().then_some(())
         })
@@ -711,10 +717,10 @@ async fn the_garbage_collector_deleting_statefulset_pods_keeps_their_reservation
 /// A controller of the controller's ServiceAccount watching only `ns`, its requests going
 /// through a fault proxy of its own (the test's own requests go straight to the API server).
 async fn start_proxied_controller(
-    cluster: &'static ipkeep_e2e::cluster::Cluster,
+    cluster: &'static ipkeep_e2e::cluster::ControlPlane,
     ns: &str,
 ) -> (RunningController, FaultProxy) {
-    let (client, proxy) = real::proxied_account_client(cluster, real::CONTROLLER_ACCOUNT).await;
+    let (client, proxy) = plane::proxied_account_client(cluster, plane::CONTROLLER_ACCOUNT).await;
     (start_controller_in(client, Some(ns)).await, proxy)
 }
 
@@ -725,8 +731,8 @@ async fn start_proxied_controller(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn converges_through_api_faults_and_deletes_nothing_early() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    real::node_a(cluster).await;
+    let cluster = plane::control_plane().await;
+    plane::node_a(cluster).await;
     let ns = cluster
         .fresh_namespace("ctl-faults")
         .await
@@ -868,8 +874,8 @@ async fn converges_through_api_faults_and_deletes_nothing_early() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_controller_never_deletes_the_reservation_of_a_live_pod() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    real::node_a(cluster).await;
+    let cluster = plane::control_plane().await;
+    plane::node_a(cluster).await;
     let ns = cluster
         .fresh_namespace("ctl-sticky")
         .await
@@ -877,7 +883,7 @@ async fn a_restarted_controller_never_deletes_the_reservation_of_a_live_pod() {
     let client = cluster.client().expect("client");
     let (deletions, watch_task) = DeletionLog::watch(&client, &ns);
     let controller =
-        || async { start_controller_in(real::controller_client(cluster).await, Some(&ns)).await };
+        || async { start_controller_in(plane::controller_client(cluster).await, Some(&ns)).await };
     let running = controller().await;
     create_running_pod(
         &client,
@@ -982,10 +988,10 @@ async fn expiries_due_together_spare_the_reservation_of_a_live_pod_the_cache_can
 /// A fresh namespace with a controller of its own (the chart's controller ServiceAccount), and
 /// an admin client.
 async fn controller_in(prefix: &str) -> (Client, String, RunningController) {
-    let cluster = real::cluster().await;
-    real::node_a(cluster).await;
+    let cluster = plane::control_plane().await;
+    plane::node_a(cluster).await;
     let ns = cluster.fresh_namespace(prefix).await.expect("namespace");
-    let running = start_controller_in(real::controller_client(cluster).await, Some(&ns)).await;
+    let running = start_controller_in(plane::controller_client(cluster).await, Some(&ns)).await;
     (cluster.client().expect("client"), ns, running)
 }
 
@@ -1030,7 +1036,7 @@ async fn metrics_pass_promtool() {
     });
     let mut check = std::process::Command::new(promtool);
     check.args(["check", "metrics"]);
-    let out = shared::run(check, Some(&text));
+    let out = testkit::run(check, Some(&text));
     assert!(
         out.status.success(),
         "promtool check metrics failed:\n{}{}",
@@ -1041,7 +1047,7 @@ async fn metrics_pass_promtool() {
 }
 
 async fn wait_for_metric(addr: std::net::SocketAddr, line: &str) -> String {
-    shared::wait_for(&format!("/metrics to show {line}"), || async move {
+    testkit::wait_for(&format!("/metrics to show {line}"), || async move {
         let text = scrape(addr).await;
         text.contains(line).then_some(text)
     })
@@ -1092,7 +1098,7 @@ async fn a_reconcile_with_nothing_to_change_writes_nothing() {
     )
     .await
     .unwrap();
-    shared::wait_for("a reconcile after the label change", || async {
+    testkit::wait_for("a reconcile after the label change", || async {
         (reconciles(&scrape(running.probe_addr).await) > settled).then_some(())
     })
     .await;
@@ -1109,8 +1115,8 @@ async fn a_reconcile_with_nothing_to_change_writes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_returning_on_another_node_moves_its_reservation_with_a_warning() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    real::node_b(cluster).await;
+    let cluster = plane::control_plane().await;
+    plane::node_b(cluster).await;
     with_controller("ctl-roam", |c, ns| async move {
         returning_pod_on_another_node(&c, &ns).await
     })
@@ -1142,7 +1148,7 @@ async fn health_and_readiness_endpoints() {
         }
     };
     assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
-    shared::wait_for("/readyz to answer 200", || async {
+    testkit::wait_for("/readyz to answer 200", || async {
         get("/readyz")
             .await
             .starts_with("HTTP/1.1 200")

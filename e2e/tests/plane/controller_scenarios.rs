@@ -4,7 +4,11 @@
 
 use std::time::Duration;
 
-use ipkeep_e2e::testkit::{controller::*, wait_for};
+use ipkeep_e2e::testkit::controller::{
+    bound_to, create_running_pod, delete_pod, phase, retain, wait_event, wait_reservation,
+    wait_reservation_gone,
+};
+use ipkeep_e2e::testkit::wait_for;
 use ipkeep_operator::crd::{IPReservation, Phase};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;

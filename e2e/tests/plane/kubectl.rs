@@ -5,11 +5,11 @@
 //! namespace of its own on the control plane the tests of this binary share.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 
 use std::{path::PathBuf, process::Command};
 
-use ipkeep_e2e::cluster::Cluster;
+use ipkeep_e2e::cluster::ControlPlane;
 use ipkeep_operator::crd::IPReservation;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 /// kubectl bound to the shared control plane through its own kubeconfig and discovery cache.
 struct Kubectl {
     bin: PathBuf,
-    dir: shared::Scratch,
+    dir: testkit::Scratch,
     namespace: String,
 }
 
@@ -33,8 +33,8 @@ struct Run {
 
 impl Kubectl {
     /// kubectl as admin, working in namespace `ns`.
-    fn new(cluster: &Cluster, test: &str, ns: &str) -> Self {
-        let dir = shared::Scratch::new(&format!("kubectl-{test}"));
+    fn new(cluster: &ControlPlane, test: &str, ns: &str) -> Self {
+        let dir = testkit::Scratch::new(&format!("kubectl-{test}"));
         std::fs::copy(cluster.kubeconfig_path(), dir.join("kubeconfig")).unwrap();
         Self {
             bin: cluster.bin("kubectl"),
@@ -61,7 +61,7 @@ impl Kubectl {
             .args(args)
             .env_remove("KUBECONFIG");
         let shown = format!("kubectl {}", args.join(" "));
-        let out = tokio::task::spawn_blocking(move || shared::run(cmd, None))
+        let out = tokio::task::spawn_blocking(move || testkit::run(cmd, None))
             .await
             .unwrap_or_else(|e| panic!("{shown}: {e}"));
         Run {
@@ -86,8 +86,8 @@ impl Kubectl {
 }
 
 /// The shared control plane with the CRD, a fresh namespace `<prefix>-<n>` and kubectl in it.
-async fn setup(prefix: &str) -> (&'static Cluster, String, Kubectl) {
-    let cluster = shared::cluster().await;
+async fn setup(prefix: &str) -> (&'static ControlPlane, String, Kubectl) {
+    let cluster = testkit::control_plane().await;
     let ns = cluster
         .fresh_namespace(prefix)
         .await

@@ -17,7 +17,8 @@
 use std::path::PathBuf;
 
 use ipkeep_e2e::cluster::realnode::RealNode;
-use ipkeep_e2e::testkit::{system::*, *};
+use ipkeep_e2e::testkit::realnode;
+use ipkeep_e2e::testkit::system::phase;
 use ipkeep_operator::crd::Phase;
 
 /// The CNI network the nodes' conflist names (flannel's and k3s's).
