@@ -29,19 +29,19 @@ use serde_json::json;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conflict_on_the_real_api_server() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
-    scenarios::conflict_is_not_written(cluster.client().expect("client")).await;
+    let plane = plane::control_plane().await;
+    scenarios::conflict_is_not_written(plane.client().expect("client")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_agent_catches_up_on_the_real_api_server() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
+    let plane = plane::control_plane().await;
     // The agent binary runs as the chart's agent ServiceAccount.
     let scratch = Scratch::new("kubeconfig");
     let kubeconfig = scratch.join("config");
-    plane::account_kubeconfig(cluster, plane::AGENT_ACCOUNT, &kubeconfig).await;
-    scenarios::killed_agent_catches_up(cluster.client().expect("client"), &kubeconfig).await;
+    plane::account_kubeconfig(plane, plane::AGENT_ACCOUNT, &kubeconfig).await;
+    scenarios::killed_agent_catches_up(plane.client().expect("client"), &kubeconfig).await;
 }
 
 /// The reservation lifecycle (`scenarios::reservation_lifecycle`, each step's time from its API
@@ -51,15 +51,15 @@ async fn killed_agent_catches_up_on_the_real_api_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_on_the_real_api_server_as_the_agent_service_account() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
-    let client = cluster.client().expect("client");
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
     // The agents run as the chart's agent ServiceAccount: exactly the chart's RBAC.
-    let agent_client = plane::agent_client(cluster).await;
+    let agent_client = plane::agent_client(plane).await;
     let (a, b) = scenarios::reservation_lifecycle(client, agent_client).await;
     // The filtering is the API server's: each agent's watch asked for its own node only.
     for node in [&a, &b] {
         let selector = format!("fieldSelector=spec.nodeName%3D{node}");
-        let watches = plane::audited(cluster, &["/ipreservations?", &selector, "watch=true"]);
+        let watches = plane::audited(plane, &["/ipreservations?", &selector, "watch=true"]);
         assert!(
             !watches.is_empty(),
             "the audit log holds no IPReservation watch with {selector}"
@@ -114,9 +114,9 @@ async fn wait_hits(proxy: &FaultProxy, id: ipkeep_e2e::proxy::RuleId, n: usize, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn converges_through_api_faults() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
-    let client = cluster.client().expect("client");
-    let (agent_client, proxy) = plane::proxied_account_client(cluster, plane::AGENT_ACCOUNT).await;
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
+    let (agent_client, proxy) = plane::proxied_account_client(plane, plane::AGENT_ACCOUNT).await;
     let ns = namespace(&client, "agent-faults").await;
     let a = Node::start(&agent_client, "node-a");
     a.ready().await;
@@ -282,9 +282,9 @@ async fn converges_through_api_faults() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_and_metrics() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
-    let client = cluster.client().expect("client");
-    let (agent_client, proxy) = plane::proxied_account_client(cluster, plane::AGENT_ACCOUNT).await;
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
+    let (agent_client, proxy) = plane::proxied_account_client(plane, plane::AGENT_ACCOUNT).await;
     let ns = namespace(&client, "agent-probes").await;
     let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
     let node = unique("node-a");
@@ -379,9 +379,9 @@ async fn probes_and_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn periodic_resync_repairs_hand_edits() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
-    let client = cluster.client().expect("client");
-    let agent_client = plane::agent_client(cluster).await;
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
+    let agent_client = plane::agent_client(plane).await;
     let ns = namespace(&client, "agent-resync").await;
     let node = unique("node-r");
     let scratch = Scratch::new(&node);
@@ -433,9 +433,9 @@ async fn periodic_resync_repairs_hand_edits() {
 #[tokio::test]
 async fn a_wiped_network_directory_is_restored_at_once() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
-    let client = cluster.client().expect("client");
-    let agent_client = plane::agent_client(cluster).await;
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
+    let agent_client = plane::agent_client(plane).await;
     let ns = namespace(&client, "agent-wipe").await;
     let node = unique("node-w");
     let scratch = Scratch::new(&node);
@@ -500,9 +500,9 @@ async fn a_wiped_network_directory_is_restored_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unusable_data_dir_is_retried_until_it_works() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
-    let client = cluster.client().expect("client");
-    let agent_client = plane::agent_client(cluster).await;
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
+    let agent_client = plane::agent_client(plane).await;
     let ns = namespace(&client, "agent-retry").await;
     let node = unique("node-e");
     let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);

@@ -54,14 +54,14 @@ fn crd(release: Option<&str>, change: Option<&str>) -> Value {
 }
 
 /// Makes the cluster's CRD exactly `crd` (`kubectl replace` as admin: annotations included).
-fn set_crd(cluster: &ControlPlane, crd: &Value) {
-    testkit::kubectl_ok(cluster, &["replace", "-f", "-"], Some(&crd.to_string()));
+fn set_crd(plane: &ControlPlane, crd: &Value) {
+    testkit::kubectl_ok(plane, &["replace", "-f", "-"], Some(&crd.to_string()));
 }
 
 /// The cluster's CRD, its managed fields included.
-fn cluster_crd(cluster: &ControlPlane) -> Value {
+fn cluster_crd(plane: &ControlPlane) -> Value {
     testkit::kubectl_json(
-        cluster,
+        plane,
         &[
             "get",
             "crd",
@@ -131,12 +131,12 @@ async fn starts(kubeconfig: &Path, ns: &str, says: &str, scratch: &testkit::Scra
 async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_refuses_one_lacking_its_own()
  {
     let _plane = ipkeep_e2e::testkit::plane::use_plane_alone().await;
-    let cluster = testkit::control_plane().await;
-    let release_ns = plane::chart_rbac(cluster).await;
-    let ns = cluster.fresh_namespace("ctl-crd").await.unwrap();
+    let plane = testkit::control_plane().await;
+    let release_ns = plane::chart_rbac(plane).await;
+    let ns = plane.fresh_namespace("ctl-crd").await.unwrap();
     let scratch = testkit::Scratch::new("controller-crd");
     let chart_account = scratch.join("chart-account.kubeconfig");
-    plane::account_kubeconfig(cluster, plane::CONTROLLER_ACCOUNT, &chart_account).await;
+    plane::account_kubeconfig(plane, plane::CONTROLLER_ACCOUNT, &chart_account).await;
     // An account that may read the CRD, and nothing else of it.
     let reader = "crd-reader";
     let rbac = format!(
@@ -148,15 +148,15 @@ async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_ref
          subjects: [{{kind: ServiceAccount, name: {reader}, namespace: {release_ns}}}]\n",
         IPReservation::crd_name()
     );
-    testkit::kubectl_ok(cluster, &["apply", "-f", "-"], Some(&rbac));
+    testkit::kubectl_ok(plane, &["apply", "-f", "-"], Some(&rbac));
     let reader_account = scratch.join("reader.kubeconfig");
-    cluster
+    plane
         .write_service_account_kubeconfig(release_ns, reader, &reader_account)
         .await
         .unwrap();
 
     // An older CRD, as the chart's crds/ left it: applied, and the controller starts.
-    set_crd(cluster, &crd(None, Some("older")));
+    set_crd(plane, &crd(None, Some("older")));
     starts(
         &chart_account,
         &ns,
@@ -165,7 +165,7 @@ async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_ref
         "older",
     )
     .await;
-    let now = cluster_crd(cluster);
+    let now = cluster_crd(plane);
     assert!(columns(&now).contains(&"Unprotected".to_owned()), "{now}");
     assert_eq!(now["metadata"]["annotations"][RELEASE_ANNOTATION], VERSION);
     let appliers: Vec<&str> = now["metadata"]["managedFields"]
@@ -179,8 +179,8 @@ async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_ref
     assert!(appliers.contains(&FIELD_MANAGER), "{appliers:?}");
 
     // A newer release's CRD, with everything of this one's: untouched, and it starts.
-    set_crd(cluster, &crd(Some(NEWER), Some("newer")));
-    let version = cluster_crd(cluster)["metadata"]["resourceVersion"].clone();
+    set_crd(plane, &crd(Some(NEWER), Some("newer")));
+    let version = cluster_crd(plane)["metadata"]["resourceVersion"].clone();
     starts(
         &chart_account,
         &ns,
@@ -189,13 +189,13 @@ async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_ref
         "newer",
     )
     .await;
-    let now = cluster_crd(cluster);
+    let now = cluster_crd(plane);
     assert_eq!(now["metadata"]["resourceVersion"], version, "untouched");
     assert!(columns(&now).contains(&"Future".to_owned()));
 
     // A newer release's CRD lacking a column of this one's: refused, untouched.
-    set_crd(cluster, &crd(Some(NEWER), Some("older")));
-    let version = cluster_crd(cluster)["metadata"]["resourceVersion"].clone();
+    set_crd(plane, &crd(Some(NEWER), Some("older")));
+    let version = cluster_crd(plane)["metadata"]["resourceVersion"].clone();
     let stderr = refused(&chart_account, &ns);
     for says in [
         format!("lacks what ipkeep {VERSION} reads and writes (the printer column Unprotected)"),
@@ -205,10 +205,10 @@ async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_ref
     ] {
         assert!(stderr.contains(&says), "{says:?} not in: {stderr}");
     }
-    assert_eq!(cluster_crd(cluster)["metadata"]["resourceVersion"], version);
+    assert_eq!(cluster_crd(plane)["metadata"]["resourceVersion"], version);
 
     // An older CRD, and no right to patch it: refused, saying which right.
-    set_crd(cluster, &crd(None, Some("older")));
+    set_crd(plane, &crd(None, Some("older")));
     let stderr = refused(&reader_account, &ns);
     for says in [
         "lacks what ipkeep",
@@ -221,7 +221,7 @@ async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_ref
     }
 
     // Its own CRD, and no right to patch it: it starts, warning.
-    set_crd(cluster, &crd(None, None));
+    set_crd(plane, &crd(None, None));
     starts(
         &reader_account,
         &ns,
@@ -232,6 +232,6 @@ async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_ref
     .await;
 
     // The shared control plane's CRD as the fixture applied it; the reader gone.
-    set_crd(cluster, &crd(None, None));
-    testkit::kubectl_ok(cluster, &["delete", "-f", "-"], Some(&rbac));
+    set_crd(plane, &crd(None, None));
+    testkit::kubectl_ok(plane, &["delete", "-f", "-"], Some(&rbac));
 }

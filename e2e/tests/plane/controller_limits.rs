@@ -240,10 +240,10 @@ async fn a_retention_over_the_maximum_is_held_to_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_its_nodes_budget_the_earliest_released_yields() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
+    let plane = plane::control_plane().await;
     let node = "lim-budget-node";
-    cluster.add_node(node).await.expect("the fixture Node");
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client().unwrap());
+    plane.add_node(node).await.expect("the fixture Node");
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(plane.client().unwrap());
     let budget = json!({"metadata": {"annotations": {"ipkeep.dev/node-budget": "1"}}});
     nodes
         .patch(node, &PatchParams::default(), &Patch::Merge(&budget))
@@ -307,14 +307,14 @@ async fn over_its_nodes_budget_the_earliest_released_yields() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
-    let ns = cluster
+    let plane = plane::control_plane().await;
+    let ns = plane
         .fresh_namespace("lim-policy")
         .await
         .expect("a fresh namespace");
     let chart = testkit::chart_dir();
     let rendered = testkit::run_ok(
-        cluster.helm(),
+        plane.helm(),
         &[
             "template",
             "ipkeep",
@@ -336,9 +336,9 @@ async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
             "{anchor}  matchResources:\n    namespaceSelector:\n      matchLabels: {{kubernetes.io/metadata.name: {ns}}}\n"
         ),
     );
-    testkit::kubectl_ok(cluster, &["apply", "-f", "-"], Some(&scoped));
+    testkit::kubectl_ok(plane, &["apply", "-f", "-"], Some(&scoped));
 
-    let c = cluster.client().unwrap();
+    let c = plane.client().unwrap();
     let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
     let sets: Api<StatefulSet> = Api::namespaced(c.clone(), &ns);
     let dry = PostParams {
@@ -444,8 +444,8 @@ async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
     )
     .await
     .unwrap();
-    testkit::kubectl_ok(cluster, &["delete", "-f", "-"], Some(&scoped));
-    cluster
+    testkit::kubectl_ok(plane, &["delete", "-f", "-"], Some(&scoped));
+    plane
         .check()
         .expect("every control plane component still runs");
 }
@@ -521,16 +521,16 @@ async fn over_quota_a_pod_waits_for_room_and_is_told_why() {
 async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_relabelled_out() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
     const SELECTOR: &str = "ipkeep.dev/reserve=true";
-    let cluster = plane::control_plane().await;
-    plane::node_a(cluster).await;
+    let plane = plane::control_plane().await;
+    plane::node_a(plane).await;
     // The chart's controller RBAC with the selector set, in a release namespace of its own.
-    let release_ns = cluster
+    let release_ns = plane
         .fresh_namespace("lim-nsel-release")
         .await
         .expect("a release namespace");
     let chart = testkit::chart_dir();
     let rendered = testkit::run_ok(
-        cluster.helm(),
+        plane.helm(),
         &[
             "template",
             "nsel",
@@ -545,17 +545,17 @@ async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_rel
         None,
     );
     assert!(rendered.contains("namespaces"), "{rendered}");
-    testkit::kubectl_ok(cluster, &["apply", "-f", "-"], Some(&rendered));
-    let account = cluster
+    testkit::kubectl_ok(plane, &["apply", "-f", "-"], Some(&rendered));
+    let account = plane
         .service_account_client(&release_ns, "nsel-ipkeep-controller")
         .await
         .expect("a client of the controller's ServiceAccount");
 
-    let ns = cluster
+    let ns = plane
         .fresh_namespace("lim-nsel")
         .await
         .expect("a fresh namespace");
-    let c = cluster.client().unwrap();
+    let c = plane.client().unwrap();
     let mut settings = ipkeep_operator::controller::Settings::single(Duration::from_secs(3_600));
     settings.namespace = Some(ns.clone());
     settings.namespace_selector = Some(SELECTOR.parse().unwrap());
@@ -667,7 +667,7 @@ async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_rel
     assert_eq!(r.metadata.uid, uid);
 
     running.stop().await;
-    cluster
+    plane
         .check()
         .expect("every control plane component still runs");
 }

@@ -76,9 +76,9 @@ controller_scenario_tests!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reservations_of_a_deleted_node_are_released() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
+    let plane = plane::control_plane().await;
     let node = "ctl-gone-node";
-    cluster.add_node(node).await.expect("the fixture Node");
+    plane.add_node(node).await.expect("the fixture Node");
     controller::with_controller_settings(
         "ctl-gone",
         |_| {},
@@ -149,9 +149,9 @@ fn assert_invalid<T: std::fmt::Debug>(result: Result<T, kube::Error>, case: &str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cel_rules_reject_bad_reservations_with_422() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
-    let ns = cluster.fresh_namespace("ctl-cel").await.expect("namespace");
-    let client = cluster.client().expect("client");
+    let plane = plane::control_plane().await;
+    let ns = plane.fresh_namespace("ctl-cel").await.expect("namespace");
+    let client = plane.client().expect("client");
     let api: Api<IPReservation> = Api::namespaced(client, &ns);
     let pp = PostParams::default();
 
@@ -362,18 +362,18 @@ fn spawn_replica(kubeconfig: &std::path::Path, ns: &str, lease_ns: &str, id: &st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
-    plane::node_a(cluster).await;
-    let ns = cluster
+    let plane = plane::control_plane().await;
+    plane::node_a(plane).await;
+    let ns = plane
         .fresh_namespace("ctl-leader")
         .await
         .expect("namespace");
-    let client = cluster.client().expect("client");
+    let client = plane.client().expect("client");
     // The chart's ServiceAccount: its Lease rights are one Lease in the release namespace.
-    let release_ns = plane::chart_rbac(cluster).await;
+    let release_ns = plane::chart_rbac(plane).await;
     let scratch = testkit::Scratch::new("leader-real");
     let kubeconfig = scratch.join("kubeconfig");
-    plane::account_kubeconfig(cluster, plane::CONTROLLER_ACCOUNT, &kubeconfig).await;
+    plane::account_kubeconfig(plane, plane::CONTROLLER_ACCOUNT, &kubeconfig).await;
     let mut replicas = vec![
         (
             "replica-a",
@@ -703,10 +703,10 @@ async fn the_garbage_collector_deleting_statefulset_pods_keeps_their_reservation
 /// A controller of the controller's ServiceAccount watching only `ns`, its requests going
 /// through a fault proxy of its own (the test's own requests go straight to the API server).
 async fn start_proxied_controller(
-    cluster: &'static ipkeep_e2e::cluster::ControlPlane,
+    plane: &'static ipkeep_e2e::cluster::ControlPlane,
     ns: &str,
 ) -> (RunningController, FaultProxy) {
-    let (client, proxy) = plane::proxied_account_client(cluster, plane::CONTROLLER_ACCOUNT).await;
+    let (client, proxy) = plane::proxied_account_client(plane, plane::CONTROLLER_ACCOUNT).await;
     (start_controller_in(client, Some(ns)).await, proxy)
 }
 
@@ -717,15 +717,15 @@ async fn start_proxied_controller(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn converges_through_api_faults_and_deletes_nothing_early() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
-    plane::node_a(cluster).await;
-    let ns = cluster
+    let plane = plane::control_plane().await;
+    plane::node_a(plane).await;
+    let ns = plane
         .fresh_namespace("ctl-faults")
         .await
         .expect("namespace");
-    let client = cluster.client().expect("client");
+    let client = plane.client().expect("client");
     let (deletions, watch_task) = DeletionLog::watch(&client, &ns);
-    let (running, proxy) = start_proxied_controller(cluster, &ns).await;
+    let (running, proxy) = start_proxied_controller(plane, &ns).await;
     let ns = ns.as_str();
 
     // Twelve long-lived pods, six short-lived ones (2 s after they go).
@@ -860,16 +860,16 @@ async fn converges_through_api_faults_and_deletes_nothing_early() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_controller_never_deletes_the_reservation_of_a_live_pod() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = plane::control_plane().await;
-    plane::node_a(cluster).await;
-    let ns = cluster
+    let plane = plane::control_plane().await;
+    plane::node_a(plane).await;
+    let ns = plane
         .fresh_namespace("ctl-sticky")
         .await
         .expect("namespace");
-    let client = cluster.client().expect("client");
+    let client = plane.client().expect("client");
     let (deletions, watch_task) = DeletionLog::watch(&client, &ns);
     let controller =
-        || async { start_controller_in(plane::controller_client(cluster).await, Some(&ns)).await };
+        || async { start_controller_in(plane::controller_client(plane).await, Some(&ns)).await };
     let running = controller().await;
     create_running_pod(
         &client,
@@ -974,11 +974,11 @@ async fn expiries_due_together_spare_the_reservation_of_a_live_pod_the_cache_can
 /// A fresh namespace with a controller of its own (the chart's controller ServiceAccount), and
 /// an admin client.
 async fn controller_in(prefix: &str) -> (Client, String, RunningController) {
-    let cluster = plane::control_plane().await;
-    plane::node_a(cluster).await;
-    let ns = cluster.fresh_namespace(prefix).await.expect("namespace");
-    let running = start_controller_in(plane::controller_client(cluster).await, Some(&ns)).await;
-    (cluster.client().expect("client"), ns, running)
+    let plane = plane::control_plane().await;
+    plane::node_a(plane).await;
+    let ns = plane.fresh_namespace(prefix).await.expect("namespace");
+    let running = start_controller_in(plane::controller_client(plane).await, Some(&ns)).await;
+    (plane.client().expect("client"), ns, running)
 }
 
 /// `/metrics` passes `promtool check metrics` (Debian package `prometheus`).
