@@ -31,7 +31,7 @@ enum Command {
     Demo(DemoArgs),
     /// A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)
     /// on 127.0.0.1, from the binaries `make cluster-bins` builds.
-    ControlPlane {
+    Cluster {
         #[command(subcommand)]
         action: ClusterAction,
         /// The state directory (certificates, etcd data, logs, kubeconfig).
@@ -180,7 +180,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::ControlPlane { action, state_dir } => {
+        Command::Cluster { action, state_dir } => {
             // Absolute, so that `down` recognises the supervisor `up` started by its command line.
             let state_dir = match std::path::absolute(&state_dir) {
                 Ok(dir) => dir,
