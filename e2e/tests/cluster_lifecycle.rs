@@ -349,22 +349,22 @@ async fn a_component_that_fails_to_start_is_named_with_its_log() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_component_that_dies_mid_run_is_named() {
     let parent = Scratch::new("e2e-dies");
-    let cluster = ControlPlane::start(ControlPlaneOptions {
+    let plane = ControlPlane::start(ControlPlaneOptions {
         state_parent: Some(parent.path().to_path_buf()),
         ..ControlPlaneOptions::default()
     })
     .await
     .expect("start");
-    cluster.check().expect("all running");
-    let rss = cluster.rss_kib();
+    plane.check().expect("all running");
+    let rss = plane.rss_kib();
     eprintln!("rss (KiB) right after start: {rss:?}");
     assert_eq!(rss.len(), 4, "{rss:?}");
-    let pids = cluster.pids();
+    let pids = plane.pids();
     let scheduler = pids["kube-scheduler"];
     signal("-KILL", scheduler);
     let started = Instant::now();
     let err = loop {
-        if let Err(e) = cluster.check() {
+        if let Err(e) = plane.check() {
             break e;
         }
         assert!(
@@ -378,8 +378,8 @@ async fn a_component_that_dies_mid_run_is_named() {
         "{err}"
     );
     assert!(err.to_string().contains("kube-scheduler (pid"), "{err}");
-    let dir = cluster.state_dir().to_owned();
-    drop(cluster);
+    let dir = plane.state_dir().to_owned();
+    drop(plane);
     wait_all_gone("after dropping the cluster", &pids, &dir);
 }
 

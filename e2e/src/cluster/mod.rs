@@ -58,9 +58,9 @@ pub async fn shared() -> Result<&'static ControlPlane, ControlPlaneError> {
         })
         .await;
     match started {
-        Ok(cluster) => {
-            cluster.check()?;
-            Ok(cluster)
+        Ok(plane) => {
+            plane.check()?;
+            Ok(plane)
         }
         Err(e) => Err(ControlPlaneError::Shared(e.clone())),
     }

@@ -252,13 +252,13 @@ impl FaultProxy {
         })
     }
 
-    /// Starts a proxy on a free loopback port in front of `cluster`'s API server, showing
+    /// Starts a proxy on a free loopback port in front of `plane`'s API server, showing
     /// clients the API server's own certificate.
-    pub async fn in_front_of(cluster: &ControlPlane) -> Result<FaultProxy, ProxyError> {
-        let pki = cluster.pki();
+    pub async fn in_front_of(plane: &ControlPlane) -> Result<FaultProxy, ProxyError> {
+        let pki = plane.pki();
         FaultProxy::start(ProxyOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            upstream: cluster.server().to_owned(),
+            upstream: plane.server().to_owned(),
             upstream_ca: pki.ca_cert.clone(),
             cert: pki.serving.cert.clone(),
             key: pki.serving.key.clone(),

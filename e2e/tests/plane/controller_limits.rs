@@ -37,7 +37,7 @@ use serde_json::json;
 
 /// Runs `scenario` (as admin) in a fresh namespace with a controller of its own (one hour's
 /// default retention) whose maximum retention is `max`.
-async fn with_controller<F, Fut>(prefix: &str, max: &str, scenario: F)
+async fn with_max_retention<F, Fut>(prefix: &str, max: &str, scenario: F)
 where
     F: FnOnce(Client, String, SocketAddr) -> Fut,
     Fut: std::future::Future<Output = ()>,
@@ -96,7 +96,7 @@ async fn run_pods(client: &Client, ns: &str, app: &str, ips: &[&str]) -> Vec<Str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_that_never_return_are_not_reserved() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    with_controller("lim-names", "7d", |c, ns, _| async move {
+    with_max_retention("lim-names", "7d", |c, ns, _| async move {
         let deployments: Api<Deployment> = Api::namespaced(c.clone(), &ns);
         let deploy: Deployment = serde_json::from_value(json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
@@ -162,7 +162,7 @@ async fn names_that_never_return_are_not_reserved() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retention_over_the_maximum_is_held_to_it() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    with_controller("lim-max", "1h", |c, ns, _| async move {
+    with_max_retention("lim-max", "1h", |c, ns, _| async move {
         let api: Api<IPReservation> = Api::namespaced(c.clone(), &ns);
         create_running_pod(
             &c,
@@ -249,7 +249,7 @@ async fn over_its_nodes_budget_the_earliest_released_yields() {
         .patch(node, &PatchParams::default(), &Patch::Merge(&budget))
         .await
         .unwrap();
-    with_controller("lim-budget", "7d", |c, ns, probes| async move {
+    with_max_retention("lim-budget", "7d", |c, ns, probes| async move {
         for (name, ip) in [
             ("p-0", "10.244.30.2"),
             ("p-1", "10.244.30.3"),
@@ -456,7 +456,7 @@ async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_quota_a_pod_waits_for_room_and_is_told_why() {
     let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    with_controller("lim-quota", "7d", |c, ns, _| async move {
+    with_max_retention("lim-quota", "7d", |c, ns, _| async move {
         let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
             Api::namespaced(c.clone(), &ns);
         let quota = serde_json::from_value(json!({

@@ -150,7 +150,7 @@ impl ControlPlane {
                 for c in &running.components {
                     c.announce_death();
                 }
-                let cluster = ControlPlane {
+                let plane = ControlPlane {
                     server: api_url(options, ports),
                     ca: pki.ca_cert.clone(),
                     pki,
@@ -164,20 +164,20 @@ impl ControlPlane {
                     spawner,
                 };
                 let ready = serde_json::json!({
-                    "server": cluster.server,
-                    "kubeconfig": cluster.kubeconfig,
-                    "binDir": cluster.bin_dir,
+                    "server": plane.server,
+                    "kubeconfig": plane.kubeconfig,
+                    "binDir": plane.bin_dir,
                     "ports": ports,
-                    "pids": cluster.pids(),
+                    "pids": plane.pids(),
                     "startSeconds": started.elapsed().as_secs_f64(),
-                    "readyAfterSeconds": cluster.ready_after(),
+                    "readyAfterSeconds": plane.ready_after(),
                 });
                 // Renamed into place: `cluster up` takes its existence as the signal to read it.
-                let tmp = cluster.state_dir.join("ready.tmp");
+                let tmp = plane.state_dir.join("ready.tmp");
                 std::fs::write(&tmp, ready.to_string())
-                    .and_then(|()| std::fs::rename(&tmp, cluster.state_dir.join("ready")))
-                    .map_err(state_err("write the ready file of", &cluster.state_dir))?;
-                Ok(cluster)
+                    .and_then(|()| std::fs::rename(&tmp, plane.state_dir.join("ready")))
+                    .map_err(state_err("write the ready file of", &plane.state_dir))?;
+                Ok(plane)
             }
             Err(e) => {
                 stop_running(&mut running, &state_dir, Duration::from_secs(2));
