@@ -28,14 +28,14 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conflict_on_the_real_api_server() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     scenarios::conflict_is_not_written(plane.client().expect("client")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_agent_catches_up_on_the_real_api_server() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     // The agent binary runs as the chart's agent ServiceAccount.
     let scratch = Scratch::new("kubeconfig");
@@ -50,7 +50,7 @@ async fn killed_agent_catches_up_on_the_real_api_server() {
 /// shows the requests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_on_the_real_api_server_as_the_agent_service_account() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     let client = plane.client().expect("client");
     // The agents run as the chart's agent ServiceAccount: exactly the chart's RBAC.
@@ -113,7 +113,7 @@ async fn wait_hits(proxy: &FaultProxy, id: ipkeep_e2e::proxy::RuleId, n: usize, 
 /// was a full resync.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn converges_through_api_faults() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     let client = plane.client().expect("client");
     let (agent_client, proxy) = plane::proxied_account_client(plane, plane::AGENT_ACCOUNT).await;
@@ -281,7 +281,7 @@ async fn converges_through_api_faults() {
 /// failing lists), `/metrics` counts what the agent did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_and_metrics() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     let client = plane.client().expect("client");
     let (agent_client, proxy) = plane::proxied_account_client(plane, plane::AGENT_ACCOUNT).await;
@@ -378,7 +378,7 @@ async fn probes_and_metrics() {
 /// deleted, one edited, a stray file added) without any change in the API.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn periodic_resync_repairs_hand_edits() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     let client = plane.client().expect("client");
     let agent_client = plane::agent_client(plane).await;
@@ -432,7 +432,7 @@ async fn periodic_resync_repairs_hand_edits() {
 /// at once, with the periodic resync an hour away; the metric counts each by its cause.
 #[tokio::test]
 async fn a_wiped_network_directory_is_restored_at_once() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     let client = plane.client().expect("client");
     let agent_client = plane::agent_client(plane).await;
@@ -499,7 +499,7 @@ async fn a_wiped_network_directory_is_restored_at_once() {
 /// agent becomes ready, without any change in the API.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unusable_data_dir_is_retried_until_it_works() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     let client = plane.client().expect("client");
     let agent_client = plane::agent_client(plane).await;

@@ -54,7 +54,7 @@ fn release_objects(plane: &ControlPlane, namespace: &str, release: &str) -> Vec<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_upgrade_and_uninstall_leave_the_cluster_clean() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane_alone().await;
+    let _plane = testkit::plane::use_plane_alone().await;
     let plane = shared().await.unwrap();
     let ns = plane.fresh_namespace("chart").await.unwrap();
     let release = format!("rel-{}", std::process::id());

@@ -1013,7 +1013,7 @@ async fn the_controller_needs_create_for_server_side_apply(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_grants_exactly_what_the_components_use() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane_alone().await;
+    let _plane = testkit::plane::use_plane_alone().await;
     let _alone = ONE_CONTROLLER.lock().await;
     let t0 = Instant::now();
     let Setup {
@@ -1219,7 +1219,7 @@ async fn the_chart_grants_exactly_what_the_components_use() {
 /// the controller's rules are proven used by the test above, with the default values.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_namespace_selector_the_controller_lists_and_watches_namespaces_only() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane_alone().await;
+    let _plane = testkit::plane::use_plane_alone().await;
     const SELECTOR: &str = "ipkeep.dev/reserve=true";
     let _alone = ONE_CONTROLLER.lock().await;
     let Setup {

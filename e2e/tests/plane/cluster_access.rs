@@ -30,7 +30,7 @@ use testkit::{wait_for, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_account_credentials_carry_exactly_their_rbac_and_are_audited() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     let plane = ipkeep_e2e::cluster::shared()
         .await
         .expect("the shared control plane");
@@ -162,7 +162,7 @@ fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> Result<u16, St
 /// secrets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_identity_writes_its_own_node_and_lease_and_no_other() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     let plane = ipkeep_e2e::cluster::shared()
         .await
         .expect("the shared control plane");
@@ -251,7 +251,7 @@ async fn a_node_identity_writes_its_own_node_and_lease_and_no_other() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_built_helm_reaches_the_control_plane_with_its_state_inside() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     let real = ipkeep_e2e::cluster::shared()
         .await
         .expect("the shared control plane");
@@ -340,7 +340,7 @@ fn api_code<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String)
 /// and each rule does what it says to exactly the requests it matches, for as many as it says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fault_proxy_keeps_the_identity_and_injects_http_errors() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     let (plane, ns, proxy, client) = through_a_proxy("proxy-http").await;
     let pp = PostParams::default();
 
@@ -484,7 +484,7 @@ async fn the_fault_proxy_keeps_the_identity_and_injects_http_errors() {
 /// once, every connection dropped, and an outage with the port closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fault_proxy_expires_cuts_and_closes_watches() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     use futures::{StreamExt, TryStreamExt};
     use kube::api::{WatchEvent, WatchParams};
     let (_, ns, proxy, client) = through_a_proxy("proxy-watch").await;
@@ -578,7 +578,7 @@ async fn the_fault_proxy_expires_cuts_and_closes_watches() {
 /// Kubectl (Go's TLS and HTTP client) through a kubeconfig rewritten to point through the proxy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_runs_through_the_fault_proxy() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     let (plane, ns, proxy, _) = through_a_proxy("proxy-kubectl").await;
     let direct = plane.state_dir().join(format!("proxied-{ns}.kubeconfig"));
     let through = plane
@@ -623,7 +623,7 @@ async fn kubectl_runs_through_the_fault_proxy() {
 /// rules set through the control endpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fault_proxy_subcommand_takes_rules_over_http() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     use std::io::{BufRead, BufReader, Read, Write};
     // The account and its token, made through a throwaway in-process proxy.
     let (plane, ns, _setup, _) = through_a_proxy("proxy-cli").await;

@@ -58,7 +58,7 @@ fn widget(name: &str, color: &str, min: i64, max: i64) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crd_selectable_fields_and_cel_rules_are_enforced() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     let plane = shared().await.expect("the shared control plane");
     let ns = plane.fresh_namespace("crd").await.expect("namespace");
     kubectl_ok(plane, &["apply", "-f", "-"], Some(CRD));
@@ -211,7 +211,7 @@ async fn finish_when_terminating(pods: &Api<Pod>, name: &str, uid: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statefulset_pods_are_created_scheduled_recreated_and_collected() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     let plane = shared().await.expect("the shared control plane");
     plane
         .add_node("smoke-node")

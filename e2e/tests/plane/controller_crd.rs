@@ -130,7 +130,7 @@ async fn starts(kubeconfig: &Path, ns: &str, says: &str, scratch: &testkit::Scra
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_refuses_one_lacking_its_own()
  {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane_alone().await;
+    let _plane = plane::use_plane_alone().await;
     let plane = testkit::control_plane().await;
     let release_ns = plane::chart_rbac(plane).await;
     let ns = plane.fresh_namespace("ctl-crd").await.unwrap();

@@ -95,7 +95,7 @@ async fn run_pods(client: &Client, ns: &str, app: &str, ips: &[&str]) -> Vec<Str
 /// hand beside them is reserved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_that_never_return_are_not_reserved() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     with_max_retention("lim-names", "7d", |c, ns, _| async move {
         let deployments: Api<Deployment> = Api::namespaced(c.clone(), &ns);
         let deploy: Deployment = serde_json::from_value(json!({
@@ -161,7 +161,7 @@ async fn names_that_never_return_are_not_reserved() {
 /// `RetentionCapped` Warning naming both durations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retention_over_the_maximum_is_held_to_it() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     with_max_retention("lim-max", "1h", |c, ns, _| async move {
         let api: Api<IPReservation> = Api::namespaced(c.clone(), &ns);
         create_running_pod(
@@ -239,7 +239,7 @@ async fn a_retention_over_the_maximum_is_held_to_it() {
 /// the metrics show the node's budget, what it holds and the yield.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_its_nodes_budget_the_earliest_released_yields() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     let node = "lim-budget-node";
     plane.add_node(node).await.expect("the fixture Node");
@@ -306,7 +306,7 @@ async fn over_its_nodes_budget_the_earliest_released_yields() {
 /// and where it is; well-formed ones within the maximum are admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     let ns = plane
         .fresh_namespace("lim-policy")
@@ -455,7 +455,7 @@ async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
 /// expires and is deleted (on that deletion, not by polling).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_quota_a_pod_waits_for_room_and_is_told_why() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     with_max_retention("lim-quota", "7d", |c, ns, _| async move {
         let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
             Api::namespaced(c.clone(), &ns);
@@ -519,7 +519,7 @@ async fn over_quota_a_pod_waits_for_room_and_is_told_why() {
 /// follows the ordinary lifecycle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_relabelled_out() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     const SELECTOR: &str = "ipkeep.dev/reserve=true";
     let plane = plane::control_plane().await;
     plane::node_a(plane).await;

@@ -75,7 +75,7 @@ controller_scenario_tests!(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reservations_of_a_deleted_node_are_released() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     let node = "ctl-gone-node";
     plane.add_node(node).await.expect("the fixture Node");
@@ -148,7 +148,7 @@ fn assert_invalid<T: std::fmt::Debug>(result: Result<T, kube::Error>, case: &str
 /// valid node name — on create and on update — while the good shapes are accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cel_rules_reject_bad_reservations_with_422() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     let ns = plane.fresh_namespace("ctl-cel").await.expect("namespace");
     let client = plane.client().expect("client");
@@ -361,7 +361,7 @@ fn spawn_replica(kubeconfig: &std::path::Path, ns: &str, lease_ns: &str, id: &st
 /// reservation of a pod deleted after the kill); SIGTERM then releases the Lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     plane::node_a(plane).await;
     let ns = plane
@@ -520,7 +520,7 @@ async fn report_running(pods: &Api<Pod>, name: &str, ip: &str) {
 /// StatefulSet binds the same reservation objects to the new pods.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_garbage_collector_deleting_statefulset_pods_keeps_their_reservations() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     controller::with_controller_settings(
         "ctl-sts",
         |_| {},
@@ -716,7 +716,7 @@ async fn start_proxied_controller(
 /// release time or while its pod lives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn converges_through_api_faults_and_deletes_nothing_early() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     plane::node_a(plane).await;
     let ns = plane
@@ -859,7 +859,7 @@ async fn converges_through_api_faults_and_deletes_nothing_early() {
 /// long past by the time the controller starts again: the reservation is re-bound, never deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_controller_never_deletes_the_reservation_of_a_live_pod() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let plane = plane::control_plane().await;
     plane::node_a(plane).await;
     let ns = plane
@@ -914,7 +914,7 @@ async fn a_restarted_controller_never_deletes_the_reservation_of_a_live_pod() {
 /// before its release time; the tenth only once its pod is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiries_due_together_spare_the_reservation_of_a_live_pod_the_cache_cannot_see() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let selector = |s: &mut ipkeep_operator::controller::Settings| {
         s.pod_selector = Some("ipkeep.dev/enabled=true".into());
     };
@@ -984,7 +984,7 @@ async fn controller_in(prefix: &str) -> (Client, String, RunningController) {
 /// `/metrics` passes `promtool check metrics` (Debian package `prometheus`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_pass_promtool() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let (client, ns, running) = controller_in("ctl-metrics").await;
     create_running_pod(
         &client,
@@ -1053,7 +1053,7 @@ fn which(program: &str) -> Option<std::path::PathBuf> {
 /// has looked at the pod again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconcile_with_nothing_to_change_writes_nothing() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let (client, ns, running) = controller_in("ctl-quiet").await;
     let ns = ns.as_str();
     let pod = create_running_pod(
@@ -1101,7 +1101,7 @@ async fn a_reconcile_with_nothing_to_change_writes_nothing() {
 /// `/healthz` answers at once; `/readyz` once the caches are filled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_and_readiness_endpoints() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let (_, _, running) = controller_in("ctl-probes").await;
     let get = |path: &'static str| {
         let addr = running.probe_addr;

@@ -121,7 +121,7 @@ fn reservation_yaml(ns: &str, node: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_discovers_crds_and_builtins() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     let (_, _, k) = setup("kubectl-discovery").await;
 
     let crds = k.ok(&["get", "crd"]).await;
@@ -164,7 +164,7 @@ async fn kubectl_discovers_crds_and_builtins() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     let (plane, ns, k) = setup("kubectl-ipr").await;
     let manifest = k.file("web-0.yaml", &reservation_yaml(&ns, "node-a"));
     let manifest = manifest.to_str().unwrap();
@@ -270,7 +270,7 @@ async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_lists_pods_by_node() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     let (plane, ns, k) = setup("kubectl-pods").await;
     let pods: Api<Pod> = Api::namespaced(plane.client().expect("client"), &ns);
     for (name, node, ip) in [
