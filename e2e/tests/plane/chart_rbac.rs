@@ -1011,6 +1011,70 @@ async fn the_controller_needs_create_for_server_side_apply(
     );
 }
 
+/// The agent's init container (`install-cni`, run as mapped here): the plugin in the CNI bin
+/// directory `bin_dir`, and as host-local, the original kept beside it.
+fn the_init_container_installs_the_plugin_as_host_local(
+    install_run: &ContainerRun,
+    bin_dir: &Path,
+) {
+    let out = Command::new(&install_run.argv[0])
+        .args(&install_run.argv[1..])
+        .envs(install_run.env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    ok(
+        &format!("the install-cni init container {:?}", install_run.argv),
+        out,
+    );
+    assert_eq!(
+        std::fs::read(bin_dir.join("ipkeep")).unwrap(),
+        b"the plugin, from the image"
+    );
+    assert_eq!(
+        std::fs::read(bin_dir.join("host-local")).unwrap(),
+        b"the plugin, from the image"
+    );
+    assert_eq!(
+        std::fs::read(bin_dir.join("host-local.ipkeep-orig")).unwrap(),
+        b"the real host-local"
+    );
+}
+
+/// The agent's preStop `pre_stop`, as the agent's account (`agent_kc`): while its DaemonSet
+/// `agent_sa` in `ns` exists (the pod is only replaced) host-local in `bin_dir` stays ipkeep;
+/// once the DaemonSet is deleted the original is back.
+fn the_pre_stop_keeps_ipkeep_until_the_daemonset_is_gone(
+    plane: &ControlPlane,
+    pre_stop: &[String],
+    agent_run: &ContainerRun,
+    agent_kc: &Path,
+    bin_dir: &Path,
+    ns: &str,
+    agent_sa: &str,
+) {
+    let run_pre_stop = || {
+        let mut cmd = Command::new(&pre_stop[0]);
+        cmd.args(&pre_stop[1..])
+            .envs(agent_run.env.iter().map(|(k, v)| (k, v)))
+            .env("KUBECONFIG", agent_kc);
+        String::from_utf8_lossy(&checked(cmd, None).stderr).into_owned()
+    };
+    let replaced = run_pre_stop();
+    assert!(replaced.contains("stays ipkeep"), "{replaced}");
+    assert_eq!(
+        std::fs::read(bin_dir.join("host-local")).unwrap(),
+        b"the plugin, from the image"
+    );
+    kubectl_ok(plane, &["delete", "daemonset", agent_sa, "-n", ns], None);
+    let removed = run_pre_stop();
+    assert!(removed.contains("it is gone"), "{removed}");
+    assert_eq!(
+        std::fs::read(bin_dir.join("host-local")).unwrap(),
+        b"the real host-local"
+    );
+    assert!(!bin_dir.join("host-local.ipkeep-orig").exists());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_grants_exactly_what_the_components_use() {
     let _plane = testkit::plane::use_plane_alone().await;
@@ -1096,29 +1160,8 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         .collect();
     let pre_stop = map_argv(&pre_stop, &agent_run.env, &fs_root);
 
-    // The init container: the plugin in the CNI bin directory, and as host-local.
-    let out = Command::new(&install_run.argv[0])
-        .args(&install_run.argv[1..])
-        .envs(install_run.env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .unwrap();
-    ok(
-        &format!("the install-cni init container {:?}", install_run.argv),
-        out,
-    );
     let bin_dir = fs_root.join("host/opt/cni/bin");
-    assert_eq!(
-        std::fs::read(bin_dir.join("ipkeep")).unwrap(),
-        b"the plugin, from the image"
-    );
-    assert_eq!(
-        std::fs::read(bin_dir.join("host-local")).unwrap(),
-        b"the plugin, from the image"
-    );
-    assert_eq!(
-        std::fs::read(bin_dir.join("host-local.ipkeep-orig")).unwrap(),
-        b"the real host-local"
-    );
+    the_init_container_installs_the_plugin_as_host_local(&install_run, &bin_dir);
 
     // The node's CNI configuration the agent reads (a bridge + host-local with the agent's data
     // directory, as mapped here: in charge, host-local being ipkeep).
@@ -1168,29 +1211,9 @@ async fn the_chart_grants_exactly_what_the_components_use() {
     components.controller.stop();
     components.agent.stop();
 
-    // The agent's preStop, as the agent's account: while its DaemonSet exists (the pod is only
-    // replaced) host-local stays ipkeep; once the DaemonSet is deleted the original is back.
-    let run_pre_stop = || {
-        let mut cmd = Command::new(&pre_stop[0]);
-        cmd.args(&pre_stop[1..])
-            .envs(agent_run.env.iter().map(|(k, v)| (k, v)))
-            .env("KUBECONFIG", &agent_kc);
-        String::from_utf8_lossy(&checked(cmd, None).stderr).into_owned()
-    };
-    let replaced = run_pre_stop();
-    assert!(replaced.contains("stays ipkeep"), "{replaced}");
-    assert_eq!(
-        std::fs::read(bin_dir.join("host-local")).unwrap(),
-        b"the plugin, from the image"
+    the_pre_stop_keeps_ipkeep_until_the_daemonset_is_gone(
+        plane, &pre_stop, &agent_run, &agent_kc, &bin_dir, &ns, agent_sa,
     );
-    kubectl_ok(plane, &["delete", "daemonset", agent_sa, "-n", &ns], None);
-    let removed = run_pre_stop();
-    assert!(removed.contains("it is gone"), "{removed}");
-    assert_eq!(
-        std::fs::read(bin_dir.join("host-local")).unwrap(),
-        b"the real host-local"
-    );
-    assert!(!bin_dir.join("host-local.ipkeep-orig").exists());
 
     // Least privilege, both ways.
     let (failures, report) = audit_log_failures(plane, &audit_log, &release, &ns);
