@@ -22,9 +22,9 @@
 //! Not a test: it prints figures; nothing is asserted about time.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit::plane as real;
+use ipkeep_e2e::testkit::plane::AGENT_ACCOUNT;
 
-use ipkeep_e2e::testkit::bench as support;
+use ipkeep_e2e::testkit::bench;
 use ipkeep_e2e::testkit::bench_agents::{Fleet, line};
 
 use std::{
@@ -35,6 +35,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use bench::{Operator, Plane, percent, percentile};
 use clap::Parser;
 use futures::TryStreamExt;
 use ipkeep_operator::{
@@ -49,7 +50,6 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
-use support::{Operator, Plane, percent, percentile};
 
 const NETWORK: &str = "cbr0";
 /// Release times written by the changes start here (2030), one second apart per change.
@@ -114,7 +114,7 @@ async fn main() {
     }
     println!(
         "  load average after: {} (2 cores shared with other work)",
-        support::load_average()
+        bench::load_average()
     );
     plane.finish();
 }
@@ -126,11 +126,11 @@ async fn create_reservations(
     node_of: impl Fn(usize) -> String,
 ) -> Duration {
     let api: Api<IPReservation> = Api::namespaced(admin.clone(), ns);
-    let apply = PatchParams::apply(support::BENCH_MANAGER);
-    support::run_all(range, SETUP_IN_FLIGHT, |i| {
+    let apply = PatchParams::apply(bench::BENCH_MANAGER);
+    bench::run_all(range, SETUP_IN_FLIGHT, |i| {
         let (api, apply) = (api.clone(), apply.clone());
         let body =
-            support::reservation_spec(&format!("r-{i}"), &support::test_ip(i), &node_of(i), "24h");
+            bench::reservation_spec(&format!("r-{i}"), &bench::test_ip(i), &node_of(i), "24h");
         async move {
             api.patch(&format!("r-{i}"), &apply, &Patch::Apply(&body))
                 .await
@@ -206,7 +206,7 @@ struct Agent {
 
 async fn start_agent(plane: &Plane, node: &str, name: &str) -> Agent {
     let data_dir = plane.scratch(name);
-    let probe = support::free_addr();
+    let probe = bench::free_addr();
     let args: Vec<String> = vec![
         "agent".into(),
         "--node-name".into(),
@@ -220,7 +220,7 @@ async fn start_agent(plane: &Plane, node: &str, name: &str) -> Agent {
         "--metrics-addr".into(),
         probe.to_string(),
     ];
-    let process = plane.operator(name, real::AGENT_ACCOUNT, &args).await;
+    let process = plane.operator(name, AGENT_ACCOUNT, &args).await;
     Agent {
         process,
         probe,
@@ -321,10 +321,10 @@ async fn latency(
         "  one agent: start → first full sync of {} reservations {}; RSS then {:.1} MiB",
         args.reservations,
         ms(first_sync.as_secs_f64()),
-        support::proc_kib(agent.process.pid(), "VmRSS:") as f64 / 1024.0
+        bench::proc_kib(agent.process.pid(), "VmRSS:") as f64 / 1024.0
     );
     let sent: Sent = Arc::default();
-    let as_agent = plane.account_client(real::AGENT_ACCOUNT).await;
+    let as_agent = plane.account_client(AGENT_ACCOUNT).await;
     let (watch, watched, watch_ready) = bare_watch(as_agent, node, sent.clone());
     let _ = tokio::time::timeout(Duration::from_secs(120), watch_ready).await;
 
@@ -437,7 +437,7 @@ async fn cpu_window(
     window: Duration,
     first: &mut usize,
 ) -> f64 {
-    let before = support::cpu_seconds(pid);
+    let before = bench::cpu_seconds(pid);
     let t = Instant::now();
     if names.is_empty() {
         tokio::time::sleep(window).await;
@@ -455,7 +455,7 @@ async fn cpu_window(
             .await;
         }
     }
-    (support::cpu_seconds(pid) - before) / t.elapsed().as_secs_f64()
+    (bench::cpu_seconds(pid) - before) / t.elapsed().as_secs_f64()
 }
 
 /// `--agents` agents, each of another node name: what they add to the API server.
@@ -470,9 +470,9 @@ async fn many_agents(plane: &Plane, admin: &Client, args: &Args) {
     let mut k = 0;
     let idle_before = cpu_window(pid, &api, &[], args.rate, window, &mut k).await;
     let churn_before = cpu_window(pid, &api, &names, args.rate, window, &mut k).await;
-    let rss_before = support::proc_kib(pid, "VmRSS:");
+    let rss_before = bench::proc_kib(pid, "VmRSS:");
 
-    let cpu0 = support::cpu_seconds(pid);
+    let cpu0 = bench::cpu_seconds(pid);
     let t = Instant::now();
     let mut agents = Vec::new();
     for a in 0..args.agents {
@@ -481,14 +481,14 @@ async fn many_agents(plane: &Plane, admin: &Client, args: &Args) {
     for agent in &agents {
         agent.ready().await;
     }
-    let start_cpu = support::cpu_seconds(pid) - cpu0;
+    let start_cpu = bench::cpu_seconds(pid) - cpu0;
     let start_time = t.elapsed();
     let idle_after = cpu_window(pid, &api, &[], args.rate, window, &mut k).await;
     let churn_after = cpu_window(pid, &api, &names, args.rate, window, &mut k).await;
-    let rss_after = support::proc_kib(pid, "VmRSS:");
+    let rss_after = bench::proc_kib(pid, "VmRSS:");
     let agents_rss: u64 = agents
         .iter()
-        .map(|a| support::proc_kib(a.process.pid(), "VmRSS:"))
+        .map(|a| bench::proc_kib(a.process.pid(), "VmRSS:"))
         .sum();
     for agent in agents {
         agent.process.check();
@@ -555,14 +555,14 @@ struct Step {
 /// The API server's CPU over `window` with no writes, and its resident memory's median, sampled
 /// once a second meanwhile (KiB).
 async fn idle_window(pid: u32, window: Duration) -> (f64, f64) {
-    let before = support::cpu_seconds(pid);
+    let before = bench::cpu_seconds(pid);
     let t = Instant::now();
     let mut rss = Vec::new();
     while t.elapsed() < window {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        rss.push(support::proc_kib(pid, "VmRSS:") as f64);
+        rss.push(bench::proc_kib(pid, "VmRSS:") as f64);
     }
-    let cores = (support::cpu_seconds(pid) - before) / t.elapsed().as_secs_f64();
+    let cores = (bench::cpu_seconds(pid) - before) / t.elapsed().as_secs_f64();
     rss.sort_by(f64::total_cmp);
     (cores, percentile(&rss, 50.0))
 }
@@ -653,18 +653,18 @@ async fn fan_out(
     let count = args.fan_out_steps.max(1);
     for step in 1..=count {
         let upto = args.fan_out * step / count;
-        let cpu0 = support::cpu_seconds(pid);
+        let cpu0 = bench::cpu_seconds(pid);
         let t = Instant::now();
         fleet
             .grow(
                 &nodes[fleet.len()..upto],
                 NETWORK,
                 &data_root,
-                || plane.account_client(real::AGENT_ACCOUNT),
+                || plane.account_client(AGENT_ACCOUNT),
                 Duration::from_secs(600),
             )
             .await;
-        start_cpu += support::cpu_seconds(pid) - cpu0;
+        start_cpu += bench::cpu_seconds(pid) - cpu0;
         start_time += t.elapsed();
         steps.push(measure_step(plane, admin, &api, &names, fleet.len(), args, &mut k).await);
     }

@@ -18,12 +18,13 @@
 //! start-up (a LIST then would be a relist). Not a test: it prints figures.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit::plane as real;
+use ipkeep_e2e::testkit::plane::{AGENT_ACCOUNT, CONTROLLER_ACCOUNT};
 
-use ipkeep_e2e::testkit::bench as support;
+use ipkeep_e2e::testkit::bench;
 
 use std::{collections::BTreeMap, time::Duration};
 
+use bench::{Audited, PhaseWatch, Plane, is_write};
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -31,7 +32,6 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
-use support::{Audited, PhaseWatch, Plane, is_write};
 
 /// The most writes one pod's lifecycle may cost (issue 17).
 const WRITE_GOAL: f64 = 4.0;
@@ -62,12 +62,12 @@ async fn main() {
     let admin = plane.admin();
     let ns = plane.namespace("bench-cost").await;
 
-    let before_start = support::audit_mark(&log);
-    let controller_probe = support::free_addr();
+    let before_start = bench::audit_mark(&log);
+    let controller_probe = bench::free_addr();
     let controller = plane
         .operator(
             "controller-cost",
-            real::CONTROLLER_ACCOUNT,
+            CONTROLLER_ACCOUNT,
             &[
                 "controller".into(),
                 "--namespace".into(),
@@ -81,12 +81,12 @@ async fn main() {
             ],
         )
         .await;
-    let agent_probe = support::free_addr();
+    let agent_probe = bench::free_addr();
     let data_dir = plane.scratch("agent-cost");
     let agent = plane
         .operator(
             "agent-cost",
-            real::AGENT_ACCOUNT,
+            AGENT_ACCOUNT,
             &[
                 "agent".into(),
                 "--node-name".into(),
@@ -104,9 +104,9 @@ async fn main() {
         .await;
     controller.ready(controller_probe).await;
     agent.ready(agent_probe).await;
-    let controller_user = plane.account_user(real::CONTROLLER_ACCOUNT).await;
-    let agent_user = plane.account_user(real::AGENT_ACCOUNT).await;
-    let start = support::audit_settled(&log, before_start, &controller_user).await;
+    let controller_user = plane.account_user(CONTROLLER_ACCOUNT).await;
+    let agent_user = plane.account_user(AGENT_ACCOUNT).await;
+    let start = bench::audit_settled(&log, before_start, &controller_user).await;
 
     let n = args.pods;
     let mut phases = PhaseWatch::start(admin.clone(), &ns, None);
@@ -121,7 +121,7 @@ async fn main() {
             .until(step.awaits(), PATIENCE, |c| step.done(c, n))
             .await;
         let from = *marks.last().unwrap();
-        marks.push(support::audit_settled(&log, from, &controller_user).await);
+        marks.push(bench::audit_settled(&log, from, &controller_user).await);
     }
     controller.check();
     agent.check();
@@ -140,7 +140,7 @@ async fn main() {
     );
     let steps: Vec<BTreeMap<Audited, usize>> = marks
         .windows(2)
-        .map(|w| support::audited_between(&log, w[0], Some(w[1])))
+        .map(|w| bench::audited_between(&log, w[0], Some(w[1])))
         .collect();
     println!("  controller ({controller_user}), per pod:");
     println!(
@@ -188,7 +188,7 @@ async fn main() {
         STORY_LIFECYCLES,
         (r + e) / STORY_LIFECYCLES as f64
     );
-    let start_up = support::audited_between(&log, before_start, Some(start));
+    let start_up = bench::audited_between(&log, before_start, Some(start));
     for (who, user) in [("controller", &controller_user), ("agent", &agent_user)] {
         let requests: Vec<String> = start_up
             .iter()
@@ -197,7 +197,7 @@ async fn main() {
             .collect();
         println!("  {who} start-up: {}", requests.join(", "));
     }
-    let everything = support::audited_between(&log, start, marks.last().copied());
+    let everything = bench::audited_between(&log, start, marks.last().copied());
     for (who, user) in [("controller", &controller_user), ("agent", &agent_user)] {
         report(who, user, &everything, n * STORY_LIFECYCLES);
     }
@@ -253,7 +253,7 @@ impl Step {
         }
     }
 
-    fn done(self, c: &support::PhaseCount, n: usize) -> bool {
+    fn done(self, c: &bench::PhaseCount, n: usize) -> bool {
         match self {
             Step::Create | Step::Recreate => c.bound >= n,
             Step::Delete | Step::DeleteAgain => c.released >= n,
@@ -293,7 +293,7 @@ impl Cost {
 
 async fn create_pods(admin: &Client, ns: &str, n: usize, retain_for: &str) {
     let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
-    support::run_all(0..n, 16, |i| {
+    bench::run_all(0..n, 16, |i| {
         let pods = pods.clone();
         let pod: Pod = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
@@ -307,7 +307,7 @@ async fn create_pods(admin: &Client, ns: &str, n: usize, retain_for: &str) {
             pods.create(&PostParams::default(), &pod)
                 .await
                 .expect("pod create");
-            let ip = support::test_ip(i);
+            let ip = bench::test_ip(i);
             let status =
                 json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
             pods.patch_status(
@@ -324,7 +324,7 @@ async fn create_pods(admin: &Client, ns: &str, n: usize, retain_for: &str) {
 
 async fn delete_pods(admin: &Client, ns: &str, n: usize) {
     let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
-    support::run_all(0..n, 16, |i| {
+    bench::run_all(0..n, 16, |i| {
         let pods = pods.clone();
         async move {
             pods.delete(

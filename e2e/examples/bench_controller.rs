@@ -29,12 +29,15 @@
 //! one on its own. Not a test: it prints figures.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit::plane as real;
+use ipkeep_e2e::testkit::plane::CONTROLLER_ACCOUNT;
 
-use ipkeep_e2e::testkit::bench as support;
+use ipkeep_e2e::testkit::bench;
 
 use std::time::{Duration, Instant};
 
+use bench::{
+    Ceiling, Operator, PhaseWatch, Plane, WriteAudit, Writes, percent, percentile, test_ip,
+};
 use clap::Parser;
 use futures::TryStreamExt;
 use ipkeep_operator::api::IPReservation;
@@ -46,9 +49,6 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
-use support::{
-    Ceiling, Operator, PhaseWatch, Plane, WriteAudit, Writes, percent, percentile, test_ip,
-};
 
 /// How many pod writes the bench makes at once while setting a size up (admin, exempt from APF).
 const SETUP_IN_FLIGHT: usize = 32;
@@ -142,7 +142,7 @@ async fn main() {
         .collect();
     plane.add_nodes(&nodes).await;
     let admin = plane.admin();
-    let as_controller = plane.account_client(real::CONTROLLER_ACCOUNT).await;
+    let as_controller = plane.account_client(CONTROLLER_ACCOUNT).await;
     eprintln!("bench: measuring {}", plane.describe());
 
     let largest = args.sizes.iter().copied().max().unwrap_or(0);
@@ -157,7 +157,7 @@ async fn main() {
     println!(
         "  pods on {} nodes (Node objects, Ready, no kubelet), controller with its default {} workers, {}, Normal Events {}; load average at the start {}",
         nodes.len(),
-        support::CONTROLLER_WORKERS,
+        bench::CONTROLLER_WORKERS,
         if args.failover {
             "no leader election (two controllers with it at the failover's size)"
         } else {
@@ -168,7 +168,7 @@ async fn main() {
         } else {
             "off (the default)"
         },
-        support::load_average()
+        bench::load_average()
     );
     let mut rows = Vec::new();
     let mut failover = None;
@@ -201,7 +201,7 @@ async fn main() {
     )
     .await;
 
-    println!("  load average now {}", support::load_average());
+    println!("  load average now {}", bench::load_average());
     print_slopes(&rows);
     if let Some(f) = &failover {
         f.print();
@@ -223,12 +223,12 @@ async fn main() {
     }
 }
 
-/// Draws the CSV into `png` ([`support::plot_controller`]); exits the bench if it fails.
+/// Draws the CSV into `png` ([`bench::plot_controller`]); exits the bench if it fails.
 fn plot(png: &std::path::Path, csv: &std::path::Path) {
-    match support::plot_controller(png, csv) {
+    match bench::plot_controller(png, csv) {
         Ok(()) => println!("  plot: {}", png.display()),
         Err(e) => {
-            eprintln!("bench: {e}: it needs {}", support::PLOT_NEEDS);
+            eprintln!("bench: {e}: it needs {}", bench::PLOT_NEEDS);
             std::process::exit(1);
         }
     }
@@ -297,7 +297,7 @@ async fn one_size(
     );
 
     let ns = plane.namespace("bench-pods").await;
-    let made = support::run_all(0..pods, SETUP_IN_FLIGHT, |i| {
+    let made = bench::run_all(0..pods, SETUP_IN_FLIGHT, |i| {
         create_running_pod(admin.clone(), ns.clone(), i, nodes[i % nodes.len()].clone())
     })
     .await;
@@ -325,7 +325,7 @@ async fn one_size(
         knobs.profile(plane, pods, "controller"),
     );
     let bind = first_bound + all;
-    let bind_cpu = support::cpu_seconds(controller.pid());
+    let bind_cpu = bench::cpu_seconds(controller.pid());
     let (bind_apiserver_cpu, bind_cpu_by_tenth) = trace.finish(2 * pods);
     controller.check();
     eprintln!(
@@ -397,7 +397,7 @@ async fn one_size(
 
 /// Deletes pods `pod-<i>` for `i` in `range` (grace period 0, as a kubelet would once they stop).
 async fn delete_pods(pod_api: &Api<Pod>, range: std::ops::Range<usize>) -> Duration {
-    support::run_all(range, SETUP_IN_FLIGHT, |i| {
+    bench::run_all(range, SETUP_IN_FLIGHT, |i| {
         let pod_api = pod_api.clone();
         async move {
             pod_api
@@ -452,7 +452,7 @@ async fn failover(
 ) -> (Operator, Failover) {
     let (leader, leader_probe) = leader;
     assert_eq!(
-        support::metric(leader_probe, "ipkeep_controller_leader").await,
+        bench::metric(leader_probe, "ipkeep_controller_leader").await,
         Some(1.0),
         "the first controller leads"
     );
@@ -466,7 +466,7 @@ async fn failover(
     .await;
     let standby_ready = standby.ready(probe).await;
     assert_eq!(
-        support::metric(probe, "ipkeep_controller_leader").await,
+        bench::metric(probe, "ipkeep_controller_leader").await,
         Some(0.0),
         "the second controller waits for the lease"
     );
@@ -504,8 +504,8 @@ async fn failover(
 
     // The marker: once the watch shows it, it has shown every write made before it.
     let api: Api<IPReservation> = Api::namespaced(admin.clone(), ns);
-    let apply = PatchParams::apply(support::BENCH_MANAGER).force();
-    let spec = support::reservation_spec(MARKER, &test_ip(200_000), "node-0", "24h");
+    let apply = PatchParams::apply(bench::BENCH_MANAGER).force();
+    let spec = bench::reservation_spec(MARKER, &test_ip(200_000), "node-0", "24h");
     api.patch(MARKER, &apply, &Patch::Apply(&spec))
         .await
         .expect("the marker");
@@ -559,7 +559,7 @@ async fn list_pods(as_controller: &Client, ns: &str) -> (usize, Duration) {
 async fn standby_reconciled(standby: &Operator, probe: std::net::SocketAddr, pods: usize) {
     let t = Instant::now();
     loop {
-        let count = support::metric(probe, "ipkeep_controller_reconcile_duration_seconds_count")
+        let count = bench::metric(probe, "ipkeep_controller_reconcile_duration_seconds_count")
             .await
             .unwrap_or(0.0);
         if count >= pods as f64 {
@@ -650,7 +650,7 @@ async fn start_controller(
     normal_events: bool,
     election: Option<(&Election, &str)>,
 ) -> (Operator, std::net::SocketAddr) {
-    let probe = support::free_addr();
+    let probe = bench::free_addr();
     let mut args: Vec<String> = [
         "controller",
         "--namespace",
@@ -672,10 +672,7 @@ async fn start_controller(
         ]),
         None => args.push("--leader-elect=false".to_owned()),
     }
-    (
-        plane.operator(name, real::CONTROLLER_ACCOUNT, &args).await,
-        probe,
-    )
+    (plane.operator(name, CONTROLLER_ACCOUNT, &args).await, probe)
 }
 
 fn print_row(r: &Row) {
@@ -755,7 +752,7 @@ fn write_csv(path: &std::path::Path, rows: &[Row]) {
             r.bind_cpu,
             r.bind_apiserver_cpu,
             r.ceiling.bind_apiserver_cpu,
-            support::load_average().replace(' ', "/")
+            bench::load_average().replace(' ', "/")
         ));
     }
     std::fs::write(path, text)
@@ -862,16 +859,16 @@ async fn expiries(
         }
     });
     let api: Api<IPReservation> = Api::namespaced(admin.clone(), &ns);
-    let apply = PatchParams::apply(support::BENCH_MANAGER).force();
-    support::run_all(0..n, SETUP_IN_FLIGHT, |i| {
+    let apply = PatchParams::apply(bench::BENCH_MANAGER).force();
+    bench::run_all(0..n, SETUP_IN_FLIGHT, |i| {
         let (api, apply) = (api.clone(), apply.clone());
         async move {
             let name = format!("expire-{i}");
-            let spec = support::reservation_spec(&name, &test_ip(100_000 + i), "node-0", "90s");
+            let spec = bench::reservation_spec(&name, &test_ip(100_000 + i), "node-0", "90s");
             api.patch(&name, &apply, &Patch::Apply(&spec))
                 .await
                 .expect("expiring reservation");
-            let status = support::reservation_status(json!({
+            let status = bench::reservation_status(json!({
                 "phase": "Released", "releasedAt": released_at.to_string(), "releaseTime": due.to_string(),
             }));
             api.patch_status(&name, &apply, &Patch::Apply(&status))

@@ -25,7 +25,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ipkeep_e2e::cluster::realnode::{RealCluster, RealClusterOptions, RealNode, WORKLOAD_IMAGE};
+use ipkeep_e2e::cluster::realnode::{Cluster, ClusterOptions, RealNode, WORKLOAD_IMAGE};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::ListParams;
@@ -143,7 +143,7 @@ impl Recreation {
 
 /// One re-creation: `kubectl delete pod` (default grace, kubectl waits for the deletion as a
 /// user's would), then polls (every 50 ms) until the successor is Ready.
-async fn recreate(c: &RealCluster, pods: &Api<Pod>, ns: &str, name: &str) -> Recreation {
+async fn recreate(c: &Cluster, pods: &Api<Pod>, ns: &str, name: &str) -> Recreation {
     let before = pods.get(name).await.unwrap();
     let uid = before.metadata.uid.clone().unwrap();
     let started = Instant::now();
@@ -271,7 +271,7 @@ fn mib(bytes: Option<u64>) -> String {
     )
 }
 
-async fn print_memory(c: &RealCluster) {
+async fn print_memory(c: &Cluster) {
     let pods: Api<Pod> = Api::namespaced(c.plane().client().unwrap(), RELEASE_NS);
     let list = pods.list(&ListParams::default()).await.unwrap();
     println!("memory of the release's pods (their pod cgroups, memory hierarchy):");
@@ -295,7 +295,7 @@ async fn print_memory(c: &RealCluster) {
     }
 }
 
-fn helm_install(c: &RealCluster, image: &str) {
+fn helm_install(c: &Cluster, image: &str) {
     let (repository, tag) = image.rsplit_once(':').unwrap();
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/ipkeep");
     let out = c
@@ -381,7 +381,7 @@ async fn main() {
     let archive = image_archive();
     println!("bench-e2e: {} at start", uptime());
     let started = Instant::now();
-    let c = RealCluster::start(RealClusterOptions {
+    let c = Cluster::start(ClusterOptions {
         nodes: 2,
         ..Default::default()
     })

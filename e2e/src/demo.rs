@@ -11,7 +11,7 @@
 
 use std::time::Instant;
 
-use crate::cluster::realnode::RealCluster;
+use crate::cluster::realnode::Cluster;
 
 mod error;
 mod narrate;
@@ -24,7 +24,7 @@ pub use story::DemoOptions;
 pub async fn run(options: DemoOptions) -> Result<(), DemoError> {
     preflight(&options)?;
     let t0 = Instant::now();
-    let mut real: Option<RealCluster> = None;
+    let mut real: Option<Cluster> = None;
     let mut told = false;
     let result = {
         let story = story::story(&options, &mut real, &mut told, t0);

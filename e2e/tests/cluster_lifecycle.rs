@@ -17,7 +17,7 @@ use std::{
 };
 
 use ipkeep_e2e::cluster::{
-    Cluster, ClusterError, ClusterOptions,
+    ControlPlane, ControlPlaneError, ControlPlaneOptions,
     plane::{process_alive, reap_stale},
 };
 use scratch::Scratch;
@@ -252,15 +252,15 @@ async fn a_taken_port_is_named() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = taken.local_addr().expect("addr").port();
     let parent = Scratch::new("e2e-port");
-    let err = Cluster::start(ClusterOptions {
+    let err = ControlPlane::start(ControlPlaneOptions {
         state_parent: Some(parent.path().to_path_buf()),
         apiserver_port: Some(port),
-        ..ClusterOptions::default()
+        ..ControlPlaneOptions::default()
     })
     .await
     .expect_err("a taken port must fail");
     assert!(
-        matches!(err, ClusterError::PortTaken { port: p, .. } if p == port),
+        matches!(err, ControlPlaneError::PortTaken { port: p, .. } if p == port),
         "{err}"
     );
     let message = err.to_string();
@@ -282,7 +282,7 @@ async fn a_component_that_cannot_bind_its_port_says_so() {
     let port = taken.local_addr().expect("addr").port();
     let parent = Scratch::new("e2e-bind");
     let url = format!("http://127.0.0.1:{port}");
-    let err = Cluster::start(ClusterOptions {
+    let err = ControlPlane::start(ControlPlaneOptions {
         state_parent: Some(parent.path().to_path_buf()),
         extra_args: [(
             "etcd".to_owned(),
@@ -292,13 +292,13 @@ async fn a_component_that_cannot_bind_its_port_says_so() {
             ],
         )]
         .into(),
-        ..ClusterOptions::default()
+        ..ControlPlaneOptions::default()
     })
     .await
     .expect_err("etcd cannot bind a taken port");
     let message = ipkeep_e2e::error_chain(&err);
     assert!(
-        matches!(&err, ClusterError::Exited { report, .. } if report.name == "etcd"),
+        matches!(&err, ControlPlaneError::Exited { report, .. } if report.name == "etcd"),
         "{message}"
     );
     assert!(message.contains("failed to start etcd"), "{message}");
@@ -318,7 +318,7 @@ async fn a_component_that_cannot_bind_its_port_says_so() {
 async fn a_component_that_fails_to_start_is_named_with_its_log() {
     let parent = Scratch::new("e2e-badflag");
     let dir = parent.join("ipkeep-cluster-badflag");
-    let err = Cluster::start(ClusterOptions {
+    let err = ControlPlane::start(ControlPlaneOptions {
         state_dir: Some(dir.clone()),
         state_parent: Some(parent.path().to_path_buf()),
         extra_args: [(
@@ -326,13 +326,13 @@ async fn a_component_that_fails_to_start_is_named_with_its_log() {
             vec!["--no-such-flag".to_owned()],
         )]
         .into(),
-        ..ClusterOptions::default()
+        ..ControlPlaneOptions::default()
     })
     .await
     .expect_err("an unknown flag must fail");
     let message = ipkeep_e2e::error_chain(&err);
     assert!(
-        matches!(&err, ClusterError::Exited { report, .. } if report.name == "kube-scheduler"),
+        matches!(&err, ControlPlaneError::Exited { report, .. } if report.name == "kube-scheduler"),
         "{message}"
     );
     assert!(
@@ -349,22 +349,22 @@ async fn a_component_that_fails_to_start_is_named_with_its_log() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_component_that_dies_mid_run_is_named() {
     let parent = Scratch::new("e2e-dies");
-    let cluster = Cluster::start(ClusterOptions {
+    let plane = ControlPlane::start(ControlPlaneOptions {
         state_parent: Some(parent.path().to_path_buf()),
-        ..ClusterOptions::default()
+        ..ControlPlaneOptions::default()
     })
     .await
     .expect("start");
-    cluster.check().expect("all running");
-    let rss = cluster.rss_kib();
+    plane.check().expect("all running");
+    let rss = plane.rss_kib();
     eprintln!("rss (KiB) right after start: {rss:?}");
     assert_eq!(rss.len(), 4, "{rss:?}");
-    let pids = cluster.pids();
+    let pids = plane.pids();
     let scheduler = pids["kube-scheduler"];
     signal("-KILL", scheduler);
     let started = Instant::now();
     let err = loop {
-        if let Err(e) = cluster.check() {
+        if let Err(e) = plane.check() {
             break e;
         }
         assert!(
@@ -374,12 +374,12 @@ async fn a_component_that_dies_mid_run_is_named() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(
-        matches!(&err, ClusterError::Died { report, pid, .. } if report.name == "kube-scheduler" && *pid == scheduler),
+        matches!(&err, ControlPlaneError::Died { report, pid, .. } if report.name == "kube-scheduler" && *pid == scheduler),
         "{err}"
     );
     assert!(err.to_string().contains("kube-scheduler (pid"), "{err}");
-    let dir = cluster.state_dir().to_owned();
-    drop(cluster);
+    let dir = plane.state_dir().to_owned();
+    drop(plane);
     wait_all_gone("after dropping the cluster", &pids, &dir);
 }
 

@@ -17,7 +17,7 @@ use std::{
 };
 
 use ipkeep_e2e::cluster::realnode::{self, Slot};
-use ipkeep_e2e::testkit::system::*;
+use ipkeep_e2e::testkit::system::skipped_on_users_cluster;
 
 fn image_archive() -> std::path::PathBuf {
     let path = std::env::var_os("IPKEEP_IMAGE_ARCHIVE")

@@ -14,10 +14,10 @@ use std::{
 };
 
 use super::{
-    Cluster, ClusterError, ClusterOptions,
+    ControlPlane, ControlPlaneError, ControlPlaneOptions,
     plane::{kill_recorded_groups, process_alive},
     process::{LOG_TAIL_LINES, log_tail},
-    realnode::{self, RealCluster, RealClusterOptions, RealNodeError},
+    realnode::{self, Cluster, ClusterOptions, RealNodeError},
 };
 
 /// Failures of the command line, each with the command that fixes it.
@@ -25,7 +25,7 @@ use super::{
 pub enum CliError {
     /// The control plane itself failed.
     #[error(transparent)]
-    Cluster(#[from] ClusterError),
+    ControlPlane(#[from] ControlPlaneError),
     /// The real nodes failed.
     #[error(transparent)]
     Nodes(#[from] RealNodeError),
@@ -218,8 +218,8 @@ fn nodes_file(dir: &Path) -> PathBuf {
 
 /// Either kind of cluster the supervisor runs.
 enum Supervised {
-    Plane(Box<Cluster>),
-    Nodes(Box<RealCluster>),
+    Plane(Box<ControlPlane>),
+    Nodes(Box<Cluster>),
 }
 
 impl Supervised {
@@ -267,21 +267,21 @@ pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
         eprintln!("ipkeep-e2e cluster: {line}");
     }
     let t0 = Instant::now();
-    let plane = ClusterOptions {
+    let plane = ControlPlaneOptions {
         state_dir: Some(options.state_dir.clone()),
         state_parent: options.state_dir.parent().map(Path::to_owned),
         apiserver_port: options.apiserver_port,
         audit_log: options.audit_log,
-        ..ClusterOptions::default()
+        ..ControlPlaneOptions::default()
     };
     let io = |what: &str| {
         let what = what.to_owned();
         move |source| CliError::Io { what, source }
     };
     let cluster = if options.nodes == 0 {
-        Supervised::Plane(Box::new(Cluster::start(plane).await?))
+        Supervised::Plane(Box::new(ControlPlane::start(plane).await?))
     } else {
-        let c = RealCluster::start(RealClusterOptions {
+        let c = Cluster::start(ClusterOptions {
             nodes: options.nodes,
             network: realnode::PodNetwork {
                 cni: options.cni,
@@ -290,7 +290,7 @@ pub async fn run_foreground(options: UpOptions) -> Result<(), CliError> {
                 ..realnode::PodNetwork::default()
             },
             plane,
-            ..RealClusterOptions::default()
+            ..ClusterOptions::default()
         })
         .await?;
         let info = serde_json::json!({

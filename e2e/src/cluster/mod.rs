@@ -3,9 +3,9 @@
 //! with fresh state, generated certificates and real RBAC.
 //!
 //! Tests share one control plane per test binary ([`shared`]) and isolate themselves with
-//! namespaces ([`Cluster::fresh_namespace`]) and inject API faults through a
+//! namespaces ([`ControlPlane::fresh_namespace`]) and inject API faults through a
 //! [`crate::proxy::FaultProxy`] of their own. Its Nodes are objects the tests write
-//! ([`Cluster::add_node`]), with no kubelet behind them (see [`nodes`]). Nothing outlives the process that started it: see
+//! ([`ControlPlane::add_node`]), with no kubelet behind them (see [`nodes`]). Nothing outlives the process that started it: see
 //! [`process`].
 
 pub mod cli;
@@ -26,23 +26,24 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use kube::{Api, api::PostParams};
 
 pub use nodes::force_delete_pod;
-pub use plane::{Cluster, ClusterError, ClusterOptions, NodeAccess, bin_dir};
+pub use plane::{ControlPlane, ControlPlaneError, ControlPlaneOptions, NodeAccess, bin_dir};
 
-static SHARED: tokio::sync::OnceCell<Result<Cluster, String>> = tokio::sync::OnceCell::const_new();
+static SHARED: tokio::sync::OnceCell<Result<ControlPlane, String>> =
+    tokio::sync::OnceCell::const_new();
 
 /// The control plane shared by every test of this test binary, started on first use (with the
-/// audit log on, for fixture Nodes: [`ClusterOptions::fixture_nodes`]) and stopped when the process exits, however it exits. Fails if it could not
+/// audit log on, for fixture Nodes: [`ControlPlaneOptions::fixture_nodes`]) and stopped when the process exits, however it exits. Fails if it could not
 /// start, or if one of its components has died since (the error names it).
-pub async fn shared() -> Result<&'static Cluster, ClusterError> {
+pub async fn shared() -> Result<&'static ControlPlane, ControlPlaneError> {
     let started = SHARED
         .get_or_init(|| async {
             let t0 = Instant::now();
-            let options = ClusterOptions {
+            let options = ControlPlaneOptions {
                 audit_log: true,
                 fixture_nodes: true,
-                ..ClusterOptions::default()
+                ..ControlPlaneOptions::default()
             };
-            match Cluster::start(options).await {
+            match ControlPlane::start(options).await {
                 Ok(c) => {
                     eprintln!(
                         "ipkeep-e2e cluster: shared control plane ready in {:.1}s at {} (state {})",
@@ -57,21 +58,21 @@ pub async fn shared() -> Result<&'static Cluster, ClusterError> {
         })
         .await;
     match started {
-        Ok(cluster) => {
-            cluster.check()?;
-            Ok(cluster)
+        Ok(plane) => {
+            plane.check()?;
+            Ok(plane)
         }
-        Err(e) => Err(ClusterError::Shared(e.clone())),
+        Err(e) => Err(ControlPlaneError::Shared(e.clone())),
     }
 }
 
 static NAMESPACE_SEQ: AtomicU64 = AtomicU64::new(0);
 
-impl Cluster {
+impl ControlPlane {
     /// Creates a namespace `<prefix>-<n>` unique in this process and returns its name once the
     /// controller-manager has filled it as in any cluster: its `default` ServiceAccount (pods
     /// cannot be created before it exists) and the `kube-root-ca.crt` ConfigMap.
-    pub async fn fresh_namespace(&self, prefix: &str) -> Result<String, ClusterError> {
+    pub async fn fresh_namespace(&self, prefix: &str) -> Result<String, ControlPlaneError> {
         let ok = !prefix.is_empty()
             && prefix.len() <= 40
             && prefix
@@ -79,7 +80,7 @@ impl Cluster {
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             && !prefix.starts_with('-');
         if !ok {
-            return Err(ClusterError::Invalid {
+            return Err(ControlPlaneError::Invalid {
                 what: "namespace prefix",
                 value: prefix.to_owned(),
                 why: "at most 40 lowercase letters, digits and '-', not starting with '-'",
@@ -98,7 +99,7 @@ impl Cluster {
         namespaces
             .create(&PostParams::default(), &ns)
             .await
-            .map_err(|source| ClusterError::Api {
+            .map_err(|source| ControlPlaneError::Api {
                 what: format!("create namespace {name}"),
                 source,
             })?;
@@ -110,14 +111,14 @@ impl Cluster {
                 accounts
                     .get_opt("default")
                     .await
-                    .map_err(|source| ClusterError::Api {
+                    .map_err(|source| ControlPlaneError::Api {
                         what: format!("read ServiceAccount {name}/default"),
                         source,
                     })?;
             let root_ca = config_maps
                 .get_opt("kube-root-ca.crt")
                 .await
-                .map_err(|source| ClusterError::Api {
+                .map_err(|source| ControlPlaneError::Api {
                     what: format!("read ConfigMap {name}/kube-root-ca.crt"),
                     source,
                 })?;
@@ -126,7 +127,7 @@ impl Cluster {
             }
             self.check()?;
             if started.elapsed() > Duration::from_secs(60) {
-                return Err(ClusterError::Timeout {
+                return Err(ControlPlaneError::Timeout {
                     what: format!(
                         "wait for the controller-manager to create ServiceAccount {name}/default and ConfigMap {name}/kube-root-ca.crt"
                     ),

@@ -1,8 +1,8 @@
 //! Nodes without kubelets, as in controller-runtime's envtest: the test writes a Node object
-//! once ([`Cluster::add_node`]) and binds pods to it, writes their status itself, and finishes
+//! once ([`ControlPlane::add_node`]) and binds pods to it, writes their status itself, and finishes
 //! their deletion itself ([`force_delete_pod`]). Nothing heartbeats, so the shared control plane
 //! runs kube-controller-manager without its node lifecycle controller
-//! ([`super::ClusterOptions::fixture_nodes`]). A node's own identity ([`Cluster::node_config`])
+//! ([`super::ControlPlaneOptions::fixture_nodes`]). A node's own identity ([`ControlPlane::node_config`])
 //! is here for the tests of the Node authorizer.
 
 use k8s_openapi::{
@@ -16,7 +16,7 @@ use kube::{
 };
 use serde_json::json;
 
-use super::plane::{Cluster, ClusterError};
+use super::plane::{ControlPlane, ControlPlaneError};
 
 /// The field manager of the Node objects the harness writes.
 const MANAGER: &str = "ipkeep-e2e-fixture";
@@ -36,11 +36,11 @@ fn valid_node_name(name: &str) -> bool {
         })
 }
 
-fn check_node_name(name: &str) -> Result<(), ClusterError> {
+fn check_node_name(name: &str) -> Result<(), ControlPlaneError> {
     if valid_node_name(name) {
         return Ok(());
     }
-    Err(ClusterError::Invalid {
+    Err(ControlPlaneError::Invalid {
         what: "node name",
         value: name.to_owned(),
         why: "a Node name is a DNS-1123 subdomain: lowercase letters, digits, '-' and '.'",
@@ -78,18 +78,18 @@ fn ready_status() -> serde_json::Value {
     })
 }
 
-impl Cluster {
+impl ControlPlane {
     /// Writes Node `name` (as admin, once: writing it again changes nothing): Ready, with the
     /// `kubernetes.io/hostname` label, and without taints, so that the scheduler binds pods to
     /// it and the pod garbage collector, which only collects the pods of Nodes that do not
     /// exist, leaves its pods alone. The API server's `TaintNodesByCondition` admission taints
     /// every new Node `node.kubernetes.io/not-ready`; the node lifecycle controller would lift
     /// it, but a plane for fixture Nodes does not run one, so this lifts it.
-    pub async fn add_node(&self, name: &str) -> Result<Node, ClusterError> {
+    pub async fn add_node(&self, name: &str) -> Result<Node, ControlPlaneError> {
         check_node_name(name)?;
         let api_err = |what: &str| {
             let what = format!("{what} Node {name}");
-            move |source| ClusterError::Api { what, source }
+            move |source| ControlPlaneError::Api { what, source }
         };
         let nodes: Api<Node> = Api::all(self.client()?);
         let pp = PatchParams::apply(MANAGER).force();
@@ -127,7 +127,7 @@ impl Cluster {
     /// `system:nodes`), as a kubelet has: the Node authorizer and the NodeRestriction admission
     /// plugin limit it to its own Node, its Lease and the pods bound to it. The certificate is
     /// signed on first use and kept in the state directory.
-    pub fn node_config(&self, name: &str) -> Result<kube::Config, ClusterError> {
+    pub fn node_config(&self, name: &str) -> Result<kube::Config, ControlPlaneError> {
         check_node_name(name)?;
         let file = format!("node-{name}");
         let pki = self.pki();
@@ -157,7 +157,7 @@ pub async fn force_delete_pod(
     pods: &Api<Pod>,
     name: &str,
     uid: Option<&str>,
-) -> Result<bool, ClusterError> {
+) -> Result<bool, ControlPlaneError> {
     let dp = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: uid.map(|uid| Preconditions {
@@ -170,7 +170,7 @@ pub async fn force_delete_pod(
         Ok(_) => Ok(true),
         // Gone already, or a new pod by that name (the UID precondition failed).
         Err(kube::Error::Api(s)) if s.code == 404 || (s.code == 409 && uid.is_some()) => Ok(false),
-        Err(source) => Err(ClusterError::Api {
+        Err(source) => Err(ControlPlaneError::Api {
             what: format!("delete pod {name} with grace period 0"),
             source,
         }),

@@ -11,7 +11,7 @@ use kube::{Api, api::PostParams};
 
 use super::{
     kubeconfig::{KubeUser, kubeconfig, write_kubeconfig},
-    plane::{Cluster, ClusterError},
+    plane::{ControlPlane, ControlPlaneError},
 };
 
 /// Mints a token for ServiceAccount `namespace/name` valid for `seconds` (the API server's
@@ -21,7 +21,7 @@ pub async fn service_account_token(
     namespace: &str,
     name: &str,
     seconds: i64,
-) -> Result<String, ClusterError> {
+) -> Result<String, ControlPlaneError> {
     let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     let request = TokenRequest {
         spec: TokenRequestSpec {
@@ -33,7 +33,7 @@ pub async fn service_account_token(
     let answer = api
         .create_token_request(name, &PostParams::default(), &request)
         .await
-        .map_err(|source| ClusterError::Api {
+        .map_err(|source| ControlPlaneError::Api {
             what: format!("request a token for ServiceAccount {namespace}/{name}"),
             source,
         })?;
@@ -41,7 +41,7 @@ pub async fn service_account_token(
         .status
         .map(|s| s.token)
         .filter(|t| !t.is_empty())
-        .ok_or_else(|| ClusterError::Invalid {
+        .ok_or_else(|| ControlPlaneError::Invalid {
             what: "TokenRequest answer",
             value: format!("{namespace}/{name}"),
             why: "it carries no token",
@@ -53,7 +53,7 @@ pub async fn service_account_token(
 /// 100 000-pod run met 401 Unauthorized after its first hour).
 pub const TOKEN_LIFETIME_SECS: i64 = 86_400;
 
-impl Cluster {
+impl ControlPlane {
     /// Writes to `path` a kubeconfig for ServiceAccount `namespace/name` with a fresh
     /// [`TOKEN_LIFETIME_SECS`] token, its context defaulting to `namespace`.
     pub async fn write_service_account_kubeconfig(
@@ -61,7 +61,7 @@ impl Cluster {
         namespace: &str,
         name: &str,
         path: &Path,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<(), ControlPlaneError> {
         let client = self.client()?;
         let token = service_account_token(&client, namespace, name, TOKEN_LIFETIME_SECS).await?;
         let doc = kubeconfig(
@@ -81,7 +81,7 @@ impl Cluster {
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<kube::Config, ClusterError> {
+    ) -> Result<kube::Config, ControlPlaneError> {
         let admin = self.client()?;
         let token = service_account_token(&admin, namespace, name, TOKEN_LIFETIME_SECS).await?;
         let mut config = self.config();
@@ -98,9 +98,9 @@ impl Cluster {
         &self,
         namespace: &str,
         name: &str,
-    ) -> Result<kube::Client, ClusterError> {
+    ) -> Result<kube::Client, ControlPlaneError> {
         let config = self.service_account_config(namespace, name).await?;
-        kube::Client::try_from(config).map_err(|source| ClusterError::Api {
+        kube::Client::try_from(config).map_err(|source| ControlPlaneError::Api {
             what: format!("build a client for ServiceAccount {namespace}/{name}"),
             source,
         })

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::cluster::{ClusterError, realnode::RealNodeError};
+use crate::cluster::{ControlPlaneError, realnode::RealNodeError};
 
 /// Failures of the demo; each names the step.
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +24,7 @@ pub enum DemoError {
     NotRoot,
     /// The control plane failed.
     #[error("failed to run the control plane")]
-    Cluster(#[from] ClusterError),
+    ControlPlane(#[from] ControlPlaneError),
     /// The real nodes failed.
     #[error("failed to run the real nodes")]
     RealNodes(#[from] RealNodeError),

@@ -1,5 +1,5 @@
 //! The demo's story on real nodes: the control plane and two nodes running kubelet, containerd,
-//! runc and kube-proxy ([`RealCluster`]), the chart installed with `helm install` as a user
+//! runc and kube-proxy ([`Cluster`]), the chart installed with `helm install` as a user
 //! installs it (`make image`'s archive loaded into each node, `cni.replaceHostLocal=true`), then
 //! the scenarios' own steps told to a newcomer ([`keep_ip::keep_address`]: `web-1` deleted and
 //! back with the same address, on its `eth0` and answering a client pod; [`retention::expires`]:
@@ -15,7 +15,7 @@ use super::{
     error::DemoError,
     narrate::{Kubectl, Story, kubectl, note, say, show},
 };
-use crate::cluster::realnode::{RealCluster, RealClusterOptions};
+use crate::cluster::realnode::{Cluster, ClusterOptions};
 use crate::scenarios::{Narrator, keep_ip, retention};
 use crate::testkit::system::{ChartCluster, Options, System, retain, statefulset};
 
@@ -43,14 +43,14 @@ const CACHE_RETAIN_FOR: (&str, Duration) = ("5s", Duration::from_secs(5));
 /// happens, then tells the story.
 pub(super) async fn story(
     options: &DemoOptions,
-    slot: &mut Option<RealCluster>,
+    slot: &mut Option<Cluster>,
     told: &mut bool,
     t0: Instant,
 ) -> Result<(), DemoError> {
     say(
         "Starting a real Kubernetes control plane on 127.0.0.1 (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) and two real nodes (kubelet, containerd, runc, kube-proxy; each in its own network and mount namespace, CNI: bridge + host-local like a flannel node)",
     );
-    let c: &RealCluster = slot.insert(RealCluster::start(RealClusterOptions::default()).await?);
+    let c: &Cluster = slot.insert(Cluster::start(ClusterOptions::default()).await?);
     note(&format!(
         "ready after {:.1} s; API server {} (slot {})",
         t0.elapsed().as_secs_f64(),
@@ -137,7 +137,7 @@ pub(super) async fn story(
 /// `helm install ipkeep charts/ipkeep` with the loaded image and `cni.replaceHostLocal=true`,
 /// printed as a user types it.
 fn helm_install(
-    c: &RealCluster,
+    c: &Cluster,
     options: &DemoOptions,
     repository: &str,
     tag: &str,

@@ -4,7 +4,7 @@
 //! `Status` body (500, 409, 429 with `Retry-After`, 503), a watch answered with `410 Expired`, a
 //! watch stream ended after N events, added latency, a request that hangs — and can close every
 //! watch, drop every connection, or refuse connections for a while (what a client sees of an API
-//! server restart; [`crate::cluster::Cluster::restart_component`] restarts the real one).
+//! server restart; [`crate::cluster::ControlPlane::restart_component`] restarts the real one).
 //!
 //! TLS on both sides: clients get a certificate signed by the plane's CA (the API server's own
 //! serving certificate, so whatever trusts the plane trusts the proxy); the proxy trusts the same
@@ -37,7 +37,7 @@ pub use admin::AdminServer;
 pub use rules::{Fault, Match, RequestInfo, Rule, RuleEntry, RuleId, RuleSet, Verb};
 
 use crate::cluster::{
-    Cluster,
+    ControlPlane,
     kubeconfig::{KubeconfigWriteError, write_kubeconfig},
 };
 use forward::Upstream;
@@ -252,13 +252,13 @@ impl FaultProxy {
         })
     }
 
-    /// Starts a proxy on a free loopback port in front of `cluster`'s API server, showing
+    /// Starts a proxy on a free loopback port in front of `plane`'s API server, showing
     /// clients the API server's own certificate.
-    pub async fn in_front_of(cluster: &Cluster) -> Result<FaultProxy, ProxyError> {
-        let pki = cluster.pki();
+    pub async fn in_front_of(plane: &ControlPlane) -> Result<FaultProxy, ProxyError> {
+        let pki = plane.pki();
         FaultProxy::start(ProxyOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            upstream: cluster.server().to_owned(),
+            upstream: plane.server().to_owned(),
             upstream_ca: pki.ca_cert.clone(),
             cert: pki.serving.cert.clone(),
             key: pki.serving.key.clone(),

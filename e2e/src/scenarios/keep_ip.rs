@@ -4,7 +4,8 @@
 use super::{Narrator, ScenarioError, TestLog, apply, ensure, or_fail, show};
 use crate::cluster::realnode::layout::client_pod;
 use crate::testkit::realnode;
-use crate::testkit::{system::*, *};
+use crate::testkit::system::{Options, RunningPod, System, retain, statefulset};
+use crate::testkit::{DEADLINE, wait_for};
 use ipkeep_operator::api::Phase;
 
 pub async fn statefulset_pod_deleted_and_recreated_keeps_its_ipv4_and_ipv6_addresses() {

@@ -4,7 +4,8 @@
 use std::{net::IpAddr, time::Instant};
 
 use crate::testkit::realnode;
-use crate::testkit::{system::*, *};
+use crate::testkit::system::{Options, System, phase, retain, statefulset};
+use crate::testkit::{kubectl_ok, wait_for};
 use ipkeep_operator::api::Phase;
 
 fn in_cidr(ip: IpAddr, cidr: &str) -> bool {

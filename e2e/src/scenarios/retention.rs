@@ -9,7 +9,10 @@ use std::{
 
 use super::{Narrator, ScenarioError, TestLog, apply, ensure, or_fail, show};
 use crate::testkit::realnode::{self, TINY_ADDRESSES, apply_on_tiny};
-use crate::testkit::{system::*, *};
+use crate::testkit::system::{
+    Change, Options, RunningPod, System, phase, retain, skipped_on_users_cluster, statefulset,
+};
+use crate::testkit::{DEADLINE, wait_for};
 use ipkeep_operator::api::Phase;
 use kube::ResourceExt;
 

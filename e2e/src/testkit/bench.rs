@@ -15,7 +15,7 @@ use std::{
 };
 
 use crate::cluster::{
-    Cluster,
+    ControlPlane,
     process::{Component, Spawner},
 };
 use futures::{StreamExt, TryStreamExt};
@@ -27,7 +27,7 @@ use kube::{
 };
 use serde_json::json;
 
-use super::plane as real;
+use super::plane;
 
 /// The field manager of the reference writes (the controller's is `ipkeep-controller`).
 pub const BENCH_MANAGER: &str = "ipkeep-bench";
@@ -38,7 +38,7 @@ pub const CONTROLLER_WORKERS: usize = 8;
 
 /// The API server under measurement, and what the benches need from it.
 pub struct Plane {
-    cluster: &'static Cluster,
+    control_plane: &'static ControlPlane,
     scratch: PathBuf,
     spawner: Spawner,
 }
@@ -48,14 +48,14 @@ impl Plane {
     /// controller-manager and scheduler, `make cluster-bins`), with the IPReservation CRD
     /// installed and the chart's RBAC applied.
     pub async fn start() -> Plane {
-        let cluster = real::cluster().await;
-        real::chart_rbac(cluster).await;
+        let control_plane = plane::control_plane().await;
+        plane::chart_rbac(control_plane).await;
         // Inside the state directory: the control plane's watchdog removes it however the bench
         // ends.
-        let scratch = cluster.state_dir().join("bench");
+        let scratch = control_plane.state_dir().join("bench");
         std::fs::create_dir_all(&scratch).expect("failed to create the bench's scratch directory");
         Plane {
-            cluster,
+            control_plane,
             scratch,
             spawner: Spawner::new().expect("failed to start the spawner thread"),
         }
@@ -65,19 +65,19 @@ impl Plane {
     pub fn describe(&self) -> String {
         format!(
             "real kube-apiserver v1.34 at {} (etcd without fsync, audit log on, APF on)",
-            self.cluster.server()
+            self.control_plane.server()
         )
     }
 
     /// An admin client (`system:masters`, exempt from APF).
     pub fn admin(&self) -> Client {
-        self.cluster.client().expect("an admin client")
+        self.control_plane.client().expect("an admin client")
     }
 
     /// A client of the chart's ServiceAccount `account`.
     pub async fn account_client(&self, account: &str) -> Client {
-        let ns = real::chart_rbac(self.cluster).await;
-        self.cluster
+        let ns = plane::chart_rbac(self.control_plane).await;
+        self.control_plane
             .service_account_client(ns, account)
             .await
             .unwrap_or_else(|e| panic!("failed to get a client of {account}: {e}"))
@@ -87,31 +87,31 @@ impl Plane {
     pub async fn account_user(&self, account: &str) -> String {
         format!(
             "system:serviceaccount:{}:{account}",
-            real::chart_rbac(self.cluster).await
+            plane::chart_rbac(self.control_plane).await
         )
     }
 
     /// A kubeconfig of the chart's ServiceAccount `account` (a one-day token).
     pub async fn account_kubeconfig(&self, account: &str) -> PathBuf {
         let path = self.scratch.join(format!("kubeconfig-{account}"));
-        real::account_kubeconfig(self.cluster, account, &path).await;
+        plane::account_kubeconfig(self.control_plane, account, &path).await;
         path
     }
 
     /// A new namespace `<prefix>-<n>`, ready for pods.
     pub async fn namespace(&self, prefix: &str) -> String {
-        self.cluster
+        self.control_plane
             .fresh_namespace(prefix)
             .await
             .unwrap_or_else(|e| panic!("failed to create a namespace: {e}"))
     }
 
-    /// Writes Node objects `names` (`Cluster::add_node`: Ready, untainted, no kubelet behind
+    /// Writes Node objects `names` (`ControlPlane::add_node`: Ready, untainted, no kubelet behind
     /// them), so that the scheduler would bind pods to them and the pod garbage collector does
     /// not delete the pods bound to them as orphans.
     pub async fn add_nodes(&self, names: &[String]) {
         for name in names {
-            self.cluster
+            self.control_plane
                 .add_node(name)
                 .await
                 .unwrap_or_else(|e| panic!("failed to write the Node {name}: {e}"));
@@ -120,7 +120,7 @@ impl Plane {
 
     /// The kube-apiserver's process id.
     pub fn apiserver_pid(&self) -> u32 {
-        self.cluster
+        self.control_plane
             .pids()
             .get("kube-apiserver")
             .copied()
@@ -148,7 +148,7 @@ impl Plane {
 
     /// The audit log.
     pub fn audit_log(&self) -> PathBuf {
-        self.cluster
+        self.control_plane
             .audit_log_path()
             .expect("the shared control plane keeps an audit log")
             .to_path_buf()
@@ -168,10 +168,15 @@ impl Plane {
     pub async fn operator(&self, name: &str, account: &str, args: &[String]) -> Operator {
         let kubeconfig = self.account_kubeconfig(account).await;
         let bin = super::operator_binary();
-        let mut all = vec![
-            format!("KUBECONFIG={}", kubeconfig.display()),
-            bin.display().to_string(),
-        ];
+        let mut all = vec![format!("KUBECONFIG={}", kubeconfig.display())];
+        if args.first().is_some_and(|a| a == "controller") {
+            all.extend(
+                super::CONTROLLER_ENV
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}")),
+            );
+        }
+        all.push(bin.display().to_string());
         all.extend(args.iter().cloned());
         let log = self.scratch.join(format!("{name}.log"));
         let component = Component::start(
@@ -188,7 +193,7 @@ impl Plane {
 
     /// The release namespace the chart's RBAC was applied in: where the controller's Lease may live.
     pub async fn release_namespace(&self) -> &'static str {
-        real::chart_rbac(self.cluster).await
+        plane::chart_rbac(self.control_plane).await
     }
 
     /// Removes the scratch directory (the real control plane's state goes when the bench exits).

@@ -43,7 +43,7 @@ pub trait KubectlTarget {
     fn kubectl_command(&self) -> Command;
 }
 
-impl KubectlTarget for crate::cluster::Cluster {
+impl KubectlTarget for crate::cluster::ControlPlane {
     fn kubectl_command(&self) -> Command {
         self.kubectl()
     }

@@ -272,20 +272,20 @@ pub async fn with_controller_settings<F, Fut>(
     F: FnOnce(Client, String, std::net::SocketAddr) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let cluster = plane::cluster().await;
-    plane::node_a(cluster).await;
-    let ns = cluster
+    let plane = plane::control_plane().await;
+    plane::node_a(plane).await;
+    let ns = plane
         .fresh_namespace(prefix)
         .await
         .expect("a fresh namespace");
-    let client = cluster.client().expect("an admin client");
+    let client = plane.client().expect("an admin client");
     let mut settings = Settings::single(Duration::from_secs(86_400));
     settings.namespace = Some(ns.clone());
     adjust(&mut settings);
-    let running = start_controller_with(plane::controller_client(cluster).await, settings).await;
+    let running = start_controller_with(plane::controller_client(plane).await, settings).await;
     scenario(client, ns, running.probe_addr).await;
     running.stop().await;
-    cluster
+    plane
         .check()
         .expect("every control plane component still runs");
 }

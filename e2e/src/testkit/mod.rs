@@ -28,8 +28,10 @@ pub mod system;
 pub mod wait;
 
 pub use commands::{KubectlTarget, checked, kubectl, kubectl_json, kubectl_ok, ok, run, run_ok};
-pub use plane::cluster;
+pub use plane::control_plane;
 pub use replica::Replica;
-pub use repo::{chart_dir, cluster_bin_dir, crd_file, operator_binary, repo_crds, repo_root};
+pub use repo::{
+    CONTROLLER_ENV, chart_dir, cluster_bin_dir, crd_file, operator_binary, repo_crds, repo_root,
+};
 pub use scratch::Scratch;
 pub use wait::{DEADLINE, wait_for, within};

@@ -17,7 +17,7 @@ use kube::Api;
 
 use super::{chart_dir, crd_file, kubectl_ok, run_ok, wait_for};
 use crate::{
-    cluster::{Cluster, shared},
+    cluster::{ControlPlane, shared},
     proxy::FaultProxy,
 };
 
@@ -31,8 +31,8 @@ pub const NODE_B: &str = "node-b";
 
 /// The shared control plane of this test binary with the IPReservation CRD applied (once) and
 /// Established for longer than the API server's just-established window.
-pub async fn cluster() -> &'static Cluster {
-    let cluster = shared().await.unwrap_or_else(|e| {
+pub async fn control_plane() -> &'static ControlPlane {
+    let plane = shared().await.unwrap_or_else(|e| {
         panic!(
             "the real control plane did not start (build its binaries with `make cluster-bins` or set IPKEEP_CLUSTER_BIN_DIR): {}",
             crate::error_chain(&e)
@@ -42,9 +42,9 @@ pub async fn cluster() -> &'static Cluster {
     CRD.get_or_init(|| async {
         let file = crd_file();
         let file = file.to_str().expect("a UTF-8 path");
-        kubectl_ok(cluster, &["apply", "--server-side", "-f", file], None);
+        kubectl_ok(plane, &["apply", "--server-side", "-f", file], None);
         kubectl_ok(
-            cluster,
+            plane,
             &[
                 "wait",
                 "--for=condition=Established",
@@ -53,10 +53,10 @@ pub async fn cluster() -> &'static Cluster {
             ],
             None,
         );
-        past_the_just_established_window(cluster).await;
+        past_the_just_established_window(plane).await;
     })
     .await;
-    cluster
+    plane
 }
 
 /// Waits until the CRD has been Established for more than two seconds. The API server delays
@@ -65,8 +65,8 @@ pub async fn cluster() -> &'static Cluster {
 /// other server answers 404 for it): a one-time wait of the control plane that would otherwise
 /// land in a test's first measured step. `lastTransitionTime` has one-second resolution, hence
 /// three seconds.
-async fn past_the_just_established_window(cluster: &Cluster) {
-    let client = cluster.client().expect("an admin client");
+async fn past_the_just_established_window(plane: &ControlPlane) {
+    let client = plane.client().expect("an admin client");
     let crds: Api<CustomResourceDefinition> = Api::all(client);
     let crd = crds
         .get("ipreservations.ipkeep.dev")
@@ -95,18 +95,24 @@ async fn past_the_just_established_window(cluster: &Cluster) {
 /// `helm install`) holds this exclusively, every other test holds it shared.
 static PLANE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
-/// The shared control plane with the CRD ([`cluster`]), for a test that changes nothing
+/// The shared control plane with the CRD ([`control_plane`]), for a test that changes nothing
 /// cluster-wide; it shares the plane with the other tests that hold the guard.
-pub async fn use_plane() -> (tokio::sync::RwLockReadGuard<'static, ()>, &'static Cluster) {
+pub async fn use_plane() -> (
+    tokio::sync::RwLockReadGuard<'static, ()>,
+    &'static ControlPlane,
+) {
     let guard = PLANE.read().await;
-    (guard, cluster().await)
+    (guard, control_plane().await)
 }
 
 /// As [`use_plane`], for a test that changes what every other test sees: no other test runs
 /// on the plane meanwhile. The test leaves the cluster-wide objects as it found them.
-pub async fn use_plane_alone() -> (tokio::sync::RwLockWriteGuard<'static, ()>, &'static Cluster) {
+pub async fn use_plane_alone() -> (
+    tokio::sync::RwLockWriteGuard<'static, ()>,
+    &'static ControlPlane,
+) {
     let guard = PLANE.write().await;
-    (guard, cluster().await)
+    (guard, control_plane().await)
 }
 
 /// Uninstalls a Helm release when dropped, whether its test passed or failed: a release left
@@ -114,16 +120,16 @@ pub async fn use_plane_alone() -> (tokio::sync::RwLockWriteGuard<'static, ()>, &
 /// what the plane's other tests see. A test that uninstalls it itself, to check what that leaves,
 /// makes this a no-op.
 pub struct UninstallOnDrop<'a> {
-    cluster: &'a Cluster,
+    plane: &'a ControlPlane,
     release: String,
     namespace: String,
 }
 
 impl<'a> UninstallOnDrop<'a> {
     /// Guards `release` in `namespace`.
-    pub fn new(cluster: &'a Cluster, release: &str, namespace: &str) -> Self {
+    pub fn new(plane: &'a ControlPlane, release: &str, namespace: &str) -> Self {
         UninstallOnDrop {
-            cluster,
+            plane,
             release: release.to_owned(),
             namespace: namespace.to_owned(),
         }
@@ -133,7 +139,7 @@ impl<'a> UninstallOnDrop<'a> {
 impl Drop for UninstallOnDrop<'_> {
     fn drop(&mut self) {
         // `--ignore-not-found`: the test may have uninstalled it already.
-        let mut uninstall = self.cluster.helm();
+        let mut uninstall = self.plane.helm();
         uninstall
             .args(["uninstall", &self.release, "-n", &self.namespace])
             .args(["--ignore-not-found", "--wait", "--timeout", "60s"]);
@@ -147,10 +153,10 @@ static RBAC: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
 static NODE_A: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
 static NODE_B_OBJECT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
 
-/// The fixture Node `name` (`Cluster::add_node`), written once per test binary.
-async fn fixture_node(cell: &'static tokio::sync::OnceCell<()>, cluster: &Cluster, name: &str) {
+/// The fixture Node `name` (`ControlPlane::add_node`), written once per test binary.
+async fn fixture_node(cell: &'static tokio::sync::OnceCell<()>, plane: &ControlPlane, name: &str) {
     cell.get_or_init(|| async {
-        cluster
+        plane
             .add_node(name)
             .await
             .unwrap_or_else(|e| panic!("failed to write the Node {name}: {e}"));
@@ -159,19 +165,19 @@ async fn fixture_node(cell: &'static tokio::sync::OnceCell<()>, cluster: &Cluste
 }
 
 /// The Node [`NODE`].
-pub async fn node_a(cluster: &Cluster) {
-    fixture_node(&NODE_A, cluster, NODE).await;
+pub async fn node_a(plane: &ControlPlane) {
+    fixture_node(&NODE_A, plane, NODE).await;
 }
 
 /// The Node [`NODE_B`].
-pub async fn node_b(cluster: &Cluster) {
-    fixture_node(&NODE_B_OBJECT, cluster, NODE_B).await;
+pub async fn node_b(plane: &ControlPlane) {
+    fixture_node(&NODE_B_OBJECT, plane, NODE_B).await;
 }
 
 /// The audit log lines (JSON events) of the shared control plane whose request URI contains
 /// every one of `needles`.
-pub fn audited(cluster: &Cluster, needles: &[&str]) -> Vec<serde_json::Value> {
-    let path = cluster
+pub fn audited(plane: &ControlPlane, needles: &[&str]) -> Vec<serde_json::Value> {
+    let path = plane
         .audit_log_path()
         .expect("the shared control plane keeps an audit log");
     let text = std::fs::read_to_string(path)
@@ -199,15 +205,15 @@ pub const AGENT_ACCOUNT: &str = "ipkeep-agent";
 /// values) with the built helm into a fresh release namespace and applies it, once per test
 /// binary; returns the release namespace. Clients of [`CONTROLLER_ACCOUNT`] and
 /// [`AGENT_ACCOUNT`] there hold exactly the rights the chart grants.
-pub async fn chart_rbac(cluster: &'static Cluster) -> &'static str {
+pub async fn chart_rbac(plane: &'static ControlPlane) -> &'static str {
     RBAC.get_or_init(|| async {
-        let ns = cluster
+        let ns = plane
             .fresh_namespace("ipkeep-release")
             .await
             .expect("a release namespace");
         let chart = chart_dir();
         let rendered = run_ok(
-            cluster.helm(),
+            plane.helm(),
             &[
                 "template",
                 RELEASE,
@@ -221,7 +227,7 @@ pub async fn chart_rbac(cluster: &'static Cluster) -> &'static str {
             ],
             None,
         );
-        kubectl_ok(cluster, &["apply", "-f", "-"], Some(&rendered));
+        kubectl_ok(plane, &["apply", "-f", "-"], Some(&rendered));
         ns
     })
     .await
@@ -230,44 +236,42 @@ pub async fn chart_rbac(cluster: &'static Cluster) -> &'static str {
 /// A client of the chart's ServiceAccount `account` whose requests go through a fault proxy of
 /// its own (the test's own requests go straight to the API server), and that proxy.
 pub async fn proxied_account_client(
-    cluster: &'static Cluster,
+    plane: &'static ControlPlane,
     account: &str,
 ) -> (kube::Client, FaultProxy) {
-    let ns = chart_rbac(cluster).await;
-    let config = cluster
+    let ns = chart_rbac(plane).await;
+    let config = plane
         .service_account_config(ns, account)
         .await
         .unwrap_or_else(|e| panic!("failed to configure a client of {ns}/{account}: {e}"));
-    let proxy = FaultProxy::in_front_of(cluster)
-        .await
-        .expect("a fault proxy");
+    let proxy = FaultProxy::in_front_of(plane).await.expect("a fault proxy");
     let client =
         kube::Client::try_from(proxy.config_through(config)).expect("a client through the proxy");
     (client, proxy)
 }
 
 /// A client of the controller's ServiceAccount (exactly the chart's RBAC).
-pub async fn controller_client(cluster: &'static Cluster) -> kube::Client {
-    let ns = chart_rbac(cluster).await;
-    cluster
+pub async fn controller_client(plane: &'static ControlPlane) -> kube::Client {
+    let ns = chart_rbac(plane).await;
+    plane
         .service_account_client(ns, CONTROLLER_ACCOUNT)
         .await
         .expect("a client of the controller's ServiceAccount")
 }
 
 /// A client of the agent's ServiceAccount (exactly the chart's RBAC).
-pub async fn agent_client(cluster: &'static Cluster) -> kube::Client {
-    let ns = chart_rbac(cluster).await;
-    cluster
+pub async fn agent_client(plane: &'static ControlPlane) -> kube::Client {
+    let ns = chart_rbac(plane).await;
+    plane
         .service_account_client(ns, AGENT_ACCOUNT)
         .await
         .expect("a client of the agent's ServiceAccount")
 }
 
 /// Writes a kubeconfig of `account` (in the release namespace) to `path`.
-pub async fn account_kubeconfig(cluster: &'static Cluster, account: &str, path: &Path) {
-    let ns = chart_rbac(cluster).await;
-    cluster
+pub async fn account_kubeconfig(plane: &'static ControlPlane, account: &str, path: &Path) {
+    let ns = chart_rbac(plane).await;
+    plane
         .write_service_account_kubeconfig(ns, account, path)
         .await
         .unwrap_or_else(|e| panic!("failed to write a kubeconfig of {ns}/{account}: {e}"));

@@ -26,7 +26,7 @@ use std::{
 };
 
 use crate::cluster::realnode::{
-    NodeCni, NodeDirs, PodNetwork, RealCluster, RealClusterOptions, RealNode, TINY_TAINT,
+    Cluster, ClusterOptions, NodeCni, NodeDirs, PodNetwork, RealNode, TINY_TAINT,
     layout::CNI_NETWORK,
 };
 
@@ -68,13 +68,13 @@ pub fn image_values(reference: &str) -> Vec<String> {
 }
 
 /// helm against the cluster; its stdout, or the test fails with its output.
-pub fn helm(c: &RealCluster, args: &[&str]) -> String {
+pub fn helm(c: &Cluster, args: &[&str]) -> String {
     run_ok(c.plane().helm(), args, None)
 }
 
 /// `helm upgrade --install` of the chart with the image `values` and `extra` arguments, then
 /// waits until every pod of the release is Ready.
-pub async fn install(c: &RealCluster, values: &[String], extra: &[&str]) {
+pub async fn install(c: &Cluster, values: &[String], extra: &[&str]) {
     let chart = super::chart_dir();
     let mut args = vec![
         "upgrade",
@@ -98,7 +98,7 @@ pub async fn install(c: &RealCluster, values: &[String], extra: &[&str]) {
 
 /// Waits until the release's controller Deployment and agent DaemonSet have rolled out: every
 /// replica updated and Ready, an agent on every node.
-pub async fn release_ready(c: &RealCluster) {
+pub async fn release_ready(c: &Cluster) {
     for workload in ["daemonset/ipkeep-agent", "deployment/ipkeep-controller"] {
         kubectl_ok(
             c.plane(),
@@ -116,7 +116,7 @@ pub async fn release_ready(c: &RealCluster) {
 }
 
 /// The installed real nodes as a cluster with the chart.
-fn chart_cluster(c: &RealCluster) -> ChartCluster {
+fn chart_cluster(c: &Cluster) -> ChartCluster {
     ChartCluster {
         kubeconfig: c.plane().kubeconfig_path().to_path_buf(),
         kubectl: c.plane().bin("kubectl"),
@@ -195,7 +195,7 @@ fn serves(running: Option<Shape>, spoiled: bool, wanted: Shape) -> bool {
 /// The one cluster of this test binary that runs, and what it is.
 struct Running {
     /// The running cluster and its shape.
-    current: Option<(Shape, &'static RealCluster)>,
+    current: Option<(Shape, &'static Cluster)>,
     /// The current cluster is spoiled: it goes before anyone uses it again.
     spoiled: bool,
     /// The shapes that failed to start, with why: each fails once, its other tests say so.
@@ -232,7 +232,7 @@ impl Running {
 
     /// The running cluster if it serves a test of `shape` ([`serves`]), checked to be up (the
     /// test fails if one of its daemons died).
-    fn serving(&self, shape: Shape) -> Option<&'static RealCluster> {
+    fn serving(&self, shape: Shape) -> Option<&'static Cluster> {
         let (_, c) = self
             .current
             .filter(|(s, _)| serves(Some(*s), self.spoiled, shape))?;
@@ -244,7 +244,7 @@ impl Running {
 
     /// Makes the running cluster one of `shape`: the current one if it is, else the current one
     /// stopped and one of `shape` started (its image loaded and its chart installed).
-    async fn ensure(&mut self, shape: Shape) -> &'static RealCluster {
+    async fn ensure(&mut self, shape: Shape) -> &'static Cluster {
         if let Some((_, why)) = self.failed.iter().find(|(s, _)| *s == shape) {
             panic!("the real-node cluster of {shape:?} failed to start earlier: {why}");
         }
@@ -253,12 +253,12 @@ impl Running {
         }
         self.stop_current();
         let t0 = Instant::now();
-        let options = RealClusterOptions {
+        let options = ClusterOptions {
             nodes: shape.nodes,
             network: shape.network,
-            ..RealClusterOptions::default()
+            ..ClusterOptions::default()
         };
-        let c = match RealCluster::start(options).await {
+        let c = match Cluster::start(options).await {
             // Never freed: a `&'static` a test was handed stays a valid reference; the cluster
             // behind it is stopped (and everything it made removed) when its shape's turn ends.
             Ok(c) => &*Box::leak(Box::new(c)),
@@ -300,7 +300,7 @@ static NODES: tokio::sync::RwLock<Running> = tokio::sync::RwLock::const_new(Runn
 
 /// The running cluster, for the test that holds [`NODES`] (read without taking [`NODES`] again,
 /// which a waiting writer would block).
-static CURRENT: std::sync::Mutex<Option<&'static RealCluster>> = std::sync::Mutex::new(None);
+static CURRENT: std::sync::Mutex<Option<&'static Cluster>> = std::sync::Mutex::new(None);
 
 /// The guard of a test on the real nodes ([`use_shape`]): while it lives, the nodes stay as the
 /// test's shape says.
@@ -329,7 +329,7 @@ impl Nodes {
     }
 
     /// The cluster the test holds; `None` on a user's cluster.
-    pub fn cluster(&self) -> Option<&'static RealCluster> {
+    pub fn cluster(&self) -> Option<&'static Cluster> {
         own()
     }
 }
@@ -404,14 +404,14 @@ pub async fn use_nodes_alone(nodes: u8, network: PodNetwork) -> Nodes {
 }
 
 /// The installed nodes the calling test holds ([`use_shape`]); the test fails if it holds none.
-pub fn installed() -> &'static RealCluster {
+pub fn installed() -> &'static Cluster {
     own().expect(
         "no real-node cluster: the test takes one first (testkit::realnode::use_nodes and the like)",
     )
 }
 
 /// The own nodes the calling test holds ([`use_shape`]); `None` on a user's cluster.
-pub fn own() -> Option<&'static RealCluster> {
+pub fn own() -> Option<&'static Cluster> {
     *CURRENT.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -453,7 +453,7 @@ pub fn flannel_delegates(node: &RealNode) -> Vec<serde_json::Value> {
 
 /// The notes of the Events with `reason` about Node `node` (the agent's Warnings go to the
 /// `default` namespace, where Node events live).
-pub async fn node_event_notes(c: &RealCluster, node: &str, reason: &str) -> Vec<String> {
+pub async fn node_event_notes(c: &Cluster, node: &str, reason: &str) -> Vec<String> {
     let events: kube::Api<k8s_openapi::api::events::v1::Event> =
         kube::Api::namespaced(c.plane().client().unwrap(), "default");
     events
@@ -474,7 +474,7 @@ pub async fn node_event_notes(c: &RealCluster, node: &str, reason: &str) -> Vec<
 pub const POD_CONDITION: &str = "ipkeep.dev/InCharge";
 
 /// The agent pod of `node`, once there is exactly one and it is not being deleted.
-pub async fn agent_pod(c: &RealCluster, node: &str) -> k8s_openapi::api::core::v1::Pod {
+pub async fn agent_pod(c: &Cluster, node: &str) -> k8s_openapi::api::core::v1::Pod {
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
         kube::Api::namespaced(c.plane().client().unwrap(), RELEASE_NS);
     wait_for(&format!("one agent pod on {node}"), || async {
@@ -508,7 +508,7 @@ pub fn in_charge_condition(pod: &k8s_openapi::api::core::v1::Pod) -> Option<(Str
 
 /// Waits until the agent pod on `node` says `status` with `reason`; returns the pod.
 pub async fn wait_pod_condition(
-    c: &RealCluster,
+    c: &Cluster,
     node: &str,
     status: &str,
     reason: &str,
@@ -553,7 +553,7 @@ pub fn node_dir(sys: &System, what: &str, name: &str) -> Option<PathBuf> {
 pub const TINY_ADDRESSES: u32 = 5;
 
 /// The tiny node: the one this binary's cluster gives a /29 and the [`TINY_TAINT`].
-pub fn tiny(c: &RealCluster) -> &RealNode {
+pub fn tiny(c: &Cluster) -> &RealNode {
     let n = c.network().tiny_nodes;
     assert!(n > 0, "this test binary's cluster has no tiny node");
     &c.nodes()[c.nodes().len() - usize::from(n)]
@@ -587,7 +587,7 @@ pub async fn tiny_alone() -> (tokio::sync::MutexGuard<'static, ()>, &'static Rea
 }
 
 /// Sets the Node annotation `ipkeep.dev/node-budget` of `node` to `budget`.
-pub fn set_node_budget(c: &RealCluster, node: &str, budget: u32) {
+pub fn set_node_budget(c: &Cluster, node: &str, budget: u32) {
     kubectl_ok(
         c.plane(),
         &[
@@ -660,14 +660,14 @@ pub fn tolerating_tiny(yaml: &str) -> String {
 
 /// A fresh [`System`] on the installed real nodes: a namespace of its own, the nodes, the chart's
 /// controller and agents.
-pub async fn system(prefix: &str) -> (System, &'static RealCluster) {
+pub async fn system(prefix: &str) -> (System, &'static Cluster) {
     let c = installed();
     let sys = System::on(prefix, Options::default(), chart_cluster(c)).await;
     (sys, c)
 }
 
 /// The real node of that name.
-pub fn node<'a>(c: &'a RealCluster, name: &str) -> &'a RealNode {
+pub fn node<'a>(c: &'a Cluster, name: &str) -> &'a RealNode {
     c.node(name)
         .unwrap_or_else(|| panic!("no real node {name}"))
 }
@@ -796,7 +796,7 @@ pub async fn faults_keep_pods_on_their_addresses(sys: &System, node: &RealNode, 
 
 /// What a failing real-node test needs to see: the reservations, the files under `dir` and the
 /// last lines of every agent's log (printed; libtest shows it when the test fails).
-pub fn dump(sys: &System, c: &RealCluster, dir: &std::path::Path) {
+pub fn dump(sys: &System, c: &Cluster, dir: &std::path::Path) {
     let ipr = kubectl(
         &sys.target,
         &["-n", &sys.ns, "get", "ipr", "-o", "wide"],

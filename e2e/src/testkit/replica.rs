@@ -32,6 +32,7 @@ impl Replica {
             .args(["--identity", identity, "--lease-duration", "3"])
             .args(args)
             .env("KUBECONFIG", kubeconfig)
+            .envs(super::repo::CONTROLLER_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)

@@ -31,6 +31,12 @@ pub fn crd_file() -> PathBuf {
     repo_crds().join("ipreservations.ipkeep.dev.yaml")
 }
 
+/// The environment the chart's controller Deployment gives `ipkeep-operator controller` beyond
+/// its flags: one glibc malloc arena (docs/benchmarks.md's memory figures are measured with it).
+/// Whatever starts the controller as a process starts it with these; the chart test holds the
+/// Deployment to them.
+pub const CONTROLLER_ENV: [(&str, &str); 1] = [("MALLOC_ARENA_MAX", "1")];
+
 /// The `ipkeep-operator` binary: `$IPKEEP_OPERATOR_BIN`, else `cargo build` of it next to this
 /// test (once per test process: call it before anything that must not wait for cargo).
 pub fn operator_binary() -> PathBuf {

@@ -11,7 +11,7 @@
 //! The steps a scenario shares with the demo ([`crate::scenarios`]) use the `try_` methods,
 //! which return a [`ScenarioError`]; the others fail the test that called them.
 
-use super::*;
+use crate::testkit::{DEADLINE, KubectlTarget, wait_for};
 
 use std::{
     collections::BTreeMap,

@@ -11,7 +11,7 @@
 //! These tests fail, never skip, when either is missing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 use std::{
     collections::BTreeSet,
     path::{Path, PathBuf},
@@ -19,7 +19,7 @@ use std::{
 };
 
 use serde_json::{Value, json};
-use shared::{Scratch, chart_dir, cluster_bin_dir, crd_file, repo_root};
+use testkit::{Scratch, chart_dir, cluster_bin_dir, crd_file, repo_root};
 
 const RELEASE: &str = "ipkeep";
 const NAMESPACE: &str = "ipkeep-system";
@@ -143,7 +143,7 @@ fn template(scratch: &Path, values: &[String], extra: &[&str]) -> Result<String,
         .args(["--namespace", NAMESPACE, "--kube-version", KUBE_VERSION])
         .args(extra)
         .args(values);
-    let out = shared::run(cmd, None);
+    let out = testkit::run(cmd, None);
     let (stdout, stderr) = text(&out);
     if out.status.success() {
         Ok(stdout)
@@ -278,7 +278,7 @@ fn helm_lint_strict_passes_for_every_variant() {
         lint.args(["lint", "--strict", "--kube-version", KUBE_VERSION])
             .arg(chart_dir())
             .args(v.args());
-        let out = shared::run(lint, None);
+        let out = testkit::run(lint, None);
         let (stdout, stderr) = text(&out);
         assert!(
             out.status.success() && stdout.contains("1 chart(s) linted, 0 chart(s) failed"),
@@ -310,7 +310,7 @@ fn every_variant_validates_against_the_kubernetes_schemas() {
     .unwrap();
     let mut check = Command::new(&validate);
     check.args(["-k", KUBE_VERSION, "--strict"]).arg(&broken);
-    let out = shared::run(check, None);
+    let out = testkit::run(check, None);
     assert!(
         !out.status.success(),
         "kubernetes-validate --strict accepted a Deployment with spec.replica: {:?}",
@@ -325,7 +325,7 @@ fn every_variant_validates_against_the_kubernetes_schemas() {
         std::fs::write(&file, &yaml).unwrap();
         let mut check = Command::new(&validate);
         check.args(["-k", KUBE_VERSION, "--strict"]).arg(&file);
-        let out = shared::run(check, None);
+        let out = testkit::run(check, None);
         let (stdout, stderr) = text(&out);
         assert!(
             out.status.success(),
@@ -404,6 +404,10 @@ fn the_controller_is_two_hardened_leader_elected_replicas() {
     );
     assert_eq!(env_value(c, "IPKEEP_LOG_LEVEL")["value"], "info");
     assert_eq!(env_value(c, "IPKEEP_LOG_FORMAT")["value"], "text");
+    // What the benches start the controller with: the memory figures are measured with it.
+    for (name, value) in testkit::CONTROLLER_ENV {
+        assert_eq!(env_value(c, name)["value"], value);
+    }
     assert_eq!(
         env_value(c, "POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
         "metadata.namespace"
@@ -1009,7 +1013,7 @@ fn the_chart_holds_the_generated_crd_and_the_workspace_version() {
         .args(["template", RELEASE])
         .arg(chart_dir())
         .args(["--kube-version", "1.31.0"]);
-    let err = shared::run(template, None);
+    let err = testkit::run(template, None);
     assert!(!err.status.success());
     assert!(text(&err).1.contains("kubeVersion"), "{:?}", text(&err));
 }
@@ -1054,7 +1058,7 @@ fn notes(test: &str, variant: &Variant) -> String {
         .args(["--namespace", NAMESPACE, "--kube-version", KUBE_VERSION])
         .args(["--show-only", "templates/notes-under-test.yaml"])
         .args(variant.args());
-    let (stdout, _) = text(&shared::checked(template, None));
+    let (stdout, _) = text(&testkit::checked(template, None));
     let docs = documents(&stdout);
     docs[0]["data"]["notes"].as_str().unwrap().to_owned()
 }

@@ -10,7 +10,7 @@
 //! (`scripts/install-packaging-deps.sh`); fails, never skips, without them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 use std::{
     io::Write,
     os::unix::fs::PermissionsExt,
@@ -19,18 +19,22 @@ use std::{
 };
 
 use serde_json::Value;
-use shared::{ok, repo_root as root};
+use testkit::{ok, repo_root};
 
 /// The static binary `name` built with Cargo `profile`, or the path the variable `env` names.
 fn image_bin(env: &str, profile: &str, name: &str) -> PathBuf {
     if let Some(path) = std::env::var_os(env).filter(|v| !v.is_empty()) {
         return PathBuf::from(path);
     }
-    let host = shared::run_ok(Command::new("rustc"), &["-vV"], None)
+    let host = testkit::run_ok(Command::new("rustc"), &["-vV"], None)
         .lines()
         .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
         .unwrap();
-    root().join("target").join(host).join(profile).join(name)
+    repo_root()
+        .join("target")
+        .join(host)
+        .join(profile)
+        .join(name)
 }
 
 fn blob(layout: &Path, digest: &str) -> PathBuf {
@@ -87,7 +91,7 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
         effective_uid_is_root(),
         "the image test needs root (buildah storage, chroot into the unpacked image): run it as root"
     );
-    let work = root()
+    let work = repo_root()
         .join("target")
         .join(format!("image-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
@@ -96,7 +100,7 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
 
     ok(
         "scripts/build-image.sh (run scripts/install-packaging-deps.sh if buildah is missing)",
-        Command::new(root().join("scripts/build-image.sh"))
+        Command::new(repo_root().join("scripts/build-image.sh"))
             .arg(&plugin)
             .arg(&operator)
             .arg(&archive)
@@ -111,7 +115,7 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
     std::fs::create_dir_all(&layout).unwrap();
     let mut untar = Command::new("tar");
     untar.arg("-xf").arg(&archive).arg("-C").arg(&layout);
-    shared::checked(untar, None);
+    testkit::checked(untar, None);
     let index: Value =
         serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
     let manifests = index["manifests"].as_array().unwrap();
@@ -137,7 +141,7 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
     assert_eq!(config["os"], "linux");
 
     // The Dockerfile's runtime stage describes the same image.
-    let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    let dockerfile = std::fs::read_to_string(repo_root().join("Dockerfile")).unwrap();
     let runtime = dockerfile
         .split("\nFROM scratch\n")
         .nth(1)
@@ -179,7 +183,7 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
             .arg(blob(&layout, layer["digest"].as_str().unwrap()))
             .arg("-C")
             .arg(&rootfs);
-        shared::checked(untar, None);
+        testkit::checked(untar, None);
     }
     let mut entries: Vec<String> = std::fs::read_dir(&rootfs)
         .unwrap()
@@ -187,14 +191,14 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
         .collect();
     entries.sort();
     assert_eq!(entries, ["ipkeep", "ipkeep-operator"]);
-    for b in ["ipkeep", "ipkeep-operator"] {
+    for (b, built) in [("ipkeep", &plugin), ("ipkeep-operator", &operator)] {
         let mode = std::fs::metadata(rootfs.join(b))
             .unwrap()
             .permissions()
             .mode();
         assert_eq!(mode & 0o7777, 0o555, "{b} mode {mode:o}");
         assert!(
-            std::fs::read(rootfs.join(b)).unwrap() == std::fs::read(bins.join(b)).unwrap(),
+            std::fs::read(rootfs.join(b)).unwrap() == std::fs::read(built).unwrap(),
             "{b} in the image is not the binary the workspace built"
         );
     }
@@ -205,7 +209,7 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
         "ipkeep-operator --version inside the image",
         run_in_image(&rootfs, &user, "/ipkeep-operator", &["--version"], &[], ""),
     );
-    let cargo = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let cargo = std::fs::read_to_string(repo_root().join("Cargo.toml")).unwrap();
     let workspace_version = cargo
         .lines()
         .find_map(|l| l.strip_prefix("version = \""))
@@ -248,7 +252,7 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
     let mut cp = Command::new("cp");
     cp.arg(rootfs.join("ipkeep-operator"))
         .arg(control.join("ipkeep-operator"));
-    shared::checked(cp, None);
+    testkit::checked(cp, None);
     std::fs::set_permissions(
         control.join("ipkeep-operator"),
         std::fs::Permissions::from_mode(0o500),
@@ -290,7 +294,7 @@ fn a_dynamically_linked_binary_is_refused() {
         .map(PathBuf::from)
         .find(|p| p.is_file())
         .unwrap();
-    let work = root()
+    let work = repo_root()
         .join("target")
         .join(format!("image-test-dynamic-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
@@ -299,7 +303,7 @@ fn a_dynamically_linked_binary_is_refused() {
     for b in ["ipkeep", "ipkeep-operator"] {
         std::fs::copy(&dynamic, bins.join(b)).unwrap();
     }
-    let out = Command::new(root().join("scripts/build-image.sh"))
+    let out = Command::new(repo_root().join("scripts/build-image.sh"))
         .arg(&bins)
         .arg(work.join("never.oci.tar"))
         .env("IPKEEP_BUILDAH_ROOT", work.join("buildah"))

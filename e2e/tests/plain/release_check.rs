@@ -6,10 +6,10 @@
 //! Each case runs the repository's scripts in a scratch git repository of its own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 use std::{path::Path, process::Command};
 
-use shared::{Scratch, repo_root};
+use testkit::{Scratch, repo_root};
 
 /// A scratch repository with the scripts, `Cargo.toml` at `version`, the chart at `chart` and
 /// `changelog`'s text, committed.
@@ -55,7 +55,7 @@ fn git(dir: &Path, args: &[&str]) -> String {
         "-c",
         "init.defaultBranch=main",
     ]);
-    shared::run_ok(git, args, None)
+    testkit::run_ok(git, args, None)
 }
 
 /// Runs `scripts/<script> <args>` in `dir`: (success, stdout, stderr).

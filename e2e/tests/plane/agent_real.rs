@@ -13,34 +13,35 @@
 //! its own proxy, on the control plane the tests of this binary share.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::agent_support as support;
-
-use ipkeep_e2e::testkit::plane as real;
+use ipkeep_e2e::testkit::plane;
 
 use std::{collections::BTreeMap, time::Duration};
 
+use crate::agent_support::{
+    NETWORKS, Node, garbage_of, http_get, namespace, reservation, scenarios, unique, wait_file,
+};
 use ipkeep_e2e::proxy::{Fault, FaultProxy, Rule, Verb};
+use ipkeep_e2e::testkit::{Scratch, wait_for};
 use ipkeep_operator::{api::IPReservation, runtime::probes::ProbeServer};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conflict_on_the_real_api_server() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    scenarios::conflict_is_not_written(cluster.client().expect("client")).await;
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    scenarios::conflict_is_not_written(plane.client().expect("client")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_agent_catches_up_on_the_real_api_server() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
     // The agent binary runs as the chart's agent ServiceAccount.
     let scratch = Scratch::new("kubeconfig");
     let kubeconfig = scratch.join("config");
-    real::account_kubeconfig(cluster, real::AGENT_ACCOUNT, &kubeconfig).await;
-    scenarios::killed_agent_catches_up(cluster.client().expect("client"), &kubeconfig).await;
+    plane::account_kubeconfig(plane, plane::AGENT_ACCOUNT, &kubeconfig).await;
+    scenarios::killed_agent_catches_up(plane.client().expect("client"), &kubeconfig).await;
 }
 
 /// The reservation lifecycle (`scenarios::reservation_lifecycle`, each step's time from its API
@@ -49,16 +50,16 @@ async fn killed_agent_catches_up_on_the_real_api_server() {
 /// shows the requests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_on_the_real_api_server_as_the_agent_service_account() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    let client = cluster.client().expect("client");
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
     // The agents run as the chart's agent ServiceAccount: exactly the chart's RBAC.
-    let agent_client = real::agent_client(cluster).await;
+    let agent_client = plane::agent_client(plane).await;
     let (a, b) = scenarios::reservation_lifecycle(client, agent_client).await;
     // The filtering is the API server's: each agent's watch asked for its own node only.
     for node in [&a, &b] {
         let selector = format!("fieldSelector=spec.nodeName%3D{node}");
-        let watches = real::audited(cluster, &["/ipreservations?", &selector, "watch=true"]);
+        let watches = plane::audited(plane, &["/ipreservations?", &selector, "watch=true"]);
         assert!(
             !watches.is_empty(),
             "the audit log holds no IPReservation watch with {selector}"
@@ -112,10 +113,10 @@ async fn wait_hits(proxy: &FaultProxy, id: ipkeep_e2e::proxy::RuleId, n: usize, 
 /// was a full resync.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn converges_through_api_faults() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    let client = cluster.client().expect("client");
-    let (agent_client, proxy) = real::proxied_account_client(cluster, real::AGENT_ACCOUNT).await;
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
+    let (agent_client, proxy) = plane::proxied_account_client(plane, plane::AGENT_ACCOUNT).await;
     let ns = namespace(&client, "agent-faults").await;
     let a = Node::start(&agent_client, "node-a");
     a.ready().await;
@@ -280,10 +281,10 @@ async fn converges_through_api_faults() {
 /// failing lists), `/metrics` counts what the agent did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_and_metrics() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    let client = cluster.client().expect("client");
-    let (agent_client, proxy) = real::proxied_account_client(cluster, real::AGENT_ACCOUNT).await;
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
+    let (agent_client, proxy) = plane::proxied_account_client(plane, plane::AGENT_ACCOUNT).await;
     let ns = namespace(&client, "agent-probes").await;
     let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
     let node = unique("node-a");
@@ -377,10 +378,10 @@ async fn probes_and_metrics() {
 /// deleted, one edited, a stray file added) without any change in the API.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn periodic_resync_repairs_hand_edits() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    let client = cluster.client().expect("client");
-    let agent_client = real::agent_client(cluster).await;
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
+    let agent_client = plane::agent_client(plane).await;
     let ns = namespace(&client, "agent-resync").await;
     let node = unique("node-r");
     let scratch = Scratch::new(&node);
@@ -431,10 +432,10 @@ async fn periodic_resync_repairs_hand_edits() {
 /// at once, with the periodic resync an hour away; the metric counts each by its cause.
 #[tokio::test]
 async fn a_wiped_network_directory_is_restored_at_once() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    let client = cluster.client().expect("client");
-    let agent_client = real::agent_client(cluster).await;
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
+    let agent_client = plane::agent_client(plane).await;
     let ns = namespace(&client, "agent-wipe").await;
     let node = unique("node-w");
     let scratch = Scratch::new(&node);
@@ -498,10 +499,10 @@ async fn a_wiped_network_directory_is_restored_at_once() {
 /// agent becomes ready, without any change in the API.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unusable_data_dir_is_retried_until_it_works() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    let client = cluster.client().expect("client");
-    let agent_client = real::agent_client(cluster).await;
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
+    let agent_client = plane::agent_client(plane).await;
     let ns = namespace(&client, "agent-retry").await;
     let node = unique("node-e");
     let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);

@@ -6,7 +6,7 @@
 //! theirs (the chart's agent ServiceAccount, perhaps through a fault proxy).
 
 pub mod scenarios;
-pub use ipkeep_e2e::testkit::*;
+use ipkeep_e2e::testkit::{Scratch, wait_for};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

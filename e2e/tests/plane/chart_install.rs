@@ -8,15 +8,15 @@
 //! Needs the binaries: `make cluster-bins` (or `IPKEEP_CLUSTER_BIN_DIR`); fails loudly without.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 
-use ipkeep_e2e::cluster::{Cluster, shared};
+use ipkeep_e2e::cluster::{ControlPlane, shared};
 use ipkeep_e2e::testkit::plane::UninstallOnDrop;
-use shared::{chart_dir, kubectl_json, kubectl_ok, run_ok, wait_for};
+use testkit::{chart_dir, kubectl_json, kubectl_ok, run_ok, wait_for};
 
 /// helm against the cluster (its homes in the cluster's state directory).
-fn helm(cluster: &Cluster, args: &[&str]) -> String {
-    run_ok(cluster.helm(), args, None)
+fn helm(plane: &ControlPlane, args: &[&str]) -> String {
+    run_ok(plane.helm(), args, None)
 }
 
 /// Namespaced kinds a release creates or causes (the controllers' ReplicaSets, pods and
@@ -26,7 +26,7 @@ const NAMESPACED: &str = "deployments,replicasets,daemonsets,controllerrevisions
 const CLUSTER_SCOPED: &str = "clusterroles,clusterrolebindings";
 
 /// Every object of the release still in the cluster, as `kind/name`.
-fn release_objects(cluster: &Cluster, namespace: &str, release: &str) -> Vec<String> {
+fn release_objects(plane: &ControlPlane, namespace: &str, release: &str) -> Vec<String> {
     let selector = format!("app.kubernetes.io/instance={release}");
     let mut names: Vec<String> = Vec::new();
     for (kinds, scope) in [
@@ -35,12 +35,12 @@ fn release_objects(cluster: &Cluster, namespace: &str, release: &str) -> Vec<Str
     ] {
         let mut args = vec!["get", kinds, "-l", &selector, "-o", "name"];
         args.extend(scope);
-        names.extend(kubectl_ok(cluster, &args, None).lines().map(str::to_owned));
+        names.extend(kubectl_ok(plane, &args, None).lines().map(str::to_owned));
     }
     let records = format!("owner=helm,name={release}");
     names.extend(
         kubectl_ok(
-            cluster,
+            plane,
             &[
                 "get", "secrets", "-n", namespace, "-l", &records, "-o", "name",
             ],
@@ -54,9 +54,9 @@ fn release_objects(cluster: &Cluster, namespace: &str, release: &str) -> Vec<Str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_upgrade_and_uninstall_leave_the_cluster_clean() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane_alone().await;
-    let cluster = shared().await.unwrap();
-    let ns = cluster.fresh_namespace("chart").await.unwrap();
+    let _plane = testkit::plane::use_plane_alone().await;
+    let plane = shared().await.unwrap();
+    let ns = plane.fresh_namespace("chart").await.unwrap();
     let release = format!("rel-{}", std::process::id());
     let chart = chart_dir();
     let chart_dir = chart.display().to_string();
@@ -70,17 +70,17 @@ async fn install_upgrade_and_uninstall_leave_the_cluster_clean() {
     let fullname = format!("{release}-ipkeep");
 
     // Install: the real API server accepts every manifest; the CRD comes from crds/.
-    let out = helm(cluster, &["install", &release, &chart_dir, "-n", &ns]);
-    let _uninstall = UninstallOnDrop::new(cluster, &release, &ns);
+    let out = helm(plane, &["install", &release, &chart_dir, "-n", &ns]);
+    let _uninstall = UninstallOnDrop::new(plane, &release, &ns);
     assert!(out.contains("STATUS: deployed"), "{out}");
     assert!(
         out.contains("kubectl get ipreservations -A"),
         "no NOTES in:\n{out}"
     );
-    let crd = kubectl_json(cluster, &["get", "crd", "ipreservations.ipkeep.dev"]);
+    let crd = kubectl_json(plane, &["get", "crd", "ipreservations.ipkeep.dev"]);
     assert_eq!(crd["spec"]["names"]["shortNames"][0], "ipr");
     let deploy = kubectl_json(
-        cluster,
+        plane,
         &[
             "get",
             "deployment",
@@ -90,7 +90,7 @@ async fn install_upgrade_and_uninstall_leave_the_cluster_clean() {
         ],
     );
     assert_eq!(deploy["spec"]["replicas"], 2);
-    let installed = release_objects(cluster, &ns, &release);
+    let installed = release_objects(plane, &ns, &release);
     for expected in [
         format!("deployment.apps/{fullname}-controller"),
         format!("daemonset.apps/{fullname}-agent"),
@@ -117,11 +117,11 @@ async fn install_upgrade_and_uninstall_leave_the_cluster_clean() {
         "apiVersion: ipkeep.dev/v1alpha1\nkind: IPReservation\nmetadata:\n  name: web-0\n  \
          namespace: {ns}\nspec:\n  ips: [\"10.244.1.17\"]\n  nodeName: node-a\n  retainFor: 24h\n"
     );
-    kubectl_ok(cluster, &["apply", "-f", "-"], Some(&reservation));
+    kubectl_ok(plane, &["apply", "-f", "-"], Some(&reservation));
 
     // Upgrade to a changed values file: the objects follow.
     let out = helm(
-        cluster,
+        plane,
         &[
             "upgrade",
             &release,
@@ -134,7 +134,7 @@ async fn install_upgrade_and_uninstall_leave_the_cluster_clean() {
     );
     assert!(out.contains("REVISION: 2"), "{out}");
     let deploy = kubectl_json(
-        cluster,
+        plane,
         &[
             "get",
             "deployment",
@@ -147,7 +147,7 @@ async fn install_upgrade_and_uninstall_leave_the_cluster_clean() {
     let args = deploy["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
     assert!(args.contains("--default-retain-for=7d"), "{args}");
     let role = kubectl_json(
-        cluster,
+        plane,
         &[
             "get",
             "role",
@@ -161,7 +161,7 @@ async fn install_upgrade_and_uninstall_leave_the_cluster_clean() {
         "{}",
         role["rules"]
     );
-    let upgraded = release_objects(cluster, &ns, &release);
+    let upgraded = release_objects(plane, &ns, &release);
     for gone in [
         format!("poddisruptionbudget.policy/{fullname}-controller"),
         format!("service/{fullname}-controller-metrics"),
@@ -175,23 +175,23 @@ async fn install_upgrade_and_uninstall_leave_the_cluster_clean() {
 
     // And back to the defaults (--reset-values): what went comes back.
     helm(
-        cluster,
+        plane,
         &["upgrade", &release, &chart_dir, "-n", &ns, "--reset-values"],
     );
-    let back = release_objects(cluster, &ns, &release);
+    let back = release_objects(plane, &ns, &release);
     assert!(back.contains(&format!("poddisruptionbudget.policy/{fullname}-controller")));
     assert!(back.contains(&format!("service/{fullname}-agent-metrics")));
 
     // Uninstall: nothing of the release is left once the garbage collector has removed what the
     // controllers made; the CRD and the reservation stay.
-    helm(cluster, &["uninstall", &release, "-n", &ns]);
+    helm(plane, &["uninstall", &release, "-n", &ns]);
     let left = wait_for("every object of the release to be deleted", || {
-        let left = release_objects(cluster, &ns, &release);
+        let left = release_objects(plane, &ns, &release);
         async move { left.is_empty().then_some(left) }
     })
     .await;
     assert!(left.is_empty());
-    kubectl_ok(cluster, &["get", "crd", "ipreservations.ipkeep.dev"], None);
-    let kept = kubectl_json(cluster, &["get", "ipreservations", "web-0", "-n", &ns]);
+    kubectl_ok(plane, &["get", "crd", "ipreservations.ipkeep.dev"], None);
+    let kept = kubectl_json(plane, &["get", "ipreservations", "web-0", "-n", &ns]);
     assert_eq!(kept["spec"]["ips"][0], "10.244.1.17");
 }

@@ -7,12 +7,12 @@
 //! Needs the binaries: `make cluster-bins` (or `IPKEEP_CLUSTER_BIN_DIR`); fails loudly without.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 
 use std::time::{Duration, Instant};
 
 use ipkeep_e2e::{
-    cluster::Cluster,
+    cluster::ControlPlane,
     proxy::{Fault, FaultProxy, Rule, Verb},
 };
 use k8s_openapi::api::{
@@ -26,16 +26,16 @@ use kube::{
     Api,
     api::{ListParams, PostParams},
 };
-use shared::{wait_for, within};
+use testkit::{wait_for, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_account_credentials_carry_exactly_their_rbac_and_are_audited() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = ipkeep_e2e::cluster::shared()
+    let _plane = testkit::plane::use_plane().await;
+    let plane = ipkeep_e2e::cluster::shared()
         .await
         .expect("the shared control plane");
-    let ns = cluster.fresh_namespace("rbac").await.expect("namespace");
-    let admin = cluster.client().expect("client");
+    let ns = plane.fresh_namespace("rbac").await.expect("namespace");
+    let admin = plane.client().expect("client");
     let pp = PostParams::default();
     let sa: ServiceAccount =
         serde_json::from_value(serde_json::json!({"metadata": {"name": "reader"}})).unwrap();
@@ -64,7 +64,7 @@ async fn service_account_credentials_carry_exactly_their_rbac_and_are_audited() 
         .unwrap();
 
     // Through a client with the token: configmaps yes, secrets no, other namespaces no.
-    let reader = cluster
+    let reader = plane
         .service_account_client(&ns, "reader")
         .await
         .expect("token client");
@@ -96,17 +96,17 @@ async fn service_account_credentials_carry_exactly_their_rbac_and_are_audited() 
     }
 
     // Through the built kubectl with the written kubeconfig.
-    let kubeconfig = cluster.state_dir().join(format!("reader-{ns}.kubeconfig"));
-    cluster
+    let kubeconfig = plane.state_dir().join(format!("reader-{ns}.kubeconfig"));
+    plane
         .write_service_account_kubeconfig(&ns, "reader", &kubeconfig)
         .await
         .expect("write the token kubeconfig");
     // `can-i` exits 1 when the answer is "no": its exit status is not checked, its answer is.
     let can_i = |verb: &str, resource: &str| {
-        let mut cmd = std::process::Command::new(cluster.bin("kubectl"));
+        let mut cmd = std::process::Command::new(plane.bin("kubectl"));
         cmd.env("KUBECONFIG", &kubeconfig)
             .args(["auth", "can-i", verb, resource]);
-        let out = shared::run(cmd, None);
+        let out = testkit::run(cmd, None);
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     };
     assert_eq!(can_i("list", "configmaps"), "yes");
@@ -114,7 +114,7 @@ async fn service_account_credentials_carry_exactly_their_rbac_and_are_audited() 
     assert_eq!(can_i("delete", "configmaps"), "no");
 
     // The audit log names the account, its verb and the denial.
-    let audit = cluster
+    let audit = plane
         .audit_log_path()
         .expect("the shared control plane audits");
     let user = format!("system:serviceaccount:{ns}:reader");
@@ -162,12 +162,12 @@ fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> Result<u16, St
 /// secrets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_identity_writes_its_own_node_and_lease_and_no_other() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = ipkeep_e2e::cluster::shared()
+    let _plane = testkit::plane::use_plane().await;
+    let plane = ipkeep_e2e::cluster::shared()
         .await
         .expect("the shared control plane");
-    assert!(cluster.node_config("Bad_Name").is_err());
-    let as_node = kube::Client::try_from(cluster.node_config("lease-node").expect("node config"))
+    assert!(plane.node_config("Bad_Name").is_err());
+    let as_node = kube::Client::try_from(plane.node_config("lease-node").expect("node config"))
         .expect("node client");
     let node_named = |name: &str| -> Node {
         serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap()
@@ -205,7 +205,7 @@ async fn a_node_identity_writes_its_own_node_and_lease_and_no_other() {
         .create(&pp, &lease("lease-node"))
         .await
         .expect("a node writes its own Lease");
-    let read: Api<Lease> = Api::namespaced(cluster.client().expect("client"), "kube-node-lease");
+    let read: Api<Lease> = Api::namespaced(plane.client().expect("client"), "kube-node-lease");
     let stored = read.get("lease-node").await.expect("the node's Lease");
     assert_eq!(stored.metadata.uid, written.metadata.uid);
     let spec = stored.spec.expect("lease spec");
@@ -251,14 +251,14 @@ async fn a_node_identity_writes_its_own_node_and_lease_and_no_other() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_built_helm_reaches_the_control_plane_with_its_state_inside() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     let real = ipkeep_e2e::cluster::shared()
         .await
         .expect("the shared control plane");
     assert!(real.server().starts_with("https://127.0.0.1:"));
     let mut list = real.helm();
     list.args(["list", "-A", "-o", "json"]);
-    let helm = shared::checked(list, None);
+    let helm = testkit::checked(list, None);
     // Other suites of this plane may have installed releases: each is in a namespace of this
     // control plane, so the list came from it and from no other cluster.
     let releases: serde_json::Value =
@@ -268,14 +268,14 @@ async fn the_built_helm_reaches_the_control_plane_with_its_state_inside() {
         let ns = release["namespace"]
             .as_str()
             .expect("a release's namespace");
-        shared::kubectl_ok(real, &["get", "namespace", ns], None);
+        testkit::kubectl_ok(real, &["get", "namespace", ns], None);
     }
 }
 
 /// A ServiceAccount `proxied` in `ns` that may do anything with configmaps there, and a client of
 /// it through `proxy`.
-async fn proxied_client(cluster: &Cluster, proxy: &FaultProxy, ns: &str) -> kube::Client {
-    let admin = cluster.client().expect("client");
+async fn proxied_client(plane: &ControlPlane, proxy: &FaultProxy, ns: &str) -> kube::Client {
+    let admin = plane.client().expect("client");
     let pp = PostParams::default();
     let objects = [
         serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "proxied"}}),
@@ -303,7 +303,7 @@ async fn proxied_client(cluster: &Cluster, proxy: &FaultProxy, ns: &str) -> kube
         .create(&pp, &serde_json::from_value(objects[2].clone()).unwrap())
         .await
         .unwrap();
-    let config = cluster
+    let config = plane
         .service_account_config(ns, "proxied")
         .await
         .expect("a token client configuration");
@@ -312,16 +312,16 @@ async fn proxied_client(cluster: &Cluster, proxy: &FaultProxy, ns: &str) -> kube
 
 /// The shared control plane, a fresh namespace `prefix-…`, a fault proxy of the test's own, and a
 /// client of the ServiceAccount `proxied` of that namespace through it ([`proxied_client`]).
-async fn through_a_proxy(prefix: &str) -> (&'static Cluster, String, FaultProxy, kube::Client) {
-    let cluster = ipkeep_e2e::cluster::shared()
+async fn through_a_proxy(
+    prefix: &str,
+) -> (&'static ControlPlane, String, FaultProxy, kube::Client) {
+    let plane = ipkeep_e2e::cluster::shared()
         .await
         .expect("the shared control plane");
-    let ns = cluster.fresh_namespace(prefix).await.expect("namespace");
-    let proxy = FaultProxy::in_front_of(cluster)
-        .await
-        .expect("a fault proxy");
-    let client = proxied_client(cluster, &proxy, &ns).await;
-    (cluster, ns, proxy, client)
+    let ns = plane.fresh_namespace(prefix).await.expect("namespace");
+    let proxy = FaultProxy::in_front_of(plane).await.expect("a fault proxy");
+    let client = proxied_client(plane, &proxy, &ns).await;
+    (plane, ns, proxy, client)
 }
 
 fn config_map(name: &str) -> ConfigMap {
@@ -340,8 +340,8 @@ fn api_code<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String)
 /// and each rule does what it says to exactly the requests it matches, for as many as it says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fault_proxy_keeps_the_identity_and_injects_http_errors() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let (cluster, ns, proxy, client) = through_a_proxy("proxy-http").await;
+    let _plane = testkit::plane::use_plane().await;
+    let (plane, ns, proxy, client) = through_a_proxy("proxy-http").await;
     let pp = PostParams::default();
 
     // Who the API server sees, through the proxy.
@@ -413,7 +413,7 @@ async fn the_fault_proxy_keeps_the_identity_and_injects_http_errors() {
     let once = proxy.add(Rule::new(Fault::status(429)).name("cm-b").times(1));
     maps.get("cm-b").await.expect("kube's client retries a 429");
     assert_eq!(proxy.hits(once), 1, "the 429 was answered, then retried");
-    let mut config = cluster
+    let mut config = plane
         .service_account_config(&ns, "proxied")
         .await
         .expect("a token client configuration");
@@ -484,7 +484,7 @@ async fn the_fault_proxy_keeps_the_identity_and_injects_http_errors() {
 /// once, every connection dropped, and an outage with the port closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fault_proxy_expires_cuts_and_closes_watches() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     use futures::{StreamExt, TryStreamExt};
     use kube::api::{WatchEvent, WatchParams};
     let (_, ns, proxy, client) = through_a_proxy("proxy-watch").await;
@@ -578,13 +578,13 @@ async fn the_fault_proxy_expires_cuts_and_closes_watches() {
 /// Kubectl (Go's TLS and HTTP client) through a kubeconfig rewritten to point through the proxy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_runs_through_the_fault_proxy() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let (cluster, ns, proxy, _) = through_a_proxy("proxy-kubectl").await;
-    let direct = cluster.state_dir().join(format!("proxied-{ns}.kubeconfig"));
-    let through = cluster
+    let _plane = testkit::plane::use_plane().await;
+    let (plane, ns, proxy, _) = through_a_proxy("proxy-kubectl").await;
+    let direct = plane.state_dir().join(format!("proxied-{ns}.kubeconfig"));
+    let through = plane
         .state_dir()
         .join(format!("proxied-{ns}-through.kubeconfig"));
-    cluster
+    plane
         .write_service_account_kubeconfig(&ns, "proxied", &direct)
         .await
         .expect("write the token kubeconfig");
@@ -592,9 +592,9 @@ async fn kubectl_runs_through_the_fault_proxy() {
         .kubeconfig_through(&direct, &through)
         .expect("rewrite it");
     let kubectl = |args: &[&str]| {
-        let mut cmd = std::process::Command::new(cluster.bin("kubectl"));
+        let mut cmd = std::process::Command::new(plane.bin("kubectl"));
         cmd.env("KUBECONFIG", &through).args(args);
-        shared::run(cmd, None)
+        testkit::run(cmd, None)
     };
     let ok = kubectl(&["get", "configmaps", "-o", "name"]);
     assert!(
@@ -623,15 +623,15 @@ async fn kubectl_runs_through_the_fault_proxy() {
 /// rules set through the control endpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fault_proxy_subcommand_takes_rules_over_http() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     use std::io::{BufRead, BufReader, Read, Write};
     // The account and its token, made through a throwaway in-process proxy.
-    let (cluster, ns, _setup, _) = through_a_proxy("proxy-cli").await;
-    let direct = cluster.state_dir().join(format!("proxied-{ns}.kubeconfig"));
-    let through = cluster
+    let (plane, ns, _setup, _) = through_a_proxy("proxy-cli").await;
+    let direct = plane.state_dir().join(format!("proxied-{ns}.kubeconfig"));
+    let through = plane
         .state_dir()
         .join(format!("proxied-{ns}-through.kubeconfig"));
-    cluster
+    plane
         .write_service_account_kubeconfig(&ns, "proxied", &direct)
         .await
         .expect("write the token kubeconfig");
@@ -641,7 +641,7 @@ async fn the_fault_proxy_subcommand_takes_rules_over_http() {
         .arg("--kubeconfig-out")
         .arg(&through)
         .arg("--state-dir")
-        .arg(cluster.state_dir())
+        .arg(plane.state_dir())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start ipkeep-e2e cluster fault-proxy");
@@ -675,9 +675,9 @@ async fn the_fault_proxy_subcommand_takes_rules_over_http() {
     );
     assert!(post("/rules", r#"{"fault": {"kind": "nap"}}"#).starts_with("HTTP/1.1 400"));
     let kubectl = || {
-        let mut cmd = std::process::Command::new(cluster.bin("kubectl"));
+        let mut cmd = std::process::Command::new(plane.bin("kubectl"));
         cmd.env("KUBECONFIG", &through).args(["get", "configmaps"]);
-        shared::run(cmd, None)
+        testkit::run(cmd, None)
     };
     let failed = kubectl();
     assert!(!failed.status.success(), "the rule did not apply");

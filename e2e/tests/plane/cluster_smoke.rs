@@ -6,7 +6,7 @@
 //! Needs the binaries: `make cluster-bins` (or `IPKEEP_CLUSTER_BIN_DIR`); fails loudly without.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 
 use std::collections::BTreeMap;
 
@@ -17,7 +17,7 @@ use kube::{
     api::{DynamicObject, ListParams, PostParams},
     core::{ApiResource, GroupVersionKind},
 };
-use shared::{kubectl, kubectl_ok, wait_for};
+use testkit::{kubectl, kubectl_ok, wait_for};
 
 const CRD: &str = r#"
 apiVersion: apiextensions.k8s.io/v1
@@ -58,12 +58,12 @@ fn widget(name: &str, color: &str, min: i64, max: i64) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crd_selectable_fields_and_cel_rules_are_enforced() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = shared().await.expect("the shared control plane");
-    let ns = cluster.fresh_namespace("crd").await.expect("namespace");
-    kubectl_ok(cluster, &["apply", "-f", "-"], Some(CRD));
+    let _plane = testkit::plane::use_plane().await;
+    let plane = shared().await.expect("the shared control plane");
+    let ns = plane.fresh_namespace("crd").await.expect("namespace");
+    kubectl_ok(plane, &["apply", "-f", "-"], Some(CRD));
     kubectl_ok(
-        cluster,
+        plane,
         &[
             "wait",
             "--for=condition=Established",
@@ -73,19 +73,19 @@ async fn crd_selectable_fields_and_cel_rules_are_enforced() {
         None,
     );
     kubectl_ok(
-        cluster,
+        plane,
         &["-n", &ns, "apply", "-f", "-"],
         Some(&widget("red", "red", 1, 2)),
     );
     kubectl_ok(
-        cluster,
+        plane,
         &["-n", &ns, "apply", "-f", "-"],
         Some(&widget("blue", "blue", 3, 3)),
     );
 
     // The CEL rule rejects min > max, through kubectl...
     let out = kubectl(
-        cluster,
+        plane,
         &["-n", &ns, "apply", "-f", "-"],
         Some(&widget("bad", "red", 5, 1)),
     );
@@ -98,7 +98,7 @@ async fn crd_selectable_fields_and_cel_rules_are_enforced() {
     // ...and as a 422 Invalid naming the rule's message, through the API.
     let gvk = GroupVersionKind::gvk("smoke.ipkeep.dev", "v1", "Widget");
     let widgets: Api<DynamicObject> = Api::namespaced_with(
-        cluster.client().expect("client"),
+        plane.client().expect("client"),
         &ns,
         &ApiResource::from_gvk(&gvk),
     );
@@ -117,7 +117,7 @@ async fn crd_selectable_fields_and_cel_rules_are_enforced() {
 
     // selectableFields: the server filters on .spec.color...
     let red = kubectl_ok(
-        cluster,
+        plane,
         &[
             "-n",
             &ns,
@@ -133,7 +133,7 @@ async fn crd_selectable_fields_and_cel_rules_are_enforced() {
     assert_eq!(red.trim(), "widget.smoke.ipkeep.dev/red");
     // ...and refuses a field that is not selectable.
     let out = kubectl(
-        cluster,
+        plane,
         &[
             "-n",
             &ns,
@@ -211,15 +211,15 @@ async fn finish_when_terminating(pods: &Api<Pod>, name: &str, uid: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statefulset_pods_are_created_scheduled_recreated_and_collected() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = shared().await.expect("the shared control plane");
-    cluster
+    let _plane = testkit::plane::use_plane().await;
+    let plane = shared().await.expect("the shared control plane");
+    plane
         .add_node("smoke-node")
         .await
         .expect("the Node smoke-node");
-    let ns = cluster.fresh_namespace("sts").await.expect("namespace");
-    let pods: Api<Pod> = Api::namespaced(cluster.client().expect("client"), &ns);
-    kubectl_ok(cluster, &["-n", &ns, "apply", "-f", "-"], Some(STATEFULSET));
+    let ns = plane.fresh_namespace("sts").await.expect("namespace");
+    let pods: Api<Pod> = Api::namespaced(plane.client().expect("client"), &ns);
+    kubectl_ok(plane, &["-n", &ns, "apply", "-f", "-"], Some(STATEFULSET));
 
     let want: Vec<String> = (0..3).map(|i| format!("web-{i}")).collect();
     let first = wait_for("web-0..2 bound to smoke-node", || async {
@@ -236,7 +236,7 @@ async fn statefulset_pods_are_created_scheduled_recreated_and_collected() {
     // Terminating, the test finishes the deletion, and the StatefulSet controller makes a new
     // web-1.
     kubectl_ok(
-        cluster,
+        plane,
         &["-n", &ns, "delete", "pod", "web-1", "--wait=false"],
         None,
     );
@@ -256,7 +256,7 @@ async fn statefulset_pods_are_created_scheduled_recreated_and_collected() {
     // Deleting the StatefulSet garbage-collects its pods: the garbage collector deletes each
     // (they turn Terminating), the test finishes each deletion.
     kubectl_ok(
-        cluster,
+        plane,
         &["-n", &ns, "delete", "statefulset", "web", "--wait=false"],
         None,
     );
@@ -272,5 +272,5 @@ async fn statefulset_pods_are_created_scheduled_recreated_and_collected() {
         left.is_empty().then_some(())
     })
     .await;
-    cluster.check().expect("every component still runs");
+    plane.check().expect("every component still runs");
 }

@@ -16,13 +16,13 @@
 //! `cargo test --workspace` makes); fails loudly without them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 
-use ipkeep_e2e::testkit::plane as real;
+use ipkeep_e2e::testkit::plane;
 
 use std::path::Path;
 
-use ipkeep_e2e::cluster::Cluster;
+use ipkeep_e2e::cluster::ControlPlane;
 use ipkeep_operator::api::IPReservation;
 use ipkeep_operator::crd_apply::{FIELD_MANAGER, RELEASE_ANNOTATION};
 use kube::CustomResourceExt;
@@ -54,14 +54,14 @@ fn crd(release: Option<&str>, change: Option<&str>) -> Value {
 }
 
 /// Makes the cluster's CRD exactly `crd` (`kubectl replace` as admin: annotations included).
-fn set_crd(cluster: &Cluster, crd: &Value) {
-    shared::kubectl_ok(cluster, &["replace", "-f", "-"], Some(&crd.to_string()));
+fn set_crd(plane: &ControlPlane, crd: &Value) {
+    testkit::kubectl_ok(plane, &["replace", "-f", "-"], Some(&crd.to_string()));
 }
 
 /// The cluster's CRD, its managed fields included.
-fn cluster_crd(cluster: &Cluster) -> Value {
-    shared::kubectl_json(
-        cluster,
+fn cluster_crd(plane: &ControlPlane) -> Value {
+    testkit::kubectl_json(
+        plane,
         &[
             "get",
             "crd",
@@ -91,7 +91,7 @@ fn args(ns: &str) -> Vec<String> {
 fn refused(kubeconfig: &Path, ns: &str) -> String {
     let out = std::process::Command::new("timeout")
         .arg("60")
-        .arg(shared::operator_binary())
+        .arg(testkit::operator_binary())
         .args(["controller", "--metrics-addr", "127.0.0.1:0"])
         .args(args(ns))
         .env("KUBECONFIG", kubeconfig)
@@ -107,12 +107,12 @@ fn refused(kubeconfig: &Path, ns: &str) -> String {
 }
 
 /// Starts the controller with `kubeconfig` and waits until its log says `says`; then stops it.
-async fn starts(kubeconfig: &Path, ns: &str, says: &str, scratch: &shared::Scratch, name: &str) {
+async fn starts(kubeconfig: &Path, ns: &str, says: &str, scratch: &testkit::Scratch, name: &str) {
     let log = scratch.join(format!("{name}.log"));
     let args = args(ns);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut replica = shared::Replica::spawn(kubeconfig, name, &args, Some(&log));
-    shared::wait_for(
+    let mut replica = testkit::Replica::spawn(kubeconfig, name, &args, Some(&log));
+    testkit::wait_for(
         &format!("{name}: the controller's log to say {says:?}"),
         || {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -130,13 +130,13 @@ async fn starts(kubeconfig: &Path, ns: &str, says: &str, scratch: &shared::Scrat
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_refuses_one_lacking_its_own()
  {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane_alone().await;
-    let cluster = shared::cluster().await;
-    let release_ns = real::chart_rbac(cluster).await;
-    let ns = cluster.fresh_namespace("ctl-crd").await.unwrap();
-    let scratch = shared::Scratch::new("controller-crd");
+    let _plane = plane::use_plane_alone().await;
+    let plane = testkit::control_plane().await;
+    let release_ns = plane::chart_rbac(plane).await;
+    let ns = plane.fresh_namespace("ctl-crd").await.unwrap();
+    let scratch = testkit::Scratch::new("controller-crd");
     let chart_account = scratch.join("chart-account.kubeconfig");
-    real::account_kubeconfig(cluster, real::CONTROLLER_ACCOUNT, &chart_account).await;
+    plane::account_kubeconfig(plane, plane::CONTROLLER_ACCOUNT, &chart_account).await;
     // An account that may read the CRD, and nothing else of it.
     let reader = "crd-reader";
     let rbac = format!(
@@ -148,15 +148,15 @@ async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_ref
          subjects: [{{kind: ServiceAccount, name: {reader}, namespace: {release_ns}}}]\n",
         IPReservation::crd_name()
     );
-    shared::kubectl_ok(cluster, &["apply", "-f", "-"], Some(&rbac));
+    testkit::kubectl_ok(plane, &["apply", "-f", "-"], Some(&rbac));
     let reader_account = scratch.join("reader.kubeconfig");
-    cluster
+    plane
         .write_service_account_kubeconfig(release_ns, reader, &reader_account)
         .await
         .unwrap();
 
     // An older CRD, as the chart's crds/ left it: applied, and the controller starts.
-    set_crd(cluster, &crd(None, Some("older")));
+    set_crd(plane, &crd(None, Some("older")));
     starts(
         &chart_account,
         &ns,
@@ -165,7 +165,7 @@ async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_ref
         "older",
     )
     .await;
-    let now = cluster_crd(cluster);
+    let now = cluster_crd(plane);
     assert!(columns(&now).contains(&"Unprotected".to_owned()), "{now}");
     assert_eq!(now["metadata"]["annotations"][RELEASE_ANNOTATION], VERSION);
     let appliers: Vec<&str> = now["metadata"]["managedFields"]
@@ -179,8 +179,8 @@ async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_ref
     assert!(appliers.contains(&FIELD_MANAGER), "{appliers:?}");
 
     // A newer release's CRD, with everything of this one's: untouched, and it starts.
-    set_crd(cluster, &crd(Some(NEWER), Some("newer")));
-    let version = cluster_crd(cluster)["metadata"]["resourceVersion"].clone();
+    set_crd(plane, &crd(Some(NEWER), Some("newer")));
+    let version = cluster_crd(plane)["metadata"]["resourceVersion"].clone();
     starts(
         &chart_account,
         &ns,
@@ -189,13 +189,13 @@ async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_ref
         "newer",
     )
     .await;
-    let now = cluster_crd(cluster);
+    let now = cluster_crd(plane);
     assert_eq!(now["metadata"]["resourceVersion"], version, "untouched");
     assert!(columns(&now).contains(&"Future".to_owned()));
 
     // A newer release's CRD lacking a column of this one's: refused, untouched.
-    set_crd(cluster, &crd(Some(NEWER), Some("older")));
-    let version = cluster_crd(cluster)["metadata"]["resourceVersion"].clone();
+    set_crd(plane, &crd(Some(NEWER), Some("older")));
+    let version = cluster_crd(plane)["metadata"]["resourceVersion"].clone();
     let stderr = refused(&chart_account, &ns);
     for says in [
         format!("lacks what ipkeep {VERSION} reads and writes (the printer column Unprotected)"),
@@ -205,10 +205,10 @@ async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_ref
     ] {
         assert!(stderr.contains(&says), "{says:?} not in: {stderr}");
     }
-    assert_eq!(cluster_crd(cluster)["metadata"]["resourceVersion"], version);
+    assert_eq!(cluster_crd(plane)["metadata"]["resourceVersion"], version);
 
     // An older CRD, and no right to patch it: refused, saying which right.
-    set_crd(cluster, &crd(None, Some("older")));
+    set_crd(plane, &crd(None, Some("older")));
     let stderr = refused(&reader_account, &ns);
     for says in [
         "lacks what ipkeep",
@@ -221,7 +221,7 @@ async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_ref
     }
 
     // Its own CRD, and no right to patch it: it starts, warning.
-    set_crd(cluster, &crd(None, None));
+    set_crd(plane, &crd(None, None));
     starts(
         &reader_account,
         &ns,
@@ -232,6 +232,6 @@ async fn the_controller_applies_its_release_s_crd_never_over_a_newer_one_and_ref
     .await;
 
     // The shared control plane's CRD as the fixture applied it; the reader gone.
-    set_crd(cluster, &crd(None, None));
-    shared::kubectl_ok(cluster, &["delete", "-f", "-"], Some(&rbac));
+    set_crd(plane, &crd(None, None));
+    testkit::kubectl_ok(plane, &["delete", "-f", "-"], Some(&rbac));
 }

@@ -7,17 +7,18 @@
 //! address exhaustion, in `e2e/tests/realnode/budget.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 
 use ipkeep_e2e::testkit::controller;
+use ipkeep_e2e::testkit::controller::{
+    create_running_pod, delete_pod, phase, retain, scrape, start_controller_with, wait_event,
+    wait_reservation, wait_reservation_gone,
+};
 
-use ipkeep_e2e::testkit::plane as real;
-
-use ipkeep_e2e::testkit::controller as real_controller;
+use ipkeep_e2e::testkit::plane;
 
 use std::{net::SocketAddr, time::Duration};
 
-use controller::*;
 use ipkeep_operator::{
     api::retention::RetainFor,
     api::{IPReservation, Phase},
@@ -31,12 +32,12 @@ use kube::{
     Api, Client, ResourceExt,
     api::{ListParams, Patch, PatchParams, PostParams},
 };
-use real::NODE;
+use plane::NODE;
 use serde_json::json;
 
 /// Runs `scenario` (as admin) in a fresh namespace with a controller of its own (one hour's
 /// default retention) whose maximum retention is `max`.
-async fn with_controller<F, Fut>(prefix: &str, max: &str, scenario: F)
+async fn with_max_retention<F, Fut>(prefix: &str, max: &str, scenario: F)
 where
     F: FnOnce(Client, String, SocketAddr) -> Fut,
     Fut: std::future::Future<Output = ()>,
@@ -45,7 +46,7 @@ where
         s.defaults.retain_for = Duration::from_secs(3_600);
         s.defaults.max_retain_for = RetainFor::parse(max).unwrap();
     };
-    real_controller::with_controller_settings(prefix, adjust, scenario).await;
+    controller::with_controller_settings(prefix, adjust, scenario).await;
 }
 
 /// The pod template of the workloads below: bound to [`NODE`], annotated `retain`.
@@ -63,7 +64,7 @@ fn template(app: &str, annotations: serde_json::Value) -> serde_json::Value {
 /// next address from `ips`; returns their names.
 async fn run_pods(client: &Client, ns: &str, app: &str, ips: &[&str]) -> Vec<String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let names = shared::wait_for(
+    let names = testkit::wait_for(
         &format!("{} pods app={app} bound to {NODE}", ips.len()),
         || async {
             let list = pods
@@ -94,8 +95,8 @@ async fn run_pods(client: &Client, ns: &str, app: &str, ips: &[&str]) -> Vec<Str
 /// hand beside them is reserved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_that_never_return_are_not_reserved() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    with_controller("lim-names", "7d", |c, ns, _| async move {
+    let _plane = plane::use_plane().await;
+    with_max_retention("lim-names", "7d", |c, ns, _| async move {
         let deployments: Api<Deployment> = Api::namespaced(c.clone(), &ns);
         let deploy: Deployment = serde_json::from_value(json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
@@ -160,8 +161,8 @@ async fn names_that_never_return_are_not_reserved() {
 /// `RetentionCapped` Warning naming both durations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retention_over_the_maximum_is_held_to_it() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    with_controller("lim-max", "1h", |c, ns, _| async move {
+    let _plane = plane::use_plane().await;
+    with_max_retention("lim-max", "1h", |c, ns, _| async move {
         let api: Api<IPReservation> = Api::namespaced(c.clone(), &ns);
         create_running_pod(
             &c,
@@ -238,17 +239,17 @@ async fn a_retention_over_the_maximum_is_held_to_it() {
 /// the metrics show the node's budget, what it holds and the yield.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_its_nodes_budget_the_earliest_released_yields() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
     let node = "lim-budget-node";
-    cluster.add_node(node).await.expect("the fixture Node");
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client().unwrap());
+    plane.add_node(node).await.expect("the fixture Node");
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(plane.client().unwrap());
     let budget = json!({"metadata": {"annotations": {"ipkeep.dev/node-budget": "1"}}});
     nodes
         .patch(node, &PatchParams::default(), &Patch::Merge(&budget))
         .await
         .unwrap();
-    with_controller("lim-budget", "7d", |c, ns, probes| async move {
+    with_max_retention("lim-budget", "7d", |c, ns, probes| async move {
         for (name, ip) in [
             ("p-0", "10.244.30.2"),
             ("p-1", "10.244.30.3"),
@@ -305,15 +306,15 @@ async fn over_its_nodes_budget_the_earliest_released_yields() {
 /// and where it is; well-formed ones within the maximum are admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    let ns = cluster
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    let ns = plane
         .fresh_namespace("lim-policy")
         .await
         .expect("a fresh namespace");
-    let chart = shared::chart_dir();
-    let rendered = shared::run_ok(
-        cluster.helm(),
+    let chart = testkit::chart_dir();
+    let rendered = testkit::run_ok(
+        plane.helm(),
         &[
             "template",
             "ipkeep",
@@ -335,9 +336,9 @@ async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
             "{anchor}  matchResources:\n    namespaceSelector:\n      matchLabels: {{kubernetes.io/metadata.name: {ns}}}\n"
         ),
     );
-    shared::kubectl_ok(cluster, &["apply", "-f", "-"], Some(&scoped));
+    testkit::kubectl_ok(plane, &["apply", "-f", "-"], Some(&scoped));
 
-    let c = cluster.client().unwrap();
+    let c = plane.client().unwrap();
     let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
     let sets: Api<StatefulSet> = Api::namespaced(c.clone(), &ns);
     let dry = PostParams {
@@ -353,7 +354,7 @@ async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
         .unwrap()
     };
     // The policy takes effect once the API server has compiled it.
-    shared::wait_for("the policy refusing retain-for 2h", || async {
+    testkit::wait_for("the policy refusing retain-for 2h", || async {
         let refused = pods
             .create(&dry, &pod(json!({"ipkeep.dev/retain-for": "2h"})))
             .await
@@ -443,8 +444,8 @@ async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
     )
     .await
     .unwrap();
-    shared::kubectl_ok(cluster, &["delete", "-f", "-"], Some(&scoped));
-    cluster
+    testkit::kubectl_ok(plane, &["delete", "-f", "-"], Some(&scoped));
+    plane
         .check()
         .expect("every control plane component still runs");
 }
@@ -454,8 +455,8 @@ async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
 /// expires and is deleted (on that deletion, not by polling).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_quota_a_pod_waits_for_room_and_is_told_why() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    with_controller("lim-quota", "7d", |c, ns, _| async move {
+    let _plane = plane::use_plane().await;
+    with_max_retention("lim-quota", "7d", |c, ns, _| async move {
         let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
             Api::namespaced(c.clone(), &ns);
         let quota = serde_json::from_value(json!({
@@ -466,7 +467,7 @@ async fn over_quota_a_pod_waits_for_room_and_is_told_why() {
         .unwrap();
         quotas.create(&PostParams::default(), &quota).await.unwrap();
         // The quota controller computes its usage first; until then the API server refuses all.
-        shared::wait_for("the ResourceQuota's usage computed", || async {
+        testkit::wait_for("the ResourceQuota's usage computed", || async {
             let q = quotas.get("reservations").await.ok()?;
             q.status?
                 .used?
@@ -518,18 +519,18 @@ async fn over_quota_a_pod_waits_for_room_and_is_told_why() {
 /// follows the ordinary lifecycle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_relabelled_out() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     const SELECTOR: &str = "ipkeep.dev/reserve=true";
-    let cluster = real::cluster().await;
-    real::node_a(cluster).await;
+    let plane = plane::control_plane().await;
+    plane::node_a(plane).await;
     // The chart's controller RBAC with the selector set, in a release namespace of its own.
-    let release_ns = cluster
+    let release_ns = plane
         .fresh_namespace("lim-nsel-release")
         .await
         .expect("a release namespace");
-    let chart = shared::chart_dir();
-    let rendered = shared::run_ok(
-        cluster.helm(),
+    let chart = testkit::chart_dir();
+    let rendered = testkit::run_ok(
+        plane.helm(),
         &[
             "template",
             "nsel",
@@ -544,17 +545,17 @@ async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_rel
         None,
     );
     assert!(rendered.contains("namespaces"), "{rendered}");
-    shared::kubectl_ok(cluster, &["apply", "-f", "-"], Some(&rendered));
-    let account = cluster
+    testkit::kubectl_ok(plane, &["apply", "-f", "-"], Some(&rendered));
+    let account = plane
         .service_account_client(&release_ns, "nsel-ipkeep-controller")
         .await
         .expect("a client of the controller's ServiceAccount");
 
-    let ns = cluster
+    let ns = plane
         .fresh_namespace("lim-nsel")
         .await
         .expect("a fresh namespace");
-    let c = cluster.client().unwrap();
+    let c = plane.client().unwrap();
     let mut settings = ipkeep_operator::controller::Settings::single(Duration::from_secs(3_600));
     settings.namespace = Some(ns.clone());
     settings.namespace_selector = Some(SELECTOR.parse().unwrap());
@@ -607,7 +608,7 @@ async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_rel
     pods.patch("outside", &PatchParams::default(), &Patch::Merge(&touched))
         .await
         .unwrap();
-    let after = shared::wait_for("a reconcile of the changed pod", || async {
+    let after = testkit::wait_for("a reconcile of the changed pod", || async {
         let text = scrape(probes).await;
         (reconciles(&text) > reconciles(&before)).then_some(text)
     })
@@ -650,7 +651,7 @@ async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_rel
         7_200,
         "the ordinary retention (the pod's 2h)"
     );
-    shared::wait_for("the pod told its reservation is Released", || async {
+    testkit::wait_for("the pod told its reservation is Released", || async {
         let text = scrape(probes).await;
         (not_reserved(&text) == 2).then_some(())
     })
@@ -666,7 +667,7 @@ async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_rel
     assert_eq!(r.metadata.uid, uid);
 
     running.stop().await;
-    cluster
+    plane
         .check()
         .expect("every control plane component still runs");
 }

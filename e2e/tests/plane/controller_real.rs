@@ -19,19 +19,21 @@
 //! garbage collector deleted them, finishes each Terminating pod's deletion as a kubelet would.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 
 use ipkeep_e2e::testkit::controller;
 
-use ipkeep_e2e::testkit::plane as real;
-
-use ipkeep_e2e::testkit::controller as real_controller;
+use ipkeep_e2e::testkit::plane;
 
 use std::{collections::BTreeMap, time::Duration};
 
-use crate::controller_scenarios::*;
-use controller::*;
+use crate::controller_scenarios;
 use ipkeep_e2e::testkit::Replica;
+use ipkeep_e2e::testkit::controller::{
+    DeletionLog, RunningController, bound_to, create_running_pod, delete_pod, phase, retain,
+    scrape, start_controller_in, wait_event, wait_reservation, wait_reservation_gone,
+    with_controller_settings,
+};
 use ipkeep_e2e::{
     cluster::force_delete_pod,
     proxy::{Fault, FaultProxy, Rule, Verb},
@@ -42,91 +44,75 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
-use real::NODE;
+use plane::NODE;
 use serde_json::json;
 
-/// Runs `scenario` (as admin) in a fresh namespace of the real control plane with a controller of
-/// its own, which runs as the chart's controller ServiceAccount: exactly the chart's RBAC.
-async fn with_controller<F, Fut>(prefix: &str, scenario: F)
-where
-    F: FnOnce(Client, String) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    real_controller::with_controller_settings(prefix, |_| {}, |c, ns, _| scenario(c, ns)).await;
+/// One test per scenario of `controller_scenarios.rs`, named after it: the scenario (as admin) in
+/// a fresh namespace `prefix-<n>` of the real control plane with a controller of its own, which
+/// runs as the chart's controller ServiceAccount: exactly the chart's RBAC.
+macro_rules! controller_scenario_tests {
+    ($($prefix:literal => $name:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let _plane = plane::use_plane().await;
+                controller::with_controller_settings($prefix, |_| {}, |client, ns, _| async move {
+                    controller_scenarios::$name(&client, &ns).await
+                })
+                .await;
+            }
+        )+
+    };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bound_then_released_then_bound_again() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    with_controller("ctl-life", |c, ns| async move {
-        bound_released_rebound(&c, &ns).await
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_short_retention_expires_within_a_second_of_its_release_time() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    with_controller("ctl-expiry", |c, ns| async move {
-        short_retention_expires_on_time(&c, &ns).await
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn removing_the_annotation_ends_the_reservation() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    with_controller("ctl-annot", |c, ns| async move {
-        annotation_removed_ends_the_reservation(&c, &ns).await
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hand_made_reservations_are_honoured_and_conflicts_reported() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    with_controller("ctl-hand", |c, ns| async move {
-        hand_made_reservations_and_conflicts(&c, &ns).await
-    })
-    .await;
-}
+controller_scenario_tests!(
+    "ctl-life" => bound_then_released_then_bound_again,
+    "ctl-expiry" => a_short_retention_expires_within_a_second_of_its_release_time,
+    "ctl-annot" => removing_the_annotation_ends_the_reservation,
+    "ctl-hand" => hand_made_reservations_are_honoured_and_conflicts_reported,
+    "ctl-roam" => a_pod_returning_on_another_node_moves_its_reservation_with_a_warning,
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reservations_of_a_deleted_node_are_released() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
     let node = "ctl-gone-node";
-    cluster.add_node(node).await.expect("the fixture Node");
-    with_controller("ctl-gone", |c, ns| async move {
-        let api: Api<IPReservation> = Api::namespaced(c.clone(), &ns);
-        let kept = reservation(
-            "kept-0",
-            json!({"ips": ["10.244.9.5"], "nodeName": NODE, "retainFor": "1h"}),
-        );
-        let gone = reservation(
-            "gone-0",
-            json!({"ips": ["10.244.9.6"], "nodeName": node, "retainFor": "1h"}),
-        );
-        for r in [&kept, &gone] {
-            api.create(&PostParams::default(), r).await.unwrap();
-        }
-        for name in ["kept-0", "gone-0"] {
-            wait_reservation(&c, &ns, name, "Released (honoured)", |r| {
-                r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Released)
-            })
-            .await;
-        }
-        // The node goes (a scale-in, a replaced machine): its reservation with it, and why.
-        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
-        nodes.delete(node, &DeleteParams::default()).await.unwrap();
-        wait_reservation_gone(&c, &ns, "gone-0").await;
-        let note = wait_event(&c, &ns, "IPReservation", "gone-0", "NodeGone").await;
-        assert!(note.contains(node) && note.contains("10.244.9.6"), "{note}");
-        assert!(
-            api.get_opt("kept-0").await.unwrap().is_some(),
-            "a reservation on a node that exists is kept"
-        );
-    })
+    plane.add_node(node).await.expect("the fixture Node");
+    controller::with_controller_settings(
+        "ctl-gone",
+        |_| {},
+        |c, ns, _| async move {
+            let api: Api<IPReservation> = Api::namespaced(c.clone(), &ns);
+            let kept = reservation(
+                "kept-0",
+                json!({"ips": ["10.244.9.5"], "nodeName": NODE, "retainFor": "1h"}),
+            );
+            let gone = reservation(
+                "gone-0",
+                json!({"ips": ["10.244.9.6"], "nodeName": node, "retainFor": "1h"}),
+            );
+            for r in [&kept, &gone] {
+                api.create(&PostParams::default(), r).await.unwrap();
+            }
+            for name in ["kept-0", "gone-0"] {
+                wait_reservation(&c, &ns, name, "Released (honoured)", |r| {
+                    r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Released)
+                })
+                .await;
+            }
+            // The node goes (a scale-in, a replaced machine): its reservation with it, and why.
+            let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+            nodes.delete(node, &DeleteParams::default()).await.unwrap();
+            wait_reservation_gone(&c, &ns, "gone-0").await;
+            let note = wait_event(&c, &ns, "IPReservation", "gone-0", "NodeGone").await;
+            assert!(note.contains(node) && note.contains("10.244.9.6"), "{note}");
+            assert!(
+                api.get_opt("kept-0").await.unwrap().is_some(),
+                "a reservation on a node that exists is kept"
+            );
+        },
+    )
     .await;
 }
 
@@ -162,10 +148,10 @@ fn assert_invalid<T: std::fmt::Debug>(result: Result<T, kube::Error>, case: &str
 /// valid node name — on create and on update — while the good shapes are accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cel_rules_reject_bad_reservations_with_422() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    let ns = cluster.fresh_namespace("ctl-cel").await.expect("namespace");
-    let client = cluster.client().expect("client");
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    let ns = plane.fresh_namespace("ctl-cel").await.expect("namespace");
+    let client = plane.client().expect("client");
     let api: Api<IPReservation> = Api::namespaced(client, &ns);
     let pp = PostParams::default();
 
@@ -375,19 +361,19 @@ fn spawn_replica(kubeconfig: &std::path::Path, ns: &str, lease_ns: &str, id: &st
 /// reservation of a pod deleted after the kill); SIGTERM then releases the Lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    real::node_a(cluster).await;
-    let ns = cluster
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    plane::node_a(plane).await;
+    let ns = plane
         .fresh_namespace("ctl-leader")
         .await
         .expect("namespace");
-    let client = cluster.client().expect("client");
+    let client = plane.client().expect("client");
     // The chart's ServiceAccount: its Lease rights are one Lease in the release namespace.
-    let release_ns = real::chart_rbac(cluster).await;
-    let scratch = shared::Scratch::new("leader-real");
+    let release_ns = plane::chart_rbac(plane).await;
+    let scratch = testkit::Scratch::new("leader-real");
     let kubeconfig = scratch.join("kubeconfig");
-    real::account_kubeconfig(cluster, real::CONTROLLER_ACCOUNT, &kubeconfig).await;
+    plane::account_kubeconfig(plane, plane::CONTROLLER_ACCOUNT, &kubeconfig).await;
     let mut replicas = vec![
         (
             "replica-a",
@@ -398,7 +384,7 @@ async fn the_standby_takes_over_the_real_lease_when_the_leader_is_killed() {
             spawn_replica(&kubeconfig, &ns, release_ns, "replica-b"),
         ),
     ];
-    let leader = shared::wait_for("a replica to hold the Lease", || {
+    let leader = testkit::wait_for("a replica to hold the Lease", || {
         let client = client.clone();
         async move { holder(&client, release_ns).await }
     })
@@ -498,7 +484,7 @@ fn statefulset(name: &str, replicas: i32, annotations: serde_json::Value) -> Sta
 /// Waits for the StatefulSet's pods `<set>-0..n` (not being deleted) bound to [`NODE`], and
 /// returns their UIDs by name.
 async fn scheduled_pods(pods: &Api<Pod>, set: &str, n: usize) -> BTreeMap<String, String> {
-    shared::wait_for(
+    testkit::wait_for(
         &format!("{n} pods of StatefulSet {set} bound to {NODE} by the scheduler"),
         || async {
             let list = pods
@@ -534,187 +520,193 @@ async fn report_running(pods: &Api<Pod>, name: &str, ip: &str) {
 /// StatefulSet binds the same reservation objects to the new pods.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_garbage_collector_deleting_statefulset_pods_keeps_their_reservations() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    with_controller("ctl-sts", |client, ns| async move {
-        let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        let iprs: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
-        let pp = PostParams::default();
-        let keep_annotations = json!({"ipkeep.dev/retain": "true", "ipkeep.dev/retain-for": "1h"});
-        sets.create(&pp, &statefulset("keep", 2, keep_annotations.clone()))
+    let _plane = plane::use_plane().await;
+    controller::with_controller_settings(
+        "ctl-sts",
+        |_| {},
+        |client, ns, _| async move {
+            let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+            let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let iprs: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
+            let pp = PostParams::default();
+            let keep_annotations =
+                json!({"ipkeep.dev/retain": "true", "ipkeep.dev/retain-for": "1h"});
+            sets.create(&pp, &statefulset("keep", 2, keep_annotations.clone()))
+                .await
+                .unwrap();
+            sets.create(
+                &pp,
+                &statefulset(
+                    "cascade",
+                    1,
+                    json!({"ipkeep.dev/retain": "true", "ipkeep.dev/release-with-owner": "true"}),
+                ),
+            )
             .await
             .unwrap();
-        sets.create(
-            &pp,
-            &statefulset(
-                "cascade",
-                1,
-                json!({"ipkeep.dev/retain": "true", "ipkeep.dev/release-with-owner": "true"}),
-            ),
-        )
-        .await
-        .unwrap();
-        let ips = BTreeMap::from([
-            ("keep-0", "10.244.1.70"),
-            ("keep-1", "10.244.1.71"),
-            ("cascade-0", "10.244.1.72"),
-        ]);
-        let mut pod_uids = scheduled_pods(&pods, "keep", 2).await;
-        pod_uids.extend(scheduled_pods(&pods, "cascade", 1).await);
-        for (name, ip) in &ips {
-            report_running(&pods, name, ip).await;
-        }
-        let mut reservation_uids = BTreeMap::new();
-        for name in ips.keys() {
-            let uid = &pod_uids[*name];
-            let r = wait_reservation(&client, &ns, name, "Bound to the StatefulSet's pod", |r| {
-                bound_to(r, uid)
-            })
-            .await;
-            let got: Vec<&str> = r.spec.ips.iter().map(|ip| ip.0.as_str()).collect();
-            assert_eq!(
-                got,
-                [ips[name]],
-                "{name}: the reservation holds the pod's address"
-            );
-            assert_eq!(r.spec.node_name, NODE);
-            assert!(
-                r.metadata.owner_references.is_none(),
-                "{name}: no ownerReference"
-            );
-            reservation_uids.insert(*name, r.uid().unwrap());
-        }
-        assert_eq!(
-            iprs.get("keep-0").await.unwrap().spec.retain_for.as_deref(),
-            Some("1h"),
-            "the StatefulSet's retain-for applies"
-        );
-
-        // Background cascading deletion: the garbage collector deletes the pods. They are bound
-        // to a node, so the API server only marks them Terminating (a deletionTimestamp) and
-        // leaves the rest to their kubelet; there is none, so the test finishes each deletion
-        // as a kubelet would once the containers stopped — only of a pod the collector deleted.
-        for set in ["keep", "cascade"] {
-            sets.delete(set, &DeleteParams::background()).await.unwrap();
-        }
-        let terminating = shared::wait_for(
-            "the garbage collector to delete every pod of both StatefulSets (all Terminating)",
-            || async {
-                let list = pods.list(&ListParams::default()).await.ok()?;
-                let all = list.items.len() == pod_uids.len()
-                    && list
-                        .items
-                        .iter()
-                        .all(|p| p.metadata.deletion_timestamp.is_some());
-                all.then(|| {
-                    list.items
-                        .iter()
-                        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
-                        .collect::<BTreeMap<_, _>>()
-                })
-            },
-        )
-        .await;
-        assert_eq!(
-            terminating, pod_uids,
-            "the Terminating pods are the StatefulSets' own"
-        );
-        // A Terminating pod still holds its addresses (its containers may still run): its
-        // reservation stays Bound, the release-with-owner one too, although its StatefulSet is
-        // gone. keep-0 goes first; once its reservation is Released, the controller has had the
-        // other pods' deletionTimestamps on its watch (they came before keep-0's deletion).
-        let finish = |name: &'static str| {
-            let (pods, uid) = (pods.clone(), pod_uids[name].clone());
-            async move {
-                let done = force_delete_pod(&pods, name, Some(&uid))
-                    .await
-                    .unwrap_or_else(|e| panic!("failed to finish deleting pod {name}: {e}"));
-                assert!(done, "pod {name} was still there to finish deleting");
+            let ips = BTreeMap::from([
+                ("keep-0", "10.244.1.70"),
+                ("keep-1", "10.244.1.71"),
+                ("cascade-0", "10.244.1.72"),
+            ]);
+            let mut pod_uids = scheduled_pods(&pods, "keep", 2).await;
+            pod_uids.extend(scheduled_pods(&pods, "cascade", 1).await);
+            for (name, ip) in &ips {
+                report_running(&pods, name, ip).await;
             }
-        };
-        finish("keep-0").await;
-        wait_reservation(
-            &client,
-            &ns,
-            "keep-0",
-            "Released once its pod is gone",
-            |r| phase(r) == Some(Phase::Released),
-        )
-        .await;
-        for name in ["keep-1", "cascade-0"] {
-            let r = iprs.get(name).await.unwrap();
-            assert!(
-                bound_to(&r, &pod_uids[name]),
-                "{name}: a Terminating pod keeps its reservation Bound: {:?}",
-                r.status
+            let mut reservation_uids = BTreeMap::new();
+            for name in ips.keys() {
+                let uid = &pod_uids[*name];
+                let r =
+                    wait_reservation(&client, &ns, name, "Bound to the StatefulSet's pod", |r| {
+                        bound_to(r, uid)
+                    })
+                    .await;
+                let got: Vec<&str> = r.spec.ips.iter().map(|ip| ip.0.as_str()).collect();
+                assert_eq!(
+                    got,
+                    [ips[name]],
+                    "{name}: the reservation holds the pod's address"
+                );
+                assert_eq!(r.spec.node_name, NODE);
+                assert!(
+                    r.metadata.owner_references.is_none(),
+                    "{name}: no ownerReference"
+                );
+                reservation_uids.insert(*name, r.uid().unwrap());
+            }
+            assert_eq!(
+                iprs.get("keep-0").await.unwrap().spec.retain_for.as_deref(),
+                Some("1h"),
+                "the StatefulSet's retain-for applies"
             );
-        }
-        finish("keep-1").await;
-        finish("cascade-0").await;
-        shared::wait_for("every pod of both StatefulSets gone", || async {
-            let left = pods.list(&ListParams::default()).await.ok()?;
-            left.items.is_empty().then_some(())
-        })
-        .await;
-        wait_reservation_gone(&client, &ns, "cascade-0").await;
-        for name in ["keep-0", "keep-1"] {
-            let r = wait_reservation(
-                &client,
-                &ns,
-                name,
-                "Released after the garbage collection",
-                |r| phase(r) == Some(Phase::Released),
+
+            // Background cascading deletion: the garbage collector deletes the pods. They are bound
+            // to a node, so the API server only marks them Terminating (a deletionTimestamp) and
+            // leaves the rest to their kubelet; there is none, so the test finishes each deletion
+            // as a kubelet would once the containers stopped — only of a pod the collector deleted.
+            for set in ["keep", "cascade"] {
+                sets.delete(set, &DeleteParams::background()).await.unwrap();
+            }
+            let terminating = testkit::wait_for(
+                "the garbage collector to delete every pod of both StatefulSets (all Terminating)",
+                || async {
+                    let list = pods.list(&ListParams::default()).await.ok()?;
+                    let all = list.items.len() == pod_uids.len()
+                        && list
+                            .items
+                            .iter()
+                            .all(|p| p.metadata.deletion_timestamp.is_some());
+                    all.then(|| {
+                        list.items
+                            .iter()
+                            .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+                            .collect::<BTreeMap<_, _>>()
+                    })
+                },
             )
             .await;
             assert_eq!(
-                r.uid().as_deref(),
-                Some(reservation_uids[name].as_str()),
-                "{name}: the same reservation object, never deleted"
+                terminating, pod_uids,
+                "the Terminating pods are the StatefulSets' own"
             );
-            let s = r.status.unwrap();
-            assert_eq!(s.pod_uid.as_deref(), Some(pod_uids[name].as_str()));
-            assert_eq!(
-                s.release_time.unwrap().0,
-                s.released_at
-                    .unwrap()
-                    .0
-                    .checked_add(Duration::from_secs(3600))
-                    .unwrap(),
-                "{name}: without release-with-owner the release time is kept"
-            );
-        }
-
-        // The StatefulSet re-created: its new pods (new UIDs) get the same reservation objects.
-        sets.create(&pp, &statefulset("keep", 2, keep_annotations))
-            .await
-            .unwrap();
-        let new_uids = scheduled_pods(&pods, "keep", 2).await;
-        for name in ["keep-0", "keep-1"] {
-            assert_ne!(new_uids[name], pod_uids[name], "{name} is a new pod");
-            report_running(&pods, name, ips[name]).await;
-        }
-        for name in ["keep-0", "keep-1"] {
-            let uid = &new_uids[name];
-            let r = wait_reservation(&client, &ns, name, "Bound to the re-created pod", |r| {
-                bound_to(r, uid)
+            // A Terminating pod still holds its addresses (its containers may still run): its
+            // reservation stays Bound, the release-with-owner one too, although its StatefulSet is
+            // gone. keep-0 goes first; once its reservation is Released, the controller has had the
+            // other pods' deletionTimestamps on its watch (they came before keep-0's deletion).
+            let finish = |name: &'static str| {
+                let (pods, uid) = (pods.clone(), pod_uids[name].clone());
+                async move {
+                    let done = force_delete_pod(&pods, name, Some(&uid))
+                        .await
+                        .unwrap_or_else(|e| panic!("failed to finish deleting pod {name}: {e}"));
+                    assert!(done, "pod {name} was still there to finish deleting");
+                }
+            };
+            finish("keep-0").await;
+            wait_reservation(
+                &client,
+                &ns,
+                "keep-0",
+                "Released once its pod is gone",
+                |r| phase(r) == Some(Phase::Released),
+            )
+            .await;
+            for name in ["keep-1", "cascade-0"] {
+                let r = iprs.get(name).await.unwrap();
+                assert!(
+                    bound_to(&r, &pod_uids[name]),
+                    "{name}: a Terminating pod keeps its reservation Bound: {:?}",
+                    r.status
+                );
+            }
+            finish("keep-1").await;
+            finish("cascade-0").await;
+            testkit::wait_for("every pod of both StatefulSets gone", || async {
+                let left = pods.list(&ListParams::default()).await.ok()?;
+                left.items.is_empty().then_some(())
             })
             .await;
-            assert_eq!(r.uid().as_deref(), Some(reservation_uids[name].as_str()));
-        }
-        sets.delete("keep", &DeleteParams::background())
-            .await
-            .unwrap();
-    })
+            wait_reservation_gone(&client, &ns, "cascade-0").await;
+            for name in ["keep-0", "keep-1"] {
+                let r = wait_reservation(
+                    &client,
+                    &ns,
+                    name,
+                    "Released after the garbage collection",
+                    |r| phase(r) == Some(Phase::Released),
+                )
+                .await;
+                assert_eq!(
+                    r.uid().as_deref(),
+                    Some(reservation_uids[name].as_str()),
+                    "{name}: the same reservation object, never deleted"
+                );
+                let s = r.status.unwrap();
+                assert_eq!(s.pod_uid.as_deref(), Some(pod_uids[name].as_str()));
+                assert_eq!(
+                    s.release_time.unwrap().0,
+                    s.released_at
+                        .unwrap()
+                        .0
+                        .checked_add(Duration::from_secs(3600))
+                        .unwrap(),
+                    "{name}: without release-with-owner the release time is kept"
+                );
+            }
+
+            // The StatefulSet re-created: its new pods (new UIDs) get the same reservation objects.
+            sets.create(&pp, &statefulset("keep", 2, keep_annotations))
+                .await
+                .unwrap();
+            let new_uids = scheduled_pods(&pods, "keep", 2).await;
+            for name in ["keep-0", "keep-1"] {
+                assert_ne!(new_uids[name], pod_uids[name], "{name} is a new pod");
+                report_running(&pods, name, ips[name]).await;
+            }
+            for name in ["keep-0", "keep-1"] {
+                let uid = &new_uids[name];
+                let r = wait_reservation(&client, &ns, name, "Bound to the re-created pod", |r| {
+                    bound_to(r, uid)
+                })
+                .await;
+                assert_eq!(r.uid().as_deref(), Some(reservation_uids[name].as_str()));
+            }
+            sets.delete("keep", &DeleteParams::background())
+                .await
+                .unwrap();
+        },
+    )
     .await;
 }
 
 /// A controller of the controller's ServiceAccount watching only `ns`, its requests going
 /// through a fault proxy of its own (the test's own requests go straight to the API server).
 async fn start_proxied_controller(
-    cluster: &'static ipkeep_e2e::cluster::Cluster,
+    plane: &'static ipkeep_e2e::cluster::ControlPlane,
     ns: &str,
 ) -> (RunningController, FaultProxy) {
-    let (client, proxy) = real::proxied_account_client(cluster, real::CONTROLLER_ACCOUNT).await;
+    let (client, proxy) = plane::proxied_account_client(plane, plane::CONTROLLER_ACCOUNT).await;
     (start_controller_in(client, Some(ns)).await, proxy)
 }
 
@@ -724,16 +716,16 @@ async fn start_proxied_controller(
 /// release time or while its pod lives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn converges_through_api_faults_and_deletes_nothing_early() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    real::node_a(cluster).await;
-    let ns = cluster
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    plane::node_a(plane).await;
+    let ns = plane
         .fresh_namespace("ctl-faults")
         .await
         .expect("namespace");
-    let client = cluster.client().expect("client");
+    let client = plane.client().expect("client");
     let (deletions, watch_task) = DeletionLog::watch(&client, &ns);
-    let (running, proxy) = start_proxied_controller(cluster, &ns).await;
+    let (running, proxy) = start_proxied_controller(plane, &ns).await;
     let ns = ns.as_str();
 
     // Twelve long-lived pods, six short-lived ones (2 s after they go).
@@ -867,17 +859,17 @@ async fn converges_through_api_faults_and_deletes_nothing_early() {
 /// long past by the time the controller starts again: the reservation is re-bound, never deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_controller_never_deletes_the_reservation_of_a_live_pod() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    real::node_a(cluster).await;
-    let ns = cluster
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    plane::node_a(plane).await;
+    let ns = plane
         .fresh_namespace("ctl-sticky")
         .await
         .expect("namespace");
-    let client = cluster.client().expect("client");
+    let client = plane.client().expect("client");
     let (deletions, watch_task) = DeletionLog::watch(&client, &ns);
     let controller =
-        || async { start_controller_in(real::controller_client(cluster).await, Some(&ns)).await };
+        || async { start_controller_in(plane::controller_client(plane).await, Some(&ns)).await };
     let running = controller().await;
     create_running_pod(
         &client,
@@ -922,7 +914,7 @@ async fn a_restarted_controller_never_deletes_the_reservation_of_a_live_pod() {
 /// before its release time; the tenth only once its pod is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiries_due_together_spare_the_reservation_of_a_live_pod_the_cache_cannot_see() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let selector = |s: &mut ipkeep_operator::controller::Settings| {
         s.pod_selector = Some("ipkeep.dev/enabled=true".into());
     };
@@ -982,17 +974,17 @@ async fn expiries_due_together_spare_the_reservation_of_a_live_pod_the_cache_can
 /// A fresh namespace with a controller of its own (the chart's controller ServiceAccount), and
 /// an admin client.
 async fn controller_in(prefix: &str) -> (Client, String, RunningController) {
-    let cluster = real::cluster().await;
-    real::node_a(cluster).await;
-    let ns = cluster.fresh_namespace(prefix).await.expect("namespace");
-    let running = start_controller_in(real::controller_client(cluster).await, Some(&ns)).await;
-    (cluster.client().expect("client"), ns, running)
+    let plane = plane::control_plane().await;
+    plane::node_a(plane).await;
+    let ns = plane.fresh_namespace(prefix).await.expect("namespace");
+    let running = start_controller_in(plane::controller_client(plane).await, Some(&ns)).await;
+    (plane.client().expect("client"), ns, running)
 }
 
 /// `/metrics` passes `promtool check metrics` (Debian package `prometheus`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_pass_promtool() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let (client, ns, running) = controller_in("ctl-metrics").await;
     create_running_pod(
         &client,
@@ -1030,7 +1022,7 @@ async fn metrics_pass_promtool() {
     });
     let mut check = std::process::Command::new(promtool);
     check.args(["check", "metrics"]);
-    let out = shared::run(check, Some(&text));
+    let out = testkit::run(check, Some(&text));
     assert!(
         out.status.success(),
         "promtool check metrics failed:\n{}{}",
@@ -1041,7 +1033,7 @@ async fn metrics_pass_promtool() {
 }
 
 async fn wait_for_metric(addr: std::net::SocketAddr, line: &str) -> String {
-    shared::wait_for(&format!("/metrics to show {line}"), || async move {
+    testkit::wait_for(&format!("/metrics to show {line}"), || async move {
         let text = scrape(addr).await;
         text.contains(line).then_some(text)
     })
@@ -1061,7 +1053,7 @@ fn which(program: &str) -> Option<std::path::PathBuf> {
 /// has looked at the pod again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconcile_with_nothing_to_change_writes_nothing() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let (client, ns, running) = controller_in("ctl-quiet").await;
     let ns = ns.as_str();
     let pod = create_running_pod(
@@ -1092,7 +1084,7 @@ async fn a_reconcile_with_nothing_to_change_writes_nothing() {
     )
     .await
     .unwrap();
-    shared::wait_for("a reconcile after the label change", || async {
+    testkit::wait_for("a reconcile after the label change", || async {
         (reconciles(&scrape(running.probe_addr).await) > settled).then_some(())
     })
     .await;
@@ -1106,21 +1098,10 @@ async fn a_reconcile_with_nothing_to_change_writes_nothing() {
     running.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pod_returning_on_another_node_moves_its_reservation_with_a_warning() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let cluster = real::cluster().await;
-    real::node_b(cluster).await;
-    with_controller("ctl-roam", |c, ns| async move {
-        returning_pod_on_another_node(&c, &ns).await
-    })
-    .await;
-}
-
 /// `/healthz` answers at once; `/readyz` once the caches are filled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_and_readiness_endpoints() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = plane::use_plane().await;
     let (_, _, running) = controller_in("ctl-probes").await;
     let get = |path: &'static str| {
         let addr = running.probe_addr;
@@ -1142,7 +1123,7 @@ async fn health_and_readiness_endpoints() {
         }
     };
     assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
-    shared::wait_for("/readyz to answer 200", || async {
+    testkit::wait_for("/readyz to answer 200", || async {
         get("/readyz")
             .await
             .starts_with("HTTP/1.1 200")

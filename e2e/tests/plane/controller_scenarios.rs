@@ -1,10 +1,15 @@
-//! The controller's end-to-end scenarios, written against any `kube::Client` and namespace, with
-//! a one-line wrapper each in `controller_real.rs`. Each scenario expects a controller to be
-//! running against the same API server with a default retention of one day.
+//! The controller's end-to-end scenarios, written against any `kube::Client` and namespace; each
+//! is a test of its own name in `controller_real.rs` (`controller_scenario_tests!`). Each
+//! scenario expects a controller to be running against the same API server with a default
+//! retention of one day.
 
 use std::time::Duration;
 
-use ipkeep_e2e::testkit::{controller::*, wait_for};
+use ipkeep_e2e::testkit::controller::{
+    bound_to, create_running_pod, delete_pod, phase, retain, wait_event, wait_reservation,
+    wait_reservation_gone,
+};
+use ipkeep_e2e::testkit::{plane, wait_for};
 use ipkeep_operator::api::{IPReservation, Phase};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -16,7 +21,7 @@ use serde_json::json;
 
 /// Annotated pod with IPs → Bound; deleted → Released with releaseTime = releasedAt + retainFor;
 /// re-created with the same addresses → Bound again to the new UID, release time cleared.
-pub async fn bound_released_rebound(client: &Client, ns: &str) {
+pub async fn bound_then_released_then_bound_again(client: &Client, ns: &str) {
     let name = "db-0";
     let ips = ["10.244.1.17", "fd00:10:244:1::11"];
     let pod = create_running_pod(client, ns, name, "node-a", &ips, &retain(Some("30m"))).await;
@@ -66,7 +71,10 @@ pub async fn bound_released_rebound(client: &Client, ns: &str) {
 
 /// `retain-for: 3s`: the reservation stays until its release time and is deleted after it,
 /// scheduled for that instant (the lateness is printed; `make bench-controller` holds the 1 s target).
-pub async fn short_retention_expires_on_time(client: &Client, ns: &str) {
+pub async fn a_short_retention_expires_within_a_second_of_its_release_time(
+    client: &Client,
+    ns: &str,
+) {
     let name = "cache-0";
     create_running_pod(
         client,
@@ -101,7 +109,7 @@ pub async fn short_retention_expires_on_time(client: &Client, ns: &str) {
 
 /// Removing the annotation from a live pod ends its reservation; a malformed annotation changes
 /// nothing.
-pub async fn annotation_removed_ends_the_reservation(client: &Client, ns: &str) {
+pub async fn removing_the_annotation_ends_the_reservation(client: &Client, ns: &str) {
     let name = "web-0";
     create_running_pod(client, ns, name, "node-a", &["10.244.1.40"], &retain(None)).await;
     wait_reservation(client, ns, name, "Bound", |r| {
@@ -146,7 +154,7 @@ pub async fn annotation_removed_ends_the_reservation(client: &Client, ns: &str) 
 
 /// A reservation made by hand for a pod that does not exist yet is Released from its creation;
 /// a second one on the same node claiming the same address gets a Conflict naming the first.
-pub async fn hand_made_reservations_and_conflicts(client: &Client, ns: &str) {
+pub async fn hand_made_reservations_are_honoured_and_conflicts_reported(client: &Client, ns: &str) {
     let api: Api<IPReservation> = Api::namespaced(client.clone(), ns);
     let make = |name: &str| -> IPReservation {
         serde_json::from_value(json!({
@@ -216,7 +224,11 @@ pub async fn hand_made_reservations_and_conflicts(client: &Client, ns: &str) {
 
 /// A pod that returns on another node with another address: the reservation follows it, and a
 /// Warning Event on the pod and on the reservation says why.
-pub async fn returning_pod_on_another_node(client: &Client, ns: &str) {
+pub async fn a_pod_returning_on_another_node_moves_its_reservation_with_a_warning(
+    client: &Client,
+    ns: &str,
+) {
+    plane::node_b(plane::control_plane().await).await;
     let name = "roam-0";
     create_running_pod(client, ns, name, "node-a", &["10.244.1.21"], &retain(None)).await;
     wait_reservation(client, ns, name, "Bound", |r| {

@@ -5,11 +5,11 @@
 //! namespace of its own on the control plane the tests of this binary share.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 
 use std::{path::PathBuf, process::Command};
 
-use ipkeep_e2e::cluster::Cluster;
+use ipkeep_e2e::cluster::ControlPlane;
 use ipkeep_operator::api::IPReservation;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 /// kubectl bound to the shared control plane through its own kubeconfig and discovery cache.
 struct Kubectl {
     bin: PathBuf,
-    dir: shared::Scratch,
+    dir: testkit::Scratch,
     namespace: String,
 }
 
@@ -33,11 +33,11 @@ struct Run {
 
 impl Kubectl {
     /// kubectl as admin, working in namespace `ns`.
-    fn new(cluster: &Cluster, test: &str, ns: &str) -> Self {
-        let dir = shared::Scratch::new(&format!("kubectl-{test}"));
-        std::fs::copy(cluster.kubeconfig_path(), dir.join("kubeconfig")).unwrap();
+    fn new(plane: &ControlPlane, test: &str, ns: &str) -> Self {
+        let dir = testkit::Scratch::new(&format!("kubectl-{test}"));
+        std::fs::copy(plane.kubeconfig_path(), dir.join("kubeconfig")).unwrap();
         Self {
-            bin: cluster.bin("kubectl"),
+            bin: plane.bin("kubectl"),
             dir,
             namespace: ns.to_owned(),
         }
@@ -61,7 +61,7 @@ impl Kubectl {
             .args(args)
             .env_remove("KUBECONFIG");
         let shown = format!("kubectl {}", args.join(" "));
-        let out = tokio::task::spawn_blocking(move || shared::run(cmd, None))
+        let out = tokio::task::spawn_blocking(move || testkit::run(cmd, None))
             .await
             .unwrap_or_else(|e| panic!("{shown}: {e}"));
         Run {
@@ -86,14 +86,14 @@ impl Kubectl {
 }
 
 /// The shared control plane with the CRD, a fresh namespace `<prefix>-<n>` and kubectl in it.
-async fn setup(prefix: &str) -> (&'static Cluster, String, Kubectl) {
-    let cluster = shared::cluster().await;
-    let ns = cluster
+async fn setup(prefix: &str) -> (&'static ControlPlane, String, Kubectl) {
+    let plane = testkit::control_plane().await;
+    let ns = plane
         .fresh_namespace(prefix)
         .await
         .expect("a fresh namespace");
-    let k = Kubectl::new(cluster, prefix, &ns);
-    (cluster, ns, k)
+    let k = Kubectl::new(plane, prefix, &ns);
+    (plane, ns, k)
 }
 
 fn header(out: &str) -> Vec<&str> {
@@ -121,7 +121,7 @@ fn reservation_yaml(ns: &str, node: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_discovers_crds_and_builtins() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
+    let _plane = testkit::plane::use_plane().await;
     let (_, _, k) = setup("kubectl-discovery").await;
 
     let crds = k.ok(&["get", "crd"]).await;
@@ -164,8 +164,8 @@ async fn kubectl_discovers_crds_and_builtins() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let (cluster, ns, k) = setup("kubectl-ipr").await;
+    let _plane = testkit::plane::use_plane().await;
+    let (plane, ns, k) = setup("kubectl-ipr").await;
     let manifest = k.file("web-0.yaml", &reservation_yaml(&ns, "node-a"));
     let manifest = manifest.to_str().unwrap();
 
@@ -182,7 +182,7 @@ async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
 
     // A status written by the controller shows in the PHASE column.
     let status = json!({"apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation", "status": {"phase": "Bound"}});
-    Api::<IPReservation>::namespaced(cluster.client().expect("client"), &ns)
+    Api::<IPReservation>::namespaced(plane.client().expect("client"), &ns)
         .patch_status(
             "web-0",
             &PatchParams::apply("ipkeep-controller").force(),
@@ -270,15 +270,15 @@ async fn kubectl_applies_gets_describes_and_deletes_a_reservation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_lists_pods_by_node() {
-    let _plane = ipkeep_e2e::testkit::plane::use_plane().await;
-    let (cluster, ns, k) = setup("kubectl-pods").await;
-    let pods: Api<Pod> = Api::namespaced(cluster.client().expect("client"), &ns);
+    let _plane = testkit::plane::use_plane().await;
+    let (plane, ns, k) = setup("kubectl-pods").await;
+    let pods: Api<Pod> = Api::namespaced(plane.client().expect("client"), &ns);
     for (name, node, ip) in [
         ("p-a", "node-a", "10.244.1.5"),
         ("p-b", "node-b", "10.244.2.5"),
     ] {
         // A pod bound to a Node that does not exist is an orphan the pod garbage collector deletes.
-        cluster.add_node(node).await.expect("the fixture Node");
+        plane.add_node(node).await.expect("the fixture Node");
         let p: Pod = serde_json::from_value(json!({"metadata": {"name": name},
             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]}}))
         .unwrap();

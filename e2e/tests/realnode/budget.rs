@@ -12,7 +12,8 @@
 
 use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork};
 use ipkeep_e2e::testkit::realnode::{TINY_ADDRESSES, apply_on_tiny};
-use ipkeep_e2e::testkit::{system::*, *};
+use ipkeep_e2e::testkit::system::{Options, System, phase, retain};
+use ipkeep_e2e::testkit::{realnode, wait_for};
 use ipkeep_operator::api::Phase;
 use kube::ResourceExt;
 

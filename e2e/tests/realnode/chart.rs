@@ -11,8 +11,8 @@
 
 use std::{path::Path, time::Duration};
 
-use ipkeep_e2e::cluster::realnode::{RealCluster, WORKLOAD_IMAGE};
-use ipkeep_e2e::testkit::realnode as testkit;
+use ipkeep_e2e::cluster::realnode::{Cluster, WORKLOAD_IMAGE};
+use ipkeep_e2e::testkit::realnode;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, api::ListParams};
 
@@ -83,10 +83,10 @@ fn client_pod(node: &str) -> String {
 
 /// Two plain nodes with nothing installed, to this test alone: it installs the chart itself, and
 /// the cluster goes with it.
-async fn cluster() -> (testkit::Nodes, &'static RealCluster) {
-    let nodes = testkit::use_shape(
-        testkit::Shape::bare(2, testkit::PLAIN),
-        testkit::Access::Spoils,
+async fn cluster() -> (realnode::Nodes, &'static Cluster) {
+    let nodes = realnode::use_shape(
+        realnode::Shape::bare(2, realnode::PLAIN),
+        realnode::Access::Spoils,
     )
     .await;
     let c = nodes.cluster().expect("this binary's own nodes");
@@ -95,7 +95,7 @@ async fn cluster() -> (testkit::Nodes, &'static RealCluster) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_installs_on_real_nodes_and_a_deleted_statefulset_pod_keeps_its_address() {
-    let archive = testkit::image_archive();
+    let archive = realnode::image_archive();
     let (_nodes, c) = cluster().await;
 
     // The image, as a user without a registry loads it.

@@ -19,7 +19,7 @@ use std::{
 };
 
 use ipkeep_e2e::cluster::realnode::{
-    self, RealCluster, RealClusterOptions, Slot, WORKLOAD_IMAGE, flannel, host::KUBELET_SYSCTLS,
+    self, Cluster, ClusterOptions, Slot, WORKLOAD_IMAGE, flannel, host::KUBELET_SYSCTLS,
 };
 use ipkeep_e2e::command;
 
@@ -50,7 +50,7 @@ fn web_pod(name: &str, node: &str) -> String {
 async fn pods_on_two_real_nodes_talk_and_answer_exec_and_logs() {
     let _machine = ipkeep_e2e::testkit::realnode::use_machine_alone().await;
     let t0 = Instant::now();
-    let c = match RealCluster::start(RealClusterOptions::default()).await {
+    let c = match Cluster::start(ClusterOptions::default()).await {
         Ok(c) => c,
         Err(e) => panic!("{}", ipkeep_e2e::error_chain(&e)),
     };
@@ -501,11 +501,11 @@ async fn a_killed_supervisor_leaves_nothing_once_its_watchdog_or_cluster_down_ra
 async fn missing_node_binaries_or_a_bad_node_count_fail_saying_what_to_do() {
     let empty = state_dir("rn-nobins");
     std::fs::create_dir_all(&empty).unwrap();
-    let options = RealClusterOptions {
+    let options = ClusterOptions {
         node_bin_dir: Some(empty.clone()),
-        ..RealClusterOptions::default()
+        ..ClusterOptions::default()
     };
-    let e = RealCluster::start(options).await.unwrap_err();
+    let e = Cluster::start(options).await.unwrap_err();
     let text = ipkeep_e2e::error_chain(&e);
     assert!(
         text.contains("has no kubelet") && text.contains("make node-bins"),
@@ -514,11 +514,11 @@ async fn missing_node_binaries_or_a_bad_node_count_fail_saying_what_to_do() {
     std::fs::remove_dir(&empty).unwrap();
 
     for nodes in [0, 9] {
-        let options = RealClusterOptions {
+        let options = ClusterOptions {
             nodes,
-            ..RealClusterOptions::default()
+            ..ClusterOptions::default()
         };
-        let text = ipkeep_e2e::error_chain(&RealCluster::start(options).await.unwrap_err());
+        let text = ipkeep_e2e::error_chain(&Cluster::start(options).await.unwrap_err());
         assert!(
             text.contains("invalid number of nodes") && text.contains("1 to 8"),
             "{text}"

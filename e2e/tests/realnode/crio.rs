@@ -27,7 +27,8 @@ use ipkeep_e2e::cluster::realnode::{
     NodeCni, NodeDirs, NodeRuntime, PodNetwork, RealNode, crio, layout::CNI_NETWORK,
 };
 use ipkeep_e2e::testkit::realnode::assert_on_eth0;
-use ipkeep_e2e::testkit::{system::*, *};
+use ipkeep_e2e::testkit::system::{phase, scenario_tests};
+use ipkeep_e2e::testkit::{kubectl_ok, realnode, wait_for};
 use ipkeep_operator::api::Phase;
 
 /// This binary's nodes: two CRI-O nodes for the scenarios, a containerd one to compare.
@@ -46,7 +47,7 @@ scenario_tests!(realnode::use_nodes(NODES, NETWORK); retention:
 );
 
 /// The node of the cluster that runs `runtime` (the first such).
-fn node_running(c: &ipkeep_e2e::cluster::realnode::RealCluster, runtime: NodeRuntime) -> &RealNode {
+fn node_running(c: &ipkeep_e2e::cluster::realnode::Cluster, runtime: NodeRuntime) -> &RealNode {
     c.nodes()
         .iter()
         .find(|n| n.runtime() == runtime)

@@ -17,7 +17,8 @@
 
 use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork, flannel, layout};
 use ipkeep_e2e::scenarios::keep_ip;
-use ipkeep_e2e::testkit::{system::*, *};
+use ipkeep_e2e::testkit::realnode;
+use ipkeep_e2e::testkit::system::{scenario_tests, skipped_on_users_cluster};
 
 /// This binary's nodes: two for the scenarios, a tiny one (a /29 lease) for filling a range.
 const NODES: u8 = 3;

@@ -14,7 +14,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork, RealNode, layout};
-use ipkeep_e2e::testkit::{system::*, *};
+use ipkeep_e2e::testkit::realnode;
+use ipkeep_e2e::testkit::system::{retain, skipped_on_users_cluster, statefulset};
 
 /// The chart as a user who edits flannel's conflist installs it.
 const INSTALL: &[&str] = &["--set", "cni.replaceHostLocal=false"];

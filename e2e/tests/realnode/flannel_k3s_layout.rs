@@ -26,7 +26,8 @@ use ipkeep_e2e::cluster::realnode::{
     layout::{self, K3S_FIRST_RELEASE, k3s_release_bin},
 };
 use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS};
-use ipkeep_e2e::testkit::{system::*, *};
+use ipkeep_e2e::testkit::system::skipped_on_users_cluster;
+use ipkeep_e2e::testkit::{realnode, wait_for};
 
 /// The chart as docs/chart.md's k3s section installs it.
 const INSTALL: &[&str] = &[

@@ -26,12 +26,12 @@
 //! Needs root, `make cluster-bins`, `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 use std::time::SystemTime;
 
-use ipkeep_e2e::cluster::realnode::{RealCluster, RealNode, layout::CNI_CONFLIST_FILE};
+use ipkeep_e2e::cluster::realnode::{Cluster, RealNode, layout::CNI_CONFLIST_FILE};
 use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS, agent_pod, wait_pod_condition};
-use ipkeep_e2e::testkit::*;
+use ipkeep_e2e::testkit::{kubectl, kubectl_ok, operator_binary, realnode, system, wait_for};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::{Api, api::ListParams};
@@ -54,8 +54,8 @@ struct Misconfiguration {
 }
 
 /// `helm upgrade --reuse-values` of the release with `sets`, then every pod of it Ready.
-async fn upgrade(c: &RealCluster, sets: &[&str]) {
-    let chart = shared::chart_dir();
+async fn upgrade(c: &Cluster, sets: &[&str]) {
+    let chart = testkit::chart_dir();
     let mut args = vec![
         "upgrade",
         RELEASE,
@@ -75,7 +75,7 @@ async fn upgrade(c: &RealCluster, sets: &[&str]) {
 }
 
 /// The agent's `/metrics` on `node`, through the API server's pod proxy.
-fn agent_metrics(c: &RealCluster, pod: &str) -> String {
+fn agent_metrics(c: &Cluster, pod: &str) -> String {
     kubectl_ok(
         c.plane(),
         &[
@@ -88,7 +88,7 @@ fn agent_metrics(c: &RealCluster, pod: &str) -> String {
 }
 
 /// The newest Event of `reason` on Node `node` from the agent, newer than `since`.
-async fn node_event(c: &RealCluster, node: &str, reason: &str, since: SystemTime) -> Event {
+async fn node_event(c: &Cluster, node: &str, reason: &str, since: SystemTime) -> Event {
     let events: Api<Event> = Api::all(c.plane().client().unwrap());
     wait_for(&format!("an Event {reason} on Node {node}"), || async {
         let list = events.list(&ListParams::default()).await.ok()?;
@@ -153,7 +153,7 @@ fn set_conflist_ipam(node: &RealNode, ipam: &str) -> SystemTime {
 
 /// `ipkeep-operator check` inside the controller's pod, as the README's users without a local
 /// install run it (`kubectl exec`, the controller's ServiceAccount): its exit status and output.
-fn check_in_cluster(c: &RealCluster) -> (bool, String) {
+fn check_in_cluster(c: &Cluster) -> (bool, String) {
     let out = kubectl(
         c.plane(),
         &[
@@ -177,7 +177,7 @@ fn check_in_cluster(c: &RealCluster) -> (bool, String) {
 
 /// `ipkeep-operator check` of the release against the cluster, with `args`; whatever its exit
 /// status.
-fn operator_check(c: &RealCluster, args: &[&str]) -> std::process::Output {
+fn operator_check(c: &Cluster, args: &[&str]) -> std::process::Output {
     let mut command = std::process::Command::new(operator_binary());
     command
         .args(["check", "--namespace", RELEASE_NS, "--release", RELEASE])
@@ -188,7 +188,7 @@ fn operator_check(c: &RealCluster, args: &[&str]) -> std::process::Output {
 }
 
 /// `ipkeep-operator check --output json` against the cluster: its exit status and document.
-fn check_json(c: &RealCluster) -> (bool, serde_json::Value) {
+fn check_json(c: &Cluster) -> (bool, serde_json::Value) {
     let out = operator_check(c, &["--output", "json"]);
     let doc = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("check --output json printed no JSON ({e}): {out:?}"));
@@ -196,7 +196,7 @@ fn check_json(c: &RealCluster) -> (bool, serde_json::Value) {
 }
 
 /// `ipkeep-operator check` against the cluster: its exit status and its output.
-fn check(c: &RealCluster) -> (bool, String) {
+fn check(c: &Cluster) -> (bool, String) {
     let out = operator_check(c, &[]);
     let text = format!(
         "{}{}",

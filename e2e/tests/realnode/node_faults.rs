@@ -14,25 +14,10 @@
 //! Needs root, `make cluster-bins`, `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
-
 use ipkeep_e2e::cluster::realnode::RealNode;
-use ipkeep_e2e::testkit::{system::*, *};
+use ipkeep_e2e::testkit::realnode;
+use ipkeep_e2e::testkit::system::phase;
 use ipkeep_operator::api::Phase;
-
-/// The CNI network the nodes' conflist names (flannel's and k3s's).
-const NETWORK: &str = "cbr0";
-
-/// host-local's data directory of the network on `node`, as the machine sees it.
-fn network_dir(node: &RealNode) -> PathBuf {
-    node.host_path(&format!("/var/lib/cni/networks/{NETWORK}"))
-        .expect("/var/lib/cni is private to the node")
-}
-
-/// The reservation file of `ns/pod` on `node`.
-fn reserved_file(node: &RealNode, ns: &str, pod: &str) -> PathBuf {
-    network_dir(node).join("reserved").join(ns).join(pod)
-}
 
 /// Each fault, row by row.
 const FAULTS: [realnode::Fault; 3] = [
@@ -66,16 +51,16 @@ async fn retained_pods_survive(prefix: &str, strikes: &[Strike]) {
     for name in ["db-0", "db-1"] {
         sys.wait_reservation(name, "Released", |r| phase(r) == Some(Phase::Released))
             .await;
-        sys.wait_file(&reserved_file(node, &sys.ns, name), true)
+        sys.wait_file(&realnode::reserved_file(node, &sys.ns, name), true)
             .await;
     }
     for (fault, strike) in strikes {
         eprintln!("{node_b}: {fault}");
         let struck = std::time::Instant::now();
         strike(node);
-        realnode::dump(&sys, c, &network_dir(node));
+        realnode::dump(&sys, c, &realnode::network_dir(node));
         for name in ["db-0", "db-1"] {
-            sys.wait_file(&reserved_file(node, &sys.ns, name), true)
+            sys.wait_file(&realnode::reserved_file(node, &sys.ns, name), true)
                 .await;
         }
         eprintln!(
@@ -113,7 +98,7 @@ async fn a_wiped_network_directory_gets_its_reservations_back_before_a_returning
         "rn-wipe",
         &[
             ("its /var/lib/cni/networks/cbr0 wiped while it runs", |n| {
-                std::fs::remove_dir_all(network_dir(n)).unwrap()
+                std::fs::remove_dir_all(realnode::network_dir(n)).unwrap()
             }),
             ("its whole /var/lib/cni/networks wiped while it runs", |n| {
                 std::fs::remove_dir_all(n.host_path("/var/lib/cni/networks").unwrap()).unwrap()

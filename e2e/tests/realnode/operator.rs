@@ -12,12 +12,13 @@
 //! Needs root, `make cluster-bins`, `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 use std::collections::BTreeMap;
 
-use ipkeep_e2e::cluster::realnode::RealCluster;
+use ipkeep_e2e::cluster::realnode::Cluster;
 use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS, assert_on_eth0};
-use ipkeep_e2e::testkit::{system::*, *};
+use ipkeep_e2e::testkit::system::{RunningPod, System, statefulset};
+use ipkeep_e2e::testkit::{kubectl_ok, realnode, wait_for};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, api::ListParams};
 
@@ -28,14 +29,14 @@ const DEBIAN_HOST_LOCAL: &str = "/usr/lib/cni/host-local";
 type Fault<'a> = (&'static str, &'static str, Box<dyn Fn() + 'a>);
 
 /// kubectl in the release's namespace.
-fn release_kubectl(c: &RealCluster, args: &[&str]) -> String {
+fn release_kubectl(c: &Cluster, args: &[&str]) -> String {
     let mut all = vec!["-n", RELEASE_NS];
     all.extend_from_slice(args);
     kubectl_ok(c.plane(), &all, None)
 }
 
 /// The controller replica holding the leader Lease (its pod's name).
-async fn leader(c: &RealCluster) -> String {
+async fn leader(c: &Cluster) -> String {
     let leases: Api<Lease> = Api::namespaced(c.plane().client().unwrap(), RELEASE_NS);
     wait_for("a controller holding the leader Lease", || async {
         let list = leases.list(&ListParams::default()).await.ok()?;
@@ -140,7 +141,7 @@ async fn agent_and_leader_pods_deleted_and_helm_upgrade_while_pods_churn_then_he
         &[
             "upgrade",
             RELEASE,
-            shared::chart_dir().to_str().unwrap(),
+            testkit::chart_dir().to_str().unwrap(),
             "--namespace",
             RELEASE_NS,
             "--reuse-values",

@@ -23,7 +23,8 @@
 use std::time::Instant;
 
 use ipkeep_e2e::cluster::realnode::PodNetwork;
-use ipkeep_e2e::testkit::{system::*, *};
+use ipkeep_e2e::testkit::system::{System, WORKLOAD_IMAGE};
+use ipkeep_e2e::testkit::{kubectl_ok, realnode, wait_for};
 use k8s_openapi::api::core::v1::Pod;
 
 /// This binary's nodes: three plain ones.

@@ -23,7 +23,8 @@ use ipkeep_e2e::scenarios::keep_ip;
 use ipkeep_e2e::scenarios::moved;
 use ipkeep_e2e::scenarios::retention;
 use ipkeep_e2e::testkit::realnode::assert_on_eth0;
-use ipkeep_e2e::testkit::{system::*, *};
+use ipkeep_e2e::testkit::system::{scenario_tests, skipped_on_users_cluster};
+use ipkeep_e2e::testkit::{realnode, wait_for};
 
 /// This binary's nodes: two for the scenarios, the tiny one for filling a range; all dual-stack.
 const NODES: u8 = 3;
@@ -87,7 +88,7 @@ fn agent_pids(node: &ipkeep_e2e::cluster::realnode::RealNode) -> Vec<i32> {
 }
 
 /// How many times the kubelet restarted the containers of the agent pod on `node_name`.
-async fn agent_restarts(c: &ipkeep_e2e::cluster::realnode::RealCluster, node_name: &str) -> i32 {
+async fn agent_restarts(c: &ipkeep_e2e::cluster::realnode::Cluster, node_name: &str) -> i32 {
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
         kube::Api::namespaced(c.plane().client().unwrap(), realnode::RELEASE_NS);
     let on_node = format!("spec.nodeName={node_name}");

@@ -22,7 +22,7 @@
 //! `make node-bins`, `make image` and `make previous-release`; fails loudly, naming what to run.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::testkit as shared;
+use ipkeep_e2e::testkit;
 use std::{
     collections::{BTreeMap, BTreeSet},
     hash::{DefaultHasher, Hash, Hasher},
@@ -35,9 +35,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipkeep_e2e::cluster::realnode::{self as nodes, RealCluster};
+use ipkeep_e2e::cluster::realnode::{Cluster, RealNode};
 use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS, REPLACE_HOST_LOCAL, assert_on_eth0};
-use ipkeep_e2e::testkit::{system::*, *};
+use ipkeep_e2e::testkit::system::{Change, ChartCluster, Options, RunningPod, System, ips, phase};
+use ipkeep_e2e::testkit::{kubectl_ok, realnode, wait_for};
 use ipkeep_operator::{
     api::{IPReservation, Phase},
     crd_apply::{self, RELEASE_ANNOTATION},
@@ -48,7 +49,7 @@ use kube::{Api, CustomResourceExt};
 /// The previous release's build (`scripts/build-previous-release.sh --print-dir`): its image
 /// archive and chart, or the test fails naming what to run.
 fn previous_release() -> PathBuf {
-    let script = shared::repo_root().join("scripts/build-previous-release.sh");
+    let script = testkit::repo_root().join("scripts/build-previous-release.sh");
     let printed = ipkeep_e2e::command::stdout_of(
         std::process::Command::new(&script).arg("--print-dir"),
         None,
@@ -77,7 +78,7 @@ fn chart_version(chart: &Path) -> String {
 /// `helm <verb…>` of the release, waiting for its workloads, with the image `image` and the
 /// README's values (none: a rollback takes the revision's); then every pod of the release
 /// updated and Ready.
-async fn helm_release(c: &RealCluster, verb: &[&str], image: Option<&str>) {
+async fn helm_release(c: &Cluster, verb: &[&str], image: Option<&str>) {
     let mut args: Vec<&str> = verb.to_vec();
     args.extend(["--namespace", RELEASE_NS, "--wait", "--timeout", "3m"]);
     let values = image.map(realnode::image_values).unwrap_or_default();
@@ -159,7 +160,7 @@ async fn assert_kept(
 /// Bound, every other reservation of `before` is unchanged, and every file is on its node.
 async fn returned_and_kept(
     sys: &System,
-    c: &RealCluster,
+    c: &Cluster,
     before: &BTreeMap<String, Kept>,
     deleted: &RunningPod,
     during: &str,
@@ -177,7 +178,7 @@ async fn returned_and_kept(
 }
 
 /// Every reservation of the namespace has its file on its node's disk, naming its addresses.
-async fn assert_files(sys: &System, c: &RealCluster, during: &str) {
+async fn assert_files(sys: &System, c: &Cluster, during: &str) {
     for (name, kept) in reservations(sys).await {
         let file = realnode::reserved_file(realnode::node(c, &kept.node), &sys.ns, &name);
         let text = wait_for(
@@ -224,20 +225,20 @@ async fn released(sys: &System, set: &str, names: &[&str]) {
 }
 
 /// The cluster's IPReservation CRD.
-async fn cluster_crd(c: &RealCluster) -> CustomResourceDefinition {
+async fn cluster_crd(c: &Cluster) -> CustomResourceDefinition {
     let crds: Api<CustomResourceDefinition> = Api::all(c.plane().client().unwrap());
     crds.get(IPReservation::crd_name()).await.expect("the CRD")
 }
 
 /// What the working tree's CRD has that the cluster's lacks.
-async fn crd_lacks(c: &RealCluster) -> Vec<String> {
+async fn crd_lacks(c: &Cluster) -> Vec<String> {
     let ours = serde_json::to_value(IPReservation::crd()).unwrap();
     let theirs = serde_json::to_value(cluster_crd(c).await).unwrap();
     crd_apply::missing(&ours, &theirs)
 }
 
 /// The release annotation of the cluster's CRD.
-async fn crd_release(c: &RealCluster) -> Option<String> {
+async fn crd_release(c: &Cluster) -> Option<String> {
     cluster_crd(c)
         .await
         .metadata
@@ -267,7 +268,7 @@ fn content_hash(bytes: &[u8]) -> u64 {
 }
 
 impl HostLocalWatch {
-    fn start(node: &nodes::RealNode) -> HostLocalWatch {
+    fn start(node: &RealNode) -> HostLocalWatch {
         let path = node.host_path("/opt/cni/bin/host-local").unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
@@ -327,7 +328,7 @@ impl HostLocalWatch {
 }
 
 /// The `ipkeep` plugin a node's `/opt/cni/bin` holds now, once `host-local` is the same.
-async fn installed_plugin(node: &nodes::RealNode, other_than: Option<u64>) -> u64 {
+async fn installed_plugin(node: &RealNode, other_than: Option<u64>) -> u64 {
     let bin = node.host_path("/opt/cni/bin").unwrap();
     wait_for(
         &format!(
@@ -350,7 +351,7 @@ async fn installed_plugin(node: &nodes::RealNode, other_than: Option<u64>) -> u6
 }
 
 /// The controller Deployment's image.
-fn controller_image(c: &RealCluster) -> String {
+fn controller_image(c: &Cluster) -> String {
     kubectl_ok(
         c.plane(),
         &[
@@ -371,7 +372,7 @@ async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation()
     let previous = previous_release();
     let previous_chart = previous.join("chart");
     let previous_version = chart_version(&previous_chart);
-    let version = chart_version(&shared::chart_dir());
+    let version = chart_version(&testkit::chart_dir());
     assert_ne!(previous_version, version, "the previous release is another");
     // Two plain nodes with nothing installed, to this test alone: it installs the releases
     // itself, and the cluster goes with it.
@@ -436,7 +437,7 @@ async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation()
     // The upgrade, web-0 deleted as it starts.
     let t = Instant::now();
     sys.kubectl(&["delete", "pod", "web-0", "--wait=false"]);
-    let chart = shared::chart_dir();
+    let chart = testkit::chart_dir();
     helm_release(
         c,
         &["upgrade", RELEASE, chart.to_str().unwrap()],

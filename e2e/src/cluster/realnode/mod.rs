@@ -3,7 +3,7 @@
 //! and cgroup, on a host bridge, with a flannel/k3s-style CNI network (`bridge` + `host-local`,
 //! network `cbr0`). See `docs/real-nodes.md` for the layout and what the real components did.
 //!
-//! [`RealCluster::start`] starts a cluster (the `realnode` test binary runs one at a time, shared
+//! [`Cluster::start`] starts a cluster (the `realnode` test binary runs one at a time, shared
 //! by the tests of its shape: `crate::testkit::realnode`). Everything is removed when the
 //! cluster is stopped or dropped; after a crash, the next start (or `ipkeep-e2e cluster down`)
 //! removes what the crashed run left ([`cleanup_stale`]).
@@ -29,7 +29,7 @@ pub use layout::{
 };
 pub use node::RealNode;
 
-use super::{Cluster, ClusterError, ClusterOptions, plane::NodeAccess};
+use super::{ControlPlane, ControlPlaneError, ControlPlaneOptions, plane::NodeAccess};
 
 /// The binaries a node needs (`e2e/cluster/build.sh --node`).
 pub const NODE_BINARIES: [&str; 6] = [
@@ -49,7 +49,7 @@ const NODES_READY: Duration = Duration::from_secs(180);
 pub enum RealNodeError {
     /// The control plane failed.
     #[error(transparent)]
-    Cluster(#[from] ClusterError),
+    ControlPlane(#[from] ControlPlaneError),
     /// A host operation for a node failed.
     #[error("node {node}: failed to {stage}")]
     Host {
@@ -99,7 +99,7 @@ pub enum RealNodeError {
         daemon: String,
         /// Why.
         #[source]
-        source: Box<ClusterError>,
+        source: Box<ControlPlaneError>,
     },
     /// A node daemon exited or never answered.
     #[error("node {node}: {daemon} failed: {how}; last lines of {}:\n{tail}", log.display())]
@@ -193,25 +193,25 @@ pub enum RealNodeError {
 
 /// What to start.
 #[derive(Debug, Clone)]
-pub struct RealClusterOptions {
+pub struct ClusterOptions {
     /// How many nodes (1..=8).
     pub nodes: u8,
     /// The pods' addresses: dual-stack or not, how many tiny nodes.
     pub network: PodNetwork,
-    /// The control plane's options (`node_access` is set by [`RealCluster::start`]).
-    pub plane: ClusterOptions,
+    /// The control plane's options (`node_access` is set by [`Cluster::start`]).
+    pub plane: ControlPlaneOptions,
     /// The node binaries; default: [`node_bin_dir`].
     pub node_bin_dir: Option<PathBuf>,
     /// The directory of `pause.oci.tar` and `workload.oci.tar`; default: [`node_image_dir`].
     pub image_dir: Option<PathBuf>,
 }
 
-impl Default for RealClusterOptions {
+impl Default for ClusterOptions {
     fn default() -> Self {
-        RealClusterOptions {
+        ClusterOptions {
             nodes: 2,
             network: PodNetwork::default(),
-            plane: ClusterOptions::default(),
+            plane: ControlPlaneOptions::default(),
             node_bin_dir: None,
             image_dir: None,
         }
@@ -301,7 +301,7 @@ pub fn e2e_exe() -> Result<PathBuf, RealNodeError> {
     })
 }
 
-/// Where [`RealCluster::start`] found what the nodes run.
+/// Where [`Cluster::start`] found what the nodes run.
 #[derive(Debug, Clone, Copy)]
 struct BootDirs<'a> {
     /// The node binaries.
@@ -316,13 +316,13 @@ struct BootDirs<'a> {
 
 /// A control plane and its real nodes. Dropping it removes everything it made.
 #[derive(Debug)]
-pub struct RealCluster {
-    plane: Arc<Cluster>,
+pub struct Cluster {
+    plane: Arc<ControlPlane>,
     nodes: Vec<RealNode>,
     slot: Slot,
     network: PodNetwork,
     bin_dir: PathBuf,
-    /// Set by the first [`RealCluster::stop`]: the slot may be someone else's after that.
+    /// Set by the first [`Cluster::stop`]: the slot may be someone else's after that.
     stopped: std::sync::atomic::AtomicBool,
 }
 
@@ -614,10 +614,10 @@ pub fn archive_image_names(archive: &Path) -> Result<Vec<String>, RealNodeError>
     Ok(names)
 }
 
-impl RealCluster {
+impl Cluster {
     /// Starts the control plane and `options.nodes` real nodes, and returns once every node
     /// is Ready with its images imported.
-    pub async fn start(options: RealClusterOptions) -> Result<RealCluster, RealNodeError> {
+    pub async fn start(options: ClusterOptions) -> Result<Cluster, RealNodeError> {
         if options.nodes == 0 || options.nodes > layout::MAX_NODES {
             return Err(RealNodeError::Invalid {
                 what: "number of nodes",
@@ -687,10 +687,10 @@ impl RealCluster {
     }
 
     async fn boot(
-        options: &RealClusterOptions,
+        options: &ClusterOptions,
         slot: Slot,
         dirs: BootDirs<'_>,
-    ) -> Result<RealCluster, RealNodeError> {
+    ) -> Result<Cluster, RealNodeError> {
         let bin_dir = dirs.bin;
         let machine = |stage: &str| {
             let stage = stage.to_owned();
@@ -710,8 +710,8 @@ impl RealCluster {
             address: slot.host_ip(),
             service_ip: layout::KUBERNETES_SERVICE_IP,
         });
-        let plane = Arc::new(Cluster::start(plane_options).await?);
-        let mut cluster = RealCluster {
+        let plane = Arc::new(ControlPlane::start(plane_options).await?);
+        let mut cluster = Cluster {
             plane: Arc::clone(&plane),
             nodes: Vec::new(),
             slot,
@@ -853,7 +853,7 @@ impl RealCluster {
     }
 
     /// The control plane (kubectl, helm, clients, namespaces).
-    pub fn plane(&self) -> &Cluster {
+    pub fn plane(&self) -> &ControlPlane {
         &self.plane
     }
 
@@ -985,7 +985,7 @@ impl RealCluster {
     }
 }
 
-impl Drop for RealCluster {
+impl Drop for Cluster {
     fn drop(&mut self) {
         if let Err(e) = self.stop() {
             eprintln!(
@@ -1022,7 +1022,7 @@ fn cleanup_slot_network(slot: Slot) -> Result<(), RealNodeError> {
     })
 }
 
-/// [`RealCluster::load_image`] over any set of running nodes (`cluster load-image`).
+/// [`Cluster::load_image`] over any set of running nodes (`cluster load-image`).
 pub fn load_image(
     nodes: &[node::RunningNode],
     archive: &Path,

@@ -15,7 +15,7 @@ use super::{
     layout::{self, NodeCni, NodeDirs, NodeLayout, NodeRuntime},
 };
 use crate::cluster::{
-    Cluster,
+    ControlPlane,
     kubeconfig::{KubeUser, kubeconfig, write_kubeconfig},
     process::{Component, LOG_TAIL_LINES, log_tail, rss_kib},
 };
@@ -101,7 +101,7 @@ pub struct RealNode {
     crio_dir: Option<PathBuf>,
     config_dir: PathBuf,
     logs: PathBuf,
-    plane: Arc<Cluster>,
+    plane: Arc<ControlPlane>,
     daemons: Mutex<Daemons>,
 }
 
@@ -127,7 +127,7 @@ impl RealNode {
     pub(super) fn prepare(
         layout: NodeLayout,
         spec: NodeSpec,
-        plane: Arc<Cluster>,
+        plane: Arc<ControlPlane>,
     ) -> Result<RealNode, RealNodeError> {
         let name = layout.name();
         let config_dir = plane.state_dir().join("nodes").join(&name);

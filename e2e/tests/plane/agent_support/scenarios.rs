@@ -13,7 +13,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use super::*;
+use super::{NETWORKS, Node, files_of, garbage_of, namespace, reservation, unique, wait_file};
+use ipkeep_e2e::testkit::{Scratch, operator_binary, wait_for};
 
 fn ts(time: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Timestamp {
     Timestamp::from_unix_secs(time.0.as_second())
