@@ -6,10 +6,12 @@
 //! Controller: [`lifecycle`] (what one reconcile does), [`optin`] (what a pod asks for),
 //! [`budget`] (how many released reservations a node may hold), [`namespaces`] (which
 //! namespaces keep addresses), [`placement`] (the webhook's record read back).
-//! Agent: [`desired`] (which files should exist), [`schedule`] (when a pass runs, full or not).
+//! Agent: [`desired`] (which files should exist), [`schedule`] (when a pass runs, full or not),
+//! [`incharge`] (whether ipkeep is the IPAM the node's runtime calls, network by network).
 
 pub mod budget;
 pub mod desired;
+pub mod incharge;
 pub mod lifecycle;
 pub mod namespaces;
 pub mod optin;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use crate::install_cni::{self, HOST_LOCAL, HOST_LOCAL_ORIG};
 
-use super::{BinDir, Binary, ConfFile, Evidence, IPKEEP_TYPE, parse_conf};
+use crate::rules::incharge::{BinDir, Binary, ConfFile, Evidence, IPKEEP_TYPE, parse_conf};
 
 /// The file name endings the runtime reads (libcni's `ConfFiles`: `.conf`, `.conflist`, `.json`).
 const CONF_EXTENSIONS: [&str; 3] = ["conf", "conflist", "json"];

@@ -23,9 +23,9 @@ use prometheus::IntGaugeVec;
 use serde_json::json;
 
 use super::evidence::{self, Sources};
-use super::{Evidence, Explained, Reason, Verdict, decide};
 use crate::api::Key;
 use crate::api::{CONDITION_UNPROTECTED, IPReservation};
+use crate::rules::incharge::{Evidence, Explained, Reason, Verdict, decide};
 use crate::runtime::events::{EventType, Notice, Publisher, node_ref};
 use crate::runtime::logging::error_chain;
 
@@ -360,9 +360,9 @@ mod tests {
             conf_dir: "/etc/cni/net.d".into(),
             bin_dir: "/opt/cni/bin".into(),
             confs: vec![],
-            bin: super::super::BinDir {
-                ipkeep: super::super::Binary::Ipkeep,
-                host_local: super::super::Binary::Other,
+            bin: crate::rules::incharge::BinDir {
+                ipkeep: crate::rules::incharge::Binary::Ipkeep,
+                host_local: crate::rules::incharge::Binary::Other,
                 original_kept: false,
             },
         };
