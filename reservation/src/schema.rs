@@ -235,9 +235,8 @@ impl ReservationFile {
         Ok(ValidReservation(self))
     }
 
-    /// The rule [`ReservationFile::validate`] and [`ReservationFile::from_json`] apply; the
-    /// file's key once it passed.
-    fn check(&self) -> Result<PodKey, SchemaError> {
+    /// The rule [`ReservationFile::validate`] and [`ReservationFile::from_json`] apply.
+    fn check(&self) -> Result<(), SchemaError> {
         if self.version != FORMAT_VERSION {
             return Err(SchemaError::UnsupportedVersion {
                 found: u64::from(self.version),
@@ -253,7 +252,7 @@ impl ReservationFile {
                 return Err(SchemaError::DuplicateAddress { pod: key, ip: *ip });
             }
         }
-        Ok(key)
+        Ok(())
     }
 }
 
