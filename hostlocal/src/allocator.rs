@@ -10,7 +10,8 @@ use std::net::IpAddr;
 use crate::candidates::Candidates;
 use crate::range::RangeSet;
 use crate::result::IpConfig;
-use crate::store::{PodRef, Store, StoreError};
+use crate::store::{Store, StoreError};
+use ipkeep_reservation::PodKey;
 
 /// What one range set's allocation needs.
 pub struct Request<'a> {
@@ -29,7 +30,7 @@ pub struct Request<'a> {
     /// Addresses the round robin must skip.
     pub is_blocked: &'a dyn Fn(IpAddr) -> bool,
     /// The pod, recorded with the allocation.
-    pub pod: Option<&'a PodRef>,
+    pub pod: Option<&'a PodKey>,
 }
 
 impl std::fmt::Debug for Request<'_> {

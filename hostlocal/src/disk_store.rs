@@ -60,10 +60,10 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::SystemTime;
 
-use crate::store::{LegacyRelease, Owner, PodRef, Store, StoreError, is_valid_container_id};
+use crate::store::{LegacyRelease, Owner, Store, StoreError, is_valid_container_id};
 use ipkeep_netdir::{EntryKind, NetDirError, NetworkDir, NetworkLock, SubDir, TEMP_PREFIX};
 use ipkeep_reservation::private_state::{self, Found};
-use ipkeep_reservation::{CivilTime, Timestamp};
+use ipkeep_reservation::{CivilTime, PodKey, Timestamp};
 
 pub use ipkeep_reservation::private_state::PRIVATE_DIR;
 const TMP_DIR: &str = "tmp";
@@ -84,7 +84,27 @@ pub struct IndexEntry {
     /// The interface (`None` for a legacy id-only file).
     pub ifname: Option<String>,
     /// The pod, when the allocating ADD said (`None` for files known only from host-local).
-    pub pod: Option<PodRef>,
+    #[serde(default, deserialize_with = "recorded_pod")]
+    pub pod: Option<PodKey>,
+}
+
+/// A recorded pod as stored (`{"namespace": …, "name": …}`, [`PodKey`]'s encoding), before its
+/// names are checked.
+#[derive(serde::Deserialize)]
+struct RecordedPod {
+    namespace: String,
+    name: String,
+}
+
+/// Reads an entry's pod: one whose names Kubernetes would not accept (recorded by an ipkeep
+/// that kept `CNI_ARGS` unchecked) reads as no pod, which is what such a pod always counted as
+/// (it cannot have a reservation), and keeps the rest of the record instead of making the
+/// whole file garbage.
+fn recorded_pod<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<PodKey>, D::Error> {
+    let recorded: Option<RecordedPod> = serde::Deserialize::deserialize(deserializer)?;
+    Ok(recorded.and_then(|pod| PodKey::new(&pod.namespace, &pod.name).ok()))
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -207,7 +227,7 @@ pub enum Occupant {
         /// Who the file names.
         owner: Owner,
         /// The pod recorded with the allocation (`None` for host-local's files).
-        pod: Option<PodRef>,
+        pod: Option<PodKey>,
     },
     /// Something no container can be named for (a directory, a symlink, garbage content).
     Other,
@@ -606,7 +626,7 @@ impl Store for DiskStore<'_> {
         id: &str,
         ifname: &str,
         range_id: usize,
-        pod: Option<&PodRef>,
+        pod: Option<&PodKey>,
     ) -> Result<bool, StoreError> {
         if !is_valid_container_id(id) {
             return Err(StoreError::Message(format!(
@@ -792,10 +812,7 @@ mod tests {
     fn reserve_release_and_index_round_trip() {
         let s = TempDir::new().unwrap();
         let net = NetworkDir::open(s.path(), "net1").unwrap();
-        let pod = PodRef {
-            namespace: "ns".into(),
-            name: "p".into(),
-        };
+        let pod = PodKey::new("ns", "p").unwrap();
         {
             let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
             assert!(st.rebuilt(), "first open builds the index");
@@ -830,14 +847,39 @@ mod tests {
         assert!(!s.path().join("net1/.ipkeep/containers/c1").exists());
     }
 
+    /// An index record is encoded as it always was; a recorded pod whose names Kubernetes would
+    /// not accept (as an ipkeep that kept `CNI_ARGS` unchecked wrote) reads as no pod and keeps
+    /// the rest of the file, as does a record without a pod.
+    #[test]
+    fn index_records_keep_their_encoding() {
+        let entry = IndexEntry {
+            ip: ip("10.1.0.2"),
+            ifname: Some("eth0".into()),
+            pod: Some(PodKey::new("ns", "p").unwrap()),
+        };
+        let text = serialize_index("c1", std::slice::from_ref(&entry));
+        assert_eq!(
+            text,
+            r#"{"containerID":"c1","attachments":[{"ip":"10.1.0.2","ifname":"eth0","pod":{"namespace":"ns","name":"p"}}]}"#
+        );
+        let read: IndexFile = serde_json::from_str(&text).unwrap();
+        assert_eq!(read.attachments, vec![entry.clone()]);
+        let podless = IndexEntry { pod: None, ..entry };
+        for other in [
+            text.replace(r#""name":"p""#, r#""name":"Not_A_Pod""#),
+            text.replace(r#","pod":{"namespace":"ns","name":"p"}"#, ""),
+        ] {
+            let read: IndexFile = serde_json::from_str(&other).unwrap();
+            assert_eq!(read.container_id, "c1", "{other}");
+            assert_eq!(read.attachments, vec![podless.clone()], "{other}");
+        }
+    }
+
     #[test]
     fn foreign_changes_trigger_a_rebuild_that_keeps_pods() {
         let s = TempDir::new().unwrap();
         let net = NetworkDir::open(s.path(), "net1").unwrap();
-        let pod = PodRef {
-            namespace: "ns".into(),
-            name: "p".into(),
-        };
+        let pod = PodKey::new("ns", "p").unwrap();
         {
             let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
             st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, Some(&pod))

@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use ipkeep_reservation::PodKey;
+
 /// Who an allocation file says holds the address.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Owner {
@@ -87,15 +89,6 @@ pub fn is_valid_container_id(id: &str) -> bool {
         && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
-/// The pod a container belongs to (from `CNI_ARGS`), recorded with its allocations.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub struct PodRef {
-    /// `K8S_POD_NAMESPACE`.
-    pub namespace: String,
-    /// `K8S_POD_NAME`.
-    pub name: String,
-}
-
 /// Errors of a store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -126,7 +119,7 @@ pub trait Store {
         id: &str,
         ifname: &str,
         range_id: usize,
-        pod: Option<&PodRef>,
+        pod: Option<&PodKey>,
     ) -> Result<bool, StoreError>;
     /// Frees `ip` if (and only if) it is still held by `(id, ifname)`.
     fn release(&mut self, ip: IpAddr, id: &str, ifname: &str) -> Result<bool, StoreError>;
@@ -157,7 +150,7 @@ pub struct MemoryStore {
     /// Range set → last reserved address.
     pub last: BTreeMap<usize, IpAddr>,
     /// Pod recorded per address.
-    pub pods: BTreeMap<IpAddr, PodRef>,
+    pub pods: BTreeMap<IpAddr, PodKey>,
 }
 
 impl Store for MemoryStore {
@@ -167,7 +160,7 @@ impl Store for MemoryStore {
         id: &str,
         ifname: &str,
         range_id: usize,
-        pod: Option<&PodRef>,
+        pod: Option<&PodKey>,
     ) -> Result<bool, StoreError> {
         if self.allocations.contains_key(&ip) || self.occupied.contains(&ip) {
             return Ok(false);

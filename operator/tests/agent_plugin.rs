@@ -92,7 +92,7 @@ fn desired_at(step: u64) -> BTreeMap<PodKey, ValidReservation> {
             release,
             format!("s{i}-{generation}"),
         );
-        out.insert(f.pod_key(), f);
+        out.insert(f.key(), f);
     }
     for i in 0..CHURN {
         let generation = (step + u64::from(CHURN) - u64::from(i)) / u64::from(CHURN);
@@ -104,7 +104,7 @@ fn desired_at(step: u64) -> BTreeMap<PodKey, ValidReservation> {
                 None,
                 format!("c{i}-{generation}"),
             );
-            out.insert(f.pod_key(), f);
+            out.insert(f.key(), f);
         }
     }
     out

@@ -15,10 +15,10 @@ use ipkeep_hostlocal::allocator::{self, Request};
 use ipkeep_hostlocal::config::{self, IpamConfig};
 use ipkeep_hostlocal::gojson::Value;
 use ipkeep_hostlocal::result::{CniResult, result_json};
-use ipkeep_hostlocal::store::{LegacyRelease, Owner, PodRef, Store};
+use ipkeep_hostlocal::store::{LegacyRelease, Owner, Store};
 use ipkeep_netdir::NetworkDir;
-use ipkeep_reservation::Timestamp;
 use ipkeep_reservation::add::DEFAULT_GRACE;
+use ipkeep_reservation::{PodKey, Timestamp};
 
 mod reservations;
 
@@ -88,12 +88,11 @@ fn open_store<'a>(dir: &'a NetworkDir, now: SystemTime) -> Result<DiskStore<'a>,
     DiskStore::open(dir, now).map_err(|e| (CniError::internal(e), Vec::new()))
 }
 
-fn pod_of(conf: &IpamConfig) -> Option<PodRef> {
+/// The pod `CNI_ARGS` names, recorded with the allocations. A name Kubernetes would not accept
+/// gets no key: such a pod cannot have a reservation anyway, which is all the record is for.
+fn pod_of(conf: &IpamConfig) -> Option<PodKey> {
     match (&conf.args.pod_namespace, &conf.args.pod_name) {
-        (Some(namespace), Some(name)) => Some(PodRef {
-            namespace: namespace.clone(),
-            name: name.clone(),
-        }),
+        (Some(namespace), Some(name)) => PodKey::new(namespace, name).ok(),
         _ => None,
     }
 }

@@ -155,8 +155,8 @@ fn config(data_dir: &Path) -> String {
 fn reservation(pod: &Pod, release: Option<i64>, uid: String) -> ReservationFile {
     ReservationFile {
         version: FORMAT_VERSION,
-        namespace: pod.key.namespace.clone(),
-        pod: pod.key.pod.clone(),
+        namespace: pod.key.namespace().to_owned(),
+        pod: pod.key.name().to_owned(),
         ips: pod.reserved.clone(),
         release_time: release.map(Timestamp::from_unix_secs),
         uid,
@@ -261,7 +261,7 @@ fn writer_plan() -> Vec<PlannedOp> {
             }
         };
         let touches = match &op {
-            WriterOp::Write(file) => BTreeSet::from([file.pod_key()]),
+            WriterOp::Write(file) => BTreeSet::from([file.pod_key().unwrap()]),
             WriterOp::Remove(key) => BTreeSet::from([key.clone()]),
             // Sync leaves a file whose content is already the desired one alone.
             WriterOp::Sync(_) => before
@@ -290,7 +290,7 @@ fn apply(dir: &NetworkDir, op: &WriterOp) {
     match op {
         WriterOp::Write(file) => write_reservation(dir, &valid(file)).unwrap(),
         WriterOp::Remove(key) => {
-            remove_reservation(dir, &key.namespace, &key.pod).unwrap();
+            remove_reservation(dir, key.namespace(), key.name()).unwrap();
         }
         WriterOp::Sync(desired) => {
             // A writer that reads the tree, as the Write and Remove ops changed it behind its back.
@@ -391,7 +391,7 @@ fn life(rng: &mut Rng, pod: &Pod) -> Vec<LifeOp> {
     } else {
         1 + rng.below(3)
     };
-    let id = |n: u64| format!("{}-{}-{n}", pod.key.namespace, pod.key.pod);
+    let id = |n: u64| format!("{}-{}-{n}", pod.key.namespace(), pod.key.name());
     let mut ops = vec![LifeOp::new("ADD", &id(0))];
     for n in 1..adds {
         let (old, new) = (id(n - 1), id(n));
@@ -608,12 +608,12 @@ fn check_snapshot(net_dir: &Path, pods: &[Pod], owner_of: &HashMap<String, usize
             };
             match ReservationFile::from_json(&bytes) {
                 Ok(file) if file.namespace == ns && file.pod == pod => {
-                    found.insert(file.pod_key(), file);
+                    found.insert(file.pod_key().unwrap(), file);
                 }
                 Ok(file) => problems.push(format!(
                     "{} holds the reservation of {}",
                     path.display(),
-                    file.pod_key()
+                    file.pod_key().unwrap()
                 )),
                 Err(e) => problems.push(format!("{} is not parseable: {e}", path.display())),
             }
@@ -801,7 +801,7 @@ fn reserved_addresses_stay_with_their_pods_while_a_writer_rewrites_reservations(
                     );
                     let call = CniCall::new(command, &container, &config).args(&format!(
                         "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={container}",
-                        key.namespace, key.pod
+                        key.namespace(), key.name()
                     ));
                     let spawned_at = clock.tick();
                     let child = spawn(&call, &common::ipkeep());

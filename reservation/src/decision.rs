@@ -92,11 +92,15 @@ impl ActiveReservations {
     pub fn new<'a>(files: impl IntoIterator<Item = &'a ReservationFile>, now: Timestamp) -> Self {
         let mut by_ip: HashMap<IpAddr, Vec<PodKey>> = HashMap::new();
         for file in files.into_iter().filter(|f| f.is_active(now)) {
+            // Names that are not valid are no reservation (reading a file checks them).
+            let Ok(key) = file.pod_key() else {
+                continue;
+            };
             for ip in &file.ips {
                 by_ip
                     .entry(ip.to_canonical())
                     .or_default()
-                    .push(file.pod_key());
+                    .push(key.clone());
             }
         }
         Self { by_ip }

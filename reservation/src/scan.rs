@@ -61,10 +61,9 @@ pub struct ReservationSet {
 impl ReservationSet {
     /// The reservation of `namespace`/`pod`, if there is one (active or not).
     pub fn get(&self, namespace: &str, pod: &str) -> Option<&ReservationFile> {
-        self.files.get(&PodKey {
-            namespace: namespace.to_owned(),
-            pod: pod.to_owned(),
-        })
+        // A name that is not valid has no reservation.
+        let key = PodKey::new(namespace, pod).ok()?;
+        self.files.get(&key)
     }
 
     /// The number of valid reservations.
@@ -309,8 +308,8 @@ fn load_namespace(ns_dir: &DirFd, namespace: &str, clean_before: Option<i128>, s
             _ => None,
         };
         match read_entry(ns_dir, namespace, &entry.name, entry.kind) {
-            Ok(Some(file)) => {
-                scan.set.files.insert(file.pod_key(), file);
+            Ok(Some((key, file))) => {
+                scan.set.files.insert(key, file);
             }
             Ok(None) => {}
             Err(why) => {
@@ -328,13 +327,14 @@ fn load_namespace(ns_dir: &DirFd, namespace: &str, clean_before: Option<i128>, s
     }
 }
 
-/// Reads and checks `reserved/<namespace>/<name>`; `Ok(None)` if it vanished meanwhile.
+/// Reads and checks `reserved/<namespace>/<name>`, with its key; `Ok(None)` if it vanished
+/// meanwhile.
 fn read_entry(
     ns_dir: &DirFd,
     namespace: &str,
     name: &str,
     kind: EntryKind,
-) -> Result<Option<ReservationFile>, String> {
+) -> Result<Option<(PodKey, ReservationFile)>, String> {
     if name.starts_with(TEMP_PREFIX) {
         return Err("leftover temporary file of an interrupted write".to_owned());
     }
@@ -352,13 +352,14 @@ fn read_entry(
         return Ok(None);
     };
     let file = ReservationFile::from_json(&bytes).map_err(|e| e.to_string())?;
+    let key = file.pod_key().map_err(|e| e.to_string())?;
     if file.namespace != namespace || file.pod != name {
         return Err(format!(
             "the file is for pod {}/{} but sits at {namespace}/{name}",
             file.namespace, file.pod
         ));
     }
-    Ok(Some(file))
+    Ok(Some((key, file)))
 }
 
 /// Whether an entry of `reserved/` can be a namespace directory.

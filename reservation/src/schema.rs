@@ -49,13 +49,25 @@ pub struct ReservationFile {
     pub node_name: Option<String>,
 }
 
-/// A pod's identity: its namespace and name.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// A pod's identity, which its reservation shares: its namespace and name, both valid as
+/// Kubernetes validates them. [`PodKey::new`] is the only way to build one, decoding included,
+/// so a key can always become a path. Displays as `namespace/name` and orders as that text does
+/// (the operator's tie-break between two reservations created in the same second). Encoded as
+/// `{"namespace": …, "name": …}` (ipkeep's container index on disk, the operator's status).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 pub struct PodKey {
     /// The namespace.
-    pub namespace: String,
-    /// The pod name.
-    pub pod: String,
+    namespace: String,
+    /// The name.
+    name: String,
+}
+
+/// A [`PodKey`]'s encoding before its names are checked.
+#[derive(Deserialize)]
+struct PodKeyFields {
+    namespace: String,
+    name: String,
 }
 
 /// Why a name or a reservation file is not acceptable.
@@ -106,29 +118,64 @@ pub enum SchemaError {
 
 impl PodKey {
     /// A key from a namespace and a pod name, both validated as Kubernetes validates them.
-    pub fn new(namespace: &str, pod: &str) -> Result<Self, SchemaError> {
+    pub fn new(namespace: &str, name: &str) -> Result<Self, SchemaError> {
         validate_namespace(namespace)?;
-        validate_pod_name(pod)?;
+        validate_pod_name(name)?;
         Ok(Self {
             namespace: namespace.to_owned(),
-            pod: pod.to_owned(),
+            name: name.to_owned(),
         })
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The pod's (and its reservation's) name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The bytes of `namespace/name`, which the order follows.
+    fn text(&self) -> impl Iterator<Item = u8> + '_ {
+        self.namespace
+            .bytes()
+            .chain(std::iter::once(b'/'))
+            .chain(self.name.bytes())
+    }
+}
+
+impl Ord for PodKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.text().cmp(other.text())
+    }
+}
+
+impl PartialOrd for PodKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
     }
 }
 
 impl fmt::Display for PodKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.pod)
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl<'de> Deserialize<'de> for PodKey {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let fields = PodKeyFields::deserialize(deserializer)?;
+        PodKey::new(&fields.namespace, &fields.name).map_err(serde::de::Error::custom)
     }
 }
 
 impl ReservationFile {
-    /// The namespace/name of the pod this reservation is for.
-    pub fn pod_key(&self) -> PodKey {
-        PodKey {
-            namespace: self.namespace.clone(),
-            pod: self.pod.clone(),
-        }
+    /// The namespace/name of the pod this reservation is for, if both are valid names (always,
+    /// for a file read with [`ReservationFile::from_json`]; [`ValidReservation::key`] cannot fail).
+    pub fn pod_key(&self) -> Result<PodKey, SchemaError> {
+        PodKey::new(&self.namespace, &self.pod)
     }
 
     /// Whether the reservation holds its addresses at `now`: bound (no release time) or released
@@ -195,18 +242,14 @@ impl ReservationFile {
                 found: u64::from(self.version),
             });
         }
-        validate_namespace(&self.namespace)?;
-        validate_pod_name(&self.pod)?;
+        let key = self.pod_key()?;
         if self.ips.is_empty() {
-            return Err(SchemaError::NoAddresses(self.pod_key()));
+            return Err(SchemaError::NoAddresses(key));
         }
         let mut seen = HashSet::with_capacity(self.ips.len());
         for ip in &self.ips {
             if !seen.insert(ip.to_canonical()) {
-                return Err(SchemaError::DuplicateAddress {
-                    pod: self.pod_key(),
-                    ip: *ip,
-                });
+                return Err(SchemaError::DuplicateAddress { pod: key, ip: *ip });
             }
         }
         Ok(())
@@ -222,6 +265,15 @@ impl ValidReservation {
     /// The file itself.
     pub fn into_inner(self) -> ReservationFile {
         self.0
+    }
+
+    /// The namespace/name of the pod this reservation is for.
+    pub fn key(&self) -> PodKey {
+        // Checked by `validate`, and the file cannot change since.
+        PodKey {
+            namespace: self.0.namespace.clone(),
+            name: self.0.pod.clone(),
+        }
     }
 }
 
@@ -301,6 +353,39 @@ mod tests {
             release_time: None,
             uid: "5b0c7a3e-1d2f-4c1a-9b7e-0d7c2f4e9a11".into(),
             node_name: Some("node-a".into()),
+        }
+    }
+
+    #[test]
+    fn pod_keys_order_as_their_text() {
+        let key = |ns, name| PodKey::new(ns, name).unwrap();
+        let cases = [
+            (key("a-b", "x"), key("a", "x")),
+            (key("a", "b"), key("a", "c")),
+            (key("a", "z"), key("b", "a")),
+            (key("a", "b"), key("a", "b.c")),
+        ];
+        for (low, high) in cases {
+            assert!(low < high, "{low} < {high}");
+            assert!(low.to_string() < high.to_string(), "{low} < {high} as text");
+        }
+    }
+
+    #[test]
+    fn pod_keys_encode_both_names_and_decode_only_valid_ones() {
+        let key = PodKey::new("db", "postgres-0").unwrap();
+        assert_eq!((key.namespace(), key.name()), ("db", "postgres-0"));
+        assert_eq!(key.to_string(), "db/postgres-0");
+        let text = serde_json::to_string(&key).unwrap();
+        assert_eq!(text, r#"{"namespace":"db","name":"postgres-0"}"#);
+        assert_eq!(serde_json::from_str::<PodKey>(&text).unwrap(), key);
+        for bad in [
+            r#"{"namespace":"db","name":"Postgres_0"}"#,
+            r#"{"namespace":"d/b","name":"postgres-0"}"#,
+            r#"{"namespace":"db","name":".."}"#,
+            r#"{"namespace":"db"}"#,
+        ] {
+            assert!(serde_json::from_str::<PodKey>(bad).is_err(), "{bad}");
         }
     }
 

@@ -226,8 +226,8 @@ fn patched(
         touched.insert(&file.namespace);
     }
     for key in removed {
-        changed.insert((&key.namespace, &key.pod));
-        touched.insert(&key.namespace);
+        changed.insert((key.namespace(), key.name()));
+        touched.insert(key.namespace());
     }
     if changed.is_empty() {
         return None;
@@ -746,13 +746,11 @@ impl ReservationLookup for SnapshotLookup<'_> {
                 continue;
             }
             let (namespace, pod) = snap.owner(&record)?.split_once('/')?;
-            if me.is_some_and(|me| me.namespace == namespace && me.pod == pod) {
+            if me.is_some_and(|me| me.namespace() == namespace && me.name() == pod) {
                 continue;
             }
-            return Some(PodKey {
-                namespace: namespace.to_owned(),
-                pod: pod.to_owned(),
-            });
+            // The owner was a validated file's key when the snapshot was written.
+            return PodKey::new(namespace, pod).ok();
         }
         None
     }

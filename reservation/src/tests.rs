@@ -355,9 +355,9 @@ fn sync_makes_the_tree_exactly_the_desired_set() {
     assert!(set.skipped.is_empty());
     let want: Vec<&ReservationFile> = desired[..4].iter().collect();
     let mut got: Vec<&ReservationFile> = set.files.values().collect();
-    got.sort_by_key(|f| f.pod_key());
+    got.sort_by_key(|f| f.pod_key().unwrap());
     let mut want = want;
-    want.sort_by_key(|f| f.pod_key());
+    want.sort_by_key(|f| f.pod_key().unwrap());
     assert_eq!(got, want);
 
     // A second sync with the same input changes nothing.
@@ -523,7 +523,7 @@ fn snapshot_decoding_rejects_inconsistent_content() {
             file("db", "web-0", &["10.1.0.7", "fd00::7"], None),
             file("db", "web-1", &["10.1.0.8"], Some(5)),
         ] {
-            set.files.insert(f.pod_key(), f);
+            set.files.insert(f.pod_key().unwrap(), f);
         }
         set
     };
@@ -716,7 +716,7 @@ fn add_flow_on_real_files() {
     };
     let add = |now: Timestamp| {
         let lock = dir.lock().unwrap();
-        let own = read_reservation(&dir, &me.namespace, &me.pod).unwrap();
+        let own = read_reservation(&dir, me.namespace(), me.name()).unwrap();
         let (snapshot, _) = load_reservations_cached(&dir, &lock);
         let lookup = snapshot.lookup(now);
         let marker = read_wait_marker(&dir, &me, &mut Vec::new());
@@ -830,7 +830,7 @@ fn a_writer_that_knows_the_tree_patches_the_snapshot_without_reading_it() {
     let scans = full_scans();
     let mut next: Vec<ReservationFile> = desired
         .iter()
-        .filter(|f| f.pod_key().to_string() != "ns-2/pod-2" && f.namespace != "lone")
+        .filter(|f| f.pod_key().unwrap().to_string() != "ns-2/pod-2" && f.namespace != "lone")
         .cloned()
         .collect();
     next.extend([
@@ -883,7 +883,7 @@ fn a_writer_that_knows_the_tree_patches_the_snapshot_without_reading_it() {
     next.push(good.clone());
     let report = writer.apply(&dir, &all_valid(&next)).unwrap();
     assert!(report.failed.is_empty(), "{report:?}");
-    assert_eq!(report.written, vec![good.pod_key()]);
+    assert_eq!(report.written, vec![good.pod_key().unwrap()]);
     assert_eq!(snapshot_source(&dir), Source::Index);
 
     // A writer that knows nothing reads the tree, finds nothing to change, and keeps the counter

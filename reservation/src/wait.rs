@@ -26,13 +26,13 @@ pub fn read_wait_marker(
 ) -> Option<WaitMarker> {
     let private = dir.subdir(&[PRIVATE_DIR], false).ok()??;
     let wait_dir = private_state::open_dir(&private, WAIT_DIR, false, found).ok()??;
-    let ns_dir = private_state::open_dir(&wait_dir, &pod.namespace, false, found).ok()??;
-    let bytes = private_state::read_file(&ns_dir, &pod.pod, MAX_MARKER_LEN, found).ok()??;
+    let ns_dir = private_state::open_dir(&wait_dir, pod.namespace(), false, found).ok()??;
+    let bytes = private_state::read_file(&ns_dir, pod.name(), MAX_MARKER_LEN, found).ok()??;
     let marker = parse_marker(&bytes);
     if marker.is_none() {
         private_state::discard(
             &ns_dir,
-            &pod.pod,
+            pod.name(),
             "content that is not a wait marker",
             found,
         );
@@ -50,7 +50,7 @@ pub fn write_wait_marker(
     found: &mut Vec<String>,
 ) -> Result<(), NetDirError> {
     let mut parent: Option<ipkeep_netdir::SubDir> = None;
-    for name in [PRIVATE_DIR, WAIT_DIR, pod.namespace.as_str()] {
+    for name in [PRIVATE_DIR, WAIT_DIR, pod.namespace()] {
         let next = match &parent {
             None => private_state::open_dir(dir, name, true, found)?,
             Some(p) => private_state::open_dir(p, name, true, found)?,
@@ -63,11 +63,12 @@ pub fn write_wait_marker(
     // A killed writer's temporary would otherwise stay forever (markers are written rarely,
     // always under the network's lock, so no live writer's temporary is here).
     ns_dir.remove_stale_temps()?;
-    if let Found::Damaged(what) = private_state::inspect_file(&ns_dir, &pod.pod, MAX_MARKER_LEN)? {
-        private_state::discard(&ns_dir, &pod.pod, &what, found);
+    if let Found::Damaged(what) = private_state::inspect_file(&ns_dir, pod.name(), MAX_MARKER_LEN)?
+    {
+        private_state::discard(&ns_dir, pod.name(), &what, found);
     }
     let line = format!("{} {}\n", marker.holder, marker.since);
-    ns_dir.write_atomic(&pod.pod, line.as_bytes(), private_state::FILE_MODE, false)
+    ns_dir.write_atomic(pod.name(), line.as_bytes(), private_state::FILE_MODE, false)
 }
 
 /// Removes the pod's wait marker (and its namespace directory when empty).
@@ -75,13 +76,13 @@ pub fn remove_wait_marker(dir: &NetworkDir, pod: &PodKey) -> Result<(), NetDirEr
     let Some(wait_dir) = dir.subdir(&[PRIVATE_DIR, WAIT_DIR], false)? else {
         return Ok(());
     };
-    let Some(ns_dir) = wait_dir.subdir(&[&pod.namespace], false)? else {
+    let Some(ns_dir) = wait_dir.subdir(&[pod.namespace()], false)? else {
         return Ok(());
     };
-    ns_dir.remove(&pod.pod)?;
+    ns_dir.remove(pod.name())?;
     if ns_dir.list()?.is_empty() {
         // Another pod's marker may appear meanwhile only under the lock the caller holds.
-        let _ = wait_dir.remove_dir(&pod.namespace);
+        let _ = wait_dir.remove_dir(pod.namespace());
     }
     Ok(())
 }

@@ -23,9 +23,7 @@ use ipkeep_netdir::{DirFd, EntryKind, NetDirError, NetworkDir, SubDir};
 use super::scan::{
     GENERATION_NAME, RESERVED_DIR, ReservedDirError, Skipped, load_reservations, read_generation,
 };
-use super::schema::{
-    PodKey, ReservationFile, ValidReservation, validate_namespace, validate_pod_name,
-};
+use super::schema::{PodKey, ReservationFile, ValidReservation, validate_namespace};
 use super::snapshot;
 
 /// How many writes (and, separately, how many removals) one hold of the network's lock carries:
@@ -136,10 +134,8 @@ impl ReservationWriter {
         desired: impl IntoIterator<Item = &'a ValidReservation>,
     ) -> Result<ApplyReport, ReservedDirError> {
         let mut report = ApplyReport::default();
-        let want: BTreeMap<PodKey, &ReservationFile> = desired
-            .into_iter()
-            .map(|file| (file.pod_key(), &**file))
-            .collect();
+        let want: BTreeMap<PodKey, &ValidReservation> =
+            desired.into_iter().map(|file| (file.key(), file)).collect();
         let (mut on_disk, removes) = match self.known.take() {
             Some(known) => {
                 let stale = known
@@ -151,10 +147,10 @@ impl ReservationWriter {
             }
             None => (read_and_prune(dir, &want, &mut report)?, Vec::new()),
         };
-        let mut writes: Vec<&ReservationFile> = Vec::new();
+        let mut writes: Vec<&ValidReservation> = Vec::new();
         for (key, file) in &want {
             match on_disk.get(key) {
-                Some(existing) if existing == *file => report.unchanged += 1,
+                Some(existing) if existing == &***file => report.unchanged += 1,
                 _ => writes.push(file),
             }
         }
@@ -179,7 +175,7 @@ impl ReservationWriter {
 /// files no desired file matches and the empty namespace directories; returns the files left.
 fn read_and_prune(
     dir: &NetworkDir,
-    want: &BTreeMap<PodKey, &ReservationFile>,
+    want: &BTreeMap<PodKey, &ValidReservation>,
     report: &mut ApplyReport,
 ) -> Result<BTreeMap<PodKey, ReservationFile>, ReservedDirError> {
     let lock = dir.lock()?;
@@ -211,7 +207,7 @@ fn read_and_prune(
         .collect();
     let mut removed = Vec::new();
     for key in stale {
-        match remove_locked(dir, &key.namespace, &key.pod, &mut section) {
+        match remove_locked(dir, key.namespace(), key.name(), &mut section) {
             Ok(gone) => {
                 current.files.remove(&key);
                 if gone {
@@ -245,7 +241,7 @@ fn read_and_prune(
 /// generation bump), the snapshot patched; `on_disk` follows what succeeded.
 fn run_batch(
     dir: &NetworkDir,
-    writes: &[&ReservationFile],
+    writes: &[&ValidReservation],
     removes: &[PodKey],
     report: &mut ApplyReport,
     on_disk: &mut BTreeMap<PodKey, ReservationFile>,
@@ -254,14 +250,14 @@ fn run_batch(
     let base = snapshot::valid_snapshot(dir);
     let mut section = Section::new();
     let mut ok = true;
-    let mut written: Vec<&ReservationFile> = Vec::with_capacity(writes.len());
+    let mut written: Vec<&ValidReservation> = Vec::with_capacity(writes.len());
     for file in writes {
         match write_locked(dir, file, &mut section) {
             Ok(()) => written.push(*file),
             Err(error) => {
                 ok = false;
                 report.failed.push(StepFailure {
-                    step: Step::Write(file.pod_key()),
+                    step: Step::Write(file.key()),
                     error,
                 });
             }
@@ -269,7 +265,7 @@ fn run_batch(
     }
     let mut removed: Vec<PodKey> = Vec::new();
     for key in removes {
-        match remove_locked(dir, &key.namespace, &key.pod, &mut section) {
+        match remove_locked(dir, key.namespace(), key.name(), &mut section) {
             Ok(gone) => {
                 on_disk.remove(key);
                 if gone {
@@ -286,10 +282,11 @@ fn run_batch(
         }
     }
     section.finish(dir)?;
-    snapshot::patch(dir, &lock, base.filter(|_| ok), &written, &removed)?;
+    let written_files: Vec<&ReservationFile> = written.iter().map(|file| &***file).collect();
+    snapshot::patch(dir, &lock, base.filter(|_| ok), &written_files, &removed)?;
     for file in written {
-        report.written.push(file.pod_key());
-        on_disk.insert(file.pod_key(), ReservationFile::clone(file));
+        report.written.push(file.key());
+        on_disk.insert(file.key(), ReservationFile::clone(file));
     }
     report.removed.extend(removed);
     Ok(())
@@ -306,7 +303,7 @@ pub fn write_reservation(
 ) -> Result<(), ReservedDirError> {
     let mut report = ApplyReport::default();
     // A one-off batch: what it leaves on disk is not remembered.
-    run_batch(dir, &[&**file], &[], &mut report, &mut BTreeMap::new())?;
+    run_batch(dir, &[file], &[], &mut report, &mut BTreeMap::new())?;
     match report.failed.into_iter().next() {
         Some(failure) => Err(failure.error),
         None => Ok(()),
@@ -320,12 +317,7 @@ pub fn remove_reservation(
     namespace: &str,
     pod: &str,
 ) -> Result<bool, ReservedDirError> {
-    validate_namespace(namespace).map_err(ReservedDirError::InvalidName)?;
-    validate_pod_name(pod).map_err(ReservedDirError::InvalidName)?;
-    let key = PodKey {
-        namespace: namespace.to_owned(),
-        pod: pod.to_owned(),
-    };
+    let key = PodKey::new(namespace, pod).map_err(ReservedDirError::InvalidName)?;
     let mut report = ApplyReport::default();
     run_batch(dir, &[], &[key], &mut report, &mut BTreeMap::new())?;
     match report.failed.into_iter().next() {

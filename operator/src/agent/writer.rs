@@ -144,7 +144,7 @@ mod tests {
     fn map(files: &[ReservationFile]) -> BTreeMap<PodKey, ValidReservation> {
         files
             .iter()
-            .map(|f| (f.pod_key(), f.clone().validate().unwrap()))
+            .map(|f| (f.pod_key().unwrap(), f.clone().validate().unwrap()))
             .collect()
     }
 
@@ -184,7 +184,7 @@ mod tests {
 
         let a2 = file("a", "10.0.0.1", Some(1_900_000_000));
         let report = w.apply(&map(&[a2.clone(), b.clone()])).unwrap();
-        assert_eq!(report.written, vec![a2.pod_key()]);
+        assert_eq!(report.written, vec![a2.pod_key().unwrap()]);
         assert!(report.removed.is_empty());
         let ino_after = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path_b).unwrap());
         assert_eq!(ino_b, ino_after, "the unchanged file was rewritten");
@@ -192,7 +192,7 @@ mod tests {
         assert_eq!(read_reservation(&dir, "db", "a").unwrap(), Some(a2.clone()));
 
         let report = w.apply(&map(std::slice::from_ref(&a2))).unwrap();
-        assert_eq!(report.removed, vec![b.pod_key()]);
+        assert_eq!(report.removed, vec![b.pod_key().unwrap()]);
         assert!(!path_b.exists());
         assert_eq!(w.apply(&map(&[a2])).unwrap(), PassReport::default());
     }
@@ -231,7 +231,10 @@ mod tests {
         assert!(report.failed.is_empty(), "{:?}", report.failed);
         assert_eq!(generation(), before + 3, "one bump per batch of 64");
         let dir = NetworkDir::open(&data, "net1").unwrap();
-        let on_disk: BTreeMap<_, _> = next.iter().map(|f| (f.pod_key(), f.clone())).collect();
+        let on_disk: BTreeMap<_, _> = next
+            .iter()
+            .map(|f| (f.pod_key().unwrap(), f.clone()))
+            .collect();
         assert_eq!(load_reservations(&dir).files, on_disk);
         let lock = dir.lock().unwrap();
         let (snapshot, source) = load_reservations_cached(&dir, &lock);

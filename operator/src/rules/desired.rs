@@ -177,8 +177,8 @@ pub fn reservation_file(
     };
     let file = ReservationFile {
         version: FORMAT_VERSION,
-        namespace: pod.namespace.clone(),
-        pod: pod.pod.clone(),
+        namespace: pod.namespace().to_owned(),
+        pod: pod.name().to_owned(),
         ips,
         release_time,
         uid,
@@ -217,7 +217,7 @@ pub fn desired_files<'a>(
                 if let Some(malformed) = defaulted {
                     desired.defaulted.push((r.key.clone(), malformed));
                 }
-                desired.files.insert(file.pod_key(), file);
+                desired.files.insert(file.key(), file);
             }
             Ok(FileDecision::OtherNode) => {}
             Ok(FileDecision::Conflict) => desired.conflicts.push(r.key.clone()),

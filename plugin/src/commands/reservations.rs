@@ -159,7 +159,7 @@ fn holders_of(
             Ok(Occupant::Free) => CurrentHolder::Free,
             Ok(Occupant::Allocation { owner, pod }) => CurrentHolder::Container {
                 container_id: owner.container_id().to_owned(),
-                pod: pod.and_then(|p| PodKey::new(&p.namespace, &p.name).ok()),
+                pod,
             },
             // Unreadable counts as occupied: the exclusive create decides in the end anyway.
             Ok(Occupant::Other) | Err(_) => CurrentHolder::Foreign,
@@ -189,7 +189,7 @@ pub(super) fn plan_add(
     };
     let me = pod_key(facts.conf, log);
     let own = me.as_ref().and_then(|me| {
-        read_reservation(dir, &me.namespace, &me.pod).unwrap_or_else(|e| {
+        read_reservation(dir, me.namespace(), me.name()).unwrap_or_else(|e| {
             log.line(format_args!("ignoring the reservation of pod {me}: {e}"));
             None
         })
@@ -257,8 +257,8 @@ pub(super) fn plan_add(
             let path = dir
                 .path()
                 .join(RESERVED_DIR)
-                .join(&owner.namespace)
-                .join(&owner.pod);
+                .join(owner.namespace())
+                .join(owner.name());
             Err(CniError::internal(format!(
                 "failed to allocate requested IP {ip}: it is reserved for pod {owner} by the active reservation {}",
                 path.display()
@@ -272,7 +272,7 @@ pub(super) fn plan_add(
 /// the network's lock (the caller's store holds it).
 pub(super) fn prune_waits(dir: &NetworkDir, now: Timestamp, log: &mut ReservationLog) {
     let active = |pod: &PodKey| {
-        read_reservation(dir, &pod.namespace, &pod.pod)
+        read_reservation(dir, pod.namespace(), pod.name())
             .ok()
             .flatten()
             .is_some_and(|file| file.is_active(now))
