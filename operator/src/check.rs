@@ -24,8 +24,8 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
 use crate::agent::incharge::report::POD_CONDITION;
-use crate::api::Key;
 use crate::api::{CONDITION_CONFLICT, CONDITION_UNPROTECTED, IPReservation};
+use crate::api::{PodKey, key_of};
 use crate::controller::reconcile::FIELD_MANAGER as CONTROLLER_MANAGER;
 
 /// The CRD's name.
@@ -100,7 +100,7 @@ pub struct AgentView {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReservationView {
     /// Its namespace/name.
-    pub key: Key,
+    pub key: PodKey,
     /// Its node.
     pub node: String,
     /// In conflict.
@@ -502,7 +502,7 @@ pub async fn observe(
             .and_then(since)
     });
     let reservations = listed
-        .map(|l| l.items.iter().map(reservation_view).collect())
+        .map(|l| l.items.iter().filter_map(reservation_view).collect())
         .map_err(|e| why(&e));
     Observed {
         crd,
@@ -538,7 +538,8 @@ fn agent_view(p: &Pod) -> Option<AgentView> {
     })
 }
 
-fn reservation_view(r: &IPReservation) -> ReservationView {
+/// `None` for a reservation whose names are not valid ones (never from a real API server).
+fn reservation_view(r: &IPReservation) -> Option<ReservationView> {
     let condition = |type_: &str| {
         r.status
             .as_ref()
@@ -549,12 +550,12 @@ fn reservation_view(r: &IPReservation) -> ReservationView {
             })
             .map(|c| c.reason.clone())
     };
-    ReservationView {
-        key: Key::of(r),
+    Some(ReservationView {
+        key: key_of(r).ok()?,
         node: r.spec.node_name.clone(),
         conflict: condition(CONDITION_CONFLICT).is_some(),
         unprotected: condition(CONDITION_UNPROTECTED),
-    }
+    })
 }
 
 /// Runs the checks and prints the result; `Ok(false)` when any failed.

@@ -4,14 +4,14 @@
 
 use ipkeep_operator::{
     api::IPReservation,
-    api::Key,
+    api::PodKey,
     controller::{index::AddressIndex, view},
     rules::lifecycle::ReservationView,
 };
 use serde_json::json;
 
-fn key(name: &str) -> Key {
-    Key::new("ns", name)
+fn key(name: &str) -> PodKey {
+    PodKey::new("ns", name).unwrap()
 }
 
 fn reservation(name: &str, node: &str, ips: &[&str], created: &str) -> ReservationView {

@@ -15,8 +15,8 @@ use ipkeep_operator::rules::{
     placement::Placed,
 };
 use ipkeep_operator::{
-    api::Key,
     api::Phase,
+    api::PodKey,
     api::retention::{FoundRetainFor, RetainFor},
 };
 use jiff::Timestamp;
@@ -519,7 +519,7 @@ fn a_hand_made_reservation_is_honoured_from_its_creation_until_its_release_time(
 
 #[test]
 fn the_younger_of_two_reservations_claiming_an_address_gets_a_conflict() {
-    let holder = Key::new("other", "db-0");
+    let holder = PodKey::new("other", "db-0").unwrap();
     let p = pod();
     let r = bound();
     let mut i = input(Some(&p), Some(&r));
@@ -566,15 +566,15 @@ fn the_younger_of_two_reservations_claiming_an_address_gets_a_conflict() {
 fn conflict_holder_is_the_oldest_claim() {
     use ipkeep_operator::rules::lifecycle::{Claim, holder};
     let a = Claim {
-        key: Key::new("ns", "a"),
+        key: PodKey::new("ns", "a").unwrap(),
         created: t("2026-01-01T00:00:00Z"),
     };
     let b = Claim {
-        key: Key::new("ns", "b"),
+        key: PodKey::new("ns", "b").unwrap(),
         created: t("2026-01-02T00:00:00Z"),
     };
     let c = Claim {
-        key: Key::new("ns", "c"),
+        key: PodKey::new("ns", "c").unwrap(),
         created: t("2026-01-02T00:00:00Z"),
     };
     let all = [a.clone(), b.clone(), c.clone()];
@@ -1055,7 +1055,7 @@ fn a_released_reservation_over_its_nodes_budget_yields_and_says_to_whom() {
             source: Source::PodCidrs,
         },
         held: 3,
-        kept: Some(Key::new("ns", "later-0")),
+        kept: Some(PodKey::new("ns", "later-0").unwrap()),
     };
     let r = released("2026-01-10T10:00:00Z", "2026-01-11T10:00:00Z");
     let mut i = input(None, Some(&r));

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ipkeep_operator::{
-    api::{IPReservation, Key, Phase},
+    api::{IPReservation, Phase, PodKey},
     controller::view,
     rules::lifecycle::{Conflict, StatusView},
 };
@@ -23,7 +23,7 @@ fn with_status(status: serde_json::Value) -> IPReservation {
 fn a_conflict_is_written_as_typed_data_and_read_back_from_it() {
     let conflict = Conflict {
         ip: "10.244.1.5".parse().unwrap(),
-        holder: Key::new("other", "web-0"),
+        holder: PodKey::new("other", "web-0").unwrap(),
         since: "2026-01-02T00:00:00Z".parse().unwrap(),
     };
     let status = StatusView {

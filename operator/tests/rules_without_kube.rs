@@ -57,7 +57,10 @@ fn the_check_sees_a_kube_path() {
         ("    let s: kube::core::Selector = x;", 1),
         ("use kube_lease_manager::LeaseManager;", 1),
         ("// kube::Api in a comment is fine", 0),
-        ("use crate::api::Key; // as kube-controller-manager says", 0),
+        (
+            "use crate::api::PodKey; // as kube-controller-manager says",
+            0,
+        ),
     ];
     for (text, want) in cases {
         assert_eq!(kube_paths(text).len(), want, "{text}");

@@ -5,7 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use super::{AgentError, incharge};
 use crate::{
     api::{
-        Key,
+        PodKey,
         retention::{RetainFor, RetainForError},
     },
     runtime::logging::LogArgs,
@@ -134,8 +134,10 @@ impl Args {
             networks: self.networks.clone(),
             data_dir: self.data_dir.to_string_lossy().into_owned(),
             node: self.node_name.clone(),
-            pod: (self.pod_namespace.clone().zip(self.pod_name.clone()))
-                .map(|(namespace, name)| Key::new(namespace, name)),
+            pod: (self.pod_namespace.as_deref().zip(self.pod_name.as_deref()))
+                .map(|(namespace, name)| PodKey::new(namespace, name))
+                .transpose()
+                .map_err(AgentError::OwnPod)?,
         }))
     }
 }

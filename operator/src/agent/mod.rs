@@ -85,6 +85,9 @@ pub enum AgentError {
     /// The node name is empty.
     #[error("failed to start the agent: the node name is empty (set --node-name or NODE_NAME)")]
     NoNodeName,
+    /// `--pod-namespace`/`--pod-name` are not a valid namespace and pod name.
+    #[error("failed to use the agent's own pod (--pod-namespace, --pod-name)")]
+    OwnPod(#[source] ipkeep_reservation::SchemaError),
     /// The plugin binary to compare the node's with cannot be read.
     #[error("failed to read the plugin binary {}", .0.display())]
     PluginBinary(PathBuf, #[source] std::io::Error),

@@ -22,7 +22,7 @@ use super::{
     writer::{NetworkWriter, PassReport},
 };
 use crate::{
-    api::{IPReservation, Key},
+    api::IPReservation,
     rules::{
         desired::{Refusal, desired_files},
         schedule::{Pass, Schedule, Step, Wake},
@@ -270,7 +270,7 @@ fn account(network: &str, report: &PassReport, full: bool, metrics: &AgentMetric
 /// Logs each refused reservation and publishes one Warning Event per object version.
 async fn report_refusals(
     store: &Store<IPReservation>,
-    refused: &[(Key, Refusal)],
+    refused: &[Refusal],
     reported: &mut HashSet<(String, String)>,
     events: &Publisher,
 ) {
@@ -278,11 +278,12 @@ async fn report_refusals(
         reported.clear();
         return;
     }
-    let refused: Vec<(&Key, &Refusal, Arc<IPReservation>)> = refused
+    let refused: Vec<(&Refusal, Arc<IPReservation>)> = refused
         .iter()
-        .filter_map(|(key, refusal)| {
-            let obj = store.get(&ObjectRef::new(&key.name).within(&key.namespace))?;
-            Some((key, refusal, obj))
+        .filter_map(|refusal| {
+            let (namespace, name) = refusal.names();
+            let obj = store.get(&ObjectRef::new(name).within(namespace))?;
+            Some((refusal, obj))
         })
         .collect();
     let version_of = |obj: &IPReservation| {
@@ -293,14 +294,15 @@ async fn report_refusals(
     };
     // Forget versions no longer refused, so the set stays as small as the refusals.
     let current: HashSet<(String, String)> =
-        refused.iter().map(|(_, _, obj)| version_of(obj)).collect();
+        refused.iter().map(|(_, obj)| version_of(obj)).collect();
     reported.retain(|v| current.contains(v));
-    for (key, refusal, obj) in refused {
+    for (refusal, obj) in refused {
         if !reported.insert(version_of(&obj)) {
             continue;
         }
         let note = error_chain(refusal);
-        tracing::warn!(reservation = %key, error = %note, "reservation refused: no file written");
+        let (namespace, name) = refusal.names();
+        tracing::warn!(reservation = %format_args!("{namespace}/{name}"), error = %note, "reservation refused: no file written");
         events.publish(Notice {
             regarding: obj.object_ref(&()),
             type_: EventType::Warning,

@@ -5,19 +5,25 @@
 
 use kube::ResourceExt;
 
-use crate::api::{IPReservation, Key, retention::RetainFor};
-use crate::rules::desired::Reservation;
+use crate::api::{IPReservation, key_of, retention::RetainFor};
+use crate::rules::desired::{Refusal, Reservation};
 
 /// Drops what the agent never reads (`managedFields` is most of an object's size).
 pub fn trim(ipr: &mut IPReservation) {
     ipr.metadata.managed_fields = None;
 }
 
-/// Planning's view of one IPReservation.
-pub fn reservation(ipr: &IPReservation) -> Reservation {
+/// Planning's view of one IPReservation, or its refusal when its namespace or name is not a
+/// valid one (never from a real API server; no file can be named after it).
+pub fn reservation(ipr: &IPReservation) -> Result<Reservation, Refusal> {
+    let key = key_of(ipr).map_err(|source| Refusal::InvalidName {
+        namespace: ipr.namespace().unwrap_or_default(),
+        name: ipr.name_any(),
+        source,
+    })?;
     let status = ipr.status.as_ref();
-    Reservation {
-        key: Key::of(ipr),
+    Ok(Reservation {
+        key,
         uid: ipr.uid(),
         created: ipr.metadata.creation_timestamp.as_ref().map(|t| t.0),
         node_name: ipr.spec.node_name.clone(),
@@ -27,11 +33,13 @@ pub fn reservation(ipr: &IPReservation) -> Reservation {
         released_at: status.and_then(|s| s.released_at.as_ref()).map(|t| t.0),
         release_time: status.and_then(|s| s.release_time.as_ref()).map(|t| t.0),
         in_conflict: ipr.in_conflict(),
-    }
+    })
 }
 
 /// Planning's view of every reservation given.
-pub fn reservations<'a>(all: impl IntoIterator<Item = &'a IPReservation>) -> Vec<Reservation> {
+pub fn reservations<'a>(
+    all: impl IntoIterator<Item = &'a IPReservation>,
+) -> Vec<Result<Reservation, Refusal>> {
     all.into_iter().map(reservation).collect()
 }
 

@@ -10,8 +10,8 @@ use kube::{
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::key::Key;
 use super::{phase::Phase, retention::RetainFor};
+use ipkeep_reservation::PodKey;
 
 /// The API group of ipkeep's resources.
 pub const GROUP: &str = "ipkeep.dev";
@@ -173,7 +173,7 @@ pub struct ConflictStatus {
     /// The address both reservations claim.
     pub ip: IpString,
     /// The older reservation holding it.
-    pub held_by: Key,
+    pub held_by: PodKey,
 }
 
 impl IPReservation {

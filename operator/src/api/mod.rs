@@ -1,5 +1,5 @@
 //! The operator's API, said once: the IPReservation resource and its status, the namespace/name
-//! [`Key`] a pod and its reservation share, the [`Phase`] a reservation is in, and retention
+//! [`PodKey`] a pod and its reservation share ([`key_of`] an object), the [`Phase`] a reservation is in, and retention
 //! ([`retention`]). The controller, the agent, `check` and e2e all import it from here.
 
 mod crd;
@@ -11,5 +11,6 @@ pub use crd::{
     CONDITION_CONFLICT, CONDITION_UNPROTECTED, ConflictStatus, CrdError, GROUP, IPReservation,
     IPReservationSpec, IPReservationStatus, IpString, MANAGED_BY_LABEL, MANAGED_BY_VALUE, crd_yaml,
 };
-pub use key::Key;
+pub use ipkeep_reservation::PodKey;
+pub use key::key_of;
 pub use phase::Phase;

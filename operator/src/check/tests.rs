@@ -18,10 +18,7 @@ fn reservation(
     unprotected: Option<&str>,
 ) -> ReservationView {
     ReservationView {
-        key: Key {
-            namespace: "default".into(),
-            name: name.into(),
-        },
+        key: PodKey::new("default", name).unwrap(),
         node: node.into(),
         conflict,
         unprotected: unprotected.map(Into::into),

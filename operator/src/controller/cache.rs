@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::runtime::{reflector::Lookup, watcher};
 
 use super::view;
-use crate::api::{IPReservation, Key};
+use crate::api::{IPReservation, PodKey};
 use crate::rules::{
     lifecycle::{NameSource, PodView, ReservationView},
     optin,
@@ -105,9 +105,9 @@ impl CachedPod {
         }
     }
 
-    /// The pod's key.
-    pub fn key(&self) -> Key {
-        Key::new(&*self.namespace, &*self.name)
+    /// The pod's key; `None` (logged) if its names are not valid ones.
+    pub fn key(&self) -> Option<PodKey> {
+        checked_key("pod", &self.namespace, &self.name)
     }
 
     /// `metadata.namespace`.
@@ -361,9 +361,9 @@ impl CachedReservation {
         }
     }
 
-    /// The reservation's key.
-    pub fn key(&self) -> Key {
-        Key::new(&*self.namespace, &*self.name)
+    /// The reservation's key; `None` (logged) if its names are not valid ones.
+    pub fn key(&self) -> Option<PodKey> {
+        checked_key("IPReservation", &self.namespace, &self.name)
     }
 
     /// `metadata.namespace`.
@@ -405,6 +405,16 @@ pub fn projected<K, C>(event: watcher::Event<K>, project: impl Fn(&K) -> C) -> w
         watcher::Event::InitApply(o) => watcher::Event::InitApply(project(&o)),
         watcher::Event::InitDone => watcher::Event::InitDone,
     }
+}
+
+/// The key of a cached object, or `None` when its names are not valid ones: a real API server
+/// never returns such an object, so the controller skips it rather than reconcile it.
+fn checked_key(kind: &str, namespace: &str, name: &str) -> Option<PodKey> {
+    PodKey::new(namespace, name)
+        .inspect_err(|e| {
+            tracing::debug!(kind, namespace, name, error = %e, "object with an invalid name skipped");
+        })
+        .ok()
 }
 
 #[cfg(test)]
@@ -474,7 +484,7 @@ mod tests {
             assert_eq!(view.placed, Placed::parse(Some("node-a")));
             assert_eq!(view.name, NameSource::Stable);
             assert_eq!(p.opted_in(None), !finished);
-            assert_eq!(p.key(), Key::new("ns", "web-0"));
+            assert_eq!(p.key(), Some(PodKey::new("ns", "web-0").unwrap()));
         }
     }
 
@@ -548,7 +558,18 @@ mod tests {
             (c.generation, c.has_status, c.observed_generation),
             (Some(2), true, Some(1))
         );
-        assert_eq!(c.key(), Key::new("ns", "web-0"));
+        assert_eq!(c.key(), Some(PodKey::new("ns", "web-0").unwrap()));
         assert_eq!(c.object_ref().kind.as_deref(), Some("IPReservation"));
+    }
+
+    #[test]
+    fn an_object_with_an_invalid_name_has_no_key() {
+        let r: IPReservation = serde_json::from_value(json!({
+            "apiVersion": "ipkeep.dev/v1alpha1", "kind": "IPReservation",
+            "metadata": {"name": "Web_0", "namespace": "ns"},
+            "spec": {"ips": ["10.0.0.1"], "nodeName": "node-a"},
+        }))
+        .unwrap();
+        assert_eq!(CachedReservation::project(&r).key(), None);
     }
 }

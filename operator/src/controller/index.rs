@@ -13,7 +13,7 @@ use std::{
 
 use jiff::Timestamp;
 
-use crate::api::Key;
+use crate::api::PodKey;
 use crate::rules::lifecycle::{Claim, ReservationView};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,12 +26,12 @@ struct Entry {
 /// An address's claimants, sorted: almost always one, kept without a list of its own.
 #[derive(Debug, Clone)]
 enum Claimants {
-    One(Arc<Key>),
-    Many(Vec<Arc<Key>>),
+    One(Arc<PodKey>),
+    Many(Vec<Arc<PodKey>>),
 }
 
 impl Claimants {
-    fn as_slice(&self) -> &[Arc<Key>] {
+    fn as_slice(&self) -> &[Arc<PodKey>] {
         match self {
             Claimants::One(k) => std::slice::from_ref(k),
             Claimants::Many(keys) => keys,
@@ -39,7 +39,7 @@ impl Claimants {
     }
 
     /// Adds `key` in order, unless present.
-    fn insert(&mut self, key: Arc<Key>) {
+    fn insert(&mut self, key: Arc<PodKey>) {
         let mut keys = self.as_slice().to_vec();
         if let Err(at) = keys.binary_search(&key) {
             keys.insert(at, key);
@@ -48,8 +48,8 @@ impl Claimants {
     }
 
     /// Drops `key`; `None` when no claimant is left.
-    fn without(&self, key: &Key) -> Option<Claimants> {
-        let mut keys: Vec<Arc<Key>> = self
+    fn without(&self, key: &PodKey) -> Option<Claimants> {
+        let mut keys: Vec<Arc<PodKey>> = self
             .as_slice()
             .iter()
             .filter(|k| ***k != *key)
@@ -65,10 +65,10 @@ impl Claimants {
 
 #[derive(Debug, Default)]
 struct Inner {
-    by_key: HashMap<Arc<Key>, Entry>,
+    by_key: HashMap<Arc<PodKey>, Entry>,
     /// Each address's claimants, sorted.
     by_address: HashMap<(Arc<str>, IpAddr), Claimants>,
-    by_node: HashMap<Arc<str>, BTreeSet<Arc<Key>>>,
+    by_node: HashMap<Arc<str>, BTreeSet<Arc<PodKey>>>,
 }
 
 /// The address index of the reservations the controller sees.
@@ -97,7 +97,7 @@ impl AddressIndex {
 
     /// Records a reservation; returns the other reservations whose claims it touches (added or
     /// dropped), which must be reconciled again.
-    pub fn upsert(&self, key: Key, r: &ReservationView) -> Vec<Key> {
+    pub fn upsert(&self, key: PodKey, r: &ReservationView) -> Vec<PodKey> {
         let mut inner = self.lock();
         let new = entry(&inner, r);
         if inner.by_key.get(&key) == Some(&new) {
@@ -112,21 +112,21 @@ impl AddressIndex {
     }
 
     /// The reservations on `node`.
-    pub fn on_node(&self, node: &str) -> Vec<Key> {
+    pub fn on_node(&self, node: &str) -> Vec<PodKey> {
         self.lock()
             .by_node
             .get(node)
-            .map(|keys| keys.iter().map(|k| Key::clone(k)).collect())
+            .map(|keys| keys.iter().map(|k| PodKey::clone(k)).collect())
             .unwrap_or_default()
     }
 
     /// Forgets a reservation; returns the others that shared an address with it.
-    pub fn remove(&self, key: &Key) -> Vec<Key> {
+    pub fn remove(&self, key: &PodKey) -> Vec<PodKey> {
         remove(&mut self.lock(), key)
     }
 
     /// Replaces the whole index (after a full list).
-    pub fn rebuild<'a>(&self, all: impl IntoIterator<Item = (Key, &'a ReservationView)>) {
+    pub fn rebuild<'a>(&self, all: impl IntoIterator<Item = (PodKey, &'a ReservationView)>) {
         let mut fresh = Inner::default();
         for (key, r) in all {
             let e = entry(&fresh, r);
@@ -136,7 +136,7 @@ impl AddressIndex {
     }
 
     /// The older reservation holding one of `key`'s addresses, if any: `(address, holder)`.
-    pub fn conflict(&self, key: &Key) -> Option<(IpAddr, Key)> {
+    pub fn conflict(&self, key: &PodKey) -> Option<(IpAddr, PodKey)> {
         let inner = self.lock();
         let me = inner.by_key.get(key)?;
         let my_claim = Claim {
@@ -152,7 +152,7 @@ impl AddressIndex {
                 .iter()
                 .filter_map(|k| {
                     inner.by_key.get(k).map(|e| Claim {
-                        key: Key::clone(k),
+                        key: PodKey::clone(k),
                         created: e.created,
                     })
                 })
@@ -166,7 +166,7 @@ impl AddressIndex {
 }
 
 /// Records `key`'s entry; returns the reservations already claiming one of its addresses.
-fn insert(inner: &mut Inner, key: Key, e: Entry) -> Vec<Key> {
+fn insert(inner: &mut Inner, key: PodKey, e: Entry) -> Vec<PodKey> {
     let key = Arc::new(key);
     let mut touched = Vec::new();
     for ip in &e.ips {
@@ -176,7 +176,7 @@ fn insert(inner: &mut Inner, key: Key, e: Entry) -> Vec<Key> {
             }
             Slot::Occupied(mut slot) => {
                 let claimants = slot.get_mut();
-                touched.extend(claimants.as_slice().iter().map(|k| Key::clone(k)));
+                touched.extend(claimants.as_slice().iter().map(|k| PodKey::clone(k)));
                 claimants.insert(key.clone());
             }
         }
@@ -190,7 +190,7 @@ fn insert(inner: &mut Inner, key: Key, e: Entry) -> Vec<Key> {
     touched
 }
 
-fn remove(inner: &mut Inner, key: &Key) -> Vec<Key> {
+fn remove(inner: &mut Inner, key: &PodKey) -> Vec<PodKey> {
     let mut touched = Vec::new();
     if let Some(old) = inner.by_key.remove(key) {
         if let Some(set) = inner.by_node.get_mut(&old.node) {
@@ -204,7 +204,7 @@ fn remove(inner: &mut Inner, key: &Key) -> Vec<Key> {
             if let Some(claimants) = inner.by_address.get(&slot) {
                 match claimants.without(key) {
                     Some(left) => {
-                        touched.extend(left.as_slice().iter().map(|k| Key::clone(k)));
+                        touched.extend(left.as_slice().iter().map(|k| PodKey::clone(k)));
                         inner.by_address.insert(slot, left);
                     }
                     None => {

@@ -47,7 +47,7 @@ pub use self::{
 };
 use self::{metrics::Metrics, reconcile::Context, watches::Caches};
 use crate::{
-    api::Key,
+    api::PodKey,
     runtime::{
         events::Publisher,
         leader, logging,
@@ -134,7 +134,7 @@ pub async fn run(
         metrics.clone(),
         &settings,
     ));
-    let queue = Arc::new(Queue::<Key>::default());
+    let queue = Arc::new(Queue::<PodKey>::default());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let webhook = match &settings.webhook {
@@ -197,7 +197,7 @@ async fn lead(
     settings: &Settings,
     caches: &Caches,
     ctx: &Arc<Context>,
-    queue: &Queue<Key>,
+    queue: &Queue<PodKey>,
     readiness: &Readiness,
     stop: watch::Receiver<bool>,
 ) -> Result<(), ControllerError> {

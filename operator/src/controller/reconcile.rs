@@ -33,7 +33,7 @@ use crate::rules::{
     optin,
 };
 use crate::{
-    api::Key,
+    api::PodKey,
     api::retention,
     api::{self, IPReservation},
     runtime::events::{EventType, Notice, Outcome, Publisher},
@@ -103,11 +103,11 @@ pub const QUOTA_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(3
 #[derive(Debug, Default)]
 pub struct QuotaWaits {
     /// Pods waiting, by namespace.
-    waiting: HashMap<String, BTreeSet<Key>>,
+    waiting: HashMap<String, BTreeSet<PodKey>>,
     /// Pods already told (one `NotReserved` each) until they are reserved.
-    told: BTreeSet<Key>,
+    told: BTreeSet<PodKey>,
     /// Pods tried again after a deletion in their namespace, and when it was.
-    room: HashMap<Key, std::time::Instant>,
+    room: HashMap<PodKey, std::time::Instant>,
 }
 
 /// What to do with a pod whose reservation the quota refused.
@@ -123,9 +123,9 @@ pub enum QuotaWait {
 
 impl QuotaWaits {
     /// A create for `key` was refused at `now`.
-    pub fn refused(&mut self, key: &Key, now: std::time::Instant) -> QuotaWait {
+    pub fn refused(&mut self, key: &PodKey, now: std::time::Instant) -> QuotaWait {
         self.waiting
-            .entry(key.namespace.clone())
+            .entry(key.namespace().to_owned())
             .or_default()
             .insert(key.clone());
         if let Some(since) = self.room.get(key) {
@@ -142,8 +142,8 @@ impl QuotaWaits {
     }
 
     /// A reservation of `namespace` was deleted at `now`: the pods waiting there, to try again.
-    pub fn room(&mut self, namespace: &str, now: std::time::Instant) -> Vec<Key> {
-        let keys: Vec<Key> = self
+    pub fn room(&mut self, namespace: &str, now: std::time::Instant) -> Vec<PodKey> {
+        let keys: Vec<PodKey> = self
             .waiting
             .remove(namespace)
             .map(|keys| keys.into_iter().collect())
@@ -155,8 +155,8 @@ impl QuotaWaits {
     }
 
     /// `key`'s reservation exists: nothing of it waits any more.
-    pub fn reserved(&mut self, key: &Key) {
-        if let Some(w) = self.waiting.get_mut(&key.namespace) {
+    pub fn reserved(&mut self, key: &PodKey) {
+        if let Some(w) = self.waiting.get_mut(key.namespace()) {
             w.remove(key);
         }
         self.told.remove(key);
@@ -170,17 +170,17 @@ impl OverQuota {
     }
 
     /// A create for `key` was refused by the quota.
-    fn refused(&self, key: &Key) -> QuotaWait {
+    fn refused(&self, key: &PodKey) -> QuotaWait {
         self.lock().refused(key, std::time::Instant::now())
     }
 
     /// A reservation of `namespace` was deleted: the pods waiting there, to try again.
-    pub fn take(&self, namespace: &str) -> Vec<Key> {
+    pub fn take(&self, namespace: &str) -> Vec<PodKey> {
         self.lock().room(namespace, std::time::Instant::now())
     }
 
     /// `key`'s reservation was written.
-    fn reserved(&self, key: &Key) {
+    fn reserved(&self, key: &PodKey) {
         self.lock().reserved(key);
     }
 }
@@ -213,7 +213,7 @@ pub enum ReconcileError {
     #[error("failed to apply the spec of IPReservation {key}")]
     ApplySpec {
         /// The reservation.
-        key: Key,
+        key: PodKey,
         /// kube's error.
         #[source]
         source: kube::Error,
@@ -222,7 +222,7 @@ pub enum ReconcileError {
     #[error("failed to apply the status of IPReservation {key}")]
     ApplyStatus {
         /// The reservation.
-        key: Key,
+        key: PodKey,
         /// kube's error.
         #[source]
         source: kube::Error,
@@ -231,7 +231,7 @@ pub enum ReconcileError {
     #[error("failed to read pod {key} from the API server before deleting its reservation")]
     RecheckPod {
         /// The pod.
-        key: Key,
+        key: PodKey,
         /// kube's error.
         #[source]
         source: kube::Error,
@@ -249,7 +249,7 @@ pub enum ReconcileError {
     #[error("failed to delete IPReservation {key}")]
     Delete {
         /// The reservation.
-        key: Key,
+        key: PodKey,
         /// kube's error.
         #[source]
         source: kube::Error,
@@ -317,7 +317,7 @@ impl Context {
 /// One worker's turn on `key`: reconciles it, times it, and says when to look at it again
 /// (`None`: only when a change enqueues it).
 pub(super) async fn turn(
-    key: Arc<Key>,
+    key: Arc<PodKey>,
     ctx: Arc<Context>,
 ) -> Result<Option<Duration>, ReconcileError> {
     let started = std::time::Instant::now();
@@ -338,7 +338,7 @@ pub(super) async fn turn(
 /// tried again after [`Backoff::RECONCILE`]'s delay for its `failures` in a row.
 pub(super) fn error_policy(
     metrics: &Metrics,
-    key: &Key,
+    key: &PodKey,
     e: &ReconcileError,
     failures: u32,
 ) -> Duration {
@@ -359,12 +359,12 @@ pub struct NodeYielding {
     /// The Released reservations holding its addresses.
     pub held: Vec<Held>,
     /// Those that yield, earliest first.
-    pub yielded: Vec<Key>,
+    pub yielded: Vec<PodKey>,
 }
 
 impl NodeYielding {
     /// Why `key` yields, if it does.
-    pub fn of(&self, key: &Key) -> Option<Yield> {
+    pub fn of(&self, key: &PodKey) -> Option<Yield> {
         let budget = self.budget?;
         self.yielded.contains(key).then(|| {
             let yielded: Vec<&Held> = self
@@ -399,14 +399,14 @@ pub fn node_yielding(ctx: &Context, node: &str) -> NodeYielding {
         .filter_map(|key| {
             let r = ctx
                 .reservations
-                .get(&ObjectRef::new(&key.name).within(&key.namespace))?;
+                .get(&ObjectRef::new(key.name()).within(key.namespace()))?;
             let status = &r.view.status;
             if status.phase != Some(crate::api::Phase::Released) {
                 return None;
             }
             let alive = ctx
                 .pods
-                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .get(&ObjectRef::new(key.name()).within(key.namespace()))
                 .is_some_and(|p| !p.finished);
             if alive {
                 return None;
@@ -431,7 +431,7 @@ pub fn node_yielding(ctx: &Context, node: &str) -> NodeYielding {
 }
 
 /// Reconciles the reservation of the pod name `key`.
-pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError> {
+pub async fn reconcile(key: &PodKey, ctx: &Context) -> Result<Next, ReconcileError> {
     let started = std::time::Instant::now();
     if let Some(until) = ctx.expectations.awaited(key, started) {
         // The watch event carrying the last write enqueues the name again.
@@ -442,10 +442,10 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
     let now = Timestamp::now();
     let pod = ctx
         .pods
-        .get(&ObjectRef::new(&key.name).within(&key.namespace));
+        .get(&ObjectRef::new(key.name()).within(key.namespace()));
     let reservation = ctx
         .reservations
-        .get(&ObjectRef::new(&key.name).within(&key.namespace));
+        .get(&ObjectRef::new(key.name()).within(key.namespace()));
     let owner_name = pod
         .as_ref()
         .and_then(|p| p.owner_statefulset().map(str::to_owned))
@@ -456,7 +456,7 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
         });
     let owner = owner_name.as_ref().and_then(|n| {
         ctx.statefulsets
-            .get(&ObjectRef::new(n).within(&key.namespace))
+            .get(&ObjectRef::new(n).within(key.namespace()))
     });
     let owner_state = match (&owner_name, &owner) {
         (None, _) => OwnerState::None,
@@ -473,7 +473,7 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
     let namespace = match &ctx.namespaces {
         None => namespaces::Verdict::Selected,
         Some(n) => {
-            let found = n.store.get(&ObjectRef::new(&key.namespace));
+            let found = n.store.get(&ObjectRef::new(key.namespace()));
             let unlabelled = BTreeMap::new();
             let labels = found
                 .as_ref()
@@ -525,7 +525,7 @@ pub async fn reconcile(key: &Key, ctx: &Context) -> Result<Next, ReconcileError>
 }
 
 async fn execute(
-    key: &Key,
+    key: &PodKey,
     ctx: &Context,
     plan: Plan,
     pod: Option<Arc<CachedPod>>,
@@ -537,7 +537,7 @@ async fn execute(
         pod: pod.as_deref(),
         owner,
     };
-    let api: Api<IPReservation> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let api: Api<IPReservation> = Api::namespaced(ctx.client.clone(), key.namespace());
     if let (Some(reason), Some(r)) = (plan.delete, reservation.as_deref()) {
         let next = delete(key, ctx, &api, r, reason, owner_annotations.as_ref()).await?;
         if next == Next::AwaitChange {
@@ -549,7 +549,7 @@ async fn execute(
     let mut wrote = false;
     if let Some(spec) = &plan.spec {
         let managed = current.as_ref().is_none_or(|r| r.view.managed);
-        let mut metadata = json!({"name": key.name, "namespace": key.namespace});
+        let mut metadata = json!({"name": key.name(), "namespace": key.namespace()});
         if managed {
             let mut annotations = serde_json::Map::new();
             if let Some(owner) = &spec.owner_statefulset {
@@ -573,7 +573,7 @@ async fn execute(
         });
         let written = match api
             .patch(
-                &key.name,
+                key.name(),
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&body),
             )
@@ -631,7 +631,7 @@ async fn execute(
             });
             let written = api
                 .patch_status(
-                    &key.name,
+                    key.name(),
                     &PatchParams::apply(FIELD_MANAGER).force(),
                     &Patch::Apply(&body),
                 )
@@ -651,7 +651,7 @@ async fn execute(
     {
         let cached = || {
             ctx.reservations
-                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .get(&ObjectRef::new(key.name()).within(key.namespace()))
                 .and_then(|r| r.resource_version().map(str::to_owned))
         };
         ctx.expectations
@@ -665,7 +665,7 @@ async fn execute(
 /// or a LIST that expiries of one namespace share, see [`super::fresh`]), with uid and
 /// resourceVersion preconditions so a reservation changed meanwhile is never deleted.
 async fn delete(
-    key: &Key,
+    key: &PodKey,
     ctx: &Context,
     api: &Api<IPReservation>,
     r: &CachedReservation,
@@ -679,7 +679,7 @@ async fn delete(
     let seen = match reason {
         DeleteReason::Expired { .. } => ctx
             .fresh
-            .expiry_check(&ctx.client, &key.namespace, &key.name)
+            .expiry_check(&ctx.client, key.namespace(), key.name())
             .await
             .map_err(recheck)?,
         _ => Seen::ReadIt,
@@ -691,7 +691,7 @@ async fn delete(
         Seen::Absent
             if ctx
                 .pods
-                .get(&ObjectRef::new(&key.name).within(&key.namespace))
+                .get(&ObjectRef::new(key.name()).within(key.namespace()))
                 .is_some() =>
         {
             Seen::ReadIt
@@ -701,8 +701,8 @@ async fn delete(
     let fresh = match seen {
         Seen::Absent => None,
         Seen::ReadIt => {
-            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.namespace);
-            let pod = pods.get_opt(&key.name).await.map_err(recheck)?;
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), key.namespace());
+            let pod = pods.get_opt(key.name()).await.map_err(recheck)?;
             pod.as_ref().map(CachedPod::project)
         }
     };
@@ -741,7 +741,7 @@ async fn delete(
         }),
         ..DeleteParams::default()
     };
-    match api.delete(&key.name, &params).await {
+    match api.delete(key.name(), &params).await {
         Ok(_) => {
             if let DeleteReason::Expired { due } = reason {
                 let late = Timestamp::now().duration_since(due).as_secs_f64().max(0.0);
@@ -847,8 +847,8 @@ mod tests {
     #[test]
     fn a_refused_pod_is_told_once_and_tried_again_while_the_quota_catches_up() {
         let t0 = std::time::Instant::now();
-        let key = Key::new("ns", "second");
-        let other_ns = Key::new("other", "x");
+        let key = PodKey::new("ns", "second").unwrap();
+        let other_ns = PodKey::new("other", "x").unwrap();
         let mut w = QuotaWaits::default();
         // (step, what happens at t0 + seconds, expected)
         assert_eq!(

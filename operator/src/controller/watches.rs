@@ -26,7 +26,7 @@ use super::{
     view,
 };
 use crate::{
-    api::{IPReservation, Key, Phase},
+    api::{IPReservation, Phase, PodKey},
     rules::namespaces::{NamespaceSelector, Verdicts},
     runtime::queue::Queue,
 };
@@ -83,7 +83,7 @@ pub(super) fn spawn(
     settings: &Settings,
     writers: Writers,
     ctx: &Arc<Context>,
-    queue: &Arc<Queue<Key>>,
+    queue: &Arc<Queue<PodKey>>,
 ) {
     let namespace = settings.namespace.as_deref();
     let mut pod_cfg = watcher::Config::default();
@@ -138,15 +138,15 @@ where
 }
 
 /// Enqueues every name the pod and reservation caches hold (after a relist, or on taking the lead).
-pub(super) fn enqueue_everything(ctx: &Context, queue: &Queue<Key>) {
+pub(super) fn enqueue_everything(ctx: &Context, queue: &Queue<PodKey>) {
     if !queue.active() {
         return;
     }
-    for p in ctx.pods.state() {
-        queue.enqueue(p.key());
+    for key in ctx.pods.state().iter().filter_map(|p| p.key()) {
+        queue.enqueue(key);
     }
-    for r in ctx.reservations.state() {
-        queue.enqueue(r.key());
+    for key in ctx.reservations.state().iter().filter_map(|r| r.key()) {
+        queue.enqueue(key);
     }
 }
 
@@ -155,7 +155,7 @@ async fn watch_pods(
     cfg: watcher::Config,
     writer: Writer<CachedPod>,
     ctx: Arc<Context>,
-    queue: Arc<Queue<Key>>,
+    queue: Arc<Queue<PodKey>>,
 ) {
     let mut events = std::pin::pin!(reflector(
         writer,
@@ -165,7 +165,11 @@ async fn watch_pods(
     ));
     while let Some(event) = events.next().await {
         match event {
-            Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => queue.enqueue(p.key()),
+            Ok(watcher::Event::Apply(p) | watcher::Event::Delete(p)) => {
+                if let Some(key) = p.key() {
+                    queue.enqueue(key);
+                }
+            }
             // After a (re)list, pods deleted during a gap left the cache without a Delete event:
             // look at every name again.
             Ok(watcher::Event::InitDone) => enqueue_everything(&ctx, &queue),
@@ -179,7 +183,7 @@ async fn watch_reservations(
     api: Api<IPReservation>,
     writer: Writer<CachedReservation>,
     ctx: Arc<Context>,
-    queue: Arc<Queue<Key>>,
+    queue: Arc<Queue<PodKey>>,
 ) {
     let mut events = std::pin::pin!(reflector(
         writer,
@@ -190,7 +194,7 @@ async fn watch_reservations(
     while let Some(event) = events.next().await {
         match event {
             Ok(watcher::Event::Apply(r)) => {
-                let key = r.key();
+                let Some(key) = r.key() else { continue };
                 ctx.expectations.observed(&key, r.resource_version());
                 for other in ctx.index.upsert(key.clone(), &r.view) {
                     queue.enqueue(other);
@@ -204,10 +208,10 @@ async fn watch_reservations(
                 queue.enqueue(key);
             }
             Ok(watcher::Event::Delete(r)) => {
-                let key = r.key();
+                let Some(key) = r.key() else { continue };
                 ctx.expectations.observed(&key, None);
                 // Room under the namespace's ResourceQuota.
-                for waiting in ctx.over_quota.take(&key.namespace) {
+                for waiting in ctx.over_quota.take(key.namespace()) {
                     queue.enqueue(waiting);
                 }
                 for other in ctx.index.remove(&key) {
@@ -218,7 +222,8 @@ async fn watch_reservations(
             Ok(watcher::Event::InitDone) => {
                 ctx.expectations.clear();
                 let all = ctx.reservations.state();
-                ctx.index.rebuild(all.iter().map(|r| (r.key(), &r.view)));
+                ctx.index
+                    .rebuild(all.iter().filter_map(|r| Some((r.key()?, &r.view))));
                 enqueue_everything(&ctx, &queue);
             }
             Ok(_) => {}
@@ -233,7 +238,7 @@ async fn watch_statefulsets(
     api: Api<PartialObjectMeta<StatefulSet>>,
     writer: Writer<PartialObjectMeta<StatefulSet>>,
     ctx: Arc<Context>,
-    queue: Arc<Queue<Key>>,
+    queue: Arc<Queue<PodKey>>,
 ) {
     let mut events = std::pin::pin!(
         watcher(api, watcher::Config::default())
@@ -246,15 +251,19 @@ async fn watch_statefulsets(
             Ok(watcher::Event::Apply(s) | watcher::Event::Delete(s)) => {
                 let (ns, name) = (s.namespace().unwrap_or_default(), s.name_any());
                 for p in ctx.pods.state() {
-                    if p.namespace() == ns && p.owner_statefulset() == Some(name.as_str()) {
-                        queue.enqueue(p.key());
+                    if p.namespace() == ns
+                        && p.owner_statefulset() == Some(name.as_str())
+                        && let Some(key) = p.key()
+                    {
+                        queue.enqueue(key);
                     }
                 }
                 for r in ctx.reservations.state() {
                     if r.namespace() == ns
                         && r.view.owner_statefulset.as_deref() == Some(name.as_str())
+                        && let Some(key) = r.key()
                     {
-                        queue.enqueue(r.key());
+                        queue.enqueue(key);
                     }
                 }
             }
@@ -269,7 +278,7 @@ async fn watch_nodes(
     api: Api<Node>,
     writer: Writer<Node>,
     ctx: Arc<Context>,
-    queue: Arc<Queue<Key>>,
+    queue: Arc<Queue<PodKey>>,
 ) {
     let mut events = std::pin::pin!(
         watcher(api, watcher::Config::default())
@@ -283,8 +292,10 @@ async fn watch_nodes(
             Ok(watcher::Event::Delete(n)) => {
                 let name = n.name_any();
                 for r in ctx.reservations.state() {
-                    if r.view.node_name == name {
-                        queue.enqueue(r.key());
+                    if r.view.node_name == name
+                        && let Some(key) = r.key()
+                    {
+                        queue.enqueue(key);
                     }
                 }
             }
@@ -312,7 +323,7 @@ async fn watch_namespaces(
     selector: NamespaceSelector,
     writer: Writer<PartialObjectMeta<Namespace>>,
     ctx: Arc<Context>,
-    queue: Arc<Queue<Key>>,
+    queue: Arc<Queue<PodKey>>,
 ) {
     let mut verdicts = Verdicts::default();
     let mut events = std::pin::pin!(
@@ -349,7 +360,7 @@ fn selected(selector: &NamespaceSelector, n: &PartialObjectMeta<Namespace>) -> b
 }
 
 /// Enqueues every name of `namespace` the caches hold (its pods' and its reservations').
-fn enqueue_namespace(ctx: &Context, queue: &Queue<Key>, namespace: &str) {
+fn enqueue_namespace(ctx: &Context, queue: &Queue<PodKey>, namespace: &str) {
     if !queue.active() {
         return;
     }
@@ -357,9 +368,9 @@ fn enqueue_namespace(ctx: &Context, queue: &Queue<Key>, namespace: &str) {
     let reservations = ctx.reservations.state();
     let keys = pods
         .iter()
-        .map(|p| p.key())
-        .chain(reservations.iter().map(|r| r.key()));
-    for key in keys.filter(|k| k.namespace == namespace) {
+        .filter_map(|p| p.key())
+        .chain(reservations.iter().filter_map(|r| r.key()));
+    for key in keys.filter(|k| k.namespace() == namespace) {
         queue.enqueue(key);
     }
 }

@@ -10,7 +10,7 @@ use ipkeep_hostlocal::{
 };
 use jiff::Timestamp;
 
-use crate::api::Key;
+use crate::api::PodKey;
 
 /// The Node annotation that sets its budget by hand (a whole number of Released reservations).
 pub const NODE_BUDGET: &str = "ipkeep.dev/node-budget";
@@ -121,7 +121,7 @@ pub fn usable_addresses(cidr: &str) -> Option<u128> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
     /// The reservation.
-    pub key: Key,
+    pub key: PodKey,
     /// `status.releasedAt` (for one made by hand and never bound: its creation).
     pub released_at: Timestamp,
     /// Made by an admin for a pod that has not existed yet: yields last.
@@ -235,7 +235,7 @@ mod tests {
     fn the_earliest_released_yield_first_and_those_made_by_hand_last() {
         let at = |s: &str| s.parse::<Timestamp>().unwrap();
         let held = |name: &str, when: &str, by_hand: bool| Held {
-            key: Key::new("ns", name),
+            key: PodKey::new("ns", name).unwrap(),
             released_at: at(when),
             by_hand,
         };
@@ -245,7 +245,11 @@ mod tests {
             held("a", "2026-01-01T00:00:00Z", false),
             held("b", "2026-01-02T00:00:00Z", false),
         ];
-        let names = |v: Vec<&Held>| v.iter().map(|h| h.key.name.clone()).collect::<Vec<_>>();
+        let names = |v: Vec<&Held>| {
+            v.iter()
+                .map(|h| h.key.name().to_owned())
+                .collect::<Vec<_>>()
+        };
         let cases: [(u64, &[&str]); 6] = [
             (4, &[]),
             (9, &[]),
@@ -259,7 +263,7 @@ mod tests {
         }
         let yielded = yielding(2, &released);
         assert_eq!(
-            kept_latest(&released, &yielded).map(|h| h.key.name.as_str()),
+            kept_latest(&released, &yielded).map(|h| h.key.name()),
             Some("c")
         );
     }

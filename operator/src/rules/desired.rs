@@ -3,8 +3,9 @@
 //! disk), with no Kubernetes type, client, disk or clock.
 //!
 //! * [`reservation_file`] turns one reservation into the file the plugin reads, or says why it
-//!   is not written (another node's, in conflict) or refused (a name or address the plugin could
-//!   never use).
+//!   is not written (another node's, in conflict) or refused (an address the plugin could never
+//!   use, missing metadata). A reservation whose names could never be a path never becomes a
+//!   [`Reservation`]: the view refuses it ([`Refusal::InvalidName`]).
 //! * [`desired_files`] does it for every reservation the agent holds; the plugin library's
 //!   writer owns the diff against what is on disk.
 
@@ -16,7 +17,6 @@ use ipkeep_reservation::{
     FORMAT_VERSION, PodKey, ReservationFile, SchemaError, Timestamp, ValidReservation,
 };
 
-use crate::api::Key;
 use crate::api::Phase;
 use crate::api::retention::{Fallback, FoundRetainFor, RetainFor, RetainForError, release_time};
 
@@ -24,7 +24,7 @@ use crate::api::retention::{Fallback, FoundRetainFor, RetainFor, RetainForError,
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
     /// Its namespace and name (the pod's).
-    pub key: Key,
+    pub key: PodKey,
     /// `metadata.uid`.
     pub uid: Option<String>,
     /// `metadata.creationTimestamp`.
@@ -50,10 +50,12 @@ pub struct Reservation {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     /// The namespace or name is not a valid Kubernetes namespace/pod name.
-    #[error("failed to use reservation {key} as a file name")]
+    #[error("failed to use reservation {namespace}/{name} as a file name")]
     InvalidName {
-        /// The reservation's namespace and name as found.
-        key: Key,
+        /// The reservation's namespace as found.
+        namespace: String,
+        /// The reservation's name as found.
+        name: String,
         /// Which rule it breaks.
         #[source]
         source: SchemaError,
@@ -84,6 +86,20 @@ pub enum Refusal {
         #[source]
         source: SchemaError,
     },
+}
+
+impl Refusal {
+    /// The refused reservation's namespace and name, as found.
+    pub fn names(&self) -> (&str, &str) {
+        match self {
+            Refusal::InvalidName {
+                namespace, name, ..
+            } => (namespace, name),
+            Refusal::InvalidAddress { pod, .. }
+            | Refusal::MissingMetadata { pod, .. }
+            | Refusal::InvalidFile { pod, .. } => (pod.namespace(), pod.name()),
+        }
+    }
 }
 
 /// What [`reservation_file`] decided for one reservation.
@@ -134,11 +150,7 @@ pub fn reservation_file(
     if r.in_conflict {
         return Ok(FileDecision::Conflict);
     }
-    let pod =
-        PodKey::new(&r.key.namespace, &r.key.name).map_err(|source| Refusal::InvalidName {
-            key: r.key.clone(),
-            source,
-        })?;
+    let pod = r.key.clone();
     let mut ips = Vec::with_capacity(r.ips.len());
     for ip in &r.ips {
         let parsed: IpAddr = ip.parse().map_err(|_| Refusal::InvalidAddress {
@@ -196,22 +208,30 @@ pub struct Desired {
     /// The files that must exist, by pod.
     pub files: BTreeMap<PodKey, ValidReservation>,
     /// Reservations not written because the controller marked them `Conflict`.
-    pub conflicts: Vec<Key>,
-    /// Reservations refused, and why.
-    pub refused: Vec<(Key, Refusal)>,
+    pub conflicts: Vec<PodKey>,
+    /// Reservations refused, and why (each names its reservation: [`Refusal::names`]).
+    pub refused: Vec<Refusal>,
     /// Reservations written with the default retention in place of their malformed
     /// `spec.retainFor`.
-    pub defaulted: Vec<(Key, RetainForError)>,
+    pub defaulted: Vec<(PodKey, RetainForError)>,
 }
 
-/// Applies [`reservation_file`] to every reservation.
+/// Applies [`reservation_file`] to every reservation, and keeps the refusals of those whose
+/// names are not valid ones (from [`crate::agent::view::reservations`]).
 pub fn desired_files<'a>(
     node: &str,
-    reservations: impl IntoIterator<Item = &'a Reservation>,
+    reservations: impl IntoIterator<Item = &'a Result<Reservation, Refusal>>,
     default_retain_for: Duration,
 ) -> Desired {
     let mut desired = Desired::default();
     for r in reservations {
+        let r = match r {
+            Ok(r) => r,
+            Err(refusal) => {
+                desired.refused.push(refusal.clone());
+                continue;
+            }
+        };
         match reservation_file(r, node, default_retain_for) {
             Ok(FileDecision::Write { file, defaulted }) => {
                 if let Some(malformed) = defaulted {
@@ -221,7 +241,7 @@ pub fn desired_files<'a>(
             }
             Ok(FileDecision::OtherNode) => {}
             Ok(FileDecision::Conflict) => desired.conflicts.push(r.key.clone()),
-            Err(refusal) => desired.refused.push((r.key.clone(), refusal)),
+            Err(refusal) => desired.refused.push(refusal),
         }
     }
     desired

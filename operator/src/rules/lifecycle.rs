@@ -15,7 +15,7 @@ use super::{
     placement::Placed,
 };
 use crate::{
-    api::Key,
+    api::PodKey,
     api::retention::{self, Fallback, FoundRetainFor, RetainFor, written},
 };
 
@@ -117,7 +117,7 @@ pub struct Conflict {
     /// The address both claim.
     pub ip: IpAddr,
     /// The older reservation holding it.
-    pub holder: Key,
+    pub holder: PodKey,
     /// When the condition became true (kept while it stays true).
     pub since: Timestamp,
 }
@@ -179,7 +179,7 @@ pub struct Input<'a> {
     /// The owning StatefulSet's state.
     pub owner: OwnerState,
     /// An older reservation on the same node claiming one of this one's addresses.
-    pub conflict: Option<(IpAddr, &'a Key)>,
+    pub conflict: Option<(IpAddr, &'a PodKey)>,
     /// The `spec.podCIDRs` of the pod's node, when known (to explain changed addresses).
     pub node_pod_cidrs: Option<&'a [IpNet]>,
     /// The reservation's node is known not to exist (the node cache is filled and lacks it).
@@ -200,7 +200,7 @@ pub struct Yield {
     /// How many Released reservations hold addresses on the node.
     pub held: usize,
     /// The latest released reservation that stays: it takes precedence.
-    pub kept: Option<Key>,
+    pub kept: Option<PodKey>,
 }
 
 /// Controller-wide defaults.
@@ -866,7 +866,7 @@ fn parsed_set(ips: &[String]) -> BTreeSet<IpAddr> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
     /// The reservation.
-    pub key: Key,
+    pub key: PodKey,
     /// `metadata.creationTimestamp`.
     pub created: Timestamp,
 }

@@ -9,7 +9,7 @@ use std::{
     fmt,
 };
 
-use crate::api::Key;
+use crate::api::PodKey;
 
 /// A parsed `--namespace-selector`, with the text it was given (Events quote it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,25 +152,25 @@ impl Verdicts {
 /// The pods already told (one `NotReserved`) that their namespace is not selected, by name with
 /// the uid told: a pod is told once, not at every reconcile; a new pod of the name is told again.
 #[derive(Debug, Default)]
-pub struct Told(std::sync::Mutex<HashMap<Key, String>>);
+pub struct Told(std::sync::Mutex<HashMap<PodKey, String>>);
 
 impl Told {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, String>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PodKey, String>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether the pod `uid` of name `key` was told.
-    pub fn contains(&self, key: &Key, uid: &str) -> bool {
+    pub fn contains(&self, key: &PodKey, uid: &str) -> bool {
         self.lock().get(key).is_some_and(|told| told == uid)
     }
 
     /// The pod `uid` of name `key` was told.
-    pub fn insert(&self, key: &Key, uid: &str) {
+    pub fn insert(&self, key: &PodKey, uid: &str) {
         self.lock().insert(key.clone(), uid.to_owned());
     }
 
     /// Nothing of `key` is to be remembered (its pod is gone, or its namespace selected again).
-    pub fn forget(&self, key: &Key) {
+    pub fn forget(&self, key: &PodKey) {
         self.lock().remove(key);
     }
 }
@@ -566,7 +566,7 @@ mod tests {
     #[test]
     fn a_pod_is_told_once_and_a_new_pod_of_its_name_again() {
         let told = Told::default();
-        let key = Key::new("ns", "web-0");
+        let key = PodKey::new("ns", "web-0").unwrap();
         assert!(!told.contains(&key, "uid-1"));
         told.insert(&key, "uid-1");
         assert!(told.contains(&key, "uid-1"));

@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::api::Key;
+use crate::api::PodKey;
 
 /// How long a reconcile waits for the cache to show the controller's own write.
 pub const PATIENCE: Duration = Duration::from_secs(5);
@@ -27,7 +27,7 @@ const SWEEP_ABOVE: usize = 4096;
 /// Per name, the `resourceVersion` of the controller's last write and when it was made.
 #[derive(Debug, Default)]
 pub struct Expectations {
-    awaited: Mutex<HashMap<Key, (String, Instant)>>,
+    awaited: Mutex<HashMap<PodKey, (String, Instant)>>,
 }
 
 impl Expectations {
@@ -36,7 +36,7 @@ impl Expectations {
     /// [`Expectations::observed`] takes, so the watch cannot slip the version in between.
     pub fn expect(
         &self,
-        key: Key,
+        key: PodKey,
         version: String,
         cached: impl FnOnce() -> Option<String>,
         now: Instant,
@@ -53,7 +53,7 @@ impl Expectations {
     }
 
     /// The watch put `version` of `key` in the cache (`None`: deleted).
-    pub fn observed(&self, key: &Key, version: Option<&str>) {
+    pub fn observed(&self, key: &PodKey, version: Option<&str>) {
         let mut awaited = self.awaited.lock().unwrap_or_else(|e| e.into_inner());
         let seen = match (awaited.get(key), version) {
             (Some((want, _)), Some(v)) => want == v,
@@ -66,7 +66,7 @@ impl Expectations {
     }
 
     /// Until when a reconcile of `key` should wait for the cache, if it should.
-    pub fn awaited(&self, key: &Key, now: Instant) -> Option<Instant> {
+    pub fn awaited(&self, key: &PodKey, now: Instant) -> Option<Instant> {
         let mut awaited = self.awaited.lock().unwrap_or_else(|e| e.into_inner());
         let until = awaited.get(key).map(|(_, at)| *at + PATIENCE)?;
         if now >= until {
@@ -89,8 +89,8 @@ impl Expectations {
 mod tests {
     use super::*;
 
-    fn key() -> Key {
-        Key::new("ns", "web-0")
+    fn key() -> PodKey {
+        PodKey::new("ns", "web-0").unwrap()
     }
 
     #[test]

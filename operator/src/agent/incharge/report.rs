@@ -23,8 +23,8 @@ use prometheus::IntGaugeVec;
 use serde_json::json;
 
 use super::evidence::{self, Sources};
-use crate::api::Key;
 use crate::api::{CONDITION_UNPROTECTED, IPReservation};
+use crate::api::{PodKey, key_of};
 use crate::rules::incharge::{Evidence, Explained, Reason, Verdict, decide};
 use crate::runtime::events::{EventType, Notice, Publisher, node_ref};
 use crate::runtime::logging::error_chain;
@@ -48,7 +48,7 @@ pub struct Reporter {
     /// This node's name.
     pub node: String,
     /// The agent's own pod, whose condition says the node's state.
-    pub pod: Option<Key>,
+    pub pod: Option<PodKey>,
 }
 
 /// The node as a whole: protected when every network is in charge.
@@ -109,9 +109,9 @@ pub type Mark<'a> = Option<(&'a str, &'a str)>;
 /// Which reservations need a write for `state` (pure): `true` to mark, `false` to clear. A
 /// reservation already marked with the same reason and message is left alone.
 pub fn marks_to_write<'a>(
-    current: impl IntoIterator<Item = (Key, Mark<'a>)>,
+    current: impl IntoIterator<Item = (PodKey, Mark<'a>)>,
     state: &NodeState,
-) -> Vec<(Key, bool)> {
+) -> Vec<(PodKey, bool)> {
     current
         .into_iter()
         .filter_map(|(key, mark)| match (state.in_charge, mark) {
@@ -205,7 +205,8 @@ pub async fn run(
         }
         let all = store.state();
         let changes = marks_to_write(
-            all.iter().map(|o| (Key::of(o.as_ref()), mark_of(o))),
+            all.iter()
+                .filter_map(|o| Some((key_of(o.as_ref()).ok()?, mark_of(o)))),
             &state,
         );
         for (key, mark) in changes {
@@ -260,12 +261,13 @@ fn announce(
 
 async fn write_pod_condition(
     client: &Client,
-    pod: Option<&Key>,
+    pod: Option<&PodKey>,
     state: &NodeState,
 ) -> Result<(), kube::Error> {
-    let Some(Key { namespace, name }) = pod else {
+    let Some(pod) = pod else {
         return Ok(());
     };
+    let (namespace, name) = (pod.namespace(), pod.name());
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let condition = json!({
         "type": POD_CONDITION,
@@ -285,10 +287,10 @@ async fn write_pod_condition(
 
 async fn write_mark(
     client: &Client,
-    key: &Key,
+    key: &PodKey,
     mark: Option<&NodeState>,
 ) -> Result<(), kube::Error> {
-    let api: Api<IPReservation> = Api::namespaced(client.clone(), &key.namespace);
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), key.namespace());
     let conditions: Vec<Condition> = mark
         .map(|s| Condition {
             type_: CONDITION_UNPROTECTED.into(),
@@ -306,7 +308,7 @@ async fn write_mark(
         "status": {"conditions": conditions},
     });
     api.patch_status(
-        &key.name,
+        key.name(),
         &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(&body),
     )
@@ -318,11 +320,8 @@ async fn write_mark(
 mod tests {
     use super::*;
 
-    fn key(n: &str) -> Key {
-        Key {
-            namespace: "ns".into(),
-            name: n.into(),
-        }
+    fn key(n: &str) -> PodKey {
+        PodKey::new("ns", n).unwrap()
     }
 
     #[test]

@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use crate::agent::view;
 use crate::api::retention::RetainForError;
 use crate::api::{
-    ConflictStatus, IPReservation, IPReservationSpec, IPReservationStatus, IpString, Key, Phase,
+    ConflictStatus, IPReservation, IPReservationSpec, IPReservationStatus, IpString, Phase,
 };
 use crate::rules::desired::*;
 
@@ -58,7 +58,7 @@ fn conflicted(mut r: IPReservation, status: &str) -> IPReservation {
     if status == "True" {
         st.conflict = Some(ConflictStatus {
             ip: IpString("10.0.0.5".into()),
-            held_by: Key::new("db", "older"),
+            held_by: PodKey::new("db", "older").unwrap(),
         });
     }
     st.conditions.push(Condition {
@@ -155,7 +155,7 @@ fn release_time_rules() {
         ),
     ];
     for (what, r, want, want_defaulted) in cases {
-        let got = reservation_file(&view::reservation(&r), "node-a", DAY).unwrap();
+        let got = reservation_file(&view::reservation(&r).unwrap(), "node-a", DAY).unwrap();
         let FileDecision::Write { file: f, defaulted } = got else {
             panic!("{what}: expected a file, got {got:?}");
         };
@@ -257,7 +257,7 @@ fn decisions_and_refusals() {
     ];
     for (what, r, want) in cases {
         match (
-            reservation_file(&view::reservation(&r), "node-a", DAY),
+            view::reservation(&r).and_then(|r| reservation_file(&r, "node-a", DAY)),
             want,
         ) {
             (Ok(FileDecision::OtherNode), "other")
@@ -277,7 +277,7 @@ fn decisions_and_refusals() {
         }
     }
     let FileDecision::Write { file: f, .. } = reservation_file(
-        &view::reservation(&bound(ipr("db", "v6", "node-a", &["::ffff:10.0.0.9"]))),
+        &view::reservation(&bound(ipr("db", "v6", "node-a", &["::ffff:10.0.0.9"]))).unwrap(),
         "node-a",
         DAY,
     )
@@ -301,7 +301,24 @@ fn desired_files_of_a_node() {
         d.files.keys().cloned().collect::<Vec<_>>(),
         vec![key("db", "a"), key("web", "a")]
     );
-    assert_eq!(d.conflicts, vec![Key::new("db", "c")]);
+    assert_eq!(d.conflicts, vec![key("db", "c")]);
     assert_eq!(d.refused.len(), 1);
-    assert_eq!(d.refused[0].0, Key::new("db", "D"));
+    assert_eq!(d.refused[0].names(), ("db", "D"));
+}
+
+#[test]
+fn invalid_names_are_refused_as_found() {
+    let refusal = view::reservation(&bound(ipr("db", "D", "node-a", &["10.0.0.4"]))).unwrap_err();
+    assert_eq!(refusal.names(), ("db", "D"));
+    assert_eq!(
+        refusal.to_string(),
+        "failed to use reservation db/D as a file name"
+    );
+    assert!(matches!(
+        refusal,
+        Refusal::InvalidName {
+            source: ipkeep_reservation::SchemaError::InvalidPodName { .. },
+            ..
+        }
+    ));
 }
