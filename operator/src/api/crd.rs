@@ -157,13 +157,29 @@ pub struct IPReservationStatus {
     /// Set while an older reservation on the same node holds one of the addresses: which address
     /// and which reservation. The `Conflict` condition says the same for people; the agent
     /// writes no file for such a reservation.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "conflict_as_found"
+    )]
     pub conflict: Option<ConflictStatus>,
     /// Standard conditions: `Conflict` when an older reservation holds the same address (the
     /// controller's), `Unprotected` while ipkeep is not in charge on the node (the agent's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// `status.conflict` as the API holds it, or nothing when it cannot be read: a `heldBy` whose
+/// names are not valid (a status edited by hand; the controller writes only valid ones) must not
+/// make the whole reservation undecodable, which would stall every watch that lists it. The
+/// controller computes the conflict again and writes it back.
+fn conflict_as_found<'de, D>(deserializer: D) -> Result<Option<ConflictStatus>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let value = Option::<serde_json::Value>::deserialize(deserializer)?;
+    Ok(value.and_then(|v| serde_json::from_value(v).ok()))
 }
 
 /// An address of this reservation that an older reservation on the same node holds.
@@ -195,4 +211,35 @@ pub enum CrdError {
 /// The CustomResourceDefinition as YAML, exactly as `crds/ipreservations.ipkeep.dev.yaml` holds it.
 pub fn crd_yaml() -> Result<String, CrdError> {
     serde_saphyr::to_string(&IPReservation::crd()).map_err(CrdError::Serialize)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_conflict_held_by_an_invalid_name_reads_as_none_and_the_rest_of_the_status_is_kept() {
+        let status = |held_by: serde_json::Value| {
+            serde_json::from_value::<IPReservationStatus>(serde_json::json!({
+                "phase": "Bound",
+                "conflict": { "ip": "10.0.0.5", "heldBy": held_by },
+            }))
+            .unwrap()
+        };
+        let valid = status(serde_json::json!({ "namespace": "db", "name": "older" }));
+        assert_eq!(
+            valid.conflict.unwrap().held_by,
+            PodKey::new("db", "older").unwrap()
+        );
+        for invalid in [
+            serde_json::json!({ "namespace": "Not_A_Namespace", "name": "older" }),
+            serde_json::json!({ "namespace": "db", "name": "" }),
+            serde_json::json!({ "namespace": "db" }),
+        ] {
+            let read = status(invalid.clone());
+            assert_eq!(read.conflict, None, "{invalid}");
+            assert_eq!(read.phase, Some(Phase::Bound), "{invalid}");
+        }
+    }
 }
