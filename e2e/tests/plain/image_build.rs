@@ -304,7 +304,8 @@ fn a_dynamically_linked_binary_is_refused() {
         std::fs::copy(&dynamic, bins.join(b)).unwrap();
     }
     let out = Command::new(repo_root().join("scripts/build-image.sh"))
-        .arg(&bins)
+        .arg(bins.join("ipkeep"))
+        .arg(bins.join("ipkeep-operator"))
         .arg(work.join("never.oci.tar"))
         .env("IPKEEP_BUILDAH_ROOT", work.join("buildah"))
         .output()
