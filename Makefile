@@ -40,7 +40,8 @@ STEP := scripts/step.sh
 
 .PHONY: all build plugin check test lint deps packaging-deps docker-deps demo bench bench-controller bench-scale bench-agent \
   bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins flannel-bins crio-bins docker-plugin \
-  bench-docker plan-demo plan-test check-fresh release release-check previous-release arm64-deps arm64 test-arm64
+  bench-docker plan-demo plan-test check-fresh release release-check previous-release arm64-deps arm64 test-arm64 \
+  registry-bin
 
 all: build
 
@@ -87,6 +88,13 @@ flannel-bins: deps
 crio-bins: deps
 	@e2e/cluster/build.sh --crio >/dev/null
 
+## registry-bin: the OCI registry the harness runs on the host with TLS and a login (the
+## distribution project's `registry`, version in e2e/cluster/versions.env), which make publish is
+## tested against and the real nodes pull ipkeep from, and registry-htpasswd, which writes its
+## bcrypt logins; the same kind of cache.
+registry-bin:
+	@e2e/cluster/build.sh --registry >/dev/null
+
 build:
 	$(CARGO) build --workspace --all-targets
 
@@ -113,8 +121,8 @@ check: lint
 # The real-control-plane suites and the kubectl tests use the binaries `make cluster-bins` built
 # (kubectl of the same version as the API server), never the machine's own. lint comes first: it
 # fails in minutes, before the long builds.
-test: plan-test lint deps packaging-deps docker-deps cluster-bins node-bins flannel-bins crio-bins plugin image \
-  docker-plugin previous-release
+test: plan-test lint deps packaging-deps docker-deps cluster-bins node-bins flannel-bins crio-bins registry-bin plugin \
+  image docker-plugin previous-release
 	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
 	  node_bin_dir=$$(e2e/cluster/build.sh --print-node-bin-dir) && \
 	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
@@ -122,6 +130,7 @@ test: plan-test lint deps packaging-deps docker-deps cluster-bins node-bins flan
 	  export IPKEEP_NODE_BIN_DIR="$$node_bin_dir" IPKEEP_NODE_IMAGE_DIR="$$node_image_dir" && \
 	  export IPKEEP_FLANNEL_BIN_DIR="$$(e2e/cluster/build.sh --print-flannel-bin-dir)" && \
 	  export IPKEEP_CRIO_BIN_DIR="$$(e2e/cluster/build.sh --print-crio-bin-dir)" && \
+	  export IPKEEP_REGISTRY_BIN_DIR="$$(e2e/cluster/build.sh --print-registry-bin-dir)" && \
 	  echo "make test: control plane binaries and kubectl from $$bin_dir, node binaries from $$node_bin_dir" && \
 	  $(CARGO) test --workspace --no-fail-fast 2>&1 | tee target/test.log && \
 	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \
