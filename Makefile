@@ -50,8 +50,8 @@ all: build
 deps:
 	@./scripts/install-deps.sh
 
-## packaging-deps: install what the images and the chart tests use (buildah, readelf,
-## kubernetes-validate in .venv).
+## packaging-deps: install what the images, the release and the chart tests use (buildah, readelf,
+## jq, kubernetes-validate in .venv).
 packaging-deps:
 	@./scripts/install-packaging-deps.sh
 
@@ -305,7 +305,9 @@ check-fresh:
 release-check:
 	@scripts/release.sh --check
 
-## release: the release artifacts of the workspace version in target/release-artifacts/: the chart
-## (helm package) and the image archive ipkeep-<version>.oci.tar. See CHANGELOG.md.
-release: release-check cluster-bins image
+## release: the artifacts of the workspace version in target/release-artifacts/: the image index
+## ipkeep-<version>.oci.tar (linux/amd64 and linux/arm64), the chart package ipkeep-<version>.tgz,
+## the SBOM ipkeep-<version>.cdx.json, a RELEASE note (released or UNRELEASED, the digests, each
+## platform's image size) and SHA256SUMS. See docs/testing.md#releases-make-release.
+release: release-check packaging-deps cluster-bins image image-arm64 sbom
 	@scripts/release.sh

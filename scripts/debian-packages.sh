@@ -47,6 +47,8 @@ DEBIAN_PACKAGES=(
   'packaging-deps|buildah|command -v buildah'
   # readelf: the images' and the Docker plugin's binaries must be static.
   'packaging-deps|binutils|command -v readelf'
+  # make release reads the OCI JSON of the images and of the index it writes with jq.
+  'packaging-deps|jq|command -v jq'
   # The project's .venv for kubernetes-validate (the chart tests).
   'packaging-deps|python3-venv|python3 -c "import ensurepip"'
   # A real dockerd (and its containerd, runc) the tests start by hand with their own data root,
