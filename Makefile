@@ -41,7 +41,7 @@ STEP := scripts/step.sh
 .PHONY: all build plugin check test lint deps packaging-deps docker-deps demo bench bench-controller bench-scale bench-agent \
   bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins flannel-bins crio-bins docker-plugin \
   bench-docker plan-demo plan-test check-fresh release release-check previous-release arm64-deps arm64 test-arm64 \
-  registry-bin
+  registry-bin publish
 
 all: build
 
@@ -50,8 +50,8 @@ all: build
 deps:
 	@./scripts/install-deps.sh
 
-## packaging-deps: install what the images, the release and the chart tests use (buildah, readelf,
-## jq, kubernetes-validate in .venv).
+## packaging-deps: install what the images, the release, its publishing and the chart tests use
+## (buildah, readelf, skopeo, jq, kubernetes-validate in .venv).
 packaging-deps:
 	@./scripts/install-packaging-deps.sh
 
@@ -311,3 +311,16 @@ release-check:
 ## platform's image size) and SHA256SUMS. See docs/testing.md#releases-make-release.
 release: release-check packaging-deps cluster-bins image image-arm64 sbom
 	@scripts/release.sh
+
+## publish: make release's image index (every manifest in it) pushed as $(REGISTRY)/ipkeep:<version>
+## and its chart as oci://$(REGISTRY)/charts/ipkeep (scripts/publish.sh), with the user's own
+## logins (buildah login, helm registry login); CA_FILE=ca.pem for a registry with a private CA.
+## Says the index digest, each platform's manifest digest and image size.
+# Refused before anything is built when REGISTRY is missing.
+ifneq ($(filter publish,$(MAKECMDGOALS)),)
+ifeq ($(REGISTRY),)
+$(error make publish needs REGISTRY=host[:port], the registry to push to (see docs/testing.md#publishing-make-publish))
+endif
+endif
+publish: release
+	@scripts/publish.sh "$(REGISTRY)" $(if $(CA_FILE),--ca-file "$(CA_FILE)")

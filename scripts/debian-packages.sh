@@ -47,7 +47,9 @@ DEBIAN_PACKAGES=(
   'packaging-deps|buildah|command -v buildah'
   # readelf: the images' and the Docker plugin's binaries must be static.
   'packaging-deps|binutils|command -v readelf'
-  # make release reads the OCI JSON of the images and of the index it writes with jq.
+  # make publish copies the image index, every manifest in it, to a registry (skopeo copy --all),
+  # and says what the registry serves; make release and make publish read the OCI JSON with jq.
+  'packaging-deps|skopeo|command -v skopeo'
   'packaging-deps|jq|command -v jq'
   # The project's .venv for kubernetes-validate (the chart tests).
   'packaging-deps|python3-venv|python3 -c "import ensurepip"'
