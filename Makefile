@@ -122,7 +122,7 @@ check: lint
 # (kubectl of the same version as the API server), never the machine's own. lint comes first: it
 # fails in minutes, before the long builds.
 test: plan-test lint deps packaging-deps docker-deps cluster-bins node-bins flannel-bins crio-bins registry-bin plugin \
-  image docker-plugin previous-release
+  image image-arm64 sbom docker-plugin previous-release
 	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
 	  node_bin_dir=$$(e2e/cluster/build.sh --print-node-bin-dir) && \
 	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
