@@ -41,7 +41,7 @@ STEP := scripts/step.sh
 .PHONY: all build plugin check test lint deps packaging-deps docker-deps demo bench bench-controller bench-scale bench-agent \
   bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins flannel-bins crio-bins docker-plugin \
   bench-docker plan-demo plan-test check-fresh release release-check previous-release arm64-deps arm64 test-arm64 \
-  registry-bin publish
+  image-arm64 sbom registry-bin publish
 
 all: build
 
@@ -117,12 +117,13 @@ check: lint
 
 ## test: every test CI runs (needs root for the network-namespace tests and the real nodes); the
 ## plugin's suites run twice, against the debug build and against the static release binary that
-## ships. The image archive (`make image`) is what the chart test installs on the real nodes.
+## ships, then the arm64 build's under qemu-user (make test-arm64). The image archive (`make image`)
+## is what the chart test installs on the real nodes.
 # The real-control-plane suites and the kubectl tests use the binaries `make cluster-bins` built
 # (kubectl of the same version as the API server), never the machine's own. lint comes first: it
 # fails in minutes, before the long builds.
-test: plan-test lint deps packaging-deps docker-deps cluster-bins node-bins flannel-bins crio-bins registry-bin plugin \
-  image image-arm64 sbom docker-plugin previous-release
+test: plan-test lint deps packaging-deps docker-deps arm64-deps cluster-bins node-bins flannel-bins crio-bins registry-bin plugin image \
+  image-arm64 sbom docker-plugin previous-release
 	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
 	  node_bin_dir=$$(e2e/cluster/build.sh --print-node-bin-dir) && \
 	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
@@ -134,7 +135,9 @@ test: plan-test lint deps packaging-deps docker-deps cluster-bins node-bins flan
 	  echo "make test: control plane binaries and kubectl from $$bin_dir, node binaries from $$node_bin_dir" && \
 	  $(CARGO) test --workspace --no-fail-fast 2>&1 | tee target/test.log && \
 	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \
-	  IPKEEP_TEST_BIN=$(CURDIR)/$(PLUGIN_BIN) $(CARGO) test -p ipkeep-plugin --tests 2>&1 | tee -a target/test.log
+	  IPKEEP_TEST_BIN=$(CURDIR)/$(PLUGIN_BIN) $(CARGO) test -p ipkeep-plugin --tests 2>&1 | tee -a target/test.log && \
+	  echo "make test: the arm64 build's suites under qemu-user (make test-arm64)" && \
+	  $(ARM64_ENV) && ./scripts/test-arm64.sh $(ARM64_DIR) 2>&1 | tee -a target/test.log
 	@# One closing line for the whole run: cargo prints one per test binary, the last often "0 passed".
 	@awk '/^test result: / { p += $$4; f += $$6; i += $$8 } \
 	  END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i; if (p == 0 || f > 0) exit 1 }' target/test.log
@@ -279,17 +282,38 @@ arm64-deps:
 	@./scripts/install-arm64-deps.sh
 
 ## arm64: both shipped binaries cross-built for aarch64, static, each with its profile, into
-## $(ARM64_DIR) (scripts/build-arm64.sh; Debian's compiler, its own target directory).
+## $(ARM64_DIR) (scripts/build-arm64.sh; Debian's compiler). Its cargo target directory is a cache
+## outside the work tree keyed by Cargo.lock, as the Go-built binaries' are: cold, the aarch64
+## dependencies take about 10 min of a 2-core machine, and a fresh clone must not pay that again
+## (cargo rebuilds whatever changed; a key no longer current is removed).
 ARM64_DIR := target/arm64
+ARM64_CACHE := $(HOME)/.cache/ipkeep
+ARM64_TARGET_DIR := $(ARM64_CACHE)/target-aarch64-$(shell sha256sum Cargo.lock | cut -c1-12)
+ARM64_ENV := export CARGO_TARGET_DIR=$(ARM64_TARGET_DIR) && mkdir -p $(ARM64_CACHE) && \
+  find $(ARM64_CACHE) -maxdepth 1 -name 'target-aarch64-*' ! -path '$(ARM64_TARGET_DIR)' -exec rm -rf {} +
 arm64: arm64-deps
-	@$(STEP) arm64 "ipkeep and ipkeep-operator for aarch64 (Debian's cross toolchain)" \
+	@$(ARM64_ENV) && $(STEP) arm64 "ipkeep and ipkeep-operator for aarch64 (Debian's cross toolchain)" \
 	  ./scripts/build-arm64.sh $(ARM64_DIR)
+
+## image-arm64: the image for arm64 nodes, from `make arm64`'s binaries, into $(IMAGE_ARM64_ARCHIVE)
+## (same name and tag as make image's; make release puts both in one image index).
+IMAGE_ARM64_ARCHIVE := target/image/ipkeep-arm64.oci.tar
+image-arm64: packaging-deps arm64
+	@$(STEP) image-arm64 "the arm64 image archive $(IMAGE_ARM64_ARCHIVE) (buildah)" \
+	  ./scripts/build-image.sh $(ARM64_DIR)/ipkeep $(ARM64_DIR)/ipkeep-operator $(IMAGE_ARM64_ARCHIVE) $(IMAGE_REF)
+
+## sbom: the image's SBOM: CycloneDX (JSON) of each of its binaries' Rust dependency graph, for amd64
+## and for arm64, written by cargo-cyclonedx (built from its crate once into a version-keyed cache
+## outside the work tree) into $(SBOM_DIR). See scripts/sbom.sh.
+SBOM_DIR := target/sbom
+sbom:
+	@$(STEP) sbom "the image's SBOM in $(SBOM_DIR) (cargo-cyclonedx)" ./scripts/sbom.sh $(SBOM_DIR)
 
 ## test-arm64: the plugin's black-box suites against the arm64 plugin and the operator's unit tests,
 ## cross-compiled and run under qemu-user (scripts/test-arm64.sh says which six tests qemu cannot
-## run: the neighbour table over netlink). Not part of make test yet: about 20 min cold.
+## run: the neighbour table over netlink). make test runs it after the amd64 suites.
 test-arm64: arm64-deps
-	@./scripts/test-arm64.sh $(ARM64_DIR)
+	@$(ARM64_ENV) && ./scripts/test-arm64.sh $(ARM64_DIR)
 
 ## check-fresh: the README's first commands on a machine without what the install steps install
 ## (root, Debian; run it before resolving any change to an install step or a dependency): removes
@@ -307,7 +331,7 @@ release-check:
 
 ## release: the artifacts of the workspace version in target/release-artifacts/: the image index
 ## ipkeep-<version>.oci.tar (linux/amd64 and linux/arm64), the chart package ipkeep-<version>.tgz,
-## the SBOM ipkeep-<version>.cdx.json, a RELEASE note (released or UNRELEASED, the digests, each
+## make sbom's four SBOMs ipkeep-<version>-<binary>.<arch>.cdx.json, a RELEASE note (released or UNRELEASED, the digests, each
 ## platform's image size) and SHA256SUMS. See docs/testing.md#releases-make-release.
 release: release-check packaging-deps cluster-bins image image-arm64 sbom
 	@scripts/release.sh

@@ -6,6 +6,7 @@
 #
 # PLUGIN_BIN is `ipkeep` (the release profile), OPERATOR_BIN `ipkeep-operator` (the daemon
 # profile), both statically linked: a FROM scratch image has no C library (make image builds them).
+# The image is for their architecture, amd64 or arm64 (make image-arm64 passes the aarch64 ones).
 # OUT_ARCHIVE is written as an OCI archive (`oci-archive:` for buildah, skopeo, podman) with the
 # reference name TAG (default ipkeep:<workspace version>).
 # buildah keeps its storage under $IPKEEP_BUILDAH_ROOT (default target/buildah) with the vfs driver,
@@ -32,11 +33,19 @@ for b in "$plugin_bin" "$operator_bin"; do
   fi
 done
 
-case "$(uname -m)" in
-  x86_64) arch=amd64 ;;
-  aarch64) arch=arm64 ;;
-  *) die "no image architecture known for $(uname -m)" ;;
-esac
+# The image's architecture is its binaries' (make image-arm64 builds the arm64 image on this x86_64
+# machine): both must be of one, and one the index knows.
+# elf_arch BINARY: the OCI architecture of an ELF file, from its header's machine field.
+elf_arch() {
+  case "$(LC_ALL=C od -An -tu2 -j18 -N2 "$1" | tr -d ' ')" in
+    62) echo amd64 ;;
+    183) echo arm64 ;;
+    *) die "$1 is for no architecture the image is built for (amd64, arm64)" ;;
+  esac
+}
+arch=$(elf_arch "$plugin_bin")
+[ "$(elf_arch "$operator_bin")" = "$arch" ] \
+  || die "$plugin_bin is $arch but $operator_bin is $(elf_arch "$operator_bin"): one image holds one architecture"
 
 root=${IPKEEP_BUILDAH_ROOT:-$PWD/target/buildah}
 mkdir -p "$root" "$(dirname "$out")"

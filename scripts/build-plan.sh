@@ -45,6 +45,8 @@ mapfile -t missing < <(debian_packages_missing "${steps[@]}")
 [ -x "$release/ipkeep" ] || part 0 "ipkeep (the CNI plugin), a static release build"
 [ -x "$daemon/ipkeep-operator" ] || part 3 "ipkeep-operator (controller, agent, install-cni), a static daemon-profile build"
 part 0 "the image ipkeep:<version> (buildah) from those two"
+# The parts every run has, cached or not: the plan says more only when something else is missing.
+always=1
 case $goal in
   demo)
     [ -x "$target_dir/debug/ipkeep-e2e" ] || part 3 "the demo program (ipkeep-e2e, a debug build)"
@@ -60,10 +62,19 @@ case $goal in
     [ -f "$(scripts/build-previous-release.sh --print-dir)/ipkeep.oci.tar" ] \
       || part 8 "the previous release (the upgrade test's start: its image and chart) from its own commit, once per release"
     [ -x "$target_dir/debug/ipkeep-e2e" ] || part 8 "make lint (clippy) and the test binaries, debug builds"
+    # The arm64 packages, the aarch64 cache and the SBOM tool: as the Makefile names them.
+    dpkg-query -W -f='${Status}' libstd-rust-web-dev:arm64 2>/dev/null | grep -q 'install ok installed' \
+      || part 3 "Debian's arm64 cross toolchain (rustc-web, libstd-rust-web-dev:arm64, gcc-aarch64-linux-gnu, qemu-user; about 1.1 GB)"
+    compgen -G "${XDG_CACHE_HOME:-$HOME/.cache}/ipkeep/target-aarch64-$(sha256sum Cargo.lock | cut -c1-12)" >/dev/null \
+      || part 10 "the arm64 build's dependencies (cached outside the work tree, keyed by Cargo.lock)"
+    part 4 "ipkeep and ipkeep-operator for arm64, their image, and their tests under qemu-user"
+    always=2
+    compgen -G "${XDG_CACHE_HOME:-$HOME/.cache}/ipkeep/cargo-cyclonedx-*/bin/cargo-cyclonedx" >/dev/null \
+      || part 2 "cargo-cyclonedx (the SBOM tool) from its crate, once per machine"
     ;;
 esac
 
-if [ ${#parts[@]} -eq 1 ]; then
+if [ ${#parts[@]} -eq "$always" ]; then
   echo "make $goal: everything it runs is built; checking it is up to date" >&2
   exit 0
 fi

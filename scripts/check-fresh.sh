@@ -6,7 +6,8 @@
 #
 #   scripts/check-fresh.sh [--cold-go] [--dry-run]     (make check-fresh ARGS="...")
 #
-#   1. Purges the Debian packages of scripts/debian-packages.sh that are installed, and the
+#   1. Purges the Debian packages of scripts/debian-packages.sh and of the arm64 cross toolchain
+#      (scripts/arm64-toolchain.sh; then the arm64 architecture too) that are installed, and the
 #      packages installed only for them, but never one the system needs: it keeps every package
 #      that is Essential or of priority required, important or standard (every standard Debian
 #      installation has them), and every package another installed package depends on. It refuses
@@ -24,6 +25,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/debian-packages.sh
 . scripts/debian-packages.sh
+# shellcheck source=scripts/arm64-toolchain.sh
+. scripts/arm64-toolchain.sh
+# make test installs the arm64 cross toolchain too (make arm64-deps): its packages are removed alike.
+DEBIAN_PACKAGES+=("${ARM64_DEBIAN_PACKAGES[@]}")
+STEPS=(deps packaging-deps docker-deps arm64-deps)
 
 say() { echo "check-fresh: $*" >&2; }
 die() { echo "check-fresh: error: $*" >&2; exit 1; }
@@ -54,7 +60,7 @@ removed_by() {
 }
 in_list() { local x=$1; shift; local y; for y in "$@"; do [ "$x" = "$y" ] && return 0; done; return 1; }
 
-mapfile -t listed < <(debian_packages deps packaging-deps docker-deps)
+mapfile -t listed < <(debian_packages "${STEPS[@]}")
 remove=()
 kept=()
 for pkg in "${listed[@]}"; do
@@ -135,8 +141,14 @@ fi
 
 if [ ${#purge[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq "${purge[@]}" >/dev/null
-  mapfile -t now_missing < <(debian_packages_missing deps packaging-deps docker-deps)
+  mapfile -t now_missing < <(debian_packages_missing "${STEPS[@]}")
   say "removed; missing now: ${now_missing[*]:-nothing}"
+fi
+# The arm64 architecture goes with its last package (make arm64-deps adds it again).
+if dpkg --print-foreign-architectures | grep -Fx arm64 >/dev/null \
+  && [ -z "$(dpkg-query -W -f='${Architecture}\n' 2>/dev/null | grep -x arm64)" ]; then
+  dpkg --remove-architecture arm64
+  say "removed the arm64 architecture from dpkg"
 fi
 rm -rf "$repo/.venv"
 if [ -n "$cold_go" ]; then

@@ -2,8 +2,9 @@
 //! rendered manifests validated (`chart_helm`), the chart's values table (`chart_values_doc`), the
 //! image built with buildah and unpacked (`image_build`, root), `scripts/release.sh --check`
 //! in scratch git repositories (`release_check`), the release published to the harness's registry
-//! and pulled back (`release_publish`, root), and the controller bench's plot drawn from its
-//! committed CSV (`plot_script`). One test binary, each suite a module; they touch
+//! and pulled back (`release_publish`, root), the image's SBOM against cargo's resolution and
+//! Cargo.lock (`sbom`), and the controller bench's plot drawn from its committed CSV
+//! (`plot_script`). One test binary, each suite a module; they touch
 //! disjoint files, so they run side by side.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -13,3 +14,4 @@ mod image_build;
 mod plot_script;
 mod release_check;
 mod release_publish;
+mod sbom;
