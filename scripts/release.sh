@@ -18,8 +18,9 @@
 #                                      and make image-arm64's archives, each checked to be named
 #                                      ipkeep:<version>), named ipkeep:<version>, every manifest in it
 #                                  ipkeep-<version>.tgz      helm package of charts/ipkeep
-#                                  ipkeep-<version>.cdx.json make sbom's CycloneDX SBOM of the
-#                                      image's binaries
+#                                  ipkeep-<version>-<binary>.<arch>.cdx.json  make sbom's
+#                                      CycloneDX SBOM of each binary the image holds, ipkeep and
+#                                      ipkeep-operator, for amd64 and arm64 (four files)
 #                                  RELEASE                   what they are: the version, released
 #                                      (its commit and tag) or unreleased (main between releases:
 #                                      the artifacts of the next version, never a release), the
@@ -137,8 +138,14 @@ for tool in buildah jq; do
 done
 amd64_image=target/image/ipkeep.oci.tar
 arm64_image=target/image/ipkeep-arm64.oci.tar
-sbom=target/sbom/ipkeep.cdx.json
-for f in "$amd64_image:make image" "$arm64_image:make image-arm64" "$sbom:make sbom"; do
+sbom_dir=target/sbom
+sboms=()
+for binary in ipkeep ipkeep-operator; do
+  for arch in amd64 arm64; do sboms+=("$binary.$arch.cdx.json"); done
+done
+inputs=("$amd64_image:make image" "$arm64_image:make image-arm64")
+for f in "${sboms[@]}"; do inputs+=("$sbom_dir/$f:make sbom"); done
+for f in "${inputs[@]}"; do
   [ -s "${f%%:*}" ] || die "${f%%:*} is missing: run ${f#*:} (make release does)"
 done
 for image in "$amd64_image" "$arm64_image"; do
@@ -179,7 +186,7 @@ platforms=$(jq -r '[.manifests[].platform | "\(.os)/\(.architecture)"] | sort | 
 HELM_CONFIG_HOME=$helm_home/config HELM_CACHE_HOME=$helm_home/cache HELM_DATA_HOME=$helm_home/data \
   "$helm" package charts/ipkeep --destination "$out" >/dev/null
 [ -s "$out/ipkeep-$version.tgz" ] || die "helm package wrote no $out/ipkeep-$version.tgz"
-cp "$sbom" "$out/ipkeep-$version.cdx.json"
+for f in "${sboms[@]}"; do cp "$sbom_dir/$f" "$out/ipkeep-$version-$f"; done
 
 head=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 dirty=
@@ -197,7 +204,9 @@ dirty=
     echo "  $platform $digest $size bytes"
   done < <(jq -r '.manifests[] | "\(.platform.os)/\(.platform.architecture) \(.digest)"' <<<"$index_json")
 } >"$out/RELEASE"
-artifacts=("ipkeep-$version.oci.tar" "ipkeep-$version.tgz" "ipkeep-$version.cdx.json" RELEASE)
+artifacts=("ipkeep-$version.oci.tar" "ipkeep-$version.tgz")
+for f in "${sboms[@]}"; do artifacts+=("ipkeep-$version-$f"); done
+artifacts+=(RELEASE)
 (cd "$out" && sha256sum "${artifacts[@]}" >SHA256SUMS)
 
 while IFS= read -r line; do say "$line"; done <"$out/RELEASE"

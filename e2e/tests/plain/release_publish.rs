@@ -9,7 +9,8 @@
 //! `make previous-release`) is published with the same script's explicit inputs, as the upgrade
 //! tests start from it.
 //!
-//! Needs root (buildah's storage), `make image`, `make image-arm64`, `make sbom`,
+//! Needs root (buildah's storage), `make image`, `make image-arm64`, `make sbom` (its four SBOMs,
+//! copied into the release),
 //! `make previous-release`, `make registry-bin`, `make cluster-bins` (helm) and `make
 //! packaging-deps` (buildah, skopeo, jq): fails naming what to run, never skips.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -158,13 +159,18 @@ async fn the_release_is_published_and_pulled_back_for_both_architectures() {
         "the release test needs root (buildah's storage): run it as root"
     );
     let image_root = repo_root().join("target");
-    for (file, make) in [
-        ("image/ipkeep.oci.tar", "make image"),
-        ("image/ipkeep-arm64.oci.tar", "make image-arm64"),
-        ("sbom/ipkeep.cdx.json", "make sbom"),
-    ] {
+    let sboms: Vec<String> = ["ipkeep", "ipkeep-operator"]
+        .iter()
+        .flat_map(|b| ["amd64", "arm64"].map(|arch| format!("{b}.{arch}.cdx.json")))
+        .collect();
+    let mut inputs = vec![
+        ("image/ipkeep.oci.tar".to_owned(), "make image"),
+        ("image/ipkeep-arm64.oci.tar".to_owned(), "make image-arm64"),
+    ];
+    inputs.extend(sboms.iter().map(|f| (format!("sbom/{f}"), "make sbom")));
+    for (file, make) in inputs {
         assert!(
-            image_root.join(file).is_file(),
+            image_root.join(&file).is_file(),
             "target/{file} is missing: run {make} (make test does)"
         );
     }
@@ -186,12 +192,13 @@ async fn the_release_is_published_and_pulled_back_for_both_architectures() {
     let said = testkit::checked(release, None);
     let said = String::from_utf8_lossy(&said.stderr).into_owned();
     eprintln!("{said}");
-    for file in [
+    let mut files = vec![
         format!("ipkeep-{version}.oci.tar"),
         format!("ipkeep-{version}.tgz"),
-        format!("ipkeep-{version}.cdx.json"),
         "RELEASE".to_owned(),
-    ] {
+    ];
+    files.extend(sboms.iter().map(|f| format!("ipkeep-{version}-{f}")));
+    for file in files {
         assert!(
             artifacts.join(&file).is_file(),
             "{file} not written: {said}"
