@@ -54,6 +54,8 @@ case $goal in
       || part 2 "flanneld and flannel's CNI plugin from their Go modules, once per machine"
     [ -d "$(e2e/cluster/build.sh --print-crio-bin-dir)" ] \
       || part 3 "CRI-O and the upstream CNI plugins from their Go modules, once per machine"
+    [ -d "$(e2e/cluster/build.sh --print-registry-bin-dir)" ] \
+      || part 1 "the OCI registry (distribution) from its Go module, once per machine"
     [ -x "$daemon/ipkeep-docker" ] || part 2 "ipkeep-docker (the Docker IPAM driver), a static daemon-profile build"
     [ -f "$(scripts/build-previous-release.sh --print-dir)/ipkeep.oci.tar" ] \
       || part 8 "the previous release (the upgrade test's start: its image and chart) from its own commit, once per release"
