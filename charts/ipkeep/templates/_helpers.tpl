@@ -1,3 +1,27 @@
+{{/*
+ipkeep.defaults: every template includes it first. It sets each value (values.yaml's documented
+keys; a map such as `resources` is one value) that Helm passed without to its default, from
+files/defaults.json (generated from values.yaml; a test holds the two equal). `helm upgrade
+--reuse-values` renders a chart with the previous release's chart defaults, which lack every value
+added since: with this it renders as `--reset-then-reuse-values` does for those, and no value a
+release added is ever missing. What a value holds stays, even false, 0 or "".
+*/}}
+{{- define "ipkeep.defaults" -}}
+{{- range $path, $default := .Files.Get "files/defaults.json" | fromJson -}}
+{{- $map := $.Values -}}
+{{- $keys := splitList "." $path -}}
+{{- range initial $keys -}}
+{{- if not (kindIs "map" (get $map .)) -}}
+{{- $_ := set $map . dict -}}
+{{- end -}}
+{{- $map = get $map . -}}
+{{- end -}}
+{{- if not (hasKey $map (last $keys)) -}}
+{{- $_ := set $map (last $keys) $default -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The chart name, overridable. */}}
 {{- define "ipkeep.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
@@ -34,12 +58,14 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
-{{/* The image reference: the digest wins over the tag; the tag defaults to appVersion. */}}
+{{/* The image reference: the digest wins over the tag; the tag defaults to appVersion. No
+repository is refused here, at helm install, rather than as ImagePullBackOff on every node. */}}
 {{- define "ipkeep.image" -}}
+{{- $repository := required "image.repository is not set: set it to the registry and repository your nodes pull ipkeep's image from, e.g. --set image.repository=registry.example.internal/ipkeep (README.md, \"Install with Helm\")" .Values.image.repository -}}
 {{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- printf "%s@%s" $repository .Values.image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 {{- end -}}
 

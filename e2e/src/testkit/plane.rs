@@ -224,6 +224,8 @@ pub async fn chart_rbac(plane: &'static ControlPlane) -> &'static str {
                 "templates/controller-rbac.yaml",
                 "--show-only",
                 "templates/agent-rbac.yaml",
+                super::repo::UNPULLED_IMAGE[0],
+                super::repo::UNPULLED_IMAGE[1],
             ],
             None,
         );

@@ -20,6 +20,11 @@ pub fn chart_dir() -> PathBuf {
     repo_root().join("charts/ipkeep")
 }
 
+/// The chart's one value without a default, for helm on the control plane alone, where no kubelet
+/// pulls the image: a repository (the chart refuses to render without one).
+pub const UNPULLED_IMAGE: [&str; 2] =
+    ["--set", "image.repository=registry.example.internal/ipkeep"];
+
 /// The repository's generated CRDs (`crds/`): the real IPReservation CRD with its selectable
 /// `spec.nodeName`.
 pub fn repo_crds() -> PathBuf {

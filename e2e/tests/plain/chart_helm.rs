@@ -111,11 +111,15 @@ const VARIANTS: &[Variant] = &[
     },
 ];
 
+/// The one value every install sets (the chart's default is empty, refused at install): a
+/// repository users' nodes pull from.
+const REPOSITORY: &str = "image.repository=registry.example.internal/ipkeep";
+
 impl Variant {
-    /// helm's arguments for this variant.
+    /// helm's arguments for this variant: the defaults but the image's repository, or a file.
     fn args(&self) -> Vec<String> {
         if self.name == "default" {
-            return Vec::new();
+            return set_args(&[]);
         }
         let file = chart_dir()
             .join("ci")
@@ -129,8 +133,10 @@ fn variant(name: &str) -> &'static Variant {
     VARIANTS.iter().find(|v| v.name == name).unwrap()
 }
 
+/// `--set` each of `sets` after the image's repository (so a set may override it).
 fn set_args(sets: &[&str]) -> Vec<String> {
-    sets.iter()
+    std::iter::once(&REPOSITORY)
+        .chain(sets)
         .flat_map(|s| ["--set".to_owned(), (*s).to_owned()])
         .collect()
 }
@@ -382,7 +388,11 @@ fn the_controller_is_two_hardened_leader_elected_replicas() {
     // The chart's appVersion, which release-check holds equal to the workspace version.
     assert_eq!(
         c["image"],
-        format!("ipkeep:{}", env!("CARGO_PKG_VERSION")).as_str()
+        format!(
+            "registry.example.internal/ipkeep:{}",
+            env!("CARGO_PKG_VERSION")
+        )
+        .as_str()
     );
     assert_eq!(
         strings(&c["args"]),
@@ -902,11 +912,6 @@ fn bad_values_are_rejected_with_a_message_naming_them() {
             "agent.networks[0]=../etc",
             &["/agent/networks/0", "does not match pattern"],
         ),
-        (
-            "agent.networks=null",
-            &["/agent", "missing property 'networks'"],
-        ),
-        ("cni.binDir=null", &["/cni", "missing property 'binDir'"]),
         ("logging.format=xml", &["/logging/format", "'text', 'json'"]),
         (
             "controller.defaultRetainFor=forever",
@@ -978,6 +983,56 @@ fn bad_values_are_rejected_with_a_message_naming_them() {
         err.contains("metrics.serviceMonitor.enabled needs metrics.service.enabled"),
         "{err}"
     );
+}
+
+#[test]
+fn an_install_without_an_image_repository_is_refused_naming_the_value() {
+    let dir = Scratch::new("chart-no-repository");
+    let no_value = template(dir.path(), &[], &[]);
+    let empty = template(dir.path(), &set_args(&["image.repository="]), &[]);
+    for (how, result) in [("no value", no_value), ("an empty one", empty)] {
+        let err = result.err().unwrap_or_else(|| panic!("{how}: rendered"));
+        for fragment in [
+            "image.repository is not set",
+            "--set image.repository=",
+            "README.md, \"Install with Helm\"",
+        ] {
+            assert!(err.contains(fragment), "{how}: {fragment:?} not in: {err}");
+        }
+    }
+}
+
+/// `helm upgrade --reuse-values` renders the new chart with the previous release's chart
+/// defaults, which lack every value added since; `--set <key>=null` removes a key from the values
+/// the same way. With any one value or section removed the chart renders exactly as with the
+/// defaults: the schema requires none, and the templates take each from files/defaults.json.
+#[test]
+fn any_absent_value_renders_as_its_default_as_reuse_values_needs() {
+    let text = std::fs::read_to_string(chart_dir().join("files/defaults.json")).unwrap();
+    let defaults: serde_json::Map<String, Value> = serde_json::from_str(&text).unwrap();
+    // Each value's path and each section above it, once.
+    let removable: BTreeSet<String> = defaults
+        .keys()
+        .flat_map(|path| {
+            path.match_indices('.')
+                .map(|(at, _)| path[..at].to_owned())
+                .chain([path.clone()])
+                .collect::<Vec<_>>()
+        })
+        // The repository has no default to fall back on: its absence is refused (above).
+        .filter(|p| p != "image" && p != "image.repository")
+        .collect();
+    assert!(removable.len() > 50, "only {} keys", removable.len());
+    let dir = Scratch::new("chart-absent-values");
+    let reference = template(dir.path(), &set_args(&[]), &[]).unwrap();
+    for path in &removable {
+        let rendered = template(dir.path(), &set_args(&[&format!("{path}=null")]), &[])
+            .unwrap_or_else(|e| panic!("without {path}: {e}"));
+        assert!(
+            rendered == reference,
+            "without {path} the chart renders otherwise"
+        );
+    }
 }
 
 #[test]

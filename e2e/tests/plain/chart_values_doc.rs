@@ -1,9 +1,9 @@
-//! `docs/chart.md`'s values table, generated from `charts/ipkeep/values.yaml`, so the two cannot
-//! drift. The convention is helm-docs': a `# --` comment right above a key documents it (further
+//! `docs/chart.md`'s values table and the chart's `files/defaults.json`, generated from
+//! `charts/ipkeep/values.yaml`, so none can drift. The convention is helm-docs': a `# --` comment right above a key documents it (further
 //! `#` lines continue it), the default is the value in the file. Done here in a few lines of Rust
 //! instead of a new tool: the test generates the table and fails when `docs/chart.md` holds another
 //! one between its markers, or when a value has no comment. `IPKEEP_UPDATE_DOCS=1` rewrites the
-//! table in `docs/chart.md` instead of failing.
+//! table in `docs/chart.md` and `files/defaults.json` instead of failing.
 //!
 //! Rows: every documented key. A documented key whose map holds documented keys is a section (its
 //! row has no default; its keys follow); any other documented key is a value, whose default is its
@@ -111,47 +111,97 @@ fn cell(text: &str) -> String {
     text.replace('|', "\\|").replace('<', "&lt;")
 }
 
-/// The generated table, or the keys that have no comment (`path (line N)`).
-fn table(yaml: &str) -> Result<String, Vec<String>> {
-    let values: Value = serde_saphyr::from_str(yaml).expect("the values file is YAML");
-    let keys: Vec<Key> = scan(yaml)
-        .into_iter()
-        .filter(|k| lookup(&values, &k.path).is_some())
-        .collect();
+/// One row of the values table: a section (a documented map of documented keys) or a value.
+enum Row<'a> {
+    Section {
+        path: &'a str,
+        doc: &'a str,
+    },
+    Value {
+        path: &'a str,
+        doc: &'a str,
+        value: &'a Value,
+    },
+}
+
+/// The rows of a values file in file order, or the keys that have no comment (`path (line N)`).
+fn rows<'a>(values: &'a Value, keys: &'a [Key]) -> Result<Vec<Row<'a>>, Vec<String>> {
     let under = |key: &Key, parent: &Key| key.path.starts_with(&format!("{}.", parent.path));
     let is_section = |key: &Key| keys.iter().any(|k| k.doc.is_some() && under(k, key));
-    let mut rows = vec![
-        "| value | type | default | description |".to_owned(),
-        "|---|---|---|---|".to_owned(),
-    ];
+    let mut rows = Vec::new();
     let mut undocumented = Vec::new();
-    for key in &keys {
+    for key in keys {
         // Inside a value (documented or not, reported once): part of that value's default.
         let inside_a_value = keys.iter().any(|k| !is_section(k) && under(key, k));
         if inside_a_value {
             continue;
         }
-        let value = lookup(&values, &key.path).expect("kept keys have a value");
+        let value = lookup(values, &key.path).expect("kept keys have a value");
         match (&key.doc, is_section(key)) {
-            (Some(doc), true) => {
-                rows.push(format!("| `{}` | object | | {} |", key.path, cell(doc)))
-            }
-            (Some(doc), false) => rows.push(format!(
-                "| `{}` | {} | `{}` | {} |",
-                key.path,
-                type_name(value),
-                cell(&value.to_string()),
-                cell(doc)
-            )),
+            (Some(doc), true) => rows.push(Row::Section {
+                path: &key.path,
+                doc,
+            }),
+            (Some(doc), false) => rows.push(Row::Value {
+                path: &key.path,
+                doc,
+                value,
+            }),
             (None, true) => {}
             (None, false) => undocumented.push(format!("{} (line {})", key.path, key.line)),
         }
     }
     if undocumented.is_empty() {
-        Ok(rows.join("\n") + "\n")
+        Ok(rows)
     } else {
         Err(undocumented)
     }
+}
+
+/// The values file parsed, and its keys that hold a value.
+fn parse(yaml: &str) -> (Value, Vec<Key>) {
+    let values: Value = serde_saphyr::from_str(yaml).expect("the values file is YAML");
+    let keys = scan(yaml)
+        .into_iter()
+        .filter(|k| lookup(&values, &k.path).is_some())
+        .collect();
+    (values, keys)
+}
+
+/// The generated table, or the keys that have no comment (`path (line N)`).
+fn table(yaml: &str) -> Result<String, Vec<String>> {
+    let (values, keys) = parse(yaml);
+    let mut lines = vec![
+        "| value | type | default | description |".to_owned(),
+        "|---|---|---|---|".to_owned(),
+    ];
+    for row in rows(&values, &keys)? {
+        lines.push(match row {
+            Row::Section { path, doc } => format!("| `{path}` | object | | {} |", cell(doc)),
+            Row::Value { path, doc, value } => format!(
+                "| `{path}` | {} | `{}` | {} |",
+                type_name(value),
+                cell(&value.to_string()),
+                cell(doc)
+            ),
+        });
+    }
+    Ok(lines.join("\n") + "\n")
+}
+
+/// The chart's `files/defaults.json`: each value's dotted path and its default, in file order.
+/// The templates lay these under any value Helm passes without (`ipkeep.defaults` in
+/// `_helpers.tpl`: `helm upgrade --reuse-values` passes the previous release's defaults).
+fn defaults(yaml: &str) -> Result<String, Vec<String>> {
+    let (values, keys) = parse(yaml);
+    let map: serde_json::Map<String, Value> = rows(&values, &keys)?
+        .into_iter()
+        .filter_map(|row| match row {
+            Row::Value { path, value, .. } => Some((path.to_owned(), value.clone())),
+            Row::Section { .. } => None,
+        })
+        .collect();
+    Ok(serde_json::to_string_pretty(&map).expect("JSON values print") + "\n")
 }
 
 /// `doc` with the text between the markers replaced by `generated`; `None` without both markers.
@@ -201,6 +251,37 @@ fn docs_chart_md_holds_the_table_generated_from_values_yaml() {
         "docs/chart.md's values table differs from charts/ipkeep/values.yaml at {}\n\
          regenerate it: {UPDATE_ENV}=1 cargo test -p ipkeep-e2e --test plain chart_values_doc::",
         first_difference(&generated, found)
+    );
+}
+
+#[test]
+fn the_chart_holds_its_defaults_generated_from_values_yaml() {
+    let yaml = std::fs::read_to_string(root().join("charts/ipkeep/values.yaml")).unwrap();
+    let path = root().join("charts/ipkeep/files/defaults.json");
+    let generated = defaults(&yaml).unwrap_or_else(|missing| {
+        panic!("values without a `# --` comment in charts/ipkeep/values.yaml: {missing:?}")
+    });
+    if std::fs::read_to_string(&path).ok().as_deref() == Some(generated.as_str()) {
+        return;
+    }
+    if std::env::var_os(UPDATE_ENV).is_some() {
+        std::fs::write(&path, generated).unwrap();
+        eprintln!("{UPDATE_ENV} is set: rewrote {}", path.display());
+        return;
+    }
+    panic!(
+        "{} is not generated from charts/ipkeep/values.yaml\n\
+         regenerate it: {UPDATE_ENV}=1 cargo test -p ipkeep-e2e --test plain chart_values_doc::",
+        path.display()
+    );
+}
+
+#[test]
+fn the_defaults_are_each_values_path_and_default() {
+    let yaml = "# -- The image.\nimage:\n  # -- Repository.\n  repository: \"\"\n# -- Resources.\nresources:\n  limits:\n    memory: 1Gi\nmetrics:\n  service:\n    # -- Create it.\n    enabled: true\n";
+    assert_eq!(
+        defaults(yaml).unwrap(),
+        "{\n  \"image.repository\": \"\",\n  \"resources\": {\n    \"limits\": {\n      \"memory\": \"1Gi\"\n    }\n  },\n  \"metrics.service.enabled\": true\n}\n"
     );
 }
 

@@ -12,7 +12,7 @@ use ipkeep_e2e::testkit;
 
 use ipkeep_e2e::cluster::{ControlPlane, shared};
 use ipkeep_e2e::testkit::plane::UninstallOnDrop;
-use testkit::{chart_dir, kubectl_json, kubectl_ok, run_ok, wait_for};
+use testkit::{UNPULLED_IMAGE, chart_dir, kubectl_json, kubectl_ok, run_ok, wait_for};
 
 /// helm against the cluster (its homes in the cluster's state directory).
 fn helm(plane: &ControlPlane, args: &[&str]) -> String {
@@ -70,7 +70,14 @@ async fn install_upgrade_and_uninstall_leave_the_cluster_clean() {
     let fullname = format!("{release}-ipkeep");
 
     // Install: the real API server accepts every manifest; the CRD comes from crds/.
-    let out = helm(plane, &["install", &release, &chart_dir, "-n", &ns]);
+    let out = helm(
+        plane,
+        &[
+            &["install", &release, &chart_dir, "-n", &ns][..],
+            &UNPULLED_IMAGE,
+        ]
+        .concat(),
+    );
     let _uninstall = UninstallOnDrop::new(plane, &release, &ns);
     assert!(out.contains("STATUS: deployed"), "{out}");
     assert!(
@@ -176,7 +183,11 @@ async fn install_upgrade_and_uninstall_leave_the_cluster_clean() {
     // And back to the defaults (--reset-values): what went comes back.
     helm(
         plane,
-        &["upgrade", &release, &chart_dir, "-n", &ns, "--reset-values"],
+        &[
+            &["upgrade", &release, &chart_dir, "-n", &ns, "--reset-values"][..],
+            &UNPULLED_IMAGE,
+        ]
+        .concat(),
     );
     let back = release_objects(plane, &ns, &release);
     assert!(back.contains(&format!("poddisruptionbudget.policy/{fullname}-controller")));

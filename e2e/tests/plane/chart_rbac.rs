@@ -51,7 +51,8 @@ use k8s_openapi::api::authorization::v1::{
 use kube::{Api, api::PostParams};
 use serde_json::Value;
 use testkit::{
-    DEADLINE, Scratch, chart_dir, checked, kubectl_json, kubectl_ok, ok, operator_binary, wait_for,
+    DEADLINE, Scratch, UNPULLED_IMAGE, chart_dir, checked, kubectl_json, kubectl_ok, ok,
+    operator_binary, wait_for,
 };
 
 /// A container of a pod template as the API server holds it: its command line and environment,
@@ -1102,6 +1103,7 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         .args(["install", release_name])
         .arg(chart_dir())
         .args(["-n", &ns, "--set", "cni.replaceHostLocal=true"])
+        .args(UNPULLED_IMAGE)
         .args(["--set", "controller.normalEvents=true"]);
     checked(install, None);
     let installed = t0.elapsed();
@@ -1267,6 +1269,7 @@ async fn with_a_namespace_selector_the_controller_lists_and_watches_namespaces_o
         .arg(chart_dir())
         .args(["-n", &ns])
         .args(values)
+        .args(UNPULLED_IMAGE)
         .args(["--set", &format!("controller.namespaceSelector={SELECTOR}")]);
     checked(install, None);
     let _uninstall = UninstallOnDrop::new(plane, release, &ns);
@@ -1283,6 +1286,7 @@ async fn with_a_namespace_selector_the_controller_lists_and_watches_namespaces_o
             "templates/controller-rbac.yaml",
         ];
         args.extend(values);
+        args.extend(UNPULLED_IMAGE);
         let yaml = testkit::run_ok(plane.helm(), &args, None);
         // One JSON object per rendered document.
         let json = kubectl_ok(

@@ -34,6 +34,7 @@ use kube::{
 };
 use plane::NODE;
 use serde_json::json;
+use testkit::UNPULLED_IMAGE;
 
 /// Runs `scenario` (as admin) in a fresh namespace with a controller of its own (one hour's
 /// default retention) whose maximum retention is `max`.
@@ -319,6 +320,8 @@ async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
             "template",
             "ipkeep",
             chart.to_str().unwrap(),
+            UNPULLED_IMAGE[0],
+            UNPULLED_IMAGE[1],
             "--set",
             "controller.maxRetainFor=1h",
             "--set",
@@ -537,6 +540,8 @@ async fn a_namespace_outside_the_selector_reserves_nothing_and_releases_when_rel
             chart.to_str().unwrap(),
             "--namespace",
             &release_ns,
+            UNPULLED_IMAGE[0],
+            UNPULLED_IMAGE[1],
             "--set",
             &format!("controller.namespaceSelector={SELECTOR}"),
             "--show-only",

@@ -2,7 +2,7 @@
 //! nodes, as a user does them: `helm install` of the previous release (its own chart and image,
 //! built from its git commit by `scripts/build-previous-release.sh`, `make previous-release`) with
 //! `cni.replaceHostLocal=true`; annotated StatefulSets with Bound reservations (`web`, node A) and
-//! Released ones (`db`, node B, scaled to 0); `helm upgrade` to `charts/ipkeep` and `make image`'s
+//! Released ones (`db`, node B, scaled to 0); `helm upgrade --reuse-values` (the command docs/chart.md gives) to `charts/ipkeep` and `make image`'s
 //! image while `web-0` is deleted; then `helm rollback` to the previous release while `web-1` is.
 //!
 //! After each: every reservation is still there with its addresses, node, phase, pod UID and
@@ -36,7 +36,7 @@ use std::{
 };
 
 use ipkeep_e2e::cluster::realnode::{Cluster, RealNode};
-use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS, REPLACE_HOST_LOCAL, assert_on_eth0};
+use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS, assert_on_eth0};
 use ipkeep_e2e::testkit::system::{Change, ChartCluster, Options, RunningPod, System, ips, phase};
 use ipkeep_e2e::testkit::{kubectl_ok, realnode, wait_for};
 use ipkeep_operator::{
@@ -75,18 +75,13 @@ fn chart_version(chart: &Path) -> String {
         .unwrap_or_else(|| panic!("no version in {}/Chart.yaml", chart.display()))
 }
 
-/// `helm <verb…>` of the release, waiting for its workloads, with the image `image` and the
-/// README's values (none: a rollback takes the revision's); then every pod of the release
-/// updated and Ready.
-async fn helm_release(c: &Cluster, verb: &[&str], image: Option<&str>) {
+/// `helm <verb…>` of the release with `sets` (`--set` each), waiting for its workloads; then
+/// every pod of the release updated and Ready.
+async fn helm_release(c: &Cluster, verb: &[&str], sets: &[String]) {
     let mut args: Vec<&str> = verb.to_vec();
     args.extend(["--namespace", RELEASE_NS, "--wait", "--timeout", "3m"]);
-    let values = image.map(realnode::image_values).unwrap_or_default();
-    for v in &values {
+    for v in sets {
         args.extend(["--set", v.as_str()]);
-    }
-    if image.is_some() {
-        args.extend(REPLACE_HOST_LOCAL);
     }
     realnode::helm(c, &args);
     realnode::release_ready(c).await;
@@ -396,6 +391,8 @@ async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation()
 
     // The previous release, as its README said.
     let t = Instant::now();
+    let mut install_values = realnode::image_values(&previous_image);
+    install_values.push("cni.replaceHostLocal=true".to_owned());
     helm_release(
         c,
         &[
@@ -404,7 +401,7 @@ async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation()
             previous_chart.to_str().unwrap(),
             "--create-namespace",
         ],
-        Some(&previous_image),
+        &install_values,
     )
     .await;
     let installed = t.elapsed();
@@ -438,10 +435,21 @@ async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation()
     let t = Instant::now();
     sys.kubectl(&["delete", "pod", "web-0", "--wait=false"]);
     let chart = testkit::chart_dir();
+    // The command docs/chart.md tells users to type: the release's own values reused (the
+    // previous chart's defaults with them, which lack every key added since), the new image.
+    let (new_repository, new_tag) = new_image.rsplit_once(':').unwrap();
     helm_release(
         c,
-        &["upgrade", RELEASE, chart.to_str().unwrap()],
-        Some(&new_image),
+        &[
+            "upgrade",
+            RELEASE,
+            chart.to_str().unwrap(),
+            "--reuse-values",
+        ],
+        &[
+            format!("image.repository={new_repository}"),
+            format!("image.tag={new_tag}"),
+        ],
     )
     .await;
     let upgraded = t.elapsed();
@@ -478,7 +486,7 @@ async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation()
     let before = reservations(&sys).await;
     let t = Instant::now();
     sys.kubectl(&["delete", "pod", "web-1", "--wait=false"]);
-    helm_release(c, &["rollback", RELEASE, "1"], None).await;
+    helm_release(c, &["rollback", RELEASE, "1"], &[]).await;
     let rolled_back = t.elapsed();
     assert!(
         controller_image(c).ends_with(&format!(":{previous_version}")),
