@@ -41,7 +41,7 @@ STEP := scripts/step.sh
 .PHONY: all build plugin check test lint deps packaging-deps docker-deps demo bench bench-controller bench-scale bench-agent \
   bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins flannel-bins crio-bins docker-plugin \
   bench-docker plan-demo plan-test check-fresh release release-check previous-release arm64-deps arm64 test-arm64 \
-  image-arm64 sbom
+  image-arm64 sbom registry-bin publish
 
 all: build
 
@@ -50,8 +50,8 @@ all: build
 deps:
 	@./scripts/install-deps.sh
 
-## packaging-deps: install what the images and the chart tests use (buildah, readelf,
-## kubernetes-validate in .venv).
+## packaging-deps: install what the images, the release, its publishing and the chart tests use
+## (buildah, readelf, skopeo, jq, kubernetes-validate in .venv).
 packaging-deps:
 	@./scripts/install-packaging-deps.sh
 
@@ -88,6 +88,13 @@ flannel-bins: deps
 crio-bins: deps
 	@e2e/cluster/build.sh --crio >/dev/null
 
+## registry-bin: the OCI registry the harness runs on the host with TLS and a login (the
+## distribution project's `registry`, version in e2e/cluster/versions.env), which make publish is
+## tested against and the real nodes pull ipkeep from, and registry-htpasswd, which writes its
+## bcrypt logins; the same kind of cache.
+registry-bin:
+	@e2e/cluster/build.sh --registry >/dev/null
+
 build:
 	$(CARGO) build --workspace --all-targets
 
@@ -115,8 +122,8 @@ check: lint
 # The real-control-plane suites and the kubectl tests use the binaries `make cluster-bins` built
 # (kubectl of the same version as the API server), never the machine's own. lint comes first: it
 # fails in minutes, before the long builds.
-test: plan-test lint deps packaging-deps docker-deps arm64-deps cluster-bins node-bins flannel-bins crio-bins plugin image \
-  image-arm64 sbom docker-plugin previous-release
+test: plan-test lint deps packaging-deps docker-deps arm64-deps cluster-bins node-bins flannel-bins crio-bins registry-bin \
+  plugin image image-arm64 sbom docker-plugin previous-release
 	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
 	  node_bin_dir=$$(e2e/cluster/build.sh --print-node-bin-dir) && \
 	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
@@ -124,6 +131,7 @@ test: plan-test lint deps packaging-deps docker-deps arm64-deps cluster-bins nod
 	  export IPKEEP_NODE_BIN_DIR="$$node_bin_dir" IPKEEP_NODE_IMAGE_DIR="$$node_image_dir" && \
 	  export IPKEEP_FLANNEL_BIN_DIR="$$(e2e/cluster/build.sh --print-flannel-bin-dir)" && \
 	  export IPKEEP_CRIO_BIN_DIR="$$(e2e/cluster/build.sh --print-crio-bin-dir)" && \
+	  export IPKEEP_REGISTRY_BIN_DIR="$$(e2e/cluster/build.sh --print-registry-bin-dir)" && \
 	  echo "make test: control plane binaries and kubectl from $$bin_dir, node binaries from $$node_bin_dir" && \
 	  $(CARGO) test --workspace --no-fail-fast 2>&1 | tee target/test.log && \
 	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \
@@ -275,14 +283,15 @@ arm64-deps:
 
 ## arm64: both shipped binaries cross-built for aarch64, static, each with its profile, into
 ## $(ARM64_DIR) (scripts/build-arm64.sh; Debian's compiler). Its cargo target directory is a cache
-## outside the work tree keyed by Cargo.lock, as the Go-built binaries' are: cold, the aarch64
-## dependencies take about 10 min of a 2-core machine, and a fresh clone must not pay that again
-## (cargo rebuilds whatever changed; a key no longer current is removed).
+## outside the work tree keyed by that compiler's version, as the Go-built binaries' are: cold, the
+## aarch64 dependencies take about 10 min of a 2-core machine, and a fresh clone must not pay that
+## again (cargo rebuilds whatever changed; a key no longer current is removed). The key is read
+## when the recipe runs, after arm64-deps has installed the compiler.
 ARM64_DIR := target/arm64
 ARM64_CACHE := $(HOME)/.cache/ipkeep
-ARM64_TARGET_DIR := $(ARM64_CACHE)/target-aarch64-$(shell sha256sum Cargo.lock | cut -c1-12)
-ARM64_ENV := export CARGO_TARGET_DIR=$(ARM64_TARGET_DIR) && mkdir -p $(ARM64_CACHE) && \
-  find $(ARM64_CACHE) -maxdepth 1 -name 'target-aarch64-*' ! -path '$(ARM64_TARGET_DIR)' -exec rm -rf {} +
+ARM64_ENV := key=$$(/usr/bin/rustc -V | sha256sum | cut -c1-12) && \
+  export CARGO_TARGET_DIR=$(ARM64_CACHE)/target-aarch64-$$key && mkdir -p $(ARM64_CACHE) && \
+  find $(ARM64_CACHE) -maxdepth 1 -name 'target-aarch64-*' ! -name "target-aarch64-$$key" -exec rm -rf {} +
 arm64: arm64-deps
 	@$(ARM64_ENV) && $(STEP) arm64 "ipkeep and ipkeep-operator for aarch64 (Debian's cross toolchain)" \
 	  ./scripts/build-arm64.sh $(ARM64_DIR)
@@ -321,7 +330,22 @@ check-fresh:
 release-check:
 	@scripts/release.sh --check
 
-## release: the release artifacts of the workspace version in target/release-artifacts/: the chart
-## (helm package) and the image archive ipkeep-<version>.oci.tar. See CHANGELOG.md.
-release: release-check cluster-bins image
+## release: the artifacts of the workspace version in target/release-artifacts/: the image index
+## ipkeep-<version>.oci.tar (linux/amd64 and linux/arm64), the chart package ipkeep-<version>.tgz,
+## the SBOM ipkeep-<version>.cdx.json, a RELEASE note (released or UNRELEASED, the digests, each
+## platform's image size) and SHA256SUMS. See docs/testing.md#releases-make-release.
+release: release-check packaging-deps cluster-bins image image-arm64 sbom
 	@scripts/release.sh
+
+## publish: make release's image index (every manifest in it) pushed as $(REGISTRY)/ipkeep:<version>
+## and its chart as oci://$(REGISTRY)/charts/ipkeep (scripts/publish.sh), with the user's own
+## logins (buildah login, helm registry login); CA_FILE=ca.pem for a registry with a private CA.
+## Says the index digest, each platform's manifest digest and image size.
+# Refused before anything is built when REGISTRY is missing.
+ifneq ($(filter publish,$(MAKECMDGOALS)),)
+ifeq ($(REGISTRY),)
+$(error make publish needs REGISTRY=host[:port], the registry to push to (see docs/testing.md#publishing-make-publish))
+endif
+endif
+publish: release
+	@scripts/publish.sh "$(REGISTRY)" $(if $(CA_FILE),--ca-file "$(CA_FILE)")

@@ -47,6 +47,10 @@ DEBIAN_PACKAGES=(
   'packaging-deps|buildah|command -v buildah'
   # readelf: the images' and the Docker plugin's binaries must be static.
   'packaging-deps|binutils|command -v readelf'
+  # make publish copies the image index, every manifest in it, to a registry (skopeo copy --all),
+  # and says what the registry serves; make release and make publish read the OCI JSON with jq.
+  'packaging-deps|skopeo|command -v skopeo'
+  'packaging-deps|jq|command -v jq'
   # The project's .venv for kubernetes-validate (the chart tests).
   'packaging-deps|python3-venv|python3 -c "import ensurepip"'
   # A real dockerd (and its containerd, runc) the tests start by hand with their own data root,

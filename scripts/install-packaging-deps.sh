@@ -2,7 +2,8 @@
 # Installs what the image, the node images and the chart tests need on a Debian machine
 # (make packaging-deps); safe to re-run: it installs only what is missing.
 #   - the packages of the `packaging-deps` step in scripts/debian-packages.sh: buildah (the
-#     FROM scratch images, offline, without a container engine), binutils (readelf), python3-venv;
+#     FROM scratch images, offline, without a container engine, and the release's image index),
+#     binutils (readelf), skopeo and jq (make publish), python3-venv;
 #   - kubernetes-validate (PyPI) in the project's virtualenv .venv: validates every rendered
 #     manifest against the Kubernetes API schemas.
 # helm itself comes from e2e/cluster/build.sh (make cluster-bins), built from its Go module.

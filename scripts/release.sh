@@ -10,11 +10,24 @@
 #                                tag); the tag v<version>, where it exists, is the commit
 #                                CHANGELOG.md lists for that release, and no unreleased version is
 #                                tagged. Builds nothing.
-#   scripts/release.sh           (make release, which builds helm and the image first) the check,
-#                                then, for a released version only, writes to
-#                                target/release-artifacts/: ipkeep-<version>.tgz (helm package of
-#                                charts/ipkeep), ipkeep-<version>.oci.tar (make image's archive,
-#                                checked to be named ipkeep:<version>), SHA256SUMS.
+#   scripts/release.sh           (make release, which builds helm, both images and the SBOM first)
+#                                the check, then writes the artifacts of the workspace version to
+#                                $IPKEEP_RELEASE_DIR (default target/release-artifacts/):
+#                                  ipkeep-<version>.oci.tar  an OCI image index for linux/amd64 and
+#                                      linux/arm64 (buildah manifest create/add from make image's
+#                                      and make image-arm64's archives, each checked to be named
+#                                      ipkeep:<version>), named ipkeep:<version>, every manifest in it
+#                                  ipkeep-<version>.tgz      helm package of charts/ipkeep
+#                                  ipkeep-<version>.cdx.json make sbom's CycloneDX SBOM of the
+#                                      image's binaries
+#                                  RELEASE                   what they are: the version, released
+#                                      (its commit and tag) or unreleased (main between releases:
+#                                      the artifacts of the next version, never a release), the
+#                                      commit built, the index digest, each platform's manifest
+#                                      digest and image size
+#                                  SHA256SUMS                of all the above
+#                                buildah's storage is $IPKEEP_BUILDAH_ROOT (default target/buildah),
+#                                as for scripts/build-image.sh. scripts/publish.sh pushes them.
 #   scripts/release.sh --previous  prints "<version> <commit>" of the release an upgrade starts
 #                                from: CHANGELOG.md's newest release other than the workspace
 #                                version, at the commit its section lists
@@ -114,38 +127,83 @@ if [ -n "$check_only" ]; then
   fi
   exit 0
 fi
-[ -n "$released" ] \
-  || die "$version is not released: CHANGELOG.md has no '## [$version]' section; move what [Unreleased] lists there first (docs/testing.md#releases-make-release)"
 
 # ----- the artifacts -----
 
 helm=$(e2e/cluster/build.sh --print-bin-dir)/helm
 [ -x "$helm" ] || die "$helm is not built: run make cluster-bins (make release does)"
-image=target/image/ipkeep.oci.tar
-[ -s "$image" ] || die "$image is missing: run make image (make release does)"
-index=$(tar -xOf "$image" index.json) || die "$image is not an OCI archive (no index.json)"
-grep -E "\"org\\.opencontainers\\.image\\.ref\\.name\": *\"ipkeep:${version//./\\.}\"" <<<"$index" >/dev/null \
-  || die "$image is not named ipkeep:$version: run make image again"
+for tool in buildah jq; do
+  command -v "$tool" >/dev/null 2>&1 || die "$tool is not installed: run make packaging-deps (make release does)"
+done
+amd64_image=target/image/ipkeep.oci.tar
+arm64_image=target/image/ipkeep-arm64.oci.tar
+sbom=target/sbom/ipkeep.cdx.json
+for f in "$amd64_image:make image" "$arm64_image:make image-arm64" "$sbom:make sbom"; do
+  [ -s "${f%%:*}" ] || die "${f%%:*} is missing: run ${f#*:} (make release does)"
+done
+for image in "$amd64_image" "$arm64_image"; do
+  index=$(tar -xOf "$image" index.json) || die "$image is not an OCI archive (no index.json)"
+  jq -e --arg ref "ipkeep:$version" '[.manifests[].annotations["org.opencontainers.image.ref.name"]] == [$ref]' \
+    <<<"$index" >/dev/null || die "$image is not named ipkeep:$version: build it again (make image, make image-arm64)"
+done
 
-out=target/release-artifacts
+out=${IPKEEP_RELEASE_DIR:-target/release-artifacts}
 rm -rf "$out"
 mkdir -p "$out"
+root=${IPKEEP_BUILDAH_ROOT:-$PWD/target/buildah}
+mkdir -p "$root"
+bh() { buildah --root "$root/storage" --runroot "$root/run" --storage-driver vfs "$@"; }
+list=ipkeep-release-$$
 helm_home=$(mktemp -d)
-trap 'rm -rf "$helm_home"' EXIT
-# helm's own configuration and caches stay out of the user's home.
+trap 'rm -rf "$helm_home"; bh manifest rm "$list" >/dev/null 2>&1 || true' EXIT
+
+# The index: one manifest list in buildah's private storage holding both archives' images (their
+# platform read from each image's configuration), written with every manifest and blob it names.
+bh manifest create "$list" >/dev/null
+for image in "$amd64_image" "$arm64_image"; do
+  bh manifest add "$list" "oci-archive:$image" >/dev/null
+done
+index_archive=$out/ipkeep-$version.oci.tar
+bh manifest push --quiet --all --format oci "$list" "oci-archive:$index_archive:ipkeep:$version" >/dev/null
+
+# blob ARCHIVE DIGEST: the blob's content.
+blob() { tar -xOf "$1" "blobs/sha256/${2#sha256:}"; }
+top=$(tar -xOf "$index_archive" index.json | jq -r '.manifests[0].digest')
+index_json=$(blob "$index_archive" "$top")
+[ "$(jq -r '.mediaType' <<<"$index_json")" = application/vnd.oci.image.index.v1+json ] \
+  || die "buildah wrote no OCI image index into $index_archive"
+platforms=$(jq -r '[.manifests[].platform | "\(.os)/\(.architecture)"] | sort | join(" ")' <<<"$index_json")
+[ "$platforms" = "linux/amd64 linux/arm64" ] \
+  || die "the index in $index_archive holds $platforms, not linux/amd64 linux/arm64: check both images' architecture"
+
 HELM_CONFIG_HOME=$helm_home/config HELM_CACHE_HOME=$helm_home/cache HELM_DATA_HOME=$helm_home/data \
   "$helm" package charts/ipkeep --destination "$out" >/dev/null
 [ -s "$out/ipkeep-$version.tgz" ] || die "helm package wrote no $out/ipkeep-$version.tgz"
-cp "$image" "$out/ipkeep-$version.oci.tar"
-(cd "$out" && sha256sum "ipkeep-$version.tgz" "ipkeep-$version.oci.tar" >SHA256SUMS)
+cp "$sbom" "$out/ipkeep-$version.cdx.json"
 
 head=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 dirty=
 [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || dirty=", with uncommitted changes"
-say "ipkeep $version from commit $head$dirty:"
-for f in "ipkeep-$version.tgz" "ipkeep-$version.oci.tar" SHA256SUMS; do
+{
+  if [ -n "$released" ]; then
+    echo "ipkeep $version, released${commit:+ as commit $commit}${tag_commit:+ (tag $tag)}"
+  else
+    echo "ipkeep $version, UNRELEASED: the next version, built between releases (CHANGELOG.md's [Unreleased]); not a release"
+  fi
+  echo "built from commit $head$dirty"
+  echo "image index ipkeep:$version $top"
+  while read -r platform digest; do
+    size=$(blob "$index_archive" "$digest" | jq '.config.size + ([.layers[].size] | add)')
+    echo "  $platform $digest $size bytes"
+  done < <(jq -r '.manifests[] | "\(.platform.os)/\(.platform.architecture) \(.digest)"' <<<"$index_json")
+} >"$out/RELEASE"
+artifacts=("ipkeep-$version.oci.tar" "ipkeep-$version.tgz" "ipkeep-$version.cdx.json" RELEASE)
+(cd "$out" && sha256sum "${artifacts[@]}" >SHA256SUMS)
+
+while IFS= read -r line; do say "$line"; done <"$out/RELEASE"
+for f in "${artifacts[@]}" SHA256SUMS; do
   say "  $out/$f ($(du -h "$out/$f" | cut -f1))"
 done
-if [ -z "$tag_commit" ]; then
+if [ -n "$released" ] && [ -z "$tag_commit" ]; then
   say "not tagged yet: once this commit is the release, git tag -a $tag $head -m 'ipkeep $version', and list the commit in CHANGELOG.md"
 fi

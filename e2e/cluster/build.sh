@@ -12,12 +12,14 @@
 #   e2e/cluster/build.sh --print-flannel-bin-dir  print their bin dir, build nothing
 #   e2e/cluster/build.sh --crio                 CRI-O, its pinns, the upstream CNI plugins and cnitool (cluster up --runtime cri-o)
 #   e2e/cluster/build.sh --print-crio-bin-dir   print their bin dir, build nothing
+#   e2e/cluster/build.sh --registry             the OCI registry (distribution's) and registry-htpasswd (its logins)
+#   e2e/cluster/build.sh --print-registry-bin-dir  print their bin dir, build nothing
 #   e2e/cluster/build.sh --update-modules       rewrite the wrapper go.mod/go.sum files to versions.env
 #
 # The binaries go to $IPKEEP_CACHE_DIR (default ~/.cache/ipkeep)/k8s-<k8s>-etcd-<etcd>-helm-<helm>/bin
 # (the node's to node-k8s-<k8s>-containerd-<containerd>/bin, flannel's to
-# flannel-<flannel>-cni-<plugin>/bin, CRI-O's to crio-<crio>-plugins-<plugins>/bin), outside the
-# work tree, keyed by the
+# flannel-<flannel>-cni-<plugin>/bin, CRI-O's to crio-<crio>-plugins-<plugins>/bin, the
+# registry's to registry-<distribution>/bin), outside the work tree, keyed by the
 # versions in versions.env: a second run costs a second. A finished build is renamed into place
 # whole, so an interrupted build never looks complete.
 set -euo pipefail
@@ -41,6 +43,9 @@ flannel_bins=(flanneld flannel)
 crio_key="crio-${CRIO_VERSION}-plugins-${CNI_PLUGINS_VERSION}"
 crio_out="$cache_root/$crio_key"
 crio_bins=(crio pinns bridge host-local portmap loopback cnitool)
+registry_key="registry-${REGISTRY_VERSION}"
+registry_out="$cache_root/$registry_key"
+registry_bins=(registry registry-htpasswd)
 
 say() { echo "cluster-bins: $*" >&2; }
 die() { echo "cluster-bins: error: $*" >&2; exit 1; }
@@ -73,6 +78,8 @@ check_modules() {
     || die "e2e/cluster/flannel-cni/go.mod does not require github.com/containernetworking/plugins $FLANNEL_CNI_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
   grep -Eq "^\s*github\.com/containernetworking/plugins $CNI_PLUGINS_VERSION\b" "$here/cni-plugins/go.mod" \
     || die "e2e/cluster/cni-plugins/go.mod does not require github.com/containernetworking/plugins $CNI_PLUGINS_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
+  grep -Eq "^\s*github\.com/distribution/distribution/v3 $REGISTRY_VERSION\b" "$here/registry/go.mod" \
+    || die "e2e/cluster/registry/go.mod does not require github.com/distribution/distribution/v3 $REGISTRY_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
 }
 
 need_go() {
@@ -99,6 +106,8 @@ update_modules() {
     "github.com/containernetworking/plugins/plugins/meta/portmap@$CNI_PLUGINS_VERSION" \
     "github.com/containernetworking/plugins/plugins/main/loopback@$CNI_PLUGINS_VERSION" \
     github.com/containernetworking/cni/cnitool && go mod tidy)
+  (cd "$here/registry" && go get -tool "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION" \
+    && go mod tidy)
 }
 
 # -trimpath and -buildvcs=false: the binaries depend on the sources and versions only, not on the
@@ -111,10 +120,12 @@ case "${1:-}" in
   --print-node-bin-dir) echo "$node_out/bin"; exit 0 ;;
   --print-flannel-bin-dir) echo "$flannel_out/bin"; exit 0 ;;
   --print-crio-bin-dir) echo "$crio_out/bin"; exit 0 ;;
+  --print-registry-bin-dir) echo "$registry_out/bin"; exit 0 ;;
   --update-modules) need_go; update_modules; check_modules; say "go.mod files follow versions.env"; exit 0 ;;
   --node) mode=node; key=$node_key; out=$node_out; bins=("${node_bins[@]}") ;;
   --flannel) mode=flannel; key=$flannel_key; out=$flannel_out; bins=("${flannel_bins[@]}") ;;
   --crio) mode=crio; key=$crio_key; out=$crio_out; bins=("${crio_bins[@]}") ;;
+  --registry) mode=registry; key=$registry_key; out=$registry_out; bins=("${registry_bins[@]}") ;;
   "") ;;
   *) die "unknown argument $1 (see the header of $0)" ;;
 esac
@@ -226,6 +237,19 @@ if [ "$mode" = crio ]; then
   step cnitool go build -ldflags "-s -w" -o "$stage/bin/cnitool" github.com/containernetworking/cni/cnitool)
   "$stage/bin/crio" --version 2>/dev/null | grep -x "crio version ${CRIO_VERSION#v}" >/dev/null \
     || die "the built crio does not report ${CRIO_VERSION#v}"
+  finish
+  exit 0
+fi
+
+if [ "$mode" = registry ]; then
+  # The registry's Makefile stamps its version package the same way.
+  dpkg=github.com/distribution/distribution/v3
+  (cd "$here/registry" && step registry go build \
+    -ldflags "-s -w -X $dpkg/version.version=$REGISTRY_VERSION -X $dpkg/version.mainpkg=$dpkg" \
+    -o "$stage/bin/registry" "$dpkg/cmd/registry" \
+    && step registry-htpasswd go build -ldflags "-s -w" -o "$stage/bin/registry-htpasswd" ./htpasswd)
+  "$stage/bin/registry" --version 2>/dev/null | grep " $REGISTRY_VERSION\$" >/dev/null \
+    || die "the built registry does not report $REGISTRY_VERSION: the version stamp did not take"
   finish
   exit 0
 fi

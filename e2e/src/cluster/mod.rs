@@ -7,6 +7,9 @@
 //! [`crate::proxy::FaultProxy`] of their own. Its Nodes are objects the tests write
 //! ([`ControlPlane::add_node`]), with no kubelet behind them (see [`nodes`]). Nothing outlives the process that started it: see
 //! [`process`].
+//!
+//! Beside it, a private OCI registry on the host with TLS and a login ([`registry`]), which
+//! `make publish` is tested against and the real nodes pull from.
 
 pub mod cli;
 pub mod kubeconfig;
@@ -15,6 +18,7 @@ pub mod pki;
 pub mod plane;
 pub mod process;
 pub mod realnode;
+pub mod registry;
 pub mod token;
 
 use std::{
@@ -27,6 +31,7 @@ use kube::{Api, api::PostParams};
 
 pub use nodes::force_delete_pod;
 pub use plane::{ControlPlane, ControlPlaneError, ControlPlaneOptions, NodeAccess, bin_dir};
+pub use registry::{Registry, RegistryError};
 
 static SHARED: tokio::sync::OnceCell<Result<ControlPlane, String>> =
     tokio::sync::OnceCell::const_new();

@@ -2,7 +2,8 @@
 //! rendered manifests validated (`chart_helm`), the chart's values table (`chart_values_doc`), the
 //! image built with buildah and unpacked (`image_build`, root), `scripts/release.sh --check`
 //! in scratch git repositories (`release_check`), the image's SBOM against cargo's resolution and
-//! Cargo.lock (`sbom`), and the controller bench's plot drawn from its committed CSV
+//! Cargo.lock (`sbom`), the release published to the harness's registry and pulled back
+//! (`release_publish`, root), and the controller bench's plot drawn from its committed CSV
 //! (`plot_script`). One test binary, each suite a module; they touch
 //! disjoint files, so they run side by side.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -12,4 +13,5 @@ mod chart_values_doc;
 mod image_build;
 mod plot_script;
 mod release_check;
+mod release_publish;
 mod sbom;

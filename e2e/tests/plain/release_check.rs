@@ -1,7 +1,7 @@
 //! The release rules, as tables: `scripts/release.sh --check` (the one rule: the workspace version
 //! is CHANGELOG.md's newest release or, while `## [Unreleased]` heads it, above it; the chart
 //! agrees; tags agree with the commits the changelog lists, and no unreleased version is tagged),
-//! `scripts/release.sh` refusing an unreleased version, and which release
+//! `scripts/release.sh` writing nothing while the check fails, and which release
 //! `scripts/build-previous-release.sh` builds (the newest other than the workspace version).
 //! Each case runs the repository's scripts in a scratch git repository of its own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -162,7 +162,7 @@ fn the_workspace_version_is_the_newest_release_or_the_next_one_while_unreleased(
 }
 
 #[test]
-fn tags_agree_with_the_changelog_and_unreleased_versions_are_neither_tagged_nor_packaged() {
+fn tags_agree_with_the_changelog_and_unreleased_versions_are_never_tagged() {
     let changelog = |commit: &str| {
         format!(
             "## [Unreleased]\n\n## [0.1.0] — 2026-11-26\n\nCommit: `{commit}` (tag `v0.1.0`).\n"
@@ -197,17 +197,19 @@ fn tags_agree_with_the_changelog_and_unreleased_versions_are_neither_tagged_nor_
         "{stderr}"
     );
 
+    // An unreleased version tagged is refused by the check and by make release, which writes
+    // nothing before the check passes (an unreleased version's artifacts say they are unreleased).
     let repo = repository("release-unreleased-tag", "0.2.0", "0.2.0", &changelog(HASH));
-    let (ok, _, stderr) = script(repo.path(), "release.sh", &[]);
-    assert!(!ok, "make release of an unreleased version");
-    assert!(stderr.contains("0.2.0 is not released"), "{stderr}");
     git(repo.path(), &["tag", "v0.2.0"]);
-    let (ok, _, stderr) = script(repo.path(), "release.sh", &["--check"]);
-    assert!(!ok, "an unreleased version tagged");
-    assert!(
-        stderr.contains("tag v0.2.0 exists, but CHANGELOG.md has no '## [0.2.0]' section"),
-        "{stderr}"
-    );
+    for args in [&["--check"][..], &[]] {
+        let (ok, _, stderr) = script(repo.path(), "release.sh", args);
+        assert!(!ok, "an unreleased version tagged, release.sh {args:?}");
+        assert!(
+            stderr.contains("tag v0.2.0 exists, but CHANGELOG.md has no '## [0.2.0]' section"),
+            "{stderr}"
+        );
+    }
+    assert!(!repo.join("target/release-artifacts").exists());
 }
 
 #[test]
