@@ -122,8 +122,8 @@ check: lint
 # The real-control-plane suites and the kubectl tests use the binaries `make cluster-bins` built
 # (kubectl of the same version as the API server), never the machine's own. lint comes first: it
 # fails in minutes, before the long builds.
-test: plan-test lint deps packaging-deps docker-deps arm64-deps cluster-bins node-bins flannel-bins crio-bins registry-bin plugin image \
-  image-arm64 sbom docker-plugin previous-release
+test: plan-test lint deps packaging-deps docker-deps arm64-deps cluster-bins node-bins flannel-bins crio-bins registry-bin \
+  plugin image image-arm64 sbom docker-plugin previous-release
 	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
 	  node_bin_dir=$$(e2e/cluster/build.sh --print-node-bin-dir) && \
 	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
@@ -283,14 +283,15 @@ arm64-deps:
 
 ## arm64: both shipped binaries cross-built for aarch64, static, each with its profile, into
 ## $(ARM64_DIR) (scripts/build-arm64.sh; Debian's compiler). Its cargo target directory is a cache
-## outside the work tree keyed by Cargo.lock, as the Go-built binaries' are: cold, the aarch64
-## dependencies take about 10 min of a 2-core machine, and a fresh clone must not pay that again
-## (cargo rebuilds whatever changed; a key no longer current is removed).
+## outside the work tree keyed by that compiler's version, as the Go-built binaries' are: cold, the
+## aarch64 dependencies take about 10 min of a 2-core machine, and a fresh clone must not pay that
+## again (cargo rebuilds whatever changed; a key no longer current is removed). The key is read
+## when the recipe runs, after arm64-deps has installed the compiler.
 ARM64_DIR := target/arm64
 ARM64_CACHE := $(HOME)/.cache/ipkeep
-ARM64_TARGET_DIR := $(ARM64_CACHE)/target-aarch64-$(shell sha256sum Cargo.lock | cut -c1-12)
-ARM64_ENV := export CARGO_TARGET_DIR=$(ARM64_TARGET_DIR) && mkdir -p $(ARM64_CACHE) && \
-  find $(ARM64_CACHE) -maxdepth 1 -name 'target-aarch64-*' ! -path '$(ARM64_TARGET_DIR)' -exec rm -rf {} +
+ARM64_ENV := key=$$(/usr/bin/rustc -V | sha256sum | cut -c1-12) && \
+  export CARGO_TARGET_DIR=$(ARM64_CACHE)/target-aarch64-$$key && mkdir -p $(ARM64_CACHE) && \
+  find $(ARM64_CACHE) -maxdepth 1 -name 'target-aarch64-*' ! -name "target-aarch64-$$key" -exec rm -rf {} +
 arm64: arm64-deps
 	@$(ARM64_ENV) && $(STEP) arm64 "ipkeep and ipkeep-operator for aarch64 (Debian's cross toolchain)" \
 	  ./scripts/build-arm64.sh $(ARM64_DIR)

@@ -65,8 +65,8 @@ case $goal in
     # The arm64 packages, the aarch64 cache and the SBOM tool: as the Makefile names them.
     dpkg-query -W -f='${Status}' libstd-rust-web-dev:arm64 2>/dev/null | grep -q 'install ok installed' \
       || part 3 "Debian's arm64 cross toolchain (rustc-web, libstd-rust-web-dev:arm64, gcc-aarch64-linux-gnu, qemu-user; about 1.1 GB)"
-    compgen -G "${XDG_CACHE_HOME:-$HOME/.cache}/ipkeep/target-aarch64-$(sha256sum Cargo.lock | cut -c1-12)" >/dev/null \
-      || part 10 "the arm64 build's dependencies (cached outside the work tree, keyed by Cargo.lock)"
+    compgen -G "$HOME/.cache/ipkeep/target-aarch64-*" >/dev/null \
+      || part 10 "the arm64 build's dependencies (cached outside the work tree, keyed by Debian's rustc)"
     part 4 "ipkeep and ipkeep-operator for arm64, their image, and their tests under qemu-user"
     always=2
     compgen -G "${XDG_CACHE_HOME:-$HOME/.cache}/ipkeep/cargo-cyclonedx-*/bin/cargo-cyclonedx" >/dev/null \

@@ -19,6 +19,8 @@
 //! Needs root, `make cluster-bins`, `make node-bins` and `make image` (or
 //! `IPKEEP_IMAGE_ARCHIVE`); fails loudly, naming what to run, without them.
 
+pub mod registry;
+
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},

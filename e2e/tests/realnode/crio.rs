@@ -16,17 +16,25 @@
 //!   bridge is called with) — bridge does not pass GC to its IPAM (`/* FIXME GC */` upstream), so
 //!   ipkeep never gets GC; both reservations stay. The same reboot of the containerd node leaves
 //!   the leak: containerd sends neither.
+//! - From a registry, as users install it (the same three nodes with nothing installed): the
+//!   image and chart pushed to the harness's registry (TLS, a login), every node trusting its CA
+//!   as its runtime's users configure it; a pod without the pull secret gets `ErrImagePull` on a
+//!   CRI-O node; `helm install ipkeep oci://…/charts/ipkeep --version <v>` with the pull secret
+//!   in `imagePullSecrets` and the chart's pull policy: the kubelet of every node (CRI-O and
+//!   containerd) pulls the image (none held it before; an Event says so; the image ID is the
+//!   pushed digest); a StatefulSet's pods deleted return with their addresses.
 //!
-//! Needs root, `make cluster-bins node-bins crio-bins image`.
+//! Needs root, `make cluster-bins node-bins crio-bins registry-bin image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ipkeep_e2e::scenarios::retention;
-use std::path::PathBuf;
+use std::{path::PathBuf, time::Instant};
 
+use ipkeep_e2e::cluster::Registry;
 use ipkeep_e2e::cluster::realnode::{
     NodeCni, NodeDirs, NodeRuntime, PodNetwork, RealNode, crio, layout::CNI_NETWORK,
 };
-use ipkeep_e2e::testkit::realnode::assert_on_eth0;
+use ipkeep_e2e::testkit::realnode::{assert_on_eth0, registry};
 use ipkeep_e2e::testkit::system::{phase, scenario_tests};
 use ipkeep_e2e::testkit::{kubectl_ok, realnode, wait_for};
 use ipkeep_operator::api::Phase;
@@ -333,4 +341,68 @@ async fn a_reboot_frees_a_leak_on_cri_o_not_on_containerd_and_keeps_both_reserva
         assert_eq!(p.ips, pods[name].ips, "{name} after CRI-O's start-up GC");
         sys.wait_bound(p).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_image_and_chart_from_a_registry_every_node_pulls_and_pods_keep_their_addresses() {
+    let t0 = Instant::now();
+    // The same nodes with nothing installed, to this test alone: the install is its own.
+    let held = realnode::use_shape(
+        realnode::Shape::bare(NODES, NETWORK),
+        realnode::Access::Spoils,
+    )
+    .await;
+    let c = held.cluster().expect("this binary's own nodes");
+    let booted = t0.elapsed();
+    let t = Instant::now();
+    let registry_server = Registry::start()
+        .await
+        .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
+    let release = registry::publish(
+        c,
+        &registry_server,
+        &realnode::image_archive(),
+        &ipkeep_e2e::testkit::chart_dir(),
+    );
+    registry::use_registry(c, &registry_server);
+    let published = t.elapsed();
+    let before = registry::node_images(c);
+    registry::assert_absent(&before, &release);
+
+    let t = Instant::now();
+    let crio_node = node_running(c, NodeRuntime::CriO).name();
+    let refused = registry::assert_refused_without_pull_secret(c, &crio_node, &release).await;
+    eprintln!("{crio_node}: without the pull secret: {refused}");
+    let refusal = t.elapsed();
+
+    let t = Instant::now();
+    registry::install(c, &registry_server, &release, &[]).await;
+    let installed = t.elapsed();
+    for (node, id) in registry::assert_pulled(c, &release, &before).await {
+        eprintln!(
+            "{node} ({}) pulled {id}",
+            realnode::node(c, &node).runtime().name()
+        );
+    }
+
+    let t = Instant::now();
+    let (sys, _) = realnode::deleted_graceful_or_forced_returns_reachable("crio-registry").await;
+    for i in 0..2 {
+        assert_eq!(
+            realnode::node(c, sys.node_name(i)).runtime(),
+            NodeRuntime::CriO,
+            "the scenario ran on {}",
+            sys.node_name(i)
+        );
+    }
+    eprintln!(
+        "realnode crio registry install {}: nodes {:.1}s, registry and push {:.1}s, refusal {:.1}s, install with pulls {:.1}s, StatefulSet {:.1}s, total {:.1}s",
+        release.version,
+        booted.as_secs_f64(),
+        published.as_secs_f64(),
+        refusal.as_secs_f64(),
+        installed.as_secs_f64(),
+        t.elapsed().as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
 }

@@ -11,8 +11,10 @@
 //! the whole machine (no cluster of the binary runs while it starts and stops its own).
 //!
 //! Needs root, `make cluster-bins`, `make node-bins`, `make flannel-bins`, `make crio-bins`,
-//! `make image` (or `IPKEEP_IMAGE_ARCHIVE`) and, for `upgrade`, `make previous-release`; fails
-//! loudly, naming what to run, without them.
+//! `make image` (or `IPKEEP_IMAGE_ARCHIVE`), for `upgrade` `make previous-release`, and for the
+//! installs from a registry (`crio`, `upgrade`) `make registry-bin` and `make packaging-deps`
+//! (skopeo and jq, which `scripts/publish.sh` runs); fails loudly, naming what to run, without
+//! them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod budget;

@@ -1,9 +1,15 @@
-//! The upgrade from the previous release to the working tree, and the rollback to it, on two real
-//! nodes, as a user does them: `helm install` of the previous release (its own chart and image,
-//! built from its git commit by `scripts/build-previous-release.sh`, `make previous-release`) with
-//! `cni.replaceHostLocal=true`; annotated StatefulSets with Bound reservations (`web`, node A) and
-//! Released ones (`db`, node B, scaled to 0); `helm upgrade --reuse-values` (the command docs/chart.md gives) to `charts/ipkeep` and `make image`'s
-//! image while `web-0` is deleted; then `helm rollback` to the previous release while `web-1` is.
+//! The upgrade from the previous release to the working tree, the rollback to it, and the
+//! upgrade again, on two real nodes, as a user does them, from a registry: both releases (the
+//! previous one's chart and image built from its git commit by
+//! `scripts/build-previous-release.sh`, `make previous-release`; `charts/ipkeep` and `make
+//! image`'s image) pushed to the harness's registry (TLS, a login), the nodes trusting its CA,
+//! the login in the pull secret `imagePullSecrets` names. `helm install ipkeep
+//! oci://…/charts/ipkeep --version <previous>` with `cni.replaceHostLocal=true`: the kubelets pull
+//! its image; annotated StatefulSets with Bound reservations (`web`, node A) and Released ones
+//! (`db`, node B, scaled to 0); `helm upgrade ipkeep oci://… --version <new> --reuse-values --set
+//! image.tag=<new>` (what users type, docs/chart.md) while `web-0` is deleted: the kubelets pull
+//! the new image; `helm rollback` to the previous release while `web-1` is; then `helm upgrade …
+//! --reset-then-reuse-values --set image.tag=<new>` while `web-0` is again.
 //!
 //! After each: every reservation is still there with its addresses, node, phase, pod UID and
 //! release time (none rewritten; the churned pod's Bound to its successor with the same
@@ -19,14 +25,15 @@
 //! the counts of each are printed.
 //!
 //! One test: its steps act on the one release in order. Needs root, `make cluster-bins`,
-//! `make node-bins`, `make image` and `make previous-release`; fails loudly, naming what to run.
+//! `make node-bins`, `make registry-bin`, `make image` and `make previous-release`; fails
+//! loudly, naming what to run.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ipkeep_e2e::testkit;
 use std::{
     collections::{BTreeMap, BTreeSet},
     hash::{DefaultHasher, Hash, Hasher},
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -35,8 +42,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipkeep_e2e::cluster::realnode::{Cluster, RealNode};
-use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS, assert_on_eth0};
+use ipkeep_e2e::cluster::{
+    Registry,
+    realnode::{Cluster, RealNode},
+};
+use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS, assert_on_eth0, registry};
 use ipkeep_e2e::testkit::system::{Change, ChartCluster, Options, RunningPod, System, ips, phase};
 use ipkeep_e2e::testkit::{kubectl_ok, realnode, wait_for};
 use ipkeep_operator::{
@@ -66,24 +76,22 @@ fn previous_release() -> PathBuf {
     dir
 }
 
-/// The `version:` of a chart directory.
-fn chart_version(chart: &Path) -> String {
-    let text = std::fs::read_to_string(chart.join("Chart.yaml")).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("version:"))
-        .map(|v| v.trim().trim_matches('"').to_owned())
-        .unwrap_or_else(|| panic!("no version in {}/Chart.yaml", chart.display()))
-}
-
-/// `helm <verb…>` of the release with `sets` (`--set` each), waiting for its workloads; then
-/// every pod of the release updated and Ready.
-async fn helm_release(c: &Cluster, verb: &[&str], sets: &[String]) {
-    let mut args: Vec<&str> = verb.to_vec();
-    args.extend(["--namespace", RELEASE_NS, "--wait", "--timeout", "3m"]);
-    for v in sets {
-        args.extend(["--set", v.as_str()]);
-    }
-    realnode::helm(c, &args);
+/// `helm rollback` of the release to revision `revision` (its values and chart: nothing is
+/// fetched), waiting for its workloads; then every pod of the release updated and Ready.
+async fn rollback(c: &Cluster, revision: &str) {
+    realnode::helm(
+        c,
+        &[
+            "rollback",
+            RELEASE,
+            revision,
+            "--namespace",
+            RELEASE_NS,
+            "--wait",
+            "--timeout",
+            "3m",
+        ],
+    );
     realnode::release_ready(c).await;
 }
 
@@ -366,8 +374,8 @@ async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation()
     let t0 = Instant::now();
     let previous = previous_release();
     let previous_chart = previous.join("chart");
-    let previous_version = chart_version(&previous_chart);
-    let version = chart_version(&testkit::chart_dir());
+    let previous_version = registry::chart_field(&previous_chart, "version");
+    let version = registry::chart_field(&testkit::chart_dir(), "version");
     assert_ne!(previous_version, version, "the previous release is another");
     // Two plain nodes with nothing installed, to this test alone: it installs the releases
     // itself, and the cluster goes with it.
@@ -377,34 +385,32 @@ async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation()
     )
     .await;
     let c = held.cluster().expect("this binary's own nodes");
-    let image = |archive: &Path| {
-        let names = c
-            .load_image(archive)
-            .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
-        assert_eq!(names.len(), 1, "one image in {}", archive.display());
-        names[0].clone()
-    };
-    let previous_image = image(&previous.join("ipkeep.oci.tar"));
-    let new_image = image(&realnode::image_archive());
-    assert_ne!(previous_image, new_image, "each release its own image tag");
+    // Both releases on the registry, the nodes trusting it, the login in the pull secret.
+    let registry_server = Registry::start()
+        .await
+        .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
+    let old = registry::publish(
+        c,
+        &registry_server,
+        &previous.join("ipkeep.oci.tar"),
+        &previous_chart,
+    );
+    let new = registry::publish(
+        c,
+        &registry_server,
+        &realnode::image_archive(),
+        &testkit::chart_dir(),
+    );
+    assert_ne!(old.image(), new.image(), "each release its own image tag");
+    registry::use_registry(c, &registry_server);
     let started = t0.elapsed();
 
-    // The previous release, as its README said.
+    // The previous release, as a user installs it from a registry.
     let t = Instant::now();
-    let mut install_values = realnode::image_values(&previous_image);
-    install_values.push("cni.replaceHostLocal=true".to_owned());
-    helm_release(
-        c,
-        &[
-            "install",
-            RELEASE,
-            previous_chart.to_str().unwrap(),
-            "--create-namespace",
-        ],
-        &install_values,
-    )
-    .await;
+    let images = registry::node_images(c);
+    registry::install(c, &registry_server, &old, &[]).await;
     let installed = t.elapsed();
+    registry::assert_pulled(c, &old, &images).await;
     let lacked = crd_lacks(c).await;
     eprintln!("the previous release's CRD lacks: {lacked:?}");
     assert_eq!(crd_release(c).await, None, "no controller applied it yet");
@@ -431,28 +437,13 @@ async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation()
     let before = reservations(&sys).await;
     assert_files(&sys, c, "the install").await;
 
-    // The upgrade, web-0 deleted as it starts.
+    // The upgrade users type, web-0 deleted as it starts.
+    let images = registry::node_images(c);
     let t = Instant::now();
     sys.kubectl(&["delete", "pod", "web-0", "--wait=false"]);
-    let chart = testkit::chart_dir();
-    // The command docs/chart.md tells users to type: the release's own values reused (the
-    // previous chart's defaults with them, which lack every key added since), the new image.
-    let (new_repository, new_tag) = new_image.rsplit_once(':').unwrap();
-    helm_release(
-        c,
-        &[
-            "upgrade",
-            RELEASE,
-            chart.to_str().unwrap(),
-            "--reuse-values",
-        ],
-        &[
-            format!("image.repository={new_repository}"),
-            format!("image.tag={new_tag}"),
-        ],
-    )
-    .await;
+    registry::upgrade(c, &registry_server, &new, "--reuse-values").await;
     let upgraded = t.elapsed();
+    registry::assert_pulled(c, &new, &images).await;
     returned_and_kept(&sys, c, &before, &web["web-0"], "the upgrade").await;
     for n in c.nodes() {
         let h = installed_plugin(n, Some(plugins["previous"])).await;
@@ -486,7 +477,7 @@ async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation()
     let before = reservations(&sys).await;
     let t = Instant::now();
     sys.kubectl(&["delete", "pod", "web-1", "--wait=false"]);
-    helm_release(c, &["rollback", RELEASE, "1"], &[]).await;
+    rollback(c, "1").await;
     let rolled_back = t.elapsed();
     assert!(
         controller_image(c).ends_with(&format!(":{previous_version}")),
@@ -513,6 +504,27 @@ async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation()
     db_returns_then_leaves(&sys, &db, "the rollback").await;
     assert_files(&sys, c, "the rollback, db released again").await;
 
+    // The upgrade again, the new chart's defaults under the last release's values, web-0
+    // deleted as it starts.
+    let web_now = sys.wait_running("app=web", &["web-0", "web-1"]).await;
+    let before = reservations(&sys).await;
+    let t = Instant::now();
+    sys.kubectl(&["delete", "pod", "web-0", "--wait=false"]);
+    registry::upgrade(c, &registry_server, &new, "--reset-then-reuse-values").await;
+    let upgraded_again = t.elapsed();
+    assert_eq!(
+        controller_image(c),
+        new.image(),
+        "the new release's controller after the second upgrade"
+    );
+    let reset = "the upgrade with --reset-then-reuse-values";
+    returned_and_kept(&sys, c, &before, &web_now["web-0"], reset).await;
+    for n in c.nodes() {
+        let h = installed_plugin(n, Some(plugins["previous"])).await;
+        assert_eq!(h, plugins["new"], "{}: the new plugin back", n.name());
+    }
+    db_returns_then_leaves(&sys, &db, reset).await;
+
     for w in watches {
         w.finish(&plugins);
     }
@@ -534,11 +546,12 @@ async fn upgrade_from_the_previous_release_and_rollback_keep_every_reservation()
         );
     }
     eprintln!(
-        "realnode upgrade: {previous_version} → {version} → {previous_version}: nodes and images {:.1}s, install {:.1}s, upgrade {:.1}s, rollback {:.1}s, total {:.1}s",
+        "realnode upgrade from the registry: {previous_version} → {version} → {previous_version} → {version}: nodes, registry and pushes {:.1}s, install {:.1}s, upgrade (--reuse-values) {:.1}s, rollback {:.1}s, upgrade (--reset-then-reuse-values) {:.1}s, total {:.1}s",
         started.as_secs_f64(),
         installed.as_secs_f64(),
         upgraded.as_secs_f64(),
         rolled_back.as_secs_f64(),
+        upgraded_again.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
 }

@@ -135,6 +135,34 @@ pub fn import_image(
     Ok(())
 }
 
+/// The names of the images in a CRI-O node's storage (`buildah images`, which reads it whether
+/// CRI-O runs or not), each as `REPOSITORY:TAG`.
+pub fn image_names(node: NodeLayout, bin_dir: &Path) -> Result<Vec<String>, RealNodeError> {
+    let mut command = host::node_command(node, bin_dir, "buildah");
+    command.args(STORAGE).args(["--storage-driver", "overlay"]);
+    command.args(["images", "--json"]);
+    let out =
+        crate::command::stdout_of(&mut command, crate::command::Stdin::Empty).map_err(|e| {
+            RealNodeError::Host {
+                node: node.name(),
+                stage: "list the images in CRI-O's storage".to_owned(),
+                source: e.into(),
+            }
+        })?;
+    let images: Vec<serde_json::Value> =
+        serde_json::from_str(&out).map_err(|_| RealNodeError::Invalid {
+            what: "output of `buildah images --json`",
+            value: out.clone(),
+            why: "not the JSON list of images buildah prints",
+        })?;
+    Ok(images
+        .iter()
+        .filter_map(|i| i["names"].as_array())
+        .flatten()
+        .filter_map(|n| n.as_str().map(str::to_owned))
+        .collect())
+}
+
 /// What containerd's `restrict_oom_score_adj` does, for CRI-O (which has no such option): a
 /// container may not ask for an `oom_score_adj` below `floor` (its runtime's own; without
 /// CAP_SYS_RESOURCE runc cannot lower it, and a Guaranteed or node-critical pod's -997 would

@@ -508,7 +508,9 @@ pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 
 /// containerd's configuration (version 3, containerd 2.x). Defaults where they serve: root
 /// `/var/lib/containerd`, state and socket under `/run/containerd` (both private to the node).
-pub fn containerd_config(runc: &Path, dirs: NodeDirs) -> String {
+/// `hosts_dir` is the CRI image plugin's `config_path`, where a private registry's
+/// `<host:port>/hosts.toml` goes ([`super::registries`]); containerd 2.1 reads none without it.
+pub fn containerd_config(runc: &Path, dirs: NodeDirs, hosts_dir: &Path) -> String {
     format!(
         r#"version = 3
 
@@ -517,6 +519,8 @@ pub fn containerd_config(runc: &Path, dirs: NodeDirs) -> String {
     snapshotter = 'overlayfs'
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = '{PAUSE_IMAGE}'
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = '{hosts_dir}'
   [plugins.'io.containerd.cri.v1.runtime']
     # No CAP_SYS_RESOURCE on a test machine: runc cannot lower oom_score_adj below ours.
     restrict_oom_score_adj = true
@@ -533,6 +537,7 @@ pub fn containerd_config(runc: &Path, dirs: NodeDirs) -> String {
         runc = runc.display(),
         bin_dir = dirs.cni_bin_dir(),
         conf_dir = dirs.cni_conf_dir(),
+        hosts_dir = hosts_dir.display(),
     )
 }
 
@@ -955,8 +960,9 @@ mod tests {
     fn node_layouts_parse_from_their_names_and_name_their_directories() {
         for dirs in [NodeDirs::Standard, NodeDirs::K3s] {
             assert_eq!(dirs.name().parse::<NodeDirs>(), Ok(dirs));
-            let config = containerd_config(Path::new("/usr/sbin/runc"), dirs);
+            let config = containerd_config(Path::new("/usr/sbin/runc"), dirs, Path::new("/h"));
             assert!(config.contains(&format!("bin_dirs = ['{}']", dirs.cni_bin_dir())));
+            assert!(config.contains("config_path = '/h'"));
             assert!(config.contains(&format!("conf_dir = '{}'", dirs.cni_conf_dir())));
             // Each directory is one the node keeps on disk of its own.
             let node = Slot::new(0).and_then(|s| s.node(0)).unwrap();

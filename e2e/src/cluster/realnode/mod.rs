@@ -13,6 +13,7 @@ pub mod flannel;
 pub mod host;
 pub mod layout;
 pub mod node;
+pub mod registries;
 
 use std::{
     path::{Path, PathBuf},
@@ -889,6 +890,14 @@ impl Cluster {
     pub fn load_image(&self, archive: &Path) -> Result<Vec<String>, RealNodeError> {
         let targets: Vec<_> = self.nodes.iter().map(RealNode::running).collect();
         load_image(&targets, archive)
+    }
+
+    /// Makes every node trust the registry at `host_port` whose certificates `ca_pem` signs
+    /// ([`RealNode::trust_registry`]).
+    pub fn trust_registry(&self, host_port: &str, ca_pem: &str) -> Result<(), RealNodeError> {
+        self.nodes
+            .iter()
+            .try_for_each(|n| n.trust_registry(host_port, ca_pem))
     }
 
     /// Runs the cluster's kubectl (admin) with `args`, `stdin` fed in; its stdout, or an error

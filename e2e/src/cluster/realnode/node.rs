@@ -13,6 +13,7 @@ use super::{
     RealNodeError, crio, flannel,
     host::{self, HostError},
     layout::{self, NodeCni, NodeDirs, NodeLayout, NodeRuntime},
+    registries,
 };
 use crate::cluster::{
     ControlPlane,
@@ -264,7 +265,11 @@ impl RealNode {
             }
             _ => (
                 "containerd.toml",
-                layout::containerd_config(Path::new(host::RUNC), spec.dirs),
+                layout::containerd_config(
+                    Path::new(host::RUNC),
+                    spec.dirs,
+                    &config_dir.join(registries::CONTAINERD_HOSTS_DIR),
+                ),
             ),
         };
         let writes = [
@@ -487,6 +492,8 @@ impl RealNode {
                     "ipkeep-no-hugepages",
                     "/sys/kernel/mm/hugepages",
                 ])?;
+                // Where CRI-O looks for a registry's CA, the node's own (again after a reboot).
+                registries::overlay_containers_etc(self)?;
                 // Its whole configuration is crio.conf and registries.conf: the drop-in directories
                 // are an empty one of ours, never the machine's /etc/crio/crio.conf.d or
                 // /etc/containers/registries.conf.d.
@@ -668,6 +675,36 @@ impl RealNode {
         also: &[(String, String)],
     ) -> Result<(), RealNodeError> {
         import_image(self.running(), archive, pinned, also)
+    }
+
+    /// Makes the node trust the registry at `host_port` (`host:port`) whose certificates `ca_pem`
+    /// signs, as its runtime's users configure a private registry ([`registries`]): containerd's
+    /// `hosts.toml`, CRI-O's `certs.d`. Read at each pull: nothing restarts.
+    pub fn trust_registry(&self, host_port: &str, ca_pem: &str) -> Result<(), RealNodeError> {
+        registries::trust(self, self.runtime, &self.config_dir, host_port, ca_pem)
+    }
+
+    /// The names of the images in its runtime's store (containerd's namespace `k8s.io`, CRI-O's
+    /// storage), as the runtime lists them: `REPOSITORY:TAG`, and containerd's
+    /// `REPOSITORY@sha256:…` of a pulled image too.
+    pub fn image_names(&self) -> Result<Vec<String>, RealNodeError> {
+        match self.runtime {
+            NodeRuntime::CriO => crio::image_names(self.layout, &self.bin_dir),
+            NodeRuntime::Containerd => Ok(self
+                .exec(&[
+                    "ctr",
+                    "--address",
+                    layout::CONTAINERD_SOCKET,
+                    "-n",
+                    "k8s.io",
+                    "images",
+                    "ls",
+                    "-q",
+                ])?
+                .lines()
+                .map(str::to_owned)
+                .collect()),
+        }
     }
 
     /// This node as [`RunningNode`] (what [`import_image`] needs).
