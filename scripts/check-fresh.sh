@@ -54,9 +54,10 @@ commit=$(git rev-parse HEAD)
 # ----- 1. the packages -----
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -x 'install ok installed' >/dev/null; }
-# removed_by APT-GET-ARGS...: the packages `apt-get -s ARGS` would remove, one a line.
+# removed_by APT-GET-ARGS...: the packages `apt-get -s ARGS` would remove, one a line, a foreign
+# architecture's with its qualifier (libffi8:arm64 is not the machine's libffi8).
 removed_by() {
-  LC_ALL=C apt-get -s "$@" 2>/dev/null | sed -n -E 's/^(Purg|Remv) ([^ ]+).*/\2/p' | sed 's/:.*//' | sort -u
+  LC_ALL=C apt-get -s "$@" 2>/dev/null | sed -n -E 's/^(Purg|Remv) ([^ ]+).*/\2/p' | sort -u
 }
 in_list() { local x=$1; shift; local y; for y in "$@"; do [ "$x" = "$y" ] && return 0; done; return 1; }
 
