@@ -178,8 +178,8 @@ run_make() {
 # report GOAL: its result, what its install steps installed and how long its builds took.
 report() {
   local goal=$1 log=$work/$1.log status secs
-  local installs='^install-[a-z-]+: installing '
-  local builds='^[a-z-]+: (done in [0-9]+s|  [a-z-]+ built in [0-9]+s|built .* in [0-9]+s)'
+  local installs='^install-[a-z0-9-]+: installing '
+  local builds='^[a-z0-9-]+: (done in [0-9]+s|  [a-z-]+ built in [0-9]+s|built .* in [0-9]+s)'
   status=status_$goal
   secs=secs_$goal
   if [ "${!status}" -eq 0 ]; then

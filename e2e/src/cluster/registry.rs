@@ -3,7 +3,7 @@
 //! own, and one htpasswd login (bcrypt: the only hash it accepts). `make publish` is tested
 //! against it, and the real nodes pull ipkeep's image and chart from it.
 //!
-//! ```ignore
+//! ```text
 //! let registry = Registry::start().await?;            // ready: GET /v2/ answers 401
 //! registry.addr();                                    // "127.0.0.1:<port>", for pushes from here
 //! registry.addr_at(slot.host_ip());                   // "198.18.<s>.1:<port>", for the nodes
