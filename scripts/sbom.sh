@@ -33,9 +33,11 @@ fi
 
 # cargo-cyclonedx describes every binary of the workspace, each document beside its package's
 # Cargo.toml, named after the binary and the target: the image's two are moved out, the others
-# removed at once, and the trap removes any left if something stops half-way. Build-time
-# dependencies (build scripts, proc macros) are not in a binary and are left out; the timestamp is
-# the commit's (SOURCE_DATE_EPOCH), so the same commit gives the same documents but their serial.
+# removed at once, and the trap removes any left if something stops half-way. Build scripts' own
+# dependencies are not in a binary and are left out (proc macros stay, as cargo tree lists them);
+# the timestamp is the commit's (SOURCE_DATE_EPOCH), so one commit gives the same documents but
+# their serial number.
+
 # package_name DIR: the [package] name of DIR/Cargo.toml.
 package_name() { sed -n 's/^name = "\(.*\)"$/\1/p' "$1/Cargo.toml" | head -n 1; }
 strays() { find . -path ./target -prune -o -name "*_bin_$1.cdx.json" -print; }

@@ -88,7 +88,7 @@ fn the_image_runs_both_binaries_as_its_non_root_user() {
         );
     }
     assert!(
-        effective_uid_is_root(),
+        rustix::process::geteuid().is_root(),
         "the image test needs root (buildah storage, chroot into the unpacked image): run it as root"
     );
     let work = repo_root()
@@ -274,16 +274,6 @@ fn chroot_binary() -> PathBuf {
         .map(|dir| dir.join("chroot"))
         .find(|candidate| candidate.is_file())
         .unwrap_or_else(|| panic!("chroot (coreutils) not found on PATH"))
-}
-
-/// Whether this process runs as root (read from /proc: no libc dependency for one call).
-fn effective_uid_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|ids| ids.split_whitespace().nth(1).map(|euid| euid == "0"))
-        .unwrap()
 }
 
 #[test]

@@ -33,26 +33,6 @@ const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const EM_X86_64: u16 = 62;
 const EM_AARCH64: u16 = 183;
 
-fn workspace_version() -> String {
-    let cargo = std::fs::read_to_string(repo_root().join("Cargo.toml")).unwrap();
-    cargo
-        .lines()
-        .find_map(|l| l.strip_prefix("version = \""))
-        .and_then(|l| l.strip_suffix('"'))
-        .unwrap()
-        .to_owned()
-}
-
-/// Whether this process runs as root (read from /proc: no libc dependency for one call).
-fn effective_uid_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|ids| ids.split_whitespace().nth(1).map(|euid| euid == "0"))
-        .unwrap()
-}
-
 /// A script of the repository with the registry's login and a private Helm home: as a user who
 /// ran `buildah login` and `helm registry login`.
 fn script(name: &str, registry: &Registry, scratch: &Scratch) -> Command {
@@ -155,7 +135,7 @@ fn helm_pull(scratch: &Scratch, registry: &Registry, version: &str, dest: &Path)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_release_is_published_and_pulled_back_for_both_architectures() {
     assert!(
-        effective_uid_is_root(),
+        rustix::process::geteuid().is_root(),
         "the release test needs root (buildah's storage): run it as root"
     );
     let image_root = repo_root().join("target");
@@ -180,7 +160,7 @@ async fn the_release_is_published_and_pulled_back_for_both_architectures() {
         "{} is missing: run make cluster-bins",
         helm.display()
     );
-    let version = workspace_version();
+    let version = env!("CARGO_PKG_VERSION");
     let registry = Registry::start()
         .await
         .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
@@ -297,7 +277,7 @@ async fn the_release_is_published_and_pulled_back_for_both_architectures() {
     assert_eq!(elf_machine_and_interpreter(&dynamic), (EM_X86_64, true));
 
     // The chart, as `helm install oci://…` fetches it: the package make release wrote.
-    let pulled = helm_pull(&scratch, &registry, &version, &scratch.join("pulled"));
+    let pulled = helm_pull(&scratch, &registry, version, &scratch.join("pulled"));
     assert!(
         std::fs::read(&pulled).unwrap()
             == std::fs::read(artifacts.join(format!("ipkeep-{version}.tgz"))).unwrap(),

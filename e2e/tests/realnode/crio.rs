@@ -62,6 +62,20 @@ fn node_running(c: &ipkeep_e2e::cluster::realnode::Cluster, runtime: NodeRuntime
         .unwrap_or_else(|| panic!("no {} node", runtime.name()))
 }
 
+/// The StatefulSet pod deleted graceful and forced returns with its address, reachable
+/// (`realnode::deleted_graceful_or_forced_returns_reachable`), its pods on the two CRI-O nodes.
+async fn deleted_pods_return_on_cri_o(c: &ipkeep_e2e::cluster::realnode::Cluster, ns: &str) {
+    let (sys, _) = realnode::deleted_graceful_or_forced_returns_reachable(ns).await;
+    for i in 0..2 {
+        assert_eq!(
+            realnode::node(c, sys.node_name(i)).runtime(),
+            NodeRuntime::CriO,
+            "the scenario ran on {}",
+            sys.node_name(i)
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_cri_o_the_agents_are_in_charge_and_a_deleted_pod_returns_with_its_address() {
     let _nodes = realnode::use_nodes(NODES, NETWORK).await;
@@ -86,15 +100,7 @@ async fn on_cri_o_the_agents_are_in_charge_and_a_deleted_pod_returns_with_its_ad
         );
         realnode::wait_pod_condition(c, &n.name(), "True", "InCharge").await;
     }
-    let (sys, _) = realnode::deleted_graceful_or_forced_returns_reachable("crio-delete").await;
-    for i in 0..2 {
-        assert_eq!(
-            realnode::node(c, sys.node_name(i)).runtime(),
-            NodeRuntime::CriO,
-            "the scenario ran on {}",
-            sys.node_name(i)
-        );
-    }
+    deleted_pods_return_on_cri_o(c, "crio-delete").await;
 }
 
 /// Each fault of a CRI-O node, row by row.
@@ -386,15 +392,7 @@ async fn with_the_image_and_chart_from_a_registry_every_node_pulls_and_pods_keep
     }
 
     let t = Instant::now();
-    let (sys, _) = realnode::deleted_graceful_or_forced_returns_reachable("crio-registry").await;
-    for i in 0..2 {
-        assert_eq!(
-            realnode::node(c, sys.node_name(i)).runtime(),
-            NodeRuntime::CriO,
-            "the scenario ran on {}",
-            sys.node_name(i)
-        );
-    }
+    deleted_pods_return_on_cri_o(c, "crio-registry").await;
     eprintln!(
         "realnode crio registry install {}: nodes {:.1}s, registry and push {:.1}s, refusal {:.1}s, install with pulls {:.1}s, StatefulSet {:.1}s, total {:.1}s",
         release.version,
