@@ -34,6 +34,10 @@ const CRD_NAME: &str = "ipreservations.ipkeep.dev";
 const CRD_VERSION: &str = "v1alpha1";
 /// The chart's label on the agent pods.
 const AGENT_LABEL: &str = "app.kubernetes.io/component=agent";
+/// The chart's name, which its full name contains.
+const CHART_NAME: &str = "ipkeep";
+/// How often `--wait` looks again.
+const WAIT_EVERY: Duration = Duration::from_secs(2);
 /// How many names a line lists before "and N more".
 const NAMES_SHOWN: usize = 5;
 
@@ -48,13 +52,69 @@ pub struct Args {
         default_value = "ipkeep-system"
     )]
     pub namespace: String,
-    /// The chart's full name (the release's name when it contains "ipkeep", as in the README):
-    /// the controller is `<release>-controller`, the agents `<release>-agent`.
+    /// The Helm release's name: the chart names its objects `<release>-ipkeep-*`, or
+    /// `<release>-*` when the name contains "ipkeep" (as the README's `ipkeep` does).
     #[arg(long, default_value = "ipkeep")]
     pub release: String,
+    /// The chart's full name, when `fullnameOverride` set it (the controller is
+    /// `<fullname>-controller`, the agents `<fullname>-agent`); the chart sets it in the
+    /// controller's pod, so `kubectl exec deploy/<fullname>-controller -- /ipkeep-operator check`
+    /// needs no flag.
+    #[arg(long, env = "IPKEEP_FULLNAME")]
+    pub fullname: Option<String>,
+    /// The controller's leader election Lease, when `controller.leaderElection.leaseName` set
+    /// it (default `<fullname>-controller`); set in the controller's pod as `--fullname` is.
+    #[arg(long, env = "IPKEEP_LEASE_NAME")]
+    pub lease_name: Option<String>,
     /// `text` (one line per check) or `json`.
     #[arg(long, short = 'o', value_enum, default_value = "text")]
     pub output: Output,
+    /// Check again every two seconds until every check passes (an agent Ready and in charge on
+    /// every node, a leader, ...) or `--timeout` passes; then print the last result.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long `--wait` waits (`90s`, `5m`, `1h`).
+    #[arg(long, default_value = "5m", value_parser = timeout_arg, requires = "wait")]
+    pub timeout: Duration,
+}
+
+fn timeout_arg(text: &str) -> Result<Duration, String> {
+    ipkeep_reservation::RetainFor::parse(text)
+        .map(|r| r.duration())
+        .map_err(|e| e.to_string())
+}
+
+/// The names of an install's objects, as the chart derives them from the release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    /// The chart's full name: the prefix of the controller's and agents' objects.
+    pub fullname: String,
+    /// The controller's Lease.
+    pub lease: String,
+}
+
+impl Names {
+    /// The chart's rule (`ipkeep.fullname` in `_helpers.tpl`): the override, else the release
+    /// when it contains the chart's name, else `<release>-ipkeep`; the Lease `<fullname>-controller`
+    /// unless named.
+    pub fn of(release: &str, fullname: Option<&str>, lease: Option<&str>) -> Names {
+        let nonempty = |v: Option<&str>| v.filter(|v| !v.is_empty()).map(str::to_owned);
+        let fullname = nonempty(fullname).unwrap_or_else(|| {
+            let name = if release.contains(CHART_NAME) {
+                release.to_owned()
+            } else {
+                format!("{release}-{CHART_NAME}")
+            };
+            // Helm's `trunc 63 | trimSuffix "-"`.
+            name.chars()
+                .take(63)
+                .collect::<String>()
+                .trim_end_matches('-')
+                .to_owned()
+        });
+        let lease = nonempty(lease).unwrap_or_else(|| format!("{fullname}-controller"));
+        Names { fullname, lease }
+    }
 }
 
 /// How the result is printed.
@@ -151,7 +211,7 @@ pub struct Observed {
     pub last_status_write: Option<i64>,
 }
 
-fn names(list: &[String]) -> String {
+fn listed(list: &[String]) -> String {
     let mut text = list
         .iter()
         .take(NAMES_SHOWN)
@@ -165,7 +225,9 @@ fn names(list: &[String]) -> String {
 }
 
 /// The checks' lines for what was observed (pure).
-pub fn lines(o: &Observed, namespace: &str, release: &str) -> Vec<Line> {
+pub fn lines(o: &Observed, namespace: &str, names: &Names) -> Vec<Line> {
+    let release = names.fullname.as_str();
+    let lease = names.lease.as_str();
     let line = |check, ok, node: Option<&str>, message: String, fix: Option<String>| Line {
         check,
         ok,
@@ -220,7 +282,7 @@ pub fn lines(o: &Observed, namespace: &str, release: &str) -> Vec<Line> {
             false,
             None,
             format!(
-                "the Lease {release}-controller names {holder} but was not renewed{}",
+                "the Lease {lease} names {holder} but was not renewed{}",
                 age.map(|a| format!(" for {a}s")).unwrap_or_default()
             ),
             Some(format!("kubectl -n {namespace} get pods -l app.kubernetes.io/component=controller; kubectl -n {namespace} logs deploy/{release}-controller")),
@@ -229,10 +291,10 @@ pub fn lines(o: &Observed, namespace: &str, release: &str) -> Vec<Line> {
             "controller",
             false,
             None,
-            format!("no controller holds the Lease {release}-controller"),
+            format!("no controller holds the Lease {lease}"),
             Some(format!("kubectl -n {namespace} rollout status deploy/{release}-controller")),
         ),
-        Err(e) => line("controller", false, None, format!("cannot read the Lease {release}-controller: {e}"), None),
+        Err(e) => line("controller", false, None, format!("cannot read the Lease {lease}: {e}"), None),
     });
     match &o.daemonset {
         Read::Found((desired, ready)) => out.push(line(
@@ -249,7 +311,9 @@ pub fn lines(o: &Observed, namespace: &str, release: &str) -> Vec<Line> {
             false,
             None,
             format!("no DaemonSet {release}-agent in {namespace}"),
-            Some("check --namespace and --release, or helm install the chart".into()),
+            Some(
+                "check --namespace and --release (or --fullname), or helm install the chart".into(),
+            ),
         )),
         Read::Forbidden => {
             let agents = o.agents.as_deref().unwrap_or_default();
@@ -324,7 +388,7 @@ pub fn lines(o: &Observed, namespace: &str, release: &str) -> Vec<Line> {
                 if conflicts.is_empty() {
                     format!("{} reservations, none in conflict", all.len())
                 } else {
-                    format!("{} in conflict: {}", conflicts.len(), names(&conflicts))
+                    format!("{} in conflict: {}", conflicts.len(), listed(&conflicts))
                 },
                 Some("kubectl describe ipr <name>: the Conflict condition names the older reservation holding the address; delete the one that should not hold it".into()),
             ));
@@ -358,7 +422,7 @@ pub fn lines(o: &Observed, namespace: &str, release: &str) -> Vec<Line> {
                     format!(
                         "{} not protected (ipkeep is not in charge there): {}",
                         here.len(),
-                        names(&here)
+                        listed(&here)
                     ),
                     Some("fix the node's in-charge check above".into()),
                 ));
@@ -420,9 +484,10 @@ fn why(e: &kube::Error) -> String {
 pub async fn observe(
     client: Client,
     namespace: &str,
-    release: &str,
+    names: &Names,
     now: jiff::Timestamp,
 ) -> Observed {
+    let release = names.fullname.as_str();
     let since = |t: jiff::Timestamp| (now - t).total(jiff::Unit::Second).map(|s| s as i64).ok();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = Read::of(crds.get_opt(CRD_NAME).await, |c| {
@@ -435,7 +500,7 @@ pub async fn observe(
     });
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let leader = leases
-        .get_opt(&format!("{release}-controller"))
+        .get_opt(&names.lease)
         .await
         .map(|l| {
             let spec = l?.spec?;
@@ -558,30 +623,62 @@ fn reservation_view(r: &IPReservation) -> Option<ReservationView> {
     })
 }
 
-/// Runs the checks and prints the result; `Ok(false)` when any failed.
+/// Runs the checks and prints the result; `Ok(false)` when any failed. With `--wait`, runs
+/// them again until all pass or the timeout, saying on stderr what it still waits for.
 pub fn main(args: Args) -> anyhow::Result<bool> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let names = Names::of(
+        &args.release,
+        args.fullname.as_deref(),
+        args.lease_name.as_deref(),
+    );
     runtime.block_on(async move {
         let client = Client::try_default().await?;
-        let observed = tokio::time::timeout(
-            Duration::from_secs(30),
-            observe(
-                client,
-                &args.namespace,
-                &args.release,
-                jiff::Timestamp::now(),
-            ),
-        )
-        .await?;
-        let lines = lines(&observed, &args.namespace, &args.release);
+        let deadline = tokio::time::Instant::now() + args.timeout;
+        let mut waiting_for = String::new();
+        let lines = loop {
+            let observed = tokio::time::timeout(
+                Duration::from_secs(30),
+                observe(
+                    client.clone(),
+                    &args.namespace,
+                    &names,
+                    jiff::Timestamp::now(),
+                ),
+            )
+            .await?;
+            let lines = lines(&observed, &args.namespace, &names);
+            if !args.wait || lines.iter().all(|l| l.ok) || tokio::time::Instant::now() >= deadline {
+                break lines;
+            }
+            let failed = failed_summary(&lines);
+            if failed != waiting_for {
+                eprintln!("waiting for: {failed}");
+                waiting_for = failed;
+            }
+            tokio::time::sleep(WAIT_EVERY).await;
+        };
         match args.output {
             Output::Text => print!("{}", text(&lines)),
             Output::Json => println!("{}", json(&lines)),
         }
         Ok(lines.iter().all(|l| l.ok))
     })
+}
+
+/// The failed checks in one line: `in-charge [node-1], agent`.
+fn failed_summary(lines: &[Line]) -> String {
+    lines
+        .iter()
+        .filter(|l| !l.ok)
+        .map(|l| match &l.node {
+            Some(n) => format!("{} [{n}]", l.check),
+            None => l.check.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]

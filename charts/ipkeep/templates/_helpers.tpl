@@ -91,3 +91,22 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/*
+ipkeep.seconds: a duration value (the schema's grammar: digits, then s, m, h or d) in seconds.
+*/}}
+{{- define "ipkeep.seconds" -}}
+{{- $unit := regexFind "[smhd]$" . -}}
+{{- mul (trimSuffix $unit . | int64) (get (dict "s" 1 "m" 60 "h" 3600 "d" 86400) $unit) -}}
+{{- end -}}
+
+{{/*
+ipkeep.refuse: combinations of values the binaries would refuse at start, refused by helm
+install and upgrade themselves, naming the values (the schema checks each value alone).
+*/}}
+{{- define "ipkeep.refuse" -}}
+{{- $c := .Values.controller -}}
+{{- if gt (include "ipkeep.seconds" $c.defaultRetainFor | int64) (include "ipkeep.seconds" $c.maxRetainFor | int64) -}}
+{{- fail (printf "controller.defaultRetainFor (%s) is longer than controller.maxRetainFor (%s), which the controller refuses: set controller.defaultRetainFor to at most %s, or controller.maxRetainFor to at least %s" $c.defaultRetainFor $c.maxRetainFor $c.maxRetainFor $c.defaultRetainFor) -}}
+{{- end -}}
+{{- end -}}

@@ -848,6 +848,8 @@ fn each_variant_changes_what_it_says() {
         );
     }
     assert_eq!(env_value(c, "IPKEEP_LOG_LEVEL")["value"], "debug");
+    // `check` inside the controller's pod finds the overridden Lease without a flag.
+    assert_eq!(env_value(c, "IPKEEP_LEASE_NAME")["value"], "my-lease");
     assert_eq!(env_value(c, "IPKEEP_LOG_FORMAT")["value"], "json");
     assert_eq!(
         rules(find(&docs, "Role", "ipkeep-controller-leader-election"))
@@ -983,6 +985,61 @@ fn bad_values_are_rejected_with_a_message_naming_them() {
         err.contains("metrics.serviceMonitor.enabled needs metrics.service.enabled"),
         "{err}"
     );
+    // The controller refuses a default retention longer than the maximum: so does helm, naming
+    // both values (each unit compared in seconds; equal is allowed).
+    for (sets, refused) in [
+        (
+            &["controller.maxRetainFor=2h"][..],
+            Some("(24h) is longer than controller.maxRetainFor (2h)"),
+        ),
+        (
+            &["controller.defaultRetainFor=8d"][..],
+            Some("(8d) is longer than controller.maxRetainFor (7d)"),
+        ),
+        (
+            &[
+                "controller.defaultRetainFor=91s",
+                "controller.maxRetainFor=90s",
+            ][..],
+            Some("(91s) is longer"),
+        ),
+        (
+            &[
+                "controller.defaultRetainFor=61m",
+                "controller.maxRetainFor=1h",
+            ][..],
+            Some("(61m) is longer"),
+        ),
+        (
+            &[
+                "controller.defaultRetainFor=24h",
+                "controller.maxRetainFor=1d",
+            ][..],
+            None,
+        ),
+        (
+            &[
+                "controller.defaultRetainFor=90s",
+                "controller.maxRetainFor=2m",
+            ][..],
+            None,
+        ),
+    ] {
+        let result = template(dir.path(), &set_args(sets), &[]);
+        match refused {
+            Some(fragment) => {
+                let err = result.err().unwrap_or_else(|| panic!("{sets:?} rendered"));
+                assert!(
+                    err.contains(fragment),
+                    "{sets:?}: {fragment:?} not in: {err}"
+                );
+                assert!(err.contains("controller.defaultRetainFor ("), "{err}");
+            }
+            None => {
+                result.unwrap_or_else(|e| panic!("{sets:?} refused: {e}"));
+            }
+        }
+    }
 }
 
 #[test]
@@ -1127,15 +1184,16 @@ fn notes_tell_the_user_what_to_do_next() {
     );
     for expected in [
         installed.as_str(),
-        "kubectl -n ipkeep-system get deploy,ds -l app.kubernetes.io/instance=ipkeep",
-        "(cbr0) from\n   host-local to ipkeep",
+        "kubectl -n ipkeep-system exec deploy/ipkeep-controller -- /ipkeep-operator check --wait",
+        "no network uses it yet (cbr0)",
         r#""ipam": {"type": "ipkeep", ...}"#,
-        "with \"dataDir\" /var/lib/cni/networks",
-        "The plugin binary is now in /opt/cni/bin.",
-        "cni.replaceHostLocal=true",
-        r#"ipkeep.dev/retain: "true""#,
-        r#"ipkeep.dev/retain-for: "24h""#,
+        "(\"dataDir\" /var/lib/cni/networks, the chart's agent.dataDir)",
+        "ipkeep is in /opt/cni/bin,",
+        "k3s or kube-flannel (generated configuration, nothing to edit)",
+        "--reuse-values --set cni.replaceHostLocal=true",
+        "ipkeep.dev/retain=true ipkeep.dev/retain-for=24h",
         "kubectl get ipreservations -A",
+        "then helm uninstall ipkeep -n ipkeep-system",
         "kubectl delete crd ipreservations.ipkeep.dev",
     ] {
         assert!(
@@ -1146,9 +1204,9 @@ fn notes_tell_the_user_what_to_do_next() {
 
     let replaced = notes("notes-replace", variant("replace-host-local"));
     for expected in [
-        "replaced host-local in /opt/cni/bin",
+        "Nothing else to change: ipkeep replaced host-local in /opt/cni/bin,",
         "host-local.ipkeep-orig",
-        "set cni.replaceHostLocal=false and upgrade, or uninstall the chart",
+        "--reuse-values --set cni.replaceHostLocal=false",
     ] {
         assert!(
             replaced.contains(expected),

@@ -30,4 +30,5 @@ mod node_faults;
 mod operator;
 mod placement;
 mod pods;
+mod quick_start;
 mod upgrade;

@@ -47,7 +47,7 @@ type Case = (&'static str, Box<dyn Fn(&mut Observed)>, Vec<Failed>);
 
 /// The failed lines: (check, node).
 fn failed(o: &Observed) -> Vec<Failed> {
-    lines(o, "ipkeep-system", "ipkeep")
+    lines(o, "ipkeep-system", &Names::of("ipkeep", None, None))
         .into_iter()
         .filter(|l| !l.ok)
         .inspect(|l| {
@@ -175,7 +175,7 @@ fn text_marks_each_line_and_json_says_ok() {
         true,
         Some((false, "NetworkNotConfigured")),
     )]);
-    let l = lines(&o, "ipkeep-system", "ipkeep");
+    let l = lines(&o, "ipkeep-system", &Names::of("ipkeep", None, None));
     let t = text(&l);
     assert!(
         t.contains("✗ in-charge [node-0]: NetworkNotConfigured: NetworkNotConfigured on node-0"),
@@ -190,6 +190,63 @@ fn text_marks_each_line_and_json_says_ok() {
     assert_eq!(j["ok"], false);
     assert_eq!(j["checks"].as_array().unwrap().len(), 6);
     assert_eq!(j["checks"][3]["node"], "node-0");
-    let ok = lines(&correct(), "ipkeep-system", "ipkeep");
+    let ok = lines(
+        &correct(),
+        "ipkeep-system",
+        &Names::of("ipkeep", None, None),
+    );
     assert!(text(&ok).ends_with("all checks passed\n"));
+}
+
+#[test]
+fn names_follow_the_charts_fullname_rule_and_its_overrides() {
+    // (release, --fullname, --lease-name) → (fullname, lease)
+    type Case<'a> = (&'a str, Option<&'a str>, Option<&'a str>, &'a str, &'a str);
+    let cases: &[Case] = &[
+        ("ipkeep", None, None, "ipkeep", "ipkeep-controller"),
+        (
+            "prod-ipkeep",
+            None,
+            None,
+            "prod-ipkeep",
+            "prod-ipkeep-controller",
+        ),
+        ("net", None, None, "net-ipkeep", "net-ipkeep-controller"),
+        ("net", Some("keeper"), None, "keeper", "keeper-controller"),
+        (
+            "net",
+            Some(""),
+            Some(""),
+            "net-ipkeep",
+            "net-ipkeep-controller",
+        ),
+        ("ipkeep", None, Some("my-lease"), "ipkeep", "my-lease"),
+        (
+            "a-release-name-of-sixty-characters-which-helm-cuts-to-63-abc",
+            None,
+            None,
+            "a-release-name-of-sixty-characters-which-helm-cuts-to-63-abc-ip",
+            "a-release-name-of-sixty-characters-which-helm-cuts-to-63-abc-ip-controller",
+        ),
+    ];
+    for (release, fullname, lease, want_fullname, want_lease) in cases {
+        let n = Names::of(release, *fullname, *lease);
+        assert_eq!(
+            (n.fullname.as_str(), n.lease.as_str()),
+            (*want_fullname, *want_lease),
+            "{release} {fullname:?} {lease:?}"
+        );
+    }
+}
+
+#[test]
+fn the_wait_summary_names_each_failed_check_and_its_node() {
+    let mut o = correct();
+    o.agents = Ok(vec![
+        agent("node-0", true, Some((true, "InCharge"))),
+        agent("node-1", true, Some((false, "NetworkNotFound"))),
+    ]);
+    o.leader = Ok(None);
+    let l = lines(&o, "ipkeep-system", &Names::of("ipkeep", None, None));
+    assert_eq!(failed_summary(&l), "controller, in-charge [node-1]");
 }

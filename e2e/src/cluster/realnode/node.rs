@@ -684,6 +684,25 @@ impl RealNode {
         registries::trust(self, self.runtime, &self.config_dir, host_port, ca_pem)
     }
 
+    /// Makes the node trust the registry at `host_port` and log in to it with its own login
+    /// `basic` (base64 of `user:password`), so that pods need no pull secret
+    /// ([`registries::trust_with_login`]; containerd only). Read at each pull: nothing restarts.
+    pub fn trust_registry_with_login(
+        &self,
+        host_port: &str,
+        ca_pem: &str,
+        basic: &str,
+    ) -> Result<(), RealNodeError> {
+        registries::trust_with_login(
+            self,
+            self.runtime,
+            &self.config_dir,
+            host_port,
+            ca_pem,
+            basic,
+        )
+    }
+
     /// The names of the images in its runtime's store (containerd's namespace `k8s.io`, CRI-O's
     /// storage), as the runtime lists them: `REPOSITORY:TAG`, and containerd's
     /// `REPOSITORY@sha256:…` of a pulled image too.

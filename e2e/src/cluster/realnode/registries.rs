@@ -42,6 +42,20 @@ pub fn hosts_toml(host_port: &str) -> String {
     )
 }
 
+/// The `hosts.toml` of the private registry at `host_port` with the node's own login (`basic`:
+/// base64 of `user:password`) as the `Authorization` header of every request: nodes that log in
+/// themselves, so that pods need no pull secret (k3s's `registries.yaml` does the same).
+pub fn login_hosts_toml(host_port: &str, basic: &str) -> String {
+    format!(
+        "# A private registry: TLS with its own CA, the node's own login.\n\
+         [host.\"https://{host_port}\"]\n\
+         \x20 capabilities = [\"pull\", \"resolve\"]\n\
+         \x20 ca = \"{CA_FILE}\"\n\
+         \x20 [host.\"https://{host_port}\".header]\n\
+         \x20   Authorization = \"Basic {basic}\"\n"
+    )
+}
+
 /// Refuses a registry address that is not one directory name: `host:port`, `host`, or
 /// `[v6]:port`.
 pub fn check_host_port(host_port: &str) -> Result<(), RealNodeError> {
@@ -92,30 +106,12 @@ pub(super) fn trust(
 ) -> Result<(), RealNodeError> {
     check_host_port(host_port)?;
     match runtime {
-        NodeRuntime::Containerd => {
-            let dir = config_dir.join(CONTAINERD_HOSTS_DIR).join(host_port);
-            let io = |what: &str, path: &Path| {
-                let what = format!("{what} {}", path.display());
-                let name = node.name();
-                move |source| RealNodeError::Io {
-                    node: name,
-                    what,
-                    source,
-                }
-            };
-            std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
-            // The CA before the file that names it: a pull meanwhile finds both or neither.
-            for (file, text) in [
-                (CA_FILE, ca_pem.to_owned()),
-                ("hosts.toml", hosts_toml(host_port)),
-            ] {
-                let path = dir.join(file);
-                let tmp = dir.join(format!(".{file}.new"));
-                std::fs::write(&tmp, text).map_err(io("write", &tmp))?;
-                std::fs::rename(&tmp, &path).map_err(io("write", &path))?;
-            }
-            Ok(())
-        }
+        NodeRuntime::Containerd => write_hosts(
+            node,
+            &config_dir.join(CONTAINERD_HOSTS_DIR).join(host_port),
+            ca_pem,
+            &hosts_toml(host_port),
+        ),
         NodeRuntime::CriO => {
             let dir = format!("{CRIO_CERTS_DIR}/{host_port}");
             let mut command = node.command("sh");
@@ -129,6 +125,60 @@ pub(super) fn trust(
                 })
         }
     }
+}
+
+/// Writes a containerd host directory `dir`: the CA, then the `hosts.toml` that names it (a
+/// pull meanwhile finds both or neither).
+fn write_hosts(
+    node: &super::RealNode,
+    dir: &Path,
+    ca_pem: &str,
+    hosts: &str,
+) -> Result<(), RealNodeError> {
+    let io = |what: &str, path: &Path| {
+        let what = format!("{what} {}", path.display());
+        let name = node.name();
+        move |source| RealNodeError::Io {
+            node: name,
+            what,
+            source,
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+    for (file, text) in [(CA_FILE, ca_pem), ("hosts.toml", hosts)] {
+        let path = dir.join(file);
+        let tmp = dir.join(format!(".{file}.new"));
+        std::fs::write(&tmp, text).map_err(io("write", &tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io("write", &path))?;
+    }
+    Ok(())
+}
+
+/// Makes a containerd node trust the private registry at `host_port` and log in to it itself
+/// ([`login_hosts_toml`]): no pull secret needed. CRI-O nodes are refused (their logins are
+/// an auth file's).
+pub(super) fn trust_with_login(
+    node: &super::RealNode,
+    runtime: NodeRuntime,
+    config_dir: &Path,
+    host_port: &str,
+    ca_pem: &str,
+    basic: &str,
+) -> Result<(), RealNodeError> {
+    check_host_port(host_port)?;
+    if runtime != NodeRuntime::Containerd {
+        return Err(RealNodeError::Invalid {
+            what: "runtime for a node's own registry login",
+            value: runtime.name().to_owned(),
+            why: "only containerd nodes' hosts.toml logins are written here",
+        });
+    }
+    write_hosts(
+        node,
+        &config_dir.join(CONTAINERD_HOSTS_DIR).join(host_port),
+        ca_pem,
+        &login_hosts_toml(host_port, basic),
+    )
 }
 
 /// Lays the node's own layer over [`CONTAINERS_ETC`] (once per mount namespace); the machine's
