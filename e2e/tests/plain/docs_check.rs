@@ -7,7 +7,8 @@
 //!
 //! Where each truth comes from (never a list kept here):
 //! - **flags**: the built binaries' `--help` (`ipkeep-operator` and each subcommand it lists,
-//!   `ipkeep-docker` and its subcommands); the plugin `ipkeep` has no flags.
+//!   `ipkeep-docker` and its subcommands), and each hidden `alias = "…"` the sources declare that
+//!   the binary takes; the plugin `ipkeep` has no flags.
 //! - **chart values**: `charts/ipkeep/files/defaults.json` (generated from `values.yaml`): a
 //!   dotted name starting with a top-level key (`controller.maxRetainFor`) must be a value, a
 //!   section holding values (`policy.admission`), or a path inside a value that is a map or list
@@ -22,34 +23,49 @@
 //!
 //! What is checked, and how a name is found:
 //! - A flag is attributed to a program by the command it appears in: a code-block line (with its
-//!   `\` continuations) or an inline code span holding `ipkeep-operator`, `/ipkeep-operator`,
-//!   `ipkeep-docker` (or `cargo run -p ipkeep-operator -- …`), or a code span starting with one of
-//!   `ipkeep-operator`'s subcommands (`install-cni --from …`): the `--flags` after the program and
-//!   its subcommand are that subcommand's. A code span that is only a flag (`` `--output json` ``)
-//!   belongs to the program its sentence names, else to the program the enclosing heading names
-//!   (`## The controller: `ipkeep-operator controller``), else to any of ipkeep's programs. Flags on
-//!   other commands (helm, kubectl, cargo, k3s, docker, make, …) are not checked, and a flag-only
-//!   span that the attributed program lacks is taken as another tool's when the same flag appears
-//!   on another program's command anywhere in the docs (`--mac-address`, `--skip`).
-//! - Chart values, metrics and annotations are found anywhere in the text; a metric followed by
-//!   `::` is a crate path, and a dotted name ending in a file extension (`controller.rs`) or
-//!   inside a path is a file.
+//!   `\` continuations) or an inline code span where `ipkeep-operator`, `/ipkeep-operator` or
+//!   `ipkeep-docker` is run (first on the command, or after `--`, `exec`, `sudo`, `env`; also
+//!   `cargo run -p ipkeep-operator -- …`), or a code span starting with one of `ipkeep-operator`'s
+//!   subcommands (`install-cni --from …`): the `--flags` after the program and its subcommand are
+//!   that subcommand's. A code span that is only a flag (`` `--output json` ``) belongs to the
+//!   programs its sentence names and the one its nearest heading names
+//!   (`## The controller: `ipkeep-operator controller``; a binary without a subcommand has all its
+//!   subcommands' flags), unless the sentence's prose names another tool (helm, kubectl, k3s,
+//!   Docker, the kubelet, …); when nothing names a program, it is reported only as a near miss
+//!   (within a fifth of its length in edits of one of ipkeep's flags, and not one). Flags on other
+//!   programs' commands (helm, kubectl, cargo, make, …) are never checked, and a flag-only span is
+//!   taken as another tool's when the same flag appears on another program's command anywhere.
+//! - Chart values are found in prose (unless the sentence names another tool: Cilium's
+//!   `cni.uninstall`) and code lines; metrics and annotations anywhere. A metric followed by `::`
+//!   or named like a crate is a crate path; a dotted name ending in a file extension
+//!   (`controller.rs`), inside a path or followed by `/` (`cni.dev/…`) is not a value.
 //! - An Event reason is a backticked CamelCase word in a sentence that speaks of Events
-//!   (`Event`, `Warning`, `Normal`): it must be a reason, or a name the operator's sources or the
-//!   CRD use otherwise (a phase `Bound`, a kind `StatefulSet`); directly after "Warning" or
-//!   "Normal" it must be of that type. docs/operator.md's table with a Normal and a Warning column
-//!   must list every reason, under its type, in its poster's row, and nothing else.
+//!   (`Event`, `Warning`, `Normal`). A reason the code has, called "Warning" or "Normal" right
+//!   before it, must be of that type. A name that is no reason is reported when it is called
+//!   "Warning"/"Normal" or is a near miss of a reason, and the operator's sources and the CRD do
+//!   not use it otherwise (`Bound`, `StatefulSet`): Kubernetes' own reasons (`FailedCreate`,
+//!   `Pulled`) are not checked. docs/operator.md's table with a Normal and a Warning column must
+//!   list every reason, under its type, in its poster's row, and nothing else.
 //! - Every metric the operator registers is named in docs/operator.md, every one the Docker
-//!   driver registers in docs/docker.md.
+//!   driver registers in docs/docker.md, within the sections whose heading speaks of metrics
+//!   (the whole page when none does).
 //! - A `kubectl get ipr` line's `# NAME, IPS, …` comment must be the CRD's columns shown by default
 //!   (priority 0), a `# + …` comment the `-o wide` ones; the same in a sentence naming
-//!   `kubectl get ipr` and listing columns (`shows NAME, IPS, … and AGE`, `-o wide adds …`); a
-//!   backticked upper-case word before "column" must be a column.
+//!   `kubectl get ipr` and listing columns (`shows NAME, IPS, … and AGE`, `-o wide` adds …; after
+//!   "at least" each listed one must only be a column); a backticked upper-case word before
+//!   "column" must be a column.
 //! - Every relative link `doc.md#anchor` (and `#anchor`) in the Markdown files, and every
 //!   `docs/….md#anchor` in the chart's templates and values.yaml, must name a heading.
 //!
-//! Not checked: flags in YAML `args:` lists, environment variables, prose without code spans for
-//! flags, and links to anything but Markdown files.
+//! A paragraph holding `<!-- docs-check: wrong on purpose -->` shows a mistake on purpose (a
+//! misspelt value and the error refusing it): its flag-only spans, values and reasons are not
+//! checked.
+//!
+//! A paragraph holding `<!-- docs-check: names every Event reason -->` (README's) must name every
+//! reason, and its sentences that speak of Warning (or Normal) Events only, reasons of that type.
+//!
+//! Not checked: flags in YAML `args:` lists, environment variables, flags outside code, and links
+//! to anything but Markdown files.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -194,6 +210,10 @@ const OTHER_TOOLS: [&str; 17] = [
 /// A paragraph holding this comment names something wrong on purpose (an example of a mistake
 /// and what refuses it): it is not checked.
 const DELIBERATE: &str = "<!-- docs-check: wrong on purpose -->";
+
+/// A paragraph holding this comment claims to name every Event reason: it must, and a sentence
+/// of it that speaks of Warning (or Normal) Events only must name reasons of that type only.
+const EVERY_REASON: &str = "<!-- docs-check: names every Event reason -->";
 
 impl Paragraph {
     fn skipped(&self) -> bool {
@@ -602,8 +622,7 @@ fn nearest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a String>) -> 
         .cloned()
 }
 
-/// Each match of `prefix` followed by name characters, with its byte offset; `before` says which
-/// character may not precede it.
+/// Each match of `prefix` followed by the characters `name_char` admits, with its byte offset.
 fn tokens_after<'a>(
     text: &'a str,
     prefix: &str,
@@ -1014,6 +1033,9 @@ fn reason_named(name: &str, truth: &Truth) -> Option<EventReason> {
 fn check_reasons(doc: &Doc, p: &Parsed, truth: &Truth, out: &mut Vec<Finding>) {
     let names: Vec<String> = truth.reasons.iter().map(|r| r.name.to_owned()).collect();
     for para in p.paragraphs.iter().filter(|para| !para.skipped()) {
+        if para.text.contains(EVERY_REASON) {
+            check_every_reason(doc, para, truth, out);
+        }
         for span in &para.spans {
             if !is_camel(&span.text) {
                 continue;
@@ -1070,6 +1092,53 @@ fn check_reasons(doc: &Doc, p: &Parsed, truth: &Truth, out: &mut Vec<Finding>) {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A paragraph claiming to name every reason ([`EVERY_REASON`]) names each, under its type.
+fn check_every_reason(doc: &Doc, para: &Paragraph, truth: &Truth, out: &mut Vec<Finding>) {
+    let line = para.lines[0].1;
+    for r in &truth.reasons {
+        if !para.spans.iter().any(|s| s.text == r.name) {
+            out.push(Finding {
+                path: doc.path.clone(),
+                line,
+                kind: Kind::Reason,
+                name: r.name.to_owned(),
+                problem: format!(
+                    "the {} posts it as {}; this paragraph says it names every reason, but lacks it",
+                    poster_name(r.poster),
+                    type_name(r.warning)
+                ),
+                nearest: None,
+            });
+        }
+    }
+    for span in &para.spans {
+        let Some(r) = reason_named(&span.text, truth) else {
+            continue;
+        };
+        let (s, e) = para.sentence(span.start);
+        let sentence = &para.text[s..e];
+        let said = match (sentence.contains("Warning"), sentence.contains("Normal")) {
+            (true, false) => true,
+            (false, true) => false,
+            _ => continue,
+        };
+        if said != r.warning {
+            out.push(Finding {
+                path: doc.path.clone(),
+                line: para.line_at(span.start),
+                kind: Kind::Reason,
+                name: span.text.clone(),
+                problem: format!(
+                    "named among {} Events, but the code posts it as {}",
+                    type_name(said),
+                    type_name(r.warning)
+                ),
+                nearest: None,
+            });
         }
     }
 }
@@ -1756,6 +1825,12 @@ fn a_misspelling_in_the_readme_is_reported_with_its_line_and_the_nearest_real_na
             "Event reason `PlacementMissed`: called Normal, but the code posts it as Warning",
         ),
         (
+            "a Normal reason among the Warnings",
+            "`Yielded` and `NodeGone` from the controller",
+            "`Yielded`, `Released` and `NodeGone` from the controller",
+            "Event reason `Released`: named among Warning Events, but the code posts it as Normal",
+        ),
+        (
             "an annotation",
             "`ipkeep.dev/release-with-owner: \"true\"`",
             "`ipkeep.dev/release-with-ownr: \"true\"`",
@@ -1810,6 +1885,13 @@ fn a_reference_table_without_a_name_the_code_has_is_reported() {
             "`Rebound`, ",
             "",
             "Event reason `Rebound`: the controller posts it as Normal, but the Events table does not list it",
+        ),
+        (
+            "a reason left out of README's paragraph that names every one",
+            "README.md",
+            "`PlacementSkipped`, `RetentionCapped`,",
+            "`PlacementSkipped`,",
+            "Event reason `RetentionCapped`: the controller posts it as Warning; this paragraph says it names every reason, but lacks it",
         ),
         (
             "a reason in the wrong column",
