@@ -35,8 +35,8 @@
 //!   (within a fifth of its length in edits of one of ipkeep's flags, and not one). Flags on other
 //!   programs' commands (helm, kubectl, cargo, make, …) are never checked, and a flag-only span is
 //!   taken as another tool's when the same flag appears on another program's command anywhere.
-//! - Chart values are found in prose (unless the sentence names another tool: Cilium's
-//!   `cni.uninstall`) and code lines; metrics and annotations anywhere. A metric followed by `::`
+//! - Chart values are found in prose (unless the sentence names another project's chart:
+//!   Cilium's `cni.uninstall`) and code lines; metrics and annotations anywhere. A metric followed by `::`
 //!   or named like a crate is a crate path; a dotted name ending in a file extension
 //!   (`controller.rs`), inside a path or followed by `/` (`cni.dev/…`) is not a value.
 //! - An Event reason is a backticked CamelCase word in a sentence that speaks of Events
@@ -207,6 +207,9 @@ const OTHER_TOOLS: [&str; 17] = [
     "Calico",
 ];
 
+/// Other projects' charts a sentence may quote a value of (`cni.uninstall` is Cilium's).
+const OTHER_CHARTS: [&str; 5] = ["Cilium", "Calico", "Antrea", "Spiderpool", "cert-manager"];
+
 /// A paragraph holding this comment names something wrong on purpose (an example of a mistake
 /// and what refuses it): it is not checked.
 const DELIBERATE: &str = "<!-- docs-check: wrong on purpose -->";
@@ -222,6 +225,11 @@ impl Paragraph {
 
     /// Whether the prose of `text[s..e]` (code spans left out) names another tool.
     fn names_another_tool(&self, s: usize, e: usize) -> bool {
+        self.prose_names(s, e, &OTHER_TOOLS)
+    }
+
+    /// Whether the prose of `text[s..e]` names one of `names`.
+    fn prose_names(&self, s: usize, e: usize, names: &[&str]) -> bool {
         let mut prose = String::new();
         let mut at = s;
         for span in self.spans.iter().filter(|sp| sp.start >= s && sp.end <= e) {
@@ -232,7 +240,7 @@ impl Paragraph {
         prose.push_str(&self.text[at.min(e)..e]);
         prose
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-            .any(|w| OTHER_TOOLS.contains(&w))
+            .any(|w| names.contains(&w))
     }
 
     fn line_at(&self, offset: usize) -> usize {
@@ -500,7 +508,7 @@ struct Cmd {
 
 /// `--name` of a token such as `--name=value`, `--name,` or `--name)`.
 fn flag_name(token: &str) -> Option<String> {
-    let t = token.trim_matches(|c: char| matches!(c, '`' | '(' | '"' | '\''));
+    let t = token.trim_matches(|c: char| matches!(c, '`' | '(' | '[' | '"' | '\''));
     let rest = t.strip_prefix("--")?;
     let name: String = rest
         .chars()
@@ -862,7 +870,7 @@ fn check_values(doc: &Doc, p: &Parsed, truth: &Truth, out: &mut Vec<Finding>) {
     for para in p.paragraphs.iter().filter(|para| !para.skipped()) {
         for (at, path) in value_names(&para.text, truth) {
             let (s, e) = para.sentence(at);
-            if !para.names_another_tool(s, e) {
+            if !para.prose_names(s, e, &OTHER_CHARTS) {
                 push_value(doc, para.line_at(at), &path, truth, out);
             }
         }
