@@ -1304,31 +1304,37 @@ fn is_column_word(w: &str) -> bool {
         && w.starts_with(|c: char| c.is_ascii_uppercase())
 }
 
+/// Which of `kubectl get ipr`'s column lists a text gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Columns {
+    /// The default output: NAME and the priority-0 columns.
+    Default,
+    /// `-o wide`: NAME and every column, in the CRD's order.
+    Wide,
+    /// What `-o wide` adds: the columns of a higher priority.
+    WideAdds,
+}
+
 fn compare_columns(
     doc: &Doc,
     line: usize,
     listed: &[String],
-    wide: bool,
+    columns: Columns,
     truth: &Truth,
     out: &mut Vec<Finding>,
 ) {
-    let want: Vec<String> = if wide {
+    let name = std::iter::once("NAME".to_owned());
+    let of = |keep: fn(i64) -> bool| {
         truth
             .columns
             .iter()
-            .filter(|(_, p)| *p > 0)
+            .filter(move |(_, p)| keep(*p))
             .map(|(c, _)| c.clone())
-            .collect()
-    } else {
-        std::iter::once("NAME".to_owned())
-            .chain(
-                truth
-                    .columns
-                    .iter()
-                    .filter(|(_, p)| *p == 0)
-                    .map(|(c, _)| c.clone()),
-            )
-            .collect()
+    };
+    let want: Vec<String> = match columns {
+        Columns::Default => name.chain(of(|p| p == 0)).collect(),
+        Columns::Wide => name.chain(of(|_| true)).collect(),
+        Columns::WideAdds => of(|p| p > 0).collect(),
     };
     if listed == want {
         return;
@@ -1356,10 +1362,10 @@ fn compare_columns(
             line,
             kind: Kind::Column,
             name: listed.join(", "),
-            problem: if wide {
-                format!("`kubectl get ipr -o wide` adds {}", want.join(", "))
-            } else {
-                format!("`kubectl get ipr` shows {}", want.join(", "))
+            problem: match columns {
+                Columns::Default => format!("`kubectl get ipr` shows {}", want.join(", ")),
+                Columns::Wide => format!("`kubectl get ipr -o wide` shows {}", want.join(", ")),
+                Columns::WideAdds => format!("`kubectl get ipr -o wide` adds {}", want.join(", ")),
             },
             nearest: None,
         });
@@ -1368,20 +1374,27 @@ fn compare_columns(
 
 fn check_columns(doc: &Doc, p: &Parsed, truth: &Truth, out: &mut Vec<Finding>) {
     for code in &p.code {
-        if !code.text.contains("kubectl get ipr") {
+        if !(code.text.contains("kubectl get ipr")
+            || code.text.contains("kubectl get ipreservation"))
+        {
             continue;
         }
-        let Some((_, comment)) = code.text.split_once(" # ") else {
+        let Some((command, comment)) = code.text.split_once(" # ") else {
             continue;
         };
         let comment = comment.trim();
-        let (wide, list) = match comment.strip_prefix('+') {
-            Some(rest) => (true, column_list(rest)),
-            None => (false, column_list(comment)),
-        };
-        if !list.is_empty() {
-            compare_columns(doc, code.line, &list, wide, truth, out);
+        let list = column_list(comment.trim_start_matches('+'));
+        if list.is_empty() {
+            continue;
         }
+        let columns = if comment.starts_with('+') {
+            Columns::WideAdds
+        } else if command.contains("-o wide") {
+            Columns::Wide
+        } else {
+            Columns::Default
+        };
+        compare_columns(doc, code.line, &list, columns, truth, out);
     }
     let every: Vec<String> = std::iter::once("NAME".to_owned())
         .chain(truth.columns.iter().map(|(c, _)| c.clone()))
@@ -1405,13 +1418,13 @@ fn check_columns(doc: &Doc, p: &Parsed, truth: &Truth, out: &mut Vec<Finding>) {
                         });
                     }
                 } else {
-                    compare_columns(doc, para.line_at(at), &list, false, truth, out);
+                    compare_columns(doc, para.line_at(at), &list, Columns::Default, truth, out);
                 }
             }
             for (at, _) in para.text.match_indices("-o wide` adds ") {
                 let from = at + "-o wide` adds ".len();
                 let list = column_list(&para.text[from..]);
-                compare_columns(doc, para.line_at(at), &list, true, truth, out);
+                compare_columns(doc, para.line_at(at), &list, Columns::WideAdds, truth, out);
             }
         }
         // A backticked upper-case word called a column.
@@ -1918,6 +1931,71 @@ fn a_reference_table_without_a_name_the_code_has_is_reported() {
             "{what}: wanted {want}, found:\n{}",
             report(&findings)
         );
+    }
+}
+
+#[test]
+fn a_flag_belongs_to_the_program_run_on_its_command() {
+    let mut truth = Truth::default();
+    truth.subcommands.insert(
+        "ipkeep-operator".into(),
+        ["check", "install-cni"].map(str::to_owned).into(),
+    );
+    truth.subcommands.insert(
+        "ipkeep-docker".into(),
+        ["list", "serve"].map(str::to_owned).into(),
+    );
+    /// A command as expected: its program (none: another tool's) and its flags.
+    type Expected<'a> = (Option<&'a str>, &'a [&'a str]);
+    // (the text, each command)
+    let cases: [(&str, &[Expected]); 7] = [
+        (
+            "ipkeep-operator check --output json",
+            &[(Some("ipkeep-operator check"), &["--output"])],
+        ),
+        (
+            "cargo run -p ipkeep-operator -- check --wait",
+            &[(Some("ipkeep-operator check"), &["--wait"])],
+        ),
+        (
+            "cargo test -p ipkeep-operator --test agent_install_cni",
+            &[(None, &["--test"])],
+        ),
+        (
+            "kubectl -n ipkeep-system exec deploy/x -- /ipkeep-operator check --release y",
+            &[(Some("ipkeep-operator check"), &["--release"])],
+        ),
+        (
+            "install-cni --from /ipkeep --to DIR",
+            &[(Some("ipkeep-operator install-cni"), &["--from", "--to"])],
+        ),
+        (
+            "helm install ipkeep charts/ipkeep --set a=b | ipkeep-docker list --data-dir /d # --nope",
+            &[
+                (None, &["--set"]),
+                (Some("ipkeep-docker list"), &["--data-dir"]),
+            ],
+        ),
+        (
+            "--data-dir /var/lib/ipkeep-docker",
+            &[(None, &["--data-dir"])],
+        ),
+    ];
+    for (text, want) in cases {
+        let got: Vec<(Option<String>, Vec<String>)> = commands(text, &truth)
+            .into_iter()
+            .map(|c| (c.program, c.flags))
+            .collect();
+        let want: Vec<(Option<String>, Vec<String>)> = want
+            .iter()
+            .map(|(p, f)| {
+                (
+                    p.map(str::to_owned),
+                    f.iter().map(|s| (*s).to_owned()).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(got, want, "{text}");
     }
 }
 
