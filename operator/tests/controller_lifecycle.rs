@@ -17,6 +17,7 @@ use ipkeep_operator::rules::{
 use ipkeep_operator::{
     api::Phase,
     api::PodKey,
+    api::reason::EventReason,
     api::retention::{FoundRetainFor, RetainFor},
 };
 use jiff::Timestamp;
@@ -124,10 +125,10 @@ fn decide_now(input: &Input<'_>) -> Plan {
     decide(input, now(), &defaults())
 }
 
-fn reasons(plan: &Plan) -> Vec<(&'static str, bool, Subject)> {
+fn reasons(plan: &Plan) -> Vec<(EventReason, bool, Subject)> {
     plan.notices
         .iter()
-        .map(|n| (n.reason, n.warning, n.subject))
+        .map(|n| (n.reason, n.reason.warning, n.subject))
         .collect()
 }
 
@@ -747,7 +748,7 @@ fn a_returning_pod_the_webhook_never_saw_is_told_so_once() {
 #[test]
 fn placement_notices_follow_what_the_webhook_recorded_and_what_the_pod_asked() {
     let r = released("2026-01-10T11:00:00Z", "2026-01-11T11:00:00Z");
-    let cases: &[(&str, Placed, Option<&str>, Option<&str>)] = &[
+    let cases: &[(&str, Placed, Option<&str>, Option<EventReason>)] = &[
         (
             "placed: nothing to say",
             Placed::On {
@@ -790,11 +791,11 @@ fn placement_notices_follow_what_the_webhook_recorded_and_what_the_pod_asked() {
         }
         p.opt_in = optin::opt_in(&annotations(&a), None);
         let plan = decide_now(&input(Some(&p), Some(&r)));
-        let got: Vec<&str> = plan
+        let got: Vec<EventReason> = plan
             .notices
             .iter()
             .map(|n| n.reason)
-            .filter(|r| r.starts_with("Placement"))
+            .filter(|r| r.name.starts_with("Placement"))
             .collect();
         assert_eq!(got, want.iter().copied().collect::<Vec<_>>(), "{name}");
     }
@@ -993,7 +994,7 @@ fn a_retention_over_the_maximum_is_held_to_it_and_the_asker_is_told_once() {
         if let Some(n) = capped.first() {
             let asked = on_pod.or(on_sts).unwrap();
             assert!(
-                n.warning && n.message.contains(asked) && n.message.contains("7d"),
+                n.reason.warning && n.message.contains(asked) && n.message.contains("7d"),
                 "{}",
                 n.message
             );
@@ -1137,7 +1138,7 @@ fn a_namespace_the_selector_leaves_out_reserves_nothing_and_releases_what_it_had
         told: bool,
         /// The status written.
         status: Option<&'a StatusView>,
-        notices: Vec<(&'static str, bool, Subject)>,
+        notices: Vec<(EventReason, bool, Subject)>,
         /// Told now (not again).
         told_now: bool,
         /// Looked at again at.

@@ -31,8 +31,8 @@ pub use commands::{KubectlTarget, checked, kubectl, kubectl_json, kubectl_ok, ok
 pub use plane::control_plane;
 pub use replica::Replica;
 pub use repo::{
-    CONTROLLER_ENV, UNPULLED_IMAGE, chart_dir, cluster_bin_dir, crd_file, operator_binary,
-    repo_crds, repo_root,
+    CONTROLLER_ENV, UNPULLED_IMAGE, chart_dir, cluster_bin_dir, crd_file, docker_binary,
+    operator_binary, repo_crds, repo_root,
 };
 pub use scratch::Scratch;
 pub use wait::{DEADLINE, wait_for, within};

@@ -50,6 +50,14 @@ pub fn operator_binary() -> PathBuf {
         .clone()
 }
 
+/// The `ipkeep-docker` binary: `$IPKEEP_DOCKER_BIN`, else `cargo build` of it next to this test
+/// (once per test process).
+pub fn docker_binary() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| built_binary("IPKEEP_DOCKER_BIN", "ipkeep-docker", "ipkeep-docker"))
+        .clone()
+}
+
 /// `$<var>` when set, else `cargo build -p <package> --bin <bin>` (a no-op when `cargo test
 /// --workspace` built it already) and the binary next to this test's own directory.
 fn built_binary(var: &str, package: &str, bin: &str) -> PathBuf {

@@ -26,7 +26,7 @@ use rustix::fs::inotify::{ReadFlags, WatchFlags};
 use tokio::time::Instant;
 
 use crate::install_cni::{self, HOST_LOCAL, Reclaim};
-use crate::runtime::events::{EventType, Notice, Publisher, node_ref};
+use crate::runtime::events::{Notice, Publisher, node_ref};
 use crate::runtime::filewatch::{FileEvent, FileWatch};
 use crate::runtime::logging::error_chain;
 
@@ -134,8 +134,7 @@ fn check(guard: &Guard, events: &Publisher, reclaimed: &IntCounterVec) {
             tracing::warn!(how = how.label(), "{note}");
             events.publish(Notice {
                 regarding: node_ref(&guard.node),
-                type_: EventType::Warning,
-                reason: "HostLocalReplaced",
+                reason: crate::api::reason::HOST_LOCAL_REPLACED,
                 action: "ReclaimHostLocal",
                 note: &note,
             });

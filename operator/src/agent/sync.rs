@@ -28,7 +28,7 @@ use crate::{
         schedule::{Pass, Schedule, Step, Wake},
     },
     runtime::{
-        events::{EventType, Notice, Publisher},
+        events::{Notice, Publisher},
         logging::error_chain,
         probes::Readiness,
     },
@@ -305,8 +305,7 @@ async fn report_refusals(
         tracing::warn!(reservation = %format_args!("{namespace}/{name}"), error = %note, "reservation refused: no file written");
         events.publish(Notice {
             regarding: obj.object_ref(&()),
-            type_: EventType::Warning,
-            reason: "InvalidReservation",
+            reason: crate::api::reason::INVALID_RESERVATION,
             action: "WriteReservationFile",
             note: &note,
         });

@@ -1,10 +1,11 @@
 //! The operator's API, said once: the IPReservation resource and its status, the namespace/name
-//! [`PodKey`] a pod and its reservation share ([`key_of`] an object), the [`Phase`] a reservation is in, and retention
-//! ([`retention`]). The controller, the agent, `check` and e2e all import it from here.
+//! [`PodKey`] a pod and its reservation share ([`key_of`] an object), the [`Phase`] a reservation is in, retention
+//! ([`retention`]) and every Event reason ([`reason`]). The controller, the agent, `check` and e2e all import it from here.
 
 mod crd;
 mod key;
 mod phase;
+pub mod reason;
 pub mod retention;
 
 pub use crd::{

@@ -34,6 +34,7 @@ use crate::rules::{
 };
 use crate::{
     api::PodKey,
+    api::reason::EventReason,
     api::retention,
     api::{self, IPReservation},
     runtime::events::{EventType, Notice, Outcome, Publisher},
@@ -600,7 +601,6 @@ async fn execute(
                     emit(
                         ctx,
                         p.object_ref(),
-                        true,
                         lifecycle::reason::NOT_RESERVED,
                         format!(
                             "the namespace's ResourceQuota has no room for another IPReservation ({quoted}): reserved as soon as one of its reservations is deleted"
@@ -752,7 +752,7 @@ async fn delete(
                     "release time {due} reached and no pod of this name is alive: deleted, {} free",
                     r.view.ips.join(", ")
                 );
-                emit(ctx, r.object_ref(), false, lifecycle::reason::EXPIRED, note);
+                emit(ctx, r.object_ref(), lifecycle::reason::EXPIRED, note);
             } else if reason == DeleteReason::Yielded {
                 ctx.metrics
                     .yielded
@@ -797,7 +797,6 @@ fn publish(ctx: &Context, plan: &Plan, about: &About<'_>, r: Option<&CachedReser
             emit(
                 ctx,
                 regarding.clone(),
-                notice.warning,
                 notice.reason,
                 notice.message.clone(),
             );
@@ -808,18 +807,11 @@ fn publish(ctx: &Context, plan: &Plan, about: &About<'_>, r: Option<&CachedReser
 fn emit(
     ctx: &Context,
     regarding: k8s_openapi::api::core::v1::ObjectReference,
-    warning: bool,
-    reason: &str,
+    reason: EventReason,
     note: String,
 ) {
-    let type_ = if warning {
-        EventType::Warning
-    } else {
-        EventType::Normal
-    };
     let outcome = ctx.events.publish(Notice {
         regarding,
-        type_,
         reason,
         action: "Reconcile",
         note: &note,
@@ -827,7 +819,7 @@ fn emit(
     if outcome == Outcome::Queued {
         ctx.metrics
             .events
-            .with_label_values(&[reason, type_.as_str()])
+            .with_label_values(&[reason.name, EventType::of(reason).as_str()])
             .inc();
     }
 }

@@ -265,10 +265,8 @@ pub enum Subject {
 pub struct Notice {
     /// Who it is about.
     pub subject: Subject,
-    /// Warning (else Normal).
-    pub warning: bool,
-    /// The machine-readable reason (`Reserved`, `Released`, ...).
-    pub reason: &'static str,
+    /// The reason, which says Warning or Normal (`Reserved`, `Released`, ...).
+    pub reason: EventReason,
     /// What happened, for people.
     pub message: String,
 }
@@ -291,10 +289,9 @@ pub struct Plan {
 }
 
 impl Plan {
-    fn notice(&mut self, subject: Subject, warning: bool, reason: &'static str, message: String) {
+    fn notice(&mut self, subject: Subject, reason: EventReason, message: String) {
         self.notices.push(Notice {
             subject,
-            warning,
             reason,
             message,
         });
@@ -306,51 +303,16 @@ impl Plan {
     }
 }
 
-/// Event reasons.
-pub mod reason {
-    /// A reservation was created for a pod.
-    pub const RESERVED: &str = "Reserved";
-    /// A pod came back with its reserved addresses.
-    pub const REBOUND: &str = "Rebound";
-    /// The pod is gone; the addresses are held until the release time.
-    pub const RELEASED: &str = "Released";
-    /// The release time came; the reservation is deleted.
-    pub const EXPIRED: &str = "Expired";
-    /// A reservation made by hand for a pod that does not exist yet is honoured.
-    pub const HONOURED: &str = "Honoured";
-    /// A pod asked for a reservation it cannot get.
-    pub const NOT_RESERVED: &str = "NotReserved";
-    /// A returning pod got other addresses; the reservation follows it.
-    pub const ADDRESSES_CHANGED: &str = "AddressesChanged";
-    /// The pod no longer asks for a reservation; it is deleted.
-    pub const ENDED: &str = "ReservationEnded";
-    /// An annotation's value is malformed.
-    pub const INVALID_ANNOTATION: &str = "InvalidAnnotation";
-    /// An older reservation on the node claims the same address.
-    pub const CONFLICT: &str = "Conflict";
-    /// The reservation's node was deleted; the reservation is deleted with it.
-    pub const NODE_GONE: &str = "NodeGone";
-    /// A returning pod asked for placement but the webhook never saw it (unreachable, not registered).
-    pub const PLACEMENT_MISSED: &str = "PlacementMissed";
-    /// A returning pod asked for placement but its own constraints rule the reservation's node out.
-    pub const PLACEMENT_SKIPPED: &str = "PlacementSkipped";
-    /// A retention longer than `--max-retain-for` was asked for; the maximum applies.
-    pub const RETENTION_CAPPED: &str = "RetentionCapped";
-    /// The node's budget for addresses held for gone pods was exceeded: this one goes early.
-    pub const YIELDED: &str = "Yielded";
-}
+/// Event reasons (said once, in the API).
+pub use crate::api::reason;
+use crate::api::reason::EventReason;
 
 /// Decides what the reservation of one pod name must become.
 pub fn decide(input: &Input<'_>, now: Timestamp, defaults: &Defaults) -> Plan {
     let mut plan = Plan::default();
     if let Some(pod) = input.pod {
         for problem in &pod.opt_in.problems {
-            plan.notice(
-                Subject::Pod,
-                true,
-                reason::INVALID_ANNOTATION,
-                problem.clone(),
-            );
+            plan.notice(Subject::Pod, reason::INVALID_ANNOTATION, problem.clone());
         }
     }
     let alive = input.pod.filter(|p| !p.finished);
@@ -386,7 +348,6 @@ fn live(
             plan.delete = Some(DeleteReason::OptedOut);
             plan.notice(
                 Subject::Pod,
-                false,
                 reason::ENDED,
                 format!(
                     "{} is no longer \"true\": the reservation is deleted and its addresses are free",
@@ -409,7 +370,6 @@ fn live(
         if r.is_none() {
             plan.notice(
                 Subject::Pod,
-                true,
                 reason::NOT_RESERVED,
                 "the pod uses the host network: its addresses are its node's, there is nothing to reserve".into(),
             );
@@ -426,7 +386,6 @@ fn live(
         if pod.running && !ips.is_empty() {
             plan.notice(
                 Subject::Pod,
-                true,
                 reason::NOT_RESERVED,
                 format!(
                     "{why}: a pod of this name will never come back, so its addresses are not kept"
@@ -439,7 +398,6 @@ fn live(
         if pod.running && r.is_none() {
             plan.notice(
                 Subject::Pod,
-                true,
                 reason::NOT_RESERVED,
                 "the pod is running but has no IP address (status.podIPs is empty): nothing to reserve yet".into(),
             );
@@ -473,7 +431,6 @@ fn live(
             };
             plan.notice(
                 subject,
-                true,
                 reason::RETENTION_CAPPED,
                 capped_message(&format!("{on} {}", super::optin::RETAIN_FOR), asked, held),
             );
@@ -506,7 +463,6 @@ fn live(
         None => {
             plan.notice(
                 Subject::Pod,
-                false,
                 reason::RESERVED,
                 format!(
                     "reserved {} on node {node}; kept for {} after the pod is gone",
@@ -526,11 +482,10 @@ fn live(
                 && r.node_name == node;
             if !same_addresses {
                 let why = why_changed(r, &ips, node, input.node_pod_cidrs);
-                plan.notice(Subject::Both, true, reason::ADDRESSES_CHANGED, why);
+                plan.notice(Subject::Both, reason::ADDRESSES_CHANGED, why);
             } else if r.status.phase == Some(Phase::Released) {
                 plan.notice(
                     Subject::Both,
-                    false,
                     reason::REBOUND,
                     format!(
                         "pod returned with its reserved addresses {}: bound again, release time cleared",
@@ -580,7 +535,6 @@ fn not_selected(
     if !input.told && pod.running && !one_per_family(&pod.ips).is_empty() {
         plan.notice(
             Subject::Pod,
-            true,
             reason::NOT_RESERVED,
             format!(
                 "this namespace's labels do not match the controller's --namespace-selector {selector:?}: the pod's addresses are not kept{held}"
@@ -621,7 +575,6 @@ fn released(
     match fallback {
         Some(Fallback::Malformed(e)) => plan.notice(
             Subject::Reservation,
-            true,
             reason::INVALID_ANNOTATION,
             format!("spec.retainFor: {e}; the default retention applies"),
         ),
@@ -636,7 +589,6 @@ fn released(
         plan.delete = Some(DeleteReason::NodeGone);
         plan.notice(
             Subject::Reservation,
-            true,
             reason::NODE_GONE,
             format!(
                 "node {} was deleted: its pod range is gone, {} released now (the pod of this name, if it returns, gets new addresses wherever it lands)",
@@ -657,7 +609,6 @@ fn released(
         });
         plan.notice(
             Subject::Reservation,
-            true,
             reason::YIELDED,
             format!(
                 "node {} holds {} addresses for pods that are gone, over its budget of {}: this reservation, released earliest, is deleted before its release time and {} is free for the pods the node admits{precedence}",
@@ -681,7 +632,6 @@ fn released(
     {
         plan.notice(
             Subject::Reservation,
-            true,
             reason::RETENTION_CAPPED,
             capped_message("spec.retainFor", asked, held),
         );
@@ -698,14 +648,12 @@ fn released(
         };
         plan.notice(
             Subject::Reservation,
-            false,
             reason,
             format!("{why}: {} held until {release_time}", r.ips.join(", ")),
         );
     } else if owner_released && r.status.release_time != Some(release_time) {
         plan.notice(
             Subject::Reservation,
-            false,
             reason::RELEASED,
             format!(
                 "StatefulSet {} was deleted and {} is \"true\": released now",
@@ -742,7 +690,6 @@ fn placement_notice(plan: &mut Plan, pod: &PodView, r: &ReservationView, default
         Placed::On { .. } => {}
         Placed::Unseen => plan.notice(
             Subject::Pod,
-            true,
             reason::PLACEMENT_MISSED,
             format!(
                 "the placement webhook did not see this pod when it was created (unreachable or not registered): it was scheduled without a preference for node {}, where {} is reserved",
@@ -752,7 +699,6 @@ fn placement_notice(plan: &mut Plan, pod: &PodView, r: &ReservationView, default
         ),
         Placed::Skipped(why) => plan.notice(
             Subject::Pod,
-            true,
             reason::PLACEMENT_SKIPPED,
             format!("no placement on node {} was added: {why}", r.node_name),
         ),
@@ -781,7 +727,6 @@ fn conflict_notice(plan: &mut Plan, r: &ReservationView, status: &StatusView) {
     {
         plan.notice(
             Subject::Reservation,
-            true,
             reason::CONFLICT,
             format!(
                 "address {} on node {} is held by the older reservation {}: this one is not honoured",

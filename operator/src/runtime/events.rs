@@ -41,6 +41,8 @@ use kube::{Api, Client, api::PostParams};
 use prometheus::IntCounter;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::api::reason::EventReason;
+
 /// The API server's limit on an Event's `note`.
 const NOTE_MAX: usize = 1024;
 /// The API server's limit on `reportingInstance`.
@@ -61,6 +63,15 @@ pub enum EventType {
 }
 
 impl EventType {
+    /// The type of an Event with this reason.
+    pub fn of(reason: EventReason) -> EventType {
+        if reason.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        }
+    }
+
     /// The API's spelling (`Normal`, `Warning`).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -92,10 +103,8 @@ impl Policy {
 pub struct Notice<'a> {
     /// The object it is about.
     pub regarding: ObjectReference,
-    /// Normal or Warning.
-    pub type_: EventType,
-    /// The machine-readable reason (`Reserved`, `InvalidReservation`, …).
-    pub reason: &'a str,
+    /// The reason, which says Normal or Warning (`Reserved`, `InvalidReservation`, …).
+    pub reason: EventReason,
     /// What the component was doing (`Reconcile`, `WriteReservationFile`).
     pub action: &'a str,
     /// What happened, for people (cut to the API's 1 KiB).
@@ -218,10 +227,10 @@ impl Publisher {
     /// out or the queue is full; never waits. Posting it is worth a try, not a retry: a failure
     /// is logged.
     pub fn publish(&self, notice: Notice<'_>) -> Outcome {
-        if !self.policy.admits(notice.type_) {
+        if !self.policy.admits(EventType::of(notice.reason)) {
             return Outcome::Suppressed;
         }
-        let reason = notice.reason.to_owned();
+        let reason = notice.reason.name;
         match self.queue.try_send(self.event(notice)) {
             Ok(()) => {
                 self.counts.queued.fetch_add(1, Ordering::AcqRel);
@@ -261,9 +270,9 @@ impl Publisher {
             },
             event_time: Some(MicroTime(now)),
             action: Some(notice.action.into()),
-            reason: Some(notice.reason.into()),
+            reason: Some(notice.reason.name.into()),
             note: Some(notice.note.chars().take(NOTE_MAX).collect()),
-            type_: Some(notice.type_.as_str().into()),
+            type_: Some(EventType::of(notice.reason).as_str().into()),
             regarding: Some(notice.regarding),
             reporting_controller: Some(self.controller.into()),
             reporting_instance: Some(self.instance.clone()),
@@ -395,8 +404,10 @@ mod tests {
                 name: Some(name.into()),
                 ..ObjectReference::default()
             },
-            type_,
-            reason: "Reason",
+            reason: match type_ {
+                EventType::Warning => crate::api::reason::CONFLICT,
+                EventType::Normal => crate::api::reason::RESERVED,
+            },
             action: "Reconcile",
             note: "note",
         }

@@ -26,7 +26,7 @@ use super::evidence::{self, Sources};
 use crate::api::{CONDITION_UNPROTECTED, IPReservation};
 use crate::api::{PodKey, key_of};
 use crate::rules::incharge::{Evidence, Explained, Reason, Verdict, decide};
-use crate::runtime::events::{EventType, Notice, Publisher, node_ref};
+use crate::runtime::events::{Notice, Publisher, node_ref};
 use crate::runtime::logging::error_chain;
 
 /// How often the evidence is read.
@@ -225,7 +225,7 @@ fn announce(
     evidence: &Evidence,
     events: &Publisher,
 ) {
-    let (type_, reason, note) = match verdict {
+    let (reason, note) = match verdict {
         Verdict::NotInCharge(reason) => {
             let note = Explained {
                 network,
@@ -234,7 +234,7 @@ fn announce(
             }
             .to_string();
             tracing::warn!(network, reason = reason.label(), "{note}");
-            (EventType::Warning, "NotInCharge", note)
+            (crate::api::reason::NOT_IN_CHARGE, note)
         }
         Verdict::InCharge => {
             tracing::info!(network, "ipkeep is in charge of network {network}");
@@ -242,8 +242,7 @@ fn announce(
                 return;
             }
             (
-                EventType::Normal,
-                "InCharge",
+                crate::api::reason::IN_CHARGE,
                 format!(
                     "ipkeep is in charge of network {network} again: its reserved addresses are protected"
                 ),
@@ -252,7 +251,6 @@ fn announce(
     };
     events.publish(Notice {
         regarding: node_ref(node),
-        type_,
         reason,
         action: "CheckInCharge",
         note: &note,
