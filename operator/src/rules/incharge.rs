@@ -13,6 +13,9 @@
 //!   ipkeep (`cni.replaceHostLocal`) or another binary.
 //!
 //! The rules ([`decide`], one verdict per network, the first that applies):
+//! 0. the node's CNI directories are not known (the runtime's configuration, which names them
+//!    when the chart's `cni.binDir`/`cni.confDir` are unset, cannot be read: [`undecided`]) →
+//!    `CNIDirectoriesUnknown`, for every network;
 //! 1. no configuration file at all → `NoCNIConfiguration`;
 //! 2. no file names the network → `NetworkNotConfigured` (the names found are given);
 //! 3. the network's configuration has no IPAM → `NoIPAM`;
@@ -157,11 +160,17 @@ pub enum Reason {
         /// Its type.
         type_: String,
     },
+    /// The node's CNI directories are not known: the container runtime's configuration, which
+    /// names them when the chart's `cni.binDir`/`cni.confDir` are unset, cannot be read.
+    DirectoriesUnknown {
+        /// Why, naming the node and the values to set.
+        why: String,
+    },
 }
 
 impl Reason {
     /// Every label, for resetting metrics.
-    pub const LABELS: [&'static str; 8] = [
+    pub const LABELS: [&'static str; 9] = [
         "NoCNIConfiguration",
         "NetworkNotConfigured",
         "NoIPAM",
@@ -170,6 +179,7 @@ impl Reason {
         "HostLocalNotReplaced",
         "HostLocalReverted",
         "OtherIPAM",
+        "CNIDirectoriesUnknown",
     ];
 
     /// The reason as a condition reason, Event reason suffix and metric label.
@@ -183,6 +193,7 @@ impl Reason {
             Self::HostLocalNotReplaced { .. } => 5,
             Self::HostLocalReverted { .. } => 6,
             Self::OtherIpam { .. } => 7,
+            Self::DirectoriesUnknown { .. } => 8,
         };
         Self::LABELS[i]
     }
@@ -261,6 +272,7 @@ impl fmt::Display for Explained<'_> {
                 f,
                 "the IPAM in {conf}/{file} is {type_}; ipkeep hands out addresses only as the IPAM ipkeep (or as host-local with cni.replaceHostLocal=true)"
             ),
+            Reason::DirectoriesUnknown { why } => f.write_str(why),
         }
     }
 }
@@ -322,6 +334,20 @@ pub fn decide<'a>(
     networks
         .iter()
         .map(|n| (n.as_str(), verdict(n, agent_data_dir, evidence)))
+        .collect()
+}
+
+/// Every network's verdict when the node's CNI directories are not known (rule 0: nothing can be
+/// read, so no network is in charge), `why` naming the node and the values to set.
+pub fn undecided<'a>(networks: &'a [String], why: &str) -> Vec<(&'a str, Verdict)> {
+    networks
+        .iter()
+        .map(|n| {
+            let reason = Reason::DirectoriesUnknown {
+                why: why.to_owned(),
+            };
+            (n.as_str(), Verdict::NotInCharge(reason))
+        })
         .collect()
 }
 

@@ -286,6 +286,9 @@ fn each_reason_says_the_network_and_a_fix() {
             file: "f".into(),
             type_: "dhcp".into(),
         },
+        Reason::DirectoriesUnknown {
+            why: "node n1: no containerd or CRI-O configuration found".into(),
+        },
     ];
     let mut labels = Vec::new();
     for reason in &reasons {
@@ -302,4 +305,38 @@ fn each_reason_says_the_network_and_a_fix() {
         labels.push(reason.label());
     }
     assert_eq!(labels, Reason::LABELS, "one label per reason, in order");
+}
+
+#[test]
+fn unknown_directories_make_every_network_not_in_charge_naming_the_node_and_the_values() {
+    let networks = vec!["cbr0".to_owned(), "mynet".to_owned()];
+    let why = "node n1: no containerd or CRI-O configuration found (...): set the chart values cni.binDir and cni.confDir";
+    let verdicts = undecided(&networks, why);
+    assert_eq!(verdicts.len(), 2);
+    for ((network, verdict), want) in verdicts.iter().zip(["cbr0", "mynet"]) {
+        assert_eq!(*network, want);
+        let Verdict::NotInCharge(reason) = verdict else {
+            panic!("{verdict:?}")
+        };
+        assert_eq!(reason.label(), "CNIDirectoriesUnknown");
+        let e = Evidence {
+            conf_dir: String::new(),
+            bin_dir: String::new(),
+            confs: vec![],
+            bin: BinDir {
+                ipkeep: Binary::Missing,
+                host_local: Binary::Missing,
+                original_kept: false,
+            },
+        };
+        assert_eq!(
+            Explained {
+                network,
+                reason,
+                evidence: &e
+            }
+            .to_string(),
+            format!("ipkeep is not in charge of network {network}: {why}")
+        );
+    }
 }
