@@ -1019,15 +1019,25 @@ fn bad_values_are_rejected_with_a_message_naming_them() {
         err.contains("metrics.serviceMonitor.enabled needs metrics.service.enabled"),
         "{err}"
     );
-    // One CNI directory without the other would mix narrow mounts and the runtime's own.
-    for set in ["cni.binDir=/opt/cni/bin", "cni.confDir=/etc/cni/net.d"] {
-        let err = template(dir.path(), &set_args(&[set]), &[]).unwrap_err();
-        assert!(
-            err.contains(
-                "set both (the node's CNI directories, the same on every node), or neither"
-            ),
-            "--set {set}: {err}"
-        );
+    // One CNI directory set alone (as `--reuse-values` from 0.1.0 carries binDir=/opt/cni/bin
+    // and no confDir): the narrow mounts, the other at its standard path, as before.
+    for (set, bin, conf) in [
+        ("cni.binDir=/usr/lib/cni", "/usr/lib/cni", "/etc/cni/net.d"),
+        (
+            "cni.confDir=/etc/cni/conf.d",
+            "/opt/cni/bin",
+            "/etc/cni/conf.d",
+        ),
+    ] {
+        let docs = documents(&template(dir.path(), &set_args(&[set]), &[]).unwrap());
+        let pod = &find(&docs, "DaemonSet", "ipkeep-agent")["spec"]["template"]["spec"];
+        let paths: Vec<&str> = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["hostPath"]["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(paths, ["/var/lib/cni/networks", bin, conf], "--set {set}");
     }
 }
 

@@ -138,6 +138,7 @@ async fn one_install_without_directory_values_is_in_charge_on_k3s_and_standard_n
     )
     .await;
     std::fs::write(&config, &kept).unwrap();
+    eprintln!("{}'s Warning NotInCharge: {note}", k3s.name());
     let message = pod
         .status
         .and_then(|s| s.conditions)
