@@ -116,7 +116,10 @@ pub struct Evidence {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reason {
     /// The configuration directory holds no network configuration.
-    NoConfiguration,
+    NoConfiguration {
+        /// Files that were not read, and why (a conflist with a typo is one).
+        skipped: Vec<String>,
+    },
     /// No configuration names the network; the names found.
     NetworkNotConfigured {
         /// Network names the node's configurations have.
@@ -185,7 +188,7 @@ impl Reason {
     /// The reason as a condition reason, Event reason suffix and metric label.
     pub fn label(&self) -> &'static str {
         let i = match self {
-            Self::NoConfiguration => 0,
+            Self::NoConfiguration { .. } => 0,
             Self::NetworkNotConfigured { .. } => 1,
             Self::NoIpam { .. } => 2,
             Self::DataDirMismatch { .. } => 3,
@@ -229,9 +232,14 @@ impl fmt::Display for Explained<'_> {
         let (conf, bin) = (&e.conf_dir, &e.bin_dir);
         write!(f, "ipkeep is not in charge of network {network}: ")?;
         match reason {
-            Reason::NoConfiguration => write!(
+            Reason::NoConfiguration { skipped } if skipped.is_empty() => write!(
                 f,
-                "{conf} holds no CNI network configuration; set the chart's cni.confDir to the directory the container runtime reads (k3s: /var/lib/rancher/k3s/agent/etc/cni/net.d)"
+                "{conf} holds no CNI network configuration; is the network plugin installed? (else set the chart's cni.confDir to the directory the container runtime reads, or leave it unset to use the one the runtime's configuration names)"
+            ),
+            Reason::NoConfiguration { skipped } => write!(
+                f,
+                "{conf} holds no CNI network configuration that can be read (not read: {}); fix that file, the container runtime reads it too",
+                skipped.join("; ")
             ),
             Reason::NetworkNotConfigured { found, skipped } => {
                 write!(
@@ -239,12 +247,16 @@ impl fmt::Display for Explained<'_> {
                     "no CNI configuration in {conf} names it (found: {}",
                     found.join(", ")
                 )?;
-                if !skipped.is_empty() {
-                    write!(f, "; not read: {}", skipped.join("; "))?;
+                if skipped.is_empty() {
+                    return write!(
+                        f,
+                        "); set the chart's agent.networks to the network the pods use"
+                    );
                 }
                 write!(
                     f,
-                    "); set the chart's agent.networks to the network the pods use"
+                    "; not read: {}); if the network is configured in a file not read, fix that file, else set the chart's agent.networks to the network the pods use",
+                    skipped.join("; ")
                 )
             }
             Reason::NoIpam { file } => write!(f, "{conf}/{file} has no IPAM"),
@@ -361,21 +373,25 @@ fn verdict(network: &str, agent_data_dir: &str, e: &Evidence) -> Verdict {
         })
         .collect();
     let not = Verdict::NotInCharge;
-    if nets.is_empty() {
-        return not(Reason::NoConfiguration);
-    }
-    let Some(net) = nets.iter().find(|n| n.name == network) else {
-        let mut found: Vec<String> = nets.iter().map(|n| n.name.clone()).collect();
-        found.dedup();
-        let skipped = e
-            .confs
+    let skipped = || {
+        e.confs
             .iter()
             .filter_map(|c| match c {
                 ConfFile::Skipped { file, why } => Some(format!("{file}: {why}")),
                 ConfFile::Net(_) => None,
             })
-            .collect();
-        return not(Reason::NetworkNotConfigured { found, skipped });
+            .collect()
+    };
+    if nets.is_empty() {
+        return not(Reason::NoConfiguration { skipped: skipped() });
+    }
+    let Some(net) = nets.iter().find(|n| n.name == network) else {
+        let mut found: Vec<String> = nets.iter().map(|n| n.name.clone()).collect();
+        found.dedup();
+        return not(Reason::NetworkNotConfigured {
+            found,
+            skipped: skipped(),
+        });
     };
     let file = net.file.clone();
     let Some(ipam) = &net.ipam else {
