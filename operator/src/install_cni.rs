@@ -321,6 +321,17 @@ pub struct NodeError {
     pub cause: String,
 }
 
+/// install-cni could not tell which CNI bin directory the node's runtime uses (`--host-root`).
+#[derive(Debug, thiserror::Error)]
+#[error("node {node}: failed to find the CNI bin directory the container runtime uses")]
+pub struct LocateError {
+    /// The node's name (`?` when `NODE_NAME` is not set).
+    pub node: String,
+    /// Why (its message ends with the values to set).
+    #[source]
+    pub source: crate::host_root::HostRootError,
+}
+
 /// The fix for the value that named the directory.
 fn set_bin_dir(origin: &Origin) -> &'static str {
     match origin {
@@ -361,7 +372,7 @@ pub fn explain(err: &InstallError, dir: &BinDir) -> String {
 
 /// The CNI bin directory from the flags: `--to` (the chart value), or the node runtime's own
 /// under `--host-root` (created when `create`), or the chart's old default mount.
-fn bin_dir(args: &Args, create: bool) -> Result<BinDir, anyhow::Error> {
+fn bin_dir(args: &Args, create: bool) -> Result<BinDir, LocateError> {
     let Some(root) = &args.host_root else {
         let here = args.to.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_TO));
         let on_node = args
@@ -374,7 +385,6 @@ fn bin_dir(args: &Args, create: bool) -> Result<BinDir, anyhow::Error> {
             origin: Origin::Value,
         });
     };
-    let node = node_name(args);
     let located = crate::host_root::HostRoot::open(root).and_then(|host| {
         let dirs = crate::rules::cni_dirs::discover(&host.runtime_configs()?)?;
         let here = if create {
@@ -384,17 +394,15 @@ fn bin_dir(args: &Args, create: bool) -> Result<BinDir, anyhow::Error> {
         };
         Ok((dirs, here))
     });
-    match located {
-        Ok((dirs, here)) => Ok(BinDir {
-            here,
-            on_node: dirs.bin_dir,
-            origin: Origin::Runtime(dirs.source),
-        }),
-        Err(e) => Err(anyhow::anyhow!(
-            "node {node}: failed to find the CNI bin directory the container runtime uses: {}",
-            crate::runtime::logging::error_chain(&e)
-        )),
-    }
+    let (dirs, here) = located.map_err(|source| LocateError {
+        node: node_name(args),
+        source,
+    })?;
+    Ok(BinDir {
+        here,
+        on_node: dirs.bin_dir,
+        origin: Origin::Runtime(dirs.source),
+    })
 }
 
 fn node_name(args: &Args) -> String {
@@ -447,12 +455,14 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    // Found with `create`: it exists (a restore alone accepts a directory the node lacks).
     let Some(here) = &dir.here else {
-        return Err(anyhow::anyhow!(
-            "node {}: the CNI bin directory {} was not created",
-            node_name(&args),
-            dir.on_node
-        ));
+        return Err(node_error("create")(InstallError::Target {
+            step: "create",
+            path: PathBuf::from(&dir.on_node),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        })
+        .into());
     };
     eprintln!(
         "install-cni: the CNI bin directory is {} ({})",
