@@ -153,12 +153,24 @@ pub fn discover(found: &RuntimeConfigs) -> Result<CniDirs, DiscoveryError> {
 }
 
 /// Parses one TOML file into its top-level table.
+/// The error is said on one line (it goes into an Event and a pod condition), with its place.
 fn parse(file: &str, text: &str) -> Result<toml::Table, DiscoveryError> {
-    text.parse::<toml::Table>()
-        .map_err(|e| DiscoveryError::Unreadable {
+    text.parse::<toml::Table>().map_err(|e| {
+        let place = e.span().map(|span| {
+            let before = text.get(..span.start).unwrap_or(text);
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!(" at line {line}, column {column}")
+        });
+        DiscoveryError::Unreadable {
             file: file.to_owned(),
-            why: format!("not valid TOML ({})", e.to_string().trim()),
-        })
+            why: format!(
+                "not valid TOML{}: {}",
+                place.unwrap_or_default(),
+                e.message().trim()
+            ),
+        }
+    })
 }
 
 /// The table at `path` under `table`, if every step is one.
