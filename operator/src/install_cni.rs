@@ -40,9 +40,21 @@ pub struct Args {
     /// The plugin binary to install (inside the image).
     #[arg(long, default_value = "/ipkeep")]
     pub from: PathBuf,
-    /// The node's CNI bin directory (mounted from the host).
-    #[arg(long, default_value = "/host/opt/cni/bin")]
-    pub to: PathBuf,
+    /// The node's CNI bin directory as mounted here (the chart's narrow mount, with `cni.binDir`
+    /// set). Without it and without `--host-root`: `/host/opt/cni/bin`.
+    #[arg(long, conflicts_with = "host_root")]
+    pub to: Option<PathBuf>,
+    /// `--to`'s path on the node, for messages (the chart passes `cni.binDir`).
+    #[arg(long, requires = "to")]
+    pub to_on_node: Option<String>,
+    /// The node's root filesystem as mounted here (the chart's `/host`, with `cni.binDir` unset):
+    /// the CNI bin directory is the one the node's container runtime's configuration names
+    /// (`rules::cni_dirs`), resolved under this root and created when missing.
+    #[arg(long, value_name = "DIR")]
+    pub host_root: Option<PathBuf>,
+    /// This node's name, for messages (the chart passes it from the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
     /// File name in `--to` (default: the file name of `--from`).
     #[arg(long)]
     pub name: Option<String>,
@@ -260,36 +272,205 @@ fn look_up_daemonset(namespace: &str, name: &str) -> Result<DaemonSetSeen, Insta
     })
 }
 
+/// The chart's default for the narrow mount (`cni.binDir` set, no `--to`).
+const DEFAULT_TO: &str = "/host/opt/cni/bin";
+
+/// Where the directory install-cni works in came from, for messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// The chart value `cni.binDir` (`--to`).
+    Value,
+    /// The node's container runtime's configuration (`--host-root`).
+    Runtime(crate::rules::cni_dirs::Source),
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Value => f.write_str("the chart value cni.binDir"),
+            Self::Runtime(source) => write!(f, "named by {source}"),
+        }
+    }
+}
+
+/// The CNI bin directory install-cni works in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BinDir {
+    /// As reachable here (`None`: it does not exist on the node; only a restore accepts that).
+    pub here: Option<PathBuf>,
+    /// As the node names it.
+    pub on_node: String,
+    /// Where it came from.
+    pub origin: Origin,
+}
+
+/// An install-cni failure as the admin reads it: the node, the directory by its node path and
+/// the value that chose it, what went wrong and what to change.
+#[derive(Debug, thiserror::Error)]
+#[error("node {node}: failed to {action} in the CNI bin directory {on_node} ({origin}): {cause}")]
+pub struct NodeError {
+    /// The node's name (`?` when `NODE_NAME` is not set).
+    pub node: String,
+    /// What install-cni was doing.
+    pub action: &'static str,
+    /// The directory's node path.
+    pub on_node: String,
+    /// Where it came from.
+    pub origin: Origin,
+    /// What went wrong and what to change.
+    pub cause: String,
+}
+
+/// install-cni could not tell which CNI bin directory the node's runtime uses (`--host-root`).
+#[derive(Debug, thiserror::Error)]
+#[error("node {node}: failed to find the CNI bin directory the container runtime uses")]
+pub struct LocateError {
+    /// The node's name (`?` when `NODE_NAME` is not set).
+    pub node: String,
+    /// Why (its message ends with the values to set).
+    #[source]
+    pub source: crate::host_root::HostRootError,
+}
+
+/// The fix for the value that named the directory.
+fn set_bin_dir(origin: &Origin) -> &'static str {
+    match origin {
+        Origin::Value => {
+            "set cni.binDir to the directory the container runtime runs CNI plugins from, or leave it unset to use the one the runtime's configuration names"
+        }
+        Origin::Runtime(_) => {
+            "set cni.binDir (and cni.confDir) to the directory the container runtime runs CNI plugins from"
+        }
+    }
+}
+
+/// What went wrong in `dir`, named by node paths, and what to change (pure).
+pub fn explain(err: &InstallError, dir: &BinDir) -> String {
+    let fix = set_bin_dir(&dir.origin);
+    let text = crate::runtime::logging::error_chain(err);
+    let text = match &dir.here {
+        Some(here) => text.replace(&here.display().to_string(), &dir.on_node),
+        None => text,
+    };
+    match err {
+        InstallError::NoHostLocal { .. } => format!(
+            "there is no host-local there to replace (cni.replaceHostLocal=true): the runtime does not find its plugins there; {fix}"
+        ),
+        InstallError::Target { source, .. }
+            if matches!(
+                source.kind(),
+                io::ErrorKind::ReadOnlyFilesystem | io::ErrorKind::PermissionDenied
+            ) =>
+        {
+            format!(
+                "the directory is read-only here ({text}): a read-only /usr or an immutable node image keeps its own plugins there; {fix} on a writable disk"
+            )
+        }
+        _ => text,
+    }
+}
+
+/// The CNI bin directory from the flags: `--to` (the chart value), or the node runtime's own
+/// under `--host-root` (created when `create`), or the chart's old default mount.
+fn bin_dir(args: &Args, create: bool) -> Result<BinDir, LocateError> {
+    let Some(root) = &args.host_root else {
+        let here = args.to.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_TO));
+        let on_node = args
+            .to_on_node
+            .clone()
+            .unwrap_or_else(|| here.display().to_string());
+        return Ok(BinDir {
+            here: Some(here),
+            on_node,
+            origin: Origin::Value,
+        });
+    };
+    let located = crate::host_root::HostRoot::open(root).and_then(|host| {
+        let dirs = crate::rules::cni_dirs::discover(&host.runtime_configs()?)?;
+        let here = if create {
+            Some(host.dir_or_create(&dirs.bin_dir)?)
+        } else {
+            host.dir(&dirs.bin_dir)?
+        };
+        Ok((dirs, here))
+    });
+    let (dirs, here) = located.map_err(|source| LocateError {
+        node: node_name(args),
+        source,
+    })?;
+    Ok(BinDir {
+        here,
+        on_node: dirs.bin_dir,
+        origin: Origin::Runtime(dirs.source),
+    })
+}
+
+fn node_name(args: &Args) -> String {
+    args.node_name.clone().unwrap_or_else(|| "?".to_owned())
+}
+
 /// Runs the subcommand.
 pub fn main(args: Args) -> anyhow::Result<()> {
+    let dir = bin_dir(&args, !args.restore_host_local)?;
+    let node_error = |action: &'static str| {
+        let dir = dir.clone();
+        let node = node_name(&args);
+        move |err: InstallError| NodeError {
+            node,
+            action,
+            cause: explain(&err, &dir),
+            on_node: dir.on_node.clone(),
+            origin: dir.origin.clone(),
+        }
+    };
+    let on_node = |name: &str| format!("{}/{name}", dir.on_node);
     if args.restore_host_local {
-        let host_local = args.to.join(HOST_LOCAL);
         if let Some(text) = &args.if_daemonset_gone {
             let (namespace, name) = daemonset_ref(text)?;
             let seen = look_up_daemonset(namespace, name)?;
             if !seen.restore() {
                 eprintln!(
                     "install-cni: DaemonSet {namespace}/{name}: {seen}; {} stays ipkeep",
-                    host_local.display()
+                    on_node(HOST_LOCAL)
                 );
                 return Ok(());
             }
             eprintln!("install-cni: DaemonSet {namespace}/{name}: {seen}; restoring host-local");
         }
-        match restore_host_local(&args.to)? {
-            Restore::Restored => eprintln!(
-                "install-cni: restored the original {}",
-                host_local.display()
-            ),
+        let Some(here) = &dir.here else {
+            eprintln!(
+                "install-cni: {} does not exist: nothing to restore",
+                dir.on_node
+            );
+            return Ok(());
+        };
+        match restore_host_local(here).map_err(node_error("restore host-local"))? {
+            Restore::Restored => {
+                eprintln!("install-cni: restored the original {}", on_node(HOST_LOCAL))
+            }
             Restore::NothingKept => eprintln!(
                 "install-cni: no {HOST_LOCAL_ORIG} in {}: nothing to restore",
-                args.to.display()
+                dir.on_node
             ),
         }
         return Ok(());
     }
+    // Found with `create`: it exists (a restore alone accepts a directory the node lacks).
+    let Some(here) = &dir.here else {
+        return Err(node_error("create")(InstallError::Target {
+            step: "create",
+            path: PathBuf::from(&dir.on_node),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        })
+        .into());
+    };
+    eprintln!(
+        "install-cni: the CNI bin directory is {} ({})",
+        dir.on_node, dir.origin
+    );
     if args.replace_host_local {
-        let done = replace_host_local(&args.from, &args.to)?;
+        let done =
+            replace_host_local(&args.from, here).map_err(node_error("replace host-local"))?;
         let kept = if done.kept_original {
             "kept the original as"
         } else {
@@ -297,23 +478,26 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         };
         eprintln!(
             "install-cni: {} is ipkeep ({:?}); {kept} {}",
-            args.to.join(HOST_LOCAL).display(),
+            on_node(HOST_LOCAL),
             done.installed,
-            args.to.join(HOST_LOCAL_ORIG).display()
+            on_node(HOST_LOCAL_ORIG)
         );
-    } else if restore_host_local(&args.to)? == Restore::Restored {
+    } else if restore_host_local(here).map_err(node_error("restore host-local"))?
+        == Restore::Restored
+    {
         eprintln!(
             "install-cni: restored the original {} (host-local is no longer replaced)",
-            args.to.join(HOST_LOCAL).display()
+            on_node(HOST_LOCAL)
         );
     }
-    let outcome = install(&args.from, &args.to, args.name.as_deref())?;
+    let outcome =
+        install(&args.from, here, args.name.as_deref()).map_err(node_error("install ipkeep"))?;
     let name = target_name(&args.from, args.name.as_deref())?;
-    let dest = args.to.join(name);
+    let dest = on_node(&name);
     match outcome {
-        Outcome::Installed => eprintln!("install-cni: installed {}", dest.display()),
-        Outcome::Replaced => eprintln!("install-cni: replaced {}", dest.display()),
-        Outcome::Unchanged => eprintln!("install-cni: {} is up to date", dest.display()),
+        Outcome::Installed => eprintln!("install-cni: installed {dest}"),
+        Outcome::Replaced => eprintln!("install-cni: replaced {dest}"),
+        Outcome::Unchanged => eprintln!("install-cni: {dest} is up to date"),
     }
     Ok(())
 }
@@ -693,6 +877,59 @@ mod tests {
             );
             assert!(!seen.restore(), "{seen}");
             assert!(seen.worth_retrying(), "{seen}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_node_path_the_value_and_the_fix() {
+        let mounted = |origin| BinDir {
+            here: Some(PathBuf::from("/host/opt/cni/bin")),
+            on_node: "/opt/cni/bin".into(),
+            origin,
+        };
+        let k3s = Origin::Runtime(crate::rules::cni_dirs::Source::K3s);
+        let target = |kind: io::ErrorKind| InstallError::Target {
+            step: "create",
+            path: PathBuf::from("/host/opt/cni/bin/.ipkeep-install-1-ipkeep"),
+            source: io::Error::from(kind),
+        };
+        let cases: Vec<(InstallError, Origin, &str, &str)> = vec![
+            (
+                InstallError::NoHostLocal {
+                    dir: "/host/opt/cni/bin".into(),
+                },
+                Origin::Value,
+                "the chart value cni.binDir",
+                "there is no host-local there to replace (cni.replaceHostLocal=true): the runtime does not find its plugins there; set cni.binDir to the directory the container runtime runs CNI plugins from, or leave it unset to use the one the runtime's configuration names",
+            ),
+            (
+                target(io::ErrorKind::ReadOnlyFilesystem),
+                k3s.clone(),
+                "named by k3s's containerd configuration /var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+                "the directory is read-only here (failed to create /opt/cni/bin/.ipkeep-install-1-ipkeep: read-only filesystem or storage medium): a read-only /usr or an immutable node image keeps its own plugins there; set cni.binDir (and cni.confDir) to the directory the container runtime runs CNI plugins from on a writable disk",
+            ),
+            (
+                target(io::ErrorKind::StorageFull),
+                Origin::Value,
+                "the chart value cni.binDir",
+                "failed to create /opt/cni/bin/.ipkeep-install-1-ipkeep: no storage space",
+            ),
+        ];
+        for (err, origin, origin_text, cause) in cases {
+            let dir = mounted(origin);
+            let e = NodeError {
+                node: "n1".into(),
+                action: "install ipkeep",
+                on_node: dir.on_node.clone(),
+                origin: dir.origin.clone(),
+                cause: explain(&err, &dir),
+            };
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "node n1: failed to install ipkeep in the CNI bin directory /opt/cni/bin ({origin_text}): {cause}"
+                )
+            );
         }
     }
 

@@ -8,6 +8,7 @@ pub mod api;
 pub mod check;
 pub mod controller;
 pub mod crd_apply;
+pub mod host_root;
 pub mod install_cni;
 pub mod rules;
 pub mod runtime;

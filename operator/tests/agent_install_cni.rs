@@ -522,3 +522,108 @@ fn a_relinked_host_local_is_kept_as_the_symlink_never_followed() {
     assert_eq!(fs::read(&outside).unwrap(), b"not ours");
     assert_eq!(fs::read_link(bin.join(HOST_LOCAL_ORIG)).unwrap(), outside);
 }
+
+/// `ipkeep-operator install-cni <args>` on node `n1`, which must fail: what it said on stderr.
+fn install_cni_fails(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ipkeep-operator"))
+        .arg("install-cni")
+        .args(args)
+        .env("NODE_NAME", "n1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "install-cni {args:?}: {out:?}");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+/// The chart's default (no `cni.binDir`): the node's root mounted whole, the bin directory the one
+/// k3s's containerd configuration names, reached through the node's absolute symlinks (never the
+/// container's own paths), k3s's absolute `host-local` link kept as a link; and the restore finds
+/// the same directory.
+#[test]
+fn with_the_node_root_the_runtime_configuration_names_the_bin_dir() {
+    let (_tmp, dir) = scratch("host-root");
+    let root = dir.join("root");
+    let k3s = root.join("var/lib/rancher/k3s");
+    fs::create_dir_all(k3s.join("agent/etc/containerd")).unwrap();
+    fs::create_dir_all(k3s.join("data/r1/bin")).unwrap();
+    fs::create_dir_all(k3s.join("data/cni")).unwrap();
+    fs::write(k3s.join("data/r1/bin/cni"), b"k3s multi-call cni").unwrap();
+    std::os::unix::fs::symlink(
+        "/var/lib/rancher/k3s/data/r1/bin/cni",
+        k3s.join("data/cni/host-local"),
+    )
+    .unwrap();
+    // The configuration names the bin directory through a link the node resolves in its tree.
+    std::os::unix::fs::symlink("/var/lib/rancher/k3s/data", root.join("k3s-data")).unwrap();
+    fs::write(
+        k3s.join("agent/etc/containerd/config.toml"),
+        "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.cni]\nbin_dirs = ['/k3s-data/cni']\nconf_dir = '/var/lib/rancher/k3s/agent/etc/cni/net.d'\n",
+    )
+    .unwrap();
+    let src = write_source(&dir, b"ipkeep plugin");
+    let from = format!("--from={}", src.display());
+    let host_root = format!("--host-root={}", root.display());
+    let said = install_cni(&[&from, &host_root, "--replace-host-local"]);
+    assert!(
+        said.contains(
+            "the CNI bin directory is /k3s-data/cni (named by k3s's containerd configuration"
+        ),
+        "{said}"
+    );
+    let bin = k3s.join("data/cni");
+    assert_eq!(fs::read(bin.join(HOST_LOCAL)).unwrap(), b"ipkeep plugin");
+    assert_eq!(fs::read(bin.join("ipkeep")).unwrap(), b"ipkeep plugin");
+    assert_eq!(
+        fs::read_link(bin.join(HOST_LOCAL_ORIG)).unwrap(),
+        Path::new("/var/lib/rancher/k3s/data/r1/bin/cni")
+    );
+    install_cni(&[&from, &host_root, "--restore-host-local"]);
+    assert_eq!(
+        fs::read_link(bin.join(HOST_LOCAL)).unwrap(),
+        Path::new("/var/lib/rancher/k3s/data/r1/bin/cni")
+    );
+}
+
+/// What an admin meets at install, each naming the node, the node's path and the value to set.
+#[test]
+fn install_errors_name_the_node_the_node_path_and_the_value() {
+    let (_tmp, dir) = scratch("errors");
+    let src = write_source(&dir, b"ipkeep plugin");
+    let from = format!("--from={}", src.display());
+    let root = dir.join("root");
+    fs::create_dir_all(root.join("etc")).unwrap();
+    let host_root = format!("--host-root={}", root.display());
+
+    let nothing = install_cni_fails(&[&from, &host_root]);
+    assert!(
+        nothing.contains("node n1: failed to find the CNI bin directory the container runtime uses: no containerd or CRI-O configuration found (")
+            && nothing.contains("): set the chart values cni.binDir and cni.confDir"),
+        "{nothing}"
+    );
+    fs::create_dir_all(root.join("etc/containerd")).unwrap();
+    fs::write(
+        root.join("etc/containerd/config.toml"),
+        "version = 3\n[plugins\n",
+    )
+    .unwrap();
+    let broken = install_cni_fails(&[&from, &host_root]);
+    assert!(
+        broken.contains("node n1: failed to find the CNI bin directory the container runtime uses: failed to read /etc/containerd/config.toml: not valid TOML"),
+        "{broken}"
+    );
+
+    // A wrong cni.binDir with cni.replaceHostLocal: named by its node path, not the mount's.
+    let mounted = dir.join("mounted");
+    fs::create_dir_all(&mounted).unwrap();
+    let wrong = install_cni_fails(&[
+        &from,
+        &to(&mounted),
+        "--to-on-node=/usr/lib/cni",
+        "--replace-host-local",
+    ]);
+    assert!(
+        wrong.contains("node n1: failed to replace host-local in the CNI bin directory /usr/lib/cni (the chart value cni.binDir): there is no host-local there to replace"),
+        "{wrong}"
+    );
+    assert!(!wrong.contains(&mounted.display().to_string()), "{wrong}");
+}

@@ -174,6 +174,7 @@ pub const PLAIN: PodNetwork = PodNetwork {
     cni: NodeCni::Bridge,
     dirs: NodeDirs::Standard,
     crio_nodes: 0,
+    k3s_nodes: 0,
 };
 
 /// How a test holds the real nodes.

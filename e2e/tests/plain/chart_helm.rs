@@ -458,7 +458,7 @@ fn the_controller_is_two_hardened_leader_elected_replicas() {
 }
 
 #[test]
-fn the_agent_runs_on_every_node_with_only_its_three_host_paths() {
+fn the_agent_runs_on_every_node_with_only_its_two_host_paths() {
     let docs = render("agent", variant("default"));
     let ds = find(&docs, "DaemonSet", "ipkeep-agent");
     assert_hardened(ds);
@@ -469,23 +469,29 @@ fn the_agent_runs_on_every_node_with_only_its_three_host_paths() {
     assert_eq!(pod["hostNetwork"], true);
     assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
     assert_eq!(pod["securityContext"]["runAsUser"], 0);
+    // No cni.binDir/cni.confDir: the node's root, where the runtime's configuration tells the
+    // CNI directories (a hostPath of each candidate directory would create it on every node).
     assert_eq!(
         pod["volumes"],
         json!([
             {"name": "data-dir", "hostPath": {"path": "/var/lib/cni/networks", "type": "DirectoryOrCreate"}},
-            {"name": "cni-bin", "hostPath": {"path": "/opt/cni/bin", "type": "DirectoryOrCreate"}},
-            {"name": "cni-conf", "hostPath": {"path": "/etc/cni/net.d", "type": "DirectoryOrCreate"}},
+            {"name": "host-root", "hostPath": {"path": "/", "type": "Directory"}},
         ])
     );
 
     let init = container(pod, "initContainers", "install-cni");
     assert_eq!(
         strings(&init["args"]),
-        ["install-cni", "--from=/ipkeep", "--to=/host/opt/cni/bin"]
+        ["install-cni", "--from=/ipkeep", "--host-root=/host"]
     );
     assert_eq!(
         init["volumeMounts"],
-        json!([{"name": "cni-bin", "mountPath": "/host/opt/cni/bin"}])
+        json!([{"name": "host-root", "mountPath": "/host", "mountPropagation": "HostToContainer"}])
+    );
+    // Its errors name the node.
+    assert_eq!(
+        env_value(init, "NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
     );
 
     let agent = container(pod, "containers", "agent");
@@ -499,10 +505,7 @@ fn the_agent_runs_on_every_node_with_only_its_three_host_paths() {
             "--default-retain-for=24h",
             "--metrics-addr=0.0.0.0:9725",
             "--plugin-binary=/ipkeep",
-            "--cni-conf-dir=/host/etc/cni/net.d",
-            "--cni-conf-dir-on-node=/etc/cni/net.d",
-            "--cni-bin-dir=/host/opt/cni/bin",
-            "--cni-bin-dir-on-node=/opt/cni/bin",
+            "--host-root=/host",
         ]
     );
     assert_eq!(
@@ -519,14 +522,13 @@ fn the_agent_runs_on_every_node_with_only_its_three_host_paths() {
             field
         );
     }
-    // The agent writes the data directory only; the CNI directories it reads, to tell whether
-    // ipkeep is in charge (the bin directory is written only to keep a replaced host-local).
+    // The agent writes the data directory only; the node's root it reads, to tell whether
+    // ipkeep is in charge (written only to keep a replaced host-local).
     assert_eq!(
         agent["volumeMounts"],
         json!([
             {"name": "data-dir", "mountPath": "/var/lib/cni/networks"},
-            {"name": "cni-bin", "mountPath": "/host/opt/cni/bin", "readOnly": true},
-            {"name": "cni-conf", "mountPath": "/host/etc/cni/net.d", "readOnly": true},
+            {"name": "host-root", "mountPath": "/host", "mountPropagation": "HostToContainer", "readOnly": true},
         ])
     );
     assert!(agent["lifecycle"].is_null());
@@ -735,7 +737,7 @@ fn each_variant_changes_what_it_says() {
     );
     let agent = container(pod, "containers", "agent");
     assert!(
-        strings(&agent["args"]).contains(&"--guard-host-local=/host/opt/cni/bin".to_owned()),
+        strings(&agent["args"]).contains(&"--guard-host-local".to_owned()),
         "the agent keeps the replaced host-local replaced"
     );
     assert_eq!(
@@ -745,12 +747,46 @@ fn each_variant_changes_what_it_says() {
             "install-cni",
             "--restore-host-local",
             format!("--if-daemonset-gone={NAMESPACE}/ipkeep-agent").as_str(),
-            "--to=/host/opt/cni/bin"
+            "--host-root=/host"
         ]
     );
     assert_eq!(
         agent["volumeMounts"][1],
-        json!({"name": "cni-bin", "mountPath": "/host/opt/cni/bin", "readOnly": false})
+        json!({"name": "host-root", "mountPath": "/host", "mountPropagation": "HostToContainer", "readOnly": false})
+    );
+
+    // Both directories given (k3s's): the narrow mounts, every message naming the node's paths,
+    // and the preStop restoring in the same directory.
+    let docs = render("custom-dirs", variant("custom-dirs"));
+    let pod = &find(&docs, "DaemonSet", "ipkeep-agent")["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["volumes"].as_array().unwrap()[1..],
+        [
+            json!({"name": "cni-bin", "hostPath": {"path": "/var/lib/rancher/k3s/data/cni", "type": "DirectoryOrCreate"}}),
+            json!({"name": "cni-conf", "hostPath": {"path": "/var/lib/rancher/k3s/agent/etc/cni/net.d", "type": "DirectoryOrCreate"}}),
+        ]
+    );
+    assert_eq!(
+        strings(&container(pod, "initContainers", "install-cni")["args"]),
+        [
+            "install-cni",
+            "--from=/ipkeep",
+            "--to=/host/opt/cni/bin",
+            "--to-on-node=/var/lib/rancher/k3s/data/cni"
+        ]
+    );
+    let args = strings(&container(pod, "containers", "agent")["args"]);
+    for arg in [
+        "--cni-conf-dir=/host/etc/cni/net.d",
+        "--cni-conf-dir-on-node=/var/lib/rancher/k3s/agent/etc/cni/net.d",
+        "--cni-bin-dir=/host/opt/cni/bin",
+        "--cni-bin-dir-on-node=/var/lib/rancher/k3s/data/cni",
+    ] {
+        assert!(args.contains(&arg.to_owned()), "{arg} not in {args:?}");
+    }
+    assert!(
+        !args.iter().any(|a| a.starts_with("--host-root")),
+        "{args:?}"
     );
 
     // ServiceMonitor: scrapes both metrics Services by their port name.
@@ -1040,6 +1076,26 @@ fn bad_values_are_rejected_with_a_message_naming_them() {
             }
         }
     }
+    // One CNI directory set alone (as `--reuse-values` from 0.1.0 carries binDir=/opt/cni/bin
+    // and no confDir): the narrow mounts, the other at its standard path, as before.
+    for (set, bin, conf) in [
+        ("cni.binDir=/usr/lib/cni", "/usr/lib/cni", "/etc/cni/net.d"),
+        (
+            "cni.confDir=/etc/cni/conf.d",
+            "/opt/cni/bin",
+            "/etc/cni/conf.d",
+        ),
+    ] {
+        let docs = documents(&template(dir.path(), &set_args(&[set]), &[]).unwrap());
+        let pod = &find(&docs, "DaemonSet", "ipkeep-agent")["spec"]["template"]["spec"];
+        let paths: Vec<&str> = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["hostPath"]["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(paths, ["/var/lib/cni/networks", bin, conf], "--set {set}");
+    }
 }
 
 #[test]
@@ -1188,7 +1244,7 @@ fn notes_tell_the_user_what_to_do_next() {
         "no network uses it yet (cbr0)",
         r#""ipam": {"type": "ipkeep", ...}"#,
         "(\"dataDir\" /var/lib/cni/networks, the chart's agent.dataDir)",
-        "ipkeep is in /opt/cni/bin,",
+        "ipkeep is in each node's CNI plugin directory (read from its containerd or CRI-O configuration),",
         "k3s or kube-flannel (generated configuration, nothing to edit)",
         "--reuse-values --set cni.replaceHostLocal=true",
         "ipkeep.dev/retain=true ipkeep.dev/retain-for=24h",
@@ -1204,7 +1260,7 @@ fn notes_tell_the_user_what_to_do_next() {
 
     let replaced = notes("notes-replace", variant("replace-host-local"));
     for expected in [
-        "Nothing else to change: ipkeep replaced host-local in /opt/cni/bin,",
+        "Nothing else to change: ipkeep replaced host-local in each node's CNI plugin directory",
         "host-local.ipkeep-orig",
         "--reuse-values --set cni.replaceHostLocal=false",
     ] {

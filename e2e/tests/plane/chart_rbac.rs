@@ -1162,6 +1162,15 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         .collect();
     let pre_stop = map_argv(&pre_stop, &agent_run.env, &fs_root);
 
+    // The node's root (the chart's default, no cni.binDir): the directories are the ones its
+    // containerd's configuration names, as `containerd config default` writes it.
+    let containerd = fs_root.join("host/etc/containerd");
+    std::fs::create_dir_all(&containerd).unwrap();
+    std::fs::write(
+        containerd.join("config.toml"),
+        "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.cni]\n  bin_dir = ''\n  bin_dirs = ['/opt/cni/bin']\n  conf_dir = '/etc/cni/net.d'\n",
+    )
+    .unwrap();
     let bin_dir = fs_root.join("host/opt/cni/bin");
     the_init_container_installs_the_plugin_as_host_local(&install_run, &bin_dir);
 

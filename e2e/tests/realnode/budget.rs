@@ -23,6 +23,7 @@ const NETWORK: PodNetwork = PodNetwork {
     cni: NodeCni::Bridge,
     dirs: NodeDirs::Standard,
     crio_nodes: 0,
+    k3s_nodes: 0,
 };
 
 /// The budget this test gives the tiny node.

@@ -48,6 +48,7 @@ const NETWORK: PodNetwork = PodNetwork {
     cni: NodeCni::Bridge,
     dirs: NodeDirs::Standard,
     crio_nodes: 2,
+    k3s_nodes: 0,
 };
 
 scenario_tests!(realnode::use_nodes(NODES, NETWORK); retention:

@@ -29,6 +29,7 @@ const NETWORK: PodNetwork = PodNetwork {
     cni: NodeCni::Flannel,
     dirs: NodeDirs::Standard,
     crio_nodes: 0,
+    k3s_nodes: 0,
 };
 
 scenario_tests!(realnode::use_nodes(NODES, NETWORK); keep_ip:

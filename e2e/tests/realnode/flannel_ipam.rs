@@ -27,6 +27,7 @@ const NETWORK: PodNetwork = PodNetwork {
     cni: NodeCni::Flannel,
     dirs: NodeDirs::Standard,
     crio_nodes: 0,
+    k3s_nodes: 0,
 };
 
 /// kube-flannel's conflist with ipkeep as the IPAM, as a user edits it.

@@ -1,9 +1,10 @@
 //! The chart on nodes laid out as k3s lays itself out, with real flannel: containerd's CNI
 //! `bin_dir` is `/var/lib/rancher/k3s/data/cni`, a directory of absolute symlinks into the
 //! release's `data/<release>/bin`, its `conf_dir` `/var/lib/rancher/k3s/agent/etc/cni/net.d`
-//! holding k3s's flannel conflist, and the chart installed as docs/chart.md's k3s section says
-//! (`cni.binDir=/var/lib/rancher/k3s/data/cni`, `cni.confDir=/var/lib/rancher/k3s/agent/etc/cni/net.d`,
-//! `cni.replaceHostLocal=true`); the agents read k3s's conflist there and say ipkeep is in charge.
+//! holding k3s's flannel conflist, containerd started with k3s's
+//! `/var/lib/rancher/k3s/agent/etc/containerd/config.toml` naming both, and the chart installed
+//! with no directory values (only `cni.replaceHostLocal=true`): install-cni and the agents find
+//! k3s's directories in that file, read k3s's conflist there and say ipkeep is in charge.
 //!
 //! - install-cni replaces the `host-local` symlink by ipkeep and keeps the symlink itself as the
 //!   original (never following it out of the directory);
@@ -29,15 +30,8 @@ use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS};
 use ipkeep_e2e::testkit::system::skipped_on_users_cluster;
 use ipkeep_e2e::testkit::{realnode, wait_for};
 
-/// The chart as docs/chart.md's k3s section installs it.
-const INSTALL: &[&str] = &[
-    "--set",
-    "cni.replaceHostLocal=true",
-    "--set",
-    "cni.binDir=/var/lib/rancher/k3s/data/cni",
-    "--set",
-    "cni.confDir=/var/lib/rancher/k3s/agent/etc/cni/net.d",
-];
+/// The chart as a k3s admin installs it: no directory to know.
+const INSTALL: &[&str] = &["--set", "cni.replaceHostLocal=true"];
 
 /// Two flannel nodes with k3s's directories.
 const NETWORK: PodNetwork = PodNetwork {
@@ -46,6 +40,7 @@ const NETWORK: PodNetwork = PodNetwork {
     cni: NodeCni::Flannel,
     dirs: NodeDirs::K3s,
     crio_nodes: 0,
+    k3s_nodes: 0,
 };
 
 /// The release a k3s upgrade extracts.

@@ -26,6 +26,7 @@ mod flannel_ipam;
 mod flannel_k3s_layout;
 mod incharge;
 mod kube_api_faults;
+mod mixed_layout;
 mod node_faults;
 mod operator;
 mod placement;

@@ -35,6 +35,7 @@ const NETWORK: PodNetwork = PodNetwork {
     cni: NodeCni::Bridge,
     dirs: NodeDirs::Standard,
     crio_nodes: 0,
+    k3s_nodes: 0,
 };
 
 scenario_tests!(realnode::use_nodes(NODES, NETWORK); keep_ip:

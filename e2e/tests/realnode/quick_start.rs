@@ -378,6 +378,7 @@ const K3S: PodNetwork = PodNetwork {
     cni: NodeCni::Flannel,
     dirs: NodeDirs::K3s,
     crio_nodes: 0,
+    k3s_nodes: 0,
 };
 
 /// Two standard flannel nodes (kube-flannel's conflist).
@@ -389,6 +390,11 @@ const KUBE_FLANNEL: PodNetwork = PodNetwork {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readmes_bridge_quick_start_keeps_web_0s_address_and_its_uninstall_frees_it() {
     quick_start("bridge", realnode::PLAIN, Route::Edited).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_k3s_quick_start_keeps_web_0s_address_and_its_uninstall_frees_it() {
+    quick_start("k3s", K3S, Route::Replaced).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

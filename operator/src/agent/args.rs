@@ -47,18 +47,20 @@ pub struct Args {
         default_value = "0.0.0.0:9102"
     )]
     pub metrics_addr: SocketAddr,
-    /// Keep `host-local` in this CNI bin directory ipkeep: when something writes it again (a
+    /// Keep `host-local` in the CNI bin directory ipkeep: when something writes it again (a
     /// package or k3s upgrade), install ipkeep again at once, keeping what was written as the new
-    /// `host-local.ipkeep-orig` (the chart passes it with `cni.replaceHostLocal`).
-    #[arg(long, env = "IPKEEP_GUARD_HOST_LOCAL", value_name = "DIR")]
-    pub guard_host_local: Option<PathBuf>,
+    /// `host-local.ipkeep-orig` (the chart passes it with `cni.replaceHostLocal`). Given a DIR (as
+    /// mounted), that directory; without one, the CNI bin directory of `--cni-bin-dir` or, with
+    /// `--host-root`, the one the node's container runtime's configuration names.
+    #[arg(long, env = "IPKEEP_GUARD_HOST_LOCAL", value_name = "DIR", num_args = 0..=1)]
+    pub guard_host_local: Option<Option<PathBuf>>,
     /// The plugin binary `--guard-host-local` installs (inside the image), and what `ipkeep`
     /// and a replaced `host-local` in the CNI bin directory are compared with.
     #[arg(long, env = "IPKEEP_PLUGIN_BINARY", default_value = "/ipkeep")]
     pub plugin_binary: PathBuf,
     /// The node's CNI configuration directory as mounted here (read-only): with
     /// `--cni-bin-dir`, the evidence of whether ipkeep is in charge of each network
-    /// (`agent::incharge`). Without it the agent does not check.
+    /// (`agent::incharge`), the chart's route when `cni.confDir` and `cni.binDir` are set.
     #[arg(
         long,
         env = "IPKEEP_CNI_CONF_DIR",
@@ -75,6 +77,12 @@ pub struct Args {
     /// The same directory's path on the node, for messages.
     #[arg(long, default_value = "/opt/cni/bin")]
     pub cni_bin_dir_on_node: String,
+    /// The node's root filesystem as mounted here (the chart's `/host` when `cni.binDir` and
+    /// `cni.confDir` are unset): the CNI directories are the ones the node's container runtime's
+    /// configuration names (`rules::cni_dirs`, the rule install-cni follows too), found again at
+    /// every check. Ignored for the in-charge check when `--cni-conf-dir` is given.
+    #[arg(long, env = "IPKEEP_HOST_ROOT", value_name = "DIR")]
+    pub host_root: Option<PathBuf>,
     /// The agent's own pod (downward API), whose condition `ipkeep.dev/InCharge` says whether
     /// ipkeep is in charge on this node.
     #[arg(long, env = "POD_NAME", requires = "pod_namespace")]
@@ -116,18 +124,45 @@ fn interval_arg(text: &str) -> Result<Duration, IntervalError> {
 }
 
 impl Args {
-    /// Whether and how to check that ipkeep is in charge on the node: only with both CNI
-    /// directories given.
-    pub(super) fn in_charge(&self) -> Result<Option<incharge::report::Reporter>, AgentError> {
-        let (Some(conf), Some(bin)) = (&self.cni_conf_dir, &self.cni_bin_dir) else {
-            return Ok(None);
-        };
-        Ok(Some(incharge::report::Reporter {
-            sources: incharge::evidence::Sources {
+    /// Where the node's CNI directories are: the ones given, or the node runtime's under
+    /// `--host-root` (`None`: neither, the agent does not check).
+    fn cni_dirs(&self) -> Option<incharge::evidence::Dirs> {
+        match (&self.cni_conf_dir, &self.cni_bin_dir, &self.host_root) {
+            (Some(conf), Some(bin), _) => Some(incharge::evidence::Dirs::Fixed {
                 conf_dir: conf.clone(),
                 conf_dir_on_node: self.cni_conf_dir_on_node.clone(),
                 bin_dir: bin.clone(),
                 bin_dir_on_node: self.cni_bin_dir_on_node.clone(),
+            }),
+            (_, _, Some(root)) => Some(incharge::evidence::Dirs::Discovered {
+                host_root: root.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Which bin directory `--guard-host-local` keeps (`None`: no guard).
+    pub(super) fn guarded(&self) -> Result<Option<GuardedDir>, AgentError> {
+        match &self.guard_host_local {
+            None => Ok(None),
+            Some(Some(dir)) => Ok(Some(GuardedDir::Mounted(dir.clone()))),
+            Some(None) => match (&self.cni_bin_dir, &self.host_root) {
+                (Some(dir), _) => Ok(Some(GuardedDir::Mounted(dir.clone()))),
+                (None, Some(root)) => Ok(Some(GuardedDir::Discovered(root.clone()))),
+                (None, None) => Err(AgentError::NoGuardedDir),
+            },
+        }
+    }
+
+    /// Whether and how to check that ipkeep is in charge on the node: only with both CNI
+    /// directories given, or the node's root to find them in.
+    pub(super) fn in_charge(&self) -> Result<Option<incharge::report::Reporter>, AgentError> {
+        let Some(dirs) = self.cni_dirs() else {
+            return Ok(None);
+        };
+        Ok(Some(incharge::report::Reporter {
+            sources: incharge::evidence::Sources {
+                dirs,
                 plugin: std::fs::read(&self.plugin_binary)
                     .map_err(|e| AgentError::PluginBinary(self.plugin_binary.clone(), e))?,
             },
@@ -140,6 +175,15 @@ impl Args {
                 .map_err(AgentError::OwnPod)?,
         }))
     }
+}
+
+/// The CNI bin directory the host-local guard keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuardedDir {
+    /// A directory as mounted.
+    Mounted(PathBuf),
+    /// The one the node runtime's configuration names, under the node's root mounted here.
+    Discovered(PathBuf),
 }
 
 #[cfg(test)]
@@ -174,6 +218,55 @@ mod tests {
             help.contains("--metrics-addr <") && !help.contains("--probe-addr <"),
             "{help}"
         );
+    }
+
+    #[test]
+    fn the_guard_and_the_check_take_the_given_dirs_or_the_node_runtimes() {
+        use clap::Parser as _;
+        let base = ["agent", "--node-name=n", "--network=cbr0"];
+        let parse = |flags: &[&str]| {
+            Cli::try_parse_from(base.iter().chain(flags.iter()))
+                .unwrap()
+                .args
+        };
+        let cases: &[(&[&str], Option<GuardedDir>, &str)] = &[
+            (&[], None, "none"),
+            (
+                &["--guard-host-local=/host/opt/cni/bin"],
+                Some(GuardedDir::Mounted("/host/opt/cni/bin".into())),
+                "none",
+            ),
+            (
+                &[
+                    "--guard-host-local",
+                    "--cni-bin-dir=/b",
+                    "--cni-conf-dir=/c",
+                    "--host-root=/host",
+                ],
+                Some(GuardedDir::Mounted("/b".into())),
+                "fixed",
+            ),
+            (
+                &["--guard-host-local", "--host-root=/host"],
+                Some(GuardedDir::Discovered("/host".into())),
+                "discovered",
+            ),
+            (&["--host-root=/host"], None, "discovered"),
+        ];
+        for (flags, guard, check) in cases {
+            let args = parse(flags);
+            assert_eq!(args.guarded().unwrap(), *guard, "{flags:?}");
+            let got = match args.cni_dirs() {
+                None => "none",
+                Some(incharge::evidence::Dirs::Fixed { .. }) => "fixed",
+                Some(incharge::evidence::Dirs::Discovered { .. }) => "discovered",
+            };
+            assert_eq!(got, *check, "{flags:?}");
+        }
+        assert!(matches!(
+            parse(&["--guard-host-local"]).guarded(),
+            Err(AgentError::NoGuardedDir)
+        ));
     }
 
     #[test]

@@ -66,6 +66,31 @@ pub fn describe(how: Reclaim, dir: &Path) -> Option<String> {
     ))
 }
 
+/// The CNI bin directory the node's container runtime's configuration names, under the node's
+/// root mounted at `root`: asked again every [`CHECK_EVERY`] until it is known and exists
+/// (install-cni, which follows the same rule, created it before the agent started; until then the
+/// in-charge check says why on the Node). Found once: a runtime given another directory later is
+/// followed by the next agent pod, whose install-cni installs ipkeep there first.
+pub async fn discovered_dir(root: &Path) -> PathBuf {
+    loop {
+        match crate::host_root::HostRoot::open(root).and_then(|r| r.locate()) {
+            Ok(found) => match found.bin_dir {
+                Some(dir) => {
+                    tracing::info!(bin_dir = %found.dirs.bin_dir, source = %found.dirs.source, "guarding host-local in the runtime's CNI bin directory");
+                    return dir;
+                }
+                None => {
+                    tracing::warn!(bin_dir = %found.dirs.bin_dir, "the runtime's CNI bin directory does not exist; asking again in {}s", CHECK_EVERY.as_secs())
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %error_chain(&e), "cannot tell which CNI bin directory to guard; asking again in {}s", CHECK_EVERY.as_secs())
+            }
+        }
+        tokio::time::sleep(CHECK_EVERY).await;
+    }
+}
+
 /// Watches and reclaims until the process ends.
 pub async fn run(guard: Guard, events: Publisher, reclaimed: IntCounterVec) {
     for how in [Reclaim::Overwritten, Reclaim::Relinked, Reclaim::Removed] {

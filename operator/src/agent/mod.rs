@@ -39,6 +39,7 @@ use std::{
 use kube::{Client, runtime::reflector};
 use tokio::sync::Notify;
 
+use self::args::GuardedDir;
 use self::sync::Pending;
 pub use self::{args::Args, metrics::AgentMetrics};
 use crate::{
@@ -91,6 +92,11 @@ pub enum AgentError {
     /// The plugin binary to compare the node's with cannot be read.
     #[error("failed to read the plugin binary {}", .0.display())]
     PluginBinary(PathBuf, #[source] std::io::Error),
+    /// `--guard-host-local` without a directory, and none to take (`--cni-bin-dir`, `--host-root`).
+    #[error(
+        "failed to guard host-local: --guard-host-local names no directory and neither --cni-bin-dir nor --host-root is given"
+    )]
+    NoGuardedDir,
     /// The data directory was deleted on the node while the agent held it (its mount).
     #[error(
         "failed to keep the reservation files: the data directory {} was deleted on the node and this process can no longer reach the new one (exiting, to be restarted on a fresh mount)",
@@ -114,18 +120,18 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         let probes = ProbeServer::bind(args.metrics_addr, registry, readiness.clone()).await?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let probe_task = tokio::spawn(probes.run(stopped(stop_rx.clone())));
-        if let Some(dir) = args.guard_host_local.clone() {
-            let guard = hostlocal::Guard {
-                dir,
-                plugin: args.plugin_binary.clone(),
-                node: args.node_name.clone(),
-            };
+        if let Some(guarded) = args.guarded()? {
             let events = Publisher::new(client.clone(), REPORTER, &args.node_name);
-            tokio::spawn(hostlocal::run(
-                guard,
-                events,
-                metrics.host_local_reclaimed.clone(),
-            ));
+            let reclaimed = metrics.host_local_reclaimed.clone();
+            let (plugin, node) = (args.plugin_binary.clone(), args.node_name.clone());
+            tokio::spawn(async move {
+                let dir = match guarded {
+                    GuardedDir::Mounted(dir) => dir,
+                    GuardedDir::Discovered(root) => hostlocal::discovered_dir(&root).await,
+                };
+                let guard = hostlocal::Guard { dir, plugin, node };
+                hostlocal::run(guard, events, reclaimed).await;
+            });
         }
         let in_charge = args.in_charge()?;
         let config = AgentConfig {

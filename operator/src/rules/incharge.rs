@@ -13,6 +13,9 @@
 //!   ipkeep (`cni.replaceHostLocal`) or another binary.
 //!
 //! The rules ([`decide`], one verdict per network, the first that applies):
+//! 0. the node's CNI directories are not known (the runtime's configuration, which names them
+//!    when the chart's `cni.binDir`/`cni.confDir` are unset, cannot be read: [`undecided`]) →
+//!    `CNIDirectoriesUnknown`, for every network;
 //! 1. no configuration file at all → `NoCNIConfiguration`;
 //! 2. no file names the network → `NetworkNotConfigured` (the names found are given);
 //! 3. the network's configuration has no IPAM → `NoIPAM`;
@@ -113,7 +116,10 @@ pub struct Evidence {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reason {
     /// The configuration directory holds no network configuration.
-    NoConfiguration,
+    NoConfiguration {
+        /// Files that were not read, and why (a conflist with a typo is one).
+        skipped: Vec<String>,
+    },
     /// No configuration names the network; the names found.
     NetworkNotConfigured {
         /// Network names the node's configurations have.
@@ -157,11 +163,17 @@ pub enum Reason {
         /// Its type.
         type_: String,
     },
+    /// The node's CNI directories are not known: the container runtime's configuration, which
+    /// names them when the chart's `cni.binDir`/`cni.confDir` are unset, cannot be read.
+    DirectoriesUnknown {
+        /// Why, naming the node and the values to set.
+        why: String,
+    },
 }
 
 impl Reason {
     /// Every label, for resetting metrics.
-    pub const LABELS: [&'static str; 8] = [
+    pub const LABELS: [&'static str; 9] = [
         "NoCNIConfiguration",
         "NetworkNotConfigured",
         "NoIPAM",
@@ -170,12 +182,13 @@ impl Reason {
         "HostLocalNotReplaced",
         "HostLocalReverted",
         "OtherIPAM",
+        "CNIDirectoriesUnknown",
     ];
 
     /// The reason as a condition reason, Event reason suffix and metric label.
     pub fn label(&self) -> &'static str {
         let i = match self {
-            Self::NoConfiguration => 0,
+            Self::NoConfiguration { .. } => 0,
             Self::NetworkNotConfigured { .. } => 1,
             Self::NoIpam { .. } => 2,
             Self::DataDirMismatch { .. } => 3,
@@ -183,6 +196,7 @@ impl Reason {
             Self::HostLocalNotReplaced { .. } => 5,
             Self::HostLocalReverted { .. } => 6,
             Self::OtherIpam { .. } => 7,
+            Self::DirectoriesUnknown { .. } => 8,
         };
         Self::LABELS[i]
     }
@@ -218,9 +232,14 @@ impl fmt::Display for Explained<'_> {
         let (conf, bin) = (&e.conf_dir, &e.bin_dir);
         write!(f, "ipkeep is not in charge of network {network}: ")?;
         match reason {
-            Reason::NoConfiguration => write!(
+            Reason::NoConfiguration { skipped } if skipped.is_empty() => write!(
                 f,
-                "{conf} holds no CNI network configuration; set the chart's cni.confDir to the directory the container runtime reads (k3s: /var/lib/rancher/k3s/agent/etc/cni/net.d)"
+                "{conf} holds no CNI network configuration; is the network plugin installed? (else set the chart's cni.confDir to the directory the container runtime reads, or leave it unset to use the one the runtime's configuration names)"
+            ),
+            Reason::NoConfiguration { skipped } => write!(
+                f,
+                "{conf} holds no CNI network configuration that can be read (not read: {}); fix that file, the container runtime reads it too",
+                skipped.join("; ")
             ),
             Reason::NetworkNotConfigured { found, skipped } => {
                 write!(
@@ -228,12 +247,16 @@ impl fmt::Display for Explained<'_> {
                     "no CNI configuration in {conf} names it (found: {}",
                     found.join(", ")
                 )?;
-                if !skipped.is_empty() {
-                    write!(f, "; not read: {}", skipped.join("; "))?;
+                if skipped.is_empty() {
+                    return write!(
+                        f,
+                        "); set the chart's agent.networks to the network the pods use"
+                    );
                 }
                 write!(
                     f,
-                    "); set the chart's agent.networks to the network the pods use"
+                    "; not read: {}); if the network is configured in a file not read, fix that file, else set the chart's agent.networks to the network the pods use",
+                    skipped.join("; ")
                 )
             }
             Reason::NoIpam { file } => write!(f, "{conf}/{file} has no IPAM"),
@@ -261,6 +284,7 @@ impl fmt::Display for Explained<'_> {
                 f,
                 "the IPAM in {conf}/{file} is {type_}; ipkeep hands out addresses only as the IPAM ipkeep (or as host-local with cni.replaceHostLocal=true)"
             ),
+            Reason::DirectoriesUnknown { why } => f.write_str(why),
         }
     }
 }
@@ -325,6 +349,20 @@ pub fn decide<'a>(
         .collect()
 }
 
+/// Every network's verdict when the node's CNI directories are not known (rule 0: nothing can be
+/// read, so no network is in charge), `why` naming the node and the values to set.
+pub fn undecided<'a>(networks: &'a [String], why: &str) -> Vec<(&'a str, Verdict)> {
+    networks
+        .iter()
+        .map(|n| {
+            let reason = Reason::DirectoriesUnknown {
+                why: why.to_owned(),
+            };
+            (n.as_str(), Verdict::NotInCharge(reason))
+        })
+        .collect()
+}
+
 fn verdict(network: &str, agent_data_dir: &str, e: &Evidence) -> Verdict {
     let nets: Vec<&NetConf> = e
         .confs
@@ -335,21 +373,25 @@ fn verdict(network: &str, agent_data_dir: &str, e: &Evidence) -> Verdict {
         })
         .collect();
     let not = Verdict::NotInCharge;
-    if nets.is_empty() {
-        return not(Reason::NoConfiguration);
-    }
-    let Some(net) = nets.iter().find(|n| n.name == network) else {
-        let mut found: Vec<String> = nets.iter().map(|n| n.name.clone()).collect();
-        found.dedup();
-        let skipped = e
-            .confs
+    let skipped = || {
+        e.confs
             .iter()
             .filter_map(|c| match c {
                 ConfFile::Skipped { file, why } => Some(format!("{file}: {why}")),
                 ConfFile::Net(_) => None,
             })
-            .collect();
-        return not(Reason::NetworkNotConfigured { found, skipped });
+            .collect()
+    };
+    if nets.is_empty() {
+        return not(Reason::NoConfiguration { skipped: skipped() });
+    }
+    let Some(net) = nets.iter().find(|n| n.name == network) else {
+        let mut found: Vec<String> = nets.iter().map(|n| n.name.clone()).collect();
+        found.dedup();
+        return not(Reason::NetworkNotConfigured {
+            found,
+            skipped: skipped(),
+        });
     };
     let file = net.file.clone();
     let Some(ipam) = &net.ipam else {

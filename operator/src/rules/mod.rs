@@ -8,8 +8,10 @@
 //! namespaces keep addresses), [`placement`] (the webhook's record read back).
 //! Agent: [`desired`] (which files should exist), [`schedule`] (when a pass runs, full or not),
 //! [`incharge`] (whether ipkeep is the IPAM the node's runtime calls, network by network).
+//! Both install-cni and the agent: [`cni_dirs`] (which CNI directories the node's runtime uses).
 
 pub mod budget;
+pub mod cni_dirs;
 pub mod desired;
 pub mod incharge;
 pub mod lifecycle;

@@ -228,11 +228,15 @@ pub struct PodNetwork {
     pub tiny_nodes: u8,
     /// The nodes' CNI network.
     pub cni: NodeCni,
-    /// Where the nodes keep their CNI plugins and configuration.
+    /// Where the nodes keep their CNI plugins and configuration (all but the last
+    /// [`Self::k3s_nodes`]).
     pub dirs: NodeDirs,
     /// How many of the cluster's first nodes run CRI-O instead of containerd (the first: a
     /// mixed cluster may also have tiny nodes, which are the last).
     pub crio_nodes: u8,
+    /// How many of the cluster's last nodes have k3s's layout whatever [`Self::dirs`] says (a
+    /// cluster mixing k3s-layout and standard nodes, served by one `helm install`).
+    pub k3s_nodes: u8,
 }
 
 impl PodNetwork {
@@ -247,6 +251,15 @@ impl PodNetwork {
             NodeRuntime::CriO
         } else {
             NodeRuntime::Containerd
+        }
+    }
+
+    /// Where `node` of a cluster of `nodes` keeps its CNI plugins and configuration.
+    pub fn dirs(self, node: NodeLayout, nodes: u8) -> NodeDirs {
+        if u16::from(node.index()) + u16::from(self.k3s_nodes) >= u16::from(nodes) {
+            NodeDirs::K3s
+        } else {
+            self.dirs
         }
     }
 
@@ -279,10 +292,11 @@ impl PodNetwork {
 
 /// The paths a node sees at their usual place, each backed by its own directory on the host.
 /// (`/run` is a fresh tmpfs per node instead, so sockets and pod namespaces are private too.)
-/// The last three are CRI-O's: its image and container storage, its own state (which must
-/// survive a reboot: without `/var/lib/crio/version` CRI-O takes a start for an upgrade and
-/// wipes its images) and its pods' logs.
-pub const NODE_PATHS: [&str; 12] = [
+/// Then CRI-O's: its image and container storage, its own state (which must survive a reboot:
+/// without `/var/lib/crio/version` CRI-O takes a start for an upgrade and wipes its images) and
+/// its pods' logs. The last two hold the runtimes' configurations where a real node keeps them
+/// (k3s's is under `/var/lib/rancher`), where the agent reads them through its mount of `/`.
+pub const NODE_PATHS: [&str; 14] = [
     "/etc/cni/net.d",
     "/opt/cni/bin",
     "/var/lib/rancher",
@@ -295,6 +309,8 @@ pub const NODE_PATHS: [&str; 12] = [
     "/var/lib/containers",
     "/var/lib/crio",
     "/var/log/crio",
+    "/etc/containerd",
+    "/etc/crio",
 ];
 
 /// One cluster's place on the machine.
@@ -502,6 +518,20 @@ impl NodeLayout {
         format!("{}/pods", self.cgroup())
     }
 }
+
+/// Where `dirs`'s containerd reads its configuration, inside the node: k3s writes its own under
+/// its agent directory (and starts its containerd with it), a standard node has containerd's.
+pub fn containerd_config_path(dirs: NodeDirs) -> &'static str {
+    match dirs {
+        NodeDirs::Standard => "/etc/containerd/config.toml",
+        NodeDirs::K3s => "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+    }
+}
+
+/// CRI-O's configuration file inside the node.
+pub const CRIO_CONFIG_PATH: &str = "/etc/crio/crio.conf";
+/// CRI-O's drop-in directory inside the node (empty here, see [`crio_config`]).
+pub const CRIO_DROP_IN_DIR: &str = "/etc/crio/crio.conf.d";
 
 /// containerd's socket inside every node (its `/run` is private).
 pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
@@ -1019,6 +1049,38 @@ mod tests {
             c["plugins"][0]["ipam"]["routes"],
             json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}])
         );
+    }
+
+    #[test]
+    fn the_last_k3s_nodes_have_k3s_layout_and_each_runtime_config_is_node_private() {
+        let slot = Slot::new(0).unwrap();
+        let mixed = PodNetwork {
+            k3s_nodes: 1,
+            ..PodNetwork::default()
+        };
+        let node = |i| slot.node(i).unwrap();
+        assert_eq!(mixed.dirs(node(0), 2), NodeDirs::Standard);
+        assert_eq!(mixed.dirs(node(1), 2), NodeDirs::K3s);
+        assert_eq!(PodNetwork::default().dirs(node(1), 2), NodeDirs::Standard);
+        let all_k3s = PodNetwork {
+            dirs: NodeDirs::K3s,
+            ..PodNetwork::default()
+        };
+        assert_eq!(all_k3s.dirs(node(0), 2), NodeDirs::K3s);
+        // Where the agent reads them through its mount of `/`, each behind the node's own dir.
+        for path in [
+            containerd_config_path(NodeDirs::Standard),
+            containerd_config_path(NodeDirs::K3s),
+            CRIO_CONFIG_PATH,
+            CRIO_DROP_IN_DIR,
+        ] {
+            let host = node(0).host_path(path).unwrap();
+            assert!(
+                host.starts_with(node(0).data_dir()),
+                "{path}: {}",
+                host.display()
+            );
+        }
     }
 
     #[test]

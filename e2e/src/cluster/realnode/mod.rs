@@ -653,7 +653,9 @@ impl Cluster {
             NodeCni::Bridge => None,
         };
         let crio_dir = if options.network.crio_nodes > 0 {
-            if options.network.cni != NodeCni::Bridge || options.network.dirs != NodeDirs::Standard
+            if options.network.cni != NodeCni::Bridge
+                || options.network.dirs != NodeDirs::Standard
+                || options.network.k3s_nodes > 0
             {
                 return Err(RealNodeError::Invalid {
                     what: "CRI-O nodes",
@@ -756,7 +758,7 @@ impl Cluster {
                 nodes_in_cluster: options.nodes,
                 cni: options.network.cni,
                 dual_stack: options.network.dual_stack,
-                dirs: options.network.dirs,
+                dirs: options.network.dirs(layout, options.nodes),
                 bin_dir: bin_dir.to_owned(),
                 flannel_dir: dirs.flannel.map(Path::to_owned),
                 runtime,

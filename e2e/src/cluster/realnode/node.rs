@@ -255,16 +255,22 @@ impl RealNode {
             tls_cert: kubelet_serving.cert,
             tls_key: kubelet_serving.key,
         };
-        let runtime_config = match (&spec.crio_dir, spec.runtime) {
+        // The runtime's configuration where a real node keeps it, inside the node (the agent
+        // reads it through its mount of the node's `/` to find the CNI directories).
+        let (config_in_node, config_text) = match (&spec.crio_dir, spec.runtime) {
             (Some(dir), NodeRuntime::CriO) => {
                 let programs = crio::programs(dir, &config_dir, &super::e2e_exe()?)
                     .map_err(io("write CRI-O's files in", &config_dir))?;
+                // CRI-O's registries drop-in directory: an empty one of ours.
                 let drop_ins = config_dir.join("crio.conf.d");
                 std::fs::create_dir_all(&drop_ins).map_err(io("create", &drop_ins))?;
-                ("crio.conf", layout::crio_config(&programs, spec.dirs))
+                (
+                    layout::CRIO_CONFIG_PATH,
+                    layout::crio_config(&programs, spec.dirs),
+                )
             }
             _ => (
-                "containerd.toml",
+                layout::containerd_config_path(spec.dirs),
                 layout::containerd_config(
                     Path::new(host::RUNC),
                     spec.dirs,
@@ -272,8 +278,25 @@ impl RealNode {
                 ),
             ),
         };
+        let node_file = |node_path: &str| {
+            layout
+                .host_path(node_path)
+                .ok_or_else(|| RealNodeError::Invalid {
+                    what: "runtime configuration path",
+                    value: node_path.to_owned(),
+                    why: "not under one of the node's own paths",
+                })
+        };
+        let config_file = node_file(config_in_node)?;
+        if let Some(parent) = config_file.parent() {
+            std::fs::create_dir_all(parent).map_err(io("create", parent))?;
+        }
+        std::fs::write(&config_file, config_text).map_err(io("write", &config_file))?;
+        if spec.runtime == NodeRuntime::CriO {
+            let drop_ins = node_file(layout::CRIO_DROP_IN_DIR)?;
+            std::fs::create_dir_all(&drop_ins).map_err(io("create", &drop_ins))?;
+        }
         let writes = [
-            runtime_config,
             (
                 "kubelet.json",
                 layout::kubelet_config(layout, &files, spec.runtime).to_string(),
@@ -494,20 +517,15 @@ impl RealNode {
                 ])?;
                 // Where CRI-O looks for a registry's CA, the node's own (again after a reboot).
                 registries::overlay_containers_etc(self)?;
-                // Its whole configuration is crio.conf and registries.conf: the drop-in directories
-                // are an empty one of ours, never the machine's /etc/crio/crio.conf.d or
+                // Its whole configuration is the node's own /etc/crio/crio.conf (with its empty
+                // crio.conf.d, node-private, never the machine's) and registries.conf: the
+                // registries drop-in directory is an empty one of ours, never the machine's
                 // /etc/containers/registries.conf.d.
                 let args = vec![
                     "--config".to_owned(),
-                    self.config_dir
-                        .join("crio.conf")
-                        .to_string_lossy()
-                        .into_owned(),
+                    layout::CRIO_CONFIG_PATH.to_owned(),
                     "--config-dir".to_owned(),
-                    self.config_dir
-                        .join("crio.conf.d")
-                        .to_string_lossy()
-                        .into_owned(),
+                    layout::CRIO_DROP_IN_DIR.to_owned(),
                 ];
                 let crio = dir.join("crio");
                 let mut daemon_args = args.clone();
@@ -530,11 +548,8 @@ impl RealNode {
                 (c, probe)
             }
             _ => {
-                let config = self.config_dir.join("containerd.toml");
-                let c = self.start_daemon(
-                    daemon,
-                    vec!["--config".into(), config.to_string_lossy().into_owned()],
-                )?;
+                let config = layout::containerd_config_path(self.dirs);
+                let c = self.start_daemon(daemon, vec!["--config".into(), config.to_owned()])?;
                 let mut probe = self.command("ctr");
                 probe.args(["--address", self.runtime.socket(), "version"]);
                 (c, probe)

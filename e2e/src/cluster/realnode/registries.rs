@@ -6,8 +6,8 @@
 //!   being the CRI image plugin's (`[plugins.'io.containerd.cri.v1.images'.registry]`, unset by
 //!   default: without it no directory is read); the file's `ca` names the CA, relative to its
 //!   directory (`core/remotes/docker/config/hosts.go`). The nodes' `config_path` is
-//!   [`CONTAINERD_HOSTS_DIR`] in their configuration directory, beside the `containerd.toml`
-//!   that names it.
+//!   [`CONTAINERD_HOSTS_DIR`] in the harness's directory of the node's files (the
+//!   `config.toml` that names it is in the node's own `/etc/containerd`, or k3s's place).
 //! - CRI-O 1.34 sets no certificate directory of its own, so containers/image reads every
 //!   `*.crt` of `/etc/containers/certs.d/<host:port>/` at each pull (`docker/docker_client.go`,
 //!   `dockerCertDir`). A CRI-O node sees the machine's `/etc/containers` through an overlay whose

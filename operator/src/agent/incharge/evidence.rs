@@ -1,5 +1,7 @@
 //! Reading the in-charge evidence from the node's disk: the CNI configuration directory and the
-//! CNI bin directory, both as the agent mounts them. Only regular files directly in each
+//! CNI bin directory, both as the agent mounts them (the chart values) or as the node's container
+//! runtime names them under the node's root ([`Dirs::Discovered`], found again at every read, so
+//! a runtime reconfigured and restarted is followed). Only regular files directly in each
 //! directory are read (opened with `O_NOFOLLOW`, at most [`MAX_CONF`] bytes): a symlink or
 //! anything else is reported as skipped, never followed out of the directory.
 
@@ -8,6 +10,7 @@ use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use crate::host_root::{HostRoot, HostRootError};
 use crate::install_cni::{self, HOST_LOCAL, HOST_LOCAL_ORIG};
 
 use crate::rules::incharge::{BinDir, Binary, ConfFile, Evidence, IPKEEP_TYPE, parse_conf};
@@ -17,46 +20,103 @@ const CONF_EXTENSIONS: [&str; 3] = ["conf", "conflist", "json"];
 /// Larger than any network configuration; a larger file is skipped, not read.
 pub const MAX_CONF: u64 = 1 << 20;
 
-/// Where the evidence is, as the agent sees it and as the node names it.
+/// Where the CNI directories are.
+#[derive(Debug, Clone)]
+pub enum Dirs {
+    /// Given (the chart values `cni.binDir`, `cni.confDir`, each mounted on its own).
+    Fixed {
+        /// The CNI configuration directory, as mounted in the agent.
+        conf_dir: PathBuf,
+        /// The same directory's path on the node (for messages).
+        conf_dir_on_node: String,
+        /// The CNI bin directory, as mounted in the agent.
+        bin_dir: PathBuf,
+        /// The same directory's path on the node (for messages).
+        bin_dir_on_node: String,
+    },
+    /// Named by the node's container runtime's configuration, under the node's root mounted here.
+    Discovered {
+        /// Where the node's root is mounted.
+        host_root: PathBuf,
+    },
+}
+
+/// Where the evidence is, and what the plugin is.
 #[derive(Debug, Clone)]
 pub struct Sources {
-    /// The CNI configuration directory, as mounted in the agent.
-    pub conf_dir: PathBuf,
-    /// The same directory's path on the node (for messages).
-    pub conf_dir_on_node: String,
-    /// The CNI bin directory, as mounted in the agent.
-    pub bin_dir: PathBuf,
-    /// The same directory's path on the node (for messages).
-    pub bin_dir_on_node: String,
+    /// The CNI directories.
+    pub dirs: Dirs,
     /// The plugin binary this agent's image carries (what `ipkeep` and a replaced `host-local` are).
     pub plugin: Vec<u8>,
 }
 
-/// Errors of reading the evidence (a directory that cannot be listed: no verdict is made).
+/// Errors of reading the evidence (no verdict is made from what was read).
 #[derive(Debug, thiserror::Error)]
-#[error("failed to list {}", path.display())]
-pub struct EvidenceError {
-    path: PathBuf,
-    #[source]
-    source: io::Error,
+pub enum EvidenceError {
+    /// A directory cannot be listed.
+    #[error("failed to list {}", path.display())]
+    List {
+        /// The directory, as mounted.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: io::Error,
+    },
+    /// The node runtime's configuration does not tell the directories (its message names the
+    /// values to set): every network is not in charge, and says why.
+    #[error(transparent)]
+    Locate(#[from] HostRootError),
 }
 
 /// Reads the evidence now.
 pub fn read(s: &Sources) -> Result<Evidence, EvidenceError> {
+    let (conf_dir, conf_on_node, bin_dir, bin_on_node) = match &s.dirs {
+        Dirs::Fixed {
+            conf_dir,
+            conf_dir_on_node,
+            bin_dir,
+            bin_dir_on_node,
+        } => (
+            Some(conf_dir.clone()),
+            conf_dir_on_node.clone(),
+            Some(bin_dir.clone()),
+            bin_dir_on_node.clone(),
+        ),
+        Dirs::Discovered { host_root } => {
+            let found = HostRoot::open(host_root)?.locate()?;
+            (
+                found.conf_dir,
+                found.dirs.conf_dir,
+                found.bin_dir,
+                found.dirs.bin_dir,
+            )
+        }
+    };
+    // A directory the node lacks holds nothing (the chart's narrow mounts create theirs empty).
+    let confs = match &conf_dir {
+        Some(dir) => read_confs(dir)?,
+        None => Vec::new(),
+    };
+    let binary_in = |name: &str| match &bin_dir {
+        Some(dir) => binary(&dir.join(name), &s.plugin),
+        None => Binary::Missing,
+    };
     Ok(Evidence {
-        conf_dir: s.conf_dir_on_node.clone(),
-        bin_dir: s.bin_dir_on_node.clone(),
-        confs: read_confs(&s.conf_dir)?,
+        conf_dir: conf_on_node,
+        bin_dir: bin_on_node,
+        confs,
         bin: BinDir {
-            ipkeep: binary(&s.bin_dir.join(IPKEEP_TYPE), &s.plugin),
-            host_local: binary(&s.bin_dir.join(HOST_LOCAL), &s.plugin),
-            original_kept: fs::symlink_metadata(s.bin_dir.join(HOST_LOCAL_ORIG)).is_ok(),
+            ipkeep: binary_in(IPKEEP_TYPE),
+            host_local: binary_in(HOST_LOCAL),
+            original_kept: bin_dir
+                .as_ref()
+                .is_some_and(|d| fs::symlink_metadata(d.join(HOST_LOCAL_ORIG)).is_ok()),
         },
     })
 }
 
 fn read_confs(dir: &Path) -> Result<Vec<ConfFile>, EvidenceError> {
-    let listing = |source| EvidenceError {
+    let listing = |source| EvidenceError::List {
         path: dir.to_owned(),
         source,
     };
@@ -154,10 +214,12 @@ mod tests {
         let plugin = b"#!ipkeep".to_vec();
         fs::write(dir.join("bin/ipkeep"), &plugin).unwrap();
         let s = Sources {
-            conf_dir: conf,
-            conf_dir_on_node: "/etc/cni/net.d".into(),
-            bin_dir: dir.join("bin"),
-            bin_dir_on_node: "/opt/cni/bin".into(),
+            dirs: Dirs::Fixed {
+                conf_dir: conf,
+                conf_dir_on_node: "/etc/cni/net.d".into(),
+                bin_dir: dir.join("bin"),
+                bin_dir_on_node: "/opt/cni/bin".into(),
+            },
             plugin,
         };
         let e = read(&s).unwrap();

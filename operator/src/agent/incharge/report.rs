@@ -22,10 +22,12 @@ use kube::{Api, Client};
 use prometheus::IntGaugeVec;
 use serde_json::json;
 
-use super::evidence::{self, Sources};
+use super::evidence::{self, EvidenceError, Sources};
 use crate::api::{CONDITION_UNPROTECTED, IPReservation};
 use crate::api::{PodKey, key_of};
-use crate::rules::incharge::{Evidence, Explained, Reason, Verdict, decide};
+use crate::rules::incharge::{
+    BinDir, Binary, Evidence, Explained, Reason, Verdict, decide, undecided,
+};
 use crate::runtime::events::{Notice, Publisher, node_ref};
 use crate::runtime::logging::error_chain;
 
@@ -156,6 +158,20 @@ impl InChargeMetrics {
     }
 }
 
+/// The evidence when the directories are not known: nothing read (the reason's message says why).
+fn unknown_dirs() -> Evidence {
+    Evidence {
+        conf_dir: String::new(),
+        bin_dir: String::new(),
+        confs: Vec::new(),
+        bin: BinDir {
+            ipkeep: Binary::Missing,
+            host_local: Binary::Missing,
+            original_kept: false,
+        },
+    }
+}
+
 /// Reads the evidence every [`POLL`] and says what changed, until the task is aborted.
 pub async fn run(
     r: Reporter,
@@ -169,14 +185,20 @@ pub async fn run(
     let mut tick = tokio::time::interval(POLL);
     loop {
         tick.tick().await;
-        let evidence = match evidence::read(&r.sources) {
-            Ok(e) => e,
+        let (evidence, verdicts) = match evidence::read(&r.sources) {
+            Ok(e) => {
+                let verdicts = decide(&r.networks, &r.data_dir, &e);
+                (e, verdicts)
+            }
+            Err(EvidenceError::Locate(e)) => {
+                let why = format!("node {}: {}", r.node, error_chain(&e));
+                (unknown_dirs(), undecided(&r.networks, &why))
+            }
             Err(e) => {
                 tracing::warn!(error = %error_chain(&e), "cannot read whether ipkeep is in charge on this node");
                 continue;
             }
         };
-        let verdicts = decide(&r.networks, &r.data_dir, &evidence);
         for (i, (network, verdict)) in verdicts.iter().enumerate() {
             let before = last.as_ref().and_then(|l| l.get(i));
             if before == Some(verdict) {

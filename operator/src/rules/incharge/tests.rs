@@ -186,7 +186,7 @@ fn each_rule_decides_its_case() {
             "no configuration at all (the network plugin not installed yet, or cni.confDir wrong)",
             evidence(vec![], Ipkeep, Ipkeep, true),
             "cbr0",
-            Verdict::NotInCharge(Reason::NoConfiguration),
+            Verdict::NotInCharge(Reason::NoConfiguration { skipped: vec![] }),
         ),
         (
             "the IPAM's dataDir is not the agent's",
@@ -268,7 +268,7 @@ fn each_rule_decides_its_case() {
 fn each_reason_says_the_network_and_a_fix() {
     let e = evidence(vec![], Binary::Ipkeep, Binary::Other, false);
     let reasons = [
-        Reason::NoConfiguration,
+        Reason::NoConfiguration { skipped: vec![] },
         Reason::NetworkNotConfigured {
             found: vec!["cbr0".into()],
             skipped: vec![],
@@ -286,6 +286,9 @@ fn each_reason_says_the_network_and_a_fix() {
             file: "f".into(),
             type_: "dhcp".into(),
         },
+        Reason::DirectoriesUnknown {
+            why: "node n1: no containerd or CRI-O configuration found".into(),
+        },
     ];
     let mut labels = Vec::new();
     for reason in &reasons {
@@ -302,4 +305,88 @@ fn each_reason_says_the_network_and_a_fix() {
         labels.push(reason.label());
     }
     assert_eq!(labels, Reason::LABELS, "one label per reason, in order");
+}
+
+#[test]
+fn unknown_directories_make_every_network_not_in_charge_naming_the_node_and_the_values() {
+    let networks = vec!["cbr0".to_owned(), "mynet".to_owned()];
+    let why = "node n1: no containerd or CRI-O configuration found (...): set the chart values cni.binDir and cni.confDir";
+    let verdicts = undecided(&networks, why);
+    assert_eq!(verdicts.len(), 2);
+    for ((network, verdict), want) in verdicts.iter().zip(["cbr0", "mynet"]) {
+        assert_eq!(*network, want);
+        let Verdict::NotInCharge(reason) = verdict else {
+            panic!("{verdict:?}")
+        };
+        assert_eq!(reason.label(), "CNIDirectoriesUnknown");
+        let e = Evidence {
+            conf_dir: String::new(),
+            bin_dir: String::new(),
+            confs: vec![],
+            bin: BinDir {
+                ipkeep: Binary::Missing,
+                host_local: Binary::Missing,
+                original_kept: false,
+            },
+        };
+        assert_eq!(
+            Explained {
+                network,
+                reason,
+                evidence: &e
+            }
+            .to_string(),
+            format!("ipkeep is not in charge of network {network}: {why}")
+        );
+    }
+}
+
+/// A conflist with a typo, as an admin's hand edit leaves it: the verdict names the file and what
+/// is wrong with it, and says to fix it (not to change a chart value).
+#[test]
+fn a_conflist_that_cannot_be_parsed_is_named_with_the_fix() {
+    let typo = parse_conf(
+        "10-flannel.conflist",
+        br#"{"name": "cbr0", "plugins": [{"type": "flannel",}]}"#,
+    );
+    let ConfFile::Skipped { why, .. } = &typo else {
+        panic!("{typo:?}")
+    };
+    assert!(why.starts_with("not JSON: "), "{why}");
+    let cases = [
+        (
+            "the only file",
+            vec![typo.clone()],
+            "/etc/cni/net.d holds no CNI network configuration that can be read (not read: 10-flannel.conflist: not JSON: ",
+            "); fix that file, the container runtime reads it too",
+        ),
+        (
+            "beside another network's",
+            vec![
+                typo.clone(),
+                net("20-other.conflist", "other", Some(("host-local", DATA))),
+            ],
+            "no CNI configuration in /etc/cni/net.d names it (found: other; not read: 10-flannel.conflist: not JSON: ",
+            "); if the network is configured in a file not read, fix that file, else set the chart's agent.networks to the network the pods use",
+        ),
+    ];
+    for (what, confs, starts, ends) in cases {
+        let e = evidence(confs, Binary::Ipkeep, Binary::Ipkeep, true);
+        let networks = vec!["cbr0".to_owned()];
+        let verdicts = decide(&networks, DATA, &e);
+        let Verdict::NotInCharge(reason) = &verdicts[0].1 else {
+            panic!("{what}: {verdicts:?}")
+        };
+        let text = Explained {
+            network: "cbr0",
+            reason,
+            evidence: &e,
+        }
+        .to_string();
+        let prefix = format!("ipkeep is not in charge of network cbr0: {starts}");
+        assert!(
+            text.starts_with(&prefix) && text.ends_with(ends),
+            "{what}: {text}"
+        );
+    }
 }

@@ -1,0 +1,316 @@
+//! The node's whole filesystem, mounted at `--host-root` (the chart's `/host`, when `cni.binDir`
+//! and `cni.confDir` are unset): reading the container runtime's configuration there and finding
+//! the CNI directories it names ([`HostRoot::locate`], the rule being
+//! [`crate::rules::cni_dirs::discover`]), for install-cni and the agent alike.
+//!
+//! Every node path is resolved under the root as a chroot would (`openat2` with
+//! `RESOLVE_IN_ROOT`): an absolute symlink on the way (`/var/lib/rancher` linked to another disk, a
+//! `current` release link) is followed inside the node's tree, never out of it into the
+//! container's own. The directory found is then named by its real path in the container (the
+//! kernel's name of the opened directory), which holds no symlink, so later path operations on
+//! it (install-cni's links and renames, the agent's reads) stay in the node's tree. What is *in*
+//! the directory is never followed: k3s's `data/cni` holds absolute symlinks into
+//! `data/<release>/bin`, which install-cni keeps as symlinks.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+
+use crate::rules::cni_dirs::{
+    self, CONTAINERD_CONFIG, CRIO_CONFIG, CRIO_DROP_INS, CniDirs, DiscoveryError,
+    K3S_CONTAINERD_CONFIG, RuntimeConfigs, VALUES_HINT,
+};
+
+/// Larger than any runtime configuration; a larger file is refused, not read.
+const MAX_CONFIG: u64 = 1 << 20;
+
+/// How the path walk is confined: inside the root, no `/proc/self/fd`-style magic links.
+const IN_ROOT: ResolveFlags = ResolveFlags::IN_ROOT.union(ResolveFlags::NO_MAGICLINKS);
+
+/// Errors of reading the node's root (each message ends with what to do).
+#[derive(Debug, thiserror::Error)]
+pub enum HostRootError {
+    /// The root itself cannot be opened (the chart's `/` mount is missing).
+    #[error("failed to open the node's root {}", .0.display())]
+    Root(PathBuf, #[source] io::Error),
+    /// The runtime's configuration does not tell the directories.
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    /// A file or directory on the node cannot be read.
+    #[error("failed to {what} {path} on the node: {source}: {VALUES_HINT}")]
+    Node {
+        /// What was being done.
+        what: &'static str,
+        /// The node path.
+        path: String,
+        /// What failed (in the message: the hint follows it).
+        source: io::Error,
+    },
+}
+
+/// The node's CNI directories: as the node names them and as reachable here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Located {
+    /// What the runtime's configuration says.
+    pub dirs: CniDirs,
+    /// The bin directory here (`None`: it does not exist on the node).
+    pub bin_dir: Option<PathBuf>,
+    /// The configuration directory here (`None`: it does not exist on the node).
+    pub conf_dir: Option<PathBuf>,
+}
+
+/// The node's root, opened once.
+#[derive(Debug)]
+pub struct HostRoot {
+    path: PathBuf,
+    fd: OwnedFd,
+}
+
+impl HostRoot {
+    /// Opens the node's root mounted at `path`.
+    pub fn open(path: &Path) -> Result<Self, HostRootError> {
+        let fd = rustix::fs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| HostRootError::Root(path.to_owned(), e.into()))?;
+        Ok(Self {
+            path: path.to_owned(),
+            fd,
+        })
+    }
+
+    /// Where the root is mounted here.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn open_in(&self, node_path: &str, flags: OFlags) -> io::Result<OwnedFd> {
+        let relative = node_path.trim_start_matches('/');
+        rustix::fs::openat2(
+            &self.fd,
+            if relative.is_empty() { "." } else { relative },
+            flags | OFlags::CLOEXEC,
+            Mode::empty(),
+            IN_ROOT,
+        )
+        .map_err(io::Error::from)
+    }
+
+    /// A regular file's text (`None`: no such file).
+    fn read_config(&self, node_path: &str) -> Result<Option<String>, HostRootError> {
+        let err = |source| HostRootError::Node {
+            what: "read",
+            path: node_path.to_owned(),
+            source,
+        };
+        let fd = match self.open_in(node_path, OFlags::RDONLY) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(err(e)),
+        };
+        let file = File::from(fd);
+        if !file.metadata().map_err(err)?.is_file() {
+            return Err(err(io::Error::other("not a regular file")));
+        }
+        let mut text = String::new();
+        file.take(MAX_CONFIG + 1)
+            .read_to_string(&mut text)
+            .map_err(err)?;
+        if text.len() as u64 > MAX_CONFIG {
+            return Err(err(io::Error::other(format!(
+                "larger than {MAX_CONFIG} bytes"
+            ))));
+        }
+        Ok(Some(text))
+    }
+
+    /// The candidate runtime configurations, as the node holds them.
+    pub fn runtime_configs(&self) -> Result<RuntimeConfigs, HostRootError> {
+        let mut drop_ins = Vec::new();
+        if let Some(dir) = self.dir(CRIO_DROP_INS)? {
+            let listing = |source| HostRootError::Node {
+                what: "list",
+                path: CRIO_DROP_INS.to_owned(),
+                source,
+            };
+            for entry in std::fs::read_dir(&dir).map_err(listing)? {
+                let name = entry.map_err(listing)?.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if name.ends_with(".conf")
+                    && let Some(text) = self.read_config(&format!("{CRIO_DROP_INS}/{name}"))?
+                {
+                    drop_ins.push((name.to_owned(), text));
+                }
+            }
+        }
+        Ok(RuntimeConfigs {
+            k3s_containerd: self.read_config(K3S_CONTAINERD_CONFIG)?,
+            containerd: self.read_config(CONTAINERD_CONFIG)?,
+            crio: self.read_config(CRIO_CONFIG)?,
+            crio_drop_ins: drop_ins,
+        })
+    }
+
+    /// The directory at `node_path` here, resolved inside the root (`None`: it does not exist).
+    pub fn dir(&self, node_path: &str) -> Result<Option<PathBuf>, HostRootError> {
+        let err = |source| HostRootError::Node {
+            what: "open the directory",
+            path: node_path.to_owned(),
+            source,
+        };
+        match self.open_in(node_path, OFlags::PATH | OFlags::DIRECTORY) {
+            Ok(fd) => real_path(&fd).map(Some).map_err(err),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    /// The directory at `node_path` here, created (mode 0755, each missing component inside the
+    /// root) when it does not exist, as the chart's `DirectoryOrCreate` mount did.
+    pub fn dir_or_create(&self, node_path: &str) -> Result<PathBuf, HostRootError> {
+        if let Some(found) = self.dir(node_path)? {
+            return Ok(found);
+        }
+        let (parent, name) = match node_path.trim_end_matches('/').rsplit_once('/') {
+            Some((parent, name)) if !name.is_empty() => (parent, name),
+            _ => {
+                return Err(HostRootError::Node {
+                    what: "create",
+                    path: node_path.to_owned(),
+                    source: io::Error::other("not a path below the root"),
+                });
+            }
+        };
+        if !parent.is_empty() {
+            self.dir_or_create(parent)?;
+        }
+        let parent_fd = self
+            .open_in(parent, OFlags::PATH | OFlags::DIRECTORY)
+            .map_err(|source| HostRootError::Node {
+                what: "open the directory",
+                path: parent.to_owned(),
+                source,
+            })?;
+        match rustix::fs::mkdirat(&parent_fd, name, Mode::from_raw_mode(0o755)) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => {
+                return Err(HostRootError::Node {
+                    what: "create",
+                    path: node_path.to_owned(),
+                    source: e.into(),
+                });
+            }
+        }
+        self.dir(node_path)?.ok_or_else(|| HostRootError::Node {
+            what: "create",
+            path: node_path.to_owned(),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        })
+    }
+
+    /// The CNI directories the node's runtime uses, as named and as reachable here.
+    pub fn locate(&self) -> Result<Located, HostRootError> {
+        let dirs = cni_dirs::discover(&self.runtime_configs()?)?;
+        Ok(Located {
+            bin_dir: self.dir(&dirs.bin_dir)?,
+            conf_dir: self.dir(&dirs.conf_dir)?,
+            dirs,
+        })
+    }
+}
+
+/// The kernel's name of an opened directory, as this process sees it.
+fn real_path(fd: &OwnedFd) -> io::Result<PathBuf> {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// A node root in a scratch directory, with k3s's layout: `data/current` a symlink to the
+    /// release by its absolute node path.
+    fn k3s_root() -> tempfile::TempDir {
+        let tmp = tempfile::Builder::new()
+            .prefix("ipkeep-hostroot-")
+            .tempdir()
+            .unwrap();
+        let root = tmp.path();
+        let data = root.join("var/lib/rancher/k3s/data");
+        std::fs::create_dir_all(data.join("r1/bin")).unwrap();
+        symlink("/var/lib/rancher/k3s/data/r1", data.join("current")).unwrap();
+        std::fs::create_dir_all(root.join("var/lib/rancher/k3s/agent/etc/containerd")).unwrap();
+        tmp
+    }
+
+    #[test]
+    fn a_symlink_on_the_way_resolves_inside_the_root_never_out_of_it() {
+        let tmp = k3s_root();
+        let root = tmp.path().canonicalize().unwrap();
+        std::fs::write(
+            root.join("var/lib/rancher/k3s/agent/etc/containerd/config.toml"),
+            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".cni]\nbin_dir = \"/var/lib/rancher/k3s/data/current/bin\"\nconf_dir = \"/escape/net.d\"\n",
+        )
+        .unwrap();
+        // An absolute link to /etc: resolved under the root, the node's /etc (no net.d there).
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        symlink("/etc", root.join("escape")).unwrap();
+        let host = HostRoot::open(&root).unwrap();
+        let found = host.locate().unwrap();
+        assert_eq!(found.dirs.bin_dir, "/var/lib/rancher/k3s/data/current/bin");
+        assert_eq!(
+            found.bin_dir,
+            Some(root.join("var/lib/rancher/k3s/data/r1/bin"))
+        );
+        assert_eq!(found.conf_dir, None);
+        // Created inside the root, through the link.
+        let made = host.dir_or_create("/escape/net.d").unwrap();
+        assert_eq!(made, root.join("etc/net.d"));
+        assert!(!Path::new("/etc/net.d").exists());
+    }
+
+    #[test]
+    fn crio_drop_ins_are_read_and_nothing_found_says_what_to_set() {
+        let tmp = tempfile::Builder::new()
+            .prefix("ipkeep-hostroot-")
+            .tempdir()
+            .unwrap();
+        let root = tmp.path();
+        let host = HostRoot::open(root).unwrap();
+        let none = host.locate().unwrap_err().to_string();
+        assert!(
+            none.starts_with("no containerd or CRI-O configuration found"),
+            "{none}"
+        );
+        std::fs::create_dir_all(root.join("etc/crio/crio.conf.d")).unwrap();
+        std::fs::write(
+            root.join("etc/crio/crio.conf"),
+            "[crio.network]\nnetwork_dir = \"/etc/cni/net.d/\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("etc/crio/crio.conf.d/10-bin.conf"),
+            "[crio.network]\nplugin_dirs = [\"/usr/libexec/cni/\"]\n",
+        )
+        .unwrap();
+        std::fs::write(root.join("etc/crio/crio.conf.d/README"), "not read").unwrap();
+        let found = host.locate().unwrap();
+        assert_eq!(found.dirs.bin_dir, "/usr/libexec/cni");
+        assert_eq!(found.dirs.conf_dir, "/etc/cni/net.d");
+        assert_eq!(found.bin_dir, None);
+        // A directory where the file should be: an error naming it, and the values.
+        std::fs::create_dir_all(root.join("etc/containerd/config.toml")).unwrap();
+        let text = host.locate().unwrap_err().to_string();
+        assert_eq!(
+            text,
+            "failed to read /etc/containerd/config.toml on the node: not a regular file: set the chart values cni.binDir and cni.confDir"
+        );
+    }
+}
