@@ -177,6 +177,18 @@ pub const PLAIN: PodNetwork = PodNetwork {
     k3s_nodes: 0,
 };
 
+/// Containerd nodes with real flannel (kube-flannel's conflist) in the standard layout, IPv4 only.
+pub const FLANNEL: PodNetwork = PodNetwork {
+    cni: NodeCni::Flannel,
+    ..PLAIN
+};
+
+/// The same laid out as k3s lays itself out (k3s's conflist, plugin and configuration directories).
+pub const K3S_FLANNEL: PodNetwork = PodNetwork {
+    dirs: NodeDirs::K3s,
+    ..FLANNEL
+};
+
 /// How a test holds the real nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {

@@ -15,7 +15,7 @@
 //! is `realnode/flannel_ipam.rs`. Needs root, `make cluster-bins node-bins flannel-bins image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork, flannel, layout};
+use ipkeep_e2e::cluster::realnode::{PodNetwork, flannel, layout};
 use ipkeep_e2e::scenarios::keep_ip;
 use ipkeep_e2e::testkit::realnode;
 use ipkeep_e2e::testkit::system::{scenario_tests, skipped_on_users_cluster};
@@ -26,10 +26,7 @@ const NODES: u8 = 3;
 const NETWORK: PodNetwork = PodNetwork {
     dual_stack: true,
     tiny_nodes: 1,
-    cni: NodeCni::Flannel,
-    dirs: NodeDirs::Standard,
-    crio_nodes: 0,
-    k3s_nodes: 0,
+    ..realnode::FLANNEL
 };
 
 scenario_tests!(realnode::use_nodes(NODES, NETWORK); keep_ip:

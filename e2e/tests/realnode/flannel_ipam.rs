@@ -13,7 +13,7 @@
 //! Needs root, `make cluster-bins node-bins flannel-bins image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork, RealNode, layout};
+use ipkeep_e2e::cluster::realnode::{PodNetwork, RealNode, layout};
 use ipkeep_e2e::testkit::realnode;
 use ipkeep_e2e::testkit::system::{retain, skipped_on_users_cluster, statefulset};
 
@@ -21,14 +21,7 @@ use ipkeep_e2e::testkit::system::{retain, skipped_on_users_cluster, statefulset}
 const INSTALL: &[&str] = &["--set", "cni.replaceHostLocal=false"];
 
 /// Two flannel nodes.
-const NETWORK: PodNetwork = PodNetwork {
-    dual_stack: false,
-    tiny_nodes: 0,
-    cni: NodeCni::Flannel,
-    dirs: NodeDirs::Standard,
-    crio_nodes: 0,
-    k3s_nodes: 0,
-};
+const NETWORK: PodNetwork = realnode::FLANNEL;
 
 /// kube-flannel's conflist with ipkeep as the IPAM, as a user edits it.
 fn conflist_with_ipkeep() -> serde_json::Value {

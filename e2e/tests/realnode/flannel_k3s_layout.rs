@@ -23,7 +23,7 @@
 use std::path::{Path, PathBuf};
 
 use ipkeep_e2e::cluster::realnode::{
-    NodeCni, NodeDirs, PodNetwork, RealNode,
+    NodeDirs, PodNetwork, RealNode,
     layout::{self, K3S_FIRST_RELEASE, k3s_release_bin},
 };
 use ipkeep_e2e::testkit::realnode::{RELEASE, RELEASE_NS};
@@ -34,14 +34,7 @@ use ipkeep_e2e::testkit::{realnode, wait_for};
 const INSTALL: &[&str] = &["--set", "cni.replaceHostLocal=true"];
 
 /// Two flannel nodes with k3s's directories.
-const NETWORK: PodNetwork = PodNetwork {
-    dual_stack: false,
-    tiny_nodes: 0,
-    cni: NodeCni::Flannel,
-    dirs: NodeDirs::K3s,
-    crio_nodes: 0,
-    k3s_nodes: 0,
-};
+const NETWORK: PodNetwork = realnode::K3S_FLANNEL;
 
 /// The release a k3s upgrade extracts.
 const NEXT_RELEASE: &str = "ipkeep-e2e-2";

@@ -15,7 +15,7 @@
 //! Needs root, `make cluster-bins node-bins flannel-bins image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ipkeep_e2e::cluster::realnode::{NodeCni, NodeDirs, PodNetwork, RealNode, layout};
+use ipkeep_e2e::cluster::realnode::{NodeDirs, PodNetwork, RealNode, layout};
 use ipkeep_e2e::testkit::system::skipped_on_users_cluster;
 use ipkeep_e2e::testkit::{realnode, wait_for};
 
@@ -24,12 +24,8 @@ const INSTALL: &[&str] = &["--set", "cni.replaceHostLocal=true"];
 
 /// Two flannel nodes: the first standard, the last k3s's layout.
 const NETWORK: PodNetwork = PodNetwork {
-    dual_stack: false,
-    tiny_nodes: 0,
-    cni: NodeCni::Flannel,
-    dirs: NodeDirs::Standard,
-    crio_nodes: 0,
     k3s_nodes: 1,
+    ..realnode::FLANNEL
 };
 
 /// The bytes at `node_path` on `node`, if it is a regular file.

@@ -28,7 +28,7 @@ use std::process::Command;
 use base64::Engine as _;
 use ipkeep_e2e::cluster::Registry;
 use ipkeep_e2e::cluster::realnode::{
-    Cluster, NodeCni, NodeDirs, PodNetwork, RealNode, layout::WORKLOAD_IMAGE, normalized_image_name,
+    Cluster, PodNetwork, RealNode, layout::WORKLOAD_IMAGE, normalized_image_name,
 };
 use ipkeep_e2e::testkit::realnode::{self, RELEASE_NS, registry};
 use ipkeep_e2e::testkit::{kubectl, kubectl_json, repo_root, wait_for};
@@ -371,22 +371,6 @@ async fn quick_start(kind: &str, network: PodNetwork, route: Route) {
     .await;
 }
 
-/// Two flannel nodes in k3s's layout.
-const K3S: PodNetwork = PodNetwork {
-    dual_stack: false,
-    tiny_nodes: 0,
-    cni: NodeCni::Flannel,
-    dirs: NodeDirs::K3s,
-    crio_nodes: 0,
-    k3s_nodes: 0,
-};
-
-/// Two standard flannel nodes (kube-flannel's conflist).
-const KUBE_FLANNEL: PodNetwork = PodNetwork {
-    dirs: NodeDirs::Standard,
-    ..K3S
-};
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readmes_bridge_quick_start_keeps_web_0s_address_and_its_uninstall_frees_it() {
     quick_start("bridge", realnode::PLAIN, Route::Edited).await;
@@ -394,10 +378,10 @@ async fn the_readmes_bridge_quick_start_keeps_web_0s_address_and_its_uninstall_f
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readmes_k3s_quick_start_keeps_web_0s_address_and_its_uninstall_frees_it() {
-    quick_start("k3s", K3S, Route::Replaced).await;
+    quick_start("k3s", realnode::K3S_FLANNEL, Route::Replaced).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readmes_kube_flannel_quick_start_keeps_web_0s_address_and_its_uninstall_frees_it() {
-    quick_start("kube-flannel", KUBE_FLANNEL, Route::Replaced).await;
+    quick_start("kube-flannel", realnode::FLANNEL, Route::Replaced).await;
 }
