@@ -300,7 +300,8 @@ async fn over_its_nodes_budget_the_earliest_released_yields() {
     .await;
 }
 
-/// The chart's ValidatingAdmissionPolicy, rendered with `controller.maxRetainFor=1h` and bound to
+/// The chart's ValidatingAdmissionPolicy, rendered with `controller.maxRetainFor=1h` (and the default
+/// retention within it) and bound to
 /// this test's namespace only, on the real API server: malformed annotations and a retention over
 /// the maximum are refused when applied (server-side dry run: nothing is created), on a pod, a
 /// StatefulSet's own metadata and its pod template, each with a message naming the annotation
@@ -324,6 +325,9 @@ async fn the_admission_policy_refuses_bad_annotations_at_the_door() {
             UNPULLED_IMAGE[1],
             "--set",
             "controller.maxRetainFor=1h",
+            // No longer than the maximum, or helm refuses the install (as the controller would).
+            "--set",
+            "controller.defaultRetainFor=1h",
             "--set",
             &format!("fullnameOverride={ns}"),
             "--show-only",
