@@ -31,7 +31,8 @@ DOCKER_PLUGIN_DIR := target/docker-plugin
 FAST_TESTS := --lib --bins --test blackbox --test blackbox_private_state --test blackbox_reservation \
   --test agent_install_cni --test agent_plugin --test controller_cli --test controller_index \
   --test controller_lifecycle --test controller_placement --test controller_view \
-  --test controller_webhook_tls --test crd_drift --test rules_without_kube --test contract --test storm
+  --test controller_webhook_tls --test controller_webhook_limits --test crd_drift --test rules_without_kube \
+  --test contract --test storm
 # The few tests inside those suites that need root (mknod, chattr +i): make test runs them.
 FAST_SKIP := --skip every_damage_at_every_private_path_is_healed \
   --skip a_failed_index_write_is_not_forgotten_by_a_later_one --skip failed_rebuild_never_seals_a_partial_index

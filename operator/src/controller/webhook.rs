@@ -13,12 +13,18 @@ use std::{
     future::Future,
     net::SocketAddr,
     sync::{Arc, RwLock},
+    time::Duration,
 };
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
-use hyper_util::rt::TokioIo;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::{
+    HeaderMap, Method, Request, Response, StatusCode,
+    body::Incoming,
+    header::{CONNECTION, CONTENT_LENGTH, HeaderValue},
+    service::service_fn,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use k8s_openapi::api::{
     apps::v1::StatefulSet,
     core::v1::{Node, Pod},
@@ -31,14 +37,23 @@ use kube::{
     },
     runtime::reflector::{ObjectRef, Store},
 };
-use prometheus::{IntCounterVec, Opts, Registry};
-use tokio::{net::TcpListener, sync::watch, task::JoinSet};
+use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use tokio::{
+    net::TcpListener,
+    sync::{Semaphore, watch},
+    task::JoinSet,
+};
 use tokio_rustls::{
     TlsAcceptor,
     rustls::{
-        ServerConfig,
+        ServerConfig, SupportedCipherSuite, SupportedProtocolVersion,
+        crypto::{
+            CryptoProvider,
+            ring::{cipher_suite as suites, default_provider},
+        },
         server::{ClientHello, ResolvesServerCert},
         sign::CertifiedKey,
+        version,
     },
 };
 
@@ -58,8 +73,94 @@ use crate::runtime::shutdown::stopped;
 
 /// The path the chart registers.
 pub const PATH: &str = "/mutate-pods";
-/// The largest AdmissionReview read (a pod is at most about 1.5 MiB in etcd).
-const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// The limits that keep a client on the pod network from holding the webhook open or making it
+/// allocate without bound. Constants, not flags: each follows from what the API server (the only
+/// client the webhook serves) does, not from the cluster it runs in; see [`Limits::STANDARD`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// How long a connection may take to finish its TLS handshake, and then to send a request's
+    /// whole head. hyper starts the same timer when a kept-alive connection waits for its next
+    /// request, so it is also the idle timeout.
+    pub head_timeout: Duration,
+    /// How long a request may take from its head to the answer: reading the body, waiting for a
+    /// review slot, answering. Past it the client gets 408 and the connection is closed.
+    pub request_deadline: Duration,
+    /// Connections served at once; more wait in the kernel's listen queue.
+    pub max_connections: usize,
+    /// Reviews whose body is read and answered at once; more wait (within the deadline).
+    pub max_reviews_in_flight: usize,
+    /// The largest request body read; a larger one gets 413.
+    pub max_body: usize,
+    /// The largest request head (request line and headers); a larger one gets 431.
+    pub max_head: usize,
+}
+
+impl Limits {
+    /// The limits every controller serves with.
+    pub const STANDARD: Limits = Limits {
+        // The API server writes a request's head at once on a connection it has just opened or
+        // kept; ten seconds is far beyond any network it runs on, and a slow sender (slowloris)
+        // holds a slot no longer than that. Closing a kept-alive connection idle that long costs
+        // the API server one TLS handshake (milliseconds) on its next review.
+        head_timeout: Duration::from_secs(10),
+        // The API server waits at most `timeoutSeconds`, which it caps at 30: an answer later
+        // than that goes to nobody.
+        request_deadline: Duration::from_secs(30),
+        // Above the 1 000 slow connections issue 44's test holds while a pod is still placed. A
+        // connection waiting for its head holds at most one TLS record (16 KiB) and `max_head`:
+        // about 64 MiB at the cap, within the chart's memory limit (512 MiB). The process needs
+        // as many file descriptors: under a lower `nofile` limit accepts fail, which is logged
+        // and paused on, never spun on.
+        max_connections: 2048,
+        // Reviews take microseconds (cache reads), so 16 at once keeps up with any burst of pod
+        // creations, and bounds what bodies hold to 16 x `max_body` = 48 MiB.
+        max_reviews_in_flight: 16,
+        // The API server refuses a request body over 3 MiB (its `MaxRequestBodyBytes` default)
+        // and etcd stores at most 1.5 MiB (`--max-request-bytes`): any pod that can exist fits,
+        // with over 1 MiB left for the review around it.
+        max_body: 3 * 1024 * 1024,
+        // The API server's request line and headers are a few hundred bytes.
+        max_head: 16 * 1024,
+    };
+}
+
+/// TLS 1.3 and 1.2 only, said here rather than left to rustls' default (the same two versions
+/// today): rustls implements nothing older, and a client offering TLS 1.1 or 1.0 gets a
+/// `protocol_version` alert.
+const PROTOCOL_VERSIONS: &[&SupportedProtocolVersion] = &[&version::TLS13, &version::TLS12];
+
+/// The cipher suites offered, pinned so a rustls upgrade cannot widen them unnoticed: ring's
+/// defaults, all AEAD with forward secrecy (ECDHE); the TLS 1.2 ones for the controller's own
+/// ECDSA certificate and for an RSA one from cert-manager.
+const CIPHER_SUITES: &[SupportedCipherSuite] = &[
+    suites::TLS13_AES_256_GCM_SHA384,
+    suites::TLS13_AES_128_GCM_SHA256,
+    suites::TLS13_CHACHA20_POLY1305_SHA256,
+    suites::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+    suites::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+    suites::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    suites::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+    suites::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+    suites::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+];
+
+/// What a request's declared `Content-Length` allows: `Ok` to read the body (none declared:
+/// chunked, cut off at `max_body` while reading), else the status to answer without reading it.
+pub fn declared_length(headers: &HeaderMap, max_body: usize) -> Result<(), StatusCode> {
+    let Some(value) = headers.get(CONTENT_LENGTH) else {
+        return Ok(());
+    };
+    match value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        Some(n) if n > max_body as u64 => Err(StatusCode::PAYLOAD_TOO_LARGE),
+        Some(_) => Ok(()),
+        None => Err(StatusCode::BAD_REQUEST),
+    }
+}
 
 /// What the webhook reads: the controller's caches and its default.
 #[derive(Clone)]
@@ -88,6 +189,8 @@ pub struct WebhookMetrics {
     /// Admission reviews answered, by result: `preferred`, `required` (a term added), `skipped`
     /// (asked, nothing added), `pass` (nothing asked), `error` (unreadable review, answered unchanged).
     pub admissions: IntCounterVec,
+    /// Connections being served (at most [`Limits::max_connections`]).
+    pub connections: IntGauge,
 }
 
 impl WebhookMetrics {
@@ -101,7 +204,15 @@ impl WebhookMetrics {
             &["result"],
         )?;
         registry.register(Box::new(admissions.clone()))?;
-        Ok(WebhookMetrics { admissions })
+        let connections = IntGauge::new(
+            "ipkeep_webhook_connections",
+            "Connections the placement webhook is serving.",
+        )?;
+        registry.register(Box::new(connections.clone()))?;
+        Ok(WebhookMetrics {
+            admissions,
+            connections,
+        })
     }
 }
 
@@ -155,6 +266,7 @@ pub enum WebhookError {
 pub struct WebhookServer {
     listener: TcpListener,
     acceptor: TlsAcceptor,
+    limits: Limits,
 }
 
 impl std::fmt::Debug for WebhookServer {
@@ -228,14 +340,27 @@ impl Serving {
 }
 
 impl WebhookServer {
-    /// Binds `addr`; connections are served with whatever certificate `certs` holds at the time.
+    /// Binds `addr`; connections are served with whatever certificate `certs` holds at the time,
+    /// within [`Limits::STANDARD`].
     pub async fn bind(
         addr: SocketAddr,
         certs: Arc<CertSlot>,
     ) -> Result<WebhookServer, WebhookError> {
-        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        WebhookServer::bind_with(addr, certs, Limits::STANDARD).await
+    }
+
+    /// [`WebhookServer::bind`] with other limits (tests use short ones).
+    pub async fn bind_with(
+        addr: SocketAddr,
+        certs: Arc<CertSlot>,
+        limits: Limits,
+    ) -> Result<WebhookServer, WebhookError> {
+        let provider = Arc::new(CryptoProvider {
+            cipher_suites: CIPHER_SUITES.to_vec(),
+            ..default_provider()
+        });
         let mut config = ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(PROTOCOL_VERSIONS)
             .map_err(WebhookError::Tls)?
             .with_no_client_auth()
             .with_cert_resolver(certs);
@@ -246,6 +371,7 @@ impl WebhookServer {
         Ok(WebhookServer {
             listener,
             acceptor: TlsAcceptor::from(Arc::new(config)),
+            limits,
         })
     }
 
@@ -261,40 +387,117 @@ impl WebhookServer {
         metrics: WebhookMetrics,
         shutdown: impl Future<Output = ()>,
     ) {
-        let shared = Arc::new((caches, metrics));
+        let limits = self.limits;
+        let shared = Arc::new(Shared {
+            caches,
+            metrics,
+            limits,
+            reviews: Semaphore::new(limits.max_reviews_in_flight),
+        });
         let acceptor = self.acceptor;
-        accept_until(&self.listener, "webhook", shutdown, |stream| {
-            let acceptor = acceptor.clone();
-            let shared = shared.clone();
-            async move {
-                let tls = match acceptor.accept(stream).await {
-                    Ok(tls) => tls,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "webhook TLS handshake failed");
-                        return;
-                    }
-                };
-                let service = service_fn(move |req: Request<Incoming>| {
-                    let shared = shared.clone();
-                    async move { Ok::<_, Infallible>(serve(req, &shared.0, &shared.1).await) }
-                });
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), service)
+        accept_until(
+            &self.listener,
+            "webhook",
+            shutdown,
+            Some(limits.max_connections),
+            |stream| {
+                let acceptor = acceptor.clone();
+                let shared = shared.clone();
+                async move {
+                    let _open = OpenConnection::count(&shared.metrics.connections);
+                    // The handshake is the first thing a slow client can drag out.
+                    let tls = match tokio::time::timeout(
+                        shared.limits.head_timeout,
+                        acceptor.accept(stream),
+                    )
                     .await
-                {
-                    tracing::debug!(error = %e, "webhook connection ended with an error");
+                    {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "webhook TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!("webhook TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    let served = shared.clone();
+                    let service = service_fn(move |req: Request<Incoming>| {
+                        let shared = served.clone();
+                        async move { Ok::<_, Infallible>(serve_within_deadline(req, &shared).await) }
+                    });
+                    if let Err(e) = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(shared.limits.head_timeout)
+                        .max_buf_size(shared.limits.max_head)
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await
+                    {
+                        tracing::debug!(error = %e, "webhook connection ended with an error");
+                    }
                 }
-            }
-        })
+            },
+        )
         .await;
     }
 }
 
-async fn serve(
-    req: Request<Incoming>,
-    caches: &Caches,
-    metrics: &WebhookMetrics,
-) -> Response<Full<Bytes>> {
+/// What every connection's requests share.
+struct Shared {
+    caches: Caches,
+    metrics: WebhookMetrics,
+    limits: Limits,
+    /// Permits to read and answer a review: [`Limits::max_reviews_in_flight`].
+    reviews: Semaphore,
+}
+
+/// Counts a connection in [`WebhookMetrics::connections`] while it lives.
+struct OpenConnection(IntGauge);
+
+impl OpenConnection {
+    fn count(gauge: &IntGauge) -> OpenConnection {
+        gauge.inc();
+        OpenConnection(gauge.clone())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// [`serve`] within [`Limits::request_deadline`]; past it, 408 and the connection closed.
+async fn serve_within_deadline(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
+    match tokio::time::timeout(shared.limits.request_deadline, serve(req, shared)).await {
+        Ok(response) => response,
+        Err(_) => {
+            shared
+                .metrics
+                .admissions
+                .with_label_values(&["error"])
+                .inc();
+            closing(reply(
+                StatusCode::REQUEST_TIMEOUT,
+                TEXT,
+                b"the request took longer than the webhook's deadline\n".to_vec(),
+            ))
+        }
+    }
+}
+
+/// `response` with `Connection: close`: after a body left unread, the connection cannot carry
+/// another request, and hyper then closes it instead of reading the rest.
+fn closing(mut response: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+async fn serve(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
+    let (caches, metrics, max_body) = (&shared.caches, &shared.metrics, shared.limits.max_body);
     if req.uri().path() != PATH {
         return reply(
             StatusCode::NOT_FOUND,
@@ -309,15 +512,30 @@ async fn serve(
             b"only POST\n".to_vec(),
         );
     }
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+    if let Err(status) = declared_length(req.headers(), max_body) {
+        metrics.admissions.with_label_values(&["error"]).inc();
+        return too_large_or_bad(status, max_body);
+    }
+    // The semaphore is never closed; holding the permit bounds the bodies held at once.
+    let Ok(_permit) = shared.reviews.acquire().await else {
+        return closing(reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            TEXT,
+            b"the webhook is shutting down\n".to_vec(),
+        ));
+    };
+    let body = match Limited::new(req.into_body(), max_body).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
             metrics.admissions.with_label_values(&["error"]).inc();
-            return reply(
+            if e.is::<LengthLimitError>() {
+                return too_large_or_bad(StatusCode::PAYLOAD_TOO_LARGE, max_body);
+            }
+            return closing(reply(
                 StatusCode::BAD_REQUEST,
                 TEXT,
                 format!("failed to read the body: {e}\n").into_bytes(),
-            );
+            ));
         }
     };
     let (answer, result) = review(&body, caches);
@@ -333,6 +551,17 @@ async fn serve(
 }
 
 const TEXT: &str = "text/plain";
+
+/// The answer to a body refused unread: 413 naming the limit, or 400 for a length that is no
+/// number.
+fn too_large_or_bad(status: StatusCode, max_body: usize) -> Response<Full<Bytes>> {
+    let text = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        format!("the body is larger than the webhook reads ({max_body} bytes)\n")
+    } else {
+        "the Content-Length is not a number\n".to_string()
+    };
+    closing(reply(status, TEXT, text.into_bytes()))
+}
 
 /// Answers one AdmissionReview (JSON) and says which result it counts as.
 pub fn review(

@@ -16,7 +16,10 @@ use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
 use hyper_util::rt::TokioIo;
 use prometheus::{Encoder, Registry, TextEncoder};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::Semaphore,
+};
 
 /// Something else a component needs before it is ready (the controller's webhook certificate).
 pub trait Gate: Send + Sync + std::fmt::Debug {
@@ -105,7 +108,7 @@ impl ProbeServer {
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let registry = Arc::new(self.registry);
         let readiness = self.readiness;
-        accept_until(&self.listener, "probe server", shutdown, |stream| {
+        accept_until(&self.listener, "probe server", shutdown, None, |stream| {
             let registry = registry.clone();
             let readiness = readiness.clone();
             async move {
@@ -128,29 +131,59 @@ impl ProbeServer {
 /// Accepts connections on `listener` until `shutdown` completes, each served by `serve` in a task
 /// of its own; a failed accept is logged (as `what`'s), never fatal. The probe server's and the
 /// placement webhook's loop.
+///
+/// With `max_connections`, a connection is accepted only while fewer than that many are being
+/// served: the rest wait in the kernel's listen queue (and beyond it the kernel refuses them), so
+/// no task, buffer or TLS state is spent on them until a slot frees.
 pub(crate) async fn accept_until<F, Fut>(
     listener: &TcpListener,
     what: &'static str,
     shutdown: impl Future<Output = ()>,
+    max_connections: Option<usize>,
     mut serve: F,
 ) where
     F: FnMut(TcpStream) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     tokio::pin!(shutdown);
+    let slots = max_connections.map(|n| Arc::new(Semaphore::new(n)));
     loop {
+        let slot = match &slots {
+            Some(slots) => tokio::select! {
+                () = &mut shutdown => return,
+                // The semaphore is never closed, so acquiring only fails if it were.
+                slot = slots.clone().acquire_owned() => slot.ok(),
+            },
+            None => None,
+        };
         let accepted = tokio::select! {
             () = &mut shutdown => return,
             accepted = listener.accept() => accepted,
         };
         match accepted {
             Ok((stream, _)) => {
-                tokio::spawn(serve(stream));
+                let served = serve(stream);
+                tokio::spawn(async move {
+                    served.await;
+                    drop(slot);
+                });
             }
-            Err(e) => tracing::warn!(error = %e, "{what} failed to accept a connection"),
+            Err(e) => {
+                tracing::warn!(error = %e, "{what} failed to accept a connection");
+                // Out of file descriptors (EMFILE) fails every accept at once: pause instead of
+                // spinning on it until a connection closes.
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    () = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => {}
+                }
+            }
         }
     }
 }
+
+/// How long the accept loop pauses after a failed accept: long enough not to spin, short enough
+/// that a freed descriptor is used at once for all a client can tell.
+const ACCEPT_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
 fn answer(
     req: &Request<Incoming>,
