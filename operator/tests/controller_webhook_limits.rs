@@ -301,7 +301,7 @@ async fn a_body_sent_slower_than_the_deadline_gets_408_and_the_connection_closed
 }
 
 #[tokio::test]
-async fn an_oversized_body_gets_413_before_the_client_has_sent_it() {
+async fn an_oversized_body_gets_413_before_the_client_has_sent_it_and_a_long_head_431() {
     let served = serve(short()).await;
     let max = short().max_body;
 
@@ -346,6 +346,16 @@ async fn an_oversized_body_gets_413_before_the_client_has_sent_it() {
         2,
         "both refusals counted"
     );
+
+    // A head past `max_head`: hyper refuses it (431) without buffering more.
+    let mut tls = connect(&served).await;
+    let padding = "x".repeat(short().max_head);
+    tls.write_all(post_head(&format!("X-Padding: {padding}\r\n")).as_bytes())
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    let (status, _) = one_response(&mut tls, "a head past the cap").await;
+    assert!(status.starts_with("HTTP/1.1 431"), "{status}");
 }
 
 #[tokio::test]
