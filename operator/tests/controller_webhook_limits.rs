@@ -410,24 +410,34 @@ async fn only_tls_1_2_and_1_3_are_spoken() {
             .unwrap_or_else(|e| panic!("{v:?}: {e}"));
         assert_eq!(tls.get_ref().1.protocol_version(), Some(v.version));
     }
-    // rustls cannot offer TLS 1.1 or 1.0: a ClientHello of each, by hand.
-    for (name, legacy) in [("TLS 1.1", [3u8, 2u8]), ("TLS 1.0", [3, 1])] {
+    // rustls cannot offer TLS 1.1 or 1.0: ClientHellos by hand. One without
+    // `signature_algorithms` (a TLS 1.2 extension; OpenSSL's `s_client -tls1_1` sends none) is
+    // refused for lacking it before its version is looked at: handshake_failure (40). One with
+    // it reaches the version check: protocol_version (70).
+    let cases = [
+        ("TLS 1.1", [3u8, 2u8], true, 70u8),
+        ("TLS 1.0", [3, 1], true, 70),
+        ("TLS 1.1 without signature_algorithms", [3, 2], false, 40),
+    ];
+    for (name, legacy, signature_algorithms, alert) in cases {
         let mut tcp = TcpStream::connect(served.addr).await.unwrap();
-        tcp.write_all(&client_hello(legacy)).await.unwrap();
+        tcp.write_all(&client_hello(legacy, signature_algorithms))
+            .await
+            .unwrap();
         let reply = until_closed(&mut tcp, name).await;
-        // An alert record (21), fatal (2), protocol_version (70): no ServerHello (22).
+        // An alert record (21), fatal (2), and which: never a ServerHello (22).
         assert!(
-            reply.len() >= 7 && reply[0] == 21 && reply[5] == 2 && reply[6] == 70,
-            "{name}: expected a protocol_version alert, got {reply:?}"
+            reply.len() >= 7 && reply[0] == 21 && reply[5] == 2 && reply[6] == alert,
+            "{name}: expected fatal alert {alert}, got {reply:?}"
         );
     }
 }
 
 /// A ClientHello of a client that speaks at most `version` (`[3, 2]` is TLS 1.1): no
-/// `supported_versions` extension, suites any TLS 1.0 server has. It carries
-/// `signature_algorithms` (which some such clients send), or rustls would refuse it for lacking
-/// that before looking at the version, and the test would not prove the version is checked.
-fn client_hello(version: [u8; 2]) -> Vec<u8> {
+/// `supported_versions` extension, suites any TLS 1.0 server has, and `signature_algorithms`
+/// if asked (some such clients send it; without it rustls refuses the hello before looking at
+/// the version).
+fn client_hello(version: [u8; 2], signature_algorithms: bool) -> Vec<u8> {
     let mut hello = Vec::new();
     hello.extend_from_slice(&version);
     hello.extend_from_slice(&[7u8; 32]); // random
@@ -437,9 +447,11 @@ fn client_hello(version: [u8; 2]) -> Vec<u8> {
     hello.extend_from_slice(&[0, 6, 0x00, 0x2f, 0xc0, 0x13, 0xc0, 0x09]);
     hello.extend_from_slice(&[1, 0]); // compression: null
     // signature_algorithms (13): ecdsa_secp256r1_sha256, rsa_pkcs1_sha256.
-    let extension = [0u8, 13, 0, 6, 0, 4, 0x04, 0x03, 0x04, 0x01];
-    hello.extend_from_slice(&(extension.len() as u16).to_be_bytes());
-    hello.extend_from_slice(&extension);
+    if signature_algorithms {
+        let extension = [0u8, 13, 0, 6, 0, 4, 0x04, 0x03, 0x04, 0x01];
+        hello.extend_from_slice(&(extension.len() as u16).to_be_bytes());
+        hello.extend_from_slice(&extension);
+    }
     let mut handshake = vec![1u8]; // ClientHello
     handshake.extend_from_slice(&(hello.len() as u32).to_be_bytes()[1..]);
     handshake.extend_from_slice(&hello);

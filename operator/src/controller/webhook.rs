@@ -126,8 +126,9 @@ impl Limits {
 }
 
 /// TLS 1.3 and 1.2 only, said here rather than left to rustls' default (the same two versions
-/// today): rustls implements nothing older, and a client offering TLS 1.1 or 1.0 gets a
-/// `protocol_version` alert.
+/// today): rustls implements nothing older. A TLS 1.1 or 1.0 ClientHello is refused with a fatal
+/// alert: `protocol_version`, or `handshake_failure` when it lacks `signature_algorithms` (as
+/// OpenSSL's does), which rustls checks first.
 const PROTOCOL_VERSIONS: &[&SupportedProtocolVersion] = &[&version::TLS13, &version::TLS12];
 
 /// The cipher suites offered, pinned so a rustls upgrade cannot widen them unnoticed: ring's
