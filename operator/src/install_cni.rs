@@ -690,6 +690,7 @@ impl Reclaim {
 /// Makes `<to>/host-local` ipkeep (`from`) again when something else took its place, keeping
 /// what was written there as the new `host-local.ipkeep-orig`, so that `--restore-host-local`
 /// (the chart's uninstall) puts back the newest original, not the one kept at install time.
+/// Nothing is done in a directory another user could change ([`InstallError::Untrusted`]).
 ///
 /// Only while an original is kept: without `host-local.ipkeep-orig`, ipkeep is not standing in for
 /// `host-local` (the agent's `preStop` has just renamed the original back because ipkeep is leaving
@@ -700,6 +701,8 @@ impl Reclaim {
 /// it); a symlink is kept as a symlink (link(2) does not follow it), never followed out of the
 /// directory; what is left over by a killed run is a hidden temporary the next install removes.
 pub fn reclaim_host_local(from: &Path, to: &Path) -> Result<Reclaim, InstallError> {
+    // install-cni trusted the directory; an owner or mode changed since is checked again here.
+    check_mounted(to)?;
     let host_local = to.join(HOST_LOCAL);
     let orig = to.join(HOST_LOCAL_ORIG);
     let target = |step, path: &Path| {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ipkeep_operator::agent::incharge::evidence::{self, Dirs, MAX_CONF, Sources};
-use ipkeep_operator::install_cni::TRUST_HINT;
+use ipkeep_operator::install_cni::{TRUST_HINT, reclaim_host_local};
 use ipkeep_operator::rules::incharge::ConfFile;
 use rustix::fs::{FileType, Mode};
 
@@ -272,6 +272,30 @@ fn install_cni_refuses_a_bin_dir_another_user_can_redirect_or_write() {
             "{what}: /etc changed"
         );
     }
+}
+
+/// The agent's host-local guard checks the directory again at every pass: one made writable by
+/// everyone after install-cni trusted it is left alone, the other host-local kept out of ipkeep's
+/// hands until the directory is fixed.
+#[test]
+fn the_host_local_guard_leaves_a_bin_dir_others_can_write_alone() {
+    require_root();
+    let (_tmp, root) = scratch();
+    fs::create_dir(root.join("image")).unwrap();
+    fs::write(root.join("image/ipkeep"), b"ipkeep plugin").unwrap();
+    mkdir_mode(&root.join("bin"), 0o777);
+    fs::write(root.join("bin/host-local"), b"a new host-local").unwrap();
+    fs::write(root.join("bin/host-local.ipkeep-orig"), b"original").unwrap();
+    let before = snapshot(&root);
+    let err = reclaim_host_local(&root.join("image/ipkeep"), &root.join("bin")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "failed to trust {}/bin: it is writable by every user (mode 777); {TRUST_HINT}",
+            root.display()
+        )
+    );
+    assert_eq!(snapshot(&root), before);
 }
 
 /// A configuration file larger than the reader's cap (sparse: no disk used).
