@@ -72,6 +72,8 @@ impl DirFd {
             Ok(fd) => fd,
             Err(Errno::NOENT) => return Ok(None),
             Err(Errno::LOOP) => return Err(NetDirError::Symlink { path: path() }),
+            // A socket (or a device without its driver) cannot be opened at all.
+            Err(Errno::NXIO) => return Err(NetDirError::NotRegular { path: path() }),
             Err(errno) => {
                 return Err(NetDirError::Open {
                     path: path(),

@@ -32,6 +32,21 @@ pub enum NetDirError {
         /// The symlink.
         path: PathBuf,
     },
+    /// A symbolic link on the way to the data directory belongs to a user other than root (or
+    /// the plugin's own user): an unprivileged user could have planted it to move ipkeep's state.
+    #[error(
+        "failed to use the data directory {}: {} is a symbolic link owned by uid {uid}, not root; ipkeep follows only root's links there (replace it with root's own or set dataDir to the real directory)",
+        data_dir.display(),
+        link.display()
+    )]
+    UntrustedSymlink {
+        /// The data directory as configured.
+        data_dir: PathBuf,
+        /// The symlink.
+        link: PathBuf,
+        /// Its owner.
+        uid: u32,
+    },
     /// Something other than a regular file sits where a file is expected.
     #[error("failed to read {}: not a regular file", path.display())]
     NotRegular {

@@ -1,11 +1,13 @@
 //! The network directory `<dataDir>/<network>/`, created and opened the way host-local does, and
 //! the exclusive lock on its `lock` file that host-local and ipkeep both take.
 
+use std::ffi::{OsStr, OsString};
 use std::ops::Deref;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{FileType, FlockOperation, Mode, OFlags};
+use rustix::fs::{FileType, FlockOperation, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 use crate::entry::kind_of;
@@ -14,6 +16,85 @@ use crate::{DirFd, EntryKind, NetDirError, check_name, go_clean, go_join};
 
 /// Name of the lock file host-local and ipkeep both `flock`.
 const LOCK_NAME: &str = "lock";
+
+/// How many symbolic links the data directory's path may pass through (the kernel's limit).
+const MAX_LINKS: usize = 40;
+
+/// Refuses a data directory reached through a symbolic link owned by anyone but root or the
+/// plugin's own user: such a link may have been planted by an unprivileged user to point the
+/// plugin (root) at a directory of theirs, or at one of the node's. Every link on the way, and
+/// in the links' targets, is read with `lstat` and resolved by hand; a component that does not
+/// exist ends the walk (the plugin creates the rest itself, as host-local does).
+fn check_links(data_dir: &Path) -> Result<(), NetDirError> {
+    let euid = rustix::process::geteuid().as_raw();
+    let start = if data_dir.is_absolute() {
+        data_dir.to_owned()
+    } else {
+        let cwd = std::env::current_dir().map_err(|e| NetDirError::Io {
+            op: "resolve",
+            path: data_dir.to_owned(),
+            errno: Errno::from_io_error(&e).unwrap_or(Errno::INVAL),
+        })?;
+        cwd.join(data_dir)
+    };
+    // The components still to walk, the next one last; `current` holds no symlink.
+    let mut pending: Vec<OsString> = Vec::new();
+    push_components(&mut pending, &start);
+    let mut current = PathBuf::from("/");
+    let mut links = 0;
+    while let Some(name) = pending.pop() {
+        if name == ".." {
+            current.pop();
+            continue;
+        }
+        let next = current.join(&name);
+        let Ok(st) = rustix::fs::lstat(&next) else {
+            return Ok(());
+        };
+        if kind_of(FileType::from_raw_mode(st.st_mode as _)) != EntryKind::Symlink {
+            current = next;
+            continue;
+        }
+        if st.st_uid != 0 && st.st_uid != euid {
+            return Err(NetDirError::UntrustedSymlink {
+                data_dir: data_dir.to_owned(),
+                link: next,
+                uid: st.st_uid,
+            });
+        }
+        links += 1;
+        let target = match rustix::fs::readlink(&next, Vec::new()) {
+            Ok(target) if links <= MAX_LINKS => target,
+            Ok(_) => {
+                return Err(NetDirError::Open {
+                    path: data_dir.to_owned(),
+                    errno: Errno::LOOP,
+                });
+            }
+            Err(errno) => return Err(NetDirError::Open { path: next, errno }),
+        };
+        let target = Path::new(OsStr::from_bytes(target.as_bytes()));
+        if target.is_absolute() {
+            current = PathBuf::from("/");
+        }
+        push_components(&mut pending, target);
+    }
+    Ok(())
+}
+
+/// Pushes `path`'s components (without the root and `.`) so that the first is popped first.
+fn push_components(pending: &mut Vec<OsString>, path: &Path) {
+    use std::path::Component;
+    let names: Vec<OsString> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(name) => Some(name.to_owned()),
+            Component::ParentDir => Some(OsString::from("..")),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
+        })
+        .collect();
+    pending.extend(names.into_iter().rev());
+}
 
 /// An open handle on `<dataDir>/<network>/`, all access relative to its fd, never following symlinks.
 #[derive(Debug)]
@@ -35,9 +116,25 @@ impl NetworkDir {
         check_name(network)?;
         let data_clean = PathBuf::from(go_clean(&data_dir.to_string_lossy()));
         let net_path = go_join(&data_clean, network);
-        // Fast path (every call after the first): the network directory already exists.
+        // Fast path (every call after the first): the network directory already exists and no
+        // symlink leads to it. A path with a symlink on the way is walked first, refusing a link
+        // another user planted.
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        let data_fd = match rustix::fs::open(&data_clean, flags, Mode::empty()) {
+        let no_links = rustix::fs::openat2(
+            rustix::fs::CWD,
+            &data_clean,
+            flags,
+            Mode::empty(),
+            ResolveFlags::NO_SYMLINKS,
+        );
+        let opened = match no_links {
+            Ok(fd) => Ok(fd),
+            Err(_) => {
+                check_links(&data_clean)?;
+                rustix::fs::open(&data_clean, flags, Mode::empty())
+            }
+        };
+        let data_fd = match opened {
             Ok(fd) => fd,
             Err(Errno::NOENT) => {
                 go_mkdir_all(&data_clean)?;

@@ -27,6 +27,9 @@ use crate::rules::cni_dirs::{
 /// Larger than any runtime configuration; a larger file is refused, not read.
 const MAX_CONFIG: u64 = 1 << 20;
 
+/// How many symbolic links a checked path may pass through (the kernel's limit).
+const MAX_LINKS: usize = 40;
+
 /// How the path walk is confined: inside the root, no `/proc/self/fd`-style magic links.
 const IN_ROOT: ResolveFlags = ResolveFlags::IN_ROOT.union(ResolveFlags::NO_MAGICLINKS);
 
@@ -39,6 +42,19 @@ pub enum HostRootError {
     /// The runtime's configuration does not tell the directories.
     #[error(transparent)]
     Discovery(#[from] DiscoveryError),
+    /// A directory on the way to a node path could be redirected or written by another user.
+    #[error(
+        "failed to trust {path} on the node: {component} {why}; {}",
+        crate::install_cni::TRUST_HINT
+    )]
+    Untrusted {
+        /// The node path being resolved.
+        path: String,
+        /// The component at fault, by its node path.
+        component: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A file or directory on the node cannot be read.
     #[error("failed to {what} {path} on the node: {source}: {VALUES_HINT}")]
     Node {
@@ -214,6 +230,115 @@ impl HostRoot {
         })
     }
 
+    /// Refuses `node_path` when another user could redirect it or change what is in it: each
+    /// component that exists, resolved inside the root, must be a symbolic link root owns whose
+    /// target (checked the same way) stays inside the root, or a directory
+    /// [`crate::install_cni::why_untrusted`] accepts (`node_path` itself being the directory
+    /// written into). Components that do not exist end the walk: install-cni creates them, root's.
+    pub fn check_trusted(&self, node_path: &str) -> Result<(), HostRootError> {
+        self.check_trusted_within(node_path, node_path, true, 0)
+    }
+
+    fn check_trusted_within(
+        &self,
+        asked: &str,
+        node_path: &str,
+        final_dir: bool,
+        links: usize,
+    ) -> Result<(), HostRootError> {
+        let untrusted = |component: &str, why: String| HostRootError::Untrusted {
+            path: asked.to_owned(),
+            component: component.to_owned(),
+            why,
+        };
+        let node_err = |path: &str, source| HostRootError::Node {
+            what: "inspect",
+            path: path.to_owned(),
+            source,
+        };
+        let names: Vec<&str> = node_path
+            .split('/')
+            .filter(|n| !n.is_empty() && *n != ".")
+            .collect();
+        let mut prefix = String::new();
+        for (i, name) in names.iter().enumerate() {
+            let parent = if prefix.is_empty() {
+                "/".to_owned()
+            } else {
+                prefix.clone()
+            };
+            prefix.push('/');
+            prefix.push_str(name);
+            let last = final_dir && i + 1 == names.len();
+            let fd = match self.open_in(&prefix, OFlags::PATH | OFlags::NOFOLLOW) {
+                Ok(fd) => fd,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(node_err(&prefix, e)),
+            };
+            let st = rustix::fs::fstat(&fd).map_err(|e| node_err(&prefix, e.into()))?;
+            let kind = rustix::fs::FileType::from_raw_mode(st.st_mode as _);
+            if kind != rustix::fs::FileType::Symlink {
+                if let Some(why) =
+                    crate::install_cni::why_untrusted(st.st_uid, st.st_gid, st.st_mode as u32, last)
+                {
+                    return Err(untrusted(&prefix, why));
+                }
+                continue;
+            }
+            let euid = rustix::process::geteuid().as_raw();
+            if st.st_uid != 0 && st.st_uid != euid {
+                return Err(untrusted(
+                    &prefix,
+                    format!("is a symbolic link owned by uid {}, not root", st.st_uid),
+                ));
+            }
+            if links >= MAX_LINKS {
+                return Err(untrusted(
+                    &prefix,
+                    "passes through too many symbolic links".to_owned(),
+                ));
+            }
+            let target = rustix::fs::readlinkat(&fd, "", Vec::new())
+                .map_err(|e| node_err(&prefix, e.into()))?;
+            let target = target.to_string_lossy().into_owned();
+            // The node path the link leads to: an absolute target is the node's own path; a
+            // relative one is taken from the directory the link is really in.
+            let resolved = if target.starts_with('/') {
+                target.clone()
+            } else {
+                let dir = self
+                    .open_in(&parent, OFlags::PATH | OFlags::DIRECTORY)
+                    .and_then(|fd| real_path(&fd))
+                    .map_err(|e| node_err(&parent, e))?;
+                let root = real_path(&self.fd).map_err(|e| node_err("/", e))?;
+                let dir = dir
+                    .strip_prefix(&root)
+                    .unwrap_or(&dir)
+                    .display()
+                    .to_string();
+                match climb(&format!("{dir}/{target}")) {
+                    Some(path) => path,
+                    None => {
+                        return Err(untrusted(
+                            &prefix,
+                            format!(
+                                "is a symbolic link to {target}, which leads out of the node's root"
+                            ),
+                        ));
+                    }
+                }
+            };
+            let rest = names[i + 1..].join("/");
+            let through = if rest.is_empty() {
+                resolved
+            } else {
+                format!("{resolved}/{rest}")
+            };
+            return self.check_trusted_within(asked, &through, final_dir, links + 1);
+        }
+        Ok(())
+    }
+
     /// The CNI directories the node's runtime uses, as named and as reachable here.
     pub fn locate(&self) -> Result<Located, HostRootError> {
         let dirs = cni_dirs::discover(&self.runtime_configs()?)?;
@@ -223,6 +348,21 @@ impl HostRoot {
             dirs,
         })
     }
+}
+
+/// `path` with its `..` taken lexically (`None`: it climbs above `/`).
+fn climb(path: &str) -> Option<String> {
+    let mut names: Vec<&str> = Vec::new();
+    for name in path.split('/') {
+        match name {
+            "" | "." => {}
+            ".." => {
+                names.pop()?;
+            }
+            name => names.push(name),
+        }
+    }
+    Some(format!("/{}", names.join("/")))
 }
 
 /// The kernel's name of an opened directory, as this process sees it.

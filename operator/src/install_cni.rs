@@ -34,6 +34,69 @@ pub const TEMP_PREFIX: &str = ".ipkeep-install-";
 /// Mode of the installed binary.
 const BINARY_MODE: u32 = 0o755;
 
+/// What to do about a bin directory another user could change.
+pub const TRUST_HINT: &str = "the runtime runs every plugin there as root, so no other user may be able to change it: give it (and the directories on its way) to root, not writable by group or others, or set cni.binDir to a directory that is";
+
+/// Why a directory on the way to the CNI bin directory (`last`: the bin directory itself), of
+/// owner `uid`, group `gid` and `mode`, lets another user change what the runtime runs (`None`:
+/// only root, or install-cni's own user, can). The runtime runs every plugin found there as root,
+/// so whoever can write there, or rename a directory on the way, runs code as root on the node;
+/// as sshd's StrictModes does for a user's keys, install-cni refuses to write into such a
+/// directory rather than hand that user root. A sticky world-writable directory on the way (`/tmp`)
+/// is allowed: its other users cannot rename what is not theirs. The bin directory itself never.
+pub(crate) fn why_untrusted(uid: u32, gid: u32, mode: u32, last: bool) -> Option<String> {
+    let euid = rustix::process::geteuid().as_raw();
+    let sticky = mode & 0o1000 != 0 && !last;
+    if uid != 0 && uid != euid {
+        Some(format!("is owned by uid {uid}, not root"))
+    } else if mode & 0o002 != 0 && !sticky {
+        Some(format!(
+            "is writable by every user (mode {:o})",
+            mode & 0o7777
+        ))
+    } else if mode & 0o020 != 0 && gid != 0 && !sticky {
+        Some(format!(
+            "is writable by group {gid} (mode {:o})",
+            mode & 0o7777
+        ))
+    } else {
+        None
+    }
+}
+
+/// Refuses the bin directory `dir` as mounted here (`--to`) when it is a symbolic link or another
+/// user could change it ([`why_untrusted`]); a missing one is created by [`install`], root's.
+fn check_mounted(dir: &Path) -> Result<(), InstallError> {
+    let meta = match fs::symlink_metadata(dir) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(InstallError::Target {
+                step: "inspect",
+                path: dir.to_owned(),
+                source,
+            });
+        }
+    };
+    let untrusted = |why: String| InstallError::Untrusted {
+        path: dir.to_owned(),
+        why,
+    };
+    if meta.file_type().is_symlink() {
+        return Err(untrusted(format!(
+            "it is a symbolic link to {} (a hostPath mount never is; not followed)",
+            fs::read_link(dir).unwrap_or_default().display()
+        )));
+    }
+    if !meta.is_dir() {
+        return Err(untrusted("it is not a directory".to_owned()));
+    }
+    match why_untrusted(meta.uid(), meta.gid(), meta.mode(), true) {
+        Some(why) => Err(untrusted(format!("it {why}"))),
+        None => Ok(()),
+    }
+}
+
 /// Command-line flags of `ipkeep-operator install-cni`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -121,6 +184,14 @@ pub enum InstallError {
     /// The async runtime for the look-up could not start.
     #[error("failed to start the runtime for the DaemonSet look-up")]
     Runtime(#[source] io::Error),
+    /// The bin directory (as mounted here) is one another user could redirect or write into.
+    #[error("failed to trust {}: {why}; {TRUST_HINT}", path.display())]
+    Untrusted {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A step in the target directory failed.
     #[error("failed to {step} {}", path.display())]
     Target {
@@ -387,6 +458,8 @@ fn bin_dir(args: &Args, create: bool) -> Result<BinDir, LocateError> {
     };
     let located = crate::host_root::HostRoot::open(root).and_then(|host| {
         let dirs = crate::rules::cni_dirs::discover(&host.runtime_configs()?)?;
+        // Before anything is created on the way: nothing is changed in a directory refused.
+        host.check_trusted(&dirs.bin_dir)?;
         let here = if create {
             Some(host.dir_or_create(&dirs.bin_dir)?)
         } else {
@@ -444,6 +517,9 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             );
             return Ok(());
         };
+        if dir.origin == Origin::Value {
+            check_mounted(here).map_err(node_error("restore host-local"))?;
+        }
         match restore_host_local(here).map_err(node_error("restore host-local"))? {
             Restore::Restored => {
                 eprintln!("install-cni: restored the original {}", on_node(HOST_LOCAL))
@@ -464,6 +540,9 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         })
         .into());
     };
+    if dir.origin == Origin::Value {
+        check_mounted(here).map_err(node_error("install ipkeep"))?;
+    }
     eprintln!(
         "install-cni: the CNI bin directory is {} ({})",
         dir.on_node, dir.origin
@@ -611,6 +690,7 @@ impl Reclaim {
 /// Makes `<to>/host-local` ipkeep (`from`) again when something else took its place, keeping
 /// what was written there as the new `host-local.ipkeep-orig`, so that `--restore-host-local`
 /// (the chart's uninstall) puts back the newest original, not the one kept at install time.
+/// Nothing is done in a directory another user could change ([`InstallError::Untrusted`]).
 ///
 /// Only while an original is kept: without `host-local.ipkeep-orig`, ipkeep is not standing in for
 /// `host-local` (the agent's `preStop` has just renamed the original back because ipkeep is leaving
@@ -621,6 +701,8 @@ impl Reclaim {
 /// it); a symlink is kept as a symlink (link(2) does not follow it), never followed out of the
 /// directory; what is left over by a killed run is a hidden temporary the next install removes.
 pub fn reclaim_host_local(from: &Path, to: &Path) -> Result<Reclaim, InstallError> {
+    // install-cni trusted the directory; an owner or mode changed since is checked again here.
+    check_mounted(to)?;
     let host_local = to.join(HOST_LOCAL);
     let orig = to.join(HOST_LOCAL_ORIG);
     let target = |step, path: &Path| {

@@ -151,11 +151,25 @@ fn read_conf(path: &Path) -> Result<Vec<u8>, String> {
     if !meta.is_file() {
         return Err("not a regular file".to_owned());
     }
+    // O_NONBLOCK: a FIFO swapped in after the check above must not hang the agent; the fstat
+    // after opening is what decides (a socket cannot be opened at all).
+    let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK;
     let file = fs::OpenOptions::new()
         .read(true)
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .custom_flags(flags.bits() as i32)
         .open(path)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| match e.raw_os_error() {
+            Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => {
+                "a symbolic link (not followed)".to_owned()
+            }
+            Some(code) if code == rustix::io::Errno::NXIO.raw_os_error() => {
+                "not a regular file".to_owned()
+            }
+            _ => e.to_string(),
+        })?;
+    if !file.metadata().map_err(|e| e.to_string())?.is_file() {
+        return Err("not a regular file".to_owned());
+    }
     let mut text = Vec::new();
     file.take(MAX_CONF + 1)
         .read_to_end(&mut text)
