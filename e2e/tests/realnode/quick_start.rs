@@ -139,7 +139,8 @@ impl UserMachine {
         for n in c.nodes() {
             n.trust_registry_with_login(&published.registry, &ca, &login)
                 .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
-            tag_image(n, WORKLOAD_IMAGE, &example);
+            n.tag_image(WORKLOAD_IMAGE, &example)
+                .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
         }
         // The user's shell: helm's own environment for this cluster (kubeconfig, helm's homes),
         // kubectl and helm first on the PATH, the registry's address, login and CA.
@@ -217,23 +218,6 @@ impl Drop for UserMachine {
     fn drop(&mut self) {
         self.registry.stop();
     }
-}
-
-/// Gives the image `from` in `node`'s containerd the name `to` too.
-fn tag_image(node: &RealNode, from: &str, to: &str) {
-    node.exec(&[
-        "ctr",
-        "--address",
-        ipkeep_e2e::cluster::realnode::layout::CONTAINERD_SOCKET,
-        "-n",
-        "k8s.io",
-        "images",
-        "tag",
-        "--force",
-        from,
-        to,
-    ])
-    .unwrap_or_else(|e| panic!("{}", ipkeep_e2e::error_chain(&e)));
 }
 
 /// web-0 as the API has it: (address, node, uid); empty while there is none.

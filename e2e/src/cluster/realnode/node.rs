@@ -718,6 +718,11 @@ impl RealNode {
         )
     }
 
+    /// Gives the image `from` in its containerd the name `to` too (containerd nodes).
+    pub fn tag_image(&self, from: &str, to: &str) -> Result<(), RealNodeError> {
+        tag_image(self.layout, &self.bin_dir, from, to)
+    }
+
     /// The names of the images in its runtime's store (containerd's namespace `k8s.io`, CRI-O's
     /// storage), as the runtime lists them: `REPOSITORY:TAG`, and containerd's
     /// `REPOSITORY@sha256:…` of a pulled image too.
