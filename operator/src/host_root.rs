@@ -105,14 +105,88 @@ impl HostRoot {
         &self.path
     }
 
+    /// Opens `node_path` resolved inside the root: by the kernel (`openat2`), or, where the kernel
+    /// has no `openat2` (before Linux 5.6; qemu-user before 9.1), by [`Self::walk_in`].
     fn open_in(&self, node_path: &str, flags: OFlags) -> io::Result<OwnedFd> {
         let relative = node_path.trim_start_matches('/');
-        rustix::fs::openat2(
+        match rustix::fs::openat2(
             &self.fd,
             if relative.is_empty() { "." } else { relative },
             flags | OFlags::CLOEXEC,
             Mode::empty(),
             IN_ROOT,
+        ) {
+            Err(rustix::io::Errno::NOSYS) => self.walk_in(node_path, flags),
+            done => done.map_err(io::Error::from),
+        }
+    }
+
+    /// `openat2`'s `RESOLVE_IN_ROOT` done here, one component at a time: each opened without
+    /// following it; a symbolic link's target is walked instead (an absolute one from the root),
+    /// `..` never climbs above the root, and more than [`MAX_LINKS`] links is `ELOOP`. The last
+    /// component is a link itself only when `flags` hold `O_NOFOLLOW`.
+    fn walk_in(&self, node_path: &str, flags: OFlags) -> io::Result<OwnedFd> {
+        let names = |path: &str| -> Vec<String> {
+            path.split('/')
+                .filter(|n| !n.is_empty() && *n != ".")
+                .map(str::to_owned)
+                .collect()
+        };
+        let mut pending: std::collections::VecDeque<String> = names(node_path).into();
+        // The directories walked into, below the root; empty: at the root.
+        let mut dirs: Vec<OwnedFd> = Vec::new();
+        let mut links = 0;
+        let found = loop {
+            let Some(name) = pending.pop_front() else {
+                break rustix::io::fcntl_dupfd_cloexec(dirs.last().unwrap_or(&self.fd), 0)?;
+            };
+            if name == ".." {
+                dirs.pop();
+                continue;
+            }
+            let dir = dirs.last().unwrap_or(&self.fd);
+            let fd = rustix::fs::openat(
+                dir,
+                name.as_str(),
+                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            let kind = rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode as _);
+            if kind == rustix::fs::FileType::Symlink {
+                if pending.is_empty() && flags.contains(OFlags::NOFOLLOW) {
+                    break fd;
+                }
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(rustix::io::Errno::LOOP.into());
+                }
+                let target = rustix::fs::readlinkat(&fd, "", Vec::new())?;
+                let target = target.to_string_lossy();
+                if target.starts_with('/') {
+                    dirs.clear();
+                }
+                for name in names(&target).into_iter().rev() {
+                    pending.push_front(name);
+                }
+            } else if pending.is_empty() {
+                break fd;
+            } else {
+                dirs.push(fd);
+            }
+        };
+        let kind = rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&found)?.st_mode as _);
+        if flags.contains(OFlags::DIRECTORY) && kind != rustix::fs::FileType::Directory {
+            return Err(rustix::io::Errno::NOTDIR.into());
+        }
+        if flags.contains(OFlags::PATH) {
+            return Ok(found);
+        }
+        // An O_PATH descriptor is opened for reading through its /proc name, which names the
+        // very file (not a path walked again).
+        rustix::fs::open(
+            format!("/proc/self/fd/{}", found.as_raw_fd()),
+            flags | OFlags::CLOEXEC,
+            Mode::empty(),
         )
         .map_err(io::Error::from)
     }
@@ -124,7 +198,8 @@ impl HostRoot {
             path: node_path.to_owned(),
             source,
         };
-        let fd = match self.open_in(node_path, OFlags::RDONLY) {
+        // Non-blocking: a FIFO planted in its place is refused below, not waited on.
+        let fd = match self.open_in(node_path, OFlags::RDONLY | OFlags::NONBLOCK) {
             Ok(fd) => fd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(err(e)),
@@ -414,6 +489,67 @@ mod tests {
         let made = host.dir_or_create("/escape/net.d").unwrap();
         assert_eq!(made, root.join("etc/net.d"));
         assert!(!Path::new("/etc/net.d").exists());
+    }
+
+    /// Where the kernel has `openat2`, the walk done here must resolve as it does.
+    #[test]
+    fn the_walk_here_resolves_as_the_kernels_in_root_lookup() {
+        let tmp = k3s_root();
+        let root = tmp.path().canonicalize().unwrap();
+        std::fs::create_dir_all(root.join("etc/cni/net.d")).unwrap();
+        std::fs::write(root.join("etc/cni/net.d/10-a.conflist"), "{}").unwrap();
+        symlink("../../etc/cni", root.join("var/lib/relative")).unwrap();
+        symlink("../../../../../../etc", root.join("var/lib/rancher/climbs")).unwrap();
+        symlink("/loop-b", root.join("loop-a")).unwrap();
+        symlink("/loop-a", root.join("loop-b")).unwrap();
+        symlink("/etc/cni/net.d/10-a.conflist", root.join("conf-link")).unwrap();
+        let host = HostRoot::open(&root).unwrap();
+        let named = |fd: io::Result<OwnedFd>| match fd {
+            Ok(fd) => Ok(real_path(&fd).unwrap()),
+            Err(e) => Err(e.raw_os_error()),
+        };
+        let dir = OFlags::PATH | OFlags::DIRECTORY;
+        // A node path, how it is opened, and what it resolves to (or the error number).
+        type Resolved = Result<PathBuf, Option<i32>>;
+        let cases: &[(&str, OFlags, Resolved)] = &[
+            ("/", dir, Ok(root.clone())),
+            (
+                "/var/lib/rancher/k3s/data/current/bin",
+                dir,
+                Ok(root.join("var/lib/rancher/k3s/data/r1/bin")),
+            ),
+            (
+                "/var/lib/relative/net.d",
+                dir,
+                Ok(root.join("etc/cni/net.d")),
+            ),
+            ("/var/lib/rancher/climbs/cni", dir, Ok(root.join("etc/cni"))),
+            ("/../../etc/./cni/", dir, Ok(root.join("etc/cni"))),
+            (
+                "/conf-link",
+                OFlags::RDONLY,
+                Ok(root.join("etc/cni/net.d/10-a.conflist")),
+            ),
+            (
+                "/conf-link",
+                OFlags::PATH | OFlags::NOFOLLOW,
+                Ok(root.join("conf-link")),
+            ),
+            ("/conf-link", dir, Err(Some(libc_errno::NOTDIR))),
+            ("/loop-a/x", dir, Err(Some(libc_errno::LOOP))),
+            ("/etc/missing", dir, Err(Some(libc_errno::NOENT))),
+        ];
+        for (path, flags, want) in cases {
+            assert_eq!(&named(host.walk_in(path, *flags)), want, "walked: {path}");
+            assert_eq!(&named(host.open_in(path, *flags)), want, "opened: {path}");
+        }
+    }
+
+    /// The errors the walk is compared on.
+    mod libc_errno {
+        pub const NOTDIR: i32 = rustix::io::Errno::NOTDIR.raw_os_error();
+        pub const LOOP: i32 = rustix::io::Errno::LOOP.raw_os_error();
+        pub const NOENT: i32 = rustix::io::Errno::NOENT.raw_os_error();
     }
 
     #[test]
