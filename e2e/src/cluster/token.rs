@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use k8s_openapi::api::{
-    authentication::v1::{TokenRequest, TokenRequestSpec},
-    core::v1::ServiceAccount,
+    authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
+    core::v1::{Pod, ServiceAccount},
 };
 use kube::{Api, api::PostParams};
 
@@ -22,10 +22,41 @@ pub async fn service_account_token(
     name: &str,
     seconds: i64,
 ) -> Result<String, ControlPlaneError> {
+    token_request(client, namespace, name, seconds, None).await
+}
+
+/// As [`service_account_token`], bound to the pod `bound` names in `namespace`, as the kubelet's
+/// tokens for a pod are: the API server puts the pod's name and its node's into the token, and
+/// into the user of every request made with it (`authentication.kubernetes.io/pod-name`,
+/// `node-name`).
+pub async fn pod_bound_token(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    seconds: i64,
+    bound: &Pod,
+) -> Result<String, ControlPlaneError> {
+    let reference = BoundObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: bound.metadata.name.clone(),
+        uid: bound.metadata.uid.clone(),
+    };
+    token_request(client, namespace, name, seconds, Some(reference)).await
+}
+
+async fn token_request(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    seconds: i64,
+    bound: Option<BoundObjectReference>,
+) -> Result<String, ControlPlaneError> {
     let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     let request = TokenRequest {
         spec: TokenRequestSpec {
             expiration_seconds: Some(seconds),
+            bound_object_ref: bound,
             ..TokenRequestSpec::default()
         },
         ..TokenRequest::default()
@@ -64,6 +95,35 @@ impl ControlPlane {
     ) -> Result<(), ControlPlaneError> {
         let client = self.client()?;
         let token = service_account_token(&client, namespace, name, TOKEN_LIFETIME_SECS).await?;
+        let doc = kubeconfig(
+            self.server(),
+            self.ca_path(),
+            &format!("system:serviceaccount:{namespace}:{name}"),
+            &KubeUser::Token(token),
+            Some(namespace),
+        );
+        write_kubeconfig(path, &doc)?;
+        Ok(())
+    }
+
+    /// As [`Self::write_service_account_kubeconfig`], with a token bound to pod `pod` in
+    /// `namespace` (which runs as that ServiceAccount): [`pod_bound_token`].
+    pub async fn write_pod_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        pod: &str,
+        path: &Path,
+    ) -> Result<(), ControlPlaneError> {
+        let client = self.client()?;
+        let bound = Api::<Pod>::namespaced(client.clone(), namespace)
+            .get(pod)
+            .await
+            .map_err(|source| ControlPlaneError::Api {
+                what: format!("read pod {namespace}/{pod}"),
+                source,
+            })?;
+        let token = pod_bound_token(&client, namespace, name, TOKEN_LIFETIME_SECS, &bound).await?;
         let doc = kubeconfig(
             self.server(),
             self.ca_path(),

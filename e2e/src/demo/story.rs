@@ -78,6 +78,18 @@ pub(super) async fn story(
         hint: "run: make image",
     })?;
     let (repository, tag) = image.rsplit_once(':').unwrap_or((image.as_str(), "latest"));
+    // As the README: the agent needs a namespace Pod Security lets privileged pods into (the
+    // demo's control plane enforces `baseline` elsewhere, as a hardened cluster does).
+    show(&k, &["create", "namespace", SYSTEM_NS])?;
+    show(
+        &k,
+        &[
+            "label",
+            "namespace",
+            SYSTEM_NS,
+            crate::testkit::realnode::PRIVILEGED,
+        ],
+    )?;
     helm_install(c, options, repository, tag)?;
     // helm's --wait counts a DaemonSet's pods once Running; the story shows them Ready.
     kubectl(
@@ -154,7 +166,6 @@ fn helm_install(
         options.chart.display().to_string(),
         "--namespace".into(),
         SYSTEM_NS.into(),
-        "--create-namespace".into(),
     ];
     for s in &sets {
         args.push("--set".into());

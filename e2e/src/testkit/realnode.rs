@@ -57,6 +57,23 @@ pub fn image_archive() -> PathBuf {
     path
 }
 
+/// The label the README's install gives the release's namespace: the agent (hostPath, root,
+/// host networking) is refused by Pod Security's `baseline`, which the harness's control planes
+/// enforce by default as a hardened cluster does.
+pub const PRIVILEGED: &str = "pod-security.kubernetes.io/enforce=privileged";
+
+/// Creates the release's namespace with [`PRIVILEGED`] (or labels it, when it exists).
+pub fn release_namespace(c: &Cluster) {
+    let (key, value) = PRIVILEGED.split_once('=').expect("a label is key=value");
+    kubectl_ok(
+        c.plane(),
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {RELEASE_NS}\n  labels:\n    {key}: {value}\n"
+        )),
+    );
+}
+
 /// The chart's values for the imported image: what a local install without a registry sets.
 pub fn image_values(reference: &str) -> Vec<String> {
     let (repository, tag) = reference
@@ -85,7 +102,6 @@ pub async fn install(c: &Cluster, values: &[String], extra: &[&str]) {
         chart.to_str().expect("a UTF-8 path"),
         "--namespace",
         RELEASE_NS,
-        "--create-namespace",
         "--wait",
         "--timeout",
         "3m",
@@ -94,6 +110,7 @@ pub async fn install(c: &Cluster, values: &[String], extra: &[&str]) {
         args.extend(["--set", v.as_str()]);
     }
     args.extend(extra);
+    release_namespace(c);
     helm(c, &args);
     release_ready(c).await;
 }

@@ -1480,10 +1480,65 @@ fn the_admission_policy_holds_the_controllers_maximum_and_grammar() {
         &[],
     )
     .unwrap();
-    assert!(
-        !documents(&yaml).iter().any(|d| d["kind"]
-            .as_str()
-            .is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))),
-        "enabled: false still renders a policy"
+    assert_eq!(
+        policy_names(&yaml),
+        ["ipkeep-agent-node"],
+        "policy.admission.enabled=false renders the annotations policy, or loses the node policy"
     );
+}
+
+/// The names of the ValidatingAdmissionPolicies and bindings a rendering holds (each once: a
+/// policy and its binding share their name).
+fn policy_names(yaml: &str) -> Vec<String> {
+    let mut names: Vec<String> = documents(yaml)
+        .iter()
+        .filter(|d| {
+            d["kind"]
+                .as_str()
+                .is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))
+        })
+        .map(|d| d["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    names.dedup();
+    names
+}
+
+/// The node policy: on by default, for the agent's ServiceAccount of the release's namespace and
+/// bound with Deny; off with policy.nodeRestriction.enabled=false. (What it allows and refuses is
+/// proven on a real API server: e2e/tests/plane/chart_node_policy.rs.)
+#[test]
+fn the_node_policy_matches_the_agents_account_and_turns_off() {
+    let dir = Scratch::new("chart-node-policy");
+    let yaml = template(
+        dir.path(),
+        &set_args(&["policy.admission.enabled=false"]),
+        &[],
+    )
+    .unwrap();
+    let docs = documents(&yaml);
+    let policy = find(&docs, "ValidatingAdmissionPolicy", "ipkeep-agent-node");
+    let condition = policy["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        condition.contains("'system:serviceaccount:ipkeep-system:ipkeep-agent'"),
+        "{condition}"
+    );
+    let binding = find(
+        &docs,
+        "ValidatingAdmissionPolicyBinding",
+        "ipkeep-agent-node",
+    );
+    assert_eq!(binding["spec"]["policyName"], "ipkeep-agent-node");
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    let off = template(
+        dir.path(),
+        &set_args(&[
+            "policy.admission.enabled=false",
+            "policy.nodeRestriction.enabled=false",
+        ]),
+        &[],
+    )
+    .unwrap();
+    assert!(policy_names(&off).is_empty(), "{:?}", policy_names(&off));
 }

@@ -1145,7 +1145,8 @@ async fn the_chart_grants_exactly_what_the_components_use() {
     // garbage collector would delete them as orphans.
     plane.add_node(node).await.expect("the fixture Node");
     let controller_fields = pod_fields(&format!("{controller_sa}-7d9f-x1"), &ns, node);
-    let agent_fields = pod_fields(&format!("{agent_sa}-q2m"), &ns, node);
+    let agent_pod = format!("{agent_sa}-q2m");
+    let agent_fields = pod_fields(&agent_pod, &ns, node);
     let (controller_run, _) = container(
         controller_template,
         "controller",
@@ -1194,8 +1195,20 @@ async fn the_chart_grants_exactly_what_the_components_use() {
         .write_service_account_kubeconfig(&ns, controller_sa, &controller_kc)
         .await
         .unwrap();
+    // The agent's pod as the DaemonSet's would be on the node (a fixture: no kubelet runs it), and
+    // a token bound to it as the kubelet's is: the API server names the pod and its node in
+    // every request the agent makes, and the chart's node policy holds it to them.
+    kubectl_ok(
+        plane,
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {agent_pod}\n  namespace: {ns}\nspec:\n  \
+             nodeName: {node}\n  serviceAccountName: {agent_sa}\n  containers:\n  - name: agent\n    \
+             image: registry.invalid/ipkeep:1\n"
+        )),
+    );
     plane
-        .write_service_account_kubeconfig(&ns, agent_sa, &agent_kc)
+        .write_pod_kubeconfig(&ns, agent_sa, &agent_pod, &agent_kc)
         .await
         .unwrap();
     let mut components = Components {

@@ -10,6 +10,7 @@
 mod agent_real;
 mod agent_support;
 mod chart_install;
+mod chart_node_policy;
 mod chart_rbac;
 mod cluster_access;
 mod cluster_smoke;

@@ -104,12 +104,13 @@ async fn the_chart_installs_on_real_nodes_and_a_deleted_statefulset_pod_keeps_it
     let (repository, tag) = names[0].rsplit_once(':').unwrap();
 
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/ipkeep");
+    realnode::release_namespace(c);
     let out = ipkeep_e2e::command::run(
         c.plane()
             .helm()
             .args(["install", "ipkeep"])
             .arg(&chart)
-            .args(["--namespace", "ipkeep-system", "--create-namespace"])
+            .args(["--namespace", realnode::RELEASE_NS])
             .args(["--set", &format!("image.repository={repository}")])
             .args(["--set", &format!("image.tag={tag}")])
             .args(["--set", "image.pullPolicy=Never"])

@@ -42,6 +42,32 @@ pub(super) fn path_arg(name: &str, value: &Path) -> String {
     format!("--{name}={}", value.display())
 }
 
+/// Pod Security admission as a hardened cluster (a CIS-hardened k3s) configures it: every
+/// namespace without a `pod-security.kubernetes.io/enforce` label enforces `baseline`, so a pod
+/// with a hostPath, host networking or privilege is refused there. ipkeep's agent is such a pod:
+/// its namespace carries the label the README's install commands give it, or nothing runs.
+const POD_SECURITY: &str = "apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+- name: PodSecurity
+  configuration:
+    apiVersion: pod-security.admission.config.k8s.io/v1
+    kind: PodSecurityConfiguration
+    defaults:
+      enforce: baseline
+      enforce-version: latest
+";
+
+/// Writes [`POD_SECURITY`] into the state directory `dir`; its path.
+fn pod_security_config(dir: &Path) -> Result<PathBuf, ControlPlaneError> {
+    let path = dir.join("admission-config.yaml");
+    std::fs::write(&path, POD_SECURITY).map_err(super::state_dir::state_err(
+        "write the admission configuration in",
+        dir,
+    ))?;
+    Ok(path)
+}
+
 impl Boot<'_> {
     /// The options' extra arguments for component `name`.
     fn extra(&self, name: &str) -> Vec<String> {
@@ -150,6 +176,7 @@ impl Boot<'_> {
             path_arg("client-ca-file", &pki.ca_cert),
             arg("authorization-mode", "Node,RBAC"),
             arg("enable-admission-plugins", "NodeRestriction"),
+            path_arg("admission-control-config-file", &pod_security_config(dir)?),
             arg(
                 "service-account-issuer",
                 "https://kubernetes.default.svc.cluster.local",

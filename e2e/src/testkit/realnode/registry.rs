@@ -130,13 +130,7 @@ pub fn use_registry(c: &Cluster, registry: &Registry) {
     let ca = std::fs::read_to_string(registry.ca_file()).unwrap();
     c.trust_registry(&addr, &ca)
         .unwrap_or_else(|e| panic!("{}", crate::error_chain(&e)));
-    kubectl_ok(
-        c.plane(),
-        &["apply", "-f", "-"],
-        Some(&format!(
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {RELEASE_NS}\n"
-        )),
-    );
+    super::release_namespace(c);
     kubectl_ok(
         c.plane(),
         &[
