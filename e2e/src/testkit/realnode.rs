@@ -288,6 +288,12 @@ impl Running {
         let options = ClusterOptions {
             nodes: shape.nodes,
             network: shape.network,
+            // Who did what, for the tests that prove a component's writes from it
+            // (node_trust.rs: every write of the agents was allowed).
+            plane: crate::cluster::ControlPlaneOptions {
+                audit_log: true,
+                ..Default::default()
+            },
             ..ClusterOptions::default()
         };
         let c = match Cluster::start(options).await {
