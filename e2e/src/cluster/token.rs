@@ -95,15 +95,7 @@ impl ControlPlane {
     ) -> Result<(), ControlPlaneError> {
         let client = self.client()?;
         let token = service_account_token(&client, namespace, name, TOKEN_LIFETIME_SECS).await?;
-        let doc = kubeconfig(
-            self.server(),
-            self.ca_path(),
-            &format!("system:serviceaccount:{namespace}:{name}"),
-            &KubeUser::Token(token),
-            Some(namespace),
-        );
-        write_kubeconfig(path, &doc)?;
-        Ok(())
+        self.write_token_kubeconfig(namespace, name, token, path)
     }
 
     /// As [`Self::write_service_account_kubeconfig`], with a token bound to pod `pod` in
@@ -124,6 +116,17 @@ impl ControlPlane {
                 source,
             })?;
         let token = pod_bound_token(&client, namespace, name, TOKEN_LIFETIME_SECS, &bound).await?;
+        self.write_token_kubeconfig(namespace, name, token, path)
+    }
+
+    /// Writes to `path` a kubeconfig for ServiceAccount `namespace/name` with `token`.
+    fn write_token_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        token: String,
+        path: &Path,
+    ) -> Result<(), ControlPlaneError> {
         let doc = kubeconfig(
             self.server(),
             self.ca_path(),

@@ -359,21 +359,7 @@ async fn with_the_webhook_down_pods_are_still_created_and_the_miss_is_reported()
     };
     scale("0");
     wait_for("no controller pod left", || async {
-        let out = kubectl_ok(
-            c.plane(),
-            &[
-                "-n",
-                realnode::RELEASE_NS,
-                "get",
-                "pods",
-                "-l",
-                "app.kubernetes.io/component=controller",
-                "-o",
-                "name",
-            ],
-            None,
-        );
-        out.trim().is_empty().then_some(())
+        controllers(c).is_empty().then_some(())
     })
     .await;
     sys.kubectl(&["delete", "pod", "db-0", "--wait=false"]);
@@ -400,5 +386,160 @@ async fn with_the_webhook_down_pods_are_still_created_and_the_miss_is_reported()
         before.node, after.node, after.ips
     );
     sys.check("the controller, back, reports the missed placement");
+    eprintln!("{}", sys.summary());
+}
+
+/// How many slow clients hold a connection to each controller's webhook at once.
+const SLOW_CLIENTS: usize = 1000;
+
+/// The controllers' pods: (name, address, "" before it has one).
+fn controllers(c: &ipkeep_e2e::cluster::realnode::Cluster) -> Vec<(String, String)> {
+    let out = kubectl_ok(
+        c.plane(),
+        &[
+            "-n",
+            realnode::RELEASE_NS,
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/component=controller",
+            "-o",
+            r#"jsonpath={range .items[*]}{.metadata.name} {.status.podIP}{"\n"}{end}"#,
+        ],
+        None,
+    );
+    out.lines()
+        .map(|l| {
+            let (name, ip) = l.split_once(' ').unwrap();
+            (name.to_owned(), ip.to_owned())
+        })
+        .collect()
+}
+
+/// The gauge `ipkeep_webhook_connections` of controller pod `pod`, read through the API server.
+fn webhook_connections(c: &ipkeep_e2e::cluster::realnode::Cluster, pod: &str) -> u64 {
+    let metrics = kubectl_ok(
+        c.plane(),
+        &[
+            "get",
+            "--raw",
+            &format!(
+                "/api/v1/namespaces/{}/pods/{pod}:8080/proxy/metrics",
+                realnode::RELEASE_NS
+            ),
+        ],
+        None,
+    );
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ipkeep_webhook_connections "))
+        .unwrap_or_else(|| panic!("no ipkeep_webhook_connections in {pod}'s metrics"))
+        .trim()
+        .parse::<f64>()
+        .unwrap() as u64
+}
+
+/// A client on the pod network that connects to the webhook at `addr` and sends nothing, for
+/// as long as `stop` is unset: the server closes it when its head timeout passes, and it
+/// connects again. `connected` counts the clients connected now (accepted by the server, or
+/// waiting in its listen queue: to a client, both are connected).
+async fn slow_client(
+    addr: std::net::SocketAddr,
+    connected: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    use tokio::io::AsyncReadExt;
+    while !stop.load(Relaxed) {
+        let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        };
+        connected.fetch_add(1, Relaxed);
+        let mut byte = [0u8; 1];
+        tokio::select! {
+            _ = stream.read(&mut byte) => {}
+            _ = async {
+                while !stop.load(Relaxed) {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+            } => {}
+        }
+        connected.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Issue 44's slow-client test: a thousand clients on the pod network hold connections to each
+/// controller's webhook, sending nothing (the head timeout closes them, and they connect again),
+/// and a returning pod still gets its placement: the webhook answered the API server within its
+/// `timeoutSeconds` (with `failurePolicy: Ignore`, a late answer leaves the pod without its term).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_slow_clients_on_each_webhook_do_not_keep_a_pod_from_its_placement() {
+    let _alone = realnode::use_nodes_alone(NODES, PodNetwork::default()).await;
+    let (sys, c) = realnode::system("slowpeers").await;
+    let before = sys.run_annotated("db", 1, &[], &[]).await["db-0"].clone();
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed},
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let controllers = controllers(c);
+    assert_eq!(controllers.len(), 2, "{controllers:?}");
+    let mut clients = Vec::new();
+    let mut connected = Vec::new();
+    for (_, ip) in &controllers {
+        let addr: std::net::SocketAddr = format!("{ip}:9443").parse().unwrap();
+        let count = Arc::new(AtomicUsize::new(0));
+        for _ in 0..SLOW_CLIENTS {
+            clients.push(tokio::spawn(slow_client(addr, count.clone(), stop.clone())));
+        }
+        connected.push(count);
+    }
+    let counts = || -> Vec<usize> { connected.iter().map(|n| n.load(Relaxed)).collect() };
+    wait_for(
+        &format!("{SLOW_CLIENTS} slow clients connected to each webhook"),
+        || {
+            let now = counts();
+            std::future::ready(now.iter().all(|n| *n >= SLOW_CLIENTS).then_some(()))
+        },
+    )
+    .await;
+    let served = |c| -> Vec<u64> {
+        controllers
+            .iter()
+            .map(|(pod, _)| webhook_connections(c, pod))
+            .collect()
+    };
+    let served_before = served(c);
+    let t0 = Instant::now();
+    sys.kubectl(&["delete", "pod", "db-0", "--wait=false"]);
+    let after = sys.wait_recreated("db-0", &before.uid).await;
+    let recreated = t0.elapsed();
+    let (connected_after, served_after) = (counts(), served(c));
+    stop.store(true, Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+    eprintln!(
+        "placement: {SLOW_CLIENTS} slow clients per controller; the pod came back in {:.1}s on {} \
+         with {connected_after:?} of them connected; the webhooks served {served_before:?} \
+         connections before and {served_after:?} after (the rest in their listen queues)",
+        recreated.as_secs_f64(),
+        after.node
+    );
+    assert!(
+        connected_after.iter().all(|n| *n >= SLOW_CLIENTS * 9 / 10),
+        "the slow clients were not holding the webhooks while the pod was created: {connected_after:?}"
+    );
+    let record = placed(&sys, "db-0").await;
+    assert!(
+        record
+            .as_deref()
+            .is_some_and(|r| !r.starts_with("skipped") && r.ends_with(&before.node)),
+        "no placement on {} ({record:?}): the webhook did not answer the API server in time",
+        before.node
+    );
+    assert!(!node_affinity(&sys, "db-0").await.is_null());
+    sys.check("a thousand slow clients per webhook: the returning pod still placed");
     eprintln!("{}", sys.summary());
 }
