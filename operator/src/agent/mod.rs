@@ -23,6 +23,7 @@ mod args;
 pub mod dirwatch;
 pub mod hostlocal;
 pub mod incharge;
+pub mod loss;
 pub mod metrics;
 mod sync;
 pub mod view;
@@ -172,6 +173,7 @@ pub async fn run(
     let pending = Arc::new(Mutex::new(Pending {
         schedule: Schedule::new(config.resync_interval),
         orphaned: None,
+        deleted: std::collections::HashSet::new(),
     }));
     let changed = Arc::new(Notify::new());
     let watch = tokio::spawn(watches::watch_reservations(
@@ -199,6 +201,7 @@ pub async fn run(
     );
     let events = Publisher::new(client.clone(), REPORTER, &config.node_name);
     let client_for_check = client.clone();
+    let client_for_loss = client.clone();
     let in_charge = config.in_charge.clone().map(|r| {
         // Its one Normal Event (fixed: `InCharge`) is no routine transition: it is posted.
         let (events, drain) = Publisher::start(
@@ -221,6 +224,7 @@ pub async fn run(
         store: &store,
         pending: &pending,
         changed: &changed,
+        client: &client_for_loss,
     };
     let result = sync::write_loop(&config, state, &metrics, &readiness, &events, shutdown).await;
     watch.abort();
