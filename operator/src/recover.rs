@@ -56,6 +56,7 @@ pub struct Args {
 
 /// One lost reservation and what became of it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Outcome {
     /// The pod's namespace/name.
     pub reservation: String,

@@ -28,6 +28,7 @@ mod incharge;
 mod kube_api_faults;
 mod mixed_layout;
 mod node_faults;
+mod node_keeps_lost_reservations;
 mod operator;
 mod placement;
 mod pods;

@@ -8,10 +8,15 @@
 //!   namespaces) fills kube's reflector store; [`view`] turns what the store holds into the
 //!   plain [`crate::rules::desired::Reservation`]s that planning reads. Every relist (start, and after any
 //!   watch gap: a 410, a dropped connection that cannot resume) makes the next pass a full
-//!   resync, which also deletes stale files and leftover temporaries; other passes touch only
+//!   resync, which also deletes garbage and leftover temporaries; other passes touch only
 //!   the files that change.
-//! * It reads reservations and creates Events (through [`crate::runtime::events`], as the controller
-//!   does), nothing else; it never writes status.
+//! * A file whose reservation is gone is removed only when it was released: its deletion seen
+//!   while the CRD lives, the object moved to another node, or its release time passed. Any
+//!   other is lost and kept, protecting its addresses, and reported ([`loss`],
+//!   [`crate::rules::loss`]).
+//! * It reads reservations (and the CRD, to judge deletions) and creates Events (through
+//!   [`crate::runtime::events`], as the controller does); of status it writes only its own
+//!   conditions (its pod's, and `Unprotected` on its node's reservations).
 //! * A network directory or its `reserved/` removed or replaced on the node (a reset tool's
 //!   `rm -rf`) makes the next pass a full resync at once ([`dirwatch`], inotify), not at the next
 //!   periodic one; the data directory deleted under the agent's mount makes it exit, to be
