@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::net::IpAddr;
 
 use ipkeep_reservation::{PodKey, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
@@ -174,12 +175,27 @@ pub async fn run(
         .iter()
         .filter_map(|r| Some((key_of(r).ok()?, existing_of(r))))
         .collect();
+    let holders: BTreeMap<(&str, IpAddr), &PodKey> = existing
+        .iter()
+        .flat_map(|(pod, e)| {
+            e.ips
+                .iter()
+                .map(move |ip| ((e.node.as_str(), ip.to_canonical()), pod))
+        })
+        .collect();
+    let holder = |node: &str, ip: IpAddr| holders.get(&(node, ip)).map(|p| (*p).clone());
     let now = Timestamp::from_system_time(std::time::SystemTime::now());
     let mut outcomes = Vec::new();
-    for (l, action) in plan(&lost, |pod| existing.get(pod).cloned(), now) {
+    for (l, action) in plan(&lost, |pod| existing.get(pod).cloned(), holder, now) {
         let (action, detail) = match action {
             Action::Present => ("present", None),
             Action::Disagrees(e) => ("refused", Some(disagreement(&e))),
+            Action::AddressHeld { ip, by } => (
+                "refused",
+                Some(format!(
+                    "{ip} is held in the API by {by} on the same node (after a restore from an older backup: a reservation released since, brought back): not created; delete {by} if it is the stale one, then run recover again"
+                )),
+            ),
             Action::ClaimedBy(nodes) => (
                 "refused",
                 Some(format!(

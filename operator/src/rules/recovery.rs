@@ -50,6 +50,15 @@ pub enum Action {
     Disagrees(Existing),
     /// More than one node reports the pod: none is created; listed with the nodes.
     ClaimedBy(Vec<String>),
+    /// Another reservation in the API holds one of its addresses on its node: not created (the
+    /// controller would mark the younger one, this, `Conflict`, and the node's file would go).
+    /// After a restore from an older backup this is a reservation released since, brought back.
+    AddressHeld {
+        /// The address.
+        ip: IpAddr,
+        /// The reservation holding it.
+        by: PodKey,
+    },
 }
 
 /// The smallest `retainFor` that, from `now`, reaches `until`: seconds while they fit the
@@ -83,10 +92,12 @@ pub fn agrees(l: &Lost, e: &Existing) -> bool {
 }
 
 /// Decides for every lost reservation, in the order given. `existing` is the API's reservation
-/// of a pod, if any. A file whose release time has come is left out: it is released already.
+/// of a pod, if any; `holder` the API's reservation holding an address on a node, if any. A file
+/// whose release time has come is left out: it is released already.
 pub fn plan(
     lost: &[Lost],
     existing: impl Fn(&PodKey) -> Option<Existing>,
+    holder: impl Fn(&str, IpAddr) -> Option<PodKey>,
     now: Timestamp,
 ) -> Vec<(Lost, Action)> {
     let mut nodes: BTreeMap<&PodKey, Vec<String>> = BTreeMap::new();
@@ -103,8 +114,13 @@ pub fn plan(
                 None if claimed > 1 => {
                     Action::ClaimedBy(nodes.get(&l.pod).cloned().unwrap_or_default())
                 }
-                None => Action::Create {
-                    retain_for: l.release_time.and_then(|at| retain_for_until(at, now)),
+                None => match l.ips.iter().find_map(|ip| {
+                    holder(&l.node, ip.to_canonical()).map(|by| (ip.to_canonical(), by))
+                }) {
+                    Some((ip, by)) => Action::AddressHeld { ip, by },
+                    None => Action::Create {
+                        retain_for: l.release_time.and_then(|at| retain_for_until(at, now)),
+                    },
                 },
             };
             (l.clone(), action)
@@ -164,6 +180,7 @@ mod tests {
             lost("node-a", "twice", "10.0.0.6", None),
             lost("node-b", "twice", "10.1.0.6", None),
             lost("node-a", "expired", "10.0.0.7", Some(1_000)),
+            lost("node-a", "reused", "10.0.0.8", Some(2_000)),
         ];
         let api = |pod: &PodKey| match pod.name() {
             "back" => Some(existing("node-a", "10.0.0.3")),
@@ -171,7 +188,12 @@ mod tests {
             "readdressed" => Some(existing("node-a", "10.0.0.99")),
             _ => None,
         };
-        let first = plan(&reports, api, now);
+        // A reservation released since the backup, brought back by the restore, holds 10.0.0.8.
+        let stale = PodKey::new("db", "restored").unwrap();
+        let holder = |node: &str, ip: IpAddr| {
+            (node == "node-a" && ip == "10.0.0.8".parse::<IpAddr>().unwrap()).then(|| stale.clone())
+        };
+        let first = plan(&reports, api, holder, now);
         let got: Vec<(&str, &str, Action)> = first
             .iter()
             .map(|(l, a)| {
@@ -202,6 +224,14 @@ mod tests {
                 "twice",
                 Action::ClaimedBy(vec!["node-a".into(), "node-b".into()]),
             ),
+            (
+                "a",
+                "",
+                Action::AddressHeld {
+                    ip: "10.0.0.8".parse().unwrap(),
+                    by: stale.clone(),
+                },
+            ),
         ];
         assert_eq!(got, want, "the expired one is left out");
         // Applied once, the API has what was created: a second run creates nothing.
@@ -212,7 +242,7 @@ mod tests {
                 .map(|(l, _)| existing(&l.node, &l.ips[0].to_string()))
                 .or_else(|| api(pod))
         };
-        let again = plan(&reports, after, now);
+        let again = plan(&reports, after, holder, now);
         assert!(
             again
                 .iter()
