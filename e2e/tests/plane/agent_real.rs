@@ -552,3 +552,87 @@ async fn unusable_data_dir_is_retried_until_it_works() {
     .await;
     a.stop().await;
 }
+
+/// An etcd restore's shape on the real API server (`rules::loss`): a reservation deleted while
+/// the agent was stopped is kept as lost, and a reservation of another pod claiming its address
+/// (what a restore brings back: one released since, its address given to the lost one's pod) is
+/// not written, with a Warning `InvalidReservation` naming the lost one. Recovering the lost one
+/// is refused too, naming the holder (`rules::recovery`, table-tested).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_file_keeps_its_address_against_a_reservation_claiming_it() {
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
+    let agent_client = plane::agent_client(plane).await;
+    let ns = namespace(&client, "agent-lost").await;
+    let node = unique("node-l");
+    let scratch = Scratch::new(&node);
+    let a = Node::start_named(&agent_client, &node, scratch.path());
+    a.ready().await;
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &reservation("newer", &node, &["10.4.0.8"], None),
+    )
+    .await
+    .expect("failed to create");
+    let newer = format!("{ns}/newer");
+    wait_pods(&a, &[(&newer, "10.4.0.8")], "newer's file").await;
+    a.stop().await;
+
+    // While the agent is stopped: newer vanishes unseen, an older one claiming 10.4.0.8 appears.
+    api.delete("newer", &DeleteParams::default())
+        .await
+        .expect("failed to delete");
+    api.create(
+        &PostParams::default(),
+        &reservation("restored", &node, &["10.4.0.8"], None),
+    )
+    .await
+    .expect("failed to create");
+    let a = Node::start_named(&agent_client, &node, scratch.path());
+    a.ready().await;
+    wait_pods(
+        &a,
+        &[(&newer, "10.4.0.8")],
+        "newer kept, the restored one not written",
+    )
+    .await;
+    assert_eq!(a.metrics.lost_reservations.get(), 1);
+    assert_eq!(a.metrics.refused.get(), 1);
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let note = wait_for(
+        "a Warning InvalidReservation on the restored one",
+        || async {
+            events
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("InvalidReservation")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("restored")
+                })?
+                .note
+        },
+    )
+    .await;
+    assert!(
+        note.contains("10.4.0.8 is held on this node by the file of the lost reservation")
+            && note.contains(&newer),
+        "{note}"
+    );
+
+    // Deleted on purpose, the restored one goes; the lost file stays, its address protected.
+    api.delete("restored", &DeleteParams::default())
+        .await
+        .expect("failed to delete");
+    wait_for("the refusal to clear", || {
+        let n = a.metrics.refused.get();
+        async move { (n == 0).then_some(()) }
+    })
+    .await;
+    wait_pods(&a, &[(&newer, "10.4.0.8")], "newer still kept").await;
+    a.stop().await;
+}

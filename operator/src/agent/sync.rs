@@ -27,7 +27,7 @@ use crate::{
     api::{IPReservation, key_of},
     rules::{
         desired::{Refusal, desired_files},
-        loss::{Fate, LossCause, Sighting, fate},
+        loss::{Fate, LossCause, Sighting, fate, yield_to_kept},
         schedule::{Pass, Schedule, Step, Wake},
     },
     runtime::{
@@ -132,11 +132,29 @@ pub(super) async fn write_loop(
         else {
             continue;
         };
-        let desired = desired_files(
+        let mut desired = desired_files(
             &config.node_name,
             &view::reservations(reservations.iter().map(AsRef::as_ref)),
             config.default_retain_for,
         );
+        let present: HashSet<PodKey> = reservations
+            .iter()
+            .filter_map(|r| key_of(r.as_ref()).ok())
+            .collect();
+        let gone = gone_files(config, &mut writers, pass.full, &present).await;
+        let judge = Judge {
+            sightings: sightings
+                .sight(client, &config.node_name, &gone, &deleted)
+                .await,
+            present,
+        };
+        let now_utc = Timestamp::from_system_time(SystemTime::now());
+        let kept: Vec<(PodKey, Vec<std::net::IpAddr>)> = gone
+            .iter()
+            .filter(|f| judge.fate(f, now_utc) != Fate::Release)
+            .filter_map(|f| Some((f.pod_key().ok()?, f.ips.clone())))
+            .collect();
+        yield_to_kept(&mut desired, &kept);
         metrics
             .reservations
             .set(i64::try_from(desired.files.len()).unwrap_or(i64::MAX));
@@ -149,17 +167,6 @@ pub(super) async fn write_loop(
         for (key, malformed) in &desired.defaulted {
             tracing::debug!(reservation = %key, error = %malformed, "default retention applied");
         }
-        let present: HashSet<PodKey> = reservations
-            .iter()
-            .filter_map(|r| key_of(r.as_ref()).ok())
-            .collect();
-        let gone = gone_files(config, &mut writers, pass.full, &present).await;
-        let judge = Judge {
-            sightings: sightings
-                .sight(client, &config.node_name, &gone, &deleted)
-                .await,
-            present,
-        };
         let outcome = write_pass(
             config,
             &mut writers,

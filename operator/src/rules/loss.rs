@@ -19,7 +19,11 @@
 //! (`ipkeep-operator recover` re-creates the object), released on purpose (recover, then delete
 //! it), or its own release time passes. The rule is [`fate`], said once, table-tested below.
 
-use ipkeep_reservation::Timestamp;
+use std::net::IpAddr;
+
+use ipkeep_reservation::{PodKey, Timestamp};
+
+use super::desired::{Desired, Refusal};
 
 /// The IPReservation CRD as the agent read it when it saw a deletion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +106,37 @@ pub fn fate(release_time: Option<Timestamp>, sighting: Sighting, now: Timestamp)
     }
 }
 
+/// A file kept in place keeps its addresses: a reservation of another pod that claims one of
+/// them is not written (moved from `desired.files` to its refusals), as the controller lets the
+/// older of two reservations keep an address. Only a restore from an older backup brings such a
+/// reservation (one released since, its address given to the pod whose reservation is lost): the
+/// plugin never hands out an address a file holds.
+pub fn yield_to_kept(desired: &mut Desired, kept: &[(PodKey, Vec<IpAddr>)]) {
+    if kept.is_empty() {
+        return;
+    }
+    let held: std::collections::HashMap<IpAddr, &PodKey> = kept
+        .iter()
+        .flat_map(|(pod, ips)| ips.iter().map(move |ip| (ip.to_canonical(), pod)))
+        .collect();
+    let withheld: Vec<(PodKey, IpAddr, PodKey)> = desired
+        .files
+        .iter()
+        .filter_map(|(pod, file)| {
+            file.ips.iter().find_map(|ip| {
+                let holder = held.get(&ip.to_canonical())?;
+                (*holder != pod).then(|| (pod.clone(), *ip, (*holder).clone()))
+            })
+        })
+        .collect();
+    for (pod, ip, holder) in withheld {
+        desired.files.remove(&pod);
+        desired
+            .refused
+            .push(Refusal::HeldByLost { pod, ip, holder });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +201,58 @@ mod tests {
         for (what, release_time, sighting, want) in cases {
             assert_eq!(fate(release_time, sighting, now), want, "{what}");
         }
+    }
+
+    #[test]
+    fn a_kept_file_keeps_its_address_against_a_restored_reservation() {
+        use ipkeep_reservation::{FORMAT_VERSION, ReservationFile};
+        let key = |n: &str| PodKey::new("db", n).unwrap();
+        let file = |n: &str, ip: &str| {
+            ReservationFile {
+                version: FORMAT_VERSION,
+                namespace: "db".into(),
+                pod: n.into(),
+                ips: vec![ip.parse().unwrap()],
+                release_time: None,
+                uid: format!("uid-{n}"),
+                node_name: Some("node-a".into()),
+            }
+            .validate()
+            .unwrap()
+        };
+        let ip = |t: &str| t.parse::<IpAddr>().unwrap();
+        let mut desired = Desired::default();
+        for (n, a) in [
+            ("restored", "10.0.0.8"),
+            ("other", "10.0.0.9"),
+            ("same", "10.0.0.7"),
+        ] {
+            desired.files.insert(key(n), file(n, a));
+        }
+        // (the kept files, what stays written, what is refused)
+        let kept = [
+            (key("lost"), vec![ip("10.0.0.8")]),
+            (key("same"), vec![ip("10.0.0.7")]),
+        ];
+        yield_to_kept(&mut desired, &kept);
+        let written: Vec<&str> = desired.files.keys().map(PodKey::name).collect();
+        assert_eq!(
+            written,
+            ["other", "same"],
+            "a pod's own address is never held against it"
+        );
+        assert_eq!(
+            desired.refused,
+            [Refusal::HeldByLost {
+                pod: key("restored"),
+                ip: ip("10.0.0.8"),
+                holder: key("lost"),
+            }]
+        );
+        let mut untouched = Desired::default();
+        untouched.files.insert(key("x"), file("x", "10.0.0.8"));
+        let before = untouched.clone();
+        yield_to_kept(&mut untouched, &[]);
+        assert_eq!(untouched, before);
     }
 }
