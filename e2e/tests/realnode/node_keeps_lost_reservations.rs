@@ -8,9 +8,14 @@
 //! away pod comes back with its address; `kubectl delete ipr` of the other still frees its
 //! address at once (the file gone, nothing reported lost).
 //!
+//! The second test restores etcd from a copy of its data directory taken before a pod was
+//! reserved: the reservation is absent from the restored API, its file kept, and `recover` brings
+//! it back.
+//!
 //! The module's name sorts it beside the other suites of the default two-node shape, so it
-//! shares their cluster. It deletes the CRD: it holds the nodes alone, and leaves every
-//! reservation recovered. Needs root, `make cluster-bins`, `make node-bins` and `make image`.
+//! shares their cluster. The first test deletes the CRD: it holds the nodes alone, and leaves
+//! every reservation recovered; the second takes the control plane back in time, and the cluster
+//! goes with it. Needs root, `make cluster-bins`, `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -20,7 +25,7 @@ use std::time::Instant;
 
 use ipkeep_e2e::cluster::realnode::Cluster;
 use ipkeep_e2e::testkit::realnode::{self, RELEASE_NS};
-use ipkeep_e2e::testkit::system::{System, phase, statefulset};
+use ipkeep_e2e::testkit::system::{System, phase, retain, statefulset};
 use ipkeep_e2e::testkit::{crd_file, kubectl_ok, operator_binary, wait_for};
 use ipkeep_operator::api::Phase;
 use ipkeep_operator::api::lost::{LostReport, POD_CONDITION};
@@ -247,6 +252,156 @@ async fn a_deleted_crd_loses_no_address_and_recover_brings_the_reservations_back
     );
     eprintln!(
         "the deleted-CRD scenario took {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// Copies directory `from` to `to` (`cp -a`: modes, times, as a volume snapshot keeps them).
+fn copy_dir(from: &Path, to: &Path) {
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .output()
+        .expect("failed to run cp");
+    assert!(
+        out.status.success(),
+        "cp -a {} {}: {}",
+        from.display(),
+        to.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// An etcd restored from a backup taken before a reservation was made: the snapshot is a copy of
+/// the stopped etcd member's data directory (what a volume snapshot holds; docs/operator.md's
+/// "Backup and restore"), restored as Kubernetes' docs say: etcd stopped, its data replaced,
+/// started again, then kube-apiserver, kube-controller-manager, kube-scheduler and the kubelets
+/// restarted, and ipkeep's controller and agents too (components that watched the newer state). The reservation
+/// of a pod made and taken away after the backup is absent from the restored API: its file is
+/// kept on the node and reported (the object vanished without a deletion seen), a pod started
+/// meanwhile with host-local's cursor right before its address does not get it, `recover
+/// --apply` re-creates it and the pod comes back with its address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_restored_from_an_older_backup_loses_no_address() {
+    // The control plane goes back in time: the cluster goes with the test.
+    let _nodes =
+        realnode::use_shape(realnode::Shape::default_chart(), realnode::Access::Spoils).await;
+    let t0 = Instant::now();
+    let (sys, c) = realnode::system("rn-restore").await;
+    let node_a = sys.node_name(0).to_owned();
+    let ns = sys.ns.clone();
+    let dir = realnode::network_dir(realnode::node(c, &node_a));
+    let plane = c.plane();
+    let etcd = plane.etcd_data_dir();
+    let scratch = ipkeep_e2e::testkit::Scratch::new("rn-etcd-backup");
+    let backup = scratch.path().join("etcd");
+
+    // The backup: etcd stopped cleanly, its data directory copied, etcd started again.
+    plane
+        .restart_component_with("etcd", std::time::Duration::from_secs(5), async {
+            copy_dir(&etcd, &backup);
+        })
+        .await
+        .expect("failed to back etcd up");
+
+    // After the backup: a pod reserved, then taken away (its reservation Released).
+    let pods = sys.run_retained("late", 1, &node_a).await;
+    let late = pods["late-0"].ips[0];
+    sys.kubectl(&["scale", "statefulset", "late", "--replicas=0"]);
+    released_until(&sys, "late-0").await;
+
+    // The restore, then every component that watched the newer state restarted.
+    plane
+        .restart_component_with("etcd", std::time::Duration::from_secs(5), async {
+            std::fs::remove_dir_all(&etcd).unwrap();
+            copy_dir(&backup, &etcd);
+        })
+        .await
+        .expect("failed to restore etcd");
+    for component in [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ] {
+        plane
+            .restart_component(component, std::time::Duration::from_millis(100))
+            .await
+            .unwrap_or_else(|e| panic!("failed to restart {component}: {e}"));
+    }
+    for node in c.nodes() {
+        node.restart_kubelet()
+            .unwrap_or_else(|e| panic!("failed to restart a kubelet: {e}"));
+    }
+    kubectl_ok(
+        plane,
+        &[
+            "-n",
+            RELEASE_NS,
+            "rollout",
+            "restart",
+            "daemonset/ipkeep-agent",
+            "deployment/ipkeep-controller",
+        ],
+        None,
+    );
+    realnode::release_ready(c).await;
+    assert!(
+        sys.reservations()
+            .get_opt("late-0")
+            .await
+            .unwrap()
+            .is_none(),
+        "the restored API has late-0's reservation: the backup was taken after it"
+    );
+    wait_for("the agent to report late-0 lost", || async {
+        let names = reported_lost(c, &node_a, &ns).await;
+        (names == ["late-0"]).then_some(())
+    })
+    .await;
+    assert!(
+        file_of(&dir, &ns, "late-0").exists(),
+        "late-0's file is gone"
+    );
+
+    // A pod started with host-local's cursor right before late-0's address does not get it.
+    let IpAddr::V4(v4) = late else {
+        panic!("the default shape is IPv4");
+    };
+    let before = Ipv4Addr::from(u32::from(v4) - 1);
+    std::fs::write(dir.join("last_reserved_ip.0"), before.to_string()).unwrap();
+    sys.apply(&statefulset("filler", 1, true, &[&node_a], &[]));
+    let filler = sys.wait_running("app=filler", &["filler-0"]).await;
+    eprintln!(
+        "filler-0 got {:?}, host-local's cursor at {before}",
+        filler["filler-0"].ips
+    );
+    assert!(
+        !filler["filler-0"].ips.contains(&late),
+        "a new pod got late-0's address {late}"
+    );
+
+    // recover, and late-0 comes back with its address (its StatefulSet applied again: the
+    // restored API does not have it either).
+    let (applied, ok) = recover(c, &ns, true);
+    assert_eq!(applied, [("created".into(), "late-0".into())]);
+    assert!(ok);
+    sys.apply(&statefulset(
+        "late",
+        1,
+        true,
+        &[&node_a],
+        &retain(Some("1h")),
+    ));
+    let back = sys.wait_running("app=late", &["late-0"]).await;
+    assert_eq!(
+        back["late-0"].ips,
+        vec![late],
+        "late-0 came back with another address"
+    );
+    sys.wait_bound(&back["late-0"]).await;
+    eprintln!(
+        "the etcd-restore scenario took {:.1} s",
         t0.elapsed().as_secs_f64()
     );
 }
