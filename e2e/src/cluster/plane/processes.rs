@@ -114,8 +114,11 @@ impl ControlPlane {
         down: Duration,
     ) -> Result<(), ControlPlaneError> {
         // Zero grace: SIGTERM and SIGKILL at once, no graceful shutdown.
-        self.restart_component_with(name, Duration::ZERO, tokio::time::sleep(down))
-            .await
+        // An async block: the pause starts once the component is down, not before.
+        self.restart_component_with(name, Duration::ZERO, async move {
+            tokio::time::sleep(down).await;
+        })
+        .await
     }
 
     /// etcd's data directory (what a volume snapshot of an etcd member would hold).
