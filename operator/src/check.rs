@@ -10,7 +10,9 @@
 //! * the agent DaemonSet: a Ready agent on every node it should run on;
 //! * each node's networks in charge or not, as its agent says on its own pod
 //!   (`ipkeep.dev/InCharge`, `agent::incharge`), with the reason and the fix;
-//! * reservations in conflict, and reservations not protected (`Unprotected`).
+//! * reservations in conflict, and reservations not protected (`Unprotected`);
+//! * reservation files an agent keeps because their IPReservation was lost
+//!   (`ipkeep.dev/ReservationsLost` on its pod, `rules::loss`), with `recover` as the fix.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -24,6 +26,7 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
 use crate::agent::incharge::report::POD_CONDITION;
+use crate::api::lost::{self, LostReport};
 use crate::api::{CONDITION_CONFLICT, CONDITION_UNPROTECTED, IPReservation};
 use crate::api::{PodKey, key_of};
 use crate::controller::reconcile::FIELD_MANAGER as CONTROLLER_MANAGER;
@@ -33,7 +36,7 @@ const CRD_NAME: &str = "ipreservations.ipkeep.dev";
 /// The version this binary speaks.
 const CRD_VERSION: &str = "v1alpha1";
 /// The chart's label on the agent pods.
-const AGENT_LABEL: &str = "app.kubernetes.io/component=agent";
+pub(crate) const AGENT_LABEL: &str = "app.kubernetes.io/component=agent";
 /// The chart's name, which its full name contains.
 const CHART_NAME: &str = "ipkeep";
 /// How often `--wait` looks again.
@@ -154,6 +157,9 @@ pub struct AgentView {
     pub ready: bool,
     /// Its `ipkeep.dev/InCharge` condition: (in charge, reason, message).
     pub in_charge: Option<(bool, String, String)>,
+    /// Its `ipkeep.dev/ReservationsLost` condition's report, or why it could not be read (`None`:
+    /// no such condition, an agent before 0.3 or none lost since it started).
+    pub lost: Option<Result<LostReport, String>>,
 }
 
 /// A reservation as the checks need it.
@@ -364,6 +370,9 @@ pub fn lines(o: &Observed, namespace: &str, names: &Names) -> Vec<Line> {
                         Some("upgrade the chart (agents before 0.2 do not say), or wait for the agent to start".into()),
                     ),
                 });
+                if let Some(l) = lost_line(a) {
+                    out.push(l);
+                }
             }
         }
         Err(e) => out.push(line(
@@ -437,6 +446,44 @@ pub fn lines(o: &Observed, namespace: &str, names: &Names) -> Vec<Line> {
         )),
     }
     out
+}
+
+/// The lost reservations an agent keeps, as a ✗ line (none when it keeps none).
+fn lost_line(a: &AgentView) -> Option<Line> {
+    let fix = "ipkeep-operator recover (a dry run: what it would re-create), then ipkeep-operator recover --apply; to free the addresses instead, kubectl delete ipr the recovered reservations (see docs/operator.md, Backup and restore)";
+    let message = match a.lost.as_ref()? {
+        Ok(report) if report.total() == 0 => return None,
+        Ok(report) => {
+            let names: Vec<String> = report
+                .lost
+                .iter()
+                .map(|l| {
+                    let ips: Vec<String> = l.ips.iter().map(ToString::to_string).collect();
+                    format!("{} ({})", l.pod, ips.join(", "))
+                })
+                .collect();
+            let mut shown = listed(&names);
+            if report.omitted > 0 {
+                let _ = write!(shown, " (+{} not listed by the agent)", report.omitted);
+            }
+            format!(
+                "{} reservation files kept whose IPReservation was lost (gone before its release time by nobody's decision; their addresses stay protected): {shown}",
+                report.total()
+            )
+        }
+        Err(e) => format!(
+            "agent {} reports lost reservations that cannot be read ({}): {e}",
+            a.pod,
+            lost::POD_CONDITION
+        ),
+    };
+    Some(Line {
+        check: "lost",
+        ok: false,
+        node: Some(a.node.clone()),
+        message,
+        fix: Some(fix.into()),
+    })
 }
 
 /// The result as text: one line per check, the fix indented below a ✗.
@@ -579,7 +626,8 @@ pub async fn observe(
     }
 }
 
-fn agent_view(p: &Pod) -> Option<AgentView> {
+/// An agent pod as the checks (and `recover`) need it.
+pub(crate) fn agent_view(p: &Pod) -> Option<AgentView> {
     let status = p.status.as_ref()?;
     let conditions = status.conditions.as_deref().unwrap_or_default();
     let ready = conditions
@@ -595,11 +643,19 @@ fn agent_view(p: &Pod) -> Option<AgentView> {
                 c.message.clone().unwrap_or_default(),
             )
         });
+    let lost = conditions
+        .iter()
+        .find(|c| c.type_ == lost::POD_CONDITION)
+        .map(|c| {
+            serde_json::from_str::<LostReport>(c.message.as_deref().unwrap_or_default())
+                .map_err(|e| e.to_string())
+        });
     Some(AgentView {
         pod: p.name_any(),
         node: p.spec.as_ref()?.node_name.clone()?,
         ready,
         in_charge,
+        lost,
     })
 }
 

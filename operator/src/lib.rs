@@ -10,5 +10,6 @@ pub mod controller;
 pub mod crd_apply;
 pub mod host_root;
 pub mod install_cni;
+pub mod recover;
 pub mod rules;
 pub mod runtime;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use ipkeep_operator::{agent, api, check, controller, install_cni};
+use ipkeep_operator::{agent, api, check, controller, install_cni, recover};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -31,6 +31,9 @@ enum Command {
     Check(check::Args),
     /// Install the plugin binary into the node's CNI bin directory, atomically (init container).
     InstallCni(install_cni::Args),
+    /// Re-create the IPReservations the agents keep as lost (a deleted CRD, an etcd restore)
+    /// from their nodes' files: a dry run unless --apply (exit status 1 if any is refused).
+    Recover(recover::Args),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +46,11 @@ fn main() -> ExitCode {
             .map_err(anyhow::Error::from),
         Command::InstallCni(args) => install_cni::main(args),
         Command::Check(args) => match check::main(args) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::FAILURE,
+            Err(e) => Err(e),
+        },
+        Command::Recover(args) => match recover::main(args) {
             Ok(true) => Ok(()),
             Ok(false) => return ExitCode::FAILURE,
             Err(e) => Err(e),

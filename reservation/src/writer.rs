@@ -122,6 +122,12 @@ impl ReservationWriter {
         self.known = None;
     }
 
+    /// The files on disk as the last call left them, or `None` when the next call reads the tree
+    /// (the agent judges the files whose reservation is gone from it, before a pass).
+    pub fn known(&self) -> Option<&BTreeMap<PodKey, ReservationFile>> {
+        self.known.as_ref()
+    }
+
     /// Makes `reserved/` in `dir` exactly the `desired` files (see the module docs; of two
     /// desired files for one pod the last wins). When the writer knows nothing it first reads
     /// the tree under the lock and deletes, in that same hold, the garbage, the files no desired

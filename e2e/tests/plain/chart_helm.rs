@@ -647,6 +647,12 @@ fn rbac_grants_each_component_only_what_it_uses() {
             ("ipkeep.dev", "ipreservations", "list,watch", ""),
             ("ipkeep.dev", "ipreservations/status", "patch", ""),
             ("events.k8s.io", "events", "create", ""),
+            (
+                "apiextensions.k8s.io",
+                "customresourcedefinitions",
+                "get",
+                "ipreservations.ipkeep.dev"
+            ),
         ])
     );
     // Each role is bound to its own component's ServiceAccount, and to nothing else.

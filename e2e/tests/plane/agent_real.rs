@@ -109,8 +109,9 @@ async fn wait_hits(proxy: &FaultProxy, id: ipkeep_e2e::proxy::RuleId, n: usize, 
 
 /// Dropped watches, watches failing with 500 and answered `410 Expired`, failing lists, an
 /// outage of the API server's address, with changes made while the agent could not see them
-/// and garbage planted on disk: the agent converges to exactly the reservations, and the relist
-/// was a full resync.
+/// and garbage planted on disk: the agent converges to the reservations, and the relist was a
+/// full resync. A reservation deleted while the agent could not see it is kept as lost
+/// (`rules::loss`: the agent cannot tell that delete from an etcd restore), and said so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn converges_through_api_faults() {
     let _plane = plane::use_plane().await;
@@ -183,10 +184,12 @@ async fn converges_through_api_faults() {
     .expect("failed to change r2");
     let ns_dir = a.data_dir.join(NETWORKS[0]).join("reserved").join(&ns);
     std::fs::write(ns_dir.join(".ipkeep-tmp-999-0"), b"{\"version\":1,").unwrap();
+    // A stale file, expired: released whatever its object (one still protecting an address
+    // would be kept as lost).
     std::fs::write(
         ns_dir.join("ghost"),
         format!(
-            "{{\"version\":1,\"namespace\":\"{ns}\",\"pod\":\"ghost\",\"ips\":[\"10.0.0.9\"],\"releaseTime\":null,\"uid\":\"x\"}}\n"
+            "{{\"version\":1,\"namespace\":\"{ns}\",\"pod\":\"ghost\",\"ips\":[\"10.0.0.9\"],\"releaseTime\":\"2020-01-01T00:00:00Z\",\"uid\":\"x\"}}\n"
         ),
     )
     .unwrap();
@@ -198,7 +201,12 @@ async fn converges_through_api_faults() {
         "the agent's watch to be answered 410 Expired",
     )
     .await;
-    let mut want_now = vec![(r2.as_str(), "10.0.0.22"), (r3.as_str(), "10.0.0.3")];
+    // r1 was deleted while the watch failed: its file is kept, as lost.
+    let mut want_now = vec![
+        (r1.as_str(), "10.0.0.1"),
+        (r2.as_str(), "10.0.0.22"),
+        (r3.as_str(), "10.0.0.3"),
+    ];
     wait_pods(&a, &want_now, "convergence after failing watches and a 410").await;
     wait_for("a full resync after the 410", || {
         let n = a.metrics.full_syncs.get();
@@ -259,13 +267,23 @@ async fn converges_through_api_faults() {
     .await;
     wait_hits(&proxy, lists, 2, "the agent's relist to fail twice").await;
     let r4 = format!("{ns}/r4");
-    want_now = vec![(r2.as_str(), "10.0.0.22"), (r4.as_str(), "10.0.0.4")];
+    want_now = vec![
+        (r1.as_str(), "10.0.0.1"),
+        (r2.as_str(), "10.0.0.22"),
+        (r3.as_str(), "10.0.0.3"),
+        (r4.as_str(), "10.0.0.4"),
+    ];
     wait_pods(
         &a,
         &want_now,
         "convergence after failing lists and an outage",
     )
     .await;
+    assert_eq!(
+        a.metrics.lost_reservations.get(),
+        2,
+        "r1 and r3, deleted unseen, are not counted as lost"
+    );
     let data_dir = a.data_dir.clone();
     a.stop().await;
     for n in NETWORKS {
@@ -406,10 +424,11 @@ async fn periodic_resync_repairs_hand_edits() {
         .unwrap()
         .replace("10.3.0.2", "10.3.0.99");
     std::fs::write(ns_dir.join("p1"), edited).unwrap();
+    // Expired: a stray file still protecting an address would be kept, as lost.
     std::fs::write(
         ns_dir.join("stray"),
         format!(
-            "{{\"version\":1,\"namespace\":\"{ns}\",\"pod\":\"stray\",\"ips\":[\"10.3.0.7\"],\"releaseTime\":null,\"uid\":\"x\"}}\n"
+            "{{\"version\":1,\"namespace\":\"{ns}\",\"pod\":\"stray\",\"ips\":[\"10.3.0.7\"],\"releaseTime\":\"2020-01-01T00:00:00Z\",\"uid\":\"x\"}}\n"
         ),
     )
     .unwrap();
@@ -531,5 +550,89 @@ async fn unusable_data_dir_is_retried_until_it_works() {
         f.is_some()
     })
     .await;
+    a.stop().await;
+}
+
+/// An etcd restore's shape on the real API server (`rules::loss`): a reservation deleted while
+/// the agent was stopped is kept as lost, and a reservation of another pod claiming its address
+/// (what a restore brings back: one released since, its address given to the lost one's pod) is
+/// not written, with a Warning `InvalidReservation` naming the lost one. Recovering the lost one
+/// is refused too, naming the holder (`rules::recovery`, table-tested).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_file_keeps_its_address_against_a_reservation_claiming_it() {
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
+    let agent_client = plane::agent_client(plane).await;
+    let ns = namespace(&client, "agent-lost").await;
+    let node = unique("node-l");
+    let scratch = Scratch::new(&node);
+    let a = Node::start_named(&agent_client, &node, scratch.path());
+    a.ready().await;
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
+    api.create(
+        &PostParams::default(),
+        &reservation("newer", &node, &["10.4.0.8"], None),
+    )
+    .await
+    .expect("failed to create");
+    let newer = format!("{ns}/newer");
+    wait_pods(&a, &[(&newer, "10.4.0.8")], "newer's file").await;
+    a.stop().await;
+
+    // While the agent is stopped: newer vanishes unseen, an older one claiming 10.4.0.8 appears.
+    api.delete("newer", &DeleteParams::default())
+        .await
+        .expect("failed to delete");
+    api.create(
+        &PostParams::default(),
+        &reservation("restored", &node, &["10.4.0.8"], None),
+    )
+    .await
+    .expect("failed to create");
+    let a = Node::start_named(&agent_client, &node, scratch.path());
+    a.ready().await;
+    wait_pods(
+        &a,
+        &[(&newer, "10.4.0.8")],
+        "newer kept, the restored one not written",
+    )
+    .await;
+    assert_eq!(a.metrics.lost_reservations.get(), 1);
+    assert_eq!(a.metrics.refused.get(), 1);
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let note = wait_for(
+        "a Warning InvalidReservation on the restored one",
+        || async {
+            events
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("InvalidReservation")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("restored")
+                })?
+                .note
+        },
+    )
+    .await;
+    assert!(
+        note.contains("10.4.0.8 is held on this node by the file of the lost reservation")
+            && note.contains(&newer),
+        "{note}"
+    );
+
+    // Deleted on purpose, the restored one goes; the lost file stays, its address protected.
+    api.delete("restored", &DeleteParams::default())
+        .await
+        .expect("failed to delete");
+    wait_for("the refusal to clear", || {
+        let n = a.metrics.refused.get();
+        async move { (n == 0).then_some(()) }
+    })
+    .await;
+    wait_pods(&a, &[(&newer, "10.4.0.8")], "newer still kept").await;
     a.stop().await;
 }

@@ -508,6 +508,9 @@ const ACCESS: &[(Subject, &str, &str, Scope, bool)] = &[
     (Agent, "get", "apps/daemonsets:another-agent", InRelease, false),
     (Agent, "list", "apps/daemonsets", InRelease, false),
     (Agent, "get", "core/secrets:{fullname}-webhook-tls", InRelease, false),
+    (Agent, "get", "apiextensions.k8s.io/customresourcedefinitions:ipreservations.ipkeep.dev", ClusterWide, true),
+    (Agent, "get", "apiextensions.k8s.io/customresourcedefinitions:widgets.example.com", ClusterWide, false),
+    (Agent, "patch", "apiextensions.k8s.io/customresourcedefinitions:ipreservations.ipkeep.dev", ClusterWide, false),
 ];
 
 /// Asks the API server's authorizer every row of [`ACCESS`] (a SubjectAccessReview as each

@@ -6,8 +6,8 @@
 //! shape share it, and the next shape's first test waits until they are done, then the cluster
 //! is stopped (everything it made removed) and the next one started. libtest runs the tests in
 //! name order, so the shape changes about once per module; modules of one shape sit together
-//! (`incharge`, `kube_api_faults`, `node_faults`, `operator`: two nodes with the chart) and share
-//! one cluster. A test that takes a node or the API away holds the nodes alone; `cluster` holds
+//! (`incharge`, `kube_api_faults`, `node_faults`, `node_keeps_lost_reservations`, `operator`: two
+//! nodes with the chart) and share one cluster. A test that takes a node or the API away holds the nodes alone; `cluster` holds
 //! the whole machine (no cluster of the binary runs while it starts and stops its own).
 //!
 //! Needs root, `make cluster-bins`, `make node-bins`, `make flannel-bins`, `make crio-bins`,
@@ -28,6 +28,7 @@ mod incharge;
 mod kube_api_faults;
 mod mixed_layout;
 mod node_faults;
+mod node_keeps_lost_reservations;
 mod node_trust;
 mod operator;
 mod placement;

@@ -45,6 +45,8 @@ pub struct AgentMetrics {
     pub host_local_reclaimed: IntCounterVec,
     /// `ipkeep_agent_in_charge{network}` and `ipkeep_agent_not_in_charge{network,reason}`.
     pub in_charge: InChargeMetrics,
+    /// `ipkeep_agent_lost_reservations`: files kept because their reservation is lost.
+    pub lost_reservations: IntGauge,
 }
 
 impl AgentMetrics {
@@ -148,6 +150,7 @@ impl AgentMetrics {
                 )
                 .map_err(MetricsError)?,
             },
+            lost_reservations: lost_reservations()?,
         };
         m.seconds_since_full_sync.set(-1);
         for kind in ["file", "pass"] {
@@ -174,9 +177,19 @@ impl AgentMetrics {
             Box::new(m.host_local_reclaimed.clone()),
             Box::new(m.in_charge.in_charge.clone()),
             Box::new(m.in_charge.not_in_charge.clone()),
+            Box::new(m.lost_reservations.clone()),
         ] {
             registry.register(c).map_err(MetricsError)?;
         }
         Ok(m)
     }
+}
+
+/// `ipkeep_agent_lost_reservations` (issue 45: `rules::loss`).
+fn lost_reservations() -> Result<IntGauge, MetricsError> {
+    IntGauge::new(
+        "ipkeep_agent_lost_reservations",
+        "Reservation files this agent keeps because their IPReservation vanished before its release time by nobody's decision (CRD deleted, etcd restore): run ipkeep-operator recover",
+    )
+    .map_err(MetricsError)
 }

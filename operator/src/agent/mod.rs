@@ -8,10 +8,15 @@
 //!   namespaces) fills kube's reflector store; [`view`] turns what the store holds into the
 //!   plain [`crate::rules::desired::Reservation`]s that planning reads. Every relist (start, and after any
 //!   watch gap: a 410, a dropped connection that cannot resume) makes the next pass a full
-//!   resync, which also deletes stale files and leftover temporaries; other passes touch only
+//!   resync, which also deletes garbage and leftover temporaries; other passes touch only
 //!   the files that change.
-//! * It reads reservations and creates Events (through [`crate::runtime::events`], as the controller
-//!   does), nothing else; it never writes status.
+//! * A file whose reservation is gone is removed only when it was released: its deletion seen
+//!   while the CRD lives, the object moved to another node, or its release time passed. Any
+//!   other is lost and kept, protecting its addresses, and reported ([`loss`],
+//!   [`crate::rules::loss`]).
+//! * It reads reservations (and the CRD, to judge deletions) and creates Events (through
+//!   [`crate::runtime::events`], as the controller does); of status it writes only its own
+//!   conditions (its pod's, and `Unprotected` on its node's reservations).
 //! * A network directory or its `reserved/` removed or replaced on the node (a reset tool's
 //!   `rm -rf`) makes the next pass a full resync at once ([`dirwatch`], inotify), not at the next
 //!   periodic one; the data directory deleted under the agent's mount makes it exit, to be
@@ -23,6 +28,7 @@ mod args;
 pub mod dirwatch;
 pub mod hostlocal;
 pub mod incharge;
+pub mod loss;
 pub mod metrics;
 mod sync;
 pub mod view;
@@ -172,6 +178,7 @@ pub async fn run(
     let pending = Arc::new(Mutex::new(Pending {
         schedule: Schedule::new(config.resync_interval),
         orphaned: None,
+        deleted: std::collections::HashSet::new(),
     }));
     let changed = Arc::new(Notify::new());
     let watch = tokio::spawn(watches::watch_reservations(
@@ -199,6 +206,7 @@ pub async fn run(
     );
     let events = Publisher::new(client.clone(), REPORTER, &config.node_name);
     let client_for_check = client.clone();
+    let client_for_loss = client.clone();
     let in_charge = config.in_charge.clone().map(|r| {
         // Its one Normal Event (fixed: `InCharge`) is no routine transition: it is posted.
         let (events, drain) = Publisher::start(
@@ -221,6 +229,7 @@ pub async fn run(
         store: &store,
         pending: &pending,
         changed: &changed,
+        client: &client_for_loss,
     };
     let result = sync::write_loop(&config, state, &metrics, &readiness, &events, shutdown).await;
     watch.abort();

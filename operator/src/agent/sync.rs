@@ -3,14 +3,14 @@
 //! files ([`crate::rules::desired`]) and writes them through [`super::writer`].
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     future::Future,
     path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use ipkeep_reservation::{PodKey, ValidReservation};
+use ipkeep_reservation::{PodKey, Timestamp, ValidReservation};
 use kube::{
     Resource, ResourceExt,
     runtime::reflector::{ObjectRef, Store},
@@ -18,13 +18,16 @@ use kube::{
 use tokio::sync::Notify;
 
 use super::{
-    AgentConfig, AgentError, AgentMetrics, view,
+    AgentConfig, AgentError, AgentMetrics,
+    loss::{LossReporter, Sightings},
+    view,
     writer::{NetworkWriter, PassReport},
 };
 use crate::{
-    api::IPReservation,
+    api::{IPReservation, key_of},
     rules::{
         desired::{Refusal, desired_files},
+        loss::{Fate, LossCause, Sighting, fate, yield_to_kept},
         schedule::{Pass, Schedule, Step, Wake},
     },
     runtime::{
@@ -42,6 +45,9 @@ pub(super) struct Pending {
     pub(super) schedule: Schedule,
     /// The data directory was deleted under the agent's mount: the agent must stop.
     pub(super) orphaned: Option<PathBuf>,
+    /// The deletions (pod, uid) the watch delivered since the last pass took them: what tells a
+    /// released reservation's file from a lost one's ([`crate::rules::loss`]).
+    pub(super) deleted: HashSet<(PodKey, String)>,
 }
 
 /// What the watch fills and the write loop reads.
@@ -50,6 +56,8 @@ pub(super) struct State<'a> {
     pub(super) store: &'a Store<IPReservation>,
     pub(super) pending: &'a Mutex<Pending>,
     pub(super) changed: &'a Notify,
+    /// The API client (the CRD is read when a pass judges deletions, the pod's condition written).
+    pub(super) client: &'a kube::Client,
 }
 
 fn unix_now() -> i64 {
@@ -77,7 +85,14 @@ pub(super) async fn write_loop(
         store,
         pending,
         changed,
+        client,
     } = state;
+    let mut sightings = Sightings::default();
+    let mut loss = LossReporter::new(
+        config.node_name.clone(),
+        config.in_charge.as_ref().and_then(|r| r.pod.clone()),
+        metrics.lost_reservations.clone(),
+    );
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         let retry_at = schedule(pending, |s| s.retry_at()).flatten();
@@ -106,22 +121,40 @@ pub(super) async fn write_loop(
             }
         };
         // The store is read under the same lock, so a change the pass takes is in the store.
-        let Some((pass, reservations)) =
+        let Some((pass, reservations, deleted)) =
             pending
                 .lock()
                 .ok()
                 .and_then(|mut p| match p.schedule.next(wake, Instant::now()) {
                     Step::Wait => None,
-                    Step::Pass(pass) => Some((pass, store.state())),
+                    Step::Pass(pass) => Some((pass, store.state(), std::mem::take(&mut p.deleted))),
                 })
         else {
             continue;
         };
-        let desired = desired_files(
+        let mut desired = desired_files(
             &config.node_name,
             &view::reservations(reservations.iter().map(AsRef::as_ref)),
             config.default_retain_for,
         );
+        let present: HashSet<PodKey> = reservations
+            .iter()
+            .filter_map(|r| key_of(r.as_ref()).ok())
+            .collect();
+        let gone = gone_files(config, &mut writers, pass.full, &present).await;
+        let judge = Judge {
+            sightings: sightings
+                .sight(client, &config.node_name, &gone, &deleted)
+                .await,
+            present,
+        };
+        let now_utc = Timestamp::from_system_time(SystemTime::now());
+        let kept: Vec<(PodKey, Vec<std::net::IpAddr>)> = gone
+            .iter()
+            .filter(|f| judge.fate(f, now_utc) != Fate::Release)
+            .filter_map(|f| Some((f.pod_key().ok()?, f.ips.clone())))
+            .collect();
+        yield_to_kept(&mut desired, &kept);
         metrics
             .reservations
             .set(i64::try_from(desired.files.len()).unwrap_or(i64::MAX));
@@ -134,7 +167,22 @@ pub(super) async fn write_loop(
         for (key, malformed) in &desired.defaulted {
             tracing::debug!(reservation = %key, error = %malformed, "default retention applied");
         }
-        let ok = write_pass(config, &mut writers, desired.files, pass.full, metrics).await;
+        let outcome = write_pass(
+            config,
+            &mut writers,
+            desired.files,
+            pass.full,
+            metrics,
+            judge,
+        )
+        .await;
+        let ok = outcome.ok && outcome.undecided == 0;
+        if ok {
+            loss.report(client, outcome.lost, events).await;
+        } else if let Ok(mut p) = pending.lock() {
+            // Judged again on the retry, which reads the tree.
+            p.deleted.extend(deleted);
+        }
         let now = Instant::now();
         if ok {
             schedule(pending, |s| s.succeeded(&pass, now));
@@ -145,26 +193,102 @@ pub(super) async fn write_loop(
     }
 }
 
-/// Writes `files` for every network on a blocking thread: a full resync or the changes only;
-/// `false` if a step failed. Writers are moved to the thread and back; a thread that panicked
-/// loses them, and new ones start from a full resync.
+/// What a pass needs to judge the files whose reservation is gone ([`crate::rules::loss`]).
+struct Judge {
+    /// Every reservation the store holds, by pod.
+    present: HashSet<PodKey>,
+    /// How each gone file's object was seen to go, by (pod, uid).
+    sightings: HashMap<(PodKey, String), Sighting>,
+}
+
+impl Judge {
+    /// A file found gone by the pass but not before it (the tree changed in between) is
+    /// undecided until the next pass asks about it.
+    fn fate(&self, file: &ipkeep_reservation::ReservationFile, now: Timestamp) -> Fate {
+        let sighting = file
+            .pod_key()
+            .ok()
+            .and_then(|key| self.sightings.get(&(key, file.uid.clone())).copied())
+            .unwrap_or(Sighting::Unasked);
+        fate(file.release_time, sighting, now)
+    }
+}
+
+/// The files of every network whose reservation is not `present` (one per pod and uid), read on
+/// a blocking thread; none if the thread failed (the pass then fails too).
+async fn gone_files(
+    config: &AgentConfig,
+    writers: &mut Option<Vec<NetworkWriter>>,
+    full: bool,
+    present: &HashSet<PodKey>,
+) -> Vec<ipkeep_reservation::ReservationFile> {
+    let moved = writers.take().unwrap_or_else(|| new_writers(config));
+    let present = present.clone();
+    let joined = tokio::task::spawn_blocking(move || {
+        let mut gone = BTreeMap::new();
+        for w in &moved {
+            match w.gone(full, |key| present.contains(key)) {
+                Ok(files) => {
+                    for file in files {
+                        if let Ok(key) = file.pod_key() {
+                            gone.entry((key, file.uid.clone())).or_insert(file);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(network = %w.network(), error = %error_chain(&e), "cannot read the reservation files to judge");
+                }
+            }
+        }
+        (moved, gone.into_values().collect())
+    })
+    .await;
+    match joined {
+        Ok((back, gone)) => {
+            *writers = Some(back);
+            gone
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "reservation reader task failed");
+            Vec::new()
+        }
+    }
+}
+
+/// How a pass went, over every network.
+#[derive(Debug, Default)]
+struct PassOutcome {
+    /// Every step succeeded.
+    ok: bool,
+    /// Files kept as lost, every network's.
+    lost: Vec<(ipkeep_reservation::ReservationFile, LossCause)>,
+    /// Files kept undecided.
+    undecided: usize,
+}
+
+/// Writes `files` for every network on a blocking thread: a full resync or the changes only,
+/// keeping the files `judge` finds lost. Writers are moved to the thread and back; a thread
+/// that panicked loses them, and new ones start from a full resync.
 async fn write_pass(
     config: &AgentConfig,
     writers: &mut Option<Vec<NetworkWriter>>,
     files: BTreeMap<PodKey, ValidReservation>,
     full: bool,
     metrics: &AgentMetrics,
-) -> bool {
+    judge: Judge,
+) -> PassOutcome {
     let mut moved = writers.take().unwrap_or_else(|| new_writers(config));
+    let now = Timestamp::from_system_time(SystemTime::now());
     let joined = tokio::task::spawn_blocking(move || {
         let results: Vec<_> = moved
             .iter_mut()
             .map(|w| {
-                let r = if full {
-                    w.full_sync(&files)
-                } else {
-                    w.apply(&files)
-                };
+                let r = w.pass(
+                    &files,
+                    full,
+                    |key| judge.present.contains(key),
+                    |file| judge.fate(file, now),
+                );
                 (w.network().to_owned(), r)
             })
             .collect();
@@ -176,22 +300,29 @@ async fn write_pass(
         Err(e) => {
             tracing::error!(error = %e, "reservation writer task failed");
             metrics.sync_errors.with_label_values(&["pass"]).inc();
-            return false;
+            return PassOutcome::default();
         }
     };
     *writers = Some(back);
-    let mut ok = true;
+    let mut outcome = PassOutcome {
+        ok: true,
+        ..PassOutcome::default()
+    };
     for (network, result) in results {
         match result {
-            Ok(report) => ok &= account(&network, &report, full, metrics),
+            Ok(report) => {
+                outcome.ok &= account(&network, &report, full, metrics);
+                outcome.undecided += report.undecided;
+                outcome.lost.extend(report.lost);
+            }
             Err(e) => {
-                ok = false;
+                outcome.ok = false;
                 metrics.sync_errors.with_label_values(&["pass"]).inc();
                 tracing::warn!(network = %network, error = %error_chain(&e), "reservation sync failed; retrying");
             }
         }
     }
-    ok
+    outcome
 }
 
 /// Records a pass that ended well: how long its changes took to reach disk, the directory

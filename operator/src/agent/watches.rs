@@ -10,7 +10,7 @@ use std::{
 
 use futures::StreamExt;
 use kube::{
-    Api, Client,
+    Api, Client, ResourceExt,
     runtime::{
         WatchStreamExt,
         reflector::store::Writer,
@@ -26,7 +26,7 @@ use super::{
     view,
 };
 use crate::{
-    api::IPReservation,
+    api::{IPReservation, key_of},
     runtime::{logging::error_chain, probes::Readiness},
 };
 
@@ -80,6 +80,17 @@ pub(super) async fn watch_directories(
     }
 }
 
+/// Records a deletion the watch delivers, before the store forgets the object: a pass that no
+/// longer finds it in the store finds the deletion (`rules::loss`: released, not lost).
+fn record_deletion(pending: &Mutex<Pending>, event: &Result<Event<IPReservation>, watcher::Error>) {
+    if let Ok(Event::Delete(obj)) = event
+        && let (Ok(key), Some(uid)) = (key_of(obj), obj.uid())
+        && let Ok(mut p) = pending.lock()
+    {
+        p.deleted.insert((key, uid));
+    }
+}
+
 pub(super) async fn watch_reservations(
     client: Client,
     node: String,
@@ -94,6 +105,7 @@ pub(super) async fn watch_reservations(
         watcher::watcher(api, cfg)
             .default_backoff()
             .modify(view::trim)
+            .inspect(|event| record_deletion(&pending, event))
             .reflect(writer)
     );
     while let Some(event) = stream.next().await {

@@ -7,8 +7,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ipkeep_reservation::{
-    ApplyReport, PodKey, ReservationWriter, ReservedDirError, ValidReservation,
+    ApplyReport, PodKey, ReservationFile, ReservationWriter, ReservedDirError, ValidReservation,
+    load_reservations,
 };
+
+use crate::rules::loss::{Fate, LossCause};
 use ipkeep_reservation::{NetDirError, NetworkDir};
 
 /// Errors of one network's disk work.
@@ -39,6 +42,10 @@ pub enum WriterError {
 /// What one pass changed on disk for one network.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PassReport {
+    /// Files kept because their reservation is lost ([`crate::rules::loss`]), and why.
+    pub lost: Vec<(ReservationFile, LossCause)>,
+    /// Files kept because whether their reservation was released is not known yet.
+    pub undecided: usize,
     /// Files written (created or rewritten).
     pub written: Vec<PodKey>,
     /// Reservation files removed.
@@ -53,6 +60,8 @@ impl From<ApplyReport> for PassReport {
     fn from(report: ApplyReport) -> Self {
         let failed = report.failed.iter().map(|f| super::error_chain(f));
         Self {
+            lost: Vec::new(),
+            undecided: 0,
             written: report.written,
             removed: report.removed,
             cleaned: report.cleaned.into_iter().map(|s| s.path).collect(),
@@ -103,6 +112,73 @@ impl NetworkWriter {
     ) -> Result<PassReport, WriterError> {
         self.writer.forget();
         self.apply(desired)
+    }
+
+    /// The files on disk whose reservation is not among `present`: from what the last pass
+    /// left, or read from the tree when the writer knows nothing or `full` asks for it.
+    pub fn gone(
+        &self,
+        full: bool,
+        present: impl Fn(&PodKey) -> bool,
+    ) -> Result<Vec<ReservationFile>, WriterError> {
+        Ok(match self.writer.known().filter(|_| !full) {
+            Some(known) => known
+                .iter()
+                .filter(|(key, _)| !present(key))
+                .map(|(_, file)| file.clone())
+                .collect(),
+            None => load_reservations(&self.open()?)
+                .files
+                .into_iter()
+                .filter(|(key, _)| !present(key))
+                .map(|(_, file)| file)
+                .collect(),
+        })
+    }
+
+    /// A pass that keeps what is lost: the files [`NetworkWriter::gone`] finds are each given
+    /// their [`Fate`] by `judge`; those kept are written along with `desired` (unchanged, so not
+    /// touched), the released ones are removed. `full` reads the tree again first.
+    pub fn pass(
+        &mut self,
+        desired: &BTreeMap<PodKey, ValidReservation>,
+        full: bool,
+        present: impl Fn(&PodKey) -> bool,
+        mut judge: impl FnMut(&ReservationFile) -> Fate,
+    ) -> Result<PassReport, WriterError> {
+        let gone = self.gone(full, present)?;
+        if full {
+            self.writer.forget();
+        }
+        let dir = self.open()?;
+        let mut kept = Vec::new();
+        let (mut lost, mut undecided) = (Vec::new(), 0);
+        for file in gone {
+            let fate = judge(&file);
+            if fate == Fate::Release {
+                continue;
+            }
+            // A file the scan read is valid; one that no longer validates is garbage either way.
+            let Ok(valid) = file.clone().validate() else {
+                continue;
+            };
+            match fate {
+                Fate::Keep(cause) => lost.push((file, cause)),
+                _ => undecided += 1,
+            }
+            kept.push(valid);
+        }
+        let report = self
+            .writer
+            .apply(&dir, desired.values().chain(kept.iter()))
+            .map_err(|source| WriterError::Sync {
+                network: self.network.clone(),
+                source,
+            })?;
+        let mut report = PassReport::from(report);
+        report.lost = lost;
+        report.undecided = undecided;
+        Ok(report)
     }
 
     /// Brings the tree from what the writer last left to `desired`, touching only the files

@@ -4,6 +4,7 @@
 
 mod crd;
 mod key;
+pub mod lost;
 mod phase;
 pub mod reason;
 pub mod retention;

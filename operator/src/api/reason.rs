@@ -77,9 +77,12 @@ pub const HOST_LOCAL_REPLACED: EventReason = agent("HostLocalReplaced", true);
 pub const NOT_IN_CHARGE: EventReason = agent("NotInCharge", true);
 /// A network the agent had found not in charge is in charge again.
 pub const IN_CHARGE: EventReason = agent("InCharge", false);
+/// A reservation's object vanished before its release time by nobody's decision (the CRD
+/// deleted, an etcd restore): the agent keeps its file (see `rules::loss`).
+pub const RESERVATION_LOST: EventReason = agent("ReservationLost", true);
 
 /// Every reason, controller's first.
-pub const ALL: [EventReason; 19] = [
+pub const ALL: [EventReason; 20] = [
     RESERVED,
     REBOUND,
     RELEASED,
@@ -99,6 +102,7 @@ pub const ALL: [EventReason; 19] = [
     HOST_LOCAL_REPLACED,
     NOT_IN_CHARGE,
     IN_CHARGE,
+    RESERVATION_LOST,
 ];
 
 #[cfg(test)]

@@ -8,6 +8,29 @@ fn agent(node: &str, ready: bool, in_charge: Option<(bool, &str)>) -> AgentView 
         node: node.into(),
         ready,
         in_charge: in_charge.map(|(ok, reason)| (ok, reason.into(), format!("{reason} on {node}"))),
+        lost: None,
+    }
+}
+
+/// An agent that reports `n` lost reservations (`Err`: a report it cannot read).
+fn losing(node: &str, report: Result<usize, &str>) -> AgentView {
+    let lost = report
+        .map(|n| {
+            LostReport::of(
+                (0..n)
+                    .map(|i| crate::api::lost::LostReservation {
+                        pod: PodKey::new("db", &format!("web-{i}")).unwrap(),
+                        ips: vec![format!("10.1.0.{i}").parse().unwrap()],
+                        release_time: None,
+                        uid: format!("u{i}"),
+                    })
+                    .collect(),
+            )
+        })
+        .map_err(str::to_owned);
+    AgentView {
+        lost: Some(lost),
+        ..agent(node, true, Some((true, "InCharge")))
     }
 }
 
@@ -121,6 +144,21 @@ fn each_broken_install_fails_its_check_and_names_the_node() {
                 ]);
             }),
             vec![("in-charge", node0())],
+        ),
+        (
+            "lost reservations kept on node-0, none on node-1",
+            Box::new(|o| o.agents = Ok(vec![losing("node-0", Ok(2)), losing("node-1", Ok(0))])),
+            vec![("lost", node0())],
+        ),
+        (
+            "a lost report that cannot be read",
+            Box::new(|o| {
+                o.agents = Ok(vec![
+                    losing("node-0", Err("expected value")),
+                    agent("node-1", true, Some((true, "InCharge"))),
+                ])
+            }),
+            vec![("lost", node0())],
         ),
         (
             "a reservation in conflict",
@@ -249,4 +287,25 @@ fn the_wait_summary_names_each_failed_check_and_its_node() {
     o.leader = Ok(None);
     let l = lines(&o, "ipkeep-system", &Names::of("ipkeep", None, None));
     assert_eq!(failed_summary(&l), "controller, in-charge [node-1]");
+}
+
+#[test]
+fn the_lost_line_lists_the_pods_and_their_addresses() {
+    let mut o = correct();
+    o.agents = Ok(vec![losing("node-0", Ok(7))]);
+    let t = text(&lines(
+        &o,
+        "ipkeep-system",
+        &Names::of("ipkeep", None, None),
+    ));
+    assert!(
+        t.contains("✗ lost [node-0]: 7 reservation files kept whose IPReservation was lost"),
+        "{t}"
+    );
+    assert!(
+        t.contains("db/web-0 (10.1.0.0), db/web-1 (10.1.0.1)"),
+        "{t}"
+    );
+    assert!(t.contains("and 2 more"), "{t}");
+    assert!(t.contains("fix: ipkeep-operator recover"), "{t}");
 }

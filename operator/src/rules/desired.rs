@@ -86,6 +86,20 @@ pub enum Refusal {
         #[source]
         source: SchemaError,
     },
+    /// A lost reservation's file on the node holds one of its addresses
+    /// ([`crate::rules::loss::yield_to_kept`]): after a restore from an older backup, this is a
+    /// reservation released since, brought back.
+    #[error(
+        "failed to write reservation {pod}: {ip} is held on this node by the file of the lost reservation {holder} (after a restore from an older backup: this one was released since); run ipkeep-operator recover, and delete whichever of the two is stale"
+    )]
+    HeldByLost {
+        /// Whose reservation.
+        pod: PodKey,
+        /// The address.
+        ip: IpAddr,
+        /// The lost reservation whose file holds it.
+        holder: PodKey,
+    },
 }
 
 impl Refusal {
@@ -97,7 +111,8 @@ impl Refusal {
             } => (namespace, name),
             Refusal::InvalidAddress { pod, .. }
             | Refusal::MissingMetadata { pod, .. }
-            | Refusal::InvalidFile { pod, .. } => (pod.namespace(), pod.name()),
+            | Refusal::InvalidFile { pod, .. }
+            | Refusal::HeldByLost { pod, .. } => (pod.namespace(), pod.name()),
         }
     }
 }

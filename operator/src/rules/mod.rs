@@ -7,7 +7,9 @@
 //! [`budget`] (how many released reservations a node may hold), [`namespaces`] (which
 //! namespaces keep addresses), [`placement`] (the webhook's record read back).
 //! Agent: [`desired`] (which files should exist), [`schedule`] (when a pass runs, full or not),
-//! [`incharge`] (whether ipkeep is the IPAM the node's runtime calls, network by network).
+//! [`incharge`] (whether ipkeep is the IPAM the node's runtime calls, network by network),
+//! [`loss`] (a file whose reservation is gone: released or lost).
+//! `recover`: [`recovery`] (what becomes of each lost reservation).
 //! Both install-cni and the agent: [`cni_dirs`] (which CNI directories the node's runtime uses).
 
 pub mod budget;
@@ -15,7 +17,9 @@ pub mod cni_dirs;
 pub mod desired;
 pub mod incharge;
 pub mod lifecycle;
+pub mod loss;
 pub mod namespaces;
 pub mod optin;
 pub mod placement;
+pub mod recovery;
 pub mod schedule;

@@ -113,6 +113,28 @@ impl ControlPlane {
         name: &str,
         down: Duration,
     ) -> Result<(), ControlPlaneError> {
+        // Zero grace: SIGTERM and SIGKILL at once, no graceful shutdown.
+        // An async block: the pause starts once the component is down, not before.
+        self.restart_component_with(name, Duration::ZERO, async move {
+            tokio::time::sleep(down).await;
+        })
+        .await
+    }
+
+    /// etcd's data directory (what a volume snapshot of an etcd member would hold).
+    pub fn etcd_data_dir(&self) -> PathBuf {
+        self.state_dir.join("etcd")
+    }
+
+    /// Stops component `name` (SIGTERM, SIGKILL after `grace`), runs `while_down` (a restore puts
+    /// an older etcd data directory in place here), starts it again with the same flags, state
+    /// and port, and returns once it is ready again.
+    pub async fn restart_component_with(
+        &self,
+        name: &str,
+        grace: Duration,
+        while_down: impl std::future::Future<Output = ()>,
+    ) -> Result<(), ControlPlaneError> {
         let not_running = || ControlPlaneError::Invalid {
             what: "component to restart",
             value: name.to_owned(),
@@ -136,10 +158,9 @@ impl ControlPlane {
                 launch.probe.clone(),
             )
         };
-        // Zero grace: SIGTERM and SIGKILL at once, no graceful shutdown.
         let stopping = Arc::clone(&old);
-        let _ = tokio::task::spawn_blocking(move || stopping.stop(Duration::ZERO)).await;
-        tokio::time::sleep(down).await;
+        let _ = tokio::task::spawn_blocking(move || stopping.stop(grace)).await;
+        while_down.await;
         let new = {
             let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
             let r = running.as_mut().ok_or_else(not_running)?;

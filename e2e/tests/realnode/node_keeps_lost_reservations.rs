@@ -1,0 +1,407 @@
+//! The API loses reservations, the nodes do not (issue 45, `operator/src/rules/loss.rs`): with the
+//! chart installed and two retained pods away (their reservations Released), `kubectl delete crd
+//! ipreservations.ipkeep.dev` deletes every reservation. The agent keeps both files and says so
+//! (its pod's condition `ipkeep.dev/ReservationsLost`, a Warning `ReservationLost` on the Node);
+//! a pod started meanwhile on that node, with host-local's cursor set right before the away pod's
+//! address, does not get it. The CRD applied again, `ipkeep-operator recover` shows what it would
+//! create, `--apply` creates both with their release time, a second run creates nothing; the
+//! away pod comes back with its address; `kubectl delete ipr` of the other still frees its
+//! address at once (the file gone, nothing reported lost).
+//!
+//! The second test restores etcd from a copy of its data directory taken before a pod was
+//! reserved: the reservation is absent from the restored API, its file kept, and `recover` brings
+//! it back.
+//!
+//! The module's name sorts it beside the other suites of the default two-node shape, so it
+//! shares their cluster. The first test deletes the CRD: it holds the nodes alone, and leaves
+//! every reservation recovered; the second takes the control plane back in time, and the cluster
+//! goes with it. Needs root, `make cluster-bins`, `make node-bins` and `make image`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use ipkeep_e2e::cluster::realnode::Cluster;
+use ipkeep_e2e::testkit::realnode::{self, RELEASE_NS};
+use ipkeep_e2e::testkit::system::{System, phase, retain, statefulset};
+use ipkeep_e2e::testkit::{crd_file, kubectl_ok, operator_binary, wait_for};
+use ipkeep_operator::api::Phase;
+use ipkeep_operator::api::lost::{LostReport, POD_CONDITION};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+
+const CRD: &str = "ipreservations.ipkeep.dev";
+
+/// What the agent of `node` reports lost in namespace `ns`, by pod name (none without the
+/// condition).
+async fn reported_lost(c: &Cluster, node: &str, ns: &str) -> Vec<String> {
+    let pods: Api<Pod> = Api::namespaced(c.plane().client().unwrap(), RELEASE_NS);
+    let lp = ListParams::default()
+        .labels("app.kubernetes.io/component=agent")
+        .fields(&format!("spec.nodeName={node}"));
+    let list = pods.list(&lp).await.map(|l| l.items).unwrap_or_default();
+    let mut names: Vec<String> = list
+        .iter()
+        .filter_map(|p| p.status.as_ref()?.conditions.clone())
+        .flatten()
+        .filter(|c| c.type_ == POD_CONDITION)
+        .filter_map(|c| serde_json::from_str::<LostReport>(c.message.as_deref()?).ok())
+        .flat_map(|r| r.lost)
+        .filter(|l| l.pod.namespace() == ns)
+        .map(|l| l.pod.name().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `ipkeep-operator recover [--apply] --output json` as an admin: its outcomes of `ns`, as
+/// (action, pod name), and its exit status.
+fn recover(c: &Cluster, ns: &str, apply: bool) -> (Vec<(String, String)>, bool) {
+    let mut args = vec!["recover", "--namespace", RELEASE_NS, "--output", "json"];
+    if apply {
+        args.push("--apply");
+    }
+    let out = Command::new(operator_binary())
+        .args(&args)
+        .env("KUBECONFIG", c.plane().kubeconfig_path())
+        .output()
+        .expect("failed to run ipkeep-operator recover");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!(
+        "recover{}: {text}{}",
+        if apply { " --apply" } else { "" },
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("recover printed no JSON ({e}): {text}"));
+    let prefix = format!("{ns}/");
+    let mut mine: Vec<(String, String)> = doc["reservations"]
+        .as_array()
+        .expect("a reservations array")
+        .iter()
+        .filter_map(|o| {
+            let name = o["reservation"].as_str()?.strip_prefix(&prefix)?;
+            Some((o["action"].as_str()?.to_owned(), name.to_owned()))
+        })
+        .collect();
+    mine.sort();
+    (mine, out.status.success())
+}
+
+/// A reservation's file on its node.
+fn file_of(dir: &Path, ns: &str, pod: &str) -> PathBuf {
+    dir.join("reserved").join(ns).join(pod)
+}
+
+/// `status.releaseTime` of `pod`'s reservation once it is Released.
+async fn released_until(sys: &System, pod: &str) -> jiff::Timestamp {
+    let api = sys.reservations();
+    wait_for(&format!("{pod}'s reservation Released"), || async {
+        let r = api.get_opt(pod).await.ok()??;
+        (phase(&r) == Some(Phase::Released)).then_some(())?;
+        Some(r.status?.release_time?.0)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_crd_loses_no_address_and_recover_brings_the_reservations_back() {
+    let _nodes =
+        realnode::use_shape(realnode::Shape::default_chart(), realnode::Access::Alone).await;
+    let t0 = Instant::now();
+    let (sys, c) = realnode::system("rn-lost").await;
+    let node_a = sys.node_name(0).to_owned();
+    let ns = sys.ns.clone();
+    let dir = realnode::network_dir(realnode::node(c, &node_a));
+    let pods = sys.run_retained("db", 2, &node_a).await;
+    let ip = |pod: &str| pods[pod].ips[0];
+
+    // Both away: their reservations Released, held for an hour.
+    sys.kubectl(&["scale", "statefulset", "db", "--replicas=0"]);
+    let until = released_until(&sys, "db-0").await;
+    released_until(&sys, "db-1").await;
+
+    // The CRD deleted: kube-apiserver deletes every reservation while it terminates.
+    kubectl_ok(c.plane(), &["delete", "crd", CRD, "--timeout=120s"], None);
+    let lost = wait_for("the agent to report db-0 and db-1 lost", || async {
+        let names = reported_lost(c, &node_a, &ns).await;
+        (names == ["db-0", "db-1"]).then_some(names)
+    })
+    .await;
+    eprintln!("reported lost after the CRD's deletion: {lost:?}");
+    for pod in ["db-0", "db-1"] {
+        assert!(
+            file_of(&dir, &ns, pod).exists(),
+            "{pod}'s file was removed with the CRD"
+        );
+    }
+    let warned = wait_for("a Warning ReservationLost on the node for db-0", || async {
+        realnode::node_event_notes(c, &node_a, "ReservationLost")
+            .await
+            .into_iter()
+            .find(|n| n.contains(&format!("{ns}/db-0")))
+    })
+    .await;
+    assert!(
+        warned.contains("deleted with the IPReservation CRD"),
+        "{warned}"
+    );
+
+    // A pod started meanwhile on the node, host-local's cursor right before db-0's address: the
+    // plugin skips the address the kept file protects.
+    let IpAddr::V4(v4) = ip("db-0") else {
+        panic!("the default shape is IPv4");
+    };
+    let before = Ipv4Addr::from(u32::from(v4) - 1);
+    std::fs::write(dir.join("last_reserved_ip.0"), before.to_string()).unwrap();
+    sys.apply(&statefulset("filler", 1, true, &[&node_a], &[]));
+    let filler = sys.wait_running("app=filler", &["filler-0"]).await;
+    let got = &filler["filler-0"].ips;
+    eprintln!("filler-0 got {got:?}, host-local's cursor at {before}");
+    assert!(
+        !got.contains(&ip("db-0")) && !got.contains(&ip("db-1")),
+        "a new pod got a lost reservation's address: {got:?} (db-0 {}, db-1 {})",
+        ip("db-0"),
+        ip("db-1")
+    );
+
+    // The CRD back, then recover: a dry run, the apply, and a second run that creates nothing.
+    let crd = crd_file();
+    kubectl_ok(
+        c.plane(),
+        &["apply", "--server-side", "-f", crd.to_str().unwrap()],
+        None,
+    );
+    kubectl_ok(
+        c.plane(),
+        &[
+            "wait",
+            "--for=condition=Established",
+            &format!("crd/{CRD}"),
+            "--timeout=60s",
+        ],
+        None,
+    );
+    let (dry, ok) = recover(c, &ns, false);
+    assert_eq!(
+        dry,
+        [
+            ("create".into(), "db-0".into()),
+            ("create".into(), "db-1".into())
+        ]
+    );
+    assert!(ok, "the dry run found something to refuse");
+    assert!(
+        sys.reservations().get_opt("db-0").await.unwrap().is_none(),
+        "the dry run created a reservation"
+    );
+    let (applied, ok) = recover(c, &ns, true);
+    assert_eq!(
+        applied,
+        [
+            ("created".into(), "db-0".into()),
+            ("created".into(), "db-1".into())
+        ]
+    );
+    assert!(ok);
+    let (again, ok) = recover(c, &ns, true);
+    assert!(
+        again.iter().all(|(action, _)| action == "present"),
+        "a second run did more than find them present: {again:?}"
+    );
+    assert!(ok);
+    let recovered = released_until(&sys, "db-0").await;
+    let drift = recovered.duration_since(until).as_secs();
+    assert!(
+        (-2..=30).contains(&drift),
+        "db-0's release time moved from {until} to {recovered}"
+    );
+    let r = sys.reservations().get("db-0").await.unwrap();
+    assert!(
+        r.annotations()
+            .contains_key("ipkeep.dev/recovered-from-uid"),
+        "{:?}",
+        r.annotations()
+    );
+    wait_for("the agent to adopt the recovered reservations", || async {
+        reported_lost(c, &node_a, &ns)
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+
+    // db-0 comes back with its address.
+    sys.kubectl(&["scale", "statefulset", "db", "--replicas=1"]);
+    let back = sys.wait_running("app=db", &["db-0"]).await;
+    assert_eq!(
+        back["db-0"].ips, pods["db-0"].ips,
+        "db-0 came back with another address"
+    );
+    sys.wait_bound(&back["db-0"]).await;
+
+    // kubectl delete ipr still frees an address at once: the file goes, nothing is kept.
+    sys.kubectl(&["delete", "ipr", "db-1"]);
+    sys.wait_file(&file_of(&dir, &ns, "db-1"), false).await;
+    assert!(
+        reported_lost(c, &node_a, &ns).await.is_empty(),
+        "db-1, deleted on purpose, was reported lost"
+    );
+    eprintln!(
+        "the deleted-CRD scenario took {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// Copies directory `from` to `to` (`cp -a`: modes, times, as a volume snapshot keeps them).
+fn copy_dir(from: &Path, to: &Path) {
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .output()
+        .expect("failed to run cp");
+    assert!(
+        out.status.success(),
+        "cp -a {} {}: {}",
+        from.display(),
+        to.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// An etcd restored from a backup taken before a reservation was made: the snapshot is a copy of
+/// the stopped etcd member's data directory (what a volume snapshot holds; docs/operator.md's
+/// "Backup and restore"), restored as Kubernetes' docs say: etcd stopped, its data replaced,
+/// started again, then kube-apiserver, kube-controller-manager, kube-scheduler and the kubelets
+/// restarted, and ipkeep's controller and agents too (components that watched the newer state). The reservation
+/// of a pod made and taken away after the backup is absent from the restored API: its file is
+/// kept on the node and reported (the object vanished without a deletion seen), a pod started
+/// meanwhile with host-local's cursor right before its address does not get it, `recover
+/// --apply` re-creates it and the pod comes back with its address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_restored_from_an_older_backup_loses_no_address() {
+    // The control plane goes back in time: the cluster goes with the test.
+    let _nodes =
+        realnode::use_shape(realnode::Shape::default_chart(), realnode::Access::Spoils).await;
+    let t0 = Instant::now();
+    let (sys, c) = realnode::system("rn-restore").await;
+    let node_a = sys.node_name(0).to_owned();
+    let ns = sys.ns.clone();
+    let dir = realnode::network_dir(realnode::node(c, &node_a));
+    let plane = c.plane();
+    let etcd = plane.etcd_data_dir();
+    let scratch = ipkeep_e2e::testkit::Scratch::new("rn-etcd-backup");
+    let backup = scratch.path().join("etcd");
+
+    // The backup: etcd stopped cleanly, its data directory copied, etcd started again.
+    plane
+        .restart_component_with("etcd", std::time::Duration::from_secs(5), async {
+            copy_dir(&etcd, &backup);
+        })
+        .await
+        .expect("failed to back etcd up");
+
+    // After the backup: a pod reserved, then taken away (its reservation Released).
+    let pods = sys.run_retained("late", 1, &node_a).await;
+    let late = pods["late-0"].ips[0];
+    sys.kubectl(&["scale", "statefulset", "late", "--replicas=0"]);
+    released_until(&sys, "late-0").await;
+
+    // The restore, then every component that watched the newer state restarted.
+    plane
+        .restart_component_with("etcd", std::time::Duration::from_secs(5), async {
+            std::fs::remove_dir_all(&etcd).unwrap();
+            copy_dir(&backup, &etcd);
+        })
+        .await
+        .expect("failed to restore etcd");
+    for component in [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ] {
+        plane
+            .restart_component(component, std::time::Duration::from_millis(100))
+            .await
+            .unwrap_or_else(|e| panic!("failed to restart {component}: {e}"));
+    }
+    for node in c.nodes() {
+        node.restart_kubelet()
+            .unwrap_or_else(|e| panic!("failed to restart a kubelet: {e}"));
+    }
+    kubectl_ok(
+        plane,
+        &[
+            "-n",
+            RELEASE_NS,
+            "rollout",
+            "restart",
+            "daemonset/ipkeep-agent",
+            "deployment/ipkeep-controller",
+        ],
+        None,
+    );
+    realnode::release_ready(c).await;
+    assert!(
+        sys.reservations()
+            .get_opt("late-0")
+            .await
+            .unwrap()
+            .is_none(),
+        "the restored API has late-0's reservation: the backup was taken after it"
+    );
+    wait_for("the agent to report late-0 lost", || async {
+        let names = reported_lost(c, &node_a, &ns).await;
+        (names == ["late-0"]).then_some(())
+    })
+    .await;
+    assert!(
+        file_of(&dir, &ns, "late-0").exists(),
+        "late-0's file is gone"
+    );
+
+    // A pod started with host-local's cursor right before late-0's address does not get it.
+    let IpAddr::V4(v4) = late else {
+        panic!("the default shape is IPv4");
+    };
+    let before = Ipv4Addr::from(u32::from(v4) - 1);
+    std::fs::write(dir.join("last_reserved_ip.0"), before.to_string()).unwrap();
+    sys.apply(&statefulset("filler", 1, true, &[&node_a], &[]));
+    let filler = sys.wait_running("app=filler", &["filler-0"]).await;
+    eprintln!(
+        "filler-0 got {:?}, host-local's cursor at {before}",
+        filler["filler-0"].ips
+    );
+    assert!(
+        !filler["filler-0"].ips.contains(&late),
+        "a new pod got late-0's address {late}"
+    );
+
+    // recover, and late-0 comes back with its address (its StatefulSet applied again: the
+    // restored API does not have it either).
+    let (applied, ok) = recover(c, &ns, true);
+    assert_eq!(applied, [("created".into(), "late-0".into())]);
+    assert!(ok);
+    sys.apply(&statefulset(
+        "late",
+        1,
+        true,
+        &[&node_a],
+        &retain(Some("1h")),
+    ));
+    let back = sys.wait_running("app=late", &["late-0"]).await;
+    assert_eq!(
+        back["late-0"].ips,
+        vec![late],
+        "late-0 came back with another address"
+    );
+    sys.wait_bound(&back["late-0"]).await;
+    eprintln!(
+        "the etcd-restore scenario took {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+}
