@@ -646,6 +646,7 @@ fn rbac_grants_each_component_only_what_it_uses() {
         rule_set(&[
             ("ipkeep.dev", "ipreservations", "list,watch", ""),
             ("ipkeep.dev", "ipreservations/status", "patch", ""),
+            ("", "nodes", "list,watch,patch", ""),
             ("events.k8s.io", "events", "create", ""),
         ])
     );

@@ -4,7 +4,7 @@ use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-use super::incharge::report::InChargeMetrics;
+use super::{capacity::CapacityMetrics, incharge::report::InChargeMetrics};
 
 /// Errors of registering the metrics.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +45,8 @@ pub struct AgentMetrics {
     pub host_local_reclaimed: IntCounterVec,
     /// `ipkeep_agent_in_charge{network}` and `ipkeep_agent_not_in_charge{network,reason}`.
     pub in_charge: InChargeMetrics,
+    /// How full the node's ranges are (`ipkeep_agent_range_*`, `ipkeep_agent_budget_headroom`).
+    pub capacity: CapacityMetrics,
 }
 
 impl AgentMetrics {
@@ -148,6 +150,7 @@ impl AgentMetrics {
                 )
                 .map_err(MetricsError)?,
             },
+            capacity: CapacityMetrics::register(registry).map_err(MetricsError)?,
         };
         m.seconds_since_full_sync.set(-1);
         for kind in ["file", "pass"] {

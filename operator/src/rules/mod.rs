@@ -7,10 +7,12 @@
 //! [`budget`] (how many released reservations a node may hold), [`namespaces`] (which
 //! namespaces keep addresses), [`placement`] (the webhook's record read back).
 //! Agent: [`desired`] (which files should exist), [`schedule`] (when a pass runs, full or not),
-//! [`incharge`] (whether ipkeep is the IPAM the node's runtime calls, network by network).
+//! [`incharge`] (whether ipkeep is the IPAM the node's runtime calls, network by network),
+//! [`capacity`] (how full the node's ranges are).
 //! Both install-cni and the agent: [`cni_dirs`] (which CNI directories the node's runtime uses).
 
 pub mod budget;
+pub mod capacity;
 pub mod cni_dirs;
 pub mod desired;
 pub mod incharge;
