@@ -13,6 +13,7 @@ mod chart_helm;
 mod chart_values_doc;
 mod docs_check;
 mod image_build;
+mod monitoring;
 mod plot_script;
 mod release_check;
 mod release_publish;

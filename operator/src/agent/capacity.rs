@@ -27,7 +27,7 @@ use kube::{
         watcher,
     },
 };
-use prometheus::{GaugeVec, IntGaugeVec, Opts, Registry};
+use prometheus::{GaugeVec, IntGauge, IntGaugeVec, Opts, Registry};
 use serde_json::json;
 
 use super::{AgentConfig, incharge::report::FIELD_MANAGER, view};
@@ -62,6 +62,9 @@ pub struct CapacityMetrics {
     pub free: GaugeVec,
     /// `ipkeep_agent_budget_headroom{source}`.
     pub headroom: IntGaugeVec,
+    /// `ipkeep_agent_conflicting_reservations`: counted with the rest, since the same pass
+    /// plans them.
+    pub conflicting: IntGauge,
 }
 
 impl CapacityMetrics {
@@ -96,12 +99,17 @@ impl CapacityMetrics {
                 ),
                 &["source"],
             )?,
+            conflicting: IntGauge::new(
+                "ipkeep_agent_conflicting_reservations",
+                "Reservations of this node the controller marked Conflict: no file is written for them, the older reservation keeps the address",
+            )?,
         };
         registry.register(Box::new(m.addresses.clone()))?;
         registry.register(Box::new(m.allocated.clone()))?;
         registry.register(Box::new(m.reserved.clone()))?;
         registry.register(Box::new(m.free.clone()))?;
         registry.register(Box::new(m.headroom.clone()))?;
+        registry.register(Box::new(m.conflicting.clone()))?;
         Ok(m)
     }
 
@@ -182,8 +190,11 @@ pub async fn run(
             let Some(node) = node_store.get(&ObjectRef::new(&config.node_name)) else {
                 continue;
             };
-            let capacity = count(&config, &node, &reservations);
+            let (capacity, conflicting) = count(&config, &node, &reservations);
             metrics.set(&capacity, &mut shown);
+            metrics
+                .conflicting
+                .set(i64::try_from(conflicting).unwrap_or(i64::MAX));
             let annotations = capacity.annotations();
             let too_soon = last_write.is_some_and(|t| t.elapsed() < ANNOTATE_EVERY);
             if written.as_ref() == Some(&annotations) || too_soon {
@@ -205,9 +216,13 @@ pub async fn run(
     }
 }
 
-/// The node's figures now: its reservations as the files the agent writes, its networks'
-/// allocation files, its Node.
-fn count(config: &AgentConfig, node: &Node, reservations: &Store<IPReservation>) -> NodeCapacity {
+/// The node's figures now (its reservations as the files the agent writes, its networks'
+/// allocation files, its Node), and how many of its reservations are in conflict.
+fn count(
+    config: &AgentConfig,
+    node: &Node,
+    reservations: &Store<IPReservation>,
+) -> (NodeCapacity, usize) {
     let desired = desired_files(
         &config.node_name,
         &view::reservations(reservations.state().iter().map(AsRef::as_ref)),
@@ -220,7 +235,10 @@ fn count(config: &AgentConfig, node: &Node, reservations: &Store<IPReservation>)
         .iter()
         .map(|n| (n.clone(), allocation_files(&config.data_dir.join(n))))
         .collect();
-    node_capacity(&node_facts(node), &allocations, &held)
+    (
+        node_capacity(&node_facts(node), &allocations, &held),
+        desired.conflicts.len(),
+    )
 }
 
 /// The names of the regular files directly in a network directory, made addresses
