@@ -1,6 +1,6 @@
 //! The Helm chart (`charts/ipkeep/`) through the real `helm` CLI: `helm lint --strict` and
 //! `helm template` for the default values and each variant (dual-stack networks, replaceHostLocal,
-//! ServiceMonitor and PrometheusRule, custom data directory, custom image), every rendered manifest validated against
+//! ServiceMonitor, PrometheusRule and dashboard, custom data directory, custom image), every rendered manifest validated against
 //! the Kubernetes 1.33 API schemas with `kubernetes-validate --strict`, what each variant must
 //! change, least-privilege RBAC, the hardening of every container, bad values rejected by
 //! `values.schema.json` with a message naming the value, and the chart's CRD identical to `crds/`.
@@ -856,9 +856,25 @@ fn each_variant_changes_what_it_says() {
         find(&docs_relative, "PrometheusRule", "ipkeep")["spec"],
         want
     );
+    // The dashboard: the file itself, labelled for kube-prometheus-stack's sidecar, in the
+    // namespace asked for.
+    let dashboard = find(&docs, "ConfigMap", "ipkeep-dashboard");
+    assert_eq!(dashboard["metadata"]["namespace"], "monitoring");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(
+        dashboard["metadata"]["annotations"]["grafana_folder"],
+        "Networking"
+    );
+    let json = std::fs::read_to_string(chart_dir().join("files/ipkeep-dashboard.json")).unwrap();
+    assert_eq!(dashboard["data"]["ipkeep.json"], json.trim_end());
     let defaults = render("no-monitor", variant("default"));
     assert!(of_kind(&defaults, "ServiceMonitor").is_empty());
     assert!(of_kind(&defaults, "PrometheusRule").is_empty());
+    assert!(
+        !of_kind(&defaults, "ConfigMap")
+            .iter()
+            .any(|c| c["metadata"]["name"] == "ipkeep-dashboard")
+    );
 
     // Custom directories: the host paths, the mount and the flag follow.
     let docs = render("dirs", variant("custom-dirs"));

@@ -3,7 +3,10 @@
 //! (`alert_rules.test.yaml`, `promtool test rules`), every alert has a test where it fires and
 //! one where it stays silent, its annotations say what an on-call person needs, and every metric
 //! the rules name is one the code registers (or one of Kubernetes' own, listed below with where
-//! it comes from).
+//! it comes from). The Grafana dashboard (`charts/ipkeep/files/ipkeep-dashboard.json`) declares the
+//! schema version this test knows, its panels are laid out on Grafana's 24-column grid without
+//! overlapping, each query parses (`promtool check rules`, Grafana's variables given values) and
+//! names only metrics that exist.
 //!
 //! `promtool` is Debian's `prometheus` package (`make deps` installs it); these tests fail, never
 //! skip, without it.
@@ -22,6 +25,23 @@ use serde_json::Value;
 const RULES: &str = "charts/ipkeep/files/ipkeep-rules.yaml";
 /// Their unit tests, relative to the repository.
 const RULE_TESTS: &str = "e2e/tests/plain/alert_rules.test.yaml";
+
+/// The dashboard, relative to the repository.
+const DASHBOARD: &str = "charts/ipkeep/files/ipkeep-dashboard.json";
+/// The dashboard JSON schema version the dashboard is written in: Grafana 10.4 and 11 write 39,
+/// and load it without migrating it.
+const DASHBOARD_SCHEMA_VERSION: u64 = 39;
+/// The panel types the dashboard may use (Grafana's built-in ones).
+const PANEL_TYPES: &[&str] = &[
+    "row",
+    "timeseries",
+    "bargauge",
+    "state-timeline",
+    "stat",
+    "table",
+];
+/// Grafana's variables in the queries, and what stands for them when a query is parsed.
+const GRAFANA_VARIABLES: &[(&str, &str)] = &[("$__rate_interval", "5m"), ("$node", ".*")];
 
 /// Metrics the rules and the dashboard may name that ipkeep does not register, and who does.
 const OTHERS_METRICS: &[(&str, &str)] = &[
@@ -383,4 +403,135 @@ fn the_rules_name_only_metrics_that_exist() {
     let alerts = alerts();
     let exprs: Vec<&str> = alerts.iter().map(|a| a["expr"].as_str().unwrap()).collect();
     assert_metrics_exist(RULES, exprs);
+}
+
+fn dashboard() -> Value {
+    let text = std::fs::read_to_string(repo_root().join(DASHBOARD)).unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{DASHBOARD} is not JSON: {e}"))
+}
+
+/// Every panel that queries (not the rows), with its targets.
+fn query_panels(d: &Value) -> Vec<&Value> {
+    d["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["type"] != "row")
+        .collect()
+}
+
+/// A query as Prometheus gets it once Grafana has replaced its variables.
+fn as_sent(expr: &str) -> String {
+    GRAFANA_VARIABLES
+        .iter()
+        .fold(expr.to_owned(), |e, (var, value)| e.replace(var, value))
+}
+
+#[test]
+fn the_dashboard_is_laid_out_as_its_schema_version_wants() {
+    let d = dashboard();
+    assert_eq!(d["schemaVersion"], DASHBOARD_SCHEMA_VERSION, "{DASHBOARD}");
+    assert_eq!(d["uid"], "ipkeep");
+    assert!(d["title"].is_string());
+    let variables: BTreeSet<&str> = d["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(variables, BTreeSet::from(["datasource", "node"]));
+    let panels = d["panels"].as_array().unwrap();
+    let mut ids = BTreeSet::new();
+    let mut cells: BTreeSet<(u64, u64)> = BTreeSet::new();
+    for p in panels {
+        let title = p["title"].as_str().unwrap();
+        assert!(
+            ids.insert(p["id"].as_u64().unwrap()),
+            "panel id of {title} twice"
+        );
+        let kind = p["type"].as_str().unwrap();
+        assert!(PANEL_TYPES.contains(&kind), "{title}: panel type {kind}");
+        let g = &p["gridPos"];
+        let (x, y, w, h) = ["x", "y", "w", "h"]
+            .map(|k| {
+                g[k].as_u64()
+                    .unwrap_or_else(|| panic!("{title}: gridPos.{k}"))
+            })
+            .into();
+        assert!(w > 0 && h > 0 && x + w <= 24, "{title}: gridPos {g}");
+        for cx in x..x + w {
+            for cy in y..y + h {
+                assert!(
+                    cells.insert((cx, cy)),
+                    "{title} overlaps another panel at {cx},{cy}"
+                );
+            }
+        }
+        if kind == "row" {
+            continue;
+        }
+        assert!(
+            p["description"].as_str().is_some_and(|s| !s.is_empty()),
+            "{title} has no description"
+        );
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{title}");
+        let targets = p["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{title} has no query");
+        let mut refs = BTreeSet::new();
+        for t in targets {
+            assert!(
+                refs.insert(t["refId"].as_str().unwrap()),
+                "{title}: refId twice"
+            );
+            assert_eq!(t["datasource"]["uid"], "${datasource}", "{title}");
+            let expr = t["expr"].as_str().unwrap();
+            for var in expr.split('$').skip(1) {
+                let name: String = var
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                assert!(
+                    GRAFANA_VARIABLES.iter().any(|(v, _)| v[1..] == name),
+                    "{title}: ${name} is no variable the dashboard has"
+                );
+            }
+        }
+    }
+}
+
+/// Every query parses as PromQL: each becomes a recording rule of a scratch rules file that
+/// `promtool check rules` reads; a broken query is seen to fail it.
+#[test]
+fn every_dashboard_query_parses_and_names_only_metrics_that_exist() {
+    let d = dashboard();
+    let mut exprs = Vec::new();
+    for p in query_panels(&d) {
+        for t in p["targets"].as_array().unwrap() {
+            exprs.push(as_sent(t["expr"].as_str().unwrap()));
+        }
+    }
+    assert!(exprs.len() >= 20, "{} queries", exprs.len());
+    let rules_of = |exprs: &[String]| -> String {
+        let rules: Vec<Value> = exprs
+            .iter()
+            .enumerate()
+            .map(|(i, e)| serde_json::json!({"record": format!("ipkeep:panel_query_{i}"), "expr": e}))
+            .collect();
+        serde_json::json!({"groups": [{"name": "dashboard", "rules": rules}]}).to_string()
+    };
+    let scratch = testkit::Scratch::new("dashboard-queries");
+    std::fs::write(scratch.join("queries.yaml"), rules_of(&exprs)).unwrap();
+    let out = promtool_ok(scratch.path(), &["check", "rules", "queries.yaml"]);
+    assert!(
+        out.contains(&format!("SUCCESS: {} rules found", exprs.len())),
+        "{out}"
+    );
+    // The check can fail: one parenthesis short.
+    let broken = vec![format!("sum(rate({}[5m])", "ipkeep_agent_reservations")];
+    std::fs::write(scratch.join("broken.yaml"), rules_of(&broken)).unwrap();
+    let mut cmd = Command::new(promtool());
+    cmd.args(["check", "rules", "broken.yaml"])
+        .current_dir(scratch.path());
+    assert!(!testkit::run(cmd, None).status.success());
+    assert_metrics_exist(DASHBOARD, exprs.iter().map(String::as_str));
 }
