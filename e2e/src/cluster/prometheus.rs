@@ -277,6 +277,25 @@ impl Prometheus {
         Ok(data["result"].as_array().cloned().unwrap_or_default())
     }
 
+    /// The range query `expr` from `start` to `end` (Unix seconds) every `step`: its `result`
+    /// (one entry per series, each with its `values`).
+    pub async fn query_range(
+        &self,
+        expr: &str,
+        start: f64,
+        end: f64,
+        step: Duration,
+    ) -> Result<Vec<Value>, PrometheusError> {
+        let data = self
+            .get(&format!(
+                "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step={}",
+                url_encode(expr),
+                step.as_secs_f64()
+            ))
+            .await?;
+        Ok(data["result"].as_array().cloned().unwrap_or_default())
+    }
+
     /// Every alert pending or firing now.
     pub async fn alerts(&self) -> Result<Vec<Value>, PrometheusError> {
         let data = self.get("/api/v1/alerts").await?;

@@ -13,6 +13,10 @@
 //!    put back, it resolves;
 //! 4. every query of the Grafana dashboard returns data, and no rule failed to evaluate.
 //!
+//! With `IPKEEP_MONITORING_CSV=FILE` it also writes what Prometheus saw of the tiny node during
+//! the scenario (free, allocated and held addresses, the two alerts' states, every scrape) as CSV:
+//! `make monitoring-picture` draws docs/monitoring-fill.png from it.
+//!
 //! About 13 minutes: two alerts wait their 5 minutes. Needs root, `make cluster-bins`,
 //! `make node-bins`, `make image` and Debian's `prometheus` (`make deps`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -162,6 +166,7 @@ async fn the_alerts_fire_and_clear_and_every_dashboard_query_has_data_on_a_real_
         (v == f64::from(realnode::TINY_ADDRESSES)).then_some(())
     })
     .await;
+    let began = now();
     let sys = System::start(
         "monitoring",
         Options {
@@ -188,10 +193,7 @@ async fn the_alerts_fire_and_clear_and_every_dashboard_query_has_data_on_a_real_
         async move { alert(c, prom, "IpkeepRangeNearlyFull", "firing", &labels).await }
     })
     .await;
-    let seen = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64();
+    let seen = now();
     let active = unix(&firing["activeAt"]);
     eprintln!(
         "IpkeepRangeNearlyFull: active {:.1} s after the sample that crossed, seen firing {:.1} s after it (for: 300 s, scrape and evaluation every {} s)",
@@ -271,7 +273,19 @@ async fn the_alerts_fire_and_clear_and_every_dashboard_query_has_data_on_a_real_
         .unwrap();
     eprintln!("expirations in the last 10 minutes: {expired:?}");
     sys.check("the alert resolved once the reservations expired and freed the range");
+    // The unannotated pod's DEL must run before the conflist changes: with another IPAM named
+    // there, the runtime's DEL calls that one and host-local's allocation file stays behind.
     sys.kubectl(&["delete", "statefulset", "plain", "--wait=false"]);
+    let allocated = format!("ipkeep_agent_range_allocated_addresses{{node=\"{tiny}\"}}");
+    wait_long(
+        "the tiny node's range empty again in Prometheus",
+        || async {
+            let (_, f) = sample(prom, &free).await?;
+            let (_, a) = sample(prom, &allocated).await?;
+            (f == f64::from(realnode::TINY_ADDRESSES) && a == 0.0).then_some(())
+        },
+    )
+    .await;
 
     // 3. The tiny node's conflist with another IPAM: ipkeep is not in charge there.
     set_conflist_ipam(node, "static");
@@ -328,6 +342,79 @@ async fn the_alerts_fire_and_clear_and_every_dashboard_query_has_data_on_a_real_
         assert_eq!(rule["health"], "ok", "{rule}");
     }
     sys.check("every dashboard query returned data, every rule evaluated");
+    if let Some(path) = std::env::var_os("IPKEEP_MONITORING_CSV") {
+        let csv = history(prom, &tiny, began, now()).await;
+        std::fs::write(&path, csv).unwrap();
+        eprintln!("wrote {}", std::path::Path::new(&path).display());
+    }
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// What Prometheus saw of `node` from `start` to `end`, every scrape, as CSV: seconds since
+/// `start`, its free, allocated, Bound- and Released-held addresses, and the states of
+/// `IpkeepRangeNearlyFull` and `IpkeepNotInCharge` (0 inactive, 1 pending, 2 firing).
+async fn history(prom: &Prometheus, node: &str, start: f64, end: f64) -> String {
+    let of = |m: &str| format!("sum({m}{{node=\"{node}\"}})");
+    let state = |alert: &str| {
+        format!(
+            "max(ALERTS{{alertname=\"{alert}\",node=\"{node}\",alertstate=\"firing\"}}) * 2 \
+             or max(ALERTS{{alertname=\"{alert}\",node=\"{node}\",alertstate=\"pending\"}}) \
+             or vector(0)"
+        )
+    };
+    let columns = [
+        ("free", of("ipkeep_agent_range_free_addresses")),
+        ("allocated", of("ipkeep_agent_range_allocated_addresses")),
+        (
+            "bound",
+            format!(
+                "sum(ipkeep_agent_range_reserved_addresses{{node=\"{node}\",phase=\"Bound\"}})"
+            ),
+        ),
+        (
+            "released",
+            format!(
+                "sum(ipkeep_agent_range_reserved_addresses{{node=\"{node}\",phase=\"Released\"}})"
+            ),
+        ),
+        ("nearly_full", state("IpkeepRangeNearlyFull")),
+        ("not_in_charge", state("IpkeepNotInCharge")),
+    ];
+    let step = INTERVAL;
+    let mut rows: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+    for (i, (_, expr)) in columns.iter().enumerate() {
+        let result = prom.query_range(expr, start, end, step).await.unwrap();
+        for point in result
+            .first()
+            .and_then(|s| s["values"].as_array())
+            .into_iter()
+            .flatten()
+        {
+            let at = point[0].as_f64().unwrap();
+            let row = rows
+                .entry((at - start).round() as i64)
+                .or_insert_with(|| vec![String::new(); columns.len()]);
+            row[i] = point[1].as_str().unwrap().to_owned();
+        }
+    }
+    let mut out = format!(
+        "seconds,{}\n",
+        columns
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    for (at, row) in rows {
+        out.push_str(&format!("{at},{}\n", row.join(",")));
+    }
+    out
 }
 
 /// Puts the tiny node's conflist back (`host-local`, which the chart replaced with ipkeep) when
