@@ -42,7 +42,7 @@ STEP := scripts/step.sh
 .PHONY: all build plugin check test lint deps packaging-deps docker-deps demo bench bench-controller bench-scale bench-agent \
   bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins flannel-bins crio-bins docker-plugin \
   bench-docker plan-demo plan-test check-fresh release release-check previous-release arm64-deps arm64 test-arm64 \
-  image-arm64 sbom registry-bin publish
+  image-arm64 sbom registry-bin publish monitoring-picture
 
 all: build
 
@@ -142,6 +142,18 @@ test: plan-test lint deps packaging-deps docker-deps arm64-deps cluster-bins nod
 	@# One closing line for the whole run: cargo prints one per test binary, the last often "0 passed".
 	@awk '/^test result: / { p += $$4; f += $$6; i += $$8 } \
 	  END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i; if (p == 0 || f > 0) exit 1 }' target/test.log
+
+## monitoring-picture: the real-node monitoring scenario (e2e/tests/realnode/monitoring.rs, about
+## 13 minutes, root) writing what Prometheus saw of the tiny node to docs/monitoring-fill.csv, then
+## drawn into docs/monitoring-fill.png, the picture in docs/operator.md's monitoring section.
+monitoring-picture: deps packaging-deps cluster-bins node-bins image
+	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
+	  node_bin_dir=$$(e2e/cluster/build.sh --print-node-bin-dir) && \
+	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" IPKEEP_NODE_BIN_DIR="$$node_bin_dir" && \
+	  export IPKEEP_NODE_IMAGE_DIR="$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1)" && \
+	  IPKEEP_MONITORING_CSV=$(CURDIR)/docs/monitoring-fill.csv \
+	  $(CARGO) test -p ipkeep-e2e --test realnode -- monitoring:: --nocapture
+	/usr/bin/python3 scripts/plot_monitoring.py docs/monitoring-fill.png docs/monitoring-fill.csv
 
 ## bench: ipkeep against the reference host-local, side by side, in one run.
 bench: deps plugin

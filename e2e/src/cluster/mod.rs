@@ -9,7 +9,8 @@
 //! [`process`].
 //!
 //! Beside it, a private OCI registry on the host with TLS and a login ([`registry`]), which
-//! `make publish` is tested against and the real nodes pull from.
+//! `make publish` is tested against and the real nodes pull from; and a Prometheus server
+//! ([`prometheus`]) that runs ipkeep's alerting rules against real nodes.
 
 pub mod cli;
 pub mod kubeconfig;
@@ -17,6 +18,7 @@ pub mod nodes;
 pub mod pki;
 pub mod plane;
 pub mod process;
+pub mod prometheus;
 pub mod realnode;
 pub mod registry;
 pub mod token;

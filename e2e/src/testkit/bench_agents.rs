@@ -77,6 +77,7 @@ impl Fleet {
                 resync_interval: Duration::from_secs(600),
                 in_charge: None,
                 watch_data_dir: false,
+                report_capacity: false,
             };
             let metrics = AgentMetrics::register(&prometheus::Registry::new())
                 .expect("the agent's metrics register in a new registry");

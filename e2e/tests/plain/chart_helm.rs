@@ -1,6 +1,6 @@
 //! The Helm chart (`charts/ipkeep/`) through the real `helm` CLI: `helm lint --strict` and
 //! `helm template` for the default values and each variant (dual-stack networks, replaceHostLocal,
-//! ServiceMonitor, custom data directory, custom image), every rendered manifest validated against
+//! ServiceMonitor, PrometheusRule and dashboard, custom data directory, custom image), every rendered manifest validated against
 //! the Kubernetes 1.33 API schemas with `kubernetes-validate --strict`, what each variant must
 //! change, least-privilege RBAC, the hardening of every container, bad values rejected by
 //! `values.schema.json` with a message naming the value, and the chart's CRD identical to `crds/`.
@@ -339,7 +339,8 @@ fn every_variant_validates_against_the_kubernetes_schemas() {
             v.name
         );
         // Every manifest of a built-in kind was checked against its schema; only the Prometheus
-        // Operator's ServiceMonitor and cert-manager's Issuer and Certificate have none there
+        // Operator's ServiceMonitor and PrometheusRule and cert-manager's Issuer and Certificate
+        // have none there
         // (their shapes are checked below).
         let checked: Vec<&Value> = docs
             .iter()
@@ -646,6 +647,7 @@ fn rbac_grants_each_component_only_what_it_uses() {
         rule_set(&[
             ("ipkeep.dev", "ipreservations", "list,watch", ""),
             ("ipkeep.dev", "ipreservations/status", "patch", ""),
+            ("", "nodes", "list,watch,patch", ""),
             ("events.k8s.io", "events", "create", ""),
             (
                 "apiextensions.k8s.io",
@@ -814,7 +816,71 @@ fn each_variant_changes_what_it_says() {
     for svc in scraped {
         assert_eq!(svc["spec"]["ports"][0]["name"], "metrics");
     }
-    assert!(of_kind(&render("no-monitor", variant("default")), "ServiceMonitor").is_empty());
+    // The labels the alerts and the dashboard read: job by component, node by the pod's node.
+    assert_eq!(
+        sm["spec"]["endpoints"][0]["relabelings"],
+        json!([
+            {
+                "sourceLabels": ["__meta_kubernetes_service_label_app_kubernetes_io_component"],
+                "targetLabel": "job",
+                "replacement": "ipkeep-$1",
+            },
+            {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"},
+        ])
+    );
+    for svc in of_kind(&docs, "Service")
+        .into_iter()
+        .filter(|s| s["metadata"]["labels"]["ipkeep.dev/metrics"] == "true")
+    {
+        let component = svc["metadata"]["labels"]["app.kubernetes.io/component"]
+            .as_str()
+            .unwrap();
+        assert!(["agent", "controller"].contains(&component), "{svc}");
+    }
+    // The PrometheusRule is the rules file itself, its runbook links made absolute.
+    let rule = find(&docs, "PrometheusRule", "ipkeep");
+    assert_eq!(rule["metadata"]["labels"]["release"], "prometheus");
+    let file = std::fs::read_to_string(chart_dir().join("files/ipkeep-rules.yaml")).unwrap();
+    let absolute = file.replace(
+        "runbook_url: \"docs/",
+        "runbook_url: \"https://git.example.internal/ipkeep/blob/v0.2.0/docs/",
+    );
+    assert_ne!(absolute, file);
+    let want: Value = serde_saphyr::from_str(&absolute).unwrap();
+    assert_eq!(rule["spec"], want);
+    // Without a base URL the links stay as the file has them.
+    let dir = Scratch::new("chart-rule-relative");
+    let yaml = template(
+        dir.path(),
+        &set_args(&["metrics.prometheusRule.enabled=true"]),
+        &[],
+    )
+    .unwrap();
+    let docs_relative = documents(&yaml);
+    let want: Value = serde_saphyr::from_str(&file).unwrap();
+    assert_eq!(
+        find(&docs_relative, "PrometheusRule", "ipkeep")["spec"],
+        want
+    );
+    // The dashboard: the file itself, labelled for kube-prometheus-stack's sidecar, in the
+    // namespace asked for.
+    let dashboard = find(&docs, "ConfigMap", "ipkeep-dashboard");
+    assert_eq!(dashboard["metadata"]["namespace"], "monitoring");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(
+        dashboard["metadata"]["annotations"]["grafana_folder"],
+        "Networking"
+    );
+    let json = std::fs::read_to_string(chart_dir().join("files/ipkeep-dashboard.json")).unwrap();
+    assert_eq!(dashboard["data"]["ipkeep.json"], json.trim_end());
+    let defaults = render("no-monitor", variant("default"));
+    assert!(of_kind(&defaults, "ServiceMonitor").is_empty());
+    assert!(of_kind(&defaults, "PrometheusRule").is_empty());
+    assert!(
+        !of_kind(&defaults, "ConfigMap")
+            .iter()
+            .any(|c| c["metadata"]["name"] == "ipkeep-dashboard")
+    );
 
     // Custom directories: the host paths, the mount and the flag follow.
     let docs = render("dirs", variant("custom-dirs"));

@@ -55,7 +55,8 @@
 //!   "at least" each listed one must only be a column); a backticked upper-case word before
 //!   "column" must be a column.
 //! - Every relative link `doc.md#anchor` (and `#anchor`) in the Markdown files, and every
-//!   `docs/….md#anchor` in the chart's templates and values.yaml, must name a heading.
+//!   `docs/….md#anchor` in the chart's templates, values.yaml and files (the alerts' runbook links
+//!   in `files/ipkeep-rules.yaml`, the dashboard's), must name a heading.
 //!
 //! A paragraph holding `<!-- docs-check: wrong on purpose -->` shows a mistake on purpose (a
 //! misspelt value and the error refusing it): its flag-only spans, values and reasons are not
@@ -1737,14 +1738,18 @@ impl Truth {
 }
 
 /// README.md, docs/*.md, NOTES.txt (checked), and the texts that only hold or receive links:
-/// CHANGELOG.md, the chart's templates and values.yaml.
+/// CHANGELOG.md, the chart's templates, values.yaml and files.
 fn repo_docs() -> Vec<Doc> {
     let mut paths = vec![
         "README.md".to_owned(),
         "CHANGELOG.md".to_owned(),
         "charts/ipkeep/values.yaml".to_owned(),
     ];
-    for (dir, ext) in [("docs", "md"), ("charts/ipkeep/templates", "")] {
+    for (dir, ext) in [
+        ("docs", "md"),
+        ("charts/ipkeep/templates", ""),
+        ("charts/ipkeep/files", ""),
+    ] {
         let mut names: Vec<String> = std::fs::read_dir(repo_root().join(dir))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -1932,6 +1937,29 @@ fn a_reference_table_without_a_name_the_code_has_is_reported() {
             report(&findings)
         );
     }
+}
+
+/// The alerts' runbook links are checked too: one pointing at a heading that does not exist is
+/// reported in the rules file.
+#[test]
+fn a_runbook_link_to_a_missing_heading_is_reported() {
+    let path = "charts/ipkeep/files/ipkeep-rules.yaml";
+    let findings = check(
+        &edited(
+            path,
+            "docs/operator.md#ipkeeprangefull\"",
+            "docs/operator.md#ipkeeprangeful\"",
+        ),
+        truth(),
+    );
+    let want = "link `docs/operator.md#ipkeeprangeful`: docs/operator.md has no heading with this anchor (nearest: `ipkeeprangefull`)";
+    assert!(
+        findings
+            .iter()
+            .any(|f| f.path == path && f.to_string().ends_with(want)),
+        "wanted {want} in {path}, found:\n{}",
+        report(&findings)
+    );
 }
 
 #[test]

@@ -636,3 +636,150 @@ async fn a_lost_file_keeps_its_address_against_a_reservation_claiming_it() {
     wait_pods(&a, &[(&newer, "10.4.0.8")], "newer still kept").await;
     a.stop().await;
 }
+
+/// How full the node is, on its Node and in the metrics: a Node with a /29 pod CIDR (5 addresses
+/// host-local hands out) and a budget annotation of 2, a container's allocation file in one
+/// network, a Bound reservation of that address and a Released one of another. The agent, as the
+/// chart's agent ServiceAccount (its RBAC: watch and patch Nodes), writes the two annotations with
+/// a merge patch under its field manager and nothing else of the Node, and exports the figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_on_the_node_and_in_the_metrics_as_the_agent_service_account() {
+    use ipkeep_operator::rules::capacity::{CAPACITY, FREE_ADDRESSES};
+    use k8s_openapi::api::core::v1::Node as KubeNode;
+
+    let _plane = plane::use_plane().await;
+    let plane = plane::control_plane().await;
+    let client = plane.client().expect("client");
+    let agent_client = plane::agent_client(plane).await;
+    let ns = namespace(&client, "agent-capacity").await;
+    let name = unique("node-cap");
+    let nodes: Api<KubeNode> = Api::all(client.clone());
+    let node: KubeNode = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "annotations": {"ipkeep.dev/node-budget": "2"}},
+        "spec": {"podCIDR": "10.77.0.0/29", "podCIDRs": ["10.77.0.0/29"]},
+    }))
+    .unwrap();
+    nodes
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("failed to create the Node");
+    let scratch = Scratch::new(&name);
+    std::fs::create_dir_all(scratch.join(NETWORKS[0])).unwrap();
+    std::fs::write(scratch.join(NETWORKS[0]).join("10.77.0.2"), "c1\r\neth0").unwrap();
+    std::fs::write(
+        scratch.join(NETWORKS[0]).join("last_reserved_ip.0"),
+        "10.77.0.2",
+    )
+    .unwrap();
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), &ns);
+    for (pod, ip) in [("bound-0", "10.77.0.2"), ("released-0", "10.77.0.3")] {
+        api.create(
+            &PostParams::default(),
+            &reservation(pod, &name, &[ip], None),
+        )
+        .await
+        .expect("failed to create");
+    }
+    // A reservation without status is one made by hand, held until its retention ends: the
+    // controller's Bound is what makes it held for a running pod.
+    api.patch_status(
+        "bound-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Bound", "podUID": "p1"}})),
+    )
+    .await
+    .expect("failed to bind");
+    api.patch_status(
+        "released-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {
+            "phase": "Released",
+            "releasedAt": "2026-01-01T00:00:00Z",
+            "releaseTime": "2099-01-01T00:00:00Z",
+        }})),
+    )
+    .await
+    .expect("failed to release");
+    let a = Node::start_named(&agent_client, &name, scratch.path());
+    a.ready().await;
+    let want_capacity = format!(
+        "{n0} 10.77.0.0/29: 3 of 5 free (1 allocated, held by reservations: 1 Bound, 1 Released); \
+         {n1} 10.77.0.0/29: 3 of 5 free (0 allocated, held by reservations: 1 Bound, 1 Released); \
+         budget headroom 1 of 2 (annotation)",
+        n0 = NETWORKS[0],
+        n1 = NETWORKS[1]
+    );
+    let annotated = wait_for("the Node's capacity annotations", || {
+        let nodes = nodes.clone();
+        let name = name.clone();
+        async move {
+            let n = nodes.get(&name).await.ok()?;
+            let a = n.metadata.annotations.clone().unwrap_or_default();
+            a.contains_key(CAPACITY).then_some(n)
+        }
+    })
+    .await;
+    let annotations = annotated.metadata.annotations.clone().unwrap();
+    assert_eq!(annotations[CAPACITY], want_capacity);
+    assert_eq!(annotations[FREE_ADDRESSES], "3");
+    // The agent's write: an Update under its field manager owning exactly its two keys.
+    let entries: Vec<_> = annotated
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.manager.as_deref() == Some("ipkeep-agent"))
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].operation.as_deref(), Some("Update"));
+    assert_eq!(
+        entries[0].fields_v1.as_ref().unwrap().0,
+        json!({"f:metadata": {"f:annotations": {
+            format!("f:{CAPACITY}"): {},
+            format!("f:{FREE_ADDRESSES}"): {},
+        }}})
+    );
+    let free = &a.metrics.capacity.free;
+    assert_eq!(
+        free.with_label_values(&[NETWORKS[0], "10.77.0.0/29"]).get(),
+        3.0
+    );
+    let reserved = &a.metrics.capacity.reserved;
+    for (phase, count) in [("Bound", 1.0), ("Released", 1.0)] {
+        assert_eq!(
+            reserved
+                .with_label_values(&[NETWORKS[0], "10.77.0.0/29", phase])
+                .get(),
+            count,
+            "{phase}"
+        );
+    }
+    assert_eq!(
+        a.metrics
+            .capacity
+            .headroom
+            .with_label_values(&["annotation"])
+            .get(),
+        1
+    );
+    // The Released reservation gone: its address is free again, on the Node too.
+    api.delete("released-0", &DeleteParams::default())
+        .await
+        .expect("failed to delete");
+    wait_for("4 free addresses on the Node", || {
+        let nodes = nodes.clone();
+        let name = name.clone();
+        async move {
+            let n = nodes.get(&name).await.ok()?;
+            (n.metadata.annotations?.get(FREE_ADDRESSES)? == "4").then_some(())
+        }
+    })
+    .await;
+    a.stop().await;
+    nodes
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("failed to delete the Node");
+}

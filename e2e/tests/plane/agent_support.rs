@@ -123,6 +123,7 @@ impl Node {
             resync_interval,
             in_charge: None,
             watch_data_dir: true,
+            report_capacity: true,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn({

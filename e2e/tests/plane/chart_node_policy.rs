@@ -81,6 +81,16 @@ fn pod_status(ns: &str, name: &str) -> Write {
     }
 }
 
+/// A merge patch of Node `name`'s metadata.
+fn node_patch(name: &str, metadata: &str) -> Write {
+    Write {
+        method: http::Method::PATCH,
+        path: format!("/api/v1/nodes/{name}"),
+        content_type: MERGE,
+        body: format!(r#"{{"metadata":{metadata}}}"#),
+    }
+}
+
 /// An `events.k8s.io/v1` Event in `ns` about `kind/name` (`about_ns` its namespace, "" for a
 /// cluster-scoped object), reported as `instance`.
 fn event(
@@ -276,6 +286,36 @@ async fn each_agent_writes_only_what_belongs_to_its_node() {
             Answer::Rbac,
         ),
         (
+            "its Node's two capacity annotations",
+            Writer::Node0,
+            node_patch(
+                NODE0,
+                r#"{"annotations":{"ipkeep.dev/free-addresses":"3","ipkeep.dev/capacity":"cbr0: 3 of 5 free"}}"#,
+            ),
+            Answer::Admitted,
+        ),
+        (
+            "another annotation on its Node",
+            Writer::Node0,
+            node_patch(NODE0, r#"{"annotations":{"ipkeep.dev/node-budget":"100"}}"#),
+            Answer::Policy("of its own Node only the annotations"),
+        ),
+        (
+            "a label on its Node",
+            Writer::Node0,
+            node_patch(NODE0, r#"{"labels":{"forged":"yes"}}"#),
+            Answer::Policy("of its own Node only the annotations"),
+        ),
+        (
+            "the capacity annotations of the other Node",
+            Writer::Node0,
+            node_patch(
+                NODE1,
+                r#"{"annotations":{"ipkeep.dev/free-addresses":"0"}}"#,
+            ),
+            Answer::Policy("of its own Node only the annotations"),
+        ),
+        (
             "its own pod's status",
             Writer::Node0,
             pod_status(&ns, &pod0),
@@ -365,6 +405,11 @@ async fn each_agent_writes_only_what_belongs_to_its_node() {
                 "{what} ({writer:?}): want {want:?}, got {got:?}: {message}"
             ));
         }
+    }
+    // The fixture Nodes go (their pods with them, as the pod garbage collector's): a Ready Node
+    // without a kubelet would hold the pods later tests' releases schedule there forever.
+    for node in [NODE0, NODE1] {
+        kubectl_ok(plane, &["delete", "node", node], None);
     }
     // The moved reservation stayed where it was.
     let node = kubectl_ok(

@@ -4,7 +4,9 @@
 //! annotated pods is scaled down one pod at a time; the third release puts three over the budget
 //! of two, and the earliest released yields — deleted before its release time, with a Warning
 //! `Yielded`. Then two unannotated pods the scheduler puts there both get an address (without
-//! the budget, only one of them would), and the pod that stayed Bound was never touched.
+//! the budget, only one of them would), and the pod that stayed Bound was never touched. The
+//! tiny Node's annotations say how full it is all along (issue 46): one address free with the
+//! four pods running, none once the two unannotated ones are, the budget's headroom spent.
 //!
 //! One cluster of two real nodes (the second tiny) with the chart installed. Needs root,
 //! `make cluster-bins`, `make node-bins` and `make image`.
@@ -15,6 +17,7 @@ use ipkeep_e2e::testkit::realnode::{TINY_ADDRESSES, apply_on_tiny};
 use ipkeep_e2e::testkit::system::{Options, System, phase, retain};
 use ipkeep_e2e::testkit::{realnode, wait_for};
 use ipkeep_operator::api::Phase;
+use ipkeep_operator::rules::capacity::{CAPACITY, FREE_ADDRESSES};
 use kube::ResourceExt;
 
 const NETWORK: PodNetwork = PodNetwork {
@@ -28,6 +31,26 @@ const NETWORK: PodNetwork = PodNetwork {
 
 /// The budget this test gives the tiny node.
 const BUDGET: u32 = 2;
+
+/// Waits until the agent's annotations on `node` say `free` addresses are left and its
+/// capacity text holds `said`; returns that text.
+async fn wait_capacity(sys: &System, node: &str, free: u32, said: &str) -> String {
+    let path = |key: &str| {
+        format!(
+            "jsonpath={{.metadata.annotations.{}}}",
+            key.replace('.', "\\.")
+        )
+    };
+    wait_for(
+        &format!("{node}'s annotations to say {free} free and `{said}`"),
+        || async {
+            let got = sys.kubectl(&["get", "node", node, "-o", &path(FREE_ADDRESSES)]);
+            let text = sys.kubectl(&["get", "node", node, "-o", &path(CAPACITY)]);
+            (got == free.to_string() && text.contains(said)).then_some(text)
+        },
+    )
+    .await
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_earliest_released_yield_so_that_every_pod_the_node_admits_gets_an_address() {
@@ -52,6 +75,17 @@ async fn the_earliest_released_yield_so_that_every_pod_the_node_admits_gets_an_a
         sys.wait_bound(&pods[name]).await;
     }
     sys.check("four annotated pods Bound on the tiny node");
+    let text = wait_capacity(
+        &sys,
+        &tiny,
+        1,
+        &format!(
+            "1 of {TINY_ADDRESSES} free (4 allocated, held by reservations: 4 Bound, 0 Released)"
+        ),
+    )
+    .await;
+    eprintln!("{tiny}: {text}");
+    sys.check("the tiny Node's annotations: one address free");
 
     // One at a time, so the release order is known: keep-3, then keep-2, then keep-1.
     for (replicas, gone) in [(3, "keep-3"), (2, "keep-2"), (1, "keep-1")] {
@@ -128,6 +162,17 @@ async fn the_earliest_released_yield_so_that_every_pod_the_node_admits_gets_an_a
         );
     }
     sys.check("every unannotated pod the scheduler put there got an address");
+    let text = wait_capacity(
+        &sys,
+        &tiny,
+        0,
+        &format!(
+            "0 of {TINY_ADDRESSES} free (3 allocated, held by reservations: 1 Bound, 2 Released); budget headroom 0 of {BUDGET} (annotation)"
+        ),
+    )
+    .await;
+    eprintln!("{tiny}: {text}");
+    sys.check("the tiny Node's annotations: full, the budget spent");
     let kept_now = sys.reservations().get("keep-0").await.unwrap();
     assert_eq!(
         kept_now.metadata.uid, kept.metadata.uid,

@@ -27,6 +27,7 @@ mod flannel_k3s_layout;
 mod incharge;
 mod kube_api_faults;
 mod mixed_layout;
+mod monitoring;
 mod node_faults;
 mod node_keeps_lost_reservations;
 mod node_trust;

@@ -4,7 +4,7 @@ use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-use super::incharge::report::InChargeMetrics;
+use super::{capacity::CapacityMetrics, incharge::report::InChargeMetrics};
 
 /// Errors of registering the metrics.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +47,8 @@ pub struct AgentMetrics {
     pub in_charge: InChargeMetrics,
     /// `ipkeep_agent_lost_reservations`: files kept because their reservation is lost.
     pub lost_reservations: IntGauge,
+    /// How full the node's ranges are (`ipkeep_agent_range_*`, `ipkeep_agent_budget_headroom`).
+    pub capacity: CapacityMetrics,
 }
 
 impl AgentMetrics {
@@ -151,6 +153,7 @@ impl AgentMetrics {
                 .map_err(MetricsError)?,
             },
             lost_reservations: lost_reservations()?,
+            capacity: CapacityMetrics::register(registry).map_err(MetricsError)?,
         };
         m.seconds_since_full_sync.set(-1);
         for kind in ["file", "pass"] {

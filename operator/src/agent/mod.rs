@@ -25,6 +25,7 @@
 //!   stops honouring each at its `releaseTime` by itself.
 
 mod args;
+pub mod capacity;
 pub mod dirwatch;
 pub mod hostlocal;
 pub mod incharge;
@@ -81,6 +82,9 @@ pub struct AgentConfig {
     /// once, not at the next resync). Off only where a thousand agents share one machine (the
     /// bench's fan-out): inotify instances are a per-user limit, 128 by default.
     pub watch_data_dir: bool,
+    /// Whether to count how full the node's ranges are and say it in metrics and on the Node
+    /// ([`capacity`]). Off only in the bench's fan-out, whose agents have no Node.
+    pub report_capacity: bool,
 }
 
 /// Errors of the agent as a whole (disk and watch errors are retried, not returned).
@@ -148,6 +152,7 @@ pub fn main(args: Args) -> anyhow::Result<()> {
             default_retain_for: args.default_retain_for,
             resync_interval: args.resync_interval,
             watch_data_dir: true,
+            report_capacity: true,
         };
         let result = run(client, config, metrics, readiness, shutdown::signal()).await;
         let _ = stop_tx.send(true);
@@ -204,6 +209,14 @@ pub async fn run(
         networks = ?config.networks,
         "agent started"
     );
+    let capacity = config.report_capacity.then(|| {
+        tokio::spawn(capacity::run(
+            config.clone(),
+            client.clone(),
+            store.clone(),
+            metrics.capacity.clone(),
+        ))
+    });
     let events = Publisher::new(client.clone(), REPORTER, &config.node_name);
     let client_for_check = client.clone();
     let client_for_loss = client.clone();
@@ -237,6 +250,9 @@ pub async fn run(
         task.abort();
     }
     if let Some(task) = in_charge {
+        task.abort();
+    }
+    if let Some(task) = capacity {
         task.abort();
     }
     match &result {

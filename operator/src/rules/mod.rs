@@ -8,11 +8,13 @@
 //! namespaces keep addresses), [`placement`] (the webhook's record read back).
 //! Agent: [`desired`] (which files should exist), [`schedule`] (when a pass runs, full or not),
 //! [`incharge`] (whether ipkeep is the IPAM the node's runtime calls, network by network),
-//! [`loss`] (a file whose reservation is gone: released or lost).
+//! [`loss`] (a file whose reservation is gone: released or lost), [`capacity`] (how full the node's
+//! ranges are).
 //! `recover`: [`recovery`] (what becomes of each lost reservation).
 //! Both install-cni and the agent: [`cni_dirs`] (which CNI directories the node's runtime uses).
 
 pub mod budget;
+pub mod capacity;
 pub mod cni_dirs;
 pub mod desired;
 pub mod incharge;
