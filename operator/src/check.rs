@@ -44,9 +44,9 @@ const WAIT_EVERY: Duration = Duration::from_secs(2);
 /// How many names a line lists before "and N more".
 const NAMES_SHOWN: usize = 5;
 
-/// Command-line flags of `ipkeep-operator check`.
+/// Which installation a command looks at: the flags `check` and `recover` share.
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub struct Release {
     /// The release's namespace.
     #[arg(
         long,
@@ -62,9 +62,17 @@ pub struct Args {
     /// The chart's full name, when `fullnameOverride` set it (the controller is
     /// `<fullname>-controller`, the agents `<fullname>-agent`); the chart sets it in the
     /// controller's pod, so `kubectl exec deploy/<fullname>-controller -- /ipkeep-operator check`
-    /// needs no flag.
+    /// (or `recover`) needs no flag.
     #[arg(long, env = "IPKEEP_FULLNAME")]
     pub fullname: Option<String>,
+}
+
+/// Command-line flags of `ipkeep-operator check`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Which installation.
+    #[command(flatten)]
+    pub target: Release,
     /// The controller's leader election Lease, when `controller.leaderElection.leaseName` set
     /// it (default `<fullname>-controller`); set in the controller's pod as `--fullname` is.
     #[arg(long, env = "IPKEEP_LEASE_NAME")]
@@ -686,8 +694,8 @@ pub fn main(args: Args) -> anyhow::Result<bool> {
         .enable_all()
         .build()?;
     let names = Names::of(
-        &args.release,
-        args.fullname.as_deref(),
+        &args.target.release,
+        args.target.fullname.as_deref(),
         args.lease_name.as_deref(),
     );
     runtime.block_on(async move {
@@ -699,13 +707,13 @@ pub fn main(args: Args) -> anyhow::Result<bool> {
                 Duration::from_secs(30),
                 observe(
                     client.clone(),
-                    &args.namespace,
+                    &args.target.namespace,
                     &names,
                     jiff::Timestamp::now(),
                 ),
             )
             .await?;
-            let lines = lines(&observed, &args.namespace, &names);
+            let lines = lines(&observed, &args.target.namespace, &names);
             if !args.wait || lines.iter().all(|l| l.ok) || tokio::time::Instant::now() >= deadline {
                 break lines;
             }

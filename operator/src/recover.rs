@@ -33,20 +33,9 @@ pub const RECOVERED_FROM: &str = "ipkeep.dev/recovered-from-uid";
 /// Command-line flags of `ipkeep-operator recover`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The release's namespace (where the agent pods are).
-    #[arg(
-        long,
-        short = 'n',
-        env = "POD_NAMESPACE",
-        default_value = "ipkeep-system"
-    )]
-    pub namespace: String,
-    /// The Helm release's name (as for `check`).
-    #[arg(long, default_value = "ipkeep")]
-    pub release: String,
-    /// The chart's full name, when `fullnameOverride` set it (as for `check`).
-    #[arg(long, env = "IPKEEP_FULLNAME")]
-    pub fullname: Option<String>,
+    /// Which installation (the agent pods report lost reservations in its namespace).
+    #[command(flatten)]
+    pub target: crate::check::Release,
     /// Create the missing reservations; without it, only say what would be done.
     #[arg(long)]
     pub apply: bool,
@@ -341,10 +330,11 @@ pub fn main(args: Args) -> anyhow::Result<bool> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let names = Names::of(&args.release, args.fullname.as_deref(), None);
+    let names = Names::of(&args.target.release, args.target.fullname.as_deref(), None);
     runtime.block_on(async move {
         let client = Client::try_default().await?;
-        let (outcomes, unreadable) = run(&client, &args.namespace, &names, args.apply).await?;
+        let (outcomes, unreadable) =
+            run(&client, &args.target.namespace, &names, args.apply).await?;
         match args.output {
             crate::check::Output::Text => print!("{}", text(&outcomes, &unreadable, args.apply)),
             crate::check::Output::Json => println!(
