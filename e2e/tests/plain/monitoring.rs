@@ -317,15 +317,20 @@ fn promtool_test_rules_fails_when_an_alert_does_not_fire_as_expected() {
     );
 }
 
-#[test]
-fn every_alert_is_tested_firing_and_silent() {
-    let tests = yaml(RULE_TESTS);
-    let cases: Vec<&Value> = tests["tests"]
+/// Every `alert_rule_test` case of the unit tests `tests`.
+fn alert_cases(tests: &Value) -> Vec<&Value> {
+    tests["tests"]
         .as_array()
         .unwrap()
         .iter()
         .flat_map(|t| t["alert_rule_test"].as_array().unwrap())
-        .collect();
+        .collect()
+}
+
+#[test]
+fn every_alert_is_tested_firing_and_silent() {
+    let tests = yaml(RULE_TESTS);
+    let cases = alert_cases(&tests);
     for alert in alerts() {
         let name = alert["alert"].as_str().unwrap();
         let of_it: Vec<&&Value> = cases.iter().filter(|c| c["alertname"] == name).collect();
@@ -349,12 +354,7 @@ fn every_alert_is_tested_firing_and_silent() {
 #[test]
 fn every_alert_says_what_where_and_what_to_do() {
     let tests = yaml(RULE_TESTS);
-    let cases: Vec<&Value> = tests["tests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|t| t["alert_rule_test"].as_array().unwrap())
-        .collect();
+    let cases = alert_cases(&tests);
     let all = alerts();
     assert!(all.len() >= 10, "{} alerts", all.len());
     for alert in &all {
