@@ -12,10 +12,9 @@
 //! reserved: the reservation is absent from the restored API, its file kept, and `recover` brings
 //! it back.
 //!
-//! The module's name sorts it beside the other suites of the default two-node shape, so it
-//! shares their cluster. The first test deletes the CRD: it holds the nodes alone, and leaves
-//! every reservation recovered; the second takes the control plane back in time, and the cluster
-//! goes with it. Needs root, `make cluster-bins`, `make node-bins` and `make image`.
+//! The two tests share a cluster of their own ([`SHAPE`]): the first deletes the CRD, holding the
+//! nodes alone, and leaves every reservation recovered; the second takes the control plane back
+//! in time, and the cluster goes with it. Needs root, `make cluster-bins`, `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -34,6 +33,22 @@ use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
 const CRD: &str = "ipreservations.ipkeep.dev";
+
+/// Two plain nodes with the chart as the README installs it, and its Normal Events on: a shape of
+/// this module's own, so its cluster starts fresh. A CRD deletion and `recover` act on every
+/// reservation of the cluster, so what the tests before left on a shared one (retained pods,
+/// their reservations) would be lost and recovered with this test's, and its counts would be
+/// theirs too.
+const SHAPE: realnode::Shape = realnode::Shape {
+    nodes: 2,
+    network: realnode::PLAIN,
+    chart: Some(&[
+        "--set",
+        "cni.replaceHostLocal=true",
+        "--set",
+        "controller.normalEvents=true",
+    ]),
+};
 
 /// What the agent of `node` reports lost in namespace `ns`, by pod name (none without the
 /// condition).
@@ -109,8 +124,7 @@ async fn released_until(sys: &System, pod: &str) -> jiff::Timestamp {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_crd_loses_no_address_and_recover_brings_the_reservations_back() {
-    let _nodes =
-        realnode::use_shape(realnode::Shape::default_chart(), realnode::Access::Alone).await;
+    let _nodes = realnode::use_shape(SHAPE, realnode::Access::Alone).await;
     let t0 = Instant::now();
     let (sys, c) = realnode::system("rn-lost").await;
     let node_a = sys.node_name(0).to_owned();
@@ -285,8 +299,7 @@ fn copy_dir(from: &Path, to: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etcd_restored_from_an_older_backup_loses_no_address() {
     // The control plane goes back in time: the cluster goes with the test.
-    let _nodes =
-        realnode::use_shape(realnode::Shape::default_chart(), realnode::Access::Spoils).await;
+    let _nodes = realnode::use_shape(SHAPE, realnode::Access::Spoils).await;
     let t0 = Instant::now();
     let (sys, c) = realnode::system("rn-restore").await;
     let node_a = sys.node_name(0).to_owned();
