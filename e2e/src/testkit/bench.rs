@@ -287,11 +287,17 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
 pub const PLOT_NEEDS: &str = "/usr/bin/python3 with Debian's python3-matplotlib (make deps, or apt-get install python3-matplotlib)";
 
 /// Draws `csv` (what `bench_controller --csv` writes) into `png` with
-/// `/usr/bin/python3 scripts/plot_controller.py`; [`PLOT_NEEDS`] says what it runs on.
+/// `scripts/plot_controller.py` ([`plot`]).
 pub fn plot_controller(png: &Path, csv: &Path) -> Result<(), crate::command::CommandError> {
+    plot("plot_controller.py", png, csv)
+}
+
+/// Draws `csv` into `png` with `/usr/bin/python3 scripts/<script>`; [`PLOT_NEEDS`] says what it
+/// runs on.
+pub fn plot(script: &str, png: &Path, csv: &Path) -> Result<(), crate::command::CommandError> {
     crate::command::checked(
         std::process::Command::new("/usr/bin/python3")
-            .arg(super::repo_root().join("scripts/plot_controller.py"))
+            .arg(super::repo_root().join("scripts").join(script))
             .arg(png)
             .arg(csv),
         None,
