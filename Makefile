@@ -42,7 +42,7 @@ STEP := scripts/step.sh
 .PHONY: all build plugin check test lint deps packaging-deps docker-deps demo bench bench-controller bench-scale bench-agent \
   bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins flannel-bins crio-bins docker-plugin \
   bench-docker plan-demo plan-test check-fresh release release-check previous-release arm64-deps arm64 test-arm64 \
-  image-arm64 sbom registry-bin publish monitoring-picture
+  image-arm64 sbom registry-bin publish monitoring-picture torture
 
 all: build
 
@@ -154,6 +154,27 @@ monitoring-picture: deps packaging-deps cluster-bins node-bins image
 	  IPKEEP_MONITORING_CSV=$(CURDIR)/docs/monitoring-fill.csv \
 	  $(CARGO) test -p ipkeep-e2e --test realnode -- monitoring:: --nocapture
 	/usr/bin/python3 scripts/plot_monitoring.py docs/monitoring-fill.png docs/monitoring-fill.csv
+
+## torture: the torture run (docs/testing.md#the-torture-run): random faults of every kind and
+## churn on three real nodes (CRI-O, containerd, a tiny one) for DURATION (default 60m) from SEED
+## (default: the time now, printed first; the same seed replays the same schedule), an oracle
+## checking every promise every second; CNI=flannel for real flannel. Ends with its report (the
+## operations and faults by kind, the times to Ready, every violation) and exits 1 on a
+## violation. REPORT=file also writes the report there. Needs root; make test runs a short one.
+SEED ?= $(shell date +%s)
+DURATION ?= 60m
+CNI ?= bridge
+torture: deps packaging-deps cluster-bins node-bins crio-bins flannel-bins image
+	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
+	  node_bin_dir=$$(e2e/cluster/build.sh --print-node-bin-dir) && \
+	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" IPKEEP_NODE_BIN_DIR="$$node_bin_dir" && \
+	  export IPKEEP_NODE_IMAGE_DIR="$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1)" && \
+	  export IPKEEP_CRIO_BIN_DIR="$$(e2e/cluster/build.sh --print-crio-bin-dir)" && \
+	  export IPKEEP_FLANNEL_BIN_DIR="$$(e2e/cluster/build.sh --print-flannel-bin-dir)" && \
+	  $(CARGO) build -q -p ipkeep-operator -p ipkeep-e2e --bins && \
+	  target_dir=$$($(CARGO) metadata --format-version 1 --no-deps | sed 's/.*"target_directory":"\([^"]*\)".*/\1/') && \
+	  IPKEEP_OPERATOR_BIN="$$target_dir/debug/ipkeep-operator" "$$target_dir/debug/ipkeep-e2e" torture \
+	    --seed $(SEED) --duration $(DURATION) --cni $(CNI) $(if $(REPORT),--report $(REPORT))
 
 ## bench: ipkeep against the reference host-local, side by side, in one run.
 bench: deps plugin

@@ -77,7 +77,8 @@ fn preflight(options: &DemoOptions) -> Result<(), DemoError> {
     Ok(())
 }
 
-async fn interrupted() {
+/// Resolves on Ctrl-C or SIGTERM.
+pub(crate) async fn interrupted() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(_) => {

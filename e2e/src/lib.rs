@@ -12,6 +12,7 @@ pub mod demo;
 pub mod proxy;
 pub mod scenarios;
 pub mod testkit;
+pub mod torture;
 pub mod wait;
 
 /// An error and its sources on one line, `: `-separated, for messages to people.

@@ -29,6 +29,10 @@ enum Command {
     /// The whole system on this machine and the story of a pod keeping its IP, told step by step
     /// (root; cleans up after itself, also on Ctrl-C).
     Demo(DemoArgs),
+    /// The torture run: random faults and churn on three real nodes from a seed, an oracle
+    /// checking every promise every second; prints the schedule first and the report last
+    /// (root; exits 1 on a violation; cleans up after itself, also on Ctrl-C).
+    Torture(TortureArgs),
     /// A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)
     /// on 127.0.0.1, from the binaries `make cluster-bins` builds.
     Cluster {
@@ -52,6 +56,30 @@ struct DemoArgs {
     /// The Helm chart installed on the real nodes.
     #[arg(long, default_value = "charts/ipkeep")]
     chart: PathBuf,
+}
+
+/// Flags of `ipkeep-e2e torture`.
+#[derive(Debug, clap::Args)]
+struct TortureArgs {
+    /// The seed of the schedule: the same seed replays the same schedule.
+    #[arg(long)]
+    seed: u64,
+    /// How long faults and churn go on (`300s`, `5m`, `1h`); the quiet end comes after.
+    #[arg(long, default_value = "5m", value_parser = duration_arg)]
+    duration: std::time::Duration,
+    /// The nodes' CNI network: `bridge` (the conflist with host-local) or real `flannel`.
+    #[arg(long, default_value = "bridge")]
+    cni: NodeCni,
+    /// Also write the report to this file.
+    #[arg(long)]
+    report: Option<PathBuf>,
+}
+
+/// A duration in `retainFor`'s grammar (`90s`, `30m`, `2h`).
+fn duration_arg(text: &str) -> Result<std::time::Duration, String> {
+    ipkeep_reservation::RetainFor::parse(text)
+        .map(|r| r.duration())
+        .map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Subcommand)]
@@ -274,6 +302,33 @@ fn main() -> ExitCode {
                 Err(e) => {
                     eprintln!("ipkeep-e2e cluster: {}", error_chain(&e));
                     ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Torture(args) => {
+            let options = ipkeep_e2e::torture::Options {
+                seed: args.seed,
+                duration: args.duration,
+                cni: args.cni,
+            };
+            match runtime.block_on(ipkeep_e2e::torture::run(options)) {
+                Ok(report) => {
+                    let text = report.text();
+                    println!("{text}");
+                    if let Some(path) = &args.report
+                        && let Err(e) = std::fs::write(path, &text)
+                    {
+                        eprintln!("ipkeep-e2e torture: writing {}: {e}", path.display());
+                    }
+                    if report.violations.is_empty() {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(e) => {
+                    eprintln!("ipkeep-e2e torture: {}", error_chain(&e));
+                    ExitCode::from(2)
                 }
             }
         }

@@ -80,13 +80,14 @@ const HOP_BY_HOP: [&str; 7] = [
 /// Serves one accepted client connection until it closes or the proxy drops every connection.
 pub(super) async fn serve_connection(shared: Arc<Shared>, tcp: TcpStream, tls: TlsAcceptor) {
     let mut dropped = shared.drop_connections.subscribe();
+    let client = tcp.peer_addr().ok().map(|a| a.ip());
     let serve = async {
         let Ok(stream) = tls.accept(tcp).await else {
             return;
         };
         let upstream: Arc<tokio::sync::Mutex<Option<SendRequest<Incoming>>>> = Arc::default();
         let service =
-            service_fn(move |req| handle(Arc::clone(&shared), Arc::clone(&upstream), req));
+            service_fn(move |req| handle(Arc::clone(&shared), Arc::clone(&upstream), client, req));
         let _ = hyper::server::conn::http1::Builder::new()
             .serve_connection(TokioIo::new(stream), service)
             .await;
@@ -100,9 +101,13 @@ pub(super) async fn serve_connection(shared: Arc<Shared>, tcp: TcpStream, tls: T
 async fn handle(
     shared: Arc<Shared>,
     upstream: Arc<tokio::sync::Mutex<Option<SendRequest<Incoming>>>>,
+    client: Option<std::net::IpAddr>,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ForwardError> {
-    let info = RequestInfo::parse(req.method(), req.uri().path(), req.uri().query());
+    let info = RequestInfo {
+        client,
+        ..RequestInfo::parse(req.method(), req.uri().path(), req.uri().query())
+    };
     let fault = shared.take_fault(&info);
     let mut cut_after = None;
     match fault {

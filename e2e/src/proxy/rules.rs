@@ -38,6 +38,8 @@ pub struct RequestInfo {
     pub namespace: Option<String>,
     /// The object's name, for a request about one object.
     pub name: Option<String>,
+    /// The address the request came from (set by the proxy; `None` from [`RequestInfo::parse`]).
+    pub client: Option<std::net::IpAddr>,
 }
 
 impl RequestInfo {
@@ -86,6 +88,7 @@ impl RequestInfo {
             subresource,
             namespace,
             name,
+            client: None,
         }
     }
 }
@@ -107,6 +110,10 @@ pub struct Match {
     /// Only requests about the object of this name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// Only requests from this address (a host-network pod's: its node's), as a partition of
+    /// one client from the API server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<std::net::IpAddr>,
 }
 
 impl Match {
@@ -132,6 +139,9 @@ impl Match {
                 .name
                 .as_ref()
                 .is_none_or(|n| request.name.as_ref() == Some(n))
+            && self
+                .client
+                .is_none_or(|c| request.client.map(|r| r.to_canonical()) == Some(c.to_canonical()))
     }
 }
 
@@ -233,6 +243,12 @@ impl Rule {
     /// Only requests about the object of this name.
     pub fn name(mut self, name: &str) -> Rule {
         self.when.name = Some(name.to_owned());
+        self
+    }
+
+    /// Only requests from `client` (see [`Match::client`]).
+    pub fn client(mut self, client: std::net::IpAddr) -> Rule {
+        self.when.client = Some(client);
         self
     }
 
@@ -342,6 +358,7 @@ mod tests {
             subresource: s(sub),
             namespace: s(ns),
             name: s(name),
+            client: None,
         }
     }
 
@@ -466,6 +483,20 @@ mod tests {
         assert!(named.when.matches(&main));
         assert!(!named.namespace("b").when.matches(&main));
         assert!(!Rule::new(Fault::Hang).verb(Verb::Get).when.matches(&main));
+        let node: std::net::IpAddr = "10.1.0.2".parse().unwrap();
+        let from_node = RequestInfo {
+            client: Some("::ffff:10.1.0.2".parse().unwrap()),
+            ..main.clone()
+        };
+        let partition = Rule::new(Fault::Hang).client(node);
+        assert!(
+            partition.when.matches(&from_node),
+            "an IPv4-mapped peer is its IPv4 address"
+        );
+        assert!(
+            !partition.when.matches(&main),
+            "an unknown peer is no one's"
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod plane;
 pub mod realnode;
 pub mod replica;
 pub mod repo;
+pub mod rng;
 pub mod scratch;
 pub mod system;
 pub mod wait;

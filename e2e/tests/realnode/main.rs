@@ -35,4 +35,5 @@ mod operator;
 mod placement;
 mod pods;
 mod quick_start;
+mod torture;
 mod upgrade;

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use ipkeep_e2e::cluster::realnode::PodNetwork;
 use ipkeep_e2e::testkit::system::{System, WORKLOAD_IMAGE};
-use ipkeep_e2e::testkit::{kubectl_ok, realnode, wait_for};
+use ipkeep_e2e::testkit::{kubectl_ok, realnode, rng::Rng, wait_for};
 use k8s_openapi::api::core::v1::Pod;
 
 /// This binary's nodes: three plain ones.
@@ -33,8 +33,8 @@ const NODES: u8 = 3;
 /// four measurements were its longest test after the real-Prometheus scenario).
 const DELETES: usize = 10;
 
-/// A small deterministic generator (xorshift), seeded and printed so a run can be replayed.
-struct Dice(u64);
+/// The dice of the deletes, seeded and printed so a run can be replayed.
+struct Dice(Rng);
 
 impl Dice {
     fn new() -> Dice {
@@ -46,17 +46,13 @@ impl Dice {
                     .duration_since(std::time::UNIX_EPOCH)
                     .unwrap()
                     .as_nanos() as u64
-                    | 1
             });
         eprintln!("placement: dice seed {seed} (IPKEEP_E2E_SEED={seed} replays it)");
-        Dice(seed)
+        Dice(Rng::new(seed))
     }
 
     fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n as u64) as usize
+        self.0.between(0, n as u64 - 1) as usize
     }
 }
 

@@ -1,0 +1,402 @@
+#![allow(clippy::type_complexity)] // the tables' rows
+
+use super::*;
+
+fn t(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap()
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn pod(name: &str, uid: &str, ips: &[&str], created: i64) -> PodView {
+    PodView {
+        ns: "t".into(),
+        name: name.into(),
+        uid: uid.into(),
+        node: Some("n0".into()),
+        ips: ips.iter().map(|s| ip(s)).collect(),
+        phase: if ips.is_empty() { "Pending" } else { "Running" }.into(),
+        deleting: false,
+        ready_since: (!ips.is_empty()).then(|| t(created + 2)),
+        created: t(created),
+        retained: true,
+        host_network: false,
+    }
+}
+
+fn reservation(name: &str, uid: &str, ips: &[&str], release: Option<i64>) -> ReservationView {
+    ReservationView {
+        ns: "t".into(),
+        name: name.into(),
+        uid: uid.into(),
+        node: "n0".into(),
+        ips: ips.iter().map(|s| ip(s)).collect(),
+        released: release.is_some(),
+        release_time: release.map(t),
+        conflict: false,
+    }
+}
+
+fn sample(at: i64, pods: Vec<PodView>, reservations: Vec<ReservationView>) -> Sample {
+    Sample {
+        at: t(at),
+        pods,
+        reservations,
+        ..Sample::default()
+    }
+}
+
+fn promises(v: &[Violation]) -> Vec<u8> {
+    v.iter().map(|v| v.promise.number()).collect()
+}
+
+#[test]
+fn two_live_pods_on_one_address_break_promise_1_only_once_they_last_the_grace() {
+    let a = pod("a", "ua", &["10.0.0.5"], 0);
+    let b = pod("b", "ub", &["10.0.0.5"], 0);
+    let mut deleting = b.clone();
+    deleting.deleting = true;
+    // (case, the pods of each sample one second apart, violations expected in all)
+    let cases: [(&str, Vec<Vec<PodView>>, usize); 4] = [
+        (
+            "distinct addresses",
+            vec![vec![a.clone(), pod("b", "ub", &["10.0.0.6"], 0)]; 12],
+            0,
+        ),
+        (
+            "a double hold for 12 s",
+            vec![vec![a.clone(), b.clone()]; 12],
+            1,
+        ),
+        (
+            "a double hold for 5 s",
+            vec![vec![a.clone(), b.clone()]; 5],
+            0,
+        ),
+        (
+            "one of them is being deleted",
+            vec![vec![a.clone(), deleting]; 12],
+            0,
+        ),
+    ];
+    for (case, samples, want) in cases {
+        let mut o = Oracle::default();
+        let found: Vec<Violation> = samples
+            .into_iter()
+            .enumerate()
+            .flat_map(|(i, pods)| o.observe(&sample(10 + i as i64, pods, vec![]), &[]))
+            .collect();
+        assert_eq!(found.len(), want, "{case}: {found:?}");
+        assert!(
+            found.iter().all(|v| v.promise == Promise::OneHolder),
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn a_double_hold_after_a_wipe_is_the_documented_limitation_only_for_a_pod_without_reservation() {
+    let wipe = |node: &str, at: i64| FaultWindow {
+        kind: FaultKind::WipeNetworkDir,
+        node: Some(node.into()),
+        from: t(at),
+        until: Some(t(at + 30)),
+    };
+    let mut first = pod("churn-a", "ua", &["10.0.0.5"], 0);
+    first.retained = false;
+    let second = pod("churn-b", "ub", &["10.0.0.5"], 20);
+    let mut retained_first = first.clone();
+    retained_first.retained = true;
+    // (case, the first holder, the faults, violations expected, limitations expected)
+    let cases = [
+        ("no wipe", first.clone(), vec![], 1, 0),
+        (
+            "its node wiped after it came",
+            first.clone(),
+            vec![wipe("n0", 10)],
+            0,
+            1,
+        ),
+        (
+            "another node wiped",
+            first.clone(),
+            vec![wipe("n1", 10)],
+            1,
+            0,
+        ),
+        (
+            "wiped before it came",
+            first.clone(),
+            vec![wipe("n0", -5)],
+            1,
+            0,
+        ),
+        (
+            "it holds a reservation",
+            retained_first,
+            vec![wipe("n0", 10)],
+            1,
+            0,
+        ),
+    ];
+    for (case, first, faults, violations, limitations) in cases {
+        let mut o = Oracle::default();
+        let found: Vec<Violation> = (0..12)
+            .flat_map(|i| {
+                o.observe(
+                    &sample(30 + i, vec![first.clone(), second.clone()], vec![]),
+                    &faults,
+                )
+            })
+            .collect();
+        assert_eq!(found.len(), violations, "{case}: {found:?}");
+        assert_eq!(
+            o.limitations.len(),
+            limitations,
+            "{case}: {:?}",
+            o.limitations
+        );
+    }
+}
+
+#[test]
+fn a_deletion_while_the_pod_lives_or_early_or_late_breaks_promise_2() {
+    let kept = reservation("web-0", "r1", &["10.0.0.5"], Some(100));
+    let ctrl = "system:serviceaccount:ipkeep-system:ipkeep-controller";
+    let latency = FaultWindow {
+        kind: FaultKind::ApiLatency,
+        node: None,
+        from: t(95),
+        until: Some(t(200)),
+    };
+    // (case, the pod lives until, deleted at, faults, events, expected count)
+    let cases: [(&str, i64, i64, Vec<FaultWindow>, Vec<EventSeen>, usize); 6] = [
+        ("on time after the pod", 50, 101, vec![], vec![], 0),
+        ("while the pod lives", 150, 101, vec![], vec![], 1),
+        ("early, not yielded", 50, 80, vec![], vec![], 1),
+        (
+            "early, yielded",
+            50,
+            80,
+            vec![],
+            vec![EventSeen {
+                about: ("t".into(), "web-0".into()),
+                reason: "Yielded".into(),
+                at: t(80),
+            }],
+            0,
+        ),
+        ("late", 50, 160, vec![], vec![], 1),
+        ("late under an API fault", 50, 160, vec![latency], vec![], 0),
+    ];
+    for (case, lives_until, deleted, faults, events, want) in cases {
+        let mut o = Oracle::default();
+        o.events(events);
+        let p = pod("web-0", "p1", &["10.0.0.5"], 0);
+        let mut at = 1;
+        while at <= lives_until {
+            o.observe(&sample(at, vec![p.clone()], vec![kept.clone()]), &[]);
+            at += 10;
+        }
+        o.observe(&sample(lives_until + 1, vec![], vec![kept.clone()]), &[]);
+        let d = Deletion {
+            at: t(deleted),
+            key: ("t".into(), "web-0".into()),
+            user: ctrl.into(),
+        };
+        let found = o.deletions(std::slice::from_ref(&d), &[], &faults);
+        assert_eq!(found.len(), want, "{case}: {found:?}");
+        assert!(promises(&found).iter().all(|n| *n == 2), "{case}");
+        assert!(
+            o.deletions(&[d], &[ctrl], &faults).is_empty(),
+            "{case}: ours"
+        );
+    }
+}
+
+#[test]
+fn a_returning_pod_with_other_addresses_breaks_promise_3_unless_told_or_its_reservation_ended() {
+    let told = |reason: &str, at: i64| EventSeen {
+        about: ("t".into(), "web-0".into()),
+        reason: reason.into(),
+        at: t(at),
+    };
+    // (case, the returning pod's addresses, its reservation's release time, events, expected)
+    let cases: [(&str, &str, Option<i64>, Vec<EventSeen>, usize); 6] = [
+        ("its addresses back", "10.0.0.5", Some(1_000), vec![], 0),
+        (
+            "other addresses, nothing said",
+            "10.0.0.9",
+            Some(1_000),
+            vec![],
+            1,
+        ),
+        (
+            "other addresses, AddressesChanged",
+            "10.0.0.9",
+            Some(1_000),
+            vec![told("AddressesChanged", 21)],
+            0,
+        ),
+        (
+            "other addresses, an Event before it came",
+            "10.0.0.9",
+            Some(1_000),
+            vec![told("AddressesChanged", 5)],
+            1,
+        ),
+        (
+            "other addresses, a routine Event",
+            "10.0.0.9",
+            Some(1_000),
+            vec![told("Rebound", 21)],
+            1,
+        ),
+        (
+            "other addresses after the release time",
+            "10.0.0.9",
+            Some(15),
+            vec![],
+            0,
+        ),
+    ];
+    for (case, got, release, events, want) in cases {
+        let mut o = Oracle::default();
+        o.events(events);
+        let r = reservation("web-0", "r1", &["10.0.0.5"], release);
+        o.observe(&sample(10, vec![], vec![r.clone()]), &[]);
+        let mut back = pod("web-0", "p2", &[], 20);
+        o.observe(&sample(20, vec![back.clone()], vec![r.clone()]), &[]);
+        back = pod("web-0", "p2", &[got], 20);
+        let mut found = o.observe(&sample(23, vec![back.clone()], vec![r.clone()]), &[]);
+        found.extend(o.observe(&sample(100, vec![back], vec![r]), &[]));
+        found.extend(o.unexplained_at_end(t(101), &[]));
+        assert_eq!(found.len(), want, "{case}: {found:?}");
+        assert!(promises(&found).iter().all(|n| *n == 3), "{case}");
+        assert_eq!(
+            o.latencies.returning.len(),
+            usize::from(want == 0 && got == "10.0.0.5"),
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn the_quiet_end_breaks_promise_4_on_a_missing_or_stray_file_or_a_leak() {
+    let r = reservation("web-0", "r1", &["10.0.0.5"], None);
+    let file = (
+        ("t".to_owned(), "web-0".to_owned()),
+        vec![ip("10.0.0.5")],
+        "r1".to_owned(),
+    );
+    let old = t(0);
+    // (case, reservations, reservation files, allocations, expected)
+    let cases: [(
+        &str,
+        Vec<ReservationView>,
+        Vec<_>,
+        Vec<(IpAddr, Timestamp)>,
+        usize,
+    ); 6] = [
+        (
+            "equal, the reserved address allocated",
+            vec![r.clone()],
+            vec![file.clone()],
+            vec![(ip("10.0.0.5"), old)],
+            0,
+        ),
+        ("no file", vec![r.clone()], vec![], vec![], 1),
+        ("a stray file", vec![], vec![file.clone()], vec![], 1),
+        (
+            "a file of another address",
+            vec![reservation("web-0", "r1", &["10.0.0.6"], None)],
+            vec![file.clone()],
+            vec![],
+            1,
+        ),
+        (
+            "an old allocation nobody holds",
+            vec![r.clone()],
+            vec![file.clone()],
+            vec![(ip("10.0.0.7"), old)],
+            1,
+        ),
+        (
+            "a young allocation nobody holds yet",
+            vec![r.clone()],
+            vec![file.clone()],
+            vec![(ip("10.0.0.7"), t(990))],
+            0,
+        ),
+    ];
+    for (case, reservations, reserved, allocations, want) in cases {
+        let mut s = sample(
+            1_000,
+            vec![pod("other", "p9", &["10.0.0.8"], 0)],
+            reservations,
+        );
+        s.nodes.insert(
+            "n0".into(),
+            NodeFiles {
+                allocations: [allocations, vec![(ip("10.0.0.8"), old)]].concat(),
+                reserved,
+            },
+        );
+        let found = settled(&s);
+        assert_eq!(found.len(), want, "{case}: {found:?}");
+        assert!(promises(&found).iter().all(|n| *n == 4), "{case}");
+    }
+}
+
+#[test]
+fn an_unannotated_pod_waiting_on_a_node_over_its_budget_breaks_promise_5() {
+    let mut waiting = pod("churn-x", "c1", &[], 0);
+    waiting.retained = false;
+    let released = |n: usize| -> Vec<ReservationView> {
+        (0..n)
+            .map(|i| {
+                reservation(
+                    &format!("r{i}"),
+                    &format!("u{i}"),
+                    &["10.0.0.5"],
+                    Some(10_000),
+                )
+            })
+            .collect()
+    };
+    // (case, Released reservations on the node, its budget, seconds waited, expected)
+    let cases = [
+        ("under its budget", 2, 2, 120, 0),
+        ("over its budget, briefly", 3, 2, 30, 0),
+        ("over its budget for long", 3, 2, 120, 1),
+    ];
+    for (case, n, budget, waited, want) in cases {
+        let mut o = Oracle::default();
+        let mut found = Vec::new();
+        for at in (0..=waited).step_by(10) {
+            let mut s = sample(at, vec![waiting.clone()], released(n));
+            s.budgets.insert("n0".into(), budget);
+            found.extend(o.observe(&s, &[]));
+        }
+        assert_eq!(found.len(), want, "{case}: {found:?}");
+        assert!(promises(&found).iter().all(|n| *n == 5), "{case}");
+    }
+}
+
+#[test]
+fn a_new_uid_under_a_known_name_counts_as_a_re_creation() {
+    let mut o = Oracle::default();
+    o.observe(&sample(1, vec![pod("a", "1", &[], 0)], vec![]), &[]);
+    o.observe(&sample(2, vec![pod("a", "1", &[], 0)], vec![]), &[]);
+    o.observe(
+        &sample(
+            3,
+            vec![pod("a", "2", &[], 2), pod("b", "3", &[], 2)],
+            vec![],
+        ),
+        &[],
+    );
+    assert_eq!(o.recreations, 1);
+}
