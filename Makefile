@@ -17,13 +17,16 @@ endif
 # The plugin is exec'd on every node by the container runtime: it is linked statically, so it runs
 # on any node whatever its C library, starts faster and maps less memory than a dynamic binary.
 HOST_TRIPLE := $(shell rustc -vV | sed -n 's/^host: //p')
-PLUGIN_BIN := target/$(HOST_TRIPLE)/release/ipkeep
+# Where cargo puts what it builds: CARGO_TARGET_DIR when set (a cache shared between work trees),
+# as scripts/build-plan.sh and scripts/build-arm64.sh read it, else the work tree's target/.
+CARGO_OUT := $(abspath $(or $(CARGO_TARGET_DIR),target))
+PLUGIN_BIN := $(CARGO_OUT)/$(HOST_TRIPLE)/release/ipkeep
 # The image is FROM scratch: the operator is linked statically too. The daemons are built with
 # the workspace's daemon profile, the plugin with its release profile (Cargo.toml says why).
-OPERATOR_BIN := target/$(HOST_TRIPLE)/daemon/ipkeep-operator
+OPERATOR_BIN := $(CARGO_OUT)/$(HOST_TRIPLE)/daemon/ipkeep-operator
 IMAGE_ARCHIVE := target/image/ipkeep.oci.tar
 # The Docker driver, static like the others: it is the managed plugin bundle's whole rootfs.
-DOCKER_BIN := target/$(HOST_TRIPLE)/daemon/ipkeep-docker
+DOCKER_BIN := $(CARGO_OUT)/$(HOST_TRIPLE)/daemon/ipkeep-docker
 DOCKER_PLUGIN_DIR := target/docker-plugin
 # The fast tier's test targets (make check): the crates' own tests and the integration suites
 # that run as any user with nothing installed. Each other suite needs root, Go-built binaries,
@@ -136,7 +139,7 @@ test: plan-test lint deps packaging-deps docker-deps arm64-deps cluster-bins nod
 	  echo "make test: control plane binaries and kubectl from $$bin_dir, node binaries from $$node_bin_dir" && \
 	  $(CARGO) test --workspace --no-fail-fast 2>&1 | tee target/test.log && \
 	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \
-	  IPKEEP_TEST_BIN=$(CURDIR)/$(PLUGIN_BIN) $(CARGO) test -p ipkeep-plugin --tests 2>&1 | tee -a target/test.log && \
+	  IPKEEP_TEST_BIN=$(PLUGIN_BIN) $(CARGO) test -p ipkeep-plugin --tests 2>&1 | tee -a target/test.log && \
 	  echo "make test: the arm64 build's suites under qemu-user (make test-arm64)" && \
 	  $(ARM64_ENV) && ./scripts/test-arm64.sh $(ARM64_DIR) 2>&1 | tee -a target/test.log
 	@# One closing line for the whole run: cargo prints one per test binary, the last often "0 passed".
@@ -172,20 +175,19 @@ torture: deps packaging-deps cluster-bins node-bins crio-bins flannel-bins image
 	  export IPKEEP_CRIO_BIN_DIR="$$(e2e/cluster/build.sh --print-crio-bin-dir)" && \
 	  export IPKEEP_FLANNEL_BIN_DIR="$$(e2e/cluster/build.sh --print-flannel-bin-dir)" && \
 	  $(CARGO) build -q -p ipkeep-operator -p ipkeep-e2e --bins && \
-	  target_dir=$$($(CARGO) metadata --format-version 1 --no-deps | sed 's/.*"target_directory":"\([^"]*\)".*/\1/') && \
-	  IPKEEP_OPERATOR_BIN="$$target_dir/debug/ipkeep-operator" "$$target_dir/debug/ipkeep-e2e" torture \
+	  IPKEEP_OPERATOR_BIN=$(CARGO_OUT)/debug/ipkeep-operator $(CARGO_OUT)/debug/ipkeep-e2e torture \
 	    --seed $(SEED) --duration $(DURATION) --cni $(CNI) $(if $(REPORT),--report $(REPORT))
 
 ## bench: ipkeep against the reference host-local, side by side, in one run.
 bench: deps plugin
-	IPKEEP_BIN=$(CURDIR)/$(PLUGIN_BIN) $(CARGO) run --release -p ipkeep-plugin --example bench
+	IPKEEP_BIN=$(PLUGIN_BIN) $(CARGO) run --release -p ipkeep-plugin --example bench
 
 # The benches measure the real control plane; each prints its figures with the ceiling measured
 # in the same run. See docs/benchmarks.md. BENCH_ENV exports the built control plane binaries
 # (make cluster-bins) and the operator the image ships (make operator-static), both prerequisites
 # of each bench; the bench harnesses are built with the same daemon profile.
 BENCH_ENV = export IPKEEP_CLUSTER_BIN_DIR="$$(e2e/cluster/build.sh --print-bin-dir)" \
-	    IPKEEP_OPERATOR_BIN=$(CURDIR)/$(OPERATOR_BIN)
+	    IPKEEP_OPERATOR_BIN=$(OPERATOR_BIN)
 
 ## bench-controller: the controller binary against the real API server with 1 000 and 10 000
 ## annotated pods (ARGS="--sizes 1000,10000,30000" for more): time until every reservation is
@@ -279,8 +281,8 @@ image: packaging-deps plugin operator-static
 ## chart-test: the Helm chart and image tests alone (helm and the control plane from
 ## `make cluster-bins`; the components the chart runs are the static operator binary).
 chart-test: deps packaging-deps cluster-bins plugin operator-static
-	IPKEEP_OPERATOR_BIN=$(CURDIR)/$(OPERATOR_BIN) $(CARGO) test -p ipkeep-e2e --test plain -- chart_helm:: image_build::
-	IPKEEP_OPERATOR_BIN=$(CURDIR)/$(OPERATOR_BIN) $(CARGO) test -p ipkeep-e2e --test plane -- chart_install:: chart_rbac::
+	IPKEEP_OPERATOR_BIN=$(OPERATOR_BIN) $(CARGO) test -p ipkeep-e2e --test plain -- chart_helm:: image_build::
+	IPKEEP_OPERATOR_BIN=$(OPERATOR_BIN) $(CARGO) test -p ipkeep-e2e --test plane -- chart_install:: chart_rbac::
 
 ## docker-plugin: the static `ipkeep-docker` at $(DOCKER_BIN) and the managed plugin bundle
 ## ($(DOCKER_PLUGIN_DIR): config.json + rootfs) that `docker plugin create ipkeep $(DOCKER_PLUGIN_DIR)`
@@ -295,7 +297,7 @@ docker-plugin:
 ## on a network of the driver beside one of Docker's built-in IPAM, on a dockerd started for the
 ## run (needs root; installs what it needs with make docker-deps).
 bench-docker: docker-deps docker-plugin
-	IPKEEP_DOCKER_BIN=$(CURDIR)/$(DOCKER_BIN) $(CARGO) run --profile daemon -p ipkeep-docker --example bench_docker
+	IPKEEP_DOCKER_BIN=$(DOCKER_BIN) $(CARGO) run --profile daemon -p ipkeep-docker --example bench_docker
 
 ## bench-e2e: figures on two real nodes (docs/real-nodes.md) with the chart installed from
 ## `make image`'s archive: `kubectl delete pod` to the successor Ready for a retained StatefulSet
@@ -308,7 +310,7 @@ bench-e2e: deps cluster-bins node-bins image
 	  $(CARGO) build -q -p ipkeep-e2e --bin ipkeep-e2e --example bench_e2e && \
 	  IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" \
 	  IPKEEP_NODE_BIN_DIR="$$node_bin_dir" IPKEEP_NODE_IMAGE_DIR="$$node_image_dir" \
-	  IPKEEP_IMAGE_ARCHIVE=$(CURDIR)/$(IMAGE_ARCHIVE) target/debug/examples/bench_e2e
+	  IPKEEP_IMAGE_ARCHIVE=$(CURDIR)/$(IMAGE_ARCHIVE) $(CARGO_OUT)/debug/examples/bench_e2e
 
 ## arm64-deps: Debian's cross toolchain for aarch64 (rustc-web, cargo-web, libstd-rust-web-dev:arm64,
 ## gcc-aarch64-linux-gnu) and qemu-user, the arm64 architecture added to dpkg when missing.
