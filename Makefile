@@ -45,7 +45,7 @@ STEP := scripts/step.sh
 .PHONY: all build plugin check test lint deps packaging-deps docker-deps demo bench bench-controller bench-scale bench-agent \
   bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins flannel-bins crio-bins docker-plugin \
   bench-docker plan-demo plan-test check-fresh release release-check previous-release arm64-deps arm64 test-arm64 \
-  image-arm64 sbom registry-bin publish monitoring-picture torture
+  image-arm64 sbom registry-bin publish monitoring-picture torture torture-mutants
 
 all: build
 
@@ -177,6 +177,23 @@ torture: deps packaging-deps cluster-bins node-bins crio-bins flannel-bins image
 	  $(CARGO) build -q -p ipkeep-operator -p ipkeep-e2e --bins && \
 	  IPKEEP_OPERATOR_BIN=$(CARGO_OUT)/debug/ipkeep-operator $(CARGO_OUT)/debug/ipkeep-e2e torture \
 	    --seed $(SEED) --duration $(DURATION) --cni $(CNI) $(if $(REPORT),--report $(REPORT))
+
+## torture-mutants: each deliberately broken build of e2e/torture-mutants/ (MUTANTS=name … for
+## some) through a short torture run (MUTANT_SEED, MUTANT_DURATION), which must report the
+## violation of the promise the patch names (scripts/torture-mutant.sh). About 10 minutes a
+## mutant; needs root.
+MUTANTS ?= $(basename $(notdir $(wildcard e2e/torture-mutants/*.patch)))
+MUTANT_SEED ?= 1
+MUTANT_DURATION ?= 4m
+torture-mutants: deps packaging-deps cluster-bins node-bins crio-bins image
+	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
+	  node_bin_dir=$$(e2e/cluster/build.sh --print-node-bin-dir) && \
+	  export IPKEEP_CLUSTER_BIN_DIR="$$bin_dir" IPKEEP_NODE_BIN_DIR="$$node_bin_dir" && \
+	  export IPKEEP_NODE_IMAGE_DIR="$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1)" && \
+	  export IPKEEP_CRIO_BIN_DIR="$$(e2e/cluster/build.sh --print-crio-bin-dir)" && \
+	  $(CARGO) build -q -p ipkeep-operator -p ipkeep-e2e --bins && \
+	  export IPKEEP_OPERATOR_BIN=$(CARGO_OUT)/debug/ipkeep-operator IPKEEP_E2E_BIN=$(CARGO_OUT)/debug/ipkeep-e2e && \
+	  for m in $(MUTANTS); do scripts/torture-mutant.sh $$m $(MUTANT_SEED) $(MUTANT_DURATION) || exit 1; done
 
 ## bench: ipkeep against the reference host-local, side by side, in one run.
 bench: deps plugin

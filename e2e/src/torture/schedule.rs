@@ -6,32 +6,35 @@ use std::{fmt, time::Duration};
 
 use crate::testkit::rng::Rng;
 
-/// The retained StatefulSets of the workload: name, replicas at the start, whether it is
-/// pinned to the tiny node, and its placement.
+/// The retained StatefulSets of the workload.
 pub const SETS: [RetainedSet; 4] = [
     RetainedSet {
         name: "keep-a",
         replicas: 4,
         tiny: false,
         placement: "preferred",
+        retain_for: "90s",
     },
     RetainedSet {
         name: "keep-b",
         replicas: 6,
         tiny: false,
         placement: "required",
+        retain_for: "90s",
     },
     RetainedSet {
         name: "keep-c",
         replicas: 2,
         tiny: false,
         placement: "preferred",
+        retain_for: "90s",
     },
     RetainedSet {
         name: "keep-tiny",
-        replicas: 2,
+        replicas: 3,
         tiny: true,
         placement: "required",
+        retain_for: "5m",
     },
 ];
 
@@ -46,6 +49,10 @@ pub struct RetainedSet {
     pub tiny: bool,
     /// Its `ipkeep.dev/placement`.
     pub placement: &'static str,
+    /// Its `ipkeep.dev/retain-for`: short, so reservations expire (and are judged) within the
+    /// run; `keep-tiny`'s outlasts [`super::oracle::STARVED`], so a node over its budget stays
+    /// over unless the controller yields.
+    pub retain_for: &'static str,
 }
 
 /// The most replicas the unannotated Deployment on the ordinary nodes is scaled to.

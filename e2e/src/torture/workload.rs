@@ -22,8 +22,7 @@ pub const OUTSIDE_NS: &str = "torture-outside";
 pub const OUTSIDE_LABEL: &str = "ipkeep-torture/outside";
 /// The controller's namespace selector the run installs the chart with.
 pub const SELECTOR: &str = "ipkeep-torture/outside!=true";
-/// How long a retained pod's addresses stay reserved after it is gone: short, so reservations
-/// expire (and are judged) within the run.
+/// How long the addresses of the pods made by hand stay reserved after they are gone.
 pub const RETAIN_FOR: &str = "90s";
 
 /// What the workload runs on: the cluster's node names (the first ordinary, the last tiny).
@@ -64,7 +63,7 @@ pub fn manifests(nodes: &Nodes) -> Vec<(String, String)> {
             &placed,
             &[
                 ("ipkeep.dev/retain", "true"),
-                ("ipkeep.dev/retain-for", RETAIN_FOR),
+                ("ipkeep.dev/retain-for", set.retain_for),
                 ("ipkeep.dev/placement", set.placement),
             ],
         );

@@ -19,3 +19,4 @@ mod plot_script;
 mod release_check;
 mod release_publish;
 mod sbom;
+mod torture_mutants;
