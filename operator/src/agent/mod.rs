@@ -29,6 +29,7 @@ pub mod capacity;
 pub mod dirwatch;
 pub mod hostlocal;
 pub mod incharge;
+pub mod ipam;
 pub mod loss;
 pub mod metrics;
 mod sync;
@@ -127,7 +128,19 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         let registry = prometheus::Registry::new();
         let metrics = AgentMetrics::register(&registry)?;
         let readiness = Arc::new(Readiness::default());
-        let probes = ProbeServer::bind(args.metrics_addr, registry, readiness.clone()).await?;
+        let (node, dir, networks) = (
+            args.node_name.clone(),
+            args.data_dir.clone(),
+            args.networks.clone(),
+        );
+        let probes = ProbeServer::bind(args.metrics_addr, registry, readiness.clone())
+            .await?
+            .with_document(
+                ipam::PATH,
+                Arc::new(move || {
+                    Box::pin(ipam::served(node.clone(), dir.clone(), networks.clone()))
+                }),
+            );
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let probe_task = tokio::spawn(probes.run(stopped(stop_rx.clone())));
         if let Some(guarded) = args.guarded()? {
