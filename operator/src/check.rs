@@ -45,6 +45,9 @@ const CHART_NAME: &str = "ipkeep";
 const WAIT_EVERY: Duration = Duration::from_secs(2);
 /// The name of the agents' port that serves `/metrics` and the node view.
 const METRICS_PORT: &str = "metrics";
+/// How long `--ipam` waits for one agent's node view: a node that does not answer is a line of
+/// its own, not a check that hangs.
+const NODE_VIEW_TIMEOUT: Duration = Duration::from_secs(20);
 /// How many names a line lists before "and N more".
 const NAMES_SHOWN: usize = 5;
 
@@ -826,11 +829,16 @@ async fn node_report(client: &Client, namespace: &str, a: &AgentView) -> ipam::N
             );
             match hyper::Request::get(path).body(Vec::new()) {
                 Err(e) => Err(e.to_string()),
-                Ok(request) => match client.request_text(request).await {
-                    Err(e) => Err(why(&e)),
-                    Ok(text) => serde_json::from_str::<crate::agent::ipam::NodeView>(&text)
-                        .map_err(|e| format!("its answer is not a node view ({e})")),
-                },
+                Ok(request) => {
+                    match tokio::time::timeout(NODE_VIEW_TIMEOUT, client.request_text(request))
+                        .await
+                    {
+                        Err(_) => Err(format!("no answer within {}s", NODE_VIEW_TIMEOUT.as_secs())),
+                        Ok(Err(e)) => Err(why(&e)),
+                        Ok(Ok(text)) => serde_json::from_str::<crate::agent::ipam::NodeView>(&text)
+                            .map_err(|e| format!("its answer is not a node view ({e})")),
+                    }
+                }
             }
         }
     };

@@ -21,6 +21,8 @@
 //!   `rm -rf`) makes the next pass a full resync at once ([`dirwatch`], inotify), not at the next
 //!   periodic one; the data directory deleted under the agent's mount makes it exit, to be
 //!   restarted on a fresh mount.
+//! * It serves what is on its node's disk (allocation and reservation files) as JSON at `/ipam` on
+//!   its probe port, which `ipkeep-operator check --ipam` cross-checks ([`ipam`]).
 //! * When the agent is down the files stay as they were: the plugin keeps honouring them, and
 //!   stops honouring each at its `releaseTime` by itself.
 
