@@ -130,19 +130,20 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         let registry = prometheus::Registry::new();
         let metrics = AgentMetrics::register(&registry)?;
         let readiness = Arc::new(Readiness::default());
-        let (node, dir, networks) = (
-            args.node_name.clone(),
-            args.data_dir.clone(),
-            args.networks.clone(),
-        );
-        let probes = ProbeServer::bind(args.metrics_addr, registry, readiness.clone())
-            .await?
-            .with_document(
+        let mut probes = ProbeServer::bind(args.metrics_addr, registry, readiness.clone()).await?;
+        if !args.no_node_view {
+            let (node, dir, networks) = (
+                args.node_name.clone(),
+                args.data_dir.clone(),
+                args.networks.clone(),
+            );
+            probes = probes.with_document(
                 ipam::PATH,
                 Arc::new(move || {
                     Box::pin(ipam::served(node.clone(), dir.clone(), networks.clone()))
                 }),
             );
+        }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let probe_task = tokio::spawn(probes.run(stopped(stop_rx.clone())));
         if let Some(guarded) = args.guarded()? {

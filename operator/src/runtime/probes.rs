@@ -278,3 +278,54 @@ pub(crate) fn reply(
     }
     response
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// The status line and body of `method path` asked of `addr`.
+    async fn ask(addr: SocketAddr, method: &str, path: &str) -> (String, String) {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let request = format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await.unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        (head.lines().next().unwrap().to_owned(), body.to_owned())
+    }
+
+    #[tokio::test]
+    async fn a_document_is_served_as_json_on_get_beside_the_probes() {
+        let server = ProbeServer::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            Registry::new(),
+            Arc::new(Readiness::default()),
+        )
+        .await
+        .unwrap()
+        .with_document(
+            "/doc",
+            Arc::new(|| Box::pin(async { b"{\"a\":1}".to_vec() })),
+        );
+        let addr = server.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+        let (status, body) = ask(addr, "GET", "/doc").await;
+        assert_eq!(
+            (status.as_str(), body.as_str()),
+            ("HTTP/1.1 200 OK", "{\"a\":1}")
+        );
+        let (status, _) = ask(addr, "POST", "/doc").await;
+        assert_eq!(status, "HTTP/1.1 405 Method Not Allowed");
+        let (status, _) = ask(addr, "GET", "/healthz").await;
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        let (status, _) = ask(addr, "GET", "/other").await;
+        assert_eq!(status, "HTTP/1.1 404 Not Found");
+        let _ = stop.send(());
+        serving.await.unwrap();
+    }
+}
