@@ -3,8 +3,10 @@
 //! [`PATH`] on its probe port (beside `/metrics`).
 //!
 //! `check` runs outside the nodes, so the agent says what is on disk. It is served, not written
-//! anywhere: a /24 node's allocations outgrow a pod condition's message, and a ConfigMap would
-//! need a new right and a write per pod start. `check` reaches it through the API server's pod
+//! anywhere: it changes with every pod start and stop, and written (a pod condition, as for lost
+//! reservations, or a ConfigMap, which would need a new right) it would be a write to the API
+//! each time, sent to every watcher, of about 50 KiB for a full /24 (some 210 bytes an
+//! allocation) per network. `check` reaches it through the API server's pod
 //! proxy (`pods/proxy`, an admin's right), so the agent needs no new right either. What it shows
 //! (addresses, container IDs, pod names of this node) is what the node's own files say; the
 //! port is the node's (the agent runs with hostNetwork), as `/metrics` is.
