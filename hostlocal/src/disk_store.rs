@@ -611,6 +611,32 @@ impl Drop for DiskStore<'_> {
     }
 }
 
+/// The pod the container index records for each address, with the container it records it for,
+/// read without the network's lock and without repairing anything: for reports (the agent's
+/// node view that `ipkeep-operator check --ipam` reads), where a record a moment stale or
+/// missing only leaves an allocation's pod unnamed. An index file that cannot be read or parsed
+/// is skipped; the next command under the lock rebuilds it.
+pub fn recorded_pods(net: &NetworkDir) -> BTreeMap<IpAddr, (String, PodKey)> {
+    let mut pods = BTreeMap::new();
+    let Ok(Some(containers)) = net.subdir(&[PRIVATE_DIR, CONTAINERS_DIR], false) else {
+        return pods;
+    };
+    for name in containers.list().unwrap_or_default() {
+        let Ok(Some(raw)) = containers.read_file(&name, MAX_INDEX_FILE) else {
+            continue;
+        };
+        let Ok(file) = serde_json::from_slice::<IndexFile>(&raw) else {
+            continue;
+        };
+        for entry in file.attachments {
+            if let Some(pod) = entry.pod {
+                pods.insert(entry.ip, (file.container_id.clone(), pod));
+            }
+        }
+    }
+    pods
+}
+
 fn serialize_index(container_id: &str, entries: &[IndexEntry]) -> String {
     let file = IndexFile {
         container_id: container_id.to_owned(),

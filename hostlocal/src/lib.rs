@@ -19,5 +19,5 @@ mod disk_store;
 mod resolv;
 
 pub use candidates::Candidates;
-pub use disk_store::{DiskStore, Occupant, go_log_time};
+pub use disk_store::{DiskStore, Occupant, go_log_time, recorded_pods};
 pub use resolv::read as read_resolv_conf;

@@ -12,7 +12,9 @@
 //!   (`ipkeep.dev/InCharge`, `agent::incharge`), with the reason and the fix;
 //! * reservations in conflict, and reservations not protected (`Unprotected`);
 //! * reservation files an agent keeps because their IPReservation was lost
-//!   (`ipkeep.dev/ReservationsLost` on its pod, `rules::loss`), with `recover` as the fix.
+//!   (`ipkeep.dev/ReservationsLost` on its pod, `rules::loss`), with `recover` as the fix;
+//! * with `--ipam`, each node's allocation and reservation files cross-checked with the
+//!   reservations and the pods: leaks, orphans, conflicts ([`ipam`]).
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -41,6 +43,11 @@ pub(crate) const AGENT_LABEL: &str = "app.kubernetes.io/component=agent";
 const CHART_NAME: &str = "ipkeep";
 /// How often `--wait` looks again.
 const WAIT_EVERY: Duration = Duration::from_secs(2);
+/// The name of the agents' port that serves `/metrics` and the node view.
+const METRICS_PORT: &str = "metrics";
+/// How long `--ipam` waits for one agent's node view: a node that does not answer is a line of
+/// its own, not a check that hangs.
+const NODE_VIEW_TIMEOUT: Duration = Duration::from_secs(20);
 /// How many names a line lists before "and N more".
 const NAMES_SHOWN: usize = 5;
 
@@ -87,6 +94,12 @@ pub struct Args {
     /// How long `--wait` waits (`90s`, `5m`, `1h`).
     #[arg(long, default_value = "5m", value_parser = timeout_arg, requires = "wait")]
     pub timeout: Duration,
+    /// Also cross-check every node's allocation files and reservation files (read from its
+    /// agent through the API server's pod proxy: needs `get` on `pods/proxy` in the release's
+    /// namespace) with the reservations and the pods: leaks, orphans and conflicts, each with
+    /// its fix. What is younger than a minute is not judged.
+    #[arg(long)]
+    pub ipam: bool,
 }
 
 fn timeout_arg(text: &str) -> Result<Duration, String> {
@@ -168,6 +181,8 @@ pub struct AgentView {
     /// Its `ipkeep.dev/ReservationsLost` condition's report, or why it could not be read (`None`:
     /// no such condition, an agent before 0.3 or none lost since it started).
     pub lost: Option<Result<LostReport, String>>,
+    /// Its container port named `metrics` (where it serves its node view for `--ipam`).
+    pub port: Option<i32>,
 }
 
 /// A reservation as the checks need it.
@@ -658,12 +673,20 @@ pub(crate) fn agent_view(p: &Pod) -> Option<AgentView> {
             serde_json::from_str::<LostReport>(c.message.as_deref().unwrap_or_default())
                 .map_err(|e| e.to_string())
         });
+    let spec = p.spec.as_ref()?;
+    let port = spec
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|port| port.name.as_deref() == Some(METRICS_PORT))
+        .map(|port| port.container_port);
     Some(AgentView {
         pod: p.name_any(),
-        node: p.spec.as_ref()?.node_name.clone()?,
+        node: spec.node_name.clone()?,
         ready,
         in_charge,
         lost,
+        port,
     })
 }
 
@@ -713,7 +736,26 @@ pub fn main(args: Args) -> anyhow::Result<bool> {
                 ),
             )
             .await?;
-            let lines = lines(&observed, &args.target.namespace, &names);
+            let mut lines = lines(&observed, &args.target.namespace, &names);
+            if args.ipam {
+                let agents = observed.agents.as_deref().unwrap_or_default();
+                let now = jiff::Timestamp::now();
+                lines.extend(match ipam_observe(&client, &args.target.namespace, agents).await {
+                    Ok(o) => ipam::lines(
+                        &o,
+                        &args.target.namespace,
+                        ipkeep_reservation::Timestamp::from_unix_secs(now.as_second()),
+                        ipam::GRACE,
+                    ),
+                    Err(e) => vec![Line {
+                        check: "ipam",
+                        ok: false,
+                        node: None,
+                        message: format!("cannot cross-check the nodes' files: {e}"),
+                        fix: Some("run check again, or with credentials that can list pods and IPReservations in every namespace".into()),
+                    }],
+                });
+            }
             if !args.wait || lines.iter().all(|l| l.ok) || tokio::time::Instant::now() >= deadline {
                 break lines;
             }
@@ -732,6 +774,114 @@ pub fn main(args: Args) -> anyhow::Result<bool> {
     })
 }
 
+/// Reads what `--ipam` cross-checks: the reservations, each agent's node view (through the API
+/// server's pod proxy, every agent at once), the reservations again, and the live pods.
+async fn ipam_observe(
+    client: &Client,
+    namespace: &str,
+    agents: &[AgentView],
+) -> Result<ipam::IpamObserved, String> {
+    let iprs: Api<IPReservation> = Api::all(client.clone());
+    let list = || async {
+        iprs.list(&ListParams::default())
+            .await
+            .map(|l| crate::agent::view::reservations(&l.items))
+            .map_err(|e| format!("failed to list IPReservations: {}", why(&e)))
+    };
+    let before = list().await?;
+    let nodes =
+        futures::future::join_all(agents.iter().map(|a| node_report(client, namespace, a))).await;
+    let after = list().await?;
+    let pods: Api<Pod> = Api::all(client.clone());
+    let pods = pods
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("failed to list pods: {}", why(&e)))?
+        .items
+        .iter()
+        .filter_map(live_pod)
+        .collect();
+    Ok(ipam::IpamObserved {
+        nodes,
+        before,
+        after,
+        pods,
+    })
+}
+
+/// One agent's node view, read through the API server's pod proxy.
+async fn node_report(client: &Client, namespace: &str, a: &AgentView) -> ipam::NodeReport {
+    let (lost, lost_unlisted) = match &a.lost {
+        None => (Default::default(), false),
+        Some(Ok(report)) => (
+            report.lost.iter().map(|l| l.pod.clone()).collect(),
+            report.omitted > 0,
+        ),
+        Some(Err(_)) => (Default::default(), true),
+    };
+    let view = match a.port {
+        None => Err(format!("its pod has no port named {METRICS_PORT}")),
+        Some(port) => {
+            let path = format!(
+                "/api/v1/namespaces/{namespace}/pods/{}:{port}/proxy{}",
+                a.pod,
+                crate::agent::ipam::PATH
+            );
+            match hyper::Request::get(path).body(Vec::new()) {
+                Err(e) => Err(e.to_string()),
+                Ok(request) => {
+                    match tokio::time::timeout(NODE_VIEW_TIMEOUT, client.request_text(request))
+                        .await
+                    {
+                        Err(_) => Err(format!("no answer within {}s", NODE_VIEW_TIMEOUT.as_secs())),
+                        Ok(Err(e)) => Err(why(&e)),
+                        Ok(Ok(text)) => serde_json::from_str::<crate::agent::ipam::NodeView>(&text)
+                            .map_err(|e| format!("its answer is not a node view ({e})")),
+                    }
+                }
+            }
+        }
+    };
+    ipam::NodeReport {
+        node: a.node.clone(),
+        agent: a.pod.clone(),
+        view,
+        lost,
+        lost_unlisted,
+    }
+}
+
+/// A pod that holds its addresses: scheduled, not finished, on the pod network.
+fn live_pod(p: &Pod) -> Option<ipam::LivePod> {
+    let spec = p.spec.as_ref()?;
+    if spec.host_network == Some(true) {
+        return None;
+    }
+    let status = p.status.as_ref()?;
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    Some(ipam::LivePod {
+        key: key_of_pod(p)?,
+        node: spec.node_name.clone()?,
+        ips: status
+            .pod_ips
+            .iter()
+            .flatten()
+            .filter_map(|ip| ip.ip.parse::<std::net::IpAddr>().ok())
+            .map(|ip| ip.to_canonical())
+            .collect(),
+    })
+}
+
+fn key_of_pod(p: &Pod) -> Option<PodKey> {
+    PodKey::new(
+        p.metadata.namespace.as_deref()?,
+        p.metadata.name.as_deref()?,
+    )
+    .ok()
+}
+
 /// The failed checks in one line: `in-charge [node-1], agent`.
 fn failed_summary(lines: &[Line]) -> String {
     lines
@@ -745,5 +895,6 @@ fn failed_summary(lines: &[Line]) -> String {
         .join(", ")
 }
 
+pub mod ipam;
 #[cfg(test)]
 mod tests;

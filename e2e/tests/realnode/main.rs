@@ -19,6 +19,7 @@
 
 mod budget;
 mod chart;
+mod check_ipam;
 mod cluster;
 mod crio;
 mod flannel;

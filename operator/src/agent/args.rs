@@ -47,6 +47,11 @@ pub struct Args {
         default_value = "0.0.0.0:9102"
     )]
     pub metrics_addr: SocketAddr,
+    /// Do not serve the node's allocation and reservation files at `/ipam` on `--metrics-addr`
+    /// (what `ipkeep-operator check --ipam` reads, `agent::ipam`); `check --ipam` then says it
+    /// cannot read this node.
+    #[arg(long, env = "IPKEEP_NO_NODE_VIEW")]
+    pub no_node_view: bool,
     /// Keep `host-local` in the CNI bin directory ipkeep: when something writes it again (a
     /// package or k3s upgrade), install ipkeep again at once, keeping what was written as the new
     /// `host-local.ipkeep-orig` (the chart passes it with `cni.replaceHostLocal`). Given a DIR (as

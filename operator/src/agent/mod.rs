@@ -21,6 +21,8 @@
 //!   `rm -rf`) makes the next pass a full resync at once ([`dirwatch`], inotify), not at the next
 //!   periodic one; the data directory deleted under the agent's mount makes it exit, to be
 //!   restarted on a fresh mount.
+//! * It serves what is on its node's disk (allocation and reservation files) as JSON at `/ipam` on
+//!   its probe port, which `ipkeep-operator check --ipam` cross-checks ([`ipam`]).
 //! * When the agent is down the files stay as they were: the plugin keeps honouring them, and
 //!   stops honouring each at its `releaseTime` by itself.
 
@@ -29,6 +31,7 @@ pub mod capacity;
 pub mod dirwatch;
 pub mod hostlocal;
 pub mod incharge;
+pub mod ipam;
 pub mod loss;
 pub mod metrics;
 mod sync;
@@ -127,7 +130,20 @@ pub fn main(args: Args) -> anyhow::Result<()> {
         let registry = prometheus::Registry::new();
         let metrics = AgentMetrics::register(&registry)?;
         let readiness = Arc::new(Readiness::default());
-        let probes = ProbeServer::bind(args.metrics_addr, registry, readiness.clone()).await?;
+        let mut probes = ProbeServer::bind(args.metrics_addr, registry, readiness.clone()).await?;
+        if !args.no_node_view {
+            let (node, dir, networks) = (
+                args.node_name.clone(),
+                args.data_dir.clone(),
+                args.networks.clone(),
+            );
+            probes = probes.with_document(
+                ipam::PATH,
+                Arc::new(move || {
+                    Box::pin(ipam::served(node.clone(), dir.clone(), networks.clone()))
+                }),
+            );
+        }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let probe_task = tokio::spawn(probes.run(stopped(stop_rx.clone())));
         if let Some(guarded) = args.guarded()? {

@@ -9,6 +9,7 @@ fn agent(node: &str, ready: bool, in_charge: Option<(bool, &str)>) -> AgentView 
         ready,
         in_charge: in_charge.map(|(ok, reason)| (ok, reason.into(), format!("{reason} on {node}"))),
         lost: None,
+        port: Some(9725),
     }
 }
 

@@ -74,12 +74,28 @@ pub enum ProbeError {
     },
 }
 
+/// A JSON document served beside the probes, made anew for every GET (the agent's node view,
+/// `crate::agent::ipam`).
+pub type Document =
+    Arc<dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = Vec<u8>> + Send>> + Send + Sync>;
+
 /// A bound probe server; [`ProbeServer::run`] serves until `shutdown` completes.
-#[derive(Debug)]
 pub struct ProbeServer {
     listener: TcpListener,
     registry: Registry,
     readiness: Arc<Readiness>,
+    /// The documents served besides, by path.
+    documents: Vec<(&'static str, Document)>,
+}
+
+impl std::fmt::Debug for ProbeServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let paths: Vec<&str> = self.documents.iter().map(|(p, _)| *p).collect();
+        f.debug_struct("ProbeServer")
+            .field("listener", &self.listener)
+            .field("documents", &paths)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ProbeServer {
@@ -96,7 +112,14 @@ impl ProbeServer {
             listener,
             registry,
             readiness,
+            documents: Vec::new(),
         })
+    }
+
+    /// Also serves `document` as JSON at `path` (GET).
+    pub fn with_document(mut self, path: &'static str, document: Document) -> Self {
+        self.documents.push((path, document));
+        self
     }
 
     /// The address actually bound.
@@ -108,13 +131,29 @@ impl ProbeServer {
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let registry = Arc::new(self.registry);
         let readiness = self.readiness;
+        let documents = Arc::new(self.documents);
         accept_until(&self.listener, "probe server", shutdown, None, |stream| {
             let registry = registry.clone();
             let readiness = readiness.clone();
+            let documents = documents.clone();
             async move {
                 let service = service_fn(move |req: Request<Incoming>| {
-                    let reply = answer(&req, &registry, &readiness);
-                    async move { Ok::<_, Infallible>(reply) }
+                    let document = (req.method() == Method::GET)
+                        .then(|| documents.iter().find(|(p, _)| *p == req.uri().path()))
+                        .flatten()
+                        .map(|(_, d)| d());
+                    let answered = match document {
+                        Some(document) => Err(document),
+                        None => Ok(answer(&req, &registry, &readiness)),
+                    };
+                    async move {
+                        Ok::<_, Infallible>(match answered {
+                            Ok(answer) => answer,
+                            Err(document) => {
+                                reply(StatusCode::OK, "application/json", document.await)
+                            }
+                        })
+                    }
                 });
                 if let Err(e) = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
@@ -238,4 +277,55 @@ pub(crate) fn reply(
             .insert(hyper::header::CONTENT_TYPE, value);
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// The status line and body of `method path` asked of `addr`.
+    async fn ask(addr: SocketAddr, method: &str, path: &str) -> (String, String) {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let request = format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await.unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        (head.lines().next().unwrap().to_owned(), body.to_owned())
+    }
+
+    #[tokio::test]
+    async fn a_document_is_served_as_json_on_get_beside_the_probes() {
+        let server = ProbeServer::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            Registry::new(),
+            Arc::new(Readiness::default()),
+        )
+        .await
+        .unwrap()
+        .with_document(
+            "/doc",
+            Arc::new(|| Box::pin(async { b"{\"a\":1}".to_vec() })),
+        );
+        let addr = server.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+        let (status, body) = ask(addr, "GET", "/doc").await;
+        assert_eq!(
+            (status.as_str(), body.as_str()),
+            ("HTTP/1.1 200 OK", "{\"a\":1}")
+        );
+        let (status, _) = ask(addr, "POST", "/doc").await;
+        assert_eq!(status, "HTTP/1.1 405 Method Not Allowed");
+        let (status, _) = ask(addr, "GET", "/healthz").await;
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        let (status, _) = ask(addr, "GET", "/other").await;
+        assert_eq!(status, "HTTP/1.1 404 Not Found");
+        let _ = stop.send(());
+        serving.await.unwrap();
+    }
 }
