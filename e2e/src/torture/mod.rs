@@ -458,7 +458,7 @@ async fn run_faults(
 const SETTLE: Duration = Duration::from_secs(300);
 
 /// The quiet end: every pod of the workload running, then promises 2, 3 and 4 judged on what
-/// is left, `ipkeep-operator check` included.
+/// is left, `ipkeep-operator check --ipam` included.
 async fn quiet_end(c: &Cluster, client: &kube::Client, shared: &Mutex<Shared>) {
     let deadline = Instant::now() + SETTLE;
     let mut last = Vec::new();
@@ -524,10 +524,18 @@ async fn quiet_end(c: &Cluster, client: &kube::Client, shared: &Mutex<Shared>) {
     record(&mut lock(shared), found);
 }
 
-/// `ipkeep-operator check` of the release: passed, and what it said.
+/// `ipkeep-operator check --ipam` of the release (its own cross-check of the nodes' files beside
+/// the oracle's): passed, and what it said.
 fn operator_check(c: &Cluster) -> (bool, String) {
     let out = std::process::Command::new(operator_binary())
-        .args(["check", "--namespace", RELEASE_NS, "--release", RELEASE])
+        .args([
+            "check",
+            "--ipam",
+            "--namespace",
+            RELEASE_NS,
+            "--release",
+            RELEASE,
+        ])
         .env("KUBECONFIG", c.plane().kubeconfig_path())
         .output();
     match out {

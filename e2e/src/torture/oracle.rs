@@ -27,6 +27,12 @@ use super::schedule::FaultKind;
 /// pod's status some seconds after its sandbox changed (after a node's reboot the old address
 /// stays in the status until the kubelet's next sync).
 pub const DOUBLE_HOLD_GRACE: SignedDuration = SignedDuration::from_secs(10);
+/// How long before a deletion a pod of the reservation's name must have been created for the
+/// deletion to count as one while it lived: a pod's creation time is kept to the second, and the
+/// controller reads the pod from the API server before it deletes, so a pod created in between
+/// is one it could not see (and one that came after the release time, which the deletion then
+/// honours).
+pub const RACE: SignedDuration = SignedDuration::from_secs(2);
 /// How late after its release time the controller may delete a reservation while no fault holds
 /// it back (it schedules the expiry for that instant; the bound covers a busy API server).
 pub const LATE: SignedDuration = SignedDuration::from_secs(30);
@@ -553,7 +559,7 @@ impl Oracle {
             let lived: Vec<&Life> = self
                 .lives
                 .values()
-                .filter(|l| l.key == d.key && l.from < d.at && l.until > d.at)
+                .filter(|l| l.key == d.key && l.from + RACE < d.at && l.until > d.at)
                 .collect();
             if !lived.is_empty() {
                 found.push(violation(

@@ -253,7 +253,7 @@ pub struct Schedule {
 }
 
 /// The mean gap between two workload operations, and between two faults.
-const OP_GAP: (u64, u64) = (1_000, 3_000);
+const OP_GAP: (u64, u64) = (400, 1_600);
 const FAULT_GAP: (u64, u64) = (8_000, 20_000);
 /// How long a held fault lasts.
 const HOLD: (u64, u64) = (4_000, 15_000);
@@ -463,7 +463,7 @@ mod tests {
             .filter(|(_, st)| matches!(st, Step::Op(Op::DeletePod { .. })))
             .count();
         assert!(faults >= 200, "{faults} faults");
-        assert!(deletes >= 600, "{deletes} pod deletions");
+        assert!(deletes >= 1_500, "{deletes} pod deletions");
         assert!(s.faults().iter().all(|(_, n)| *n >= 12), "{:?}", s.faults());
     }
 

@@ -400,3 +400,27 @@ fn a_new_uid_under_a_known_name_counts_as_a_re_creation() {
     );
     assert_eq!(o.recreations, 1);
 }
+
+#[test]
+fn a_pod_created_within_the_race_of_a_deletion_is_not_one_it_deleted_under() {
+    let kept = reservation("web-0", "r1", &["10.0.0.5"], Some(100));
+    // (case, the new pod's creation, expected)
+    let cases = [
+        ("created a second before", 100, 0),
+        ("created 6 s before", 95, 1),
+    ];
+    for (case, created, want) in cases {
+        let mut o = Oracle::default();
+        let p = pod("web-0", "p2", &[], created);
+        for at in [created, 110, 150] {
+            o.observe(&sample(at, vec![p.clone()], vec![kept.clone()]), &[]);
+        }
+        let d = Deletion {
+            at: t(101),
+            key: ("t".into(), "web-0".into()),
+            user: "ctrl".into(),
+        };
+        let found = o.deletions(&[d], &[], &[]);
+        assert_eq!(found.len(), want, "{case}: {found:?}");
+    }
+}
