@@ -73,6 +73,9 @@ struct TortureArgs {
     /// Also write the report to this file.
     #[arg(long)]
     report: Option<PathBuf>,
+    /// Print the schedule and stop: no cluster (to read what a seed does, or pick one).
+    #[arg(long)]
+    dry_run: bool,
 }
 
 /// A duration in `retainFor`'s grammar (`90s`, `30m`, `2h`).
@@ -304,6 +307,14 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+        Command::Torture(args) if args.dry_run => {
+            ipkeep_e2e::torture::print_schedule(&ipkeep_e2e::torture::schedule::Schedule::draw(
+                args.seed,
+                args.duration,
+                ipkeep_e2e::torture::NODES,
+            ));
+            ExitCode::SUCCESS
         }
         Command::Torture(args) => {
             let options = ipkeep_e2e::torture::Options {

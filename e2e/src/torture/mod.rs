@@ -77,6 +77,28 @@ pub enum TortureError {
     Kube(#[from] kube::Error),
 }
 
+/// How many nodes the run has: node-0 runs CRI-O, the last is the tiny one.
+pub const NODES: usize = 3;
+
+/// Prints the seed and every step of `schedule`, as a run does before it starts.
+pub fn print_schedule(schedule: &Schedule) {
+    use std::io::Write as _;
+    // Written, not println!: a reader that stops early (`| head`) ends the printing, not the run.
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "torture: seed {} for {:?}: {} steps",
+        schedule.seed,
+        schedule.duration,
+        schedule.steps.len()
+    );
+    for (at, step) in &schedule.steps {
+        if writeln!(out, "  {:>8.1}s {step}", at.as_secs_f64()).is_err() {
+            break;
+        }
+    }
+}
+
 /// The tiny node's budget of Released reservations during the run: one of its five addresses,
 /// so `keep-tiny` (three pods) scaled to 0 puts it over and the controller must yield.
 pub const TINY_BUDGET: u32 = 1;
@@ -104,18 +126,10 @@ fn lock(s: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 /// Runs the torture: prints the seed and the schedule first, starts the cluster, runs, stops
 /// the cluster (also when the run fails), and returns what it found.
 pub async fn run(options: Options) -> Result<Report, TortureError> {
-    let nodes = 3;
+    let nodes = NODES;
     let schedule = Schedule::draw(options.seed, options.duration, nodes);
-    println!(
-        "torture: seed {} for {:?} on {nodes} nodes ({:?}): {} steps",
-        options.seed,
-        options.duration,
-        options.cni,
-        schedule.steps.len()
-    );
-    for (at, step) in &schedule.steps {
-        println!("  {:>8.1}s {step}", at.as_secs_f64());
-    }
+    println!("torture: on {nodes} nodes ({:?})", options.cni);
+    print_schedule(&schedule);
     let mut plane = crate::cluster::ControlPlaneOptions {
         audit_log: true,
         audit_policy: Some(AUDIT_POLICY.to_owned()),

@@ -496,8 +496,20 @@ impl Oracle {
 
     /// Promise 5.
     fn not_starved(&mut self, s: &Sample, faults: &[FaultWindow]) -> Vec<Violation> {
+        // What the budget counts: a Released reservation whose pod of that name is not alive again
+        // (a replacement without addresses yet keeps its reservation, whatever the budget).
+        let alive: BTreeSet<(&str, &str)> = s
+            .pods
+            .iter()
+            .filter(|p| p.lives())
+            .map(|p| (p.ns.as_str(), p.name.as_str()))
+            .collect();
         let mut released: HashMap<&str, u32> = HashMap::new();
-        for r in s.reservations.iter().filter(|r| r.released) {
+        for r in s
+            .reservations
+            .iter()
+            .filter(|r| r.released && !alive.contains(&(r.ns.as_str(), r.name.as_str())))
+        {
             *released.entry(r.node.as_str()).or_default() += 1;
         }
         let over = |node: &str| {

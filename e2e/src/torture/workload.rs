@@ -82,7 +82,11 @@ pub fn manifests(nodes: &Nodes) -> Vec<(String, String)> {
     out.push((NS.to_owned(), deployment("churn", 2, &ordinary)));
     out.push((
         NS.to_owned(),
-        tolerating(&deployment("churn-tiny", 1, &[nodes.tiny.as_str()])),
+        tolerating(&deployment(
+            "churn-tiny",
+            super::schedule::TINY_CHURN,
+            &[nodes.tiny.as_str()],
+        )),
     ));
     out
 }

@@ -366,17 +366,26 @@ fn an_unannotated_pod_waiting_on_a_node_over_its_budget_breaks_promise_5() {
             })
             .collect()
     };
-    // (case, Released reservations on the node, its budget, seconds waited, expected)
+    // A replacement of r0 without addresses yet: r0 is not the budget's to yield.
+    let mut back = pod("r0", "b0", &[], 0);
+    back.retained = true;
+    // (case, Released reservations on the node, its budget, seconds waited, r0's pod back, expected)
     let cases = [
-        ("under its budget", 2, 2, 120, 0),
-        ("over its budget, briefly", 3, 2, 30, 0),
-        ("over its budget for long", 3, 2, 120, 1),
+        ("under its budget", 2, 2, 120, false, 0),
+        ("over its budget, briefly", 3, 2, 30, false, 0),
+        ("over its budget for long", 3, 2, 120, false, 1),
+        ("over only by one whose pod is back", 3, 2, 120, true, 0),
     ];
-    for (case, n, budget, waited, want) in cases {
+    for (case, n, budget, waited, is_back, want) in cases {
         let mut o = Oracle::default();
         let mut found = Vec::new();
+        let pods = if is_back {
+            vec![waiting.clone(), back.clone()]
+        } else {
+            vec![waiting.clone()]
+        };
         for at in (0..=waited).step_by(10) {
-            let mut s = sample(at, vec![waiting.clone()], released(n));
+            let mut s = sample(at, pods.clone(), released(n));
             s.budgets.insert("n0".into(), budget);
             found.extend(o.observe(&s, &[]));
         }
