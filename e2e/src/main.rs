@@ -322,7 +322,11 @@ fn main() -> ExitCode {
                 duration: args.duration,
                 cni: args.cni,
             };
-            match runtime.block_on(ipkeep_e2e::torture::run(options)) {
+            let result = runtime.block_on(ipkeep_e2e::torture::run(options));
+            // Its workload's kubectl calls may still be running against the stopped cluster:
+            // they are not waited for.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+            match result {
                 Ok(report) => {
                     let text = report.text();
                     println!("{text}");
@@ -336,6 +340,10 @@ fn main() -> ExitCode {
                     } else {
                         ExitCode::FAILURE
                     }
+                }
+                Err(e @ ipkeep_e2e::torture::TortureError::Interrupted) => {
+                    eprintln!("ipkeep-e2e torture: {e}");
+                    ExitCode::from(130)
                 }
                 Err(e) => {
                     eprintln!("ipkeep-e2e torture: {}", error_chain(&e));

@@ -72,6 +72,9 @@ pub enum TortureError {
     /// Ctrl-C or SIGTERM.
     #[error("interrupted")]
     Interrupted,
+    /// The run's task ended without a report (it panicked).
+    #[error("the run's task failed: {0}")]
+    Task(String),
     /// The API server could not be reached.
     #[error("the API server could not be reached")]
     Kube(#[from] kube::Error),
@@ -153,9 +156,15 @@ pub async fn run(options: Options) -> Result<Report, TortureError> {
         })
         .await?,
     );
+    // The run is a task of its own: its kubectl and helm calls block the runtime's workers, and
+    // Ctrl-C must still be heard (this future is polled by the thread that waits for the run).
+    let mut task = tokio::spawn(drive(Arc::clone(&c), schedule));
     let result = tokio::select! {
-        r = drive(Arc::clone(&c), &schedule) => r,
-        () = crate::demo::interrupted() => Err(TortureError::Interrupted),
+        r = &mut task => r.unwrap_or_else(|e| Err(TortureError::Task(e.to_string()))),
+        () = crate::demo::interrupted() => {
+            task.abort();
+            Err(TortureError::Interrupted)
+        }
     };
     match c.stop() {
         Ok(done) => eprintln!("torture: cluster stopped: {}", done.join(", ")),
@@ -225,7 +234,7 @@ ports:
 }
 
 /// Installs, runs the schedule with the oracle watching, quiets the cluster and judges.
-async fn drive(c: Arc<Cluster>, schedule: &Schedule) -> Result<Report, TortureError> {
+async fn drive(c: Arc<Cluster>, schedule: Schedule) -> Result<Report, TortureError> {
     let proxy = Arc::new(proxy_for_pods(&c).await?);
     let names = c.load_image(&image_archive())?;
     let selector = format!("controller.namespaceSelector={}", workload::SELECTOR);
