@@ -8,13 +8,13 @@
 //! away pod comes back with its address; `kubectl delete ipr` of the other still frees its
 //! address at once (the file gone, nothing reported lost).
 //!
-//! The second test restores etcd from a copy of its data directory taken before a pod was
+//! The second test restores etcd from an `etcdctl snapshot save` taken before a pod was
 //! reserved: the reservation is absent from the restored API, its file kept, and `recover` brings
 //! it back.
 //!
 //! The two tests share a cluster of their own ([`SHAPE`]): the first deletes the CRD, holding the
 //! nodes alone, and leaves every reservation recovered; the second takes the control plane back
-//! in time, and the cluster goes with it. Needs root, `make cluster-bins`, `make node-bins` and `make image`.
+//! in time, and the cluster goes with it. Needs root, `make cluster-bins`, `make etcd-tools-bins`, `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use ipkeep_e2e::cluster::plane::backup::Revisions;
 use ipkeep_e2e::cluster::realnode::Cluster;
 use ipkeep_e2e::testkit::realnode::{self, RELEASE_NS};
 use ipkeep_e2e::testkit::system::{System, phase, retain, statefulset};
@@ -270,27 +271,27 @@ async fn a_deleted_crd_loses_no_address_and_recover_brings_the_reservations_back
     );
 }
 
-/// Copies directory `from` to `to` (`cp -a`: modes, times, as a volume snapshot keeps them).
-fn copy_dir(from: &Path, to: &Path) {
-    let out = Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .output()
-        .expect("failed to run cp");
-    assert!(
-        out.status.success(),
-        "cp -a {} {}: {}",
-        from.display(),
-        to.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+/// Where the snapshot goes: a directory removed when the test ends, failed or not (a snapshot
+/// is a copy of the whole cluster's state, not a log worth keeping), after the ones a killed run
+/// left are removed.
+fn backup_dir() -> tempfile::TempDir {
+    const PREFIX: &str = "ipkeep-rn-etcd-backup-";
+    let tmp = std::env::temp_dir();
+    for entry in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().starts_with(PREFIX) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    tempfile::Builder::new()
+        .prefix(PREFIX)
+        .tempdir_in(tmp)
+        .expect("failed to create the backup directory")
 }
 
-/// An etcd restored from a backup taken before a reservation was made: the snapshot is a copy of
-/// the stopped etcd member's data directory (what a volume snapshot holds; docs/operator.md's
-/// "Backup and restore"), restored as Kubernetes' docs say: etcd stopped, its data replaced,
-/// started again, then kube-apiserver, kube-controller-manager, kube-scheduler and the kubelets
+/// An etcd restored from a backup taken before a reservation was made: `etcdctl snapshot save`
+/// against the running etcd (docs/operator.md's "Backup and restore"), restored as Kubernetes'
+/// docs say: `etcdutl snapshot restore --bump-revision --mark-compacted` into a new data
+/// directory, etcd started on it, then kube-apiserver, kube-controller-manager, kube-scheduler and the kubelets
 /// restarted, and ipkeep's controller and agents too (components that watched the newer state). The reservation
 /// of a pod made and taken away after the backup is absent from the restored API: its file is
 /// kept on the node and reported (the object vanished without a deletion seen), a pod started
@@ -306,16 +307,12 @@ async fn an_etcd_restored_from_an_older_backup_loses_no_address() {
     let ns = sys.ns.clone();
     let dir = realnode::network_dir(realnode::node(c, &node_a));
     let plane = c.plane();
-    let etcd = plane.etcd_data_dir();
-    let scratch = ipkeep_e2e::testkit::Scratch::new("rn-etcd-backup");
-    let backup = scratch.path().join("etcd");
+    let scratch = backup_dir();
+    let backup = scratch.path().join("snapshot.db");
 
-    // The backup: etcd stopped cleanly, its data directory copied, etcd started again.
+    // The backup: `etcdctl snapshot save` against the running etcd.
     plane
-        .restart_component_with("etcd", std::time::Duration::from_secs(5), async {
-            copy_dir(&etcd, &backup);
-        })
-        .await
+        .etcd_snapshot_save(&backup)
         .expect("failed to back etcd up");
 
     // After the backup: a pod reserved, then taken away (its reservation Released).
@@ -324,12 +321,10 @@ async fn an_etcd_restored_from_an_older_backup_loses_no_address() {
     sys.kubectl(&["scale", "statefulset", "late", "--replicas=0"]);
     released_until(&sys, "late-0").await;
 
-    // The restore, then every component that watched the newer state restarted.
+    // The restore (`etcdutl snapshot restore` into a new data directory, etcd started on it),
+    // then every component that watched the newer state restarted.
     plane
-        .restart_component_with("etcd", std::time::Duration::from_secs(5), async {
-            std::fs::remove_dir_all(&etcd).unwrap();
-            copy_dir(&backup, &etcd);
-        })
+        .etcd_snapshot_restore(&backup, Revisions::Bumped)
         .await
         .expect("failed to restore etcd");
     for component in [
