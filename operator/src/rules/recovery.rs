@@ -144,6 +144,11 @@ pub fn plan(
         .map(|l| l.uid.as_str())
         .collect();
     let after = |pod: &PodKey| existing(pod).filter(|e| !deleted.contains(&e.uid.as_str()));
+    // Nor does an object deleted hold an address.
+    let holder = |node: &str, ip: IpAddr| {
+        holder(node, ip)
+            .filter(|by| existing(by).is_none_or(|e| !deleted.contains(&e.uid.as_str())))
+    };
     lost.iter()
         .filter(|l| l.kind == Kind::RestoredReleased || l.release_time.is_none_or(|at| now < at))
         .map(|l| {
@@ -331,7 +336,7 @@ mod tests {
                 "u3",
             ),
             // Released by the node, back in the API: deleted; and the pod's newer reservation,
-            // lost with the restore, is created after.
+            // lost with the restore, whose address the old one claims, is created after.
             with(
                 lost("node-a", "reborn", "10.0.0.4", None),
                 Kind::RestoredReleased,
@@ -365,11 +370,16 @@ mod tests {
             "readdressed" => Some(api_of("node-a", "10.0.0.99", "u1")),
             "agreed" => Some(api_of("node-a", "10.0.0.2", "u2")),
             "renamed" => Some(api_of("node-a", "10.0.0.98", "other")),
-            "reborn" => Some(api_of("node-a", "10.0.0.4", "u4-old")),
+            "reborn" => Some(api_of("node-a", "10.0.0.5", "u4-old")),
             "moved" => Some(api_of("node-a", "10.0.0.7", "u7")),
             _ => None,
         };
-        let got: Vec<(String, Action)> = plan(&reports, api, |_, _| None, now)
+        // The released object brought back holds the address the pod's newer reservation has.
+        let reborn = PodKey::new("db", "reborn").unwrap();
+        let holder = |_: &str, ip: IpAddr| {
+            (ip == "10.0.0.5".parse::<IpAddr>().unwrap()).then(|| reborn.clone())
+        };
+        let got: Vec<(String, Action)> = plan(&reports, api, holder, now)
             .into_iter()
             .map(|(l, a)| (format!("{} {}", l.node, l.pod.name()), a))
             .collect();
