@@ -74,8 +74,15 @@ impl LossReporter {
         events: &Publisher,
     ) {
         let mut by_pod: BTreeMap<PodKey, (ReservationFile, LossCause)> = BTreeMap::new();
+        let mut restored = restored;
         for (file, cause) in lost {
-            if let Ok(key) = file.pod_key() {
+            if cause == LossCause::RestoredOlder {
+                // Kept against the same object elsewhere, older: as an older object here.
+                restored.push(Restored::Older {
+                    kept: file,
+                    api: None,
+                });
+            } else if let Ok(key) = file.pod_key() {
                 by_pod.entry(key).or_insert((file, cause));
             }
         }
@@ -179,19 +186,29 @@ fn restored_note(
     };
     let generation = |g: Option<i64>| g.map_or_else(|| "?".to_owned(), |g| g.to_string());
     match r {
-        Restored::Older { kept, api } => (
-            crate::api::reason::RESTORED_OLDER,
-            "KeepReservationFile",
-            format!(
-                "IPReservation {key} ({}) in the API is generation {} with {}, older than generation {} with {} that node {node}'s file holds: brought back by a restore from an older backup. The file stays and keeps {} for the pod; run `ipkeep-operator recover` (then --apply) to write them back into the object",
-                kept.uid,
-                generation(api.generation),
-                list(&api.ips),
-                generation(kept.generation),
-                list(&kept.ips),
-                list(&kept.ips)
-            ),
-        ),
+        Restored::Older { kept, api } => {
+            let api = api.as_ref().map_or_else(
+                || "on another node, in an older generation".to_owned(),
+                |a| {
+                    format!(
+                        "generation {} with {}",
+                        generation(a.generation),
+                        list(&a.ips)
+                    )
+                },
+            );
+            (
+                crate::api::reason::RESTORED_OLDER,
+                "KeepReservationFile",
+                format!(
+                    "IPReservation {key} ({}) in the API is {api}, older than generation {} with {} that node {node}'s file holds: brought back by a restore from an older backup. The file stays and keeps {} for the pod; run `ipkeep-operator recover` (then --apply) to write them back into the object",
+                    kept.uid,
+                    generation(kept.generation),
+                    list(&kept.ips),
+                    list(&kept.ips)
+                ),
+            )
+        }
         Restored::Released {
             api,
             released_at_generation,
@@ -218,7 +235,7 @@ fn restored_entry(pod: PodKey, r: Restored) -> RestoredReservation {
             uid: kept.uid,
             ips: kept.ips,
             generation: kept.generation.unwrap_or_default(),
-            api_generation: api.generation,
+            api_generation: api.and_then(|a| a.generation),
         },
         Restored::Released {
             api,

@@ -159,8 +159,9 @@ pub enum Restored {
     Older {
         /// The node's file, kept.
         kept: ReservationFile,
-        /// What the API's version would have written.
-        api: ReservationFile,
+        /// What the API's version would have written on this node (`None`: the API has it on
+        /// another node, [`Sighting::ElsewhereOlder`]).
+        api: Option<ReservationFile>,
     },
     /// Released by the node: not written.
     Released {
@@ -216,7 +217,7 @@ pub fn restored(
             desired.files.insert(key, valid);
             found.push(Restored::Older {
                 kept: disk.clone(),
-                api,
+                api: Some(api),
             });
             continue;
         }
