@@ -188,7 +188,7 @@ fn restored_note(
     match r {
         Restored::Older { kept, api } => {
             let api = api.as_ref().map_or_else(
-                || "on another node, in an older generation".to_owned(),
+                || "an older generation on another node".to_owned(),
                 |a| {
                     format!(
                         "generation {} with {}",
@@ -201,7 +201,7 @@ fn restored_note(
                 crate::api::reason::RESTORED_OLDER,
                 "KeepReservationFile",
                 format!(
-                    "IPReservation {key} ({}) in the API is {api}, older than generation {} with {} that node {node}'s file holds: brought back by a restore from an older backup. The file stays and keeps {} for the pod; run `ipkeep-operator recover` (then --apply) to write them back into the object",
+                    "IPReservation {key} ({}) in the API is {api}, while node {node}'s file holds the newer generation {} with {}: a restore from an older backup brought the old version back. The file stays and keeps {} for the pod; run `ipkeep-operator recover` (then --apply) to write them back into the object",
                     kept.uid,
                     generation(kept.generation),
                     list(&kept.ips),
@@ -216,7 +216,7 @@ fn restored_note(
             crate::api::reason::RESTORED_RELEASED,
             "SkipReservationFile",
             format!(
-                "IPReservation {key} ({}) in the API (generation {}, {}) was released by node {node} at generation {released_at_generation}: brought back by a restore from an older backup. No file is written, so {} stay free for whoever got them since; run `ipkeep-operator recover` (then --apply) to delete it",
+                "IPReservation {key} ({}) in the API (generation {}, {}) was released by node {node} at generation {released_at_generation}: a restore from an older backup brought it back. No file is written, so its addresses ({}) stay free for whoever got them since; run `ipkeep-operator recover` (then --apply) to delete it",
                 api.uid,
                 generation(api.generation),
                 list(&api.ips),
