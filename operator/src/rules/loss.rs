@@ -145,11 +145,12 @@ pub fn is_older(api_generation: Option<i64>, file_generation: Option<i64>, diffe
     differs && matches!((api_generation, file_generation), (Some(a), Some(f)) if a < f)
 }
 
-/// Whether the object `uid` at `generation` is one the node released (`released`: uid and the
-/// generation its file held), brought back by a restore: released at that generation or a later
-/// one. An unknown generation is never taken for one.
-pub fn was_released(uid: &str, generation: Option<i64>, released: &[(String, i64)]) -> bool {
-    generation.is_some_and(|g| released.iter().any(|(u, at)| u == uid && g <= *at))
+/// Whether an object at `generation` is one the node released at `released_at` (the generation
+/// its file held then; `None`: the node released no object of that uid), brought back by a
+/// restore: released at that generation or a later one. An unknown generation is never taken for
+/// one.
+pub fn was_released(generation: Option<i64>, released_at: Option<i64>) -> bool {
+    matches!((generation, released_at), (Some(g), Some(at)) if g <= at)
 }
 
 /// What [`restored`] found of one object the API holds.
@@ -204,6 +205,12 @@ pub fn restored(
 ) -> (Vec<Restored>, Vec<ReservationFile>) {
     let mut found = Vec::new();
     let mut lost = Vec::new();
+    // The latest release of each uid (a uid released twice: moved away, back, and away again).
+    let mut released_at: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
+    for (uid, generation) in released {
+        let at = released_at.entry(uid.as_str()).or_insert(*generation);
+        *at = (*at).max(*generation);
+    }
     let keys: Vec<PodKey> = desired.files.keys().cloned().collect();
     for key in keys {
         let Some(api) = desired.files.get(&key).map(|f| (**f).clone()) else {
@@ -221,12 +228,7 @@ pub fn restored(
             });
             continue;
         }
-        let own: Vec<(String, i64)> = released
-            .iter()
-            .filter(|(uid, _)| *uid == api.uid)
-            .cloned()
-            .collect();
-        if was_released(&api.uid, api.generation, &own) {
+        if was_released(api.generation, released_at.get(api.uid.as_str()).copied()) {
             desired.files.remove(&key);
             if let Some(disk) = disk.filter(|d| d.uid != api.uid)
                 && let Ok(valid) = disk.clone().validate()
@@ -234,7 +236,10 @@ pub fn restored(
                 desired.files.insert(key, valid);
                 lost.push(disk.clone());
             }
-            let at = own.iter().map(|(_, g)| *g).max().unwrap_or_default();
+            let at = released_at
+                .get(api.uid.as_str())
+                .copied()
+                .unwrap_or_default();
             found.push(Restored::Released {
                 api,
                 released_at_generation: at,
@@ -449,17 +454,17 @@ mod tests {
         for (what, api, file, differs, want) in older {
             assert_eq!(is_older(api, file, differs), want, "{what}");
         }
-        let released = [("u1".to_owned(), 3), ("u2".to_owned(), 1)];
-        // (what happened, uid, the API's generation, was released)
+        // (what happened, the API's generation, the generation the node released it at, was
+        // released)
         let cases = [
-            ("deleted after the backup, restored", "u1", Some(3), true),
-            ("restored from further back", "u1", Some(1), true),
-            ("moved away and back since", "u1", Some(4), false),
-            ("never released here", "u3", Some(1), false),
-            ("no generation in the API", "u2", None, false),
+            ("deleted after the backup, restored", Some(3), Some(3), true),
+            ("restored from further back", Some(1), Some(3), true),
+            ("moved away and back since", Some(4), Some(3), false),
+            ("never released here", Some(1), None, false),
+            ("no generation in the API", None, Some(1), false),
         ];
-        for (what, uid, generation, want) in cases {
-            assert_eq!(was_released(uid, generation, &released), want, "{what}");
+        for (what, generation, released_at, want) in cases {
+            assert_eq!(was_released(generation, released_at), want, "{what}");
         }
     }
 
