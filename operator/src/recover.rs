@@ -497,3 +497,57 @@ pub fn main(args: Args) -> anyhow::Result<bool> {
         Ok(!needs_a_person(&outcomes, &unreadable))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16, message: &str) -> kube::core::Status {
+        serde_json::from_value(json!({"code": code, "message": message, "status": "Failure"}))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_terminating_namespace_is_skipped_not_failed() {
+        // What the NamespaceLifecycle admission plugin answers (kube-apiserver 1.34).
+        let refused = status(
+            403,
+            "ipreservations.ipkeep.dev \"db-0\" is forbidden: unable to create new content in namespace db because it is being terminated",
+        );
+        assert!(terminating(&refused));
+        assert!(!terminating(&status(
+            403,
+            "ipreservations.ipkeep.dev is forbidden: User \"x\" cannot create resource"
+        )));
+        assert!(!terminating(&status(500, "because it is being terminated")));
+        let lost = |release: Option<i64>| Lost {
+            node: "node-a".into(),
+            pod: PodKey::new("db", "db-0").unwrap(),
+            ips: vec!["10.0.0.1".parse().unwrap()],
+            release_time: release.map(Timestamp::from_unix_secs),
+            uid: "u".into(),
+            kind: Kind::Lost,
+        };
+        assert!(going(&lost(Some(1_900_000_000))).contains("released at its release time"));
+        assert!(going(&lost(None)).contains("removed by hand on node-a"));
+        let outcome = |action: &'static str| Outcome {
+            reservation: "db/db-0".into(),
+            node: "node-a".into(),
+            ips: vec!["10.0.0.1".into()],
+            release_time: None,
+            uid: "u".into(),
+            action,
+            detail: None,
+        };
+        assert!(!needs_a_person(
+            &[outcome("skipped"), outcome("created")],
+            &[]
+        ));
+        assert!(needs_a_person(
+            &[outcome("skipped"), outcome("failed")],
+            &[]
+        ));
+        let summary = text(&[outcome("skipped")], &[], true);
+        assert!(summary.contains("1 skipped"), "{summary}");
+    }
+}
