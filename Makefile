@@ -45,7 +45,7 @@ STEP := scripts/step.sh
 .PHONY: all build plugin check test lint deps packaging-deps docker-deps demo bench bench-controller bench-scale bench-agent \
   bench-api-cost bench-e2e fmt crds operator-static image chart-test cluster-bins node-bins flannel-bins crio-bins docker-plugin \
   bench-docker plan-demo plan-test check-fresh release release-check previous-release arm64-deps arm64 test-arm64 \
-  image-arm64 sbom registry-bin publish monitoring-picture torture torture-mutants
+  image-arm64 sbom registry-bin etcd-tools-bins publish monitoring-picture torture torture-mutants
 
 all: build
 
@@ -99,6 +99,12 @@ crio-bins: deps
 registry-bin:
 	@e2e/cluster/build.sh --registry >/dev/null
 
+## etcd-tools-bins: etcdctl and etcdutl at the control plane's etcd version (versions.env), which
+## the etcd-restore test backs etcd up and restores it with, as an operator does; the same kind of
+## cache, apart from cluster-bins' so that adding them rebuilt nothing else.
+etcd-tools-bins:
+	@e2e/cluster/build.sh --etcd-tools >/dev/null
+
 build:
 	$(CARGO) build --workspace --all-targets
 
@@ -127,7 +133,7 @@ check: lint
 # (kubectl of the same version as the API server), never the machine's own. lint comes first: it
 # fails in minutes, before the long builds.
 test: plan-test lint deps packaging-deps docker-deps arm64-deps cluster-bins node-bins flannel-bins crio-bins registry-bin \
-  plugin image image-arm64 sbom docker-plugin previous-release
+  etcd-tools-bins plugin image image-arm64 sbom docker-plugin previous-release
 	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
 	  node_bin_dir=$$(e2e/cluster/build.sh --print-node-bin-dir) && \
 	  node_image_dir=$$(scripts/build-node-images.sh "$$node_bin_dir" | tail -n 1) && \
@@ -136,6 +142,7 @@ test: plan-test lint deps packaging-deps docker-deps arm64-deps cluster-bins nod
 	  export IPKEEP_FLANNEL_BIN_DIR="$$(e2e/cluster/build.sh --print-flannel-bin-dir)" && \
 	  export IPKEEP_CRIO_BIN_DIR="$$(e2e/cluster/build.sh --print-crio-bin-dir)" && \
 	  export IPKEEP_REGISTRY_BIN_DIR="$$(e2e/cluster/build.sh --print-registry-bin-dir)" && \
+	  export IPKEEP_ETCD_TOOLS_BIN_DIR="$$(e2e/cluster/build.sh --print-etcd-tools-bin-dir)" && \
 	  echo "make test: control plane binaries and kubectl from $$bin_dir, node binaries from $$node_bin_dir" && \
 	  $(CARGO) test --workspace --no-fail-fast 2>&1 | tee target/test.log && \
 	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \

@@ -14,12 +14,14 @@
 #   e2e/cluster/build.sh --print-crio-bin-dir   print their bin dir, build nothing
 #   e2e/cluster/build.sh --registry             the OCI registry (distribution's) and registry-htpasswd (its logins)
 #   e2e/cluster/build.sh --print-registry-bin-dir  print their bin dir, build nothing
+#   e2e/cluster/build.sh --etcd-tools           etcdctl and etcdutl (snapshot save and restore, as an operator backs etcd up)
+#   e2e/cluster/build.sh --print-etcd-tools-bin-dir  print their bin dir, build nothing
 #   e2e/cluster/build.sh --update-modules       rewrite the wrapper go.mod/go.sum files to versions.env
 #
 # The binaries go to $IPKEEP_CACHE_DIR (default ~/.cache/ipkeep)/k8s-<k8s>-etcd-<etcd>-helm-<helm>/bin
 # (the node's to node-k8s-<k8s>-containerd-<containerd>/bin, flannel's to
 # flannel-<flannel>-cni-<plugin>/bin, CRI-O's to crio-<crio>-plugins-<plugins>/bin, the
-# registry's to registry-<distribution>/bin), outside the work tree, keyed by the
+# registry's to registry-<distribution>/bin, etcdctl's and etcdutl's to etcd-tools-<etcd>/bin), outside the work tree, keyed by the
 # versions in versions.env: a second run costs a second. A finished build is renamed into place
 # whole, so an interrupted build never looks complete.
 set -euo pipefail
@@ -46,6 +48,11 @@ crio_bins=(crio pinns bridge host-local portmap loopback cnitool)
 registry_key="registry-${REGISTRY_VERSION}"
 registry_out="$cache_root/$registry_key"
 registry_bins=(registry registry-htpasswd)
+# Apart from the plane's etcd so that adding them did not change the plane's cache key (every
+# machine would have rebuilt the whole control plane for two tools).
+etcd_tools_key="etcd-tools-${ETCD_VERSION}"
+etcd_tools_out="$cache_root/$etcd_tools_key"
+etcd_tools_bins=(etcdctl etcdutl)
 
 say() { echo "cluster-bins: $*" >&2; }
 die() { echo "cluster-bins: error: $*" >&2; exit 1; }
@@ -68,6 +75,11 @@ check_modules() {
   fi
   grep -Eq "^\s*go\.etcd\.io/etcd/server/v3 $ETCD_VERSION\b" "$here/etcd/go.mod" \
     || die "e2e/cluster/etcd/go.mod does not require go.etcd.io/etcd/server/v3 $ETCD_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
+  local tool
+  for tool in etcdctl etcdutl; do
+    grep -Eq "^\s*go\.etcd\.io/etcd/$tool/v3 $ETCD_VERSION\b" "$here/etcd-tools/go.mod" \
+      || die "e2e/cluster/etcd-tools/go.mod does not require go.etcd.io/etcd/$tool/v3 $ETCD_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
+  done
   grep -Eq "^\s*helm\.sh/helm/v3 $HELM_VERSION\b" "$here/helm/go.mod" \
     || die "e2e/cluster/helm/go.mod does not require helm.sh/helm/v3 $HELM_VERSION (versions.env); run e2e/cluster/build.sh --update-modules"
   grep -Eq "^\s*github\.com/containerd/containerd/v2 $CONTAINERD_VERSION\b" "$here/containerd/go.mod" \
@@ -93,6 +105,8 @@ update_modules() {
   (cd "$here/k8s" && sed -i -E "s#^(\s*(require )?k8s\.io/kubernetes) v[^ ]*#\1 $KUBERNETES_VERSION#; s#^(\s+k8s\.io/[a-z-]+ => k8s\.io/[a-z-]+) v.*#\1 $sv#" go.mod \
     && go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$KUBERNETES_VERSION" && go mod tidy)
   (cd "$here/etcd" && go get -tool "go.etcd.io/etcd/server/v3@$ETCD_VERSION" && go mod tidy)
+  (cd "$here/etcd-tools" && go get -tool "go.etcd.io/etcd/etcdctl/v3@$ETCD_VERSION" \
+    "go.etcd.io/etcd/etcdutl/v3@$ETCD_VERSION" && go mod tidy)
   (cd "$here/helm" && go get -tool "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" && go mod tidy)
   (cd "$here/containerd" && go get -tool "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
     "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
@@ -121,11 +135,13 @@ case "${1:-}" in
   --print-flannel-bin-dir) echo "$flannel_out/bin"; exit 0 ;;
   --print-crio-bin-dir) echo "$crio_out/bin"; exit 0 ;;
   --print-registry-bin-dir) echo "$registry_out/bin"; exit 0 ;;
+  --print-etcd-tools-bin-dir) echo "$etcd_tools_out/bin"; exit 0 ;;
   --update-modules) need_go; update_modules; check_modules; say "go.mod files follow versions.env"; exit 0 ;;
   --node) mode=node; key=$node_key; out=$node_out; bins=("${node_bins[@]}") ;;
   --flannel) mode=flannel; key=$flannel_key; out=$flannel_out; bins=("${flannel_bins[@]}") ;;
   --crio) mode=crio; key=$crio_key; out=$crio_out; bins=("${crio_bins[@]}") ;;
   --registry) mode=registry; key=$registry_key; out=$registry_out; bins=("${registry_bins[@]}") ;;
+  --etcd-tools) mode=etcd-tools; key=$etcd_tools_key; out=$etcd_tools_out; bins=("${etcd_tools_bins[@]}") ;;
   "") ;;
   *) die "unknown argument $1 (see the header of $0)" ;;
 esac
@@ -250,6 +266,18 @@ if [ "$mode" = registry ]; then
     && step registry-htpasswd go build -ldflags "-s -w" -o "$stage/bin/registry-htpasswd" ./htpasswd)
   "$stage/bin/registry" --version 2>/dev/null | grep " $REGISTRY_VERSION\$" >/dev/null \
     || die "the built registry does not report $REGISTRY_VERSION: the version stamp did not take"
+  finish
+  exit 0
+fi
+
+if [ "$mode" = etcd-tools ]; then
+  # Stamped as the plane's etcd is; both report the etcd version they restore and save with.
+  (cd "$here/etcd-tools" && for t in etcdctl etcdutl; do
+    step "$t" go build -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" \
+      -o "$stage/bin/$t" "go.etcd.io/etcd/$t/v3"
+  done)
+  "$stage/bin/etcdutl" version 2>/dev/null | grep "${ETCD_VERSION#v}" >/dev/null \
+    || die "the built etcdutl does not report ${ETCD_VERSION#v}"
   finish
   exit 0
 fi

@@ -457,3 +457,94 @@ fn a_stale_state_dir_of_a_killed_run_is_reaped() {
     );
     assert!(!cli_dir.exists());
 }
+
+/// The harness's etcd backup and restore, as an operator does them (`e2e/src/cluster/plane/
+/// backup.rs`): `etcdctl snapshot save`, then a write, then `etcdutl snapshot restore
+/// --bump-revision --mark-compacted` and kube-apiserver restarted. The write is gone, the
+/// revision went up rather than back, and a watch from a revision before the restore ends with
+/// 410 Gone (so every informer lists again: what restarting the kubelets did by hand). Needs
+/// `make etcd-tools-bins` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_snapshot_restore_goes_back_and_its_revisions_go_on_up() {
+    use futures::StreamExt;
+    use ipkeep_e2e::cluster::plane::backup::Revisions;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+    let parent = Scratch::new("e2e-etcd-restore");
+    let plane = ControlPlane::start(ControlPlaneOptions {
+        state_parent: Some(parent.path().to_path_buf()),
+        ..ControlPlaneOptions::default()
+    })
+    .await
+    .expect("start");
+    let maps: Api<ConfigMap> = Api::namespaced(plane.client().unwrap(), "default");
+    let map = |name: &str| -> ConfigMap {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap()
+    };
+    maps.create(&PostParams::default(), &map("before"))
+        .await
+        .unwrap();
+    let snapshot = parent.path().join("snapshot.db");
+    plane.etcd_snapshot_save(&snapshot).expect("snapshot save");
+    maps.create(&PostParams::default(), &map("after"))
+        .await
+        .unwrap();
+    let seen: u64 = maps
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    plane
+        .etcd_snapshot_restore(&snapshot, Revisions::Bumped)
+        .await
+        .expect("snapshot restore");
+    plane
+        .restart_component("kube-apiserver", Duration::from_millis(100))
+        .await
+        .expect("kube-apiserver restarted");
+    let maps: Api<ConfigMap> = Api::namespaced(plane.client().unwrap(), "default");
+    let names: Vec<String> = maps
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|m| m.metadata.name)
+        .filter(|n| n == "before" || n == "after")
+        .collect();
+    assert_eq!(
+        names,
+        ["before"],
+        "the restore did not go back to the snapshot"
+    );
+    let now: u64 = maps
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap()
+        .parse()
+        .unwrap();
+    eprintln!("list resourceVersion {seen} before the restore, {now} after");
+    assert!(now > seen, "the revision went back: {seen} → {now}");
+    let events = maps
+        .watch(&WatchParams::default(), &seen.to_string())
+        .await
+        .expect("a watch request");
+    let mut events = std::pin::pin!(events);
+    let first = events
+        .next()
+        .await
+        .expect("a watch event")
+        .expect("an event");
+    assert!(
+        matches!(&first, WatchEvent::Error(e) if e.code == 410),
+        "a watch from before the restore did not end with 410 Gone: {first:?}"
+    );
+}

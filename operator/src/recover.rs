@@ -22,10 +22,11 @@ use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 use serde_json::json;
 
+use crate::api::lost::RestoredKind;
 use crate::api::{self, IPReservation, key_of};
 use crate::check::{AGENT_LABEL, Names, agent_view};
 use crate::controller::reconcile::FIELD_MANAGER;
-use crate::rules::recovery::{Action, Existing, Lost, agrees, plan};
+use crate::rules::recovery::{Action, Existing, Kind, Lost, agrees, plan};
 
 /// The annotation on a re-created reservation naming the lost object's uid.
 pub const RECOVERED_FROM: &str = "ipkeep.dev/recovered-from-uid";
@@ -59,7 +60,8 @@ pub struct Outcome {
     pub release_time: Option<String>,
     /// The lost object's uid.
     pub uid: String,
-    /// `create` (dry run), `created`, `present`, `refused`, `failed`.
+    /// `create`, `rewrite`, `delete` (dry run), `created`, `rewritten`, `deleted`, `present`,
+    /// `skipped` (its namespace is being deleted), `refused`, `failed`.
     pub action: &'static str,
     /// Why, for `refused` and `failed`; the `retainFor` written for `create`/`created`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -120,6 +122,18 @@ async fn reported(
                     ips: l.ips,
                     release_time: l.release_time,
                     uid: l.uid,
+                    kind: Kind::Lost,
+                }));
+                lost.extend(report.restored.into_iter().map(|r| Lost {
+                    node: agent.node.clone(),
+                    pod: r.pod,
+                    ips: r.ips,
+                    release_time: None,
+                    uid: r.uid,
+                    kind: match r.kind {
+                        RestoredKind::Older => Kind::RestoredOlder,
+                        RestoredKind::Released => Kind::RestoredReleased,
+                    },
                 }));
             }
             Some(Err(e)) => unreadable.push(format!(
@@ -136,6 +150,7 @@ async fn reported(
 
 fn existing_of(r: &IPReservation) -> Existing {
     Existing {
+        uid: r.uid().unwrap_or_default(),
         node: r.spec.node_name.clone(),
         ips: r
             .spec
@@ -174,33 +189,28 @@ pub async fn run(
         .collect();
     let holder = |node: &str, ip: IpAddr| holders.get(&(node, ip)).map(|p| (*p).clone());
     let now = Timestamp::from_system_time(std::time::SystemTime::now());
+    let planned = plan(&lost, |pod| existing.get(pod).cloned(), holder, now);
+    // Deletions first: a lost reservation of the same pod is created after.
+    let order = planned
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, a))| matches!(a, Action::Delete))
+        .chain(
+            planned
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, a))| !matches!(a, Action::Delete)),
+        )
+        .map(|(i, _)| i)
+        .collect::<Vec<_>>();
+    let mut done: BTreeMap<usize, (&'static str, Option<String>)> = BTreeMap::new();
+    for i in order {
+        let (l, action) = &planned[i];
+        done.insert(i, act(client, l, action, apply).await);
+    }
     let mut outcomes = Vec::new();
-    for (l, action) in plan(&lost, |pod| existing.get(pod).cloned(), holder, now) {
-        let (action, detail) = match action {
-            Action::Present => ("present", None),
-            Action::Disagrees(e) => ("refused", Some(disagreement(&e))),
-            Action::AddressHeld { ip, by } => (
-                "refused",
-                Some(format!(
-                    "{ip} is held in the API by {by} on the same node (after a restore from an older backup: a reservation released since, brought back): not created; delete {by} if it is the stale one, then run recover again"
-                )),
-            ),
-            Action::ClaimedBy(nodes) => (
-                "refused",
-                Some(format!(
-                    "the nodes {} each keep a file for this pod: none is re-created; keep the right one by creating it by hand",
-                    nodes.join(", ")
-                )),
-            ),
-            Action::Create { retain_for } => {
-                let detail = retain_for.map(|r| format!("retainFor {r}"));
-                if apply {
-                    create(client, &l, retain_for.map(|r| r.to_string()).as_deref()).await
-                } else {
-                    ("create", detail)
-                }
-            }
-        };
+    for (i, (l, _)) in planned.into_iter().enumerate() {
+        let (action, detail) = done.remove(&i).unwrap_or(("failed", None));
         outcomes.push(Outcome {
             reservation: l.pod.to_string(),
             node: l.node,
@@ -212,6 +222,119 @@ pub async fn run(
         });
     }
     Ok((outcomes, unreadable))
+}
+
+/// Does (with `apply`) or says (without) what the plan decided for one reservation.
+async fn act(
+    client: &Client,
+    l: &Lost,
+    action: &Action,
+    apply: bool,
+) -> (&'static str, Option<String>) {
+    match action {
+        Action::Present => ("present", None),
+        Action::Disagrees(e) => ("refused", Some(disagreement(e))),
+        Action::AddressHeld { ip, by } => (
+            "refused",
+            Some(format!(
+                "{ip} is held in the API by {by} on the same node (after a restore from an older backup: a reservation released since, brought back): not created; delete {by} if it is the stale one, then run recover again"
+            )),
+        ),
+        Action::ClaimedBy(nodes) => (
+            "refused",
+            Some(format!(
+                "the nodes {} each keep a file for this pod: none is re-created; keep the right one by creating it by hand",
+                nodes.join(", ")
+            )),
+        ),
+        Action::Create { retain_for } => {
+            let detail = retain_for.map(|r| format!("retainFor {r}"));
+            if apply {
+                create(client, l, retain_for.map(|r| r.to_string()).as_deref()).await
+            } else {
+                ("create", detail)
+            }
+        }
+        Action::Rewrite => {
+            if apply {
+                rewrite(client, l).await
+            } else {
+                ("rewrite", Some(REWRITE.into()))
+            }
+        }
+        Action::Delete => {
+            if apply {
+                delete(client, l).await
+            } else {
+                ("delete", Some(DELETE.into()))
+            }
+        }
+        Action::Gone => (
+            "present",
+            Some("released by the node, and gone from the API already".into()),
+        ),
+        Action::KeptBy(node) => (
+            "present",
+            Some(format!(
+                "released by this node, but node {node}'s file holds it (it moved there): rewritten from that node's report, not deleted"
+            )),
+        ),
+    }
+}
+
+/// What a rewrite does, for the dry run and the result.
+const REWRITE: &str = "the API holds an older version (a restore): the node's addresses and node are written back into it";
+/// What a deletion does, for the dry run and the result.
+const DELETE: &str = "the node released it, a restore brought it back: deleted, its addresses stay with whoever got them since";
+
+/// Writes the node's addresses and node back into an older version of the object, that uid
+/// only (server-side apply as the controller, with the uid as a precondition).
+async fn rewrite(client: &Client, l: &Lost) -> (&'static str, Option<String>) {
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), l.pod.namespace());
+    let body = json!({
+        "apiVersion": "ipkeep.dev/v1alpha1",
+        "kind": "IPReservation",
+        "metadata": {
+            "name": l.pod.name(),
+            "namespace": l.pod.namespace(),
+            "uid": l.uid,
+        },
+        "spec": {
+            "ips": l.ips.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "nodeName": l.node,
+        },
+    });
+    match api
+        .patch(
+            l.pod.name(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+    {
+        Ok(_) => ("rewritten", Some(REWRITE.into())),
+        Err(e) => ("failed", Some(crate::runtime::logging::error_chain(&e))),
+    }
+}
+
+/// Deletes an object the node released, that uid only.
+async fn delete(client: &Client, l: &Lost) -> (&'static str, Option<String>) {
+    let api: Api<IPReservation> = Api::namespaced(client.clone(), l.pod.namespace());
+    let params = kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(l.uid.clone()),
+            resource_version: None,
+        }),
+        ..kube::api::DeleteParams::default()
+    };
+    match api.delete(l.pod.name(), &params).await {
+        Ok(_) => ("deleted", Some(DELETE.into())),
+        Err(kube::Error::Api(ae)) if ae.code == 404 => (
+            "present",
+            Some("released by the node, and gone from the API already".into()),
+        ),
+        Err(e) => ("failed", Some(crate::runtime::logging::error_chain(&e))),
+    }
 }
 
 fn disagreement(e: &Existing) -> String {
@@ -269,8 +392,34 @@ async fn create(
         .await
     {
         Ok(_) => ("created", retain_for.map(|r| format!("retainFor {r}"))),
+        Err(kube::Error::Api(ae)) if terminating(&ae) => ("skipped", Some(going(l))),
         Err(e) => ("failed", Some(crate::runtime::logging::error_chain(&e))),
     }
+}
+
+/// Whether the API server refused a create because the namespace is being deleted (403, "…
+/// because it is being terminated", as the NamespaceLifecycle admission plugin says it).
+fn terminating(ae: &kube::core::Status) -> bool {
+    ae.code == 403 && ae.message.contains("because it is being terminated")
+}
+
+/// What becomes of a lost reservation whose namespace is being deleted: nothing to recover.
+fn going(l: &Lost) -> String {
+    let until = l.release_time.map_or_else(
+        || {
+            format!(
+                "it has no release time (its pod held the addresses), so it stays until removed by hand on {}: delete reserved/{}/{} in the network's directory",
+                l.node,
+                l.pod.namespace(),
+                l.pod.name()
+            )
+        },
+        |t| format!("it is released at its release time {t}"),
+    );
+    format!(
+        "namespace {} is being deleted: its pods go with it and nothing can be created in it, so there is nothing to recover; the node's file keeps the addresses until then: {until}",
+        l.pod.namespace()
+    )
 }
 
 /// The outcomes as text: one line each, then a summary.
@@ -302,15 +451,18 @@ pub fn text(outcomes: &[Outcome], unreadable: &[String], apply: bool) -> String 
     let count = |a: &str| outcomes.iter().filter(|o| o.action == a).count();
     let _ = writeln!(
         out,
-        "{} lost reservations: {} to create{}, {} present, {} refused, {} failed",
+        "{} lost reservations: {} to create{}, {} to rewrite, {} to delete, {} present, {} skipped, {} refused, {} failed",
         outcomes.len(),
         count("create") + count("created"),
         if apply {
             format!(" ({} created)", count("created"))
         } else {
-            " (a dry run: --apply creates them)".to_owned()
+            " (a dry run: --apply creates, rewrites and deletes them)".to_owned()
         },
+        count("rewrite") + count("rewritten"),
+        count("delete") + count("deleted"),
         count("present"),
+        count("skipped"),
         count("refused"),
         count("failed")
     );
@@ -344,4 +496,58 @@ pub fn main(args: Args) -> anyhow::Result<bool> {
         }
         Ok(!needs_a_person(&outcomes, &unreadable))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16, message: &str) -> kube::core::Status {
+        serde_json::from_value(json!({"code": code, "message": message, "status": "Failure"}))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_terminating_namespace_is_skipped_not_failed() {
+        // What the NamespaceLifecycle admission plugin answers (kube-apiserver 1.34).
+        let refused = status(
+            403,
+            "ipreservations.ipkeep.dev \"db-0\" is forbidden: unable to create new content in namespace db because it is being terminated",
+        );
+        assert!(terminating(&refused));
+        assert!(!terminating(&status(
+            403,
+            "ipreservations.ipkeep.dev is forbidden: User \"x\" cannot create resource"
+        )));
+        assert!(!terminating(&status(500, "because it is being terminated")));
+        let lost = |release: Option<i64>| Lost {
+            node: "node-a".into(),
+            pod: PodKey::new("db", "db-0").unwrap(),
+            ips: vec!["10.0.0.1".parse().unwrap()],
+            release_time: release.map(Timestamp::from_unix_secs),
+            uid: "u".into(),
+            kind: Kind::Lost,
+        };
+        assert!(going(&lost(Some(1_900_000_000))).contains("released at its release time"));
+        assert!(going(&lost(None)).contains("removed by hand on node-a"));
+        let outcome = |action: &'static str| Outcome {
+            reservation: "db/db-0".into(),
+            node: "node-a".into(),
+            ips: vec!["10.0.0.1".into()],
+            release_time: None,
+            uid: "u".into(),
+            action,
+            detail: None,
+        };
+        assert!(!needs_a_person(
+            &[outcome("skipped"), outcome("created")],
+            &[]
+        ));
+        assert!(needs_a_person(
+            &[outcome("skipped"), outcome("failed")],
+            &[]
+        ));
+        let summary = text(&[outcome("skipped")], &[], true);
+        assert!(summary.contains("1 skipped"), "{summary}");
+    }
 }

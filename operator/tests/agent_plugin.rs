@@ -70,6 +70,7 @@ fn file(
         release_time: release,
         uid,
         node_name: Some("node-a".into()),
+        generation: None,
     }
     .validate()
     .unwrap()

@@ -566,18 +566,15 @@ fn the_younger_of_two_reservations_claiming_an_address_gets_a_conflict() {
 #[test]
 fn conflict_holder_is_the_oldest_claim() {
     use ipkeep_operator::rules::lifecycle::{Claim, holder};
-    let a = Claim {
-        key: PodKey::new("ns", "a").unwrap(),
-        created: t("2026-01-01T00:00:00Z"),
+    let claim = |name: &str, created: &str| Claim {
+        key: PodKey::new("ns", name).unwrap(),
+        created: t(created),
+        bound: false,
+        yielded: false,
     };
-    let b = Claim {
-        key: PodKey::new("ns", "b").unwrap(),
-        created: t("2026-01-02T00:00:00Z"),
-    };
-    let c = Claim {
-        key: PodKey::new("ns", "c").unwrap(),
-        created: t("2026-01-02T00:00:00Z"),
-    };
+    let a = claim("a", "2026-01-01T00:00:00Z");
+    let b = claim("b", "2026-01-02T00:00:00Z");
+    let c = claim("c", "2026-01-02T00:00:00Z");
     let all = [a.clone(), b.clone(), c.clone()];
     assert_eq!(holder(&a, &all), None, "the oldest holds");
     assert_eq!(holder(&b, &all), Some(&a));
@@ -590,6 +587,62 @@ fn conflict_holder_is_the_oldest_claim() {
         Some(&b),
         "same age: by name"
     );
+}
+
+#[test]
+fn conflict_the_live_pod_keeps_its_address_and_a_decision_stays() {
+    use ipkeep_operator::rules::lifecycle::{Claim, holder};
+    let claim = |name: &str, created: &str, bound: bool, yielded: bool| Claim {
+        key: PodKey::new("ns", name).unwrap(),
+        created: t(created),
+        bound,
+        yielded,
+    };
+    let old = "2026-01-01T00:00:00Z";
+    let new = "2026-03-01T00:00:00Z";
+    // (what happened, me, the other, whether the other holds against me)
+    let cases = [
+        (
+            "restored: a reservation released since, older than the live pod's re-created one",
+            claim("restored", old, false, false),
+            claim("live", new, true, false),
+            true,
+        ),
+        (
+            "the live pod's, against the restored one",
+            claim("live", new, true, false),
+            claim("restored", old, false, false),
+            false,
+        ),
+        (
+            "the live pod went away: the restored one stays yielded",
+            claim("restored", old, false, true),
+            claim("live", new, false, false),
+            true,
+        ),
+        (
+            "both away, neither decided: the older",
+            claim("young", new, false, false),
+            claim("old", old, false, false),
+            true,
+        ),
+        (
+            "both bound: the older",
+            claim("young", new, true, false),
+            claim("old", old, true, false),
+            true,
+        ),
+        (
+            "a hand-made reservation cannot take a live pod's address",
+            claim("by-hand", new, false, false),
+            claim("live", old, true, false),
+            true,
+        ),
+    ];
+    for (what, me, other, held) in cases {
+        let others = [me.clone(), other.clone()];
+        assert_eq!(holder(&me, &others).is_some(), held, "{what}");
+    }
 }
 
 #[test]

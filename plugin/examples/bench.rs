@@ -76,6 +76,7 @@ fn reservation_files(data_dir: &Path) -> Result<(), BenchError> {
             release_time: None,
             uid: format!("bench-uid-{i}"),
             node_name: Some("bench-node".to_owned()),
+            generation: None,
         })
         .collect();
     let failed = |detail: String| BenchError::Reservations {

@@ -44,6 +44,7 @@ fn reservation(ns: &str, pod: &str, ip: &str) -> ReservationFile {
         release_time: None,
         uid: format!("uid-{ns}-{pod}"),
         node_name: Some("node-a".into()),
+        generation: None,
     }
 }
 

@@ -65,6 +65,7 @@ fn reservation(ns: &str, pod: &str, ips: &[&str], release: Option<i64>) -> Reser
         release_time: release.map(|off| Timestamp::from_unix_secs(now_secs() + off)),
         uid: format!("uid-{ns}-{pod}"),
         node_name: Some("node-a".into()),
+        generation: None,
     }
 }
 

@@ -464,6 +464,7 @@ fn reservation_file(pod: &PodModel, uid: usize) -> ipkeep_reservation::Reservati
         release_time: None,
         uid: format!("uid-{}-{uid}", pod.name),
         node_name: Some("node-crash".to_owned()),
+        generation: None,
     }
 }
 

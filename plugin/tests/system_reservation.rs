@@ -161,6 +161,7 @@ fn reservation(pod: &Pod, release: Option<i64>, uid: String) -> ReservationFile 
         release_time: release.map(Timestamp::from_unix_secs),
         uid,
         node_name: Some("system-node".to_owned()),
+        generation: None,
     }
 }
 

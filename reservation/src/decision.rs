@@ -570,6 +570,7 @@ mod tests {
             release_time: release.map(at),
             uid: format!("uid-{pod}"),
             node_name: None,
+            generation: None,
         }
     }
 

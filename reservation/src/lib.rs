@@ -86,6 +86,7 @@
 pub mod private_state;
 
 mod decision;
+mod released;
 mod retain_for;
 mod scan;
 mod schema;
@@ -98,6 +99,7 @@ mod writer;
 // times, the network directory it lives in (`ipkeep-netdir`'s, named here because the writer and
 // the readers take it and return its errors), the writer and the readers.
 pub use ipkeep_netdir::{NetDirError, NetworkDir, TEMP_PREFIX};
+pub use released::{MAX_RECORDS, REMEMBERED, Released, load_released, record_released};
 pub use retain_for::{Fallback, ReleaseTime, RetainFor, RetainForError, effective_release_time};
 pub use scan::{ReservationSet, ReservedDirError, Skipped, load_reservations, read_reservation};
 pub use schema::{FORMAT_VERSION, PodKey, ReservationFile, SchemaError, ValidReservation};

@@ -27,7 +27,7 @@ const MAX_SUBDOMAIN_LEN: usize = 253;
 ///
 /// ```json
 /// {"version":1,"namespace":"db","pod":"postgres-0","ips":["10.244.1.17","fd00:10:244:1::11"],
-///  "releaseTime":null,"uid":"5b0c…","nodeName":"node-a"}
+///  "releaseTime":null,"uid":"5b0c…","nodeName":"node-a","generation":3}
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -47,6 +47,13 @@ pub struct ReservationFile {
     /// The node the reservation belongs to (for humans reading the file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// The IPReservation's `metadata.generation` the file was written from: what tells an object
+    /// an etcd restore brought back in an older version from the one this file holds (the
+    /// operator's `rules::loss`). Optional, so the version stays 1: files written before it
+    /// (absent: unknown, never compared) and plugins built before it (they ignore it) both read
+    /// as they did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
 }
 
 /// A pod's identity, which its reservation shares: its namespace and name, both valid as
@@ -353,6 +360,7 @@ mod tests {
             release_time: None,
             uid: "5b0c7a3e-1d2f-4c1a-9b7e-0d7c2f4e9a11".into(),
             node_name: Some("node-a".into()),
+            generation: None,
         }
     }
 
@@ -475,6 +483,37 @@ mod tests {
             ReservationFile::from_json(text.as_bytes()).unwrap(),
             released
         );
+    }
+
+    #[test]
+    fn the_generation_is_written_when_known_and_optional_to_read() {
+        let file = ReservationFile {
+            generation: Some(3),
+            ..sample()
+        };
+        let text = String::from_utf8(file.to_json()).unwrap();
+        assert!(text.ends_with(",\"generation\":3}\n"), "{text}");
+        assert_eq!(ReservationFile::from_json(text.as_bytes()).unwrap(), file);
+        // A file an older agent wrote has none, and reads as unknown.
+        let old = String::from_utf8(sample().to_json()).unwrap();
+        assert!(!old.contains("generation"), "{old}");
+        assert_eq!(
+            ReservationFile::from_json(old.as_bytes())
+                .unwrap()
+                .generation,
+            None
+        );
+        // The same layout, as a reader built before the field knows it: the rest of the file
+        // and nothing else (what older plugins read; the unknown field is ignored).
+        #[derive(serde::Deserialize, PartialEq, Debug)]
+        #[serde(rename_all = "camelCase")]
+        struct BeforeGeneration {
+            version: u32,
+            ips: Vec<IpAddr>,
+            uid: String,
+        }
+        let before: BeforeGeneration = serde_json::from_str(&text).unwrap();
+        assert_eq!((before.version, before.uid), (1, sample().uid));
     }
 
     #[test]

@@ -36,6 +36,7 @@ fn file(ns: &str, pod: &str, ips: &[&str], release: Option<i64>) -> ReservationF
         release_time: release.map(Timestamp::from_unix_secs),
         uid: format!("uid-{ns}-{pod}"),
         node_name: Some("node-a".into()),
+        generation: None,
     }
 }
 

@@ -279,11 +279,13 @@ async fn converges_through_api_faults() {
         "convergence after failing lists and an outage",
     )
     .await;
-    assert_eq!(
-        a.metrics.lost_reservations.get(),
-        2,
-        "r1 and r3, deleted unseen, are not counted as lost"
-    );
+    // The files converge before the count can: a pass that could not ask the API server about
+    // r3 (the lists failing) keeps its file undecided and reports nothing until a retry asks.
+    wait_for("r1 and r3, deleted unseen, counted as lost", || {
+        let n = a.metrics.lost_reservations.get();
+        async move { (n == 2).then_some(()) }
+    })
+    .await;
     let data_dir = a.data_dir.clone();
     a.stop().await;
     for n in NETWORKS {

@@ -8,13 +8,13 @@
 //! away pod comes back with its address; `kubectl delete ipr` of the other still frees its
 //! address at once (the file gone, nothing reported lost).
 //!
-//! The second test restores etcd from a copy of its data directory taken before a pod was
+//! The second test restores etcd from an `etcdctl snapshot save` taken before a pod was
 //! reserved: the reservation is absent from the restored API, its file kept, and `recover` brings
 //! it back.
 //!
 //! The two tests share a cluster of their own ([`SHAPE`]): the first deletes the CRD, holding the
 //! nodes alone, and leaves every reservation recovered; the second takes the control plane back
-//! in time, and the cluster goes with it. Needs root, `make cluster-bins`, `make node-bins` and `make image`.
+//! in time, and the cluster goes with it. Needs root, `make cluster-bins`, `make etcd-tools-bins`, `make node-bins` and `make image`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -22,12 +22,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use ipkeep_e2e::cluster::plane::backup::Revisions;
 use ipkeep_e2e::cluster::realnode::Cluster;
 use ipkeep_e2e::testkit::realnode::{self, RELEASE_NS};
 use ipkeep_e2e::testkit::system::{System, phase, retain, statefulset};
 use ipkeep_e2e::testkit::{crd_file, kubectl_ok, operator_binary, wait_for};
 use ipkeep_operator::api::Phase;
-use ipkeep_operator::api::lost::{LostReport, POD_CONDITION};
+use ipkeep_operator::api::lost::{LostReport, POD_CONDITION, RestoredKind};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
@@ -50,26 +51,45 @@ const SHAPE: realnode::Shape = realnode::Shape {
     ]),
 };
 
-/// What the agent of `node` reports lost in namespace `ns`, by pod name (none without the
-/// condition).
-async fn reported_lost(c: &Cluster, node: &str, ns: &str) -> Vec<String> {
+/// What the agent of `node` reports (none without the condition).
+async fn reports(c: &Cluster, node: &str) -> Vec<LostReport> {
     let pods: Api<Pod> = Api::namespaced(c.plane().client().unwrap(), RELEASE_NS);
     let lp = ListParams::default()
         .labels("app.kubernetes.io/component=agent")
         .fields(&format!("spec.nodeName={node}"));
     let list = pods.list(&lp).await.map(|l| l.items).unwrap_or_default();
-    let mut names: Vec<String> = list
-        .iter()
+    list.iter()
         .filter_map(|p| p.status.as_ref()?.conditions.clone())
         .flatten()
         .filter(|c| c.type_ == POD_CONDITION)
         .filter_map(|c| serde_json::from_str::<LostReport>(c.message.as_deref()?).ok())
+        .collect()
+}
+
+/// What the agent of `node` reports lost in namespace `ns`, by pod name.
+async fn reported_lost(c: &Cluster, node: &str, ns: &str) -> Vec<String> {
+    let mut names: Vec<String> = reports(c, node)
+        .await
+        .into_iter()
         .flat_map(|r| r.lost)
         .filter(|l| l.pod.namespace() == ns)
         .map(|l| l.pod.name().to_owned())
         .collect();
     names.sort();
     names
+}
+
+/// What the agent of `node` reports a restore brought back in namespace `ns`: pod name and kind.
+async fn reported_restored(c: &Cluster, node: &str, ns: &str) -> Vec<(String, RestoredKind)> {
+    let mut found: Vec<(String, RestoredKind)> = reports(c, node)
+        .await
+        .into_iter()
+        .flat_map(|r| r.restored)
+        .filter(|r| r.pod.namespace() == ns)
+        .map(|r| (r.pod.name().to_owned(), r.kind))
+        .collect();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found
 }
 
 /// `ipkeep-operator recover [--apply] --output json` as an admin: its outcomes of `ns`, as
@@ -270,32 +290,60 @@ async fn a_deleted_crd_loses_no_address_and_recover_brings_the_reservations_back
     );
 }
 
-/// Copies directory `from` to `to` (`cp -a`: modes, times, as a volume snapshot keeps them).
-fn copy_dir(from: &Path, to: &Path) {
-    let out = Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .output()
-        .expect("failed to run cp");
-    assert!(
-        out.status.success(),
-        "cp -a {} {}: {}",
-        from.display(),
-        to.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+/// Where the snapshot goes: a directory removed when the test ends, failed or not (a snapshot
+/// is a copy of the whole cluster's state, not a log worth keeping), after the ones a killed run
+/// left are removed.
+fn backup_dir() -> tempfile::TempDir {
+    const PREFIX: &str = "ipkeep-rn-etcd-backup-";
+    let tmp = std::env::temp_dir();
+    for entry in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().starts_with(PREFIX) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    tempfile::Builder::new()
+        .prefix(PREFIX)
+        .tempdir_in(tmp)
+        .expect("failed to create the backup directory")
 }
 
-/// An etcd restored from a backup taken before a reservation was made: the snapshot is a copy of
-/// the stopped etcd member's data directory (what a volume snapshot holds; docs/operator.md's
-/// "Backup and restore"), restored as Kubernetes' docs say: etcd stopped, its data replaced,
-/// started again, then kube-apiserver, kube-controller-manager, kube-scheduler and the kubelets
-/// restarted, and ipkeep's controller and agents too (components that watched the newer state). The reservation
-/// of a pod made and taken away after the backup is absent from the restored API: its file is
-/// kept on the node and reported (the object vanished without a deletion seen), a pod started
-/// meanwhile with host-local's cursor right before its address does not get it, `recover
-/// --apply` re-creates it and the pod comes back with its address.
+/// Host-local's cursor on `dir` set right before `ip`, so the next address it gives is `ip`
+/// if `ip` is free (how a test makes the plugin reach for an address).
+fn cursor_before(dir: &Path, ip: IpAddr) {
+    let IpAddr::V4(v4) = ip else {
+        panic!("the default shape is IPv4");
+    };
+    let before = Ipv4Addr::from(u32::from(v4) - 1);
+    std::fs::write(dir.join("last_reserved_ip.0"), before.to_string()).unwrap();
+}
+
+/// `kubectl rollout status` of `workload` in the release's namespace within `timeout`: whether
+/// it completed.
+fn rolled_out(c: &Cluster, workload: &str, timeout: &str) -> bool {
+    Command::new(c.plane().bin("kubectl"))
+        .args(["-n", RELEASE_NS, "rollout", "status", workload])
+        .arg(format!("--timeout={timeout}"))
+        .env("KUBECONFIG", c.plane().kubeconfig_path())
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// An etcd restored from a backup taken before the cluster moved on: `etcdctl snapshot save`
+/// against the running etcd (docs/operator.md's "Backup and restore"), then, after it, a
+/// reservation made and its pod taken away (`late`), a reservation deleted on purpose and its
+/// address given to another pod that then went away (`freed`, `taker`), and a pod moved to the
+/// other node with its reservation (`mover`). Restored as Kubernetes' docs say: `etcdutl
+/// snapshot restore --bump-revision --mark-compacted` into a new data directory, etcd started on
+/// it, kube-apiserver, kube-controller-manager, kube-scheduler and the kubelets restarted, and
+/// ipkeep's agents and controller too.
+///
+/// The nodes keep every address: `late-0`'s and `taker-0`'s files are kept as lost; `freed-0`'s
+/// restored reservation, released by the node, is not written (`RestoredReleased`); `mover-0`'s,
+/// restored on its old node in its older version, is not written there and the new node keeps
+/// its newer file (`RestoredOlder`). A pod started meanwhile with host-local's cursor right before
+/// the kept addresses gets neither. `recover --apply` creates `late-0` and `taker-0`, deletes
+/// `freed-0` and writes `mover-0`'s new node and address back; each pod comes back with its
+/// address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etcd_restored_from_an_older_backup_loses_no_address() {
     // The control plane goes back in time: the cluster goes with the test.
@@ -303,33 +351,65 @@ async fn an_etcd_restored_from_an_older_backup_loses_no_address() {
     let t0 = Instant::now();
     let (sys, c) = realnode::system("rn-restore").await;
     let node_a = sys.node_name(0).to_owned();
+    let node_b = sys.node_name(1).to_owned();
     let ns = sys.ns.clone();
-    let dir = realnode::network_dir(realnode::node(c, &node_a));
+    let dir_a = realnode::network_dir(realnode::node(c, &node_a));
+    let dir_b = realnode::network_dir(realnode::node(c, &node_b));
     let plane = c.plane();
-    let etcd = plane.etcd_data_dir();
-    let scratch = ipkeep_e2e::testkit::Scratch::new("rn-etcd-backup");
-    let backup = scratch.path().join("etcd");
+    let scratch = backup_dir();
+    let backup = scratch.path().join("snapshot.db");
 
-    // The backup: etcd stopped cleanly, its data directory copied, etcd started again.
+    // Before the backup: two pods on node a, away, their reservations Released.
+    let freed = sys.run_retained("freed", 1, &node_a).await["freed-0"].ips[0];
+    let moved_from = sys.run_retained("mover", 1, &node_a).await["mover-0"].ips[0];
+    for name in ["freed", "mover"] {
+        sys.kubectl(&["scale", "statefulset", name, "--replicas=0"]);
+        released_until(&sys, &format!("{name}-0")).await;
+    }
+
+    // The backup: `etcdctl snapshot save` against the running etcd.
     plane
-        .restart_component_with("etcd", std::time::Duration::from_secs(5), async {
-            copy_dir(&etcd, &backup);
-        })
-        .await
+        .etcd_snapshot_save(&backup)
         .expect("failed to back etcd up");
 
-    // After the backup: a pod reserved, then taken away (its reservation Released).
-    let pods = sys.run_retained("late", 1, &node_a).await;
-    let late = pods["late-0"].ips[0];
+    // After the backup. late: a pod reserved, then taken away.
+    let late = sys.run_retained("late", 1, &node_a).await["late-0"].ips[0];
     sys.kubectl(&["scale", "statefulset", "late", "--replicas=0"]);
     released_until(&sys, "late-0").await;
+    // freed-0's reservation deleted on purpose; its address goes to taker-0, which goes away.
+    sys.kubectl(&["delete", "ipr", "freed-0"]);
+    sys.wait_file(&file_of(&dir_a, &ns, "freed-0"), false).await;
+    cursor_before(&dir_a, freed);
+    let taken = sys.run_retained("taker", 1, &node_a).await["taker-0"].ips[0];
+    assert_eq!(taken, freed, "taker-0 did not get freed-0's address");
+    sys.kubectl(&["scale", "statefulset", "taker", "--replicas=0"]);
+    released_until(&sys, "taker-0").await;
+    // mover-0 moves to node b: its reservation follows it (a new node, a new address).
+    sys.apply(&statefulset(
+        "mover",
+        1,
+        true,
+        &[&node_b],
+        &retain(Some("1h")),
+    ));
+    let on_b = sys.wait_running("app=mover", &["mover-0"]).await;
+    let moved_to = on_b["mover-0"].ips[0];
+    sys.wait_bound(&on_b["mover-0"]).await;
+    sys.kubectl(&["scale", "statefulset", "mover", "--replicas=0"]);
+    released_until(&sys, "mover-0").await;
+    sys.wait_file(&file_of(&dir_a, &ns, "mover-0"), false).await;
+    assert!(
+        file_of(&dir_b, &ns, "mover-0").exists(),
+        "mover-0 has no file on {node_b}"
+    );
+    eprintln!(
+        "after the backup: late-0 {late}, taker-0 {taken} (freed-0's, deleted), mover-0 {moved_from} on {node_a} → {moved_to} on {node_b}"
+    );
 
-    // The restore, then every component that watched the newer state restarted.
+    // The restore, then every component that watched the newer state restarted, as Kubernetes'
+    // docs say: kube-apiserver, kube-controller-manager, kube-scheduler, the kubelets.
     plane
-        .restart_component_with("etcd", std::time::Duration::from_secs(5), async {
-            std::fs::remove_dir_all(&etcd).unwrap();
-            copy_dir(&backup, &etcd);
-        })
+        .etcd_snapshot_restore(&backup, Revisions::Bumped)
         .await
         .expect("failed to restore etcd");
     for component in [
@@ -342,10 +422,9 @@ async fn an_etcd_restored_from_an_older_backup_loses_no_address() {
             .await
             .unwrap_or_else(|e| panic!("failed to restart {component}: {e}"));
     }
-    for node in c.nodes() {
-        node.restart_kubelet()
-            .unwrap_or_else(|e| panic!("failed to restart a kubelet: {e}"));
-    }
+    // Before the kubelets: the agent DaemonSet rolls out. A restore without --bump-revision
+    // --mark-compacted took the revision back below what the kubelets' informers held, and the
+    // rollout did not progress until they were restarted (docs/operator.md).
     kubectl_ok(
         plane,
         &[
@@ -358,61 +437,146 @@ async fn an_etcd_restored_from_an_older_backup_loses_no_address() {
         ],
         None,
     );
+    assert!(
+        rolled_out(c, "daemonset/ipkeep-agent", "120s"),
+        "the agent DaemonSet did not roll out within 120 s of a restore with --bump-revision --mark-compacted before the kubelets were restarted"
+    );
+    // The rest of Kubernetes' procedure: the kubelets restarted too.
+    for node in c.nodes() {
+        node.restart_kubelet()
+            .unwrap_or_else(|e| panic!("failed to restart a kubelet: {e}"));
+    }
     realnode::release_ready(c).await;
+    for pod in ["late-0", "taker-0"] {
+        assert!(
+            sys.reservations().get_opt(pod).await.unwrap().is_none(),
+            "the restored API has {pod}'s reservation: the backup was taken after it"
+        );
+    }
+
+    // What the nodes keep and say.
+    wait_for("node a to report late-0 and taker-0 lost", || async {
+        (reported_lost(c, &node_a, &ns).await == ["late-0", "taker-0"]).then_some(())
+    })
+    .await;
+    wait_for(
+        "node a to report freed-0 and mover-0 released before",
+        || async {
+            let want = [
+                ("freed-0".to_owned(), RestoredKind::Released),
+                ("mover-0".to_owned(), RestoredKind::Released),
+            ];
+            (reported_restored(c, &node_a, &ns).await == want).then_some(())
+        },
+    )
+    .await;
+    wait_for("node b to report mover-0 older in the API", || async {
+        let want = [("mover-0".to_owned(), RestoredKind::Older)];
+        (reported_restored(c, &node_b, &ns).await == want).then_some(())
+    })
+    .await;
+    for (dir, pod, present) in [
+        (&dir_a, "late-0", true),
+        (&dir_a, "taker-0", true),
+        (&dir_a, "freed-0", false),
+        (&dir_a, "mover-0", false),
+        (&dir_b, "mover-0", true),
+    ] {
+        assert_eq!(
+            file_of(dir, &ns, pod).exists(),
+            present,
+            "{pod}'s file in {}",
+            dir.display()
+        );
+    }
+    let released = wait_for("a Warning RestoredReleased for freed-0", || async {
+        realnode::node_event_notes(c, &node_a, "RestoredReleased")
+            .await
+            .into_iter()
+            .find(|n| n.contains(&format!("{ns}/freed-0")))
+    })
+    .await;
+    eprintln!("RestoredReleased: {released}");
+    let older = wait_for("a Warning RestoredOlder for mover-0", || async {
+        realnode::node_event_notes(c, &node_b, "RestoredOlder")
+            .await
+            .into_iter()
+            .find(|n| n.contains(&format!("{ns}/mover-0")))
+    })
+    .await;
+    eprintln!("RestoredOlder: {older}");
+    assert!(older.contains(&moved_to.to_string()), "{older}");
+
+    // A pod started meanwhile, host-local's cursor right before the kept addresses, gets none.
+    cursor_before(&dir_a, late.min(freed));
+    sys.apply(&statefulset("filler", 1, true, &[&node_a], &[]));
+    let filler = sys.wait_running("app=filler", &["filler-0"]).await;
+    let got = &filler["filler-0"].ips;
+    eprintln!("filler-0 got {got:?}");
+    assert!(
+        !got.contains(&late) && !got.contains(&freed),
+        "a new pod got a kept address: {got:?} (late-0 {late}, taker-0 {freed})"
+    );
+
+    // recover: a dry run, then --apply.
+    let want = |create: &str, delete: &str, rewrite: &str| -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = [
+            (create, "late-0"),
+            (create, "taker-0"),
+            (delete, "freed-0"),
+            ("present", "mover-0"),
+            (rewrite, "mover-0"),
+        ]
+        .into_iter()
+        .map(|(a, p)| (a.to_owned(), p.to_owned()))
+        .collect();
+        v.sort();
+        v
+    };
+    let (dry, ok) = recover(c, &ns, false);
+    assert_eq!(dry, want("create", "delete", "rewrite"));
+    assert!(ok, "the dry run found something to refuse");
+    let (applied, ok) = recover(c, &ns, true);
+    assert_eq!(applied, want("created", "deleted", "rewritten"));
+    assert!(ok);
     assert!(
         sys.reservations()
-            .get_opt("late-0")
+            .get_opt("freed-0")
             .await
             .unwrap()
             .is_none(),
-        "the restored API has late-0's reservation: the backup was taken after it"
+        "freed-0 was not deleted"
     );
-    wait_for("the agent to report late-0 lost", || async {
-        let names = reported_lost(c, &node_a, &ns).await;
-        (names == ["late-0"]).then_some(())
-    })
-    .await;
-    assert!(
-        file_of(&dir, &ns, "late-0").exists(),
-        "late-0's file is gone"
-    );
-
-    // A pod started with host-local's cursor right before late-0's address does not get it.
-    let IpAddr::V4(v4) = late else {
-        panic!("the default shape is IPv4");
-    };
-    let before = Ipv4Addr::from(u32::from(v4) - 1);
-    std::fs::write(dir.join("last_reserved_ip.0"), before.to_string()).unwrap();
-    sys.apply(&statefulset("filler", 1, true, &[&node_a], &[]));
-    let filler = sys.wait_running("app=filler", &["filler-0"]).await;
-    eprintln!(
-        "filler-0 got {:?}, host-local's cursor at {before}",
-        filler["filler-0"].ips
-    );
-    assert!(
-        !filler["filler-0"].ips.contains(&late),
-        "a new pod got late-0's address {late}"
-    );
-
-    // recover, and late-0 comes back with its address (its StatefulSet applied again: the
-    // restored API does not have it either).
-    let (applied, ok) = recover(c, &ns, true);
-    assert_eq!(applied, [("created".into(), "late-0".into())]);
-    assert!(ok);
-    sys.apply(&statefulset(
-        "late",
-        1,
-        true,
-        &[&node_a],
-        &retain(Some("1h")),
-    ));
-    let back = sys.wait_running("app=late", &["late-0"]).await;
+    let mover = sys.reservations().get("mover-0").await.unwrap();
     assert_eq!(
-        back["late-0"].ips,
-        vec![late],
-        "late-0 came back with another address"
+        (mover.spec.node_name.as_str(), mover.spec.ips[0].0.as_str()),
+        (node_b.as_str(), moved_to.to_string().as_str()),
+        "mover-0 was not written back"
     );
-    sys.wait_bound(&back["late-0"]).await;
+    for node in [&node_a, &node_b] {
+        wait_for(&format!("{node} to report nothing kept"), || async {
+            (reported_lost(c, node, &ns).await.is_empty()
+                && reported_restored(c, node, &ns).await.is_empty())
+            .then_some(())
+        })
+        .await;
+    }
+
+    // Each comes back with its address (late and taker applied again: the restored API does not
+    // have them; mover's restored StatefulSet still names node a).
+    for (name, node) in [("late", &node_a), ("taker", &node_a), ("mover", &node_b)] {
+        sys.apply(&statefulset(name, 1, true, &[node], &retain(Some("1h"))));
+    }
+    for (name, want) in [("late", late), ("taker", freed), ("mover", moved_to)] {
+        let pod = format!("{name}-0");
+        let back = sys.wait_running(&format!("app={name}"), &[&pod]).await;
+        assert_eq!(
+            back[&pod].ips,
+            vec![want],
+            "{pod} came back with another address"
+        );
+        sys.wait_bound(&back[&pod]).await;
+    }
     eprintln!(
         "the etcd-restore scenario took {:.1} s",
         t0.elapsed().as_secs_f64()

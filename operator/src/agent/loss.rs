@@ -1,6 +1,7 @@
 //! The agent's side of a lost reservation ([`crate::rules::loss`]): it reads the CRD when it saw
 //! deletions (were they the CRD's?), and says what it keeps — a Warning `ReservationLost` on the
-//! Node once per lost object, `ipkeep_agent_lost_reservations`, and the condition
+//! Node once per lost object (`RestoredOlder`, `RestoredReleased` for an object a restore brought
+//! back), `ipkeep_agent_lost_reservations` (all of them), and the condition
 //! [`crate::api::lost::POD_CONDITION`] on its own pod, which `check` and `recover` read.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -15,8 +16,10 @@ use prometheus::IntGauge;
 use serde_json::json;
 
 use crate::api::IPReservation;
-use crate::api::lost::{LostReport, LostReservation, POD_CONDITION};
-use crate::rules::loss::{CrdState, LossCause, Sighting};
+use crate::api::lost::{
+    LostReport, LostReservation, POD_CONDITION, RestoredKind, RestoredReservation,
+};
+use crate::rules::loss::{CrdState, LossCause, Restored, Sighting, is_older};
 use crate::runtime::events::{Notice, Publisher, node_ref};
 use crate::runtime::logging::error_chain;
 
@@ -61,24 +64,44 @@ impl LossReporter {
         }
     }
 
-    /// Says what this pass keeps as lost (every network's, each pod once).
+    /// Says what this pass keeps as lost (every network's, each pod once), and the objects a
+    /// restore brought back that it holds newer word of.
     pub async fn report(
         &mut self,
         client: &Client,
         lost: Vec<(ReservationFile, LossCause)>,
+        restored: Vec<Restored>,
         events: &Publisher,
     ) {
         let mut by_pod: BTreeMap<PodKey, (ReservationFile, LossCause)> = BTreeMap::new();
+        let mut restored = restored;
         for (file, cause) in lost {
-            if let Ok(key) = file.pod_key() {
+            if cause == LossCause::RestoredOlder {
+                // Kept against the same object elsewhere, older: as an older object here.
+                restored.push(Restored::Older {
+                    kept: file,
+                    api: None,
+                });
+            } else if let Ok(key) = file.pod_key() {
                 by_pod.entry(key).or_insert((file, cause));
             }
         }
+        let mut restored_by_pod: BTreeMap<PodKey, Restored> = BTreeMap::new();
+        for r in restored {
+            if let Ok(key) = r.reported().0.pod_key() {
+                restored_by_pod.entry(key).or_insert(r);
+            }
+        }
         self.gauge
-            .set(i64::try_from(by_pod.len()).unwrap_or(i64::MAX));
+            .set(i64::try_from(by_pod.len() + restored_by_pod.len()).unwrap_or(i64::MAX));
         let current: HashSet<(PodKey, String)> = by_pod
             .iter()
             .map(|(k, (f, _))| (k.clone(), f.uid.clone()))
+            .chain(
+                restored_by_pod
+                    .iter()
+                    .map(|(k, r)| (k.clone(), r.reported().0.uid.clone())),
+            )
             .collect();
         self.announced.retain(|v| current.contains(v));
         for (key, (file, cause)) in &by_pod {
@@ -105,6 +128,20 @@ impl LossReporter {
                 note: &note,
             });
         }
+        for (key, r) in &restored_by_pod {
+            let uid = r.reported().0.uid.clone();
+            if !self.announced.insert((key.clone(), uid)) {
+                continue;
+            }
+            let (reason, action, note) = restored_note(key, r, &self.node);
+            tracing::warn!(reservation = %key, "{note}");
+            events.publish(Notice {
+                regarding: node_ref(&self.node),
+                reason,
+                action,
+                note: &note,
+            });
+        }
         let report = LostReport::of(
             by_pod
                 .into_iter()
@@ -114,6 +151,12 @@ impl LossReporter {
                     release_time: file.release_time,
                     uid: file.uid,
                 })
+                .collect(),
+        )
+        .with_restored(
+            restored_by_pod
+                .into_iter()
+                .map(|(pod, r)| restored_entry(pod, r))
                 .collect(),
         );
         if self.written.as_ref() == Some(&report) {
@@ -125,6 +168,86 @@ impl LossReporter {
                 tracing::warn!(error = %error_chain(&e), "failed to write the agent pod's {POD_CONDITION} condition; retrying on the next pass");
             }
         }
+    }
+}
+
+/// The Warning for an object a restore brought back: its reason, action and note, naming the
+/// API's version and the node's.
+fn restored_note(
+    key: &PodKey,
+    r: &Restored,
+    node: &str,
+) -> (crate::api::reason::EventReason, &'static str, String) {
+    let list = |ips: &[std::net::IpAddr]| {
+        ips.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let generation = |g: Option<i64>| g.map_or_else(|| "?".to_owned(), |g| g.to_string());
+    match r {
+        Restored::Older { kept, api } => {
+            let api = api.as_ref().map_or_else(
+                || "an older generation on another node".to_owned(),
+                |a| {
+                    format!(
+                        "generation {} with {}",
+                        generation(a.generation),
+                        list(&a.ips)
+                    )
+                },
+            );
+            (
+                crate::api::reason::RESTORED_OLDER,
+                "KeepReservationFile",
+                format!(
+                    "IPReservation {key} ({}) in the API is {api}, while node {node}'s file holds the newer generation {} with {}: a restore from an older backup brought the old version back. The file stays and keeps {} for the pod; run `ipkeep-operator recover` (then --apply) to write them back into the object",
+                    kept.uid,
+                    generation(kept.generation),
+                    list(&kept.ips),
+                    list(&kept.ips)
+                ),
+            )
+        }
+        Restored::Released {
+            api,
+            released_at_generation,
+        } => (
+            crate::api::reason::RESTORED_RELEASED,
+            "SkipReservationFile",
+            format!(
+                "IPReservation {key} ({}) in the API (generation {}, {}) was released by node {node} at generation {released_at_generation}: a restore from an older backup brought it back. No file is written, so its addresses ({}) stay free for whoever got them since; run `ipkeep-operator recover` (then --apply) to delete it",
+                api.uid,
+                generation(api.generation),
+                list(&api.ips),
+                list(&api.ips)
+            ),
+        ),
+    }
+}
+
+/// The report's entry for an object a restore brought back.
+fn restored_entry(pod: PodKey, r: Restored) -> RestoredReservation {
+    match r {
+        Restored::Older { kept, api } => RestoredReservation {
+            pod,
+            kind: RestoredKind::Older,
+            uid: kept.uid,
+            ips: kept.ips,
+            generation: kept.generation.unwrap_or_default(),
+            api_generation: api.and_then(|a| a.generation),
+        },
+        Restored::Released {
+            api,
+            released_at_generation,
+        } => RestoredReservation {
+            pod,
+            kind: RestoredKind::Released,
+            uid: api.uid,
+            ips: api.ips,
+            generation: released_at_generation,
+            api_generation: api.generation,
+        },
     }
 }
 
@@ -196,7 +319,7 @@ impl Sightings {
             } else if let Some(known) = self.asked.get(&id) {
                 *known
             } else {
-                let asked = elsewhere(client, node, &id.0, &file.uid).await;
+                let asked = elsewhere(client, node, &id.0, file).await;
                 if asked != Sighting::Unasked {
                     self.asked.insert(id.clone(), asked);
                 }
@@ -210,20 +333,22 @@ impl Sightings {
 }
 
 /// Asks the API server for `pod`'s reservation: the same object on another node (it moved while
-/// the agent was not watching), or none (or another object: lost, for `recover` to list).
-async fn elsewhere(client: &Client, node: &str, pod: &PodKey, uid: &str) -> Sighting {
+/// the agent was not watching; or, older than `file`, a restore took it back there), or none (or
+/// another object: lost, for `recover` to list).
+async fn elsewhere(client: &Client, node: &str, pod: &PodKey, file: &ReservationFile) -> Sighting {
     let api: Api<IPReservation> = Api::namespaced(client.clone(), pod.namespace());
     let params = ListParams::default().fields(&format!("metadata.name={}", pod.name()));
     match api.list(&params).await {
         Ok(list) => {
-            let moved = list
-                .items
-                .iter()
-                .any(|r| r.metadata.uid.as_deref() == Some(uid) && r.spec.node_name != node);
-            if moved {
-                Sighting::Elsewhere
-            } else {
-                Sighting::Vanished
+            let moved = list.items.iter().find(|r| {
+                r.metadata.uid.as_deref() == Some(file.uid.as_str()) && r.spec.node_name != node
+            });
+            match moved {
+                Some(r) if is_older(r.metadata.generation, file.generation, true) => {
+                    Sighting::ElsewhereOlder
+                }
+                Some(_) => Sighting::Elsewhere,
+                None => Sighting::Vanished,
             }
         }
         // No such resource: the CRD is gone, and the object with it.

@@ -27,7 +27,7 @@ use crate::{
     api::{IPReservation, key_of},
     rules::{
         desired::{Refusal, desired_files},
-        loss::{Fate, LossCause, Sighting, fate, yield_to_kept},
+        loss::{Fate, LossCause, Restored, Sighting, fate, restored, yield_to_kept},
         schedule::{Pass, Schedule, Step, Wake},
     },
     runtime::{
@@ -141,7 +141,14 @@ pub(super) async fn write_loop(
             .iter()
             .filter_map(|r| key_of(r.as_ref()).ok())
             .collect();
-        let gone = gone_files(config, &mut writers, pass.full, &present).await;
+        let DiskView {
+            gone,
+            held,
+            released,
+        } = read_disk(config, &mut writers, pass.full, &present).await;
+        // Objects a restore brought back, judged against the node's files before anything is
+        // written ([`crate::rules::loss::restored`]).
+        let (restored, lost_to_restore) = restored(&mut desired, &held, &released);
         let judge = Judge {
             sightings: sightings
                 .sight(client, &config.node_name, &gone, &deleted)
@@ -152,6 +159,8 @@ pub(super) async fn write_loop(
         let kept: Vec<(PodKey, Vec<std::net::IpAddr>)> = gone
             .iter()
             .filter(|f| judge.fate(f, now_utc) != Fate::Release)
+            .chain(&lost_to_restore)
+            .chain(restored.iter().filter_map(Restored::kept))
             .filter_map(|f| Some((f.pod_key().ok()?, f.ips.clone())))
             .collect();
         yield_to_kept(&mut desired, &kept);
@@ -178,7 +187,13 @@ pub(super) async fn write_loop(
         .await;
         let ok = outcome.ok && outcome.undecided == 0;
         if ok {
-            loss.report(client, outcome.lost, events).await;
+            let mut lost = outcome.lost;
+            lost.extend(
+                lost_to_restore
+                    .into_iter()
+                    .map(|f| (f, LossCause::Vanished)),
+            );
+            loss.report(client, lost, restored, events).await;
         } else if let Ok(mut p) = pending.lock() {
             // Judged again on the retry, which reads the tree.
             p.deleted.extend(deleted);
@@ -214,23 +229,37 @@ impl Judge {
     }
 }
 
-/// The files of every network whose reservation is not `present` (one per pod and uid), read on
-/// a blocking thread; none if the thread failed (the pass then fails too).
-async fn gone_files(
+/// What a pass reads of the node's files before it plans ([`crate::rules::loss`]).
+#[derive(Debug, Default)]
+struct DiskView {
+    /// The files whose reservation is not in the store (one per pod and uid).
+    gone: Vec<ipkeep_reservation::ReservationFile>,
+    /// The files of the reservations in the store, by pod (the first network's).
+    held: BTreeMap<PodKey, ipkeep_reservation::ReservationFile>,
+    /// What the node released on purpose, every network's: (uid, generation).
+    released: Vec<(String, i64)>,
+}
+
+/// Reads every network's files and releases on a blocking thread; nothing if the thread failed
+/// (the pass then fails too).
+async fn read_disk(
     config: &AgentConfig,
     writers: &mut Option<Vec<NetworkWriter>>,
     full: bool,
     present: &HashSet<PodKey>,
-) -> Vec<ipkeep_reservation::ReservationFile> {
+) -> DiskView {
     let moved = writers.take().unwrap_or_else(|| new_writers(config));
     let present = present.clone();
     let joined = tokio::task::spawn_blocking(move || {
         let mut gone = BTreeMap::new();
+        let mut view = DiskView::default();
         for w in &moved {
-            match w.gone(full, |key| present.contains(key)) {
+            match w.on_disk(full) {
                 Ok(files) => {
-                    for file in files {
-                        if let Ok(key) = file.pod_key() {
+                    for (key, file) in files {
+                        if present.contains(&key) {
+                            view.held.entry(key).or_insert(file);
+                        } else {
                             gone.entry((key, file.uid.clone())).or_insert(file);
                         }
                     }
@@ -239,18 +268,20 @@ async fn gone_files(
                     tracing::warn!(network = %w.network(), error = %error_chain(&e), "cannot read the reservation files to judge");
                 }
             }
+            view.released.extend(w.released());
         }
-        (moved, gone.into_values().collect())
+        view.gone = gone.into_values().collect();
+        (moved, view)
     })
     .await;
     match joined {
-        Ok((back, gone)) => {
+        Ok((back, view)) => {
             *writers = Some(back);
-            gone
+            view
         }
         Err(e) => {
             tracing::error!(error = %e, "reservation reader task failed");
-            Vec::new()
+            DiskView::default()
         }
     }
 }

@@ -33,6 +33,7 @@ pub fn reservation(ipr: &IPReservation) -> Result<Reservation, Refusal> {
         released_at: status.and_then(|s| s.released_at.as_ref()).map(|t| t.0),
         release_time: status.and_then(|s| s.release_time.as_ref()).map(|t| t.0),
         in_conflict: ipr.in_conflict(),
+        generation: ipr.metadata.generation,
     })
 }
 

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ipkeep_reservation::{
-    ApplyReport, PodKey, ReservationFile, ReservationWriter, ReservedDirError, ValidReservation,
-    load_reservations,
+    ApplyReport, PodKey, Released, ReservationFile, ReservationWriter, ReservedDirError, Timestamp,
+    ValidReservation, load_released, load_reservations, record_released,
 };
 
 use crate::rules::loss::{Fate, LossCause};
@@ -114,26 +114,43 @@ impl NetworkWriter {
         self.apply(desired)
     }
 
-    /// The files on disk whose reservation is not among `present`: from what the last pass
-    /// left, or read from the tree when the writer knows nothing or `full` asks for it.
+    /// The files on disk: what the last pass left, or read from the tree when the writer knows
+    /// nothing or `full` asks for it.
+    pub fn on_disk(&self, full: bool) -> Result<BTreeMap<PodKey, ReservationFile>, WriterError> {
+        Ok(match self.writer.known().filter(|_| !full) {
+            Some(known) => known.clone(),
+            None => load_reservations(&self.open()?).files,
+        })
+    }
+
+    /// The files on disk whose reservation is not among `present` ([`NetworkWriter::on_disk`]).
     pub fn gone(
         &self,
         full: bool,
         present: impl Fn(&PodKey) -> bool,
     ) -> Result<Vec<ReservationFile>, WriterError> {
-        Ok(match self.writer.known().filter(|_| !full) {
-            Some(known) => known
-                .iter()
-                .filter(|(key, _)| !present(key))
-                .map(|(_, file)| file.clone())
-                .collect(),
-            None => load_reservations(&self.open()?)
-                .files
-                .into_iter()
-                .filter(|(key, _)| !present(key))
-                .map(|(_, file)| file)
-                .collect(),
-        })
+        Ok(self
+            .on_disk(full)?
+            .into_values()
+            .filter(|file| file.pod_key().is_ok_and(|key| !present(&key)))
+            .collect())
+    }
+
+    /// What this node released on purpose ([`ipkeep_reservation::load_released`]): (uid,
+    /// generation) pairs; none when the network directory cannot be opened.
+    pub fn released(&self) -> Vec<(String, i64)> {
+        let Ok(dir) = self.open() else {
+            return Vec::new();
+        };
+        let mut log = Vec::new();
+        let out = load_released(&dir, &mut log)
+            .into_iter()
+            .map(|r| (r.uid, r.generation))
+            .collect();
+        for line in log {
+            tracing::warn!(network = %self.network, "{line}");
+        }
+        out
     }
 
     /// A pass that keeps what is lost: the files [`NetworkWriter::gone`] finds are each given
@@ -153,9 +170,11 @@ impl NetworkWriter {
         let dir = self.open()?;
         let mut kept = Vec::new();
         let (mut lost, mut undecided) = (Vec::new(), 0);
+        let mut released = Vec::new();
         for file in gone {
             let fate = judge(&file);
             if fate == Fate::Release {
+                released.push(file);
                 continue;
             }
             // A file the scan read is valid; one that no longer validates is garbage either way.
@@ -178,7 +197,45 @@ impl NetworkWriter {
         let mut report = PassReport::from(report);
         report.lost = lost;
         report.undecided = undecided;
+        self.record_released(&dir, &released, &mut report);
         Ok(report)
+    }
+
+    /// Records the released files whose generation is known ([`crate::rules::loss`]: what tells
+    /// a released object a restore brought back), whether or not their removal has succeeded yet
+    /// (the decision is made). A failure is a failed step of the pass, and is not retried: a
+    /// release the node does not remember is only written again if a restore brings it back.
+    fn record_released(
+        &self,
+        dir: &NetworkDir,
+        files: &[ReservationFile],
+        report: &mut PassReport,
+    ) {
+        let now = Timestamp::from_system_time(std::time::SystemTime::now());
+        let records: Vec<Released> = files
+            .iter()
+            .filter_map(|f| {
+                Some(Released {
+                    uid: f.uid.clone(),
+                    namespace: f.namespace.clone(),
+                    pod: f.pod.clone(),
+                    generation: f.generation?,
+                    released_at: now,
+                })
+            })
+            .collect();
+        if records.is_empty() {
+            return;
+        }
+        let mut log = Vec::new();
+        if let Err(e) = record_released(dir, &records, now, &mut log) {
+            report.failed.push(format!(
+                "failed to record {} released reservations: {}",
+                records.len(),
+                super::error_chain(&e)
+            ));
+        }
+        report.failed.extend(log);
     }
 
     /// Brings the tree from what the writer last left to `desired`, touching only the files
@@ -203,7 +260,7 @@ impl NetworkWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ipkeep_reservation::{FORMAT_VERSION, ReservationFile, Timestamp, read_reservation};
+    use ipkeep_reservation::{FORMAT_VERSION, ReservationFile, read_reservation};
 
     fn file(pod: &str, ip: &str, release: Option<i64>) -> ReservationFile {
         ReservationFile {
@@ -214,6 +271,7 @@ mod tests {
             release_time: release.map(Timestamp::from_unix_secs),
             uid: format!("uid-{pod}"),
             node_name: Some("node-a".into()),
+            generation: None,
         }
     }
 

@@ -25,6 +25,41 @@ pub struct LostReport {
     /// How many more are kept than [`LostReport::lost`] lists.
     #[serde(default)]
     pub omitted: usize,
+    /// Objects a restore brought back that the node holds newer word of
+    /// ([`crate::rules::loss::restored`]); absent in reports of agents built before them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restored: Vec<RestoredReservation>,
+}
+
+/// An object a restore brought back, as the node holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoredReservation {
+    /// The pod's (and the reservation's) namespace and name.
+    pub pod: PodKey,
+    /// Older than the node's file, or released by the node.
+    pub kind: RestoredKind,
+    /// The object's `metadata.uid`.
+    pub uid: String,
+    /// Older: the addresses the node's file holds (what `recover` writes back). Released: the
+    /// addresses the API's version claims (not written).
+    pub ips: Vec<IpAddr>,
+    /// Older: the generation of the node's file. Released: the generation the node released it
+    /// at.
+    pub generation: i64,
+    /// The generation the API holds.
+    pub api_generation: Option<i64>,
+}
+
+/// What the node holds of an object a restore brought back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RestoredKind {
+    /// The API holds an older version: the node's file stays; `recover --apply` writes its
+    /// addresses and node back into the object.
+    Older,
+    /// The node released it: no file; `recover --apply` deletes it.
+    Released,
 }
 
 /// One lost reservation, as its file on the node holds it.
@@ -47,12 +82,27 @@ impl LostReport {
         all.sort_by(|a, b| a.pod.cmp(&b.pod));
         let omitted = all.len().saturating_sub(MAX_LISTED);
         all.truncate(MAX_LISTED);
-        LostReport { lost: all, omitted }
+        LostReport {
+            lost: all,
+            omitted,
+            restored: Vec::new(),
+        }
     }
 
-    /// How many are kept in all.
+    /// The report with `restored` (sorted by pod) listed too, as many as [`MAX_LISTED`] leaves
+    /// room for; the rest counted in `omitted`.
+    pub fn with_restored(mut self, mut restored: Vec<RestoredReservation>) -> LostReport {
+        restored.sort_by(|a, b| a.pod.cmp(&b.pod));
+        let room = MAX_LISTED.saturating_sub(self.lost.len());
+        self.omitted += restored.len().saturating_sub(room);
+        restored.truncate(room);
+        self.restored = restored;
+        self
+    }
+
+    /// How many are kept in all (lost and restored).
     pub fn total(&self) -> usize {
-        self.lost.len() + self.omitted
+        self.lost.len() + self.restored.len() + self.omitted
     }
 }
 
@@ -79,6 +129,21 @@ mod tests {
             (big.lost.len(), big.omitted, big.total()),
             (MAX_LISTED, 7, MAX_LISTED + 7)
         );
+        // Restored ones go along; a report without them (an older agent's) reads as before.
+        let restored = RestoredReservation {
+            pod: PodKey::new("db", "back").unwrap(),
+            kind: RestoredKind::Older,
+            uid: "uid-b".into(),
+            ips: vec!["10.1.9.9".parse().unwrap()],
+            generation: 3,
+            api_generation: Some(2),
+        };
+        let both = report.clone().with_restored(vec![restored]);
+        let text = serde_json::to_string(&both).unwrap();
+        assert!(text.contains("\"kind\":\"older\""), "{text}");
+        assert_eq!(serde_json::from_str::<LostReport>(&text).unwrap(), both);
+        assert_eq!(both.total(), 4);
+        assert!(!json.contains("restored"), "{json}");
         // A name that could never be a pod's is refused, not turned into a reservation.
         let bad = json.replace("web-0", "../etc");
         assert!(serde_json::from_str::<LostReport>(&bad).is_err());

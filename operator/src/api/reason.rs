@@ -80,9 +80,15 @@ pub const IN_CHARGE: EventReason = agent("InCharge", false);
 /// A reservation's object vanished before its release time by nobody's decision (the CRD
 /// deleted, an etcd restore): the agent keeps its file (see `rules::loss`).
 pub const RESERVATION_LOST: EventReason = agent("ReservationLost", true);
+/// The API holds an older version of a reservation than its file on the node (an etcd restore
+/// from an older backup): the node's newer file stays (see `rules::loss`).
+pub const RESTORED_OLDER: EventReason = agent("RestoredOlder", true);
+/// The API holds a reservation the node released (an etcd restore brought it back): no file is
+/// written for it (see `rules::loss`).
+pub const RESTORED_RELEASED: EventReason = agent("RestoredReleased", true);
 
 /// Every reason, controller's first.
-pub const ALL: [EventReason; 20] = [
+pub const ALL: [EventReason; 22] = [
     RESERVED,
     REBOUND,
     RELEASED,
@@ -103,6 +109,8 @@ pub const ALL: [EventReason; 20] = [
     NOT_IN_CHARGE,
     IN_CHARGE,
     RESERVATION_LOST,
+    RESTORED_OLDER,
+    RESTORED_RELEASED,
 ];
 
 #[cfg(test)]

@@ -21,6 +21,10 @@ struct Entry {
     node: Arc<str>,
     ips: Box<[IpAddr]>,
     created: Timestamp,
+    /// `Bound`, and already yielding (`Conflict`): what [`crate::rules::lifecycle::holder`]
+    /// ranks by besides the age.
+    bound: bool,
+    yielded: bool,
 }
 
 /// An address's claimants, sorted: almost always one, kept without a list of its own.
@@ -87,6 +91,8 @@ fn entry(inner: &Inner, r: &ReservationView) -> Entry {
         node,
         ips: r.ips.iter().filter_map(|ip| ip.parse().ok()).collect(),
         created: r.created,
+        bound: r.status.phase == Some(crate::api::Phase::Bound),
+        yielded: r.status.conflict.is_some(),
     }
 }
 
@@ -135,13 +141,15 @@ impl AddressIndex {
         *self.lock() = fresh;
     }
 
-    /// The older reservation holding one of `key`'s addresses, if any: `(address, holder)`.
+    /// The reservation holding one of `key`'s addresses against it ([`crate::rules::lifecycle::holder`]), if any: `(address, holder)`.
     pub fn conflict(&self, key: &PodKey) -> Option<(IpAddr, PodKey)> {
         let inner = self.lock();
         let me = inner.by_key.get(key)?;
         let my_claim = Claim {
             key: key.clone(),
             created: me.created,
+            bound: me.bound,
+            yielded: me.yielded,
         };
         for ip in &me.ips {
             let Some(set) = inner.by_address.get(&(me.node.clone(), *ip)) else {
@@ -154,6 +162,8 @@ impl AddressIndex {
                     inner.by_key.get(k).map(|e| Claim {
                         key: PodKey::clone(k),
                         created: e.created,
+                        bound: e.bound,
+                        yielded: e.yielded,
                     })
                 })
                 .collect();

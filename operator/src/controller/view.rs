@@ -189,10 +189,7 @@ fn recorded_conflict(status: &IPReservationStatus) -> Option<Conflict> {
 
 /// The `Conflict` condition's message, for people.
 fn conflict_message(c: &Conflict) -> String {
-    format!(
-        "address {} is held by the older reservation {}",
-        c.ip, c.holder
-    )
+    format!("address {} is held by the reservation {}", c.ip, c.holder)
 }
 
 /// The CRD status the controller writes for a lifecycle status.

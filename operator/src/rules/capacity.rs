@@ -480,6 +480,7 @@ mod tests {
             release_time: release.map(at),
             uid: "u".into(),
             node_name: None,
+            generation: None,
         };
         let files = [
             file("bound", "10.0.0.2", None),

@@ -43,6 +43,8 @@ pub struct Reservation {
     pub release_time: Option<jiff::Timestamp>,
     /// The controller found an older reservation holding one of its addresses.
     pub in_conflict: bool,
+    /// `metadata.generation` (written into the file: [`crate::rules::loss`] compares it).
+    pub generation: Option<i64>,
 }
 
 /// Why a reservation cannot be written (reported as a Warning Event and a log line, never turned
@@ -210,6 +212,7 @@ pub fn reservation_file(
         release_time,
         uid,
         node_name: Some(node.to_owned()),
+        generation: r.generation,
     };
     let file = file
         .validate()

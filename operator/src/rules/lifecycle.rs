@@ -111,12 +111,12 @@ impl NameSource {
     }
 }
 
-/// A `Conflict` condition: another, older reservation on the same node claims an address.
+/// A `Conflict` condition: another reservation on the same node holds an address ([`holder`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conflict {
     /// The address both claim.
     pub ip: IpAddr,
-    /// The older reservation holding it.
+    /// The reservation holding it.
     pub holder: PodKey,
     /// When the condition became true (kept while it stays true).
     pub since: Timestamp,
@@ -178,7 +178,7 @@ pub struct Input<'a> {
     pub reservation: Option<&'a ReservationView>,
     /// The owning StatefulSet's state.
     pub owner: OwnerState,
-    /// An older reservation on the same node claiming one of this one's addresses.
+    /// A reservation on the same node holding one of this one's addresses against it ([`holder`]).
     pub conflict: Option<(IpAddr, &'a PodKey)>,
     /// The `spec.podCIDRs` of the pod's node, when known (to explain changed addresses).
     pub node_pod_cidrs: Option<&'a [IpNet]>,
@@ -729,7 +729,7 @@ fn conflict_notice(plan: &mut Plan, r: &ReservationView, status: &StatusView) {
             Subject::Reservation,
             reason::CONFLICT,
             format!(
-                "address {} on node {} is held by the older reservation {}: this one is not honoured",
+                "address {} on node {} is held by the reservation {} (a live pod's before one whose pod is away, else the older): this one is not honoured",
                 c.ip, r.node_name, c.holder
             ),
         );
@@ -814,14 +814,32 @@ pub struct Claim {
     pub key: PodKey,
     /// `metadata.creationTimestamp`.
     pub created: Timestamp,
+    /// Its pod holds the addresses now (`Bound`).
+    pub bound: bool,
+    /// It already yields an address to another (its `Conflict` condition is set).
+    pub yielded: bool,
 }
 
-/// The older claim wins: earlier creation, then the smaller `namespace/name`. Returns the holder
-/// that beats `me`, if any.
+impl Claim {
+    /// The order of [`holder`]: the first holds.
+    fn rank(&self) -> (bool, bool, Timestamp, &PodKey) {
+        (self.yielded, !self.bound, self.created, &self.key)
+    }
+}
+
+/// Which of two claims on an address holds it, in this order:
+/// 1. one that does not yield already beats one that does: a decision once made stays, so it
+///    does not swing back and forth as the two pods come and go;
+/// 2. a `Bound` one beats one whose pod is away: the live pod keeps the address it runs with.
+///    After an etcd restore, a reservation released since can come back claiming an address a
+///    pod got afterwards, and is older than that pod's re-created reservation;
+/// 3. the older (earlier creation), then the smaller `namespace/name`.
+///
+/// Returns the holder that beats `me`, if any.
 pub fn holder<'a>(me: &Claim, others: impl IntoIterator<Item = &'a Claim>) -> Option<&'a Claim> {
     others
         .into_iter()
         .filter(|o| o.key != me.key)
-        .filter(|o| (o.created, &o.key) < (me.created, &me.key))
-        .min_by(|a, b| (a.created, &a.key).cmp(&(b.created, &b.key)))
+        .filter(|o| o.rank() < me.rank())
+        .min_by(|a, b| a.rank().cmp(&b.rank()))
 }

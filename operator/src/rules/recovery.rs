@@ -1,7 +1,10 @@
 //! What `ipkeep-operator recover` does with each lost reservation the agents report
 //! ([`crate::rules::loss`]): re-create it, leave it (the API has it as the node does), or refuse
-//! and list it (the API has a different one, or two nodes claim the pod). Pure: the command reads
-//! the reports and the reservations, [`plan`] decides, the command prints and applies.
+//! and list it (the API has a different one, or two nodes claim the pod). With an object a
+//! restore brought back ([`Kind`]): write the node's newer addresses back into an older one,
+//! delete one the node released. Pure: the command reads the reports and the reservations,
+//! [`plan`] decides, the command prints and applies (deletions first, so that a lost
+//! reservation of the same pod can be created after).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -21,6 +24,19 @@ pub struct Lost {
     pub release_time: Option<Timestamp>,
     /// The lost object's uid.
     pub uid: String,
+    /// What the node holds it as.
+    pub kind: Kind,
+}
+
+/// What a node reports of a reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Gone from the API; the node's file stays.
+    Lost,
+    /// The API holds an older version (same uid); the node's file stays.
+    RestoredOlder,
+    /// The API holds it again after the node released it; no file.
+    RestoredReleased,
 }
 
 /// A reservation the API has, as recovery compares it.
@@ -30,6 +46,8 @@ pub struct Existing {
     pub node: String,
     /// `spec.ips`, parsed (an entry that is no address is left out: it cannot match).
     pub ips: Vec<IpAddr>,
+    /// `metadata.uid`.
+    pub uid: String,
 }
 
 /// What recovery does with one lost reservation.
@@ -59,6 +77,15 @@ pub enum Action {
         /// The reservation holding it.
         by: PodKey,
     },
+    /// An older version of the object (same uid): write the node's addresses and node into it.
+    Rewrite,
+    /// An object the node released: delete it (that uid only).
+    Delete,
+    /// An object the node released is gone from the API already: nothing to do.
+    Gone,
+    /// An object the node released is kept by another node's file (it moved there after the
+    /// backup): that node's report rewrites it; nothing to delete.
+    KeptBy(String),
 }
 
 /// The smallest `retainFor` that, from `now`, reaches `until`: seconds while they fit the
@@ -101,20 +128,44 @@ pub fn plan(
     now: Timestamp,
 ) -> Vec<(Lost, Action)> {
     let mut nodes: BTreeMap<&PodKey, Vec<String>> = BTreeMap::new();
-    for l in lost {
+    for l in lost.iter().filter(|l| l.kind != Kind::RestoredReleased) {
         nodes.entry(&l.pod).or_default().push(l.node.clone());
     }
+    // A uid another node's file holds is that node's to rewrite, not to delete.
+    let kept_by = |l: &Lost| {
+        lost.iter()
+            .find(|o| o.uid == l.uid && o.kind != Kind::RestoredReleased)
+            .map(|o| o.node.clone())
+    };
+    // The objects recovery deletes: a lost reservation of the same pod is created after.
+    let deleted: Vec<&str> = lost
+        .iter()
+        .filter(|l| l.kind == Kind::RestoredReleased && kept_by(l).is_none())
+        .map(|l| l.uid.as_str())
+        .collect();
+    let after = |pod: &PodKey| existing(pod).filter(|e| !deleted.contains(&e.uid.as_str()));
+    // Nor does an object deleted hold an address.
+    let holder = |node: &str, ip: IpAddr| {
+        holder(node, ip)
+            .filter(|by| existing(by).is_none_or(|e| !deleted.contains(&e.uid.as_str())))
+    };
     lost.iter()
-        .filter(|l| l.release_time.is_none_or(|at| now < at))
+        .filter(|l| l.kind == Kind::RestoredReleased || l.release_time.is_none_or(|at| now < at))
         .map(|l| {
             let claimed = nodes.get(&l.pod).map_or(1, Vec::len);
-            let action = match existing(&l.pod) {
-                Some(e) if agrees(l, &e) => Action::Present,
-                Some(e) => Action::Disagrees(e),
-                None if claimed > 1 => {
+            let action = match (l.kind, after(&l.pod)) {
+                (Kind::RestoredReleased, _) => match kept_by(l) {
+                    Some(node) => Action::KeptBy(node),
+                    None if existing(&l.pod).is_some_and(|e| e.uid == l.uid) => Action::Delete,
+                    None => Action::Gone,
+                },
+                (_, Some(e)) if agrees(l, &e) => Action::Present,
+                (Kind::RestoredOlder, Some(e)) if e.uid == l.uid && claimed == 1 => Action::Rewrite,
+                (_, Some(e)) => Action::Disagrees(e),
+                (_, None) if claimed > 1 => {
                     Action::ClaimedBy(nodes.get(&l.pod).cloned().unwrap_or_default())
                 }
-                None => match l.ips.iter().find_map(|ip| {
+                (_, None) => match l.ips.iter().find_map(|ip| {
                     holder(&l.node, ip.to_canonical()).map(|by| (ip.to_canonical(), by))
                 }) {
                     Some((ip, by)) => Action::AddressHeld { ip, by },
@@ -139,6 +190,7 @@ mod tests {
             ips: vec![ip.parse().unwrap()],
             release_time: release.map(Timestamp::from_unix_secs),
             uid: format!("uid-{pod}"),
+            kind: Kind::Lost,
         }
     }
 
@@ -146,6 +198,7 @@ mod tests {
         Existing {
             node: node.into(),
             ips: vec![ip.parse().unwrap()],
+            uid: format!("api-{ip}"),
         }
     }
 
@@ -249,5 +302,103 @@ mod tests {
                 .all(|(_, a)| !matches!(a, Action::Create { .. })),
             "{again:?}"
         );
+    }
+
+    #[test]
+    fn recover_writes_back_an_older_object_and_deletes_a_released_one() {
+        let now = Timestamp::from_unix_secs(1_000);
+        let with = |mut l: Lost, kind: Kind, uid: &str| {
+            l.kind = kind;
+            l.uid = uid.into();
+            l
+        };
+        let api_of = |node: &str, ip: &str, uid: &str| Existing {
+            uid: uid.into(),
+            ..existing(node, ip)
+        };
+        let reports = [
+            // The API holds an older version: the node's addresses go back into it.
+            with(
+                lost("node-a", "readdressed", "10.0.0.1", None),
+                Kind::RestoredOlder,
+                "u1",
+            ),
+            // Rewritten already (or the API changed it to the same since).
+            with(
+                lost("node-a", "agreed", "10.0.0.2", None),
+                Kind::RestoredOlder,
+                "u2",
+            ),
+            // The API's object of that name is another one now: not touched.
+            with(
+                lost("node-a", "renamed", "10.0.0.3", None),
+                Kind::RestoredOlder,
+                "u3",
+            ),
+            // Released by the node, back in the API: deleted; and the pod's newer reservation,
+            // lost with the restore, whose address the old one claims, is created after.
+            with(
+                lost("node-a", "reborn", "10.0.0.4", None),
+                Kind::RestoredReleased,
+                "u4-old",
+            ),
+            with(
+                lost("node-a", "reborn", "10.0.0.5", None),
+                Kind::Lost,
+                "u4-new",
+            ),
+            // Released by the node, gone from the API already.
+            with(
+                lost("node-a", "freed", "10.0.0.6", Some(500)),
+                Kind::RestoredReleased,
+                "u6",
+            ),
+            // Moved from node-a to node-b after the backup: a's report of it as released is
+            // b's to rewrite.
+            with(
+                lost("node-a", "moved", "10.0.0.7", None),
+                Kind::RestoredReleased,
+                "u7",
+            ),
+            with(
+                lost("node-b", "moved", "10.1.0.7", None),
+                Kind::RestoredOlder,
+                "u7",
+            ),
+        ];
+        let api = |pod: &PodKey| match pod.name() {
+            "readdressed" => Some(api_of("node-a", "10.0.0.99", "u1")),
+            "agreed" => Some(api_of("node-a", "10.0.0.2", "u2")),
+            "renamed" => Some(api_of("node-a", "10.0.0.98", "other")),
+            "reborn" => Some(api_of("node-a", "10.0.0.5", "u4-old")),
+            "moved" => Some(api_of("node-a", "10.0.0.7", "u7")),
+            _ => None,
+        };
+        // The released object brought back holds the address the pod's newer reservation has.
+        let reborn = PodKey::new("db", "reborn").unwrap();
+        let holder = |_: &str, ip: IpAddr| {
+            (ip == "10.0.0.5".parse::<IpAddr>().unwrap()).then(|| reborn.clone())
+        };
+        let got: Vec<(String, Action)> = plan(&reports, api, holder, now)
+            .into_iter()
+            .map(|(l, a)| (format!("{} {}", l.node, l.pod.name()), a))
+            .collect();
+        let want = vec![
+            ("node-a readdressed".to_owned(), Action::Rewrite),
+            ("node-a agreed".to_owned(), Action::Present),
+            (
+                "node-a renamed".to_owned(),
+                Action::Disagrees(api_of("node-a", "10.0.0.98", "other")),
+            ),
+            ("node-a reborn".to_owned(), Action::Delete),
+            (
+                "node-a reborn".to_owned(),
+                Action::Create { retain_for: None },
+            ),
+            ("node-a freed".to_owned(), Action::Gone),
+            ("node-a moved".to_owned(), Action::KeptBy("node-b".into())),
+            ("node-b moved".to_owned(), Action::Rewrite),
+        ];
+        assert_eq!(got, want);
     }
 }

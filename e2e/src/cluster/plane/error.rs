@@ -33,6 +33,25 @@ pub enum ControlPlaneError {
         #[source]
         source: crate::command::CommandError,
     },
+    /// etcdctl or etcdutl are not built.
+    #[error(
+        "failed to find etcd's tools: {dir} has no {missing}; run: make etcd-tools-bins (or set IPKEEP_ETCD_TOOLS_BIN_DIR)"
+    )]
+    EtcdToolsMissing {
+        /// Where they were looked for.
+        dir: PathBuf,
+        /// The first missing one.
+        missing: String,
+    },
+    /// etcdctl or etcdutl failed.
+    #[error("failed to run etcd's {what}")]
+    EtcdTool {
+        /// Which command.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: crate::command::CommandError,
+    },
     /// A port asked for is in use.
     #[error(
         "failed to start the control plane: port 127.0.0.1:{port} for {what} is already taken by another process"

@@ -4,11 +4,12 @@
 //! Each job in its own file: what it is started with ([`options`]), its ports ([`ports`]) and
 //! state directory ([`state_dir`]), its certificates and kubeconfigs (`credentials.rs`), the
 //! components started in order (`boot.rs`) and awaited (`readiness.rs`), the audit log
-//! (`audit.rs`), its processes once running (`processes.rs`), reaching it (`access.rs`), and
-//! what goes wrong ([`error`]).
+//! (`audit.rs`), its processes once running (`processes.rs`), reaching it (`access.rs`), etcd
+//! backed up and restored ([`backup`]), and what goes wrong ([`error`]).
 
 mod access;
 mod audit;
+pub mod backup;
 mod boot;
 mod credentials;
 pub mod error;

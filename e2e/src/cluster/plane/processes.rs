@@ -126,6 +126,16 @@ impl ControlPlane {
         self.state_dir.join("etcd")
     }
 
+    /// etcd's client URL (what `etcdctl --endpoints` takes).
+    pub fn etcd_client_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ports.etcd_client)
+    }
+
+    /// etcd's peer URL (what a restored member must advertise).
+    pub fn etcd_peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ports.etcd_peer)
+    }
+
     /// Stops component `name` (SIGTERM, SIGKILL after `grace`), runs `while_down` (a restore puts
     /// an older etcd data directory in place here), starts it again with the same flags, state
     /// and port, and returns once it is ready again.
