@@ -341,10 +341,6 @@ fn main() -> ExitCode {
                         ExitCode::FAILURE
                     }
                 }
-                Err(e @ ipkeep_e2e::torture::TortureError::Interrupted) => {
-                    eprintln!("ipkeep-e2e torture: {e}");
-                    ExitCode::from(130)
-                }
                 Err(e) => {
                     eprintln!("ipkeep-e2e torture: {}", error_chain(&e));
                     ExitCode::from(2)

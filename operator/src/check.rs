@@ -477,20 +477,30 @@ fn lost_line(a: &AgentView) -> Option<Line> {
     let message = match a.lost.as_ref()? {
         Ok(report) if report.total() == 0 => return None,
         Ok(report) => {
+            let ips = |list: &[std::net::IpAddr]| {
+                list.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             let names: Vec<String> = report
                 .lost
                 .iter()
-                .map(|l| {
-                    let ips: Vec<String> = l.ips.iter().map(ToString::to_string).collect();
-                    format!("{} ({})", l.pod, ips.join(", "))
-                })
+                .map(|l| format!("{} ({})", l.pod, ips(&l.ips)))
+                .chain(report.restored.iter().map(|r| {
+                    let kind = match r.kind {
+                        lost::RestoredKind::Older => "restored older than the node's file",
+                        lost::RestoredKind::Released => "restored after the node released it",
+                    };
+                    format!("{} ({}; {kind})", r.pod, ips(&r.ips))
+                }))
                 .collect();
             let mut shown = listed(&names);
             if report.omitted > 0 {
                 let _ = write!(shown, " (+{} not listed by the agent)", report.omitted);
             }
             format!(
-                "{} reservation files kept whose IPReservation was lost (gone before its release time by nobody's decision; their addresses stay protected): {shown}",
+                "{} reservations lost or restored from an older copy (a file kept whose IPReservation is gone before its release time by nobody's decision, or an object older than the node's file; their addresses stay protected): {shown}",
                 report.total()
             )
         }
@@ -811,13 +821,14 @@ async fn ipam_observe(
 
 /// One agent's node view, read through the API server's pod proxy.
 async fn node_report(client: &Client, namespace: &str, a: &AgentView) -> ipam::NodeReport {
-    let (lost, lost_unlisted) = match &a.lost {
-        None => (Default::default(), false),
+    let (lost, lost_unlisted, restored) = match &a.lost {
+        None => (Default::default(), false, Default::default()),
         Some(Ok(report)) => (
             report.lost.iter().map(|l| l.pod.clone()).collect(),
             report.omitted > 0,
+            report.restored.iter().map(|r| r.pod.clone()).collect(),
         ),
-        Some(Err(_)) => (Default::default(), true),
+        Some(Err(_)) => (Default::default(), true, Default::default()),
     };
     let view = match a.port {
         None => Err(format!("its pod has no port named {METRICS_PORT}")),
@@ -848,6 +859,7 @@ async fn node_report(client: &Client, namespace: &str, a: &AgentView) -> ipam::N
         view,
         lost,
         lost_unlisted,
+        restored,
     }
 }
 

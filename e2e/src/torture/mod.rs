@@ -69,12 +69,7 @@ pub enum TortureError {
     /// The API server's address is not `https://ADDRESS:PORT`.
     #[error("the API server's URL {0} names no address")]
     Server(String),
-    /// Ctrl-C or SIGTERM.
-    #[error("interrupted")]
-    Interrupted,
-    /// The run's task ended without a report (it panicked).
-    #[error("the run's task failed: {0}")]
-    Task(String),
+
     /// The API server could not be reached.
     #[error("the API server could not be reached")]
     Kube(#[from] kube::Error),
@@ -156,16 +151,23 @@ pub async fn run(options: Options) -> Result<Report, TortureError> {
         })
         .await?,
     );
-    // The run is a task of its own: its kubectl and helm calls block the runtime's workers, and
-    // Ctrl-C must still be heard (this future is polled by the thread that waits for the run).
-    let mut task = tokio::spawn(drive(Arc::clone(&c), schedule));
-    let result = tokio::select! {
-        r = &mut task => r.unwrap_or_else(|e| Err(TortureError::Task(e.to_string()))),
-        () = crate::demo::interrupted() => {
-            task.abort();
-            Err(TortureError::Interrupted)
+    // Ctrl-C or SIGTERM is heard by a task of its own: the run blocks the thread it runs on
+    // (kubectl, helm), and it runs on the caller's, not on a worker, so that what it spawns (the
+    // fault proxy's connections above all) is never stuck behind a blocked worker. On a signal
+    // the cluster is stopped and the process ends.
+    let watcher = tokio::spawn({
+        let c = Arc::clone(&c);
+        async move {
+            crate::demo::interrupted().await;
+            eprintln!("torture: interrupted; stopping the cluster");
+            if let Err(e) = c.stop() {
+                eprintln!("torture: cleanup incomplete: {}", crate::error_chain(&e));
+            }
+            std::process::exit(130);
         }
-    };
+    });
+    let result = drive(Arc::clone(&c), schedule).await;
+    watcher.abort();
     match c.stop() {
         Ok(done) => eprintln!("torture: cluster stopped: {}", done.join(", ")),
         Err(e) => eprintln!("torture: cleanup incomplete: {}", crate::error_chain(&e)),

@@ -50,6 +50,9 @@ pub struct NodeReport {
     /// The agent keeps lost reservations it does not list (or its report cannot be read): a file
     /// without IPReservation may be one of them, and is not called an orphan.
     pub lost_unlisted: bool,
+    /// The reservations a restore brought back that the agent reports (older than its file, or
+    /// released by the node: no file on purpose): `check`'s lost line says them, not an orphan.
+    pub restored: BTreeSet<PodKey>,
 }
 
 /// Everything the cross-check reads.
@@ -241,7 +244,7 @@ pub fn cross_check(o: &IpamObserved, now: Timestamp, grace: Duration) -> Vec<Fin
             findings.extend(conflicts);
             for (key, file) in &desired.files {
                 let has = network.reservations.iter().any(|f| &f.pod == key);
-                if has || contested.contains(key) {
+                if has || contested.contains(key) || report.restored.contains(key) {
                     continue;
                 }
                 findings.push(Finding::OrphanReservation {

@@ -291,6 +291,35 @@ fn the_wait_summary_names_each_failed_check_and_its_node() {
 }
 
 #[test]
+fn the_lost_line_lists_the_restored_ones_with_their_kind() {
+    let mut o = correct();
+    let mut a = losing("node-0", Ok(1));
+    if let Some(Ok(report)) = a.lost.as_mut() {
+        report.restored.push(crate::api::lost::RestoredReservation {
+            pod: PodKey::new("db", "moved-0").unwrap(),
+            kind: crate::api::lost::RestoredKind::Older,
+            uid: "u9".into(),
+            ips: vec!["10.1.0.9".parse().unwrap()],
+            generation: 4,
+            api_generation: Some(2),
+        });
+    }
+    o.agents = Ok(vec![a]);
+    let t = text(&lines(
+        &o,
+        "ipkeep-system",
+        &Names::of("ipkeep", None, None),
+    ));
+    assert!(t.contains("✗ lost [node-0]: 2 reservations"), "{t}");
+    assert!(
+        t.contains(
+            "db/web-0 (10.1.0.0), db/moved-0 (10.1.0.9; restored older than the node's file)"
+        ),
+        "{t}"
+    );
+}
+
+#[test]
 fn the_lost_line_lists_the_pods_and_their_addresses() {
     let mut o = correct();
     o.agents = Ok(vec![losing("node-0", Ok(7))]);
@@ -300,7 +329,7 @@ fn the_lost_line_lists_the_pods_and_their_addresses() {
         &Names::of("ipkeep", None, None),
     ));
     assert!(
-        t.contains("✗ lost [node-0]: 7 reservation files kept whose IPReservation was lost"),
+        t.contains("✗ lost [node-0]: 7 reservations lost or restored from an older copy"),
         "{t}"
     );
     assert!(

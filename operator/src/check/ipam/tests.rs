@@ -51,6 +51,7 @@ fn ipr(pod: &str, node: &str, addr: &str, created: i64) -> Result<Reservation, R
         released_at: None,
         release_time: None,
         in_conflict: false,
+        generation: None,
     })
 }
 
@@ -82,6 +83,7 @@ fn clean() -> IpamObserved {
             }),
             lost: BTreeSet::new(),
             lost_unlisted: false,
+            restored: BTreeSet::new(),
         }],
         before: reservations.clone(),
         after: reservations,
@@ -244,6 +246,17 @@ const CASES: &[Case] = &[
             o.after.push(ipr("db-1", "node-a", "10.1.0.30", OLD));
         },
         &["orphan ipr db/db-1"],
+    ),
+    (
+        "not when the agent reports it restored (released by the node: no file on purpose)",
+        |o| {
+            o.before.push(ipr("db-1", "node-a", "10.1.0.30", OLD));
+            o.after.push(ipr("db-1", "node-a", "10.1.0.30", OLD));
+            o.nodes[0]
+                .restored
+                .insert(PodKey::new("db", "db-1").unwrap());
+        },
+        &[],
     ),
     (
         "not when it is young, created while check read, or in conflict",
