@@ -4,13 +4,16 @@
 use std::{collections::BTreeMap, net::IpAddr, path::Path};
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{Event, Node, Pod},
+};
 use kube::{Api, Client, api::ListParams};
 
 use ipkeep_operator::api::{IPReservation, Phase};
 
 use crate::cluster::realnode::{Cluster, RealNode};
-use crate::testkit::realnode::network_dir;
+use crate::testkit::realnode::{RELEASE_NS, network_dir};
 
 use super::{
     oracle::{Deletion, EventSeen, NodeFiles, PodView, ReservationView, Sample},
@@ -29,6 +32,9 @@ pub async fn sample(client: &Client, c: &Cluster) -> Result<Sample, kube::Error>
     let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await?;
+    let lease = Api::<Lease>::namespaced(client.clone(), RELEASE_NS)
+        .get_opt(LEASE)
+        .await?;
     let at = Timestamp::now();
     Ok(Sample {
         at,
@@ -44,7 +50,25 @@ pub async fn sample(client: &Client, c: &Cluster) -> Result<Sample, kube::Error>
             .map(|n| (n.name(), node_files(n)))
             .collect(),
         budgets: nodes.items.iter().filter_map(budget).collect(),
+        led: lease.as_ref().is_some_and(|l| leads(l, at)),
     })
+}
+
+/// The release's Lease (the chart's default name).
+const LEASE: &str = "ipkeep-controller";
+
+/// Whether `lease` is held at `at`: a holder, renewed within its duration.
+fn leads(lease: &Lease, at: Timestamp) -> bool {
+    let Some(spec) = lease.spec.as_ref() else {
+        return false;
+    };
+    let held = spec
+        .holder_identity
+        .as_deref()
+        .is_some_and(|h| !h.is_empty());
+    let renewed = spec.renew_time.as_ref().map(|t| t.0);
+    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+    held && renewed.is_some_and(|r| at <= r + jiff::SignedDuration::from_secs(duration))
 }
 
 fn pod_view(p: &Pod) -> Option<PodView> {

@@ -8,7 +8,8 @@
 //!    (but for a `Yielded` one) or later than [`LATE`] after it while nothing held the controller
 //!    back.
 //! 3. A returning pod came back with its reserved addresses, or ipkeep said why with an Event
-//!    ([`EXCUSES`]), or its reservation ended first.
+//!    ([`EXCUSES`]), or its reservation ended first (or no controller led while it lived, the
+//!    documented limitation of Events).
 //! 4. Once the run is quiet: every node's reservation files equal its reservations, and no
 //!    allocation is held by neither a pod nor a reservation.
 //! 5. No unannotated pod waits for an address on a node that holds more Released reservations
@@ -152,6 +153,8 @@ pub struct Sample {
     pub nodes: BTreeMap<String, NodeFiles>,
     /// Each node's budget of Released reservations.
     pub budgets: BTreeMap<String, u32>,
+    /// A controller leads: the release's Lease is held and was renewed within its duration.
+    pub led: bool,
 }
 
 /// An Event as listed: about which object, why, when.
@@ -299,12 +302,15 @@ pub struct Oracle {
     starving: HashMap<String, Timestamp>,
     /// Violations of promise 5 already said (by pod UID).
     starved: BTreeSet<String>,
+    /// The samples' times at which a controller led.
+    led: Vec<Timestamp>,
     /// Creation-to-ready times.
     pub latencies: Latencies,
     /// Samples taken.
     pub samples: usize,
-    /// Double holds the documented limitation explains (see [`lost_with_a_wipe`]): not
-    /// violations, reported beside them.
+    /// What the documented limitations explain: a double hold after a wipe
+    /// ([`lost_with_a_wipe`]), a returning pod whose whole life passed while no controller led
+    /// (nothing could post its Event). Not violations; reported beside them.
     pub limitations: Vec<String>,
 }
 
@@ -312,6 +318,9 @@ impl Oracle {
     /// Takes in one sample; returns what it breaks now (promises 1, 3 and 5).
     pub fn observe(&mut self, s: &Sample, faults: &[FaultWindow]) -> Vec<Violation> {
         self.samples += 1;
+        if s.led {
+            self.led.push(s.at);
+        }
         let mut found = Vec::new();
         self.remember_reservations(s);
         self.follow_lives(s);
@@ -475,6 +484,18 @@ impl Oracle {
             }
             if now.duration_since(u.seen) < EXPLAIN_WITHIN {
                 self.unexplained.push(u);
+                continue;
+            }
+            let until = self.lives.get(&u.uid).map_or(u.seen, |l| l.until);
+            if !self.led.iter().any(|t| *t >= created && *t <= until) {
+                self.limitations.push(format!(
+                    "{}/{} ({}) came back with {} instead of its reserved {} while no controller led (from its creation {created} to its last sighting {until}): ipkeep's Events come from the leader, and none could say why",
+                    u.key.0,
+                    u.key.1,
+                    u.uid,
+                    ips(&u.got),
+                    ips(&u.wanted)
+                ));
                 continue;
             }
             found.push(violation(

@@ -19,7 +19,7 @@
 //!
 //! Under `make test` every alert's `for:` is [`SHORT_FOR`] in the copy Prometheus loads (the
 //! expressions, labels and annotations are the shipped ones; the shipped `for:` durations are held
-//! by the promtool unit tests, `e2e/tests/plain/monitoring.rs`): about 4 minutes. With
+//! by the promtool unit tests, `e2e/tests/plain/monitoring.rs`): about 3½ minutes. With
 //! `IPKEEP_MONITORING_CSV` (the picture) it loads the file as it ships: about 13 minutes, two
 //! alerts waiting their 5 minutes. Needs root, `make cluster-bins`, `make node-bins`,
 //! `make image` and Debian's `prometheus` (`make deps`).
@@ -49,7 +49,7 @@ const NETWORK: PodNetwork = PodNetwork {
 };
 
 /// Every alert's `for:` in the rules `make test` loads.
-const SHORT_FOR: &str = "30s";
+const SHORT_FOR: &str = "15s";
 
 /// The variable that writes the scenario's CSV (and loads the rules as they ship).
 const CSV_ENV: &str = "IPKEEP_MONITORING_CSV";

@@ -44,6 +44,7 @@ fn sample(at: i64, pods: Vec<PodView>, reservations: Vec<ReservationView>) -> Sa
         at: t(at),
         pods,
         reservations,
+        led: true,
         ..Sample::default()
     }
 }
@@ -431,5 +432,32 @@ fn a_pod_created_within_the_race_of_a_deletion_is_not_one_it_deleted_under() {
         };
         let found = o.deletions(&[d], &[], &[]);
         assert_eq!(found.len(), want, "{case}: {found:?}");
+    }
+}
+
+#[test]
+fn a_returning_pod_unexplained_while_no_controller_led_is_the_documented_limitation() {
+    // (case, a controller led while the pod lived, violations, limitations)
+    let cases = [("a leader", true, 1, 0), ("no leader", false, 0, 1)];
+    for (case, led, violations, limitations) in cases {
+        let mut o = Oracle::default();
+        let r = reservation("web-0", "r1", &["10.0.0.5"], Some(1_000));
+        o.observe(&sample(10, vec![], vec![r.clone()]), &[]);
+        let mut found = Vec::new();
+        for (at, ips) in [(20, vec![]), (23, vec!["10.0.0.9"])] {
+            let mut s = sample(at, vec![pod("web-0", "p2", &ips, 20)], vec![r.clone()]);
+            s.led = led;
+            found.extend(o.observe(&s, &[]));
+        }
+        // Gone before a leader came back.
+        found.extend(o.observe(&sample(100, vec![], vec![r.clone()]), &[]));
+        found.extend(o.unexplained_at_end(t(101), &[]));
+        assert_eq!(found.len(), violations, "{case}: {found:?}");
+        assert_eq!(
+            o.limitations.len(),
+            limitations,
+            "{case}: {:?}",
+            o.limitations
+        );
     }
 }
