@@ -35,7 +35,8 @@ pub const DOUBLE_HOLD_GRACE: SignedDuration = SignedDuration::from_secs(10);
 /// honours).
 pub const RACE: SignedDuration = SignedDuration::from_secs(2);
 /// How late after its release time the controller may delete a reservation while no fault holds
-/// it back (it schedules the expiry for that instant; the bound covers a busy API server).
+/// it back (it schedules the expiry for that instant; the bound covers a busy API server), not
+/// counting the time no controller led.
 pub const LATE: SignedDuration = SignedDuration::from_secs(30);
 /// How long an unannotated pod may wait for an address on a node over its budget (the
 /// controller yields on the release that puts a node over; the kubelet retries a sandbox with a
@@ -302,8 +303,8 @@ pub struct Oracle {
     starving: HashMap<String, Timestamp>,
     /// Violations of promise 5 already said (by pod UID).
     starved: BTreeSet<String>,
-    /// The samples' times at which a controller led.
-    led: Vec<Timestamp>,
+    /// Each sample's time and whether a controller led then.
+    led: Vec<(Timestamp, bool)>,
     /// Creation-to-ready times.
     pub latencies: Latencies,
     /// Samples taken.
@@ -318,9 +319,7 @@ impl Oracle {
     /// Takes in one sample; returns what it breaks now (promises 1, 3 and 5).
     pub fn observe(&mut self, s: &Sample, faults: &[FaultWindow]) -> Vec<Violation> {
         self.samples += 1;
-        if s.led {
-            self.led.push(s.at);
-        }
+        self.led.push((s.at, s.led));
         let mut found = Vec::new();
         self.remember_reservations(s);
         self.follow_lives(s);
@@ -487,7 +486,11 @@ impl Oracle {
                 continue;
             }
             let until = self.lives.get(&u.uid).map_or(u.seen, |l| l.until);
-            if !self.led.iter().any(|t| *t >= created && *t <= until) {
+            if !self
+                .led
+                .iter()
+                .any(|(t, led)| *led && *t >= created && *t <= until)
+            {
                 self.limitations.push(format!(
                     "{}/{} ({}) came back with {} instead of its reserved {} while no controller led (from its creation {created} to its last sighting {until}): ipkeep's Events come from the leader, and none could say why",
                     u.key.0,
@@ -630,7 +633,8 @@ impl Oracle {
                     faults,
                 ));
             }
-            if d.at > release + LATE && !held_back(faults, release, d.at) {
+            let late = d.at.duration_since(release) - self.leaderless(release, d.at);
+            if late > LATE && !held_back(faults, release, d.at) {
                 found.push(violation(
                     Promise::DeletedRightly,
                     d.at,
@@ -654,7 +658,8 @@ impl Oracle {
             .iter()
             .filter_map(|r| {
                 let t = r.release_time?;
-                (s.at > t + LATE && !held_back(faults, t, s.at)).then(|| {
+                let late = s.at.duration_since(t) - self.leaderless(t, s.at);
+                (late > LATE && !held_back(faults, t, s.at)).then(|| {
                     violation(
                         Promise::DeletedRightly,
                         s.at,
@@ -669,6 +674,16 @@ impl Oracle {
                 })
             })
             .collect()
+    }
+
+    /// How long no controller led between `from` and `until`, as the samples saw it (each sample
+    /// without a leader counts until the next sample): an expiry needs a leader to delete.
+    fn leaderless(&self, from: Timestamp, until: Timestamp) -> SignedDuration {
+        self.led
+            .windows(2)
+            .filter(|w| !w[0].1 && w[1].0 > from && w[0].0 < until)
+            .map(|w| w[1].0.min(until).duration_since(w[0].0.max(from)))
+            .sum()
     }
 
     /// Promise 3 at the end: every returning pod still unexplained.

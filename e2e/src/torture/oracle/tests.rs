@@ -461,3 +461,25 @@ fn a_returning_pod_unexplained_while_no_controller_led_is_the_documented_limitat
         );
     }
 }
+
+#[test]
+fn the_time_no_controller_led_does_not_count_as_lateness() {
+    let kept = reservation("web-0", "r1", &["10.0.0.5"], Some(100));
+    // (case, seconds without a leader after the release time, expected)
+    let cases = [("a leader all along", 0, 1), ("no leader for 40 s", 40, 0)];
+    for (case, gap, want) in cases {
+        let mut o = Oracle::default();
+        for at in (90..=170).step_by(5) {
+            let mut s = sample(at, vec![], vec![kept.clone()]);
+            s.led = !(100..100 + gap).contains(&at);
+            o.observe(&s, &[]);
+        }
+        let d = Deletion {
+            at: t(160),
+            key: ("t".into(), "web-0".into()),
+            user: "ctrl".into(),
+        };
+        let found = o.deletions(&[d], &[], &[]);
+        assert_eq!(found.len(), want, "{case}: {found:?}");
+    }
+}
