@@ -52,14 +52,15 @@ pub async fn strike(
         FaultKind::Reboot => on_node()?.reboot().map_err(err)?,
         FaultKind::AgentKill => {
             let n = on_node()?;
-            let uid = pod_uid(c, "app.kubernetes.io/component=agent", Some(&n.name()))?;
-            kill_container_process(&uid, "agent")?;
+            until_it_works(|| {
+                let uid = pod_uid(c, "app.kubernetes.io/component=agent", Some(&n.name()))?;
+                kill_container_process(&uid, "agent")
+            })?;
         }
-        FaultKind::LeaderKill => {
-            let leader = leader(c)?;
-            let uid = pod_uid_by_name(c, &leader)?;
-            kill_container_process(&uid, "controller")?;
-        }
+        FaultKind::LeaderKill => until_it_works(|| {
+            let uid = pod_uid_by_name(c, &leader(c)?)?;
+            kill_container_process(&uid, "controller")
+        })?,
         FaultKind::WebhookDown => {
             let service = format!("{RELEASE}-webhook");
             ok(kubectl(
@@ -177,6 +178,21 @@ pub fn heal(c: &Cluster, proxy: &FaultProxy, heal: Heal) -> Result<(), String> {
         )),
         Heal::Uncordon(node) => ok(kubectl(c.plane(), &["uncordon", &node], None)),
     }
+}
+
+/// `kill` retried for up to a minute: the process it looks for may not run yet (an agent pod
+/// restarting after a reboot, a controller rolled by an upgrade), and the fault is made once it
+/// does, as a nemesis that waits for its moment.
+fn until_it_works(mut kill: impl FnMut() -> Result<(), String>) -> Result<(), String> {
+    let mut last = String::new();
+    for _ in 0..30 {
+        match kill() {
+            Ok(()) => return Ok(()),
+            Err(why) => last = why,
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    Err(last)
 }
 
 fn err(e: impl std::error::Error) -> String {

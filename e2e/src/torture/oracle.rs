@@ -609,11 +609,13 @@ impl Oracle {
                 ));
                 continue;
             }
+            // The object this deletion removed: the first of that name the samples saw vanish at
+            // or after it (a later object of the same name, still there or gone later, is not).
             let last = self
                 .known
                 .values()
                 .filter(|k| (k.view.ns.as_str(), k.view.name.as_str()) == (&d.key.0, &d.key.1))
-                .filter(|k| k.gone_at.is_none_or(|g| g >= d.at))
+                .filter(|k| k.gone_at.is_some_and(|g| g >= d.at))
                 .min_by_key(|k| k.gone_at);
             let Some(release) = last.and_then(|k| k.view.release_time) else {
                 continue;

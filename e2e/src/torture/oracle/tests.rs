@@ -202,6 +202,8 @@ fn a_deletion_while_the_pod_lives_or_early_or_late_breaks_promise_2() {
             at += 10;
         }
         o.observe(&sample(lives_until + 1, vec![], vec![kept.clone()]), &[]);
+        // The next look after the deletion finds it gone.
+        o.observe(&sample(deleted.max(lives_until) + 2, vec![], vec![]), &[]);
         let d = Deletion {
             at: t(deleted),
             key: ("t".into(), "web-0".into()),
@@ -474,6 +476,7 @@ fn the_time_no_controller_led_does_not_count_as_lateness() {
             s.led = !(100..100 + gap).contains(&at);
             o.observe(&s, &[]);
         }
+        o.observe(&sample(175, vec![], vec![]), &[]);
         let d = Deletion {
             at: t(160),
             key: ("t".into(), "web-0".into()),
@@ -482,4 +485,21 @@ fn the_time_no_controller_led_does_not_count_as_lateness() {
         let found = o.deletions(&[d], &[], &[]);
         assert_eq!(found.len(), want, "{case}: {found:?}");
     }
+}
+
+#[test]
+fn a_deletion_is_judged_by_the_object_it_removed_not_a_later_one_of_its_name() {
+    let old = reservation("web-0", "r1", &["10.0.0.5"], Some(100));
+    let new = reservation("web-0", "r2", &["10.0.0.5"], Some(300));
+    let mut o = Oracle::default();
+    o.observe(&sample(95, vec![], vec![old]), &[]);
+    // Deleted at 101 (on time) and made again at once for a pod of that name, gone since.
+    o.observe(&sample(102, vec![], vec![new]), &[]);
+    let d = Deletion {
+        at: t(101),
+        key: ("t".into(), "web-0".into()),
+        user: "ctrl".into(),
+    };
+    let found = o.deletions(&[d], &[], &[]);
+    assert!(found.is_empty(), "{found:?}");
 }
