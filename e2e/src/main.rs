@@ -76,6 +76,20 @@ struct TortureArgs {
     /// Print the schedule and stop: no cluster (to read what a seed does, or pick one).
     #[arg(long)]
     dry_run: bool,
+    /// Leave this fault kind out of the nemesis's deck (repeatable; a name as the report prints
+    /// it, such as `WipeNetworkDir`).
+    #[arg(long)]
+    without: Vec<ipkeep_e2e::torture::schedule::FaultKind>,
+}
+
+/// Every fault kind but those left out.
+fn fault_kinds(
+    without: &[ipkeep_e2e::torture::schedule::FaultKind],
+) -> Vec<ipkeep_e2e::torture::schedule::FaultKind> {
+    ipkeep_e2e::torture::schedule::FaultKind::ALL
+        .into_iter()
+        .filter(|k| !without.contains(k))
+        .collect()
 }
 
 /// A duration in `retainFor`'s grammar (`90s`, `30m`, `2h`).
@@ -313,6 +327,7 @@ fn main() -> ExitCode {
                 args.seed,
                 args.duration,
                 ipkeep_e2e::torture::NODES,
+                &fault_kinds(&args.without),
             ));
             ExitCode::SUCCESS
         }
@@ -321,6 +336,7 @@ fn main() -> ExitCode {
                 seed: args.seed,
                 duration: args.duration,
                 cni: args.cni,
+                faults: fault_kinds(&args.without),
             };
             let result = runtime.block_on(ipkeep_e2e::torture::run(options));
             // Its workload's kubectl calls may still be running against the stopped cluster:

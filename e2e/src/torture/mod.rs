@@ -52,6 +52,8 @@ pub struct Options {
     pub duration: Duration,
     /// The nodes' CNI network.
     pub cni: NodeCni,
+    /// The fault kinds the nemesis draws from ([`schedule::FaultKind::ALL`] but those left out).
+    pub faults: Vec<schedule::FaultKind>,
 }
 
 /// Why the run could not be made (what it found is in the [`Report`], not here).
@@ -125,7 +127,7 @@ fn lock(s: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 /// the cluster (also when the run fails), and returns what it found.
 pub async fn run(options: Options) -> Result<Report, TortureError> {
     let nodes = NODES;
-    let schedule = Schedule::draw(options.seed, options.duration, nodes);
+    let schedule = Schedule::draw(options.seed, options.duration, nodes, &options.faults);
     println!("torture: on {nodes} nodes ({:?})", options.cni);
     print_schedule(&schedule);
     let mut plane = crate::cluster::ControlPlaneOptions {
@@ -550,12 +552,16 @@ async fn quiet_end(c: &Cluster, client: &kube::Client, shared: &Mutex<Shared>) {
 }
 
 /// `ipkeep-operator check --ipam` of the release (its own cross-check of the nodes' files beside
-/// the oracle's): passed, and what it said.
+/// the oracle's), waiting up to 3 minutes for it to pass (a `helm upgrade` at the end of the run
+/// may still be rolling): passed, and what it said.
 fn operator_check(c: &Cluster) -> (bool, String) {
     let out = std::process::Command::new(operator_binary())
         .args([
             "check",
             "--ipam",
+            "--wait",
+            "--timeout",
+            "3m",
             "--namespace",
             RELEASE_NS,
             "--release",

@@ -216,6 +216,21 @@ impl FaultKind {
     }
 }
 
+impl std::str::FromStr for FaultKind {
+    type Err = String;
+
+    /// A kind by its name as the report prints it (`WipeNetworkDir`).
+    fn from_str(name: &str) -> Result<FaultKind, String> {
+        FaultKind::ALL
+            .into_iter()
+            .find(|k| k.to_string() == name)
+            .ok_or_else(|| {
+                let all: Vec<String> = FaultKind::ALL.iter().map(ToString::to_string).collect();
+                format!("no fault kind {name}: one of {}", all.join(", "))
+            })
+    }
+}
+
 impl fmt::Display for FaultKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
@@ -262,8 +277,9 @@ const HOLD: (u64, u64) = (4_000, 15_000);
 
 impl Schedule {
     /// The schedule of a run of `duration` on `nodes` nodes from `seed`. Faults are dealt from a
-    /// shuffled deck of every kind, so each kind comes once in every sixteen faults.
-    pub fn draw(seed: u64, duration: Duration, nodes: usize) -> Schedule {
+    /// shuffled deck of the `kinds` (every one, [`FaultKind::ALL`], unless some are left out), so
+    /// each comes once in every `kinds.len()` faults.
+    pub fn draw(seed: u64, duration: Duration, nodes: usize, kinds: &[FaultKind]) -> Schedule {
         let mut rng = Rng::new(seed);
         let end = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
         let mut steps = Vec::new();
@@ -282,8 +298,11 @@ impl Schedule {
         // The first fault after a settling minute at most, so even a short run sees faults.
         let mut at = rng.between(FAULT_GAP.0, FAULT_GAP.1);
         while at < end {
+            if kinds.is_empty() {
+                break;
+            }
             if deck.is_empty() {
-                deck = FaultKind::ALL.to_vec();
+                deck = kinds.to_vec();
                 shuffle(&mut rng, &mut deck);
             }
             let kind = deck.pop().unwrap_or(FaultKind::WatchDrop);
@@ -411,9 +430,9 @@ mod tests {
 
     #[test]
     fn the_same_seed_draws_the_same_schedule_and_another_seed_another() {
-        let a = Schedule::draw(7, Duration::from_secs(300), 3);
-        let b = Schedule::draw(7, Duration::from_secs(300), 3);
-        let c = Schedule::draw(8, Duration::from_secs(300), 3);
+        let a = Schedule::draw(7, Duration::from_secs(300), 3, &FaultKind::ALL);
+        let b = Schedule::draw(7, Duration::from_secs(300), 3, &FaultKind::ALL);
+        let c = Schedule::draw(8, Duration::from_secs(300), 3, &FaultKind::ALL);
         assert_eq!(a, b);
         assert_ne!(a.steps, c.steps);
     }
@@ -422,7 +441,7 @@ mod tests {
     fn every_fault_kind_comes_once_in_each_sixteen_faults_and_steps_stay_inside_the_run() {
         let cases = [(1, 300, 3), (42, 3_600, 3), (u64::MAX, 900, 2)];
         for (seed, secs, nodes) in cases {
-            let s = Schedule::draw(seed, Duration::from_secs(secs), nodes);
+            let s = Schedule::draw(seed, Duration::from_secs(secs), nodes, &FaultKind::ALL);
             let faults: Vec<Fault> = s
                 .steps
                 .iter()
@@ -450,7 +469,7 @@ mod tests {
 
     #[test]
     fn an_hour_draws_the_faults_and_re_creations_the_long_run_needs() {
-        let s = Schedule::draw(3, Duration::from_secs(3_600), 3);
+        let s = Schedule::draw(3, Duration::from_secs(3_600), 3, &FaultKind::ALL);
         let faults: usize = s.faults().iter().map(|(_, n)| n).sum();
         let deletes = s
             .steps
@@ -463,8 +482,30 @@ mod tests {
     }
 
     #[test]
+    fn a_kind_left_out_never_comes_and_the_others_still_each_come_once_a_deck() {
+        let kinds: Vec<FaultKind> = FaultKind::ALL
+            .into_iter()
+            .filter(|k| *k != FaultKind::WipeNetworkDir)
+            .collect();
+        let s = Schedule::draw(1, Duration::from_secs(600), 3, &kinds);
+        let counts = s.faults();
+        assert!(
+            counts.contains(&(FaultKind::WipeNetworkDir, 0)),
+            "{counts:?}"
+        );
+        assert!(
+            counts
+                .iter()
+                .all(|(k, n)| *k == FaultKind::WipeNetworkDir || *n >= 1),
+            "{counts:?}"
+        );
+        assert_eq!("WipeNetworkDir".parse(), Ok(FaultKind::WipeNetworkDir));
+        assert!("Wipe".parse::<FaultKind>().is_err());
+    }
+
+    #[test]
     fn scaling_a_set_keeps_deletions_within_its_replicas() {
-        let s = Schedule::draw(11, Duration::from_secs(1_800), 3);
+        let s = Schedule::draw(11, Duration::from_secs(1_800), 3, &FaultKind::ALL);
         let mut replicas: std::collections::HashMap<&str, u32> =
             SETS.iter().map(|s| (s.name, s.replicas)).collect();
         for (_, st) in &s.steps {
