@@ -168,7 +168,8 @@ monitoring-picture: deps packaging-deps cluster-bins node-bins image
 ## torture: the torture run (docs/testing.md#the-torture-run): random faults of every kind and
 ## churn on three real nodes (CRI-O, containerd, a tiny one) for DURATION (default 60m) from SEED
 ## (default: the time now, printed first; the same seed replays the same schedule), an oracle
-## checking every promise every second; CNI=flannel for real flannel. Ends with its report (the
+## checking every promise every second; CNI=flannel for real flannel; WITHOUT="Kind …" leaves
+## fault kinds out. Ends with its report (the
 ## operations and faults by kind, the times to Ready, every violation) and exits 1 on a
 ## violation. REPORT=file also writes the report there. Needs root; make test runs a short one.
 SEED ?= $(shell date +%s)
@@ -183,7 +184,8 @@ torture: deps packaging-deps cluster-bins node-bins crio-bins flannel-bins image
 	  export IPKEEP_FLANNEL_BIN_DIR="$$(e2e/cluster/build.sh --print-flannel-bin-dir)" && \
 	  $(CARGO) build -q -p ipkeep-operator -p ipkeep-e2e --bins && \
 	  IPKEEP_OPERATOR_BIN=$(CARGO_OUT)/debug/ipkeep-operator $(CARGO_OUT)/debug/ipkeep-e2e torture \
-	    --seed $(SEED) --duration $(DURATION) --cni $(CNI) $(if $(REPORT),--report $(REPORT))
+	    --seed $(SEED) --duration $(DURATION) --cni $(CNI) $(if $(REPORT),--report $(REPORT)) \
+	    $(foreach k,$(WITHOUT),--without $(k))
 
 ## torture-mutants: each deliberately broken build of e2e/torture-mutants/ (MUTANTS=name … for
 ## some) through a short torture run (MUTANT_SEED, MUTANT_DURATION), which must report the
