@@ -49,6 +49,15 @@ fn sample(at: i64, pods: Vec<PodView>, reservations: Vec<ReservationView>) -> Sa
     }
 }
 
+/// The controller's deletion of `t/web-0` at `at`.
+fn deletion(at: i64) -> Deletion {
+    Deletion {
+        at: t(at),
+        key: ("t".into(), "web-0".into()),
+        user: "ctrl".into(),
+    }
+}
+
 fn promises(v: &[Violation]) -> Vec<u8> {
     v.iter().map(|v| v.promise.number()).collect()
 }
@@ -427,11 +436,7 @@ fn a_pod_created_within_the_race_of_a_deletion_is_not_one_it_deleted_under() {
         for at in [created, 110, 150] {
             o.observe(&sample(at, vec![p.clone()], vec![kept.clone()]), &[]);
         }
-        let d = Deletion {
-            at: t(101),
-            key: ("t".into(), "web-0".into()),
-            user: "ctrl".into(),
-        };
+        let d = deletion(101);
         let found = o.deletions(&[d], &[], &[]);
         assert_eq!(found.len(), want, "{case}: {found:?}");
     }
@@ -477,11 +482,7 @@ fn the_time_no_controller_led_does_not_count_as_lateness() {
             o.observe(&s, &[]);
         }
         o.observe(&sample(175, vec![], vec![]), &[]);
-        let d = Deletion {
-            at: t(160),
-            key: ("t".into(), "web-0".into()),
-            user: "ctrl".into(),
-        };
+        let d = deletion(160);
         let found = o.deletions(&[d], &[], &[]);
         assert_eq!(found.len(), want, "{case}: {found:?}");
     }
@@ -495,11 +496,7 @@ fn a_deletion_is_judged_by_the_object_it_removed_not_a_later_one_of_its_name() {
     o.observe(&sample(95, vec![], vec![old]), &[]);
     // Deleted at 101 (on time) and made again at once for a pod of that name, gone since.
     o.observe(&sample(102, vec![], vec![new]), &[]);
-    let d = Deletion {
-        at: t(101),
-        key: ("t".into(), "web-0".into()),
-        user: "ctrl".into(),
-    };
+    let d = deletion(101);
     let found = o.deletions(&[d], &[], &[]);
     assert!(found.is_empty(), "{found:?}");
 }
