@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Usage: scripts/torture-mutant.sh MUTANT [SEED] [DURATION]
+#   (IPKEEP_MUTANT_TORTURE_ARGS: more arguments for the run, e.g. "--without WipeNetworkDir",
+#   so the run is the one `make test` runs unmutated and passes)
 #
 # Shows the torture run's oracle catching a deliberately broken build (docs/testing.md, "The
 # torture run"): applies e2e/torture-mutants/MUTANT.patch to a scratch copy of this tree, builds
@@ -33,10 +35,13 @@ make -C "$scratch/tree" -s image IMAGE_ARCHIVE="$scratch/mutant.oci.tar" >&2
 unset CARGO_TARGET_DIR
 
 report=$scratch/report.txt
+# Split on spaces on purpose: a list of arguments.
+read -r -a extra <<< "${IPKEEP_MUTANT_TORTURE_ARGS:-}"
 status=0
 IPKEEP_IMAGE_ARCHIVE=$scratch/mutant.oci.tar \
   "${IPKEEP_E2E_BIN:?the torture binary (make torture-mutants sets it)}" torture \
-  --seed "$seed" --duration "$duration" --report "$report" >/dev/null || status=$?
+  --seed "$seed" --duration "$duration" --report "$report" "${extra[@]}" \
+  >/dev/null || status=$?
 cat "$report" >&2 || true
 if [ "$status" -eq 1 ] && grep -q "^  \[$promise\] " "$report"; then
   echo "torture-mutant: $mutant caught: promise $promise broken, as the patch says" >&2
