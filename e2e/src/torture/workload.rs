@@ -36,14 +36,20 @@ pub struct Nodes {
     pub first_cidr: (Ipv4Addr, u8),
 }
 
+impl Nodes {
+    /// Every node but the tiny one.
+    pub fn ordinary(&self) -> Vec<&str> {
+        self.names
+            .iter()
+            .filter(|n| **n != self.tiny)
+            .map(String::as_str)
+            .collect()
+    }
+}
+
 /// The manifests of the workload at the start.
 pub fn manifests(nodes: &Nodes) -> Vec<(String, String)> {
-    let ordinary: Vec<&str> = nodes
-        .names
-        .iter()
-        .filter(|n| **n != nodes.tiny)
-        .map(String::as_str)
-        .collect();
+    let ordinary = nodes.ordinary();
     let mut out = vec![(
         String::new(),
         format!(
@@ -244,12 +250,7 @@ pub fn apply(plane: &ControlPlane, nodes: &Nodes, op: &Op) -> Result<(), String>
             None,
         ),
         Op::Job { n } => {
-            let ordinary: Vec<&str> = nodes
-                .names
-                .iter()
-                .filter(|n| **n != nodes.tiny)
-                .map(String::as_str)
-                .collect();
+            let ordinary = nodes.ordinary();
             run(
                 &[ns[0], ns[1], "apply", "-f", "-"],
                 Some(&job(*n, &ordinary)),
