@@ -132,6 +132,11 @@ check: lint
 # The real-control-plane suites and the kubectl tests use the binaries `make cluster-bins` built
 # (kubectl of the same version as the API server), never the machine's own. lint comes first: it
 # fails in minutes, before the long builds.
+# Each failed test's name and panic again, last: a long run's log is often read from its end.
+SHOW_FAILURES = awk '/^---- .* stdout ----$$/ { name = $$0; next } \
+  /panicked at/ { if (!shown++) print "make test: the failures again:"; print name; c = 8 } \
+  c > 0 { print "  " $$0; c-- }' target/test.log
+
 test: plan-test lint deps packaging-deps docker-deps arm64-deps cluster-bins node-bins flannel-bins crio-bins registry-bin \
   etcd-tools-bins plugin image image-arm64 sbom docker-plugin previous-release
 	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
@@ -148,7 +153,8 @@ test: plan-test lint deps packaging-deps docker-deps arm64-deps cluster-bins nod
 	  echo "make test: the plugin's suites again, against the static release binary $(PLUGIN_BIN)" && \
 	  IPKEEP_TEST_BIN=$(PLUGIN_BIN) $(CARGO) test -p ipkeep-plugin --tests 2>&1 | tee -a target/test.log && \
 	  echo "make test: the arm64 build's suites under qemu-user (make test-arm64)" && \
-	  $(ARM64_ENV) && ./scripts/test-arm64.sh $(ARM64_DIR) 2>&1 | tee -a target/test.log
+	  $(ARM64_ENV) && ./scripts/test-arm64.sh $(ARM64_DIR) 2>&1 | tee -a target/test.log || \
+	  { $(SHOW_FAILURES); exit 1; }
 	@# One closing line for the whole run: cargo prints one per test binary, the last often "0 passed".
 	@awk '/^test result: / { p += $$4; f += $$6; i += $$8 } \
 	  END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i; if (p == 0 || f > 0) exit 1 }' target/test.log

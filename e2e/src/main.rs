@@ -323,12 +323,17 @@ fn main() -> ExitCode {
             }
         }
         Command::Torture(args) if args.dry_run => {
-            ipkeep_e2e::torture::print_schedule(&ipkeep_e2e::torture::schedule::Schedule::draw(
+            use std::io::Write as _;
+            let schedule = ipkeep_e2e::torture::schedule::Schedule::draw(
                 args.seed,
                 args.duration,
                 ipkeep_e2e::torture::NODES,
                 &fault_kinds(&args.without),
-            ));
+            );
+            // Written, not print!: a reader that stops early (`| head`) ends the printing quietly.
+            let _ = std::io::stdout()
+                .lock()
+                .write_all(ipkeep_e2e::torture::schedule_text(&schedule).as_bytes());
             ExitCode::SUCCESS
         }
         Command::Torture(args) => {

@@ -80,23 +80,19 @@ pub enum TortureError {
 /// How many nodes the run has: node-0 runs CRI-O, the last is the tiny one.
 pub const NODES: usize = 3;
 
-/// Prints the seed and every step of `schedule`, as a run does before it starts.
-pub fn print_schedule(schedule: &Schedule) {
-    use std::io::Write as _;
-    // Written, not println!: a reader that stops early (`| head`) ends the printing, not the run.
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(
-        out,
-        "torture: seed {} for {:?}: {} steps",
+/// The seed and every step of `schedule`, one line each, as a run prints them before it starts.
+pub fn schedule_text(schedule: &Schedule) -> String {
+    use std::fmt::Write as _;
+    let mut text = format!(
+        "torture: seed {} for {:?}: {} steps\n",
         schedule.seed,
         schedule.duration,
         schedule.steps.len()
     );
     for (at, step) in &schedule.steps {
-        if writeln!(out, "  {:>8.1}s {step}", at.as_secs_f64()).is_err() {
-            break;
-        }
+        let _ = writeln!(text, "  {:>8.1}s {step}", at.as_secs_f64());
     }
+    text
 }
 
 /// The tiny node's budget of Released reservations during the run: one of its five addresses,
@@ -128,8 +124,12 @@ fn lock(s: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 pub async fn run(options: Options) -> Result<Report, TortureError> {
     let nodes = NODES;
     let schedule = Schedule::draw(options.seed, options.duration, nodes, &options.faults);
-    println!("torture: on {nodes} nodes ({:?})", options.cni);
-    print_schedule(&schedule);
+    // print!, so a test's harness keeps the schedule with the test's output, shown on failure.
+    print!(
+        "torture: on {nodes} nodes ({:?})\n{}",
+        options.cni,
+        schedule_text(&schedule)
+    );
     let mut plane = crate::cluster::ControlPlaneOptions {
         audit_log: true,
         audit_policy: Some(AUDIT_POLICY.to_owned()),
