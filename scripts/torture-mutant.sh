@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Usage: scripts/torture-mutant.sh MUTANT [SEED] [DURATION]
-#   (IPKEEP_MUTANT_TORTURE_ARGS: more arguments for the run, e.g. "--without WipeNetworkDir",
-#   so the run is the one `make test` runs unmutated and passes)
+#   (IPKEEP_MUTANT_TORTURE_ARGS: more arguments for the run, e.g. "--without WipeNetworkDir")
 #
 # Shows the torture run's oracle catching a deliberately broken build (docs/testing.md, "The
 # torture run"): applies e2e/torture-mutants/MUTANT.patch to a scratch copy of this tree, builds

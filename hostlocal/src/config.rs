@@ -460,6 +460,27 @@ pub fn reservation_grace(doc: &Value) -> Result<Option<std::time::Duration>, Con
     }
 }
 
+/// The ipkeep-only key of the `ipam` section naming the container runtime's CNI cache directory
+/// ([`crate::result_cache`]; host-local ignores it).
+pub const CACHE_DIR_KEY: &str = "cniCacheDir";
+
+/// `ipam.cniCacheDir`: libcni's default ([`crate::result_cache::DEFAULT_CACHE_DIR`]) when
+/// absent or `null`, else an absolute path. Read apart from [`load`] so host-local's decoding
+/// stays exact.
+pub fn cni_cache_dir(doc: &Value) -> Result<std::path::PathBuf, ConfigError> {
+    let value = member(doc, "ipam").and_then(|ipam| member(ipam, CACHE_DIR_KEY));
+    match value {
+        None | Some(Value::Null) => Ok(crate::result_cache::DEFAULT_CACHE_DIR.into()),
+        Some(Value::String(path)) if path.starts_with('/') && !path.contains('\0') => {
+            Ok(path.into())
+        }
+        Some(other) => Err(ConfigError::Invalid(format!(
+            "failed to read ipam.{CACHE_DIR_KEY}: expected an absolute path, got {}",
+            describe(other)
+        ))),
+    }
+}
+
 /// A short rendering of a JSON value for messages.
 fn describe(value: &Value) -> String {
     match value {
@@ -473,6 +494,35 @@ fn describe(value: &Value) -> String {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cni_cache_dir_table() {
+        let cases: &[(&str, Result<&str, &str>)] = &[
+            (r#"{"ipam":{}}"#, Ok("/var/lib/cni")),
+            (r#"{"ipam":{"cniCacheDir":null}}"#, Ok("/var/lib/cni")),
+            (r#"{"ipam":{"cniCacheDir":"/run/cni"}}"#, Ok("/run/cni")),
+            (r#"{"IPAM":{"CNICacheDir":"/x"}}"#, Ok("/x")),
+            (r#"{"ipam":{"cniCacheDir":"cache"}}"#, Err("got \"cache\"")),
+            (r#"{"ipam":{"cniCacheDir":""}}"#, Err("got \"\"")),
+            (r#"{"ipam":{"cniCacheDir":7}}"#, Err("got 7")),
+        ];
+        for (json, want) in cases {
+            let doc = crate::gojson::parse(json.as_bytes()).unwrap();
+            match (cni_cache_dir(&doc), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, std::path::Path::new(want), "{json}"),
+                (Err(e), Err(part)) => {
+                    let text = e.to_string();
+                    assert!(
+                        text.starts_with(
+                            "failed to read ipam.cniCacheDir: expected an absolute path"
+                        ) && text.ends_with(part),
+                        "{json}: {text}"
+                    );
+                }
+                (got, _) => panic!("{json}: unexpected {got:?}"),
+            }
+        }
+    }
 
     #[test]
     fn reservation_grace_table() {

@@ -139,11 +139,12 @@ fn index_key(container_id: &str) -> String {
 /// What the stamp holds while a command is changing things: it matches no directory.
 const INDEX_STAMP_DIRTY: &[u8] = b"ipkeep-stamp dirty\n";
 /// Every name ipkeep uses in its private directory; anything else there is removed by a rebuild.
-const KNOWN_PRIVATE_NAMES: [&str; 5] = [
+const KNOWN_PRIVATE_NAMES: [&str; 6] = [
     INDEX_STAMP,
     TMP_DIR,
     CONTAINERS_DIR,
     ipkeep_reservation::private_state::SNAPSHOT_NAME,
+    ipkeep_reservation::private_state::RELEASED_NAME,
     ipkeep_reservation::private_state::WAIT_DIR,
 ];
 /// How every stamp ipkeep writes starts (a torn in-place write keeps it; garbage does not).
@@ -250,6 +251,8 @@ pub struct DiskStore<'a> {
     index_ok: bool,
     /// Whether this command rebuilt the index (for tests and logs).
     rebuilt: bool,
+    /// Whether the directory had an index stamp when the command began (see [`Self::had_index`]).
+    had_index: bool,
 }
 
 impl<'a> DiskStore<'a> {
@@ -278,6 +281,7 @@ impl<'a> DiskStore<'a> {
             dirty: false,
             index_ok: true,
             rebuilt: false,
+            had_index: saved.is_some(),
         };
         store.note_found(found);
         if saved.as_deref() != Some(store.current_index_stamp()?.as_bytes()) {
@@ -292,6 +296,11 @@ impl<'a> DiskStore<'a> {
             &self.containers.own_stat()?,
             &self.tmp.own_stat()?,
         ))
+    }
+
+    /// Adds `lines` to the command's stderr lines, each prefixed `ipkeep: <network>: `.
+    pub fn log_lines(&mut self, lines: Vec<String>) {
+        self.note_found(lines);
     }
 
     /// Logs what was found damaged in the private state, one line each, prefixed
@@ -339,6 +348,26 @@ impl<'a> DiskStore<'a> {
             .find(|e| e.ip == ip && e.ifname.as_deref() == owner.ifname())
             .and_then(|e| e.pod);
         Ok(Occupant::Allocation { owner, pod })
+    }
+
+    /// Whether the network directory had an index stamp (current, stale or the "dirty" marker)
+    /// when this command opened it. A directory no ipkeep command ever changed has none (a new
+    /// one, one only host-local used), nor has one wiped (`rm -rf`) or whose stamp was removed.
+    pub fn had_index(&self) -> bool {
+        self.had_index
+    }
+
+    /// Records `ip` for `(id, ifname)` if nobody holds it, as [`Store::reserve`] does, but leaves
+    /// every range set's last reserved address alone: for taking back an attachment that exists
+    /// (the runtime's result cache), not for handing out an address.
+    pub fn adopt(
+        &mut self,
+        ip: IpAddr,
+        id: &str,
+        ifname: &str,
+        pod: Option<&PodKey>,
+    ) -> Result<bool, StoreError> {
+        self.record(ip, id, ifname, None, pod)
     }
 
     /// Whether this command had to rebuild the index.
@@ -645,13 +674,15 @@ fn serialize_index(container_id: &str, entries: &[IndexEntry]) -> String {
     serde_json::to_string(&file).unwrap_or_default()
 }
 
-impl Store for DiskStore<'_> {
-    fn reserve(
+impl DiskStore<'_> {
+    /// The allocation of `ip` to `(id, ifname)`, created exclusively (`Ok(false)`: taken), with
+    /// range set `cursor`'s last reserved address moved to it when there is one.
+    fn record(
         &mut self,
         ip: IpAddr,
         id: &str,
         ifname: &str,
-        range_id: usize,
+        cursor: Option<usize>,
         pod: Option<&PodKey>,
     ) -> Result<bool, StoreError> {
         if !is_valid_container_id(id) {
@@ -677,8 +708,14 @@ impl Store for DiskStore<'_> {
         {
             return Ok(false);
         }
-        let last = Self::last_reserved_name(range_id);
-        if let Err(e) = self.net.overwrite(&last, name.as_bytes(), FILE_MODE) {
+        if let Some(range_id) = cursor
+            && let Err(e) = self.net.overwrite(
+                &Self::last_reserved_name(range_id),
+                name.as_bytes(),
+                FILE_MODE,
+            )
+        {
+            let last = Self::last_reserved_name(range_id);
             // Unlike host-local (which leaves the address allocated), undo the reservation.
             let _ = self.net.remove(&name);
             return Err(match e {
@@ -699,6 +736,19 @@ impl Store for DiskStore<'_> {
         });
         self.write_index(id, &entries)?;
         Ok(true)
+    }
+}
+
+impl Store for DiskStore<'_> {
+    fn reserve(
+        &mut self,
+        ip: IpAddr,
+        id: &str,
+        ifname: &str,
+        range_id: usize,
+        pod: Option<&PodKey>,
+    ) -> Result<bool, StoreError> {
+        self.record(ip, id, ifname, Some(range_id), pod)
     }
 
     fn release(&mut self, ip: IpAddr, id: &str, ifname: &str) -> Result<bool, StoreError> {
@@ -960,6 +1010,87 @@ mod tests {
             "another container's file is never removed"
         );
         st.finish();
+    }
+
+    /// `had_index` tells a directory no ipkeep command changed (new, host-local's, wiped) from
+    /// one that has an index, current or not.
+    #[test]
+    fn had_index_is_false_only_without_a_stamp() {
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
+        let stamp = s.path().join("net1/.ipkeep/stamp");
+        let open = || {
+            let st = DiskStore::open(&net, SystemTime::now()).unwrap();
+            let had = st.had_index();
+            st.finish();
+            had
+        };
+        assert!(!open(), "a new directory");
+        assert!(open(), "after a command finished");
+        std::fs::write(&stamp, INDEX_STAMP_DIRTY).unwrap();
+        assert!(open(), "a killed command's dirty marker");
+        std::fs::write(s.path().join("net1/10.1.0.9"), b"c9\r\neth0").unwrap();
+        assert!(open(), "a stale stamp");
+        std::fs::remove_file(&stamp).unwrap();
+        assert!(!open(), "the stamp removed");
+        std::fs::remove_dir_all(s.path().join("net1")).unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
+        let st = DiskStore::open(&net, SystemTime::now()).unwrap();
+        assert!(!st.had_index(), "the directory wiped");
+    }
+
+    /// `adopt` records an attachment exclusively, with its pod, and moves no cursor.
+    #[test]
+    fn adopt_records_exclusively_and_leaves_the_cursor() {
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
+        let pod = PodKey::new("ns", "p").unwrap();
+        let mut st = DiskStore::open(&net, SystemTime::now()).unwrap();
+        assert!(st.reserve(ip("10.1.0.2"), "c1", "eth0", 0, None).unwrap());
+        assert!(st.adopt(ip("10.1.0.7"), "c7", "eth0", Some(&pod)).unwrap());
+        assert!(
+            !st.adopt(ip("10.1.0.2"), "c8", "eth0", None).unwrap(),
+            "taken"
+        );
+        assert!(st.adopt(ip("10.1.0.8"), "bad/id", "eth0", None).is_err());
+        assert_eq!(st.last_reserved_ip(0), Some(ip("10.1.0.2")));
+        assert_eq!(st.attachments_of("c7").unwrap()[0].pod, Some(pod));
+        st.finish();
+        assert_eq!(
+            std::fs::read(s.path().join("net1/10.1.0.7")).unwrap(),
+            b"c7\r\neth0"
+        );
+        assert!(!s.path().join("net1/10.1.0.8").exists());
+    }
+
+    /// A rebuild removes what ipkeep does not use from `.ipkeep/`, and keeps what the agent
+    /// keeps there: the reservation snapshot and the record of what it released on purpose.
+    #[test]
+    fn a_rebuild_keeps_the_agents_private_files() {
+        let s = TempDir::new().unwrap();
+        let net = NetworkDir::open(s.path(), "net1").unwrap();
+        DiskStore::open(&net, SystemTime::now()).unwrap().finish();
+        let meta = s.path().join("net1/.ipkeep");
+        for name in [
+            ipkeep_reservation::private_state::RELEASED_NAME,
+            ipkeep_reservation::private_state::SNAPSHOT_NAME,
+            "stranger",
+        ] {
+            std::fs::write(meta.join(name), b"{}").unwrap();
+        }
+        std::fs::remove_file(meta.join(INDEX_STAMP)).unwrap();
+        let st = DiskStore::open(&net, SystemTime::now()).unwrap();
+        assert!(st.rebuilt());
+        st.finish();
+        assert!(
+            meta.join(ipkeep_reservation::private_state::RELEASED_NAME)
+                .exists()
+        );
+        assert!(
+            meta.join(ipkeep_reservation::private_state::SNAPSHOT_NAME)
+                .exists()
+        );
+        assert!(!meta.join("stranger").exists());
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod config;
 pub mod gojson;
 pub mod range;
 pub mod result;
+pub mod result_cache;
 pub mod store;
 pub mod version;
 

@@ -20,6 +20,7 @@ use ipkeep_netdir::NetworkDir;
 use ipkeep_reservation::add::DEFAULT_GRACE;
 use ipkeep_reservation::{PodKey, Timestamp};
 
+mod adopt;
 mod reservations;
 
 use reservations::{AddFacts, ReservationLog};
@@ -84,8 +85,20 @@ fn open_dir(conf: &IpamConfig) -> Result<NetworkDir, Failure> {
         .map_err(|e| (CniError::internal(e), Vec::new()))
 }
 
-fn open_store<'a>(dir: &'a NetworkDir, now: SystemTime) -> Result<DiskStore<'a>, Failure> {
-    DiskStore::open(dir, now).map_err(|e| (CniError::internal(e), Vec::new()))
+/// The network's store, locked; a directory without ipkeep's index first takes back the
+/// addresses the runtime's result cache names ([`adopt`]).
+fn open_store<'a>(
+    dir: &'a NetworkDir,
+    now: SystemTime,
+    doc: &Value,
+    conf: &IpamConfig,
+) -> Result<DiskStore<'a>, Failure> {
+    let cache_dir = config::cni_cache_dir(doc).map_err(|e| (CniError::internal(e), Vec::new()))?;
+    let mut store = DiskStore::open(dir, now).map_err(|e| (CniError::internal(e), Vec::new()))?;
+    match adopt::adopt_cached(&mut store, &conf.name, &conf.range_sets, &cache_dir) {
+        Ok(()) => Ok(store),
+        Err(e) => Err((e, store.finish())),
+    }
 }
 
 /// The pod `CNI_ARGS` names, recorded with the allocations. A name Kubernetes would not accept
@@ -117,7 +130,7 @@ pub fn add(
             .map_err(|e| (CniError::internal(e), Vec::new()))?;
     }
     let dir = open_dir(&conf)?;
-    let mut store = open_store(&dir, now)?;
+    let mut store = open_store(&dir, now, doc, &conf)?;
     let pod = pod_of(&conf);
     // Requested addresses, de-duplicated, in the order given (host-local uses Go's random map
     // order when two compete for one range set; ipkeep deterministically takes the first).
@@ -268,7 +281,7 @@ pub fn del(
 ) -> Result<Output, Failure> {
     let conf = load(doc, args)?;
     let dir = open_dir(&conf)?;
-    let mut store = open_store(&dir, now)?;
+    let mut store = open_store(&dir, now, doc, &conf)?;
     let legacy = if conf.range_sets.len() >= 2 {
         LegacyRelease::Always
     } else {
@@ -294,7 +307,7 @@ pub fn del(
 pub fn check(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failure> {
     let conf = load(doc, args)?;
     let dir = open_dir(&conf)?;
-    let mut store = open_store(&dir, now)?;
+    let mut store = open_store(&dir, now, doc, &conf)?;
     let found = store.find_by_id(&args.container_id, &args.ifname);
     let log = store.finish();
     match found {
@@ -357,7 +370,7 @@ pub fn gc(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failur
             )],
         });
     };
-    let mut store = open_store(&dir, now)?;
+    let mut store = open_store(&dir, now, doc, &conf)?;
     // Sets, not a scan per allocation: a 1 MiB request against a full /16 would otherwise be
     // billions of comparisons.
     let attachments: HashSet<(&str, &str)> = valid
@@ -399,7 +412,8 @@ pub fn gc(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failur
 pub fn status(doc: &Value, args: &CmdArgs, now: SystemTime) -> Result<Output, Failure> {
     let conf = load(doc, args)?;
     let dir = open_dir(&conf).map_err(|(e, l)| (CniError { code: 50, ..e }, l))?;
-    let mut store = open_store(&dir, now).map_err(|(e, l)| (CniError { code: 50, ..e }, l))?;
+    let mut store =
+        open_store(&dir, now, doc, &conf).map_err(|(e, l)| (CniError { code: 50, ..e }, l))?;
     let mut rlog = ReservationLog::new(&conf.name);
     let reservations =
         reservations::Reservations::load(&dir, &store, Timestamp::from_system_time(now), &mut rlog);

@@ -587,3 +587,88 @@ fn a_killed_writers_temporaries_are_removed_once_a_few_seconds_old() {
     out.ok();
     assert_eq!(out.stderr_str(), "");
 }
+
+/// A cache entry of libcni's shape for `container` holding `ip` on net1.
+fn cached_result(container: &str, ip: &str) -> String {
+    format!(
+        r#"{{"kind":"cniCacheV1","containerId":"{container}","ifName":"eth0","networkName":"net1","cniArgs":[["K8S_POD_NAMESPACE","shop"],["K8S_POD_NAME","{container}"]],"result":{{"cniVersion":"1.0.0","ips":[{{"address":"{ip}/24"}}]}}}}"#
+    )
+}
+
+/// A wiped network directory (or one only host-local used) takes back, before anything else, the
+/// addresses the runtime's result cache says running containers hold: the next pod does not get
+/// a running pod's address, and the running pod's DEL frees it. Once the directory has ipkeep's
+/// index, the cache is not read again: a file an admin removed by hand stays removed.
+#[test]
+fn a_wiped_directory_takes_back_the_cached_attachments_first() {
+    let s = scratch();
+    let cache = s.path().join("cache");
+    std::fs::create_dir_all(cache.join("results")).unwrap();
+    let conf = format!(
+        r#"{{"cniVersion":"1.0.0","name":"net1","type":"ipkeep","ipam":{{"type":"ipkeep","dataDir":"{}","cniCacheDir":"{}","ranges":[[{{"subnet":"10.1.0.0/24"}}]]}}}}"#,
+        s.data().display(),
+        cache.display()
+    );
+    let add = |id: &str| {
+        let out = CniCall::new("ADD", id, &conf).run(&ipkeep());
+        let ip = out.ok()["ips"][0]["address"].as_str().unwrap().to_owned();
+        (ip, out.stderr_str())
+    };
+    // Two pods run; the directory is wiped; the cache still names them.
+    assert_eq!(add("run-a").0, "10.1.0.2/24");
+    assert_eq!(add("run-b").0, "10.1.0.3/24");
+    for (id, ip) in [("run-a", "10.1.0.2"), ("run-b", "10.1.0.3")] {
+        std::fs::write(
+            cache.join(format!("results/net1-{id}-eth0")),
+            cached_result(id, ip),
+        )
+        .unwrap();
+    }
+    std::fs::write(cache.join("results/net1-junk-eth0"), "junk").unwrap();
+    std::fs::write(
+        cache.join("results/other-x-eth0"),
+        cached_result("x", "10.1.0.9"),
+    )
+    .unwrap();
+    std::fs::remove_dir_all(s.net()).unwrap();
+
+    let (ip, stderr) = add("new-c");
+    assert_eq!(
+        ip, "10.1.0.4/24",
+        "the new pod gets neither running pod's address"
+    );
+    for line in [
+        "10.1.0.2 taken back for container run-a eth0 (pod shop/run-a)",
+        "10.1.0.3 taken back for container run-b eth0 (pod shop/run-b)",
+        "a cached result skipped:",
+    ] {
+        assert!(stderr.contains(line), "{line:?} not in {stderr}");
+    }
+    assert!(
+        !stderr.contains("10.1.0.9"),
+        "another network's entry: {stderr}"
+    );
+    assert_eq!(
+        std::fs::read(s.net().join("10.1.0.2")).unwrap(),
+        b"run-a\r\neth0"
+    );
+    assert_eq!(
+        std::fs::read(s.net().join("10.1.0.3")).unwrap(),
+        b"run-b\r\neth0"
+    );
+
+    // The running pod's DEL frees its address as if nothing had happened.
+    CniCall::new("DEL", "run-a", &conf).run(&ipkeep()).ok();
+    assert!(!s.net().join("10.1.0.2").exists());
+    std::fs::remove_file(cache.join("results/net1-run-a-eth0")).unwrap();
+
+    // With the index in place the cache is not read: a file removed by hand stays removed.
+    std::fs::remove_file(s.net().join("10.1.0.3")).unwrap();
+    let (ip, stderr) = add("new-d");
+    assert_eq!(
+        ip, "10.1.0.5/24",
+        "round robin after the last address handed out"
+    );
+    assert!(!stderr.contains("taken back"), "{stderr}");
+    assert!(!s.net().join("10.1.0.3").exists());
+}

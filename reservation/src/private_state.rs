@@ -14,6 +14,7 @@ use rustix::fs::{AtFlags, FileType};
 
 use ipkeep_netdir::{DirFd, EntryKind, FileStat, NetDirError, SubDir};
 
+pub use crate::released::RELEASED_NAME;
 pub use crate::snapshot::SNAPSHOT_NAME;
 pub use crate::wait::WAIT_DIR;
 

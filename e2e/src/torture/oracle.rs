@@ -309,9 +309,8 @@ pub struct Oracle {
     pub latencies: Latencies,
     /// Samples taken.
     pub samples: usize,
-    /// What the documented limitations explain: a double hold after a wipe
-    /// ([`lost_with_a_wipe`]), a returning pod whose whole life passed while no controller led
-    /// (nothing could post its Event). Not violations; reported beside them.
+    /// What the documented limitations explain: a returning pod whose whole life passed while
+    /// no controller led (nothing could post its Event). Not violations; reported beside them.
     pub limitations: Vec<String>,
 }
 
@@ -415,15 +414,6 @@ impl Oracle {
                 entry.1,
                 pods.iter().cloned().collect::<Vec<_>>().join(", ")
             );
-            let holders: Vec<&PodView> = s
-                .pods
-                .iter()
-                .filter(|p| p.holds_addresses() && p.ips.iter().any(|i| i.to_canonical() == ip))
-                .collect();
-            if let Some(why) = lost_with_a_wipe(&holders, faults) {
-                self.limitations.push(format!("{what} ({why})"));
-                continue;
-            }
             found.push(violation(Promise::OneHolder, s.at, what, faults));
         }
         found
@@ -692,33 +682,6 @@ impl Oracle {
     pub fn unexplained_at_end(&mut self, now: Timestamp, faults: &[FaultWindow]) -> Vec<Violation> {
         self.explain_due(now + EXPLAIN_WITHIN, faults)
     }
-}
-
-/// Why a double hold is the documented limitation of a wiped network directory
-/// (docs/operator.md, "When the directory goes away"): the first holder holds no reservation,
-/// and its node's network directory was wiped after it was created. host-local's allocation files
-/// are the only record of a pod's address without a reservation; the agent puts the reservation
-/// files back, nothing can put those back, and the address is handed out again, as with
-/// host-local itself.
-pub fn lost_with_a_wipe(holders: &[&PodView], faults: &[FaultWindow]) -> Option<String> {
-    let first = holders.iter().min_by_key(|p| p.created)?;
-    if first.retained {
-        return None;
-    }
-    faults
-        .iter()
-        .find(|f| {
-            f.kind == FaultKind::WipeNetworkDir
-                && f.node.is_some()
-                && f.node == first.node
-                && f.from > first.created
-        })
-        .map(|f| {
-            format!(
-                "{}/{} holds no reservation and its node's network directory was wiped at {}",
-                first.ns, first.name, f.from
-            )
-        })
 }
 
 /// Promise 4 on a sample of the quiet cluster.

@@ -7,7 +7,9 @@
 //! and its tree never calls it; containerd/go-cni#131 is open), so this reboot proves nothing
 //! about GC — a runtime that calls it (CRI-O) is issue 25's. The node's `/var/lib/cni/networks/cbr0`, then its whole
 //! `/var/lib/cni/networks`, wiped while it runs (what reset tools and cleanup scripts do): the
-//! reservations are back on disk from the IPReservations before a returning pod needs them.
+//! reservations are back on disk from the IPReservations before a returning pod needs them; and
+//! the running pods' addresses, reserved or not, are taken back from the runtime's result cache
+//! before a new pod could get one.
 //!
 //! One cluster of two real nodes with the chart installed serves every test of this binary; each
 //! test holds the nodes alone while it strikes them.
@@ -16,7 +18,7 @@
 
 use ipkeep_e2e::cluster::realnode::RealNode;
 use ipkeep_e2e::testkit::realnode;
-use ipkeep_e2e::testkit::system::phase;
+use ipkeep_e2e::testkit::system::{RunningPod, phase, statefulset};
 use ipkeep_operator::api::Phase;
 
 /// Each fault, row by row.
@@ -106,4 +108,70 @@ async fn a_wiped_network_directory_gets_its_reservations_back_before_a_returning
         ],
     )
     .await;
+}
+
+/// A wiped network directory also forgets the addresses of pods without a reservation (ipkeep's
+/// own controller among them). The plugin's first command in the wiped directory takes them back
+/// from the runtime's result cache, so the pods started after the wipe get none of the running
+/// pods' addresses. Before that, ipkeep handed them out again as host-local does: the torture
+/// run's wiped directory found it (issue 47), a workload pod given the controller's address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_wiped_network_directory_new_pods_get_no_running_pods_address() {
+    let _alone = realnode::use_real_nodes_alone().await;
+    let (sys, c) = realnode::system("rn-wipe-running").await;
+    let node_b = sys.node_name(1).to_owned();
+    let node = realnode::node(c, &node_b);
+    let names = |set: &str| (0..3).map(|i| format!("{set}-{i}")).collect::<Vec<_>>();
+    let on_node = || async {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::all(c.plane().client().unwrap());
+        let list = pods
+            .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={node_b}")))
+            .await
+            .unwrap();
+        list.items
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.host_network) != Some(true))
+            .filter_map(RunningPod::of)
+            .collect::<Vec<_>>()
+    };
+    sys.apply(&statefulset("old", 3, true, &[&node_b], &[]));
+    let old_names = names("old");
+    let old_refs: Vec<&str> = old_names.iter().map(String::as_str).collect();
+    sys.wait_running("app=old", &old_refs).await;
+    let running = on_node().await;
+    eprintln!(
+        "{node_b} before the wipe: {:?}",
+        running
+            .iter()
+            .map(|p| (&p.name, &p.ips))
+            .collect::<Vec<_>>()
+    );
+    std::fs::remove_dir_all(realnode::network_dir(node)).unwrap();
+    sys.apply(&statefulset("new", 3, true, &[&node_b], &[]));
+    let new_names = names("new");
+    let new_refs: Vec<&str> = new_names.iter().map(String::as_str).collect();
+    sys.wait_running("app=new", &new_refs).await;
+    let after = on_node().await;
+    let mut holders: std::collections::BTreeMap<std::net::IpAddr, Vec<&str>> = Default::default();
+    for p in &after {
+        for ip in &p.ips {
+            holders.entry(*ip).or_default().push(&p.name);
+        }
+    }
+    let shared: Vec<_> = holders.iter().filter(|(_, who)| who.len() > 1).collect();
+    assert!(
+        shared.is_empty(),
+        "addresses held by two running pods on {node_b} after the wipe: {shared:?}"
+    );
+    for p in &running {
+        for ip in &p.ips {
+            assert!(
+                realnode::network_dir(node).join(ip.to_string()).is_file(),
+                "{} ({ip}) has no allocation file after the wipe",
+                p.name
+            );
+        }
+    }
+    sys.kubectl(&["delete", "statefulset", "old", "new", "--wait=false"]);
 }

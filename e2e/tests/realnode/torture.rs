@@ -19,16 +19,9 @@ const SEED: u64 = 1;
 /// Long enough for every fault kind once (sixteen faults, one every 14 s on average).
 const DURATION: Duration = Duration::from_secs(240);
 
-/// Every fault kind but one: a wiped network directory is the one fault ipkeep does not survive
-/// yet. It forgets the addresses of the pods without a reservation, ipkeep's own controller
-/// among them; a new pod then gets the controller's address, the kubelet's probes reach that
-/// pod's server instead, and the controller is restarted until one of the two goes (issue 47's
-/// note). `make torture` draws it.
+/// Every fault kind: the short run draws each at least once.
 fn faults() -> Vec<FaultKind> {
-    FaultKind::ALL
-        .into_iter()
-        .filter(|k| *k != FaultKind::WipeNetworkDir)
-        .collect()
+    FaultKind::ALL.into_iter().collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
