@@ -505,7 +505,12 @@ async fn quiet_end(c: &Cluster, client: &kube::Client, shared: &Mutex<Shared>) {
             })
             .map(|p| format!("{}/{} {}", p.ns, p.name, p.phase))
             .collect();
-        last = oracle::settled(&s);
+        let deletions = c
+            .plane()
+            .audit_log_path()
+            .map(observe::deletions)
+            .unwrap_or_default();
+        last = oracle::settled(&s, &deletions);
         let quiet = unsettled.is_empty() && last.is_empty();
         if !unsettled.is_empty() {
             last.push(Violation {

@@ -685,7 +685,9 @@ impl Oracle {
 }
 
 /// Promise 4 on a sample of the quiet cluster.
-pub fn settled(s: &Sample) -> Vec<Violation> {
+/// `deletions` (the audit log's) are named beside a file without a reservation, to tell an
+/// unseen release from a loss.
+pub fn settled(s: &Sample, deletions: &[Deletion]) -> Vec<Violation> {
     let mut found = Vec::new();
     let mut say = |what: String| found.push(violation(Promise::Settled, s.at, what, &[]));
     for (node, files) in &s.nodes {
@@ -722,10 +724,22 @@ pub fn settled(s: &Sample) -> Vec<Violation> {
                 Some(_) => {}
             }
         }
-        for k in have.keys().filter(|k| !want.contains_key(*k)) {
+        for (k, (ips_have, file_uid)) in have.iter().filter(|(k, _)| !want.contains_key(*k)) {
+            let deleted: Vec<String> = deletions
+                .iter()
+                .filter(|d| &d.key == k)
+                .map(|d| format!("{} by {}", d.at, d.user))
+                .collect();
             say(format!(
-                "{node}: file {}/{} without a reservation",
-                k.0, k.1
+                "{node}: file {}/{} ({}, uid {file_uid}) without a reservation; the audit log's deletions of that name: {}",
+                k.0,
+                k.1,
+                ips(ips_have),
+                if deleted.is_empty() {
+                    "none".to_owned()
+                } else {
+                    deleted.join(", ")
+                }
             ));
         }
         let held: BTreeSet<IpAddr> = s

@@ -230,6 +230,40 @@ fn a_returning_pod_with_other_addresses_breaks_promise_3_unless_told_or_its_rese
     }
 }
 
+/// A stray file is said with its uid and every deletion of its name the audit log recorded.
+#[test]
+fn a_stray_file_names_its_uid_and_the_audit_logs_deletions_of_its_name() {
+    let mut s = sample(1_000, vec![], vec![]);
+    let key = ("t".to_owned(), "web-0".to_owned());
+    s.nodes.insert(
+        "n0".into(),
+        NodeFiles {
+            allocations: vec![],
+            reserved: vec![(key.clone(), vec![ip("10.0.0.5")], "r1".to_owned())],
+        },
+    );
+    let deletion = |at: i64, name: &str| Deletion {
+        at: t(at),
+        key: ("t".to_owned(), name.to_owned()),
+        user: "controller".to_owned(),
+    };
+    let said = |deletions: &[Deletion]| {
+        let found = settled(&s, deletions);
+        assert_eq!(found.len(), 1, "{found:?}");
+        found[0].what.clone()
+    };
+    let none = said(&[deletion(900, "web-1")]);
+    assert!(
+        none.contains("uid r1") && none.ends_with("of that name: none"),
+        "{none}"
+    );
+    let one = said(&[deletion(900, "web-0"), deletion(950, "web-1")]);
+    assert!(
+        one.ends_with(&format!("of that name: {} by controller", t(900))),
+        "{one}"
+    );
+}
+
 #[test]
 fn the_quiet_end_breaks_promise_4_on_a_missing_or_stray_file_or_a_leak() {
     let r = reservation("web-0", "r1", &["10.0.0.5"], None);
@@ -291,7 +325,7 @@ fn the_quiet_end_breaks_promise_4_on_a_missing_or_stray_file_or_a_leak() {
                 reserved,
             },
         );
-        let found = settled(&s);
+        let found = settled(&s, &[]);
         assert_eq!(found.len(), want, "{case}: {found:?}");
         assert!(promises(&found).iter().all(|n| *n == 4), "{case}");
     }
