@@ -43,8 +43,9 @@ pub struct CachedAttachment {
     pub ips: Vec<IpAddr>,
 }
 
-/// The attachment one cache file records for `network`, or why it records none.
-pub fn parse_entry(text: &[u8], network: &str) -> Result<CachedAttachment, String> {
+/// The attachment one cache file records for `network` (`None`: the file is another network's,
+/// whose name starts with `network-`), or why it records none.
+pub fn parse_entry(text: &[u8], network: &str) -> Result<Option<CachedAttachment>, String> {
     let doc: serde_json::Value =
         serde_json::from_slice(text).map_err(|e| format!("not JSON: {e}"))?;
     let field = |name: &str| doc.get(name).and_then(serde_json::Value::as_str);
@@ -53,7 +54,7 @@ pub fn parse_entry(text: &[u8], network: &str) -> Result<CachedAttachment, Strin
         other => return Err(format!("kind {other:?}, not {KIND:?}")),
     }
     if field("networkName") != Some(network) {
-        return Err(format!("network {:?}", field("networkName")));
+        return Ok(None);
     }
     let (Some(container_id), Some(ifname)) = (field("containerId"), field("ifName")) else {
         return Err("no containerId or ifName".to_owned());
@@ -96,12 +97,12 @@ pub fn parse_entry(text: &[u8], network: &str) -> Result<CachedAttachment, Strin
     if ips.is_empty() {
         return Err("no address in the result".to_owned());
     }
-    Ok(CachedAttachment {
+    Ok(Some(CachedAttachment {
         container_id: container_id.to_owned(),
         ifname: ifname.to_owned(),
         pod,
         ips,
-    })
+    }))
 }
 
 /// Every attachment the cache at `cache_dir` records for `network`, in file-name order, and one
@@ -130,7 +131,7 @@ pub fn read(cache_dir: &Path, network: &str) -> (Vec<CachedAttachment>, Vec<Stri
     for name in names {
         let path = results.join(&name);
         match read_entry(&path).and_then(|text| parse_entry(&text, network)) {
-            Ok(attachment) => found.push(attachment),
+            Ok(attachment) => found.extend(attachment),
             Err(why) => skipped.push(format!("{}: {why}", path.display())),
         }
     }
@@ -175,30 +176,31 @@ mod tests {
             ips: vec![ip("10.88.0.5"), ip("fd00::5")],
         };
         let old = r#"{"kind":"cniCacheV1","containerId":"c1","ifName":"eth0","networkName":"cbr0","result":{"cniVersion":"0.2.0","ip4":{"ip":"10.88.0.6/24"}}}"#;
-        let cases: Vec<(&str, String, Result<CachedAttachment, &str>)> = vec![
-            ("a 1.0.0 result", ENTRY.to_owned(), Ok(web.clone())),
+        type Want = Result<Option<CachedAttachment>, &'static str>;
+        let cases: Vec<(&str, String, Want)> = vec![
+            ("a 1.0.0 result", ENTRY.to_owned(), Ok(Some(web.clone()))),
             (
                 "a 0.2.0 result, no pod",
                 old.to_owned(),
-                Ok(CachedAttachment {
+                Ok(Some(CachedAttachment {
                     container_id: "c1".into(),
                     ifname: "eth0".into(),
                     pod: None,
                     ips: vec![ip("10.88.0.6")],
-                }),
+                })),
             ),
             (
                 "a pod name Kubernetes refuses",
                 ENTRY.replace("\"web-0\"", "\"Web_0\""),
-                Ok(CachedAttachment {
+                Ok(Some(CachedAttachment {
                     pod: None,
                     ..web.clone()
-                }),
+                })),
             ),
             (
-                "another network",
-                ENTRY.to_owned().replace("cbr0", "other"),
-                Err("network"),
+                "another network whose name starts with this one's",
+                ENTRY.replace("cbr0", "cbr0-x"),
+                Ok(None),
             ),
             (
                 "another kind",
@@ -253,6 +255,11 @@ mod tests {
         )
         .unwrap();
         std::fs::write(results.join("cbr0-c3-eth0"), "garbage").unwrap();
+        std::fs::write(
+            results.join("cbr0-x-c5-eth0"),
+            ENTRY.replace("cbr0", "cbr0-x"),
+        )
+        .unwrap();
         let outside = cache.path().join("outside");
         std::fs::write(&outside, ENTRY.replace("c0ffee", "c4")).unwrap();
         std::os::unix::fs::symlink(&outside, results.join("cbr0-c4-eth0")).unwrap();
