@@ -1,8 +1,8 @@
 //! The torture run (`ipkeep-e2e torture`, `make torture`): random faults and churn on real nodes,
 //! from a seed, while an oracle checks every promise of ipkeep every second and at the end.
 //!
-//! Three real nodes — the first CRI-O, the last a tiny one — with the bridge conflist or real
-//! flannel, the chart installed the README's way. Every in-cluster client (ipkeep's controller
+//! Three real nodes — the first CRI-O (on the bridge conflist; containerd on flannel), the last
+//! a tiny one — with the bridge conflist or real flannel, the chart installed the README's way. Every in-cluster client (ipkeep's controller
 //! and agents) reaches the API server through the fault proxy: the API server keeps no
 //! `kubernetes` endpoints of its own (`--endpoint-reconciler-type=none`) and the run points them
 //! at the proxy. The kubelets, the control plane and the oracle talk to it directly.
@@ -77,7 +77,8 @@ pub enum TortureError {
     Kube(#[from] kube::Error),
 }
 
-/// How many nodes the run has: node-0 runs CRI-O, the last is the tiny one.
+/// How many nodes the run has: node-0 runs CRI-O on the bridge network ([`crio_nodes`]), the last
+/// is the tiny one.
 pub const NODES: usize = 3;
 
 /// The seed and every step of `schedule`, one line each, as a run prints them before it starts.
@@ -93,6 +94,16 @@ pub fn schedule_text(schedule: &Schedule) -> String {
         let _ = writeln!(text, "  {:>8.1}s {step}", at.as_secs_f64());
     }
     text
+}
+
+/// How many nodes run CRI-O: one on the bridge network; none on flannel, whose CNI plugin the
+/// harness's CRI-O nodes cannot run (it stops at cniVersion 1.0.0, and CRI-O sends GC only to
+/// 1.1.0), so a flannel run's nodes all run containerd.
+pub fn crio_nodes(cni: NodeCni) -> u8 {
+    match cni {
+        NodeCni::Bridge => 1,
+        NodeCni::Flannel => 0,
+    }
 }
 
 /// The tiny node's budget of Released reservations during the run: one of its five addresses,
@@ -126,8 +137,9 @@ pub async fn run(options: Options) -> Result<Report, TortureError> {
     let schedule = Schedule::draw(options.seed, options.duration, nodes, &options.faults);
     // print!, so a test's harness keeps the schedule with the test's output, shown on failure.
     print!(
-        "torture: on {nodes} nodes ({:?})\n{}",
+        "torture: on {nodes} nodes ({:?}, {} of them CRI-O)\n{}",
         options.cni,
+        crio_nodes(options.cni),
         schedule_text(&schedule)
     );
     let mut plane = crate::cluster::ControlPlaneOptions {
@@ -145,7 +157,7 @@ pub async fn run(options: Options) -> Result<Report, TortureError> {
             network: PodNetwork {
                 cni: options.cni,
                 tiny_nodes: 1,
-                crio_nodes: 1,
+                crio_nodes: crio_nodes(options.cni),
                 ..PLAIN
             },
             plane,
