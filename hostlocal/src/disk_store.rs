@@ -708,14 +708,9 @@ impl DiskStore<'_> {
         {
             return Ok(false);
         }
-        if let Some(range_id) = cursor
-            && let Err(e) = self.net.overwrite(
-                &Self::last_reserved_name(range_id),
-                name.as_bytes(),
-                FILE_MODE,
-            )
+        if let Some(last) = cursor.map(Self::last_reserved_name)
+            && let Err(e) = self.net.overwrite(&last, name.as_bytes(), FILE_MODE)
         {
-            let last = Self::last_reserved_name(range_id);
             // Unlike host-local (which leaves the address allocated), undo the reservation.
             let _ = self.net.remove(&name);
             return Err(match e {
