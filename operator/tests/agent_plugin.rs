@@ -71,6 +71,7 @@ fn file(
         uid,
         node_name: Some("node-a".into()),
         generation: None,
+        retain_for_seconds: None,
     }
     .validate()
     .unwrap()

@@ -77,6 +77,7 @@ fn reservation_files(data_dir: &Path) -> Result<(), BenchError> {
             uid: format!("bench-uid-{i}"),
             node_name: Some("bench-node".to_owned()),
             generation: None,
+            retain_for_seconds: None,
         })
         .collect();
     let failed = |detail: String| BenchError::Reservations {

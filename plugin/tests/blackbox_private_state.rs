@@ -45,6 +45,7 @@ fn reservation(ns: &str, pod: &str, ip: &str) -> ReservationFile {
         uid: format!("uid-{ns}-{pod}"),
         node_name: Some("node-a".into()),
         generation: None,
+        retain_for_seconds: None,
     }
 }
 

@@ -66,6 +66,7 @@ fn reservation(ns: &str, pod: &str, ips: &[&str], release: Option<i64>) -> Reser
         uid: format!("uid-{ns}-{pod}"),
         node_name: Some("node-a".into()),
         generation: None,
+        retain_for_seconds: None,
     }
 }
 

@@ -202,6 +202,7 @@ impl Chain {
                 uid: "6f1d2c3b-0a9e-4d8c-8b7a-112233445566".to_owned(),
                 node_name: Some("chain-node".to_owned()),
                 generation: None,
+                retain_for_seconds: None,
             }
             .validate()
             .unwrap(),

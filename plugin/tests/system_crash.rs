@@ -465,6 +465,7 @@ fn reservation_file(pod: &PodModel, uid: usize) -> ipkeep_reservation::Reservati
         uid: format!("uid-{}-{uid}", pod.name),
         node_name: Some("node-crash".to_owned()),
         generation: None,
+        retain_for_seconds: None,
     }
 }
 

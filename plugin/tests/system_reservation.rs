@@ -162,6 +162,7 @@ fn reservation(pod: &Pod, release: Option<i64>, uid: String) -> ReservationFile 
         uid,
         node_name: Some("system-node".to_owned()),
         generation: None,
+        retain_for_seconds: None,
     }
 }
 

@@ -571,6 +571,7 @@ mod tests {
             uid: format!("uid-{pod}"),
             node_name: None,
             generation: None,
+            retain_for_seconds: None,
         }
     }
 

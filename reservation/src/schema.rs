@@ -27,7 +27,7 @@ const MAX_SUBDOMAIN_LEN: usize = 253;
 ///
 /// ```json
 /// {"version":1,"namespace":"db","pod":"postgres-0","ips":["10.244.1.17","fd00:10:244:1::11"],
-///  "releaseTime":null,"uid":"5b0c…","nodeName":"node-a","generation":3}
+///  "releaseTime":null,"uid":"5b0c…","nodeName":"node-a","generation":3,"retainForSeconds":86400}
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -54,6 +54,11 @@ pub struct ReservationFile {
     /// as they did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<i64>,
+    /// The reservation's retention in seconds (its own `retainFor`, else the default) when the
+    /// file was written: how long the node keeps a `Bound` file whose object vanished without a
+    /// deletion it saw (the operator's `rules::loss::kept_until`). Optional, as `generation` is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain_for_seconds: Option<u64>,
 }
 
 /// A pod's identity, which its reservation shares: its namespace and name, both valid as
@@ -361,6 +366,7 @@ mod tests {
             uid: "5b0c7a3e-1d2f-4c1a-9b7e-0d7c2f4e9a11".into(),
             node_name: Some("node-a".into()),
             generation: None,
+            retain_for_seconds: None,
         }
     }
 

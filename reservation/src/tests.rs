@@ -37,6 +37,7 @@ fn file(ns: &str, pod: &str, ips: &[&str], release: Option<i64>) -> ReservationF
         uid: format!("uid-{ns}-{pod}"),
         node_name: Some("node-a".into()),
         generation: None,
+        retain_for_seconds: None,
     }
 }
 

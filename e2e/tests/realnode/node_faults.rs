@@ -9,7 +9,8 @@
 //! `/var/lib/cni/networks`, wiped while it runs (what reset tools and cleanup scripts do): the
 //! reservations are back on disk from the IPReservations before a returning pod needs them; and
 //! the running pods' addresses, reserved or not, are taken back from the runtime's result cache
-//! before a new pod could get one.
+//! before a new pod could get one. A node's agent away while a reservation there expires: back,
+//! it holds the file one retention more and then removes it by itself.
 //!
 //! One cluster of two real nodes with the chart installed serves every test of this binary; each
 //! test holds the nodes alone while it strikes them.
@@ -17,8 +18,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use ipkeep_e2e::cluster::realnode::RealNode;
-use ipkeep_e2e::testkit::realnode;
-use ipkeep_e2e::testkit::system::{RunningPod, phase, statefulset};
+use ipkeep_e2e::testkit::realnode::{self, RELEASE_NS};
+use ipkeep_e2e::testkit::system::{RunningPod, phase, retain, statefulset};
+use ipkeep_e2e::testkit::{kubectl_ok, wait_for};
 use ipkeep_operator::api::Phase;
 
 /// Each fault, row by row.
@@ -174,4 +176,105 @@ async fn after_a_wiped_network_directory_new_pods_get_no_running_pods_address() 
         }
     }
     sys.kubectl(&["delete", "statefulset", "old", "new", "--wait=false"]);
+}
+
+/// The agent of node b away (its DaemonSet kept off the node) while a retained pod there is
+/// deleted and its reservation (`retain-for: 20s`) expires. Back, the agent finds the object
+/// gone, no deletion it saw, and its file `Bound`: nothing tells that from a restore, so it keeps
+/// the file (a Warning `ReservationLost` saying until when), for one retention from then, and
+/// then removes it by itself. Before, it kept the file until someone ran `recover`: the stray
+/// files of the torture run (issue 47), where a node's agent missed a whole `retain-for`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_that_expired_while_the_agent_was_away_goes_one_retention_later() {
+    let _alone = realnode::use_real_nodes_alone().await;
+    let (sys, c) = realnode::system("rn-away").await;
+    let node_a = sys.node_name(0).to_owned();
+    let node_b = sys.node_name(1).to_owned();
+    let node = realnode::node(c, &node_b);
+    sys.apply(&statefulset(
+        "away",
+        1,
+        true,
+        &[&node_b],
+        &retain(Some("20s")),
+    ));
+    let pods = sys.wait_running("app=away", &["away-0"]).await;
+    sys.wait_bound(&pods["away-0"]).await;
+    let file = realnode::reserved_file(node, &sys.ns, "away-0");
+    sys.wait_file(&file, true).await;
+    let release_time = || {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["releaseTime"].as_str().map(str::to_owned)
+    };
+    assert_eq!(release_time(), None, "the pod holds it: Bound");
+
+    let agents_on = |hostname: serde_json::Value| {
+        let patch = serde_json::json!({"spec": {"template": {"spec": {"nodeSelector": {
+            "kubernetes.io/hostname": hostname}}}}});
+        kubectl_ok(
+            c.plane(),
+            &[
+                "-n",
+                RELEASE_NS,
+                "patch",
+                "daemonset/ipkeep-agent",
+                "--type",
+                "merge",
+                "-p",
+                &patch.to_string(),
+            ],
+            None,
+        );
+    };
+    let agents: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(c.plane().client().unwrap(), RELEASE_NS);
+    agents_on(serde_json::Value::from(node_a.as_str()));
+    wait_for(&format!("no agent pod on {node_b}"), || async {
+        let lp = kube::api::ListParams::default()
+            .labels("app.kubernetes.io/component=agent")
+            .fields(&format!("spec.nodeName={node_b}"));
+        agents.list(&lp).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+
+    sys.kubectl(&["delete", "statefulset", "away", "--wait=false"]);
+    let reservations = sys.reservations();
+    wait_for("away-0's reservation to expire", || async {
+        reservations
+            .get_opt("away-0")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        release_time(),
+        None,
+        "no agent on {node_b} wrote the release"
+    );
+
+    agents_on(serde_json::Value::Null);
+    realnode::agent_pod(c, &node_b).await;
+    let until = wait_for(
+        "the agent to hold away-0's file for its retention",
+        || async { release_time() },
+    )
+    .await;
+    eprintln!("{node_b}: away-0's file held until {until}");
+    let notes = wait_for(
+        "a ReservationLost Warning on the node about away-0",
+        || async {
+            let notes: Vec<String> = realnode::node_event_notes(c, &node_b, "ReservationLost")
+                .await
+                .into_iter()
+                .filter(|n| n.contains(&format!("{}/away-0", sys.ns)))
+                .collect();
+            (!notes.is_empty()).then_some(notes)
+        },
+    )
+    .await;
+    assert!(notes[0].contains(&format!("until {until}")), "{notes:?}");
+    sys.wait_file(&file, false).await;
 }

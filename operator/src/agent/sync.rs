@@ -27,7 +27,7 @@ use crate::{
     api::{IPReservation, key_of},
     rules::{
         desired::{Refusal, desired_files},
-        loss::{Fate, LossCause, Restored, Sighting, fate, restored, yield_to_kept},
+        loss::{Fate, LossCause, Restored, Sighting, fate, kept_until, restored, yield_to_kept},
         schedule::{Pass, Schedule, Step, Wake},
     },
     runtime::{
@@ -310,6 +310,7 @@ async fn write_pass(
 ) -> PassOutcome {
     let mut moved = writers.take().unwrap_or_else(|| new_writers(config));
     let now = Timestamp::from_system_time(SystemTime::now());
+    let default_retain_for = config.default_retain_for;
     let joined = tokio::task::spawn_blocking(move || {
         let results: Vec<_> = moved
             .iter_mut()
@@ -319,6 +320,15 @@ async fn write_pass(
                     full,
                     |key| judge.present.contains(key),
                     |file| judge.fate(file, now),
+                    |file, cause| {
+                        kept_until(
+                            file.release_time,
+                            file.retain_for_seconds.map(Duration::from_secs),
+                            cause,
+                            default_retain_for,
+                            now,
+                        )
+                    },
                 );
                 (w.network().to_owned(), r)
             })

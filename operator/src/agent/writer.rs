@@ -162,6 +162,7 @@ impl NetworkWriter {
         full: bool,
         present: impl Fn(&PodKey) -> bool,
         mut judge: impl FnMut(&ReservationFile) -> Fate,
+        hold: impl Fn(&ReservationFile, LossCause) -> Option<Timestamp>,
     ) -> Result<PassReport, WriterError> {
         let gone = self.gone(full, present)?;
         if full {
@@ -176,6 +177,13 @@ impl NetworkWriter {
             if fate == Fate::Release {
                 released.push(file);
                 continue;
+            }
+            let mut file = file;
+            if let Fate::Keep(cause) = fate
+                && let Some(until) = hold(&file, cause)
+            {
+                tracing::info!(network = %self.network, namespace = %file.namespace, pod = %file.pod, uid = %file.uid, %until, "a Bound reservation vanished unseen: its file is held for its retention");
+                file.release_time = Some(until);
             }
             // A file the scan read is valid; one that no longer validates is garbage either way.
             let Ok(valid) = file.clone().validate() else {
@@ -272,6 +280,7 @@ mod tests {
             uid: format!("uid-{pod}"),
             node_name: Some("node-a".into()),
             generation: None,
+            retain_for_seconds: None,
         }
     }
 
@@ -375,6 +384,51 @@ mod tests {
         assert_eq!((source, snapshot.len()), (Source::Index, 170));
         drop(lock);
         assert_eq!(w.apply(&map(&next)).unwrap(), PassReport::default());
+    }
+
+    #[test]
+    fn a_vanished_bound_file_is_held_until_the_time_given_then_released() {
+        let (_tmp, data) = scratch("held");
+        let mut w = NetworkWriter::new(&data, "net1");
+        let kept = file("kept", "10.0.0.1", None);
+        let bound = file("gone", "10.0.0.9", None);
+        w.full_sync(&map(&[kept.clone(), bound.clone()])).unwrap();
+        let path = data.join("net1/reserved/db/gone");
+        let desired = map(&[kept]);
+        let present = |k: &PodKey| k.name() == "kept";
+        let until = Timestamp::from_unix_secs(2_000_000_000);
+
+        // The object vanished unseen: kept, and given the release time.
+        let report = w
+            .pass(
+                &desired,
+                true,
+                present,
+                |_| Fate::Keep(LossCause::Vanished),
+                |_, _| Some(until),
+            )
+            .unwrap();
+        assert_eq!(report.lost.len(), 1, "{report:?}");
+        assert_eq!(report.lost[0].0.release_time, Some(until));
+        let dir = NetworkDir::open(&data, "net1").unwrap();
+        let on_disk = read_reservation(&dir, "db", "gone").unwrap().unwrap();
+        assert_eq!(on_disk.release_time, Some(until), "written to the file");
+
+        // A pass that keeps it without a new time leaves the file as it is; its time come, it goes.
+        w.pass(
+            &desired,
+            true,
+            present,
+            |_| Fate::Keep(LossCause::Vanished),
+            |_, _| None,
+        )
+        .unwrap();
+        let on_disk = read_reservation(&dir, "db", "gone").unwrap().unwrap();
+        assert_eq!(on_disk.release_time, Some(until));
+        w.pass(&desired, true, present, |_| Fate::Release, |_, _| None)
+            .unwrap();
+        assert!(!path.exists());
+        assert!(data.join("net1/reserved/db/kept").exists());
     }
 
     #[test]

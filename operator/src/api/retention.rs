@@ -42,6 +42,12 @@ pub fn release_time(
     (at, fallback)
 }
 
+/// The retention itself ([`effective_release_time`] from the epoch): the reservation's own
+/// `spec.retainFor` as found, held to `max`, else `default`.
+pub fn retention(own: Option<&FoundRetainFor>, default: Duration, max: RetainFor) -> Duration {
+    effective_release_time(Duration::ZERO, own, default, max).at
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +66,10 @@ mod tests {
         for (from, retain, want) in cases {
             let (got, _) = release_time(from, retain.as_ref(), day, RetainFor::MAX);
             assert_eq!(got.as_second(), want, "{from} + {retain:?}");
+        }
+        for (retain, want) in [(own("30m"), 1_800), (None, 86_400), (own("05m"), 86_400)] {
+            let got = retention(retain.as_ref(), day, RetainFor::MAX);
+            assert_eq!(got.as_secs(), want, "{retain:?}");
         }
         let nanos = Timestamp::new(1_795_262_400, 5).unwrap();
         let (got, _) = release_time(nanos, None, day, RetainFor::MAX);

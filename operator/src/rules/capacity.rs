@@ -481,6 +481,7 @@ mod tests {
             uid: "u".into(),
             node_name: None,
             generation: None,
+            retain_for_seconds: None,
         };
         let files = [
             file("bound", "10.0.0.2", None),

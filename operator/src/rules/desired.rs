@@ -18,7 +18,9 @@ use ipkeep_reservation::{
 };
 
 use crate::api::Phase;
-use crate::api::retention::{Fallback, FoundRetainFor, RetainFor, RetainForError, release_time};
+use crate::api::retention::{
+    Fallback, FoundRetainFor, RetainFor, RetainForError, release_time, retention,
+};
 
 /// What planning reads of one IPReservation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,6 +158,9 @@ fn timestamp_of(time: jiff::Timestamp) -> Timestamp {
 ///   appears. `retainFor` is the reservation's own, else `default_retain_for` (the chart passes
 ///   the controller's default) — also when its own is malformed, as the controller does: the
 ///   file is written with the time the controller will write, and the decision says so.
+///
+/// `retainForSeconds`: that same retention ([`retention`]), held by the node in case the object
+/// vanishes while the file is `Bound` ([`crate::rules::loss::kept_until`]).
 pub fn reservation_file(
     r: &Reservation,
     node: &str,
@@ -213,6 +218,9 @@ pub fn reservation_file(
         uid,
         node_name: Some(node.to_owned()),
         generation: r.generation,
+        retain_for_seconds: Some(
+            retention(r.retain_for.as_ref(), default_retain_for, RetainFor::MAX).as_secs(),
+        ),
     };
     let file = file
         .validate()

@@ -37,6 +37,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use ipkeep_reservation::{PodKey, ReservationFile, Timestamp};
 
@@ -136,6 +137,27 @@ pub fn fate(release_time: Option<Timestamp>, sighting: Sighting, now: Timestamp)
         Sighting::Deleted(CrdState::Unknown) | Sighting::Unasked => Fate::Undecided,
         Sighting::Vanished => Fate::Keep(LossCause::Vanished),
     }
+}
+
+/// The release time a kept file is given when it has none. A `Bound` file whose object vanished
+/// without a deletion the node saw ([`LossCause::Vanished`]) is held for its retention
+/// (`retain_for`: the file's `retainForSeconds`, else the default) from `now`, when the node
+/// found it gone; [`fate`] then releases it once that time passes. Its pod held the addresses
+/// when the node last heard of it, so the object's own release time, had it been released on
+/// purpose while the agent was away (its pod deleted, the retention run out, the controller's
+/// expiry), came before this one; had it been lost to a restore, the pod still gets its whole
+/// retention from the moment the node knew, for `recover` to bring it back. A file that has a
+/// release time keeps it, and the CRD's deletion keeps its files as they are (every reservation
+/// went at once: the admin recovers them).
+pub fn kept_until(
+    release_time: Option<Timestamp>,
+    retain_for: Option<Duration>,
+    cause: LossCause,
+    default: Duration,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    (cause == LossCause::Vanished && release_time.is_none())
+        .then(|| now.saturating_add(retain_for.unwrap_or(default)))
 }
 
 /// Whether the API's version of an object is older than the node's file of the same object: a
@@ -369,6 +391,42 @@ mod tests {
     }
 
     #[test]
+    fn a_bound_file_that_vanished_is_held_for_its_retention() {
+        let now = Timestamp::from_unix_secs(1_000);
+        let day = Duration::from_secs(86_400);
+        let own = Some(Duration::from_secs(90));
+        let later = Some(Timestamp::from_unix_secs(5_000));
+        let at = |s| Some(Timestamp::from_unix_secs(s));
+        // (what happened, the file's release time, its retention, why kept, the release time given)
+        let cases = [
+            ("Bound, vanished", None, own, LossCause::Vanished, at(1_090)),
+            (
+                "Bound, vanished, retention unknown",
+                None,
+                None,
+                LossCause::Vanished,
+                at(87_400),
+            ),
+            ("Released, vanished", later, own, LossCause::Vanished, None),
+            ("Bound, CRD deleted", None, own, LossCause::CrdDeleted, None),
+            (
+                "Bound, restored older",
+                None,
+                own,
+                LossCause::RestoredOlder,
+                None,
+            ),
+        ];
+        for (what, release_time, retain_for, cause, want) in cases {
+            assert_eq!(
+                kept_until(release_time, retain_for, cause, day, now),
+                want,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
     fn a_kept_file_keeps_its_address_against_a_restored_reservation() {
         use ipkeep_reservation::{FORMAT_VERSION, ReservationFile};
         let key = |n: &str| PodKey::new("db", n).unwrap();
@@ -382,6 +440,7 @@ mod tests {
                 uid: format!("uid-{n}"),
                 node_name: Some("node-a".into()),
                 generation: None,
+                retain_for_seconds: None,
             }
             .validate()
             .unwrap()
@@ -481,6 +540,7 @@ mod tests {
             uid: uid.into(),
             node_name: Some("node-a".into()),
             generation,
+            retain_for_seconds: None,
         };
         let mut desired = Desired::default();
         let api = [
