@@ -41,7 +41,7 @@ use crate::{
 
 use oracle::{FaultWindow, Oracle, Promise, Violation};
 use report::Report;
-use schedule::{Schedule, Step};
+use schedule::{FaultKind, Schedule, Step};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -104,6 +104,14 @@ pub fn crio_nodes(cni: NodeCni) -> u8 {
         NodeCni::Bridge => 1,
         NodeCni::Flannel => 0,
     }
+}
+
+/// Whether the nodes' network sends their pods' traffic out of the pod network from the node's
+/// own address: flannel does (`--ip-masq`, as kube-flannel runs it), the bridge conflist does not
+/// (`"ipMasq": false`). A partition of a node's agent, which matches that address, then cuts the
+/// node's pods off too.
+fn masquerades(cni: NodeCni) -> bool {
+    cni == NodeCni::Flannel
 }
 
 /// The tiny node's budget of Released reservations during the run: one of its five addresses,
@@ -442,6 +450,7 @@ async fn run_faults(
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut heals = Vec::new();
     let mut debug = false;
+    let masquerading = c.nodes().first().is_some_and(|n| masquerades(n.cni()));
     for (at, step) in steps {
         let Step::Fault(fault) = step else { continue };
         until(start, at).await;
@@ -454,6 +463,7 @@ async fn run_faults(
                 node: node.clone(),
                 from,
                 until: None,
+                whole_node: fault.kind == FaultKind::AgentPartition && masquerading,
             });
             s.windows.len() - 1
         };

@@ -191,11 +191,23 @@ pub struct FaultWindow {
     pub from: Timestamp,
     /// Until (healed; `None`: still in force).
     pub until: Option<Timestamp>,
+    /// It cuts every pod of its node from the API server too: an `AgentPartition` on flannel,
+    /// whose `--ip-masq` sends the node's pods' traffic to the API server from the node's own
+    /// address, the address the partition matches. A controller on that node is then cut off
+    /// with the agent ([`FaultWindow::delays_the_controller`]).
+    pub whole_node: bool,
 }
 
 impl FaultWindow {
     fn overlaps(&self, from: Timestamp, until: Timestamp) -> bool {
         self.from <= until && self.until.is_none_or(|u| u >= from)
+    }
+
+    /// Whether, while in force, it keeps the controller from acting on time: its kind's
+    /// ([`FaultKind::delays_the_controller`]), or a partition of a whole node, where a controller
+    /// replica may run.
+    fn delays_the_controller(&self) -> bool {
+        self.kind.delays_the_controller() || self.whole_node
     }
 }
 
@@ -770,7 +782,7 @@ pub fn settled(s: &Sample, deletions: &[Deletion]) -> Vec<Violation> {
 fn held_back(faults: &[FaultWindow], from: Timestamp, until: Timestamp) -> bool {
     faults
         .iter()
-        .any(|f| f.kind.delays_the_controller() && f.overlaps(from - LATE, until))
+        .any(|f| f.delays_the_controller() && f.overlaps(from - LATE, until))
 }
 
 fn same_addresses(a: &[IpAddr], b: &[IpAddr]) -> bool {

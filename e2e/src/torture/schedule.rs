@@ -91,6 +91,12 @@ pub enum Op {
         /// Its new replicas.
         replicas: u32,
     },
+    /// Deletes one pod of the unannotated Deployment on the tiny node (its Deployment makes
+    /// another, which needs an address there: what promise 5 judges while `keep-tiny` is away).
+    DeleteTinyChurn {
+        /// Which of its pods, in the order of their names (modulo how many there are).
+        pick: u32,
+    },
     /// Runs an unannotated Job of one short pod.
     Job {
         /// Its number (the Job is `job-N`).
@@ -356,7 +362,7 @@ fn draw_op(rng: &mut Rng, replicas: &mut [u32], jobs: &mut u32) -> Op {
     let roll = rng.between(1, 100);
     match roll {
         // Most of the run: a retained pod deleted and re-created.
-        1..=55 => {
+        1..=50 => {
             let i = rng.between(0, SETS.len() as u64 - 1) as usize;
             let set = &SETS[i];
             if replicas[i] == 0 {
@@ -372,6 +378,9 @@ fn draw_op(rng: &mut Rng, replicas: &mut [u32], jobs: &mut u32) -> Op {
                 force: rng.chance(35),
             }
         }
+        51..=55 => Op::DeleteTinyChurn {
+            pick: rng.between(0, u64::from(TINY_CHURN) - 1) as u32,
+        },
         56..=65 => {
             let i = rng.between(0, SETS.len() as u64 - 1) as usize;
             let set = &SETS[i];

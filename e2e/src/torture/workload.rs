@@ -249,6 +249,32 @@ pub fn apply(plane: &ControlPlane, nodes: &Nodes, op: &Op) -> Result<(), String>
             ],
             None,
         ),
+        Op::DeleteTinyChurn { pick } => {
+            let listed = kubectl(
+                plane,
+                &[
+                    ns[0],
+                    ns[1],
+                    "get",
+                    "pods",
+                    "-l",
+                    "app=churn-tiny",
+                    "-o",
+                    "name",
+                ],
+                None,
+            );
+            if !listed.status.success() {
+                return Err(String::from_utf8_lossy(&listed.stderr).trim().to_owned());
+            }
+            let text = String::from_utf8_lossy(&listed.stdout).into_owned();
+            let mut pods: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+            pods.sort_unstable();
+            let Some(pod) = pods.get(*pick as usize % pods.len().max(1)) else {
+                return Err("no churn-tiny pod to delete".to_owned());
+            };
+            run(&[ns[0], ns[1], "delete", pod, "--wait=false"], None)
+        }
         Op::Job { n } => {
             let ordinary = nodes.ordinary();
             run(
@@ -297,6 +323,7 @@ pub fn kind(op: &Op) -> &'static str {
         Op::Scale { replicas: 0, .. } => "scale retained set to 0",
         Op::Scale { .. } => "scale retained set",
         Op::Churn { .. } => "scale unannotated deployment",
+        Op::DeleteTinyChurn { .. } => "delete unannotated pod on the tiny node",
         Op::Job { .. } => "run unannotated job",
         Op::DeleteOutside { .. } => "delete pod outside the selector",
         Op::Reserve { .. } => "reserve by hand",

@@ -115,9 +115,17 @@ fn a_deletion_while_the_pod_lives_or_early_or_late_breaks_promise_2() {
         node: None,
         from: t(95),
         until: Some(t(200)),
+        whole_node: false,
+    };
+    let partition = |whole_node| FaultWindow {
+        kind: FaultKind::AgentPartition,
+        node: Some("node-0".into()),
+        from: t(95),
+        until: Some(t(200)),
+        whole_node,
     };
     // (case, the pod lives until, deleted at, faults, events, expected count)
-    let cases: [(&str, i64, i64, Vec<FaultWindow>, Vec<EventSeen>, usize); 6] = [
+    let cases: [(&str, i64, i64, Vec<FaultWindow>, Vec<EventSeen>, usize); 8] = [
         ("on time after the pod", 50, 101, vec![], vec![], 0),
         ("while the pod lives", 150, 101, vec![], vec![], 1),
         ("early, not yielded", 50, 80, vec![], vec![], 1),
@@ -135,6 +143,22 @@ fn a_deletion_while_the_pod_lives_or_early_or_late_breaks_promise_2() {
         ),
         ("late", 50, 160, vec![], vec![], 1),
         ("late under an API fault", 50, 160, vec![latency], vec![], 0),
+        (
+            "late, an agent cut off",
+            50,
+            160,
+            vec![partition(false)],
+            vec![],
+            1,
+        ),
+        (
+            "late, a whole node cut off",
+            50,
+            160,
+            vec![partition(true)],
+            vec![],
+            0,
+        ),
     ];
     for (case, lives_until, deleted, faults, events, want) in cases {
         let mut o = Oracle::default();
