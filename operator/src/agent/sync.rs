@@ -186,6 +186,8 @@ pub(super) async fn write_loop(
         )
         .await;
         let ok = outcome.ok && outcome.undecided == 0;
+        let release_due = earliest_release(&outcome.lost);
+        schedule(pending, |s| s.release_at(release_due));
         if ok {
             let mut lost = outcome.lost;
             lost.extend(
@@ -206,6 +208,15 @@ pub(super) async fn write_loop(
             schedule(pending, |s| s.failed(pass, now));
         }
     }
+}
+
+/// When the earliest release time of the files kept as lost comes, on the monotonic clock.
+fn earliest_release(lost: &[(ipkeep_reservation::ReservationFile, LossCause)]) -> Option<Instant> {
+    let now = Timestamp::from_system_time(SystemTime::now());
+    lost.iter()
+        .filter_map(|(f, _)| f.release_time)
+        .min()
+        .map(|at| Instant::now() + at.saturating_duration_since(now))
 }
 
 /// What a pass needs to judge the files whose reservation is gone ([`crate::rules::loss`]).

@@ -7,6 +7,8 @@
 //!   `--resync-interval` since the last full pass makes the next pass a full one.
 //! * A failed pass puts its changes back and is tried again after [`Backoff::PASS`], as a full
 //!   resync; nothing runs before that time.
+//! * A file kept as lost goes when its release time comes, which no watch reports: the earliest
+//!   such time ([`Schedule::release_at`]) makes the first tick after it a full resync.
 
 use std::time::{Duration, Instant};
 
@@ -55,6 +57,8 @@ pub struct Schedule {
     /// When the next try of a failed pass is due, and how many passes failed in a row.
     retry: Option<(Instant, u32)>,
     last_full: Option<Instant>,
+    /// The earliest release time of a file kept as lost.
+    release_due: Option<Instant>,
 }
 
 impl Schedule {
@@ -68,6 +72,7 @@ impl Schedule {
             dir_trigger: None,
             retry: None,
             last_full: None,
+            release_due: None,
         }
     }
 
@@ -90,6 +95,12 @@ impl Schedule {
         self.dir_trigger = Some((since, worst.max(trigger)));
     }
 
+    /// The earliest release time of the files the last pass kept as lost (`None`: none has one),
+    /// when a full pass releases it.
+    pub fn release_at(&mut self, at: Option<Instant>) {
+        self.release_due = at;
+    }
+
     /// When a failed pass is tried again, if one failed.
     pub fn retry_at(&self) -> Option<Instant> {
         self.retry.map(|(at, _)| at)
@@ -107,6 +118,10 @@ impl Schedule {
                 .since_full(now)
                 .is_some_and(|since| since >= self.resync_interval)
             {
+                self.full_needed = true;
+            }
+            if self.release_due.is_some_and(|at| now >= at) {
+                self.release_due = None;
                 self.full_needed = true;
             }
             if !(self.full_needed && self.listed) {

@@ -8,6 +8,8 @@ enum Do {
     Listed(u64),
     Changed(u64),
     Directory(Trigger, u64),
+    /// A pass kept a lost file whose release time is this many seconds after the start.
+    ReleaseAt(u64),
     /// Wakes; a pass it starts is reported at once with the outcome (`true`: it succeeded).
     Wake(Wake, u64, bool),
 }
@@ -33,6 +35,7 @@ fn run(what: &str, steps: &[(Do, Option<Want>)]) {
             Do::Listed(s) => schedule.listed(at(s)),
             Do::Changed(s) => schedule.changed(at(s)),
             Do::Directory(trigger, s) => schedule.directory(trigger, at(s)),
+            Do::ReleaseAt(s) => schedule.release_at(Some(at(s))),
             Do::Wake(wake, s, ok) => {
                 let got = match schedule.next(wake, at(s)) {
                     Step::Wait => Want::Wait,
@@ -69,6 +72,17 @@ fn the_schedule() {
                 (Wake(Tick, 1, true), Some(Want::Wait)),
                 (Directory(Trigger::Replaced, 1), None),
                 (Wake(Tick, 2, true), Some(Want::Wait)),
+            ],
+        ),
+        (
+            "a kept file's release time makes the first tick after it a full pass, once",
+            vec![
+                (Listed(0), None),
+                (Wake(W, 0, true), Some(Want::Pass(true, 1, None))),
+                (ReleaseAt(30), None),
+                (Wake(Tick, 29, true), Some(Want::Wait)),
+                (Wake(Tick, 30, true), Some(Want::Pass(true, 0, None))),
+                (Wake(Tick, 31, true), Some(Want::Wait)),
             ],
         ),
         (
