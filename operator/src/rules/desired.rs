@@ -126,8 +126,8 @@ impl Refusal {
 pub enum FileDecision {
     /// This file must exist.
     Write {
-        /// The file, validated.
-        file: ValidReservation,
+        /// The file, validated (boxed: the other decisions carry nothing).
+        file: Box<ValidReservation>,
         /// Its release time used the default retention in place of this malformed
         /// `spec.retainFor` (as the controller does; the caller warns).
         defaulted: Option<RetainForError>,
@@ -225,7 +225,10 @@ pub fn reservation_file(
     let file = file
         .validate()
         .map_err(|source| Refusal::InvalidFile { pod, source })?;
-    Ok(FileDecision::Write { file, defaulted })
+    Ok(FileDecision::Write {
+        file: Box::new(file),
+        defaulted,
+    })
 }
 
 /// The files every reservation the agent holds calls for on `node`.
@@ -263,7 +266,7 @@ pub fn desired_files<'a>(
                 if let Some(malformed) = defaulted {
                     desired.defaulted.push((r.key.clone(), malformed));
                 }
-                desired.files.insert(file.key(), file);
+                desired.files.insert(file.key(), *file);
             }
             Ok(FileDecision::OtherNode) => {}
             Ok(FileDecision::Conflict) => desired.conflicts.push(r.key.clone()),
