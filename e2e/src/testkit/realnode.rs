@@ -565,6 +565,23 @@ pub async fn wait_pod_condition(
     .await
 }
 
+/// Removes `dir` and everything in it while the node goes on writing there (the plugin, the
+/// agent), as `rm -rf` in a cleanup script does: a file made after the listing leaves it not
+/// empty, and the removal starts again. Gone already is done.
+pub fn wipe(dir: &Path) -> std::io::Result<()> {
+    let mut tries = 0;
+    loop {
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && tries < 10 => {
+                tries += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// The reservation file of `ns/pod` on `node`.
 pub fn reserved_file(node: &RealNode, ns: &str, pod: &str) -> PathBuf {
     network_dir(node).join("reserved").join(ns).join(pod)

@@ -11,7 +11,7 @@ use crate::{
     testkit::{
         chart_dir,
         commands::kubectl,
-        realnode::{RELEASE, RELEASE_NS, network_dir},
+        realnode::{RELEASE, RELEASE_NS, network_dir, wipe},
     },
 };
 
@@ -106,11 +106,7 @@ pub async fn strike(
             .map_err(err)?,
         FaultKind::WipeNetworkDir => {
             let dir = network_dir(on_node()?);
-            match std::fs::remove_dir_all(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(format!("remove {}: {e}", dir.display())),
-            }
+            wipe(&dir).map_err(|e| format!("remove {}: {e}", dir.display()))?;
         }
         FaultKind::HostLocalOverwrite => {
             let n = on_node()?;

@@ -102,10 +102,10 @@ async fn a_wiped_network_directory_gets_its_reservations_back_before_a_returning
         "rn-wipe",
         &[
             ("its /var/lib/cni/networks/cbr0 wiped while it runs", |n| {
-                std::fs::remove_dir_all(realnode::network_dir(n)).unwrap()
+                realnode::wipe(&realnode::network_dir(n)).unwrap()
             }),
             ("its whole /var/lib/cni/networks wiped while it runs", |n| {
-                std::fs::remove_dir_all(n.host_path("/var/lib/cni/networks").unwrap()).unwrap()
+                realnode::wipe(&n.host_path("/var/lib/cni/networks").unwrap()).unwrap()
             }),
         ],
     )
@@ -149,7 +149,7 @@ async fn after_a_wiped_network_directory_new_pods_get_no_running_pods_address() 
             .map(|p| (&p.name, &p.ips))
             .collect::<Vec<_>>()
     );
-    std::fs::remove_dir_all(realnode::network_dir(node)).unwrap();
+    realnode::wipe(&realnode::network_dir(node)).unwrap();
     sys.apply(&statefulset("new", 3, true, &[&node_b], &[]));
     let new_names = names("new");
     let new_refs: Vec<&str> = new_names.iter().map(String::as_str).collect();
