@@ -194,12 +194,12 @@ torture: deps packaging-deps cluster-bins node-bins crio-bins flannel-bins image
 	    $(foreach k,$(WITHOUT),--without $(k))
 
 ## torture-mutants: each deliberately broken build of e2e/torture-mutants/ (MUTANTS=name … for
-## some) through the short torture run make test passes unmutated (seed 1, 4 minutes;
-## MUTANT_SEED, MUTANT_DURATION), which must report the
+## some) through the short torture run make test passes unmutated (seed 1, or the patch's own
+## `# seed: N`; 4 minutes; MUTANT_SEED, MUTANT_DURATION), which must report the
 ## violation of the promise the patch names (scripts/torture-mutant.sh). About 10 minutes a
 ## mutant; needs root.
 MUTANTS ?= $(basename $(notdir $(wildcard e2e/torture-mutants/*.patch)))
-MUTANT_SEED ?= 1
+MUTANT_SEED ?=
 MUTANT_DURATION ?= 4m
 torture-mutants: deps packaging-deps cluster-bins node-bins crio-bins image
 	@bin_dir=$$(e2e/cluster/build.sh --print-bin-dir) && \
@@ -209,7 +209,7 @@ torture-mutants: deps packaging-deps cluster-bins node-bins crio-bins image
 	  export IPKEEP_CRIO_BIN_DIR="$$(e2e/cluster/build.sh --print-crio-bin-dir)" && \
 	  $(CARGO) build -q -p ipkeep-operator -p ipkeep-e2e --bins && \
 	  export IPKEEP_OPERATOR_BIN=$(CARGO_OUT)/debug/ipkeep-operator IPKEEP_E2E_BIN=$(CARGO_OUT)/debug/ipkeep-e2e && \
-	  for m in $(MUTANTS); do scripts/torture-mutant.sh $$m $(MUTANT_SEED) $(MUTANT_DURATION) || exit 1; done
+	  for m in $(MUTANTS); do scripts/torture-mutant.sh $$m "$(MUTANT_SEED)" $(MUTANT_DURATION) || exit 1; done
 
 ## bench: ipkeep against the reference host-local, side by side, in one run.
 bench: deps plugin

@@ -14,19 +14,22 @@
 set -euo pipefail
 
 mutant=${1:?usage: scripts/torture-mutant.sh MUTANT [SEED] [DURATION]}
-seed=${2:-1}
 duration=${3:-4m}
 root=$(git rev-parse --show-toplevel)
 patch=$root/e2e/torture-mutants/$mutant.patch
 [ -f "$patch" ] || { echo "torture-mutant: no $patch" >&2; exit 2; }
 promise=$(sed -n 's/^# breaks: \([1-5]\)$/\1/p' "$patch")
 [ -n "$promise" ] || { echo "torture-mutant: $patch has no '# breaks: N' line" >&2; exit 2; }
+# The seed given (empty: none), else the patch's own `# seed: N` (a schedule that reaches what it
+# breaks), else 1, the seed of make test's run.
+own_seed=$(sed -n 's/^# seed: \([0-9][0-9]*\)$/\1/p' "$patch")
+seed=${2:-${own_seed:-1}}
 
 scratch=$(mktemp -d /tmp/ipkeep-mutant-XXXXXX)
 trap 'git -C "$root" worktree remove --force "$scratch/tree" >/dev/null 2>&1 || true; rm -rf "$scratch"' EXIT
 git -C "$root" worktree add --detach "$scratch/tree" HEAD >/dev/null
 git -C "$scratch/tree" apply "$patch"
-echo "torture-mutant: $mutant applied; it breaks promise $promise" >&2
+echo "torture-mutant: $mutant applied; it breaks promise $promise; seed $seed, $duration" >&2
 
 key=$(rustc -V | sha256sum | cut -c1-12)
 export CARGO_TARGET_DIR=${IPKEEP_MUTANT_CACHE:-$HOME/.cache/ipkeep/target-mutants-$key}

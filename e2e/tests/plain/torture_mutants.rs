@@ -1,6 +1,7 @@
 //! The torture run's mutants (`e2e/torture-mutants/*.patch`, run by `make torture-mutants`):
-//! each still applies to this tree and names the promise it breaks, so the proof that the oracle
-//! catches a broken build does not rot while the code moves on.
+//! each still applies to this tree and names the promise it breaks (and a seed of its own, if
+//! it gives one, is a number), so the proof that the oracle catches a broken build does not rot
+//! while the code moves on.
 
 use std::process::Command;
 
@@ -30,6 +31,13 @@ fn every_mutant_applies_to_this_tree_and_names_the_promise_it_breaks() {
             "{}: promise {promise}",
             p.display()
         );
+        if let Some(seed) = text.lines().find_map(|l| l.strip_prefix("# seed: ")) {
+            assert!(
+                seed.parse::<u64>().is_ok(),
+                "{}: `# seed: {seed}` is no seed",
+                p.display()
+            );
+        }
         promises.insert(promise);
         let out = Command::new("git")
             .args(["apply", "--check"])
