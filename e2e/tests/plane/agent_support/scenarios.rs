@@ -388,15 +388,32 @@ pub async fn killed_agent_catches_up(client: Client, kubeconfig: &Path) {
         "the files changed while the agent was down"
     );
 
+    let restarted = Timestamp::from_system_time(std::time::SystemTime::now());
     let mut agent = spawn_agent(&bin, kubeconfig, &node, data_dir);
     // r1, deleted while the agent was down, is kept as lost (the agent cannot tell that delete
-    // from an etcd restore: `rules::loss`); r3, moved to another node, is not: the agent asked.
+    // from an etcd restore: `rules::loss`), and as it was Bound, held for its retention (the
+    // default, a day) from when the agent found it gone; r3, moved to another node, is not kept:
+    // the agent asked.
     let after = BTreeMap::from([
-        entry(&ns, "r1", "10.1.0.1", None),
         entry(&ns, "r2", "10.1.0.2", Some(1_795_262_400)),
         entry(&ns, "r4", "10.1.0.4", None),
     ]);
-    wait_summary(data_dir, &after, "the restarted agent to catch up").await;
+    let day = Duration::from_secs(86_400);
+    let r1 = format!("{ns}/r1");
+    wait_for("the restarted agent to catch up", || {
+        let mut got = summary(data_dir);
+        let held = got.remove(&r1);
+        let now = Timestamp::from_system_time(std::time::SystemTime::now());
+        let ok = got == after
+            && held.is_some_and(|(ips, until)| {
+                ips == ["10.1.0.1"]
+                    && until.is_some_and(|t| {
+                        t >= restarted.saturating_add(day) && t <= now.saturating_add(day)
+                    })
+            });
+        async move { ok.then_some(()) }
+    })
+    .await;
     wait_for("the leftover temporary to be removed", || {
         let gone = !ns_dir.join(".ipkeep-tmp-77-0").exists();
         async move { gone.then_some(()) }
