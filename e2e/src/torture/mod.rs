@@ -33,8 +33,8 @@ use crate::{
         commands::kubectl,
         operator_binary,
         realnode::{
-            PLAIN, RELEASE, RELEASE_NS, REPLACE_HOST_LOCAL, image_archive, image_values, install,
-            set_node_budget,
+            PLAIN, RELEASE, RELEASE_NS, REPLACE_HOST_LOCAL, TINY_ADDRESSES, image_archive,
+            image_values, install, set_node_budget,
         },
     },
 };
@@ -510,6 +510,7 @@ const SETTLE: Duration = Duration::from_secs(300);
 /// is left, `ipkeep-operator check --ipam` included.
 async fn quiet_end(c: &Cluster, client: &kube::Client, shared: &Mutex<Shared>) {
     let deadline = Instant::now() + SETTLE;
+    let capacity = BTreeMap::from([(workload_nodes(c).tiny, TINY_ADDRESSES as usize)]);
     let mut last = Vec::new();
     let mut sample = None;
     while Instant::now() < deadline {
@@ -517,16 +518,7 @@ async fn quiet_end(c: &Cluster, client: &kube::Client, shared: &Mutex<Shared>) {
         let Ok(s) = observe::sample(client, c).await else {
             continue;
         };
-        let unsettled: Vec<String> = s
-            .pods
-            .iter()
-            .filter(|p| {
-                p.ns.starts_with(workload::NS)
-                    && p.lives()
-                    && (p.ready_since.is_none() || p.deleting)
-            })
-            .map(|p| format!("{}/{} {}", p.ns, p.name, p.phase))
-            .collect();
+        let unsettled = oracle::unsettled(&s, workload::NS, &capacity);
         let deletions = c
             .plane()
             .audit_log_path()

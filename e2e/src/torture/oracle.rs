@@ -696,6 +696,41 @@ impl Oracle {
     }
 }
 
+/// The workload's pods (namespaces starting with `ns`) not settled at the quiet end: alive and
+/// not Ready, or being deleted. A pod waiting for an address on a node whose every address is
+/// held is where the workload put it, not unsettled: the tiny node is asked for one pod more than
+/// it has addresses while `keep-tiny` runs all three (`capacity`: how many addresses a node hands
+/// out, for the nodes the workload fills; an address is held by an allocation file or a
+/// reservation file). Whether those holders are right is promise 4's to judge ([`settled`]).
+pub fn unsettled(s: &Sample, ns: &str, capacity: &BTreeMap<String, usize>) -> Vec<String> {
+    let full = |node: &str| {
+        let (Some(cap), Some(files)) = (capacity.get(node), s.nodes.get(node)) else {
+            return false;
+        };
+        let held: BTreeSet<IpAddr> = files
+            .allocations
+            .iter()
+            .map(|(ip, _)| ip.to_canonical())
+            .chain(
+                files
+                    .reserved
+                    .iter()
+                    .flat_map(|(_, ips, _)| ips.iter().map(IpAddr::to_canonical)),
+            )
+            .collect();
+        held.len() >= *cap
+    };
+    s.pods
+        .iter()
+        .filter(|p| p.ns.starts_with(ns) && p.lives() && (p.ready_since.is_none() || p.deleting))
+        .filter(|p| {
+            let waits = !p.deleting && p.ips.is_empty() && p.phase == "Pending";
+            !(waits && p.node.as_deref().is_some_and(full))
+        })
+        .map(|p| format!("{}/{} {}", p.ns, p.name, p.phase))
+        .collect()
+}
+
 /// Promise 4 on a sample of the quiet cluster.
 /// `deletions` (the audit log's) are named beside a file without a reservation, to tell an
 /// unseen release from a loss.

@@ -493,3 +493,74 @@ fn a_deletion_is_judged_by_the_object_it_removed_not_a_later_one_of_its_name() {
     let found = o.deletions(&[d], &[], &[]);
     assert!(found.is_empty(), "{found:?}");
 }
+
+#[test]
+fn a_pod_waiting_on_a_node_whose_every_address_is_held_is_settled() {
+    let running = pod("keep-1", "u1", &["10.0.0.2"], 0);
+    let waiting = pod("keep-0", "u0", &[], 0);
+    let files = |allocated: &[&str], reserved: &[&str]| NodeFiles {
+        allocations: allocated.iter().map(|a| (ip(a), t(0))).collect(),
+        reserved: reserved
+            .iter()
+            .map(|a| (("t".into(), format!("r-{a}")), vec![ip(a)], "uid".into()))
+            .collect(),
+    };
+    let capacity = BTreeMap::from([("n0".to_owned(), 3)]);
+    // (case, the node's files, its capacity known, the pods not settled)
+    let cases: [(&str, NodeFiles, bool, Vec<&str>); 5] = [
+        (
+            "every address allocated",
+            files(&["10.0.0.2", "10.0.0.3", "10.0.0.4"], &[]),
+            true,
+            vec![],
+        ),
+        (
+            "allocated and reserved",
+            files(&["10.0.0.2", "10.0.0.3"], &["10.0.0.4"]),
+            true,
+            vec![],
+        ),
+        (
+            "one address free",
+            files(&["10.0.0.2", "10.0.0.3"], &["10.0.0.2"]),
+            true,
+            vec!["t/keep-0 Pending"],
+        ),
+        (
+            "a node of unknown capacity",
+            files(&["10.0.0.2", "10.0.0.3", "10.0.0.4"], &[]),
+            false,
+            vec!["t/keep-0 Pending"],
+        ),
+        (
+            "nothing read from the node",
+            NodeFiles::default(),
+            true,
+            vec!["t/keep-0 Pending"],
+        ),
+    ];
+    for (case, node, known, want) in cases {
+        let mut s = sample(10, vec![running.clone(), waiting.clone()], vec![]);
+        if case != "nothing read from the node" {
+            s.nodes.insert("n0".into(), node);
+        }
+        let cap = if known {
+            capacity.clone()
+        } else {
+            BTreeMap::new()
+        };
+        assert_eq!(unsettled(&s, "t", &cap), want, "{case}");
+    }
+    let mut deleting = waiting.clone();
+    deleting.deleting = true;
+    let mut s = sample(10, vec![deleting], vec![]);
+    s.nodes.insert(
+        "n0".into(),
+        files(&["10.0.0.2", "10.0.0.3", "10.0.0.4"], &[]),
+    );
+    assert_eq!(
+        unsettled(&s, "t", &capacity),
+        ["t/keep-0 Pending"],
+        "a pod being deleted is never settled"
+    );
+}
