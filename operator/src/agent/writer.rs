@@ -172,13 +172,12 @@ impl NetworkWriter {
         let mut kept = Vec::new();
         let (mut lost, mut undecided) = (Vec::new(), 0);
         let mut released = Vec::new();
-        for file in gone {
+        for mut file in gone {
             let fate = judge(&file);
             if fate == Fate::Release {
                 released.push(file);
                 continue;
             }
-            let mut file = file;
             if let Fate::Keep(cause) = fate
                 && let Some(until) = hold(&file, cause)
             {
